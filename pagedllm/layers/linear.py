@@ -1,0 +1,167 @@
+"""Linear layers, sharded for tensor parallelism as in Megatron-LM and vLLM.
+
+Weights are stored as [out, in] and applied with F.linear (x @ W^T), the fast layout on
+CPU. ColumnParallel splits the output dimension, RowParallel the input dimension.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedllm.distributed import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_gather,
+    tensor_model_parallel_all_reduce,
+)
+from pagedllm.layers.parameter import copy_weight, new_parameter, shard_of
+
+
+def divide(numerator: int, denominator: int, what: str = "size") -> int:
+    if numerator % denominator != 0:
+        raise ValueError(
+            f"{what} {numerator} is not divisible by tensor parallel size {denominator}"
+        )
+    return numerator // denominator
+
+
+class LinearBase(nn.Module):
+    """y = x W^T + b with W of shape [output_size, input_size] as held by this rank."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
+        super().__init__()
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.tp_size = get_tensor_model_parallel_world_size()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.weight = new_parameter((output_size, input_size), self.weight_loader)
+        self.bias = new_parameter((output_size,), self.weight_loader) if bias else None
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        copy_weight(param, loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"
+
+
+class ReplicatedLinear(LinearBase):
+    """Every rank holds the whole matrix (e.g. a MoE router)."""
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output rows [r*O/P, (r+1)*O/P) on rank r; output gathered only if asked."""
+
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool = False, gather_output: bool = False
+    ) -> None:
+        tp_size = get_tensor_model_parallel_world_size()
+        super().__init__(input_size, divide(output_size, tp_size, "output size"), bias)
+        self.gather_output = gather_output
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        size = param.shape[0]
+        copy_weight(param, shard_of(loaded_weight, 0, self.tp_rank, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        return tensor_model_parallel_all_gather(y) if self.gather_output else y
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel matrices fused along the output (gate_proj + up_proj).
+
+    Each sub-matrix is sharded on its own, so rank r holds [gate_r; up_r].
+    """
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+        self.output_sizes = output_sizes
+        super().__init__(input_size, sum(output_sizes), bias)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
+            raise ValueError(f"shard_id {shard_id!r} must be in [0, {len(self.output_sizes)})")
+        sizes = [divide(s, self.tp_size, "output size") for s in self.output_sizes]
+        offset, size = sum(sizes[:shard_id]), sizes[shard_id]
+        shard = shard_of(loaded_weight, 0, self.tp_rank, size)
+        copy_weight(param.data.narrow(0, offset, size), shard, f"shard {shard_id}")
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections fused into one matrix, split by heads.
+
+    Query heads are split across ranks; kv heads too when there are at least as many as
+    ranks, otherwise each kv head is replicated on tp_size / num_kv_heads ranks.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_size: int,
+        total_num_heads: int,
+        total_num_kv_heads: int | None = None,
+        bias: bool = False,
+    ) -> None:
+        tp_size = get_tensor_model_parallel_world_size()
+        total_num_kv_heads = total_num_kv_heads or total_num_heads
+        self.head_size = head_size
+        self.num_heads = divide(total_num_heads, tp_size, "number of attention heads")
+        if total_num_kv_heads >= tp_size:
+            self.num_kv_heads = divide(total_num_kv_heads, tp_size, "number of kv heads")
+            self.num_kv_replicas = 1
+        else:
+            self.num_kv_heads = 1
+            self.num_kv_replicas = divide(tp_size, total_num_kv_heads, "tp size / kv heads:")
+        output_size = (self.num_heads + 2 * self.num_kv_heads) * head_size * tp_size
+        super().__init__(hidden_size, output_size, bias)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        q_size = self.num_heads * self.head_size
+        kv_size = self.num_kv_heads * self.head_size
+        kv_rank = self.tp_rank // self.num_kv_replicas
+        layout = {"q": (0, q_size, self.tp_rank), "k": (q_size, kv_size, kv_rank)}
+        layout["v"] = (q_size + kv_size, kv_size, kv_rank)
+        if shard_id not in layout:
+            raise ValueError(f"shard_id {shard_id!r} must be one of 'q', 'k', 'v'")
+        offset, size, rank = layout[shard_id]
+        shard = shard_of(loaded_weight, 0, rank, size)
+        copy_weight(param.data.narrow(0, offset, size), shard, f"{shard_id}_proj")
+
+
+class RowParallelLinear(LinearBase):
+    """Input columns [r*I/P, (r+1)*I/P) on rank r; partial outputs summed by all-reduce.
+
+    The bias is added once, after the reduce.
+    """
+
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True
+    ) -> None:
+        tp_size = get_tensor_model_parallel_world_size()
+        super().__init__(divide(input_size, tp_size, "input size"), output_size, bias)
+        self.reduce_results = reduce_results
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        if param.dim() == 1:
+            copy_weight(param, loaded_weight, "bias")
+            return
+        size = param.shape[1]
+        copy_weight(param, shard_of(loaded_weight, 1, self.tp_rank, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        if self.reduce_results:
+            y = tensor_model_parallel_all_reduce(y)
+        return y if self.bias is None else y + self.bias

@@ -1,0 +1,26 @@
+"""Hidden states -> logits: the LM head matmul, vocab gather, padding trim, scale, soft-cap."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedllm.distributed import tensor_model_parallel_all_gather
+from pagedllm.layers.vocab_embedding import ParallelLMHead
+
+
+class LogitsProcessor(nn.Module):
+    def __init__(self, vocab_size: int, scale: float = 1.0, soft_cap: float | None = None) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.scale = scale
+        self.soft_cap = soft_cap
+
+    def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> [N, vocab_size] logits; padding rows of the vocab never appear."""
+        logits = F.linear(hidden_states, lm_head.weight, lm_head.bias)
+        logits = tensor_model_parallel_all_gather(logits)[..., : self.vocab_size]
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        if self.soft_cap is not None:
+            logits = torch.tanh(logits / self.soft_cap) * self.soft_cap
+        return logits
