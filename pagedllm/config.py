@@ -1,0 +1,127 @@
+"""Model configuration: where the model is, its HF config, dtype and context length."""
+
+import os
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoConfig, PretrainedConfig
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
+    """'auto' is float32 on CPU (no native bf16 matmuls on most CPUs) and bfloat16 elsewhere."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not supported; use float32, bfloat16 or float16")
+        return dtype
+    if dtype == "auto":
+        return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of auto, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def rope_parameters(hf_config: PretrainedConfig) -> tuple[float, dict | None]:
+    """(rope_theta, rope scaling dict or None) from 5.x `rope_parameters` or 4.x fields."""
+    params = getattr(hf_config, "rope_parameters", None)
+    if params:
+        params = dict(params)
+        theta = float(params.pop("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        return theta, (None if rope_type == "default" else params)
+    theta = float(getattr(hf_config, "rope_theta", 10000.0))
+    return theta, getattr(hf_config, "rope_scaling", None)
+
+
+def head_dim(hf_config: PretrainedConfig) -> int:
+    explicit = getattr(hf_config, "head_dim", None)
+    return explicit or hf_config.hidden_size // hf_config.num_attention_heads
+
+
+def num_experts(hf_config: PretrainedConfig) -> int:
+    for name in ("num_experts", "num_local_experts"):
+        value = getattr(hf_config, name, None)
+        if value:
+            return int(value)
+    return 0
+
+
+def load_hf_config(model: str) -> tuple[PretrainedConfig, str | None]:
+    """Config of a HF folder, a config.json file or a GGUF file: (config, gguf path or None)."""
+    if model.endswith(".gguf"):
+        from pagedllm.model_loader.gguf import load_gguf_config
+
+        return load_gguf_config(model), model
+    if model.endswith(".json") and os.path.isfile(model):
+        return AutoConfig.from_pretrained(model, trust_remote_code=False), None
+    if not os.path.isdir(model):
+        raise ValueError(
+            f"model {model!r} is neither a folder with config.json nor a .gguf file "
+            "(models are never downloaded at run time)"
+        )
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        raise ValueError(f"model folder {model!r} has no config.json")
+    return AutoConfig.from_pretrained(model, trust_remote_code=False), None
+
+
+@dataclass
+class ModelConfig:
+    model: str
+    hf_config: PretrainedConfig
+    dtype: torch.dtype
+    max_model_len: int
+    gguf_file: str | None = None
+
+    @classmethod
+    def create(
+        cls,
+        model: str | None = None,
+        dtype: str | torch.dtype = "auto",
+        max_model_len: int | None = None,
+        device: str = "cpu",
+    ) -> "ModelConfig":
+        if model is None:
+            from pagedllm.model_loader.default_model import default_model_path
+
+            model = default_model_path()
+        hf_config, gguf_file = load_hf_config(model)
+        derived = derive_max_model_len(hf_config)
+        if max_model_len is None:
+            max_model_len = derived
+        elif not 1 <= max_model_len <= derived:
+            raise ValueError(
+                f"max_model_len {max_model_len} must be in [1, {derived}] "
+                "(the model's max_position_embeddings)"
+            )
+        return cls(model, hf_config, resolve_dtype(dtype, device), max_model_len, gguf_file)
+
+    @property
+    def architecture(self) -> str:
+        architectures = getattr(self.hf_config, "architectures", None) or []
+        if not architectures:
+            raise ValueError(f"config of {self.model!r} names no architectures")
+        return architectures[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf_config.vocab_size
+
+
+def derive_max_model_len(hf_config: PretrainedConfig) -> int:
+    """The longest context the model supports, capped by any sliding window (not applied)."""
+    length = getattr(hf_config, "max_position_embeddings", None) or 2048
+    window = getattr(hf_config, "sliding_window", None)
+    use_window = getattr(hf_config, "use_sliding_window", True)
+    if window and use_window:
+        length = min(length, window)
+    return int(length)

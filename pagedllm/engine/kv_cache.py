@@ -1,0 +1,38 @@
+"""The paged KV cache: one tensor per model, a [k, v] pair of views per Attention layer."""
+
+import torch
+from torch import nn
+
+from pagedllm.layers.attention import Attention
+
+
+def attention_layers(model: nn.Module) -> list[Attention]:
+    return [m for m in model.modules() if isinstance(m, Attention)]
+
+
+def kv_cache_bytes_per_token(model: nn.Module, dtype: torch.dtype) -> int:
+    """Bytes of K and V for one token across all layers on this rank."""
+    per_layer = [2 * layer.num_kv_heads * layer.head_size for layer in attention_layers(model)]
+    return sum(per_layer) * torch.empty((), dtype=dtype).element_size()
+
+
+def bind_kv_cache(
+    model: nn.Module,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> torch.Tensor:
+    """Allocate [2, layers, num_blocks, block_size, kv_heads, head_dim] and hand each
+    Attention layer its (k_cache, v_cache) views."""
+    layers = attention_layers(model)
+    if not layers:
+        raise ValueError("model has no Attention layers")
+    shapes = {(layer.num_kv_heads, layer.head_size) for layer in layers}
+    assert len(shapes) == 1, f"layers differ in kv shape: {shapes}"
+    kv_heads, head_size = shapes.pop()
+    shape = (2, len(layers), num_blocks, block_size, kv_heads, head_size)
+    cache = torch.zeros(shape, dtype=dtype, device=device)
+    for i, layer in enumerate(layers):
+        layer.kv_cache = (cache[0, i], cache[1, i])
+    return cache

@@ -1,0 +1,210 @@
+"""Continuous batching with chunked prefill and preemption by recompute (as vLLM v1).
+
+Each step first serves the running sequences in admission order (a decode takes 1 token,
+a sequence still in prefill takes its next chunk), then admits waiting sequences in
+arrival order, all within `max_num_batched_tokens` tokens and `max_num_seqs` sequences.
+When a running sequence cannot get the blocks it needs, the most recently admitted
+running sequence is preempted: its blocks are freed and it goes to the front of the
+waiting queue, to be re-prefilled (prompt and outputs so far) when blocks allow.
+
+One step, as the engine drives it:
+    out = scheduler.schedule()
+    ...the runner copies out.blocks_to_copy, then computes each scheduled sequence's
+    tokens [seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens)...
+    scheduler.update_after_step(out.scheduled)
+    ...for each s with s.produces_token: seq.append_token(t); on a stop,
+    scheduler.finish_seq(seq, status)
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pagedllm.engine.block_manager import BlockManager
+from pagedllm.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSequence:
+    """seq computes tokens [seq.num_computed_tokens, + num_new_tokens) this step.
+
+    produces_token: the chunk reaches seq's last token, so the model's logits at it are
+    sampled and the engine appends a token. Fixed at scheduling time.
+    """
+
+    seq: Sequence
+    num_new_tokens: int
+    produces_token: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        assert self.num_new_tokens > 0
+        end = self.seq.num_computed_tokens + self.num_new_tokens
+        assert end <= self.seq.num_tokens
+        self.produces_token = end == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Owns the waiting and running queues; the engine owns finishing decisions.
+
+    With enable_chunked_prefill off, a prompt is scheduled only whole, so the engine must
+    keep max_model_len <= max_num_batched_tokens (a preempted sequence is re-prefilled
+    whole, prompt and outputs).
+    """
+
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_chunked_prefill: bool,
+        block_manager: BlockManager,
+    ) -> None:
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished_seqs(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add_seq(self, seq: Sequence) -> None:
+        assert seq.status is SequenceStatus.WAITING and not seq.block_table
+        if not self.enable_chunked_prefill and seq.num_tokens > self.max_num_batched_tokens:
+            raise ValueError(
+                f"prompt of {seq.num_tokens} tokens exceeds max_num_batched_tokens="
+                f"{self.max_num_batched_tokens}; enable chunked prefill or shorten the prompt"
+            )
+        self.waiting.append(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out)
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput) -> int:
+        """Schedule running sequences in order; returns the token budget left."""
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0 and len(out.scheduled) < self.max_num_seqs:
+            seq = self.running[i]
+            num_new_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self._reserve_slots(seq, num_new_tokens, out):
+                break
+            out.scheduled.append(ScheduledSequence(seq, num_new_tokens))
+            budget -= num_new_tokens
+            i += 1
+        return budget
+
+    def _reserve_slots(self, seq: Sequence, num_new_tokens: int, out: SchedulerOutput) -> bool:
+        """Get blocks for seq's new tokens, preempting the newest running sequences while
+        they are short. False if seq itself had to be preempted."""
+        while not self.block_manager.can_append(seq, num_new_tokens):
+            victim = self.running.pop()
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        out.blocks_to_copy += self.block_manager.append_slots(seq, num_new_tokens)
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Admit waiting sequences in order while tokens, sequence slots and blocks allow."""
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            num_new_tokens = seq.num_tokens - self.block_manager.num_prefix_hit_tokens(seq)
+            if not self.enable_chunked_prefill and num_new_tokens > budget:
+                break
+            if not self.block_manager.can_allocate(seq):
+                self._check_fits_in_cache(seq)
+                break
+            self.waiting.popleft()
+            self.block_manager.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            num_new_tokens = min(num_new_tokens, budget)
+            out.scheduled.append(ScheduledSequence(seq, num_new_tokens))
+            budget -= num_new_tokens
+
+    def _check_fits_in_cache(self, seq: Sequence) -> None:
+        if seq.num_blocks > self.block_manager.num_blocks:
+            raise RuntimeError(
+                f"sequence {seq.seq_id} has {seq.num_tokens} tokens, needing {seq.num_blocks} "
+                f"KV blocks, but the cache holds only {self.block_manager.num_blocks}; "
+                "max_model_len must fit in the KV cache"
+            )
+
+    def update_after_step(self, scheduled: list[ScheduledSequence]) -> None:
+        """Record that the scheduled tokens' KV is now in the cache."""
+        for s in scheduled:
+            seq = s.seq
+            assert seq.status is SequenceStatus.RUNNING
+            seq.num_computed_tokens += s.num_new_tokens
+            assert seq.num_computed_tokens <= seq.num_tokens
+            self.block_manager.mark_computed(seq)
+
+    def finish_seq(self, seq: Sequence, status: SequenceStatus) -> None:
+        assert status.is_finished and seq.status is SequenceStatus.RUNNING
+        self.running.remove(seq)
+        seq.status = status
+        self.block_manager.free(seq)
+
+    def fork_seq(self, parent: Sequence, child: Sequence) -> None:
+        """Run child (same tokens as the running parent) on the parent's shared blocks."""
+        assert parent.status is SequenceStatus.RUNNING
+        self.block_manager.fork(parent, child)
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+
+    def abort_seq(self, seq_id_or_request_id: int | str) -> bool:
+        """Abort every unfinished sequence with this seq_id (int) or request_id (str)."""
+        key = seq_id_or_request_id
+        matches = [
+            seq
+            for seq in (*self.waiting, *self.running)
+            if (seq.seq_id if isinstance(key, int) else seq.request_id) == key
+        ]
+        for seq in matches:
+            if seq.status is SequenceStatus.WAITING:
+                self.waiting.remove(seq)
+            else:
+                self.running.remove(seq)
+            seq.status = SequenceStatus.FINISHED_ABORTED
+            self.block_manager.free(seq)
+        return bool(matches)

@@ -1,0 +1,111 @@
+"""A request's tokens and its place in the paged KV cache.
+
+A Sequence is plain bookkeeping: the scheduler moves it between queues, the block manager
+fills its block table, the engine appends sampled tokens. `sampling_params` is carried
+but never read here.
+"""
+
+import enum
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @property
+    def is_finished(self) -> bool:
+        return self not in (SequenceStatus.WAITING, SequenceStatus.RUNNING)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The OpenAI/vLLM finish reason: "stop", "length", "abort", or None while unfinished."""
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    SequenceStatus.FINISHED_STOPPED: "stop",
+    SequenceStatus.FINISHED_LENGTH: "length",
+    SequenceStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class Sequence:
+    """Prompt plus generated tokens, and how much of them has KV in the cache.
+
+    Tokens [0, num_computed_tokens) have their KV in the blocks of `block_table`
+    (prefix-cache hits included); the rest still has to go through the model.
+    `block_hashes[i]` is the prefix-cache hash of full block i, filled lazily by the
+    block manager; token ids only grow, so a hash never goes stale.
+    """
+
+    def __init__(
+        self,
+        seq_id: int,
+        token_ids: list[int],
+        block_size: int,
+        sampling_params: object | None = None,
+        request_id: str | None = None,
+        arrival_time: float = 0.0,
+    ) -> None:
+        if len(token_ids) == 0:
+            raise ValueError("a prompt must hold at least 1 token, got 0")
+        assert block_size > 0
+        self.seq_id = seq_id
+        self.request_id = str(seq_id) if request_id is None else request_id
+        self.status = SequenceStatus.WAITING
+        self.token_ids = list(token_ids)
+        self.num_prompt_tokens = len(token_ids)
+        self.block_size = block_size
+        self.sampling_params = sampling_params
+        self.arrival_time = arrival_time
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []
+        self.num_preemptions = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks needed to hold num_tokens."""
+        return -(-self.num_tokens // self.block_size)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while more than one token lacks KV; a decode step computes exactly one."""
+        return self.num_tokens - self.num_computed_tokens > 1
+
+    def block_token_ids(self, i: int) -> list[int]:
+        return self.token_ids[i * self.block_size : (i + 1) * self.block_size]
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(seq_id={self.seq_id}, status={self.status.name}, "
+            f"num_tokens={self.num_tokens}, num_computed_tokens={self.num_computed_tokens}, "
+            f"block_table={self.block_table})"
+        )

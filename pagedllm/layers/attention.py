@@ -1,0 +1,50 @@
+"""Attention over the paged KV cache: store this step's keys and values, then attend."""
+
+import torch
+from torch import nn
+
+from pagedllm.forward_context import get_attn_metadata
+from pagedllm.layers.attention_backends.torch_sdpa import paged_attention, write_to_kv_cache
+
+
+class Attention(nn.Module):
+    """Causal attention of this rank's heads over the paged KV cache.
+
+    `kv_cache` is (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_size];
+    the model runner assigns it after construction. Query head h reads kv head
+    h // (num_heads // num_kv_heads).
+    """
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
+        super().__init__()
+        if num_kv_heads < 1 or num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"num_kv_heads {num_kv_heads} must be >= 1 and divide num_heads {num_heads}"
+            )
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads
+        self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, H * D], k and v [T, KV * D] -> [T, H * D]."""
+        if self.kv_cache is None:
+            raise RuntimeError(
+                "Attention.kv_cache is None: the model runner must assign "
+                "(k_cache, v_cache) before the first forward"
+            )
+        attn_metadata = get_attn_metadata()
+        k_cache, v_cache = self.kv_cache
+        q = q.reshape(-1, self.num_heads, self.head_size)
+        k = k.reshape(-1, self.num_kv_heads, self.head_size)
+        v = v.reshape(-1, self.num_kv_heads, self.head_size)
+        write_to_kv_cache(k, v, k_cache, v_cache, attn_metadata.slot_mapping)
+        output = paged_attention(q, k_cache, v_cache, attn_metadata, self.scale)
+        return output.view(-1, self.num_heads * self.head_size)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+            f"head_size={self.head_size}, scale={self.scale}"
+        )

@@ -1,0 +1,88 @@
+"""Map checkpoint tensors onto a model's (possibly fused) parameters.
+
+A model declares how checkpoint names fold into its parameters: stacked mappings
+(`("qkv_proj", "q_proj", "q")` folds `q_proj` into shard "q" of `qkv_proj`) and, for MoE,
+expert mappings from FusedMoE.make_expert_params_mapping. Every checkpoint tensor must
+land somewhere and every parameter must be loaded, or loading fails naming them.
+"""
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from pagedllm.layers.parameter import default_weight_loader
+
+StackedMapping = list[tuple[str, str, object]]
+ExpertMapping = list[tuple[str, str, int, str]]
+
+
+def load_named_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    stacked_params_mapping: StackedMapping = (),
+    expert_params_mapping: ExpertMapping = (),
+    skip_prefixes: tuple[str, ...] = (),
+) -> None:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded: dict[str, set[tuple]] = {}
+    for name, tensor in weights:
+        if name.startswith(skip_prefixes) or name.endswith("rotary_emb.inv_freq"):
+            continue
+        param_name, args = _resolve(name, params, stacked_params_mapping, expert_params_mapping)
+        param = params[param_name]
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        try:
+            loader(param, tensor, *args)
+        except ValueError as e:
+            raise ValueError(f"cannot load checkpoint tensor {name!r}: {e}") from e
+        loaded.setdefault(param_name, set()).add(args)
+    _check_all_loaded(model, params, loaded, stacked_params_mapping, expert_params_mapping)
+
+
+def _resolve(
+    name: str,
+    params: dict[str, nn.Parameter],
+    stacked: StackedMapping,
+    experts: ExpertMapping,
+) -> tuple[str, tuple]:
+    """The parameter a checkpoint name loads into, and the extra loader arguments."""
+    for param_part, weight_part, expert_id, shard_id in experts:
+        if weight_part in name:
+            candidate = name.replace(weight_part, param_part)
+            if candidate in params:
+                return candidate, (shard_id, expert_id)
+    for param_part, weight_part, shard_id in stacked:
+        if weight_part in name:
+            candidate = name.replace(weight_part, param_part)
+            if candidate in params:
+                return candidate, (shard_id,)
+    if name in params:
+        return name, ()
+    raise ValueError(f"checkpoint tensor {name!r} matches no parameter of the model")
+
+
+def _expected_shards(name: str, stacked: StackedMapping, experts: ExpertMapping) -> set[tuple]:
+    expected = {(shard_id, expert_id) for part, _, expert_id, shard_id in experts if part in name}
+    expected |= {(shard_id,) for part, _, shard_id in stacked if part in name}
+    return expected or {()}
+
+
+def _check_all_loaded(
+    model: nn.Module,
+    params: dict[str, nn.Parameter],
+    loaded: dict[str, set[tuple]],
+    stacked: StackedMapping,
+    experts: ExpertMapping,
+) -> None:
+    """Every shard of every parameter must be loaded; tied parameters share their loads."""
+    by_id: dict[int, set[tuple]] = {}
+    for name, shards in loaded.items():
+        by_id.setdefault(id(params[name]), set()).update(shards)
+    missing = []
+    for name, param in model.named_parameters():
+        absent = _expected_shards(name, stacked, experts) - by_id.get(id(param), set())
+        missing += [f"{name}{list(shard) if shard else ''}" for shard in sorted(absent, key=str)]
+    if missing:
+        shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
+        raise ValueError(f"checkpoint has no weights for {len(missing)} parameters: {shown}")

@@ -1,0 +1,193 @@
+"""Llama (and the Llama-shaped family: Mistral, Qwen2, Qwen3 via options).
+
+Attention options cover the family's differences: q/k/v bias (Qwen2), o_proj bias
+(Llama's attention_bias), and per-head q/k RMSNorm before rotary (Qwen3).
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from pagedllm.config import head_dim, rope_parameters
+from pagedllm.distributed import get_tensor_model_parallel_world_size
+from pagedllm.layers.activation import SiluAndMul
+from pagedllm.layers.attention import Attention
+from pagedllm.layers.layernorm import RMSNorm
+from pagedllm.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from pagedllm.layers.logits_processor import LogitsProcessor
+from pagedllm.layers.rotary_embedding import get_rope
+from pagedllm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from pagedllm.model_loader.weight_loading import load_named_weights
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu") -> None:
+        super().__init__()
+        if hidden_act != "silu":
+            raise ValueError(f"hidden_act {hidden_act!r} is not supported; only 'silu'")
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: PretrainedConfig, options: AttentionOptions) -> None:
+        super().__init__()
+        tp_size = get_tensor_model_parallel_world_size()
+        self.head_dim = head_dim(config)
+        num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            self.head_dim,
+            config.num_attention_heads,
+            num_kv_heads,
+            bias=options.qkv_bias,
+        )
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * self.head_dim, config.hidden_size, bias=options.o_bias
+        )
+        theta, scaling = rope_parameters(config)
+        self.rotary_emb = get_rope(
+            self.head_dim,
+            self.head_dim,
+            config.max_position_embeddings,
+            theta,
+            scaling,
+        )
+        self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads)
+        self.q_norm = self.k_norm = None
+        if options.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        assert tp_size * self.num_heads == config.num_attention_heads
+
+    def _norm_heads(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """Per-head RMSNorm on [T, heads * head_dim]."""
+        return norm(x.view(*x.shape[:-1], -1, self.head_dim)).view(x.shape)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None:
+            q, k = self._norm_heads(q, self.q_norm), self._norm_heads(k, self.k_norm)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: PretrainedConfig, options: AttentionOptions, mlp: nn.Module) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, options)
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: PretrainedConfig, layers: list[LlamaDecoderLayer]) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    """input_ids [T], positions [T] -> hidden states [T, hidden]; logits via compute_logits."""
+
+    stacked_params_mapping = [
+        ("qkv_proj", "q_proj", "q"),
+        ("qkv_proj", "k_proj", "k"),
+        ("qkv_proj", "v_proj", "v"),
+        ("gate_up_proj", "gate_proj", 0),
+        ("gate_up_proj", "up_proj", 1),
+    ]
+
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        self.config = config
+        options = self.attention_options(config)
+        layers = [
+            LlamaDecoderLayer(config, options, self.make_mlp(config, i))
+            for i in range(config.num_hidden_layers)
+        ]
+        self.model = LlamaModel(config, layers)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        if config.tie_word_embeddings:
+            self.lm_head.tie_weights(self.model.embed_tokens)
+        self.logits_processor = LogitsProcessor(
+            config.vocab_size,
+            scale=getattr(config, "logit_scale", None) or 1.0,
+            soft_cap=getattr(config, "final_logit_softcapping", None),
+        )
+
+    @classmethod
+    def attention_options(cls, config: PretrainedConfig) -> AttentionOptions:
+        bias = bool(getattr(config, "attention_bias", False))
+        return AttentionOptions(qkv_bias=bias, o_bias=bias)
+
+    def make_mlp(self, config: PretrainedConfig, layer_idx: int) -> nn.Module:
+        return LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    def expert_params_mapping(self) -> list[tuple[str, str, int, str]]:
+        return []
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        skip = ("lm_head.",) if self.config.tie_word_embeddings else ()
+        load_named_weights(
+            self,
+            weights,
+            self.stacked_params_mapping,
+            self.expert_params_mapping(),
+            skip_prefixes=skip,
+        )
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral's decoder is Llama's; its sliding window caps max_model_len (config.py)."""

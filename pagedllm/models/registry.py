@@ -1,0 +1,31 @@
+"""Architecture string (config.json `architectures`) -> model class."""
+
+from torch import nn
+
+from pagedllm.models.llama import LlamaForCausalLM, MistralForCausalLM
+from pagedllm.models.qwen2 import Qwen2ForCausalLM
+from pagedllm.models.qwen3 import Qwen3ForCausalLM
+from pagedllm.models.qwen3_moe import Qwen3MoeForCausalLM
+
+_MODELS: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+}
+
+
+class ModelRegistry:
+    @staticmethod
+    def get_supported_archs() -> list[str]:
+        return sorted(_MODELS)
+
+    @staticmethod
+    def resolve_model_cls(architecture: str) -> type[nn.Module]:
+        if architecture not in _MODELS:
+            raise ValueError(
+                f"architecture {architecture!r} is not supported; supported architectures: "
+                f"{', '.join(ModelRegistry.get_supported_archs())}"
+            )
+        return _MODELS[architecture]

@@ -1,0 +1,238 @@
+"""BlockManager: ref counts, the prefix-cache hash chain (vLLM/nano-vllm), LRU eviction and
+copy-on-write, checked against hand-computed block layouts."""
+
+from array import array
+
+import pytest
+import xxhash
+
+from pagedllm.engine.block_manager import BlockManager, hash_block
+from pagedllm.engine.sequence import Sequence
+
+
+def new_seq(seq_id: int, token_ids: list[int], block_size: int = 4) -> Sequence:
+    return Sequence(seq_id, token_ids, block_size)
+
+
+def admit_and_compute(bm: BlockManager, seq: Sequence) -> None:
+    """Allocate, then pretend the model computed every token (a whole prefill)."""
+    bm.allocate(seq)
+    seq.num_computed_tokens = seq.num_tokens
+    bm.mark_computed(seq)
+
+
+def test_hash_block_is_xxhash64_of_parent_then_tokens() -> None:
+    tokens = [1, 2, 3, 4]
+    assert hash_block(None, tokens) == xxhash.xxh64_intdigest(array("q", tokens).tobytes())
+    parent = hash_block(None, tokens)
+    expected = xxhash.xxh64_intdigest(parent.to_bytes(8, "little") + array("q", tokens).tobytes())
+    assert hash_block(parent, tokens) == expected != parent
+
+
+def test_allocate_free_accounting() -> None:
+    bm = BlockManager(num_blocks=10, block_size=4)
+    seq = new_seq(0, list(range(10)))
+    assert bm.can_allocate(seq)
+    bm.allocate(seq)
+    assert len(seq.block_table) == 3 and len(set(seq.block_table)) == 3
+    assert bm.num_free_blocks == 7 and bm.usage == pytest.approx(0.3)
+    bm.check_invariants([seq])
+    bm.free(seq)
+    assert seq.block_table == [] and seq.num_computed_tokens == 0
+    assert bm.num_free_blocks == 10 and bm.usage == 0.0
+    bm.check_invariants([])
+
+
+def test_can_allocate_false_when_short_of_blocks() -> None:
+    bm = BlockManager(num_blocks=3, block_size=4)
+    a = new_seq(0, list(range(8)))
+    bm.allocate(a)
+    assert not bm.can_allocate(new_seq(1, list(range(100, 109))))  # needs 3, 1 free
+    assert bm.can_allocate(new_seq(2, list(range(100, 104))))
+
+
+def test_same_prefix_different_suffix_shares_full_blocks() -> None:
+    bm = BlockManager(num_blocks=10, block_size=4)
+    a = new_seq(0, list(range(12)))
+    admit_and_compute(bm, a)
+    b = new_seq(1, list(range(8)) + [99, 98, 97])
+    bm.allocate(b)
+    assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] not in a.block_table
+    assert b.num_computed_tokens == b.num_cached_tokens == 8
+    assert [bm.blocks[i].ref_count for i in a.block_table] == [2, 2, 1]
+    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (12 + 11, 8)
+    bm.check_invariants([a, b])
+
+
+def test_different_first_block_shares_nothing() -> None:
+    """The hash chains the parent, so equal later blocks after a different start miss."""
+    bm = BlockManager(num_blocks=10, block_size=4)
+    a = new_seq(0, list(range(12)))
+    admit_and_compute(bm, a)
+    b = new_seq(1, [50, 51, 52, 53] + list(range(4, 12)))
+    bm.allocate(b)
+    assert b.num_computed_tokens == 0 and not set(a.block_table) & set(b.block_table)
+
+
+def test_blocks_are_findable_only_after_mark_computed() -> None:
+    bm = BlockManager(num_blocks=10, block_size=4)
+    a = new_seq(0, list(range(9)))
+    bm.allocate(a)
+    b = new_seq(1, list(range(9)))
+    assert bm.num_prefix_hit_tokens(b) == 0  # a is allocated but nothing is written yet
+    a.num_computed_tokens = 6  # a chunk: block 0 full and computed, block 1 half
+    bm.mark_computed(a)
+    assert bm.num_prefix_hit_tokens(b) == 4
+    a.num_computed_tokens = 9
+    bm.mark_computed(a)
+    assert bm.num_prefix_hit_tokens(b) == 8
+    bm.check_invariants([a])
+
+
+def test_last_token_is_never_served_from_cache() -> None:
+    bm = BlockManager(num_blocks=10, block_size=4)
+    a = new_seq(0, list(range(8)))
+    admit_and_compute(bm, a)
+    bm.free(a)
+    same = new_seq(1, list(range(8)))
+    bm.allocate(same)
+    assert same.num_computed_tokens == 4  # both blocks hit; the last one is given up
+    longer = new_seq(2, list(range(9)))
+    bm.allocate(longer)
+    assert longer.num_computed_tokens == 8
+    one_block = new_seq(3, list(range(4)))
+    bm.allocate(one_block)
+    assert one_block.num_computed_tokens == 0
+    bm.check_invariants([same, longer, one_block])
+
+
+def test_cached_free_block_is_reused_after_request_finished() -> None:
+    bm = BlockManager(num_blocks=4, block_size=4)
+    a = new_seq(0, list(range(10)))
+    admit_and_compute(bm, a)
+    first_blocks = a.block_table[:2]
+    bm.free(a)
+    assert bm.num_free_blocks == 4
+    b = new_seq(1, list(range(10)))
+    assert bm.can_allocate(b)
+    bm.allocate(b)
+    assert b.block_table[:2] == first_blocks and b.num_cached_tokens == 8
+    assert bm.num_free_blocks == 1  # the revived cached blocks left the free queue
+    assert bm.prefix_cache_hit_rate == pytest.approx(8 / 20)
+    bm.check_invariants([b])
+
+
+def test_lru_evicts_least_recently_freed_cached_block_first() -> None:
+    bm = BlockManager(num_blocks=6, block_size=2)
+    prompts = {name: [base, base + 1, base + 2] for name, base in (("a", 10), ("b", 20), ("c", 30))}
+    seqs = [new_seq(i, p, block_size=2) for i, p in enumerate(prompts.values())]
+    for seq in seqs:
+        admit_and_compute(bm, seq)
+    for seq in seqs:  # freed a, b, c: a's full block is the least recent
+        bm.free(seq)
+    filler = new_seq(9, list(range(100, 107)), block_size=2)
+    bm.allocate(filler)  # 4 fresh blocks: 3 uncached partial blocks, then a's cached one
+    hits = {name: bm.num_prefix_hit_tokens(new_seq(5, p, 2)) for name, p in prompts.items()}
+    assert hits == {"a": 0, "b": 2, "c": 2}
+    bm.check_invariants([filler])
+
+
+def test_a_freed_sequence_loses_its_tail_blocks_first() -> None:
+    bm = BlockManager(num_blocks=3, block_size=2)
+    a = new_seq(0, [1, 2, 3, 4, 5], block_size=2)
+    admit_and_compute(bm, a)
+    bm.free(a)
+    bm.allocate(new_seq(1, [9], block_size=2))  # evicts the partial block, then a's tail
+    bm.allocate(new_seq(2, [8], block_size=2))
+    assert bm.num_prefix_hit_tokens(new_seq(3, [1, 2, 3, 4, 5], block_size=2)) == 2
+
+
+def test_identical_prompts_computed_in_same_step_register_once() -> None:
+    bm = BlockManager(num_blocks=6, block_size=4)
+    a, b = new_seq(0, list(range(6))), new_seq(1, list(range(6)))
+    bm.allocate(a)
+    bm.allocate(b)
+    for seq in (a, b):
+        seq.num_computed_tokens = 6
+        bm.mark_computed(seq)
+    assert bm.hash_to_block_id == {a.block_hashes[0]: a.block_table[0]}
+    bm.check_invariants([a, b])
+    bm.free(b)
+    bm.free(a)
+    assert bm.num_free_blocks == 6
+    assert bm.num_prefix_hit_tokens(new_seq(2, list(range(6)))) == 4
+    bm.check_invariants([])
+
+
+def test_append_slots_grows_table_at_block_boundaries() -> None:
+    bm = BlockManager(num_blocks=3, block_size=4)
+    seq = new_seq(0, list(range(4)))
+    admit_and_compute(bm, seq)
+    seq.append_token(4)
+    assert bm.can_append(seq) and bm.append_slots(seq) == []
+    assert len(seq.block_table) == 2
+    seq.num_computed_tokens = 5
+    seq.append_token(5)
+    bm.append_slots(seq)
+    assert len(seq.block_table) == 2  # slot 5 lies in block 1
+    assert bm.can_append(seq, num_new_tokens=7) and not bm.can_append(seq, num_new_tokens=8)
+    bm.check_invariants([seq])
+
+
+def test_fork_shares_blocks_and_copies_shared_block_on_write() -> None:
+    bm = BlockManager(num_blocks=6, block_size=4)
+    parent = new_seq(0, list(range(6)))
+    admit_and_compute(bm, parent)
+    child = new_seq(1, list(range(6)))
+    bm.fork(parent, child)
+    assert child.block_table == parent.block_table and child.num_computed_tokens == 6
+    assert [bm.blocks[i].ref_count for i in parent.block_table] == [2, 2]
+    shared_tail = parent.block_table[1]
+    parent.append_token(100)
+    child.append_token(200)
+    copies = bm.append_slots(parent)
+    assert copies == [(shared_tail, parent.block_table[1])] and parent.block_table[1] != shared_tail
+    assert bm.append_slots(child) == [] and child.block_table[1] == shared_tail
+    assert parent.block_table[0] == child.block_table[0]  # the full block stays shared
+    bm.check_invariants([parent, child])
+    bm.free(parent)
+    bm.free(child)
+    assert bm.num_free_blocks == 6
+    bm.check_invariants([])
+
+
+def test_can_append_counts_copy_on_write_blocks() -> None:
+    bm = BlockManager(num_blocks=3, block_size=4)
+    parent = new_seq(0, list(range(6)))
+    admit_and_compute(bm, parent)
+    bm.fork(parent, new_seq(1, list(range(6))))
+    for token in (6, 7, 8):
+        parent.append_token(token)
+    assert bm.num_free_blocks == 1
+    assert bm.can_append(parent, 2)  # copy of the shared tail only
+    assert not bm.can_append(parent, 3)  # copy of the tail plus a new block
+
+
+def test_prefix_caching_disabled_never_hits() -> None:
+    bm = BlockManager(num_blocks=6, block_size=4, enable_prefix_caching=False)
+    a = new_seq(0, list(range(9)))
+    admit_and_compute(bm, a)
+    b = new_seq(1, list(range(9)))
+    bm.allocate(b)
+    assert b.num_computed_tokens == 0 and bm.hash_to_block_id == {}
+    assert bm.prefix_cache_queries == bm.prefix_cache_hits == 0
+
+
+def test_reset_prefix_cache_forgets_every_block() -> None:
+    bm = BlockManager(num_blocks=6, block_size=4)
+    a = new_seq(0, list(range(9)))
+    admit_and_compute(bm, a)
+    bm.reset_prefix_cache()
+    assert bm.num_prefix_hit_tokens(new_seq(1, list(range(9)))) == 0
+    bm.check_invariants([a])
+
+
+@pytest.mark.parametrize("num_blocks, block_size", [(0, 4), (4, 0)])
+def test_bad_sizes_raise(num_blocks: int, block_size: int) -> None:
+    with pytest.raises(ValueError, match="must be >= 1"):
+        BlockManager(num_blocks, block_size)

@@ -1,0 +1,248 @@
+"""Scheduler: continuous batching, chunked prefill and preemption, checked with a fake engine.
+
+The fake model samples token 1000 * step + seq_id, and the fake paged KV cache stores token
+ids in block slots: every step checks that each scheduled sequence finds its own tokens
+[0, num_computed_tokens) through its block table, which catches wrong prefix-cache hits,
+missing copy-on-write and blocks freed too early. Budgets are the vLLM v1 policy.
+"""
+
+import random
+
+import pytest
+
+from pagedllm.engine.block_manager import BlockManager
+from pagedllm.engine.scheduler import Scheduler, SchedulerOutput
+from pagedllm.engine.sequence import Sequence, SequenceStatus
+
+
+class FakeEngine:
+    def __init__(
+        self,
+        num_blocks: int = 64,
+        block_size: int = 4,
+        max_num_seqs: int = 8,
+        max_num_batched_tokens: int = 16,
+        enable_chunked_prefill: bool = True,
+    ) -> None:
+        self.bm = BlockManager(num_blocks, block_size)
+        self.scheduler = Scheduler(
+            max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, self.bm
+        )
+        self.kv: list[list[int | None]] = [[None] * block_size for _ in range(num_blocks)]
+        self.seqs: list[Sequence] = []
+        self.num_steps = 0
+
+    def add(self, prompt: list[int], max_tokens: int) -> Sequence:
+        seq = Sequence(len(self.seqs), prompt, self.bm.block_size, sampling_params=max_tokens)
+        self.seqs.append(seq)
+        self.scheduler.add_seq(seq)
+        return seq
+
+    def step(self) -> SchedulerOutput:
+        out = self.scheduler.schedule()
+        self.check_output(out)
+        self.run_model(out)
+        self.scheduler.update_after_step(out.scheduled)
+        for s in out.scheduled:
+            if s.produces_token:
+                s.seq.append_token(1000 * self.num_steps + s.seq.seq_id)
+                if s.seq.num_output_tokens >= s.seq.sampling_params:
+                    self.scheduler.finish_seq(s.seq, SequenceStatus.FINISHED_LENGTH)
+        self.num_steps += 1
+        self.check_state()
+        return out
+
+    def run_to_completion(self, max_steps: int = 10_000) -> None:
+        while self.scheduler.has_unfinished_seqs():
+            assert self.num_steps < max_steps, "scheduler made no progress"
+            self.step()
+
+    def slot(self, seq: Sequence, pos: int) -> tuple[int, int]:
+        return seq.block_table[pos // self.bm.block_size], pos % self.bm.block_size
+
+    def run_model(self, out: SchedulerOutput) -> None:
+        for src, dst in out.blocks_to_copy:
+            self.kv[dst] = list(self.kv[src])
+        for s in out.scheduled:
+            seq, start = s.seq, s.seq.num_computed_tokens
+            for pos in range(start):
+                block, offset = self.slot(seq, pos)
+                assert self.kv[block][offset] == seq.token_ids[pos], f"{seq} reads bad KV"
+            for pos in range(start, start + s.num_new_tokens):
+                block, offset = self.slot(seq, pos)
+                self.kv[block][offset] = seq.token_ids[pos]
+
+    def check_output(self, out: SchedulerOutput) -> None:
+        scheduler = self.scheduler
+        ids = [s.seq.seq_id for s in out.scheduled]
+        assert len(ids) == len(set(ids)) <= scheduler.max_num_seqs
+        assert 0 < out.num_batched_tokens <= scheduler.max_num_batched_tokens or out.is_empty
+        assert all(s.seq.status is SequenceStatus.RUNNING for s in out.scheduled)
+        for s in out.scheduled:
+            end = s.seq.num_computed_tokens + s.num_new_tokens
+            assert len(s.seq.block_table) * self.bm.block_size >= end
+
+    def check_state(self) -> None:
+        scheduler = self.scheduler
+        live = [*scheduler.waiting, *scheduler.running]
+        assert len({seq.seq_id for seq in live}) == len(live), "a sequence is queued twice"
+        unfinished = [seq for seq in self.seqs if not seq.is_finished]
+        assert sorted(s.seq_id for s in live) == sorted(s.seq_id for s in unfinished)
+        assert all(seq.status is SequenceStatus.WAITING for seq in scheduler.waiting)
+        assert all(not seq.block_table for seq in scheduler.waiting)
+        assert all(seq.status is SequenceStatus.RUNNING for seq in scheduler.running)
+        self.bm.check_invariants(scheduler.running)
+        assert scheduler.num_preemptions == sum(seq.num_preemptions for seq in self.seqs)
+
+
+def chunk_sizes(out: SchedulerOutput, seq: Sequence) -> list[int]:
+    return [s.num_new_tokens for s in out.scheduled if s.seq is seq]
+
+
+def test_chunked_prefill_splits_a_long_prompt_by_the_budget() -> None:
+    engine = FakeEngine(max_num_batched_tokens=16)
+    seq = engine.add(list(range(100)), max_tokens=2)
+    outs = [engine.step() for _ in range(7)]
+    assert [chunk_sizes(out, seq) for out in outs] == [[16]] * 6 + [[4]]
+    assert [out.scheduled[0].produces_token for out in outs] == [False] * 6 + [True]
+    assert seq.num_output_tokens == 1 and seq.num_computed_tokens == 100
+    assert chunk_sizes(engine.step(), seq) == [1]
+    assert seq.status is SequenceStatus.FINISHED_LENGTH and engine.bm.num_free_blocks == 64
+
+
+def test_chunked_prefill_is_mixed_with_running_decodes() -> None:
+    engine = FakeEngine(max_num_batched_tokens=16)
+    decoding = engine.add([1, 2, 3, 4], max_tokens=50)
+    engine.step()
+    long = engine.add(list(range(100, 200)), max_tokens=1)
+    outs = [engine.step() for _ in range(7)]
+    for out in outs:  # the running decode goes first, the prompt takes what is left
+        assert out.scheduled[0].seq is decoding and out.scheduled[0].num_new_tokens == 1
+    assert [chunk_sizes(out, long) for out in outs] == [[15]] * 6 + [[10]]
+    assert all(out.num_batched_tokens == 16 for out in outs[:6])
+    assert long.status is SequenceStatus.FINISHED_LENGTH and decoding.num_output_tokens == 8
+
+
+def test_without_chunking_prompts_are_scheduled_whole() -> None:
+    engine = FakeEngine(max_num_batched_tokens=16, enable_chunked_prefill=False)
+    a = engine.add(list(range(10)), max_tokens=4)
+    b = engine.add(list(range(20, 30)), max_tokens=4)
+    first = engine.step()
+    assert [(s.seq, s.num_new_tokens) for s in first.scheduled] == [(a, 10)]  # b waits whole
+    second = engine.step()
+    assert [(s.seq, s.num_new_tokens) for s in second.scheduled] == [(a, 1), (b, 10)]
+    with pytest.raises(ValueError, match="max_num_batched_tokens=16"):
+        engine.add(list(range(17)), max_tokens=1)
+
+
+def test_max_num_seqs_caps_the_batch() -> None:
+    engine = FakeEngine(max_num_seqs=2)
+    seqs = [engine.add([i, i + 1], max_tokens=3) for i in range(0, 30, 10)]
+    out = engine.step()
+    assert [s.seq for s in out.scheduled] == seqs[:2] and engine.scheduler.num_waiting == 1
+    engine.run_to_completion()
+    assert all(seq.num_output_tokens == 3 for seq in seqs)
+
+
+def test_preemption_takes_the_newest_and_everything_finishes() -> None:
+    # Each sequence grows to 12 tokens = 3 blocks; 3 running need 9 of the 6 blocks.
+    engine = FakeEngine(num_blocks=6, block_size=4, max_num_seqs=3)
+    seqs = [engine.add([10 * i + j for j in range(4)], max_tokens=8) for i in range(4)]
+    while not engine.scheduler.num_preemptions:
+        out = engine.step()
+    assert out.preempted == [seqs[2]] and seqs[2].status is SequenceStatus.WAITING
+    assert seqs[2] not in [s.seq for s in out.scheduled]  # no re-admission in the same step
+    assert list(engine.scheduler.waiting) == [seqs[2], seqs[3]]  # back in front of seqs[3]
+    assert seqs[2].num_output_tokens > 0  # kept, and re-prefilled as part of its prefix
+    engine.run_to_completion()
+    for seq in seqs:
+        outputs = seq.output_token_ids
+        assert len(outputs) == 8 and outputs == sorted(outputs)
+        assert all(t % 1000 == seq.seq_id for t in outputs)
+    assert engine.bm.num_free_blocks == 6
+
+
+def test_prefix_hits_reduce_the_tokens_to_compute() -> None:
+    engine = FakeEngine(block_size=4, max_num_batched_tokens=64)
+    prompt = list(range(20))
+    engine.add(prompt, max_tokens=1)
+    engine.run_to_completion()
+    longer = engine.add(prompt + [7, 8, 9], max_tokens=1)
+    same = engine.add(prompt, max_tokens=1)
+    out = engine.step()
+    assert chunk_sizes(out, longer) == [3] and longer.num_cached_tokens == 20
+    assert chunk_sizes(out, same) == [4] and same.num_cached_tokens == 16  # last block redone
+    engine.run_to_completion()
+    assert engine.bm.prefix_cache_hits == 36
+
+
+def test_abort_mid_prefill_frees_everything() -> None:
+    engine = FakeEngine(max_num_batched_tokens=16)
+    long = engine.add(list(range(100)), max_tokens=5)
+    waiting = engine.add(list(range(200, 300)), max_tokens=5)
+    engine.step()
+    engine.step()
+    assert long.num_computed_tokens == 32 and engine.bm.num_free_blocks < 64
+    assert engine.scheduler.abort_seq(long.request_id)
+    assert engine.scheduler.abort_seq(waiting.seq_id)
+    assert not engine.scheduler.abort_seq("no-such-request")
+    assert long.status is waiting.status is SequenceStatus.FINISHED_ABORTED
+    assert not engine.scheduler.has_unfinished_seqs() and engine.bm.num_free_blocks == 64
+    engine.bm.check_invariants([])
+    assert engine.scheduler.schedule().is_empty
+
+
+def test_sequence_larger_than_the_cache_raises() -> None:
+    engine = FakeEngine(num_blocks=2, block_size=4)
+    engine.add(list(range(9)), max_tokens=1)
+    with pytest.raises(RuntimeError, match="needing 3 KV blocks, but the cache holds only 2"):
+        engine.step()
+
+
+def fork(engine: FakeEngine, parent: Sequence) -> Sequence:
+    child = Sequence(len(engine.seqs), parent.token_ids, parent.block_size, parent.sampling_params)
+    engine.seqs.append(child)
+    engine.scheduler.fork_seq(parent, child)
+    return child
+
+
+def test_forked_sequences_copy_the_shared_block_on_write() -> None:
+    engine = FakeEngine(block_size=4)
+    parent = engine.add(list(range(6)), max_tokens=5)
+    engine.step()
+    child = fork(engine, parent)
+    out = engine.step()  # both write slot 7, in the shared second block
+    assert out.blocks_to_copy == [(child.block_table[1], parent.block_table[1])]
+    engine.run_to_completion()
+    assert parent.output_token_ids != child.output_token_ids
+    assert engine.bm.num_free_blocks == 64
+
+
+@pytest.mark.parametrize("seed, chunked", [(0, True), (1, False), (2, True)])
+def test_random_traffic_keeps_every_invariant(seed: int, chunked: bool) -> None:
+    rng = random.Random(seed)
+    engine = FakeEngine(
+        num_blocks=16, max_num_seqs=6, max_num_batched_tokens=32, enable_chunked_prefill=chunked
+    )
+    prefixes = [[rng.randrange(50) for _ in range(8)] for _ in range(3)]
+    for _ in range(200):
+        if rng.random() < 0.4:
+            prompt = rng.choice(prefixes)[: rng.randint(0, 8)]
+            prompt += [rng.randrange(50) for _ in range(rng.randint(1, 12))]
+            engine.add(prompt, max_tokens=rng.randint(1, 12))
+        live = [*engine.scheduler.waiting, *engine.scheduler.running]
+        if live and rng.random() < 0.05:
+            assert engine.scheduler.abort_seq(rng.choice(live).seq_id)
+        running = engine.scheduler.running
+        if running and rng.random() < 0.05:
+            fork(engine, rng.choice(running))
+        out = engine.step()
+        assert not out.is_empty or not engine.scheduler.has_unfinished_seqs()
+    engine.run_to_completion()
+    for seq in engine.seqs:
+        assert seq.is_finished and not seq.block_table
+        if seq.status is SequenceStatus.FINISHED_LENGTH:
+            assert seq.num_output_tokens == seq.sampling_params
+    assert engine.bm.num_free_blocks == 16
+    engine.bm.check_invariants([])
+    assert engine.scheduler.num_preemptions > 0 and engine.bm.prefix_cache_hits > 0

@@ -1,0 +1,229 @@
+"""Reference: transformers 5.24 (ROPE_INIT_FUNCTIONS, LlamaRotaryEmbedding, apply_rotary_pos_emb
+of Llama; GPT-J's for the interleaved style)."""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_apply_rotary
+from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from pagedllm.layers.rotary_embedding import get_rope
+
+NUM_HEADS, NUM_KV_HEADS, NUM_TOKENS = 4, 2, 48
+
+
+@dataclass(frozen=True)
+class Case:
+    head_size: int
+    rotary_dim: int
+    max_position: int
+    base: float
+    rope_scaling: dict | None
+    num_cached: int  # positions our cache must cover without growing
+
+
+LLAMA3_70B = {  # DeepSeek-R1-Distill-Llama-70B
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+YARN_QWEN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+YARN_DEEPSEEK = {
+    "rope_type": "yarn",
+    "factor": 40.0,
+    "original_max_position_embeddings": 1024,
+    "mscale": 0.707,
+    "mscale_all_dim": 1.0,
+    "beta_fast": 32,
+    "beta_slow": 1,
+}
+CASES = {
+    "default": Case(64, 64, 2048, 10000.0, None, 2048),
+    "default-partial": Case(64, 32, 2048, 10000.0, {"rope_type": "default"}, 2048),
+    "linear-2": Case(64, 64, 2048, 10000.0, {"rope_type": "linear", "factor": 2.0}, 4096),
+    "dynamic-2": Case(64, 64, 2048, 10000.0, {"rope_type": "dynamic", "factor": 2.0}, 4096),
+    "llama3-70b": Case(128, 128, 131072, 500000.0, LLAMA3_70B, 131072),
+    "yarn-qwen": Case(128, 128, 32768, 1e6, YARN_QWEN, 131072),
+    "yarn-mscale-partial": Case(64, 32, 40960, 10000.0, YARN_DEEPSEEK, 40960),
+}
+
+
+def _rope(case: Case, is_neox_style: bool = True):
+    return get_rope(
+        case.head_size, case.rotary_dim, case.max_position, case.base, case.rope_scaling,
+        is_neox_style,
+    )  # fmt: skip
+
+
+def _hf_config(case: Case) -> LlamaConfig:
+    """HF's rope functions see the head only through its rotary dim, so head_dim = rotary_dim."""
+    params = {"rope_type": "default", **(case.rope_scaling or {}), "rope_theta": case.base}
+    return LlamaConfig(
+        hidden_size=2 * case.rotary_dim,
+        num_attention_heads=2,
+        head_dim=case.rotary_dim,
+        max_position_embeddings=case.max_position,
+        rope_parameters=params,
+    )
+
+
+def _positions(num_positions: int) -> torch.Tensor:
+    """Random, unsorted, with repeats, and with the last position (which sets HF's dynamic base)."""
+    positions = torch.randint(0, num_positions, (NUM_TOKENS,))
+    positions[5] = num_positions - 1
+    positions[10:14] = positions[0]
+    return positions
+
+
+def _qk(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """Non-contiguous q, k split from one qkv projection, as a model passes them."""
+    q_size, kv_size = NUM_HEADS * case.head_size, NUM_KV_HEADS * case.head_size
+    qkv = torch.randn(NUM_TOKENS, q_size + 2 * kv_size)
+    q, k, _ = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    return q, k
+
+
+def _hf_rotate(
+    case: Case, positions: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """Llama's apply_rotary_pos_emb on the first rotary_dim channels; the rest pass through."""
+    heads = x.reshape(NUM_TOKENS, -1, case.head_size).transpose(0, 1)[None]  # [1, H, T, D]
+    rot, rest = heads[..., : case.rotary_dim], heads[..., case.rotary_dim :]
+    rot, _ = apply_rotary_pos_emb(rot, rot, cos, sin)
+    return torch.cat((rot, rest), dim=-1)[0].transpose(0, 1).reshape(NUM_TOKENS, -1)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_inv_freq_and_scaling_match_transformers_rope_init_functions(name: str) -> None:
+    case = CASES[name]
+    config = _hf_config(case)
+    rope_type = config.rope_parameters["rope_type"]
+    if rope_type == "default":
+        inv_freq, scaling = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
+    else:
+        seq_len = case.num_cached if rope_type == "dynamic" else None
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", seq_len=seq_len)
+    rope = _rope(case)
+    torch.testing.assert_close(rope.inv_freq, inv_freq, rtol=0, atol=0)
+    assert rope.attention_scaling == pytest.approx(scaling, rel=1e-12)
+    assert rope.cos_sin_cache.shape == (case.num_cached, case.rotary_dim)
+    assert rope.cos_sin_cache.dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_rotation_matches_transformers_llama(name: str) -> None:
+    case = CASES[name]
+    torch.manual_seed(0)
+    positions = _positions(case.num_cached)
+    q, k = _qk(case)
+    cos, sin = LlamaRotaryEmbedding(_hf_config(case))(q, positions[None])
+    q_out, k_out = _rope(case)(positions, q, k)
+    assert q_out.shape == q.shape and k_out.shape == k.shape
+    assert (q_out - _hf_rotate(case, positions, q, cos, sin)).abs().max() <= 1e-5
+    assert (k_out - _hf_rotate(case, positions, k, cos, sin)).abs().max() <= 1e-5
+
+
+def test_positions_beyond_cache_grow_it_transformers_llama() -> None:
+    case = Case(64, 64, 64, 4321.0, None, 64)
+    rope = _rope(case)
+    assert rope.cos_sin_cache.shape[0] == 64
+    torch.manual_seed(1)
+    positions = _positions(300)
+    q, k = _qk(case)
+    cos, sin = LlamaRotaryEmbedding(_hf_config(case))(q, positions[None])
+    q_out, k_out = rope(positions, q, k)
+    assert rope.cos_sin_cache.shape[0] >= 300
+    assert (q_out - _hf_rotate(case, positions, q, cos, sin)).abs().max() <= 1e-5
+    assert (k_out - _hf_rotate(case, positions, k, cos, sin)).abs().max() <= 1e-5
+
+
+def test_interleaved_style_matches_transformers_gptj() -> None:
+    case = Case(64, 32, 512, 10000.0, None, 512)
+    torch.manual_seed(2)
+    positions = _positions(case.num_cached)
+    q, k = _qk(case)
+    q_out, _ = _rope(case, is_neox_style=False)(positions, q, k)
+    sin, cos = create_sinusoidal_positions(case.num_cached, case.rotary_dim)[positions].chunk(2, -1)
+    heads = q.reshape(NUM_TOKENS, NUM_HEADS, case.head_size)
+    rot = gptj_apply_rotary(heads[None, ..., : case.rotary_dim], sin[None], cos[None])[0]
+    expected = torch.cat((rot, heads[..., case.rotary_dim :]), dim=-1).reshape(NUM_TOKENS, -1)
+    assert (q_out - expected).abs().max() <= 1e-5
+
+
+def test_bfloat16_inputs_are_rotated_in_float32() -> None:
+    """Reference: the float32 rotation rounded once to bfloat16."""
+    case = CASES["llama3-70b"]
+    torch.manual_seed(3)
+    positions = _positions(case.num_cached)
+    q, k = (x.to(torch.bfloat16) for x in _qk(case))
+    rope = _rope(case)
+    q_out, k_out = rope(positions, q, k)
+    q_ref, k_ref = rope(positions, q.float(), k.float())
+    assert q_out.dtype == k_out.dtype == torch.bfloat16
+    assert torch.equal(q_out, q_ref.to(torch.bfloat16))
+    assert torch.equal(k_out, k_ref.to(torch.bfloat16))
+
+
+def test_cache_stays_float32_after_module_cast() -> None:
+    case = Case(64, 64, 256, 7777.0, {"rope_type": "linear", "factor": 2.0}, 512)
+    rope = _rope(case)
+    positions = _positions(case.num_cached)
+    q, k = _qk(case)
+    expected = rope(positions, q, k)
+    rope.to(torch.bfloat16)
+    for out, ref in zip(rope(positions, q, k), expected, strict=True):
+        assert torch.equal(out, ref)
+    assert rope.cos_sin_cache.dtype == torch.float32
+
+
+def test_built_on_meta_device_then_run_on_cpu() -> None:
+    """Shape checks build models on the meta device; a later real forward rebuilds the cache."""
+    case = Case(128, 128, 1024, 8888.0, None, 1024)
+    with torch.device("meta"):
+        rope = _rope(case)
+        q_meta, k_meta = (torch.empty_like(x) for x in _qk(case))
+        q_out, _ = rope(torch.zeros(NUM_TOKENS, dtype=torch.long), q_meta, k_meta)
+    assert rope.cos_sin_cache.is_meta and q_out.is_meta and q_out.shape == q_meta.shape
+    positions = _positions(case.num_cached)
+    q, k = _qk(case)
+    q_out, _ = rope(positions, q, k)
+    cos, sin = LlamaRotaryEmbedding(_hf_config(case))(q, positions[None])
+    assert (q_out - _hf_rotate(case, positions, q, cos, sin)).abs().max() <= 1e-5
+
+
+def test_transformers_4x_type_key_and_rope_theta_ignored() -> None:
+    old = get_rope(64, 64, 512, 10000.0, {"type": "linear", "factor": 2.0})
+    new = get_rope(64, 64, 512, 10000.0, {"rope_type": "linear", "factor": 2.0, "rope_theta": 1.0})
+    assert torch.equal(old.inv_freq, new.inv_freq)
+    assert torch.equal(old.inv_freq, get_rope(64, 64, 512, 10000.0).inv_freq / 2.0)
+
+
+def test_layers_with_equal_settings_share_one_instance() -> None:
+    a = get_rope(64, 64, 512, 10000.0, {"rope_type": "dynamic", "factor": 2.0})
+    b = get_rope(64, 64, 512, 10000.0, {"rope_type": "dynamic", "factor": 2.0})
+    c = get_rope(64, 64, 512, 10000.0, {"rope_type": "dynamic", "factor": 3.0})
+    assert a is b and a is not c
+    assert "cos_sin_cache" not in a.state_dict()
+
+
+@pytest.mark.parametrize("scaling", [{"rope_type": "longrope"}, {"type": "su"}])
+def test_unknown_rope_type_lists_supported_ones(scaling: dict) -> None:
+    with pytest.raises(ValueError, match=r"not supported.*default.*dynamic.*linear.*llama3.*yarn"):
+        get_rope(64, 64, 512, 10000.0, scaling)
+
+
+def test_missing_factor_is_named() -> None:
+    with pytest.raises(ValueError, match="factor"):
+        get_rope(64, 64, 512, 10000.0, {"rope_type": "linear"})
+
+
+@pytest.mark.parametrize("rotary_dim", [0, 33, 128])
+def test_rotary_dim_must_be_even_and_fit_the_head(rotary_dim: int) -> None:
+    with pytest.raises(ValueError, match="rotary_dim"):
+        get_rope(64, rotary_dim, 512, 10000.0)

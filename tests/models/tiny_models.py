@@ -1,0 +1,67 @@
+"""Tiny random transformers checkpoints with the features of the real targets.
+
+Each entry is a transformers config; `save_tiny_model` writes it with save_pretrained,
+so our loader reads exactly what a user's HF folder holds.
+"""
+
+import torch
+import transformers
+
+COMMON = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    initializer_range=0.1,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+
+def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
+    return {
+        "llama-gqa-llama3": transformers.LlamaConfig(
+            **COMMON, num_key_value_heads=2, rope_parameters=LLAMA3_ROPE, tie_word_embeddings=False
+        ),
+        "llama-tied-mqa": transformers.LlamaConfig(
+            **COMMON, num_key_value_heads=1, tie_word_embeddings=True
+        ),
+        "mistral": transformers.MistralConfig(
+            **COMMON, num_key_value_heads=2, sliding_window=None, tie_word_embeddings=False
+        ),
+        "qwen2": transformers.Qwen2Config(
+            **COMMON, num_key_value_heads=2, tie_word_embeddings=True
+        ),
+        "qwen3": transformers.Qwen3Config(
+            **COMMON, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False
+        ),
+        "qwen3-moe": transformers.Qwen3MoeConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+            tie_word_embeddings=False,
+        ),
+    }
+
+
+def save_tiny_model(config: transformers.PretrainedConfig, folder: str, seed: int = 0) -> None:
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(folder)
