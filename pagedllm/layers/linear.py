@@ -67,7 +67,7 @@ class ColumnParallelLinear(LinearBase):
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
     ) -> None:
         size = param.shape[0]
-        copy_weight(param, shard_of(loaded_weight, 0, self.tp_rank, size))
+        copy_weight(param, shard_of(loaded_weight, 0, self.tp_rank, size, self.tp_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x)
@@ -82,6 +82,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
         self.output_sizes = output_sizes
+        tp_size = get_tensor_model_parallel_world_size()
+        self.shard_sizes = [divide(s, tp_size, "output size") for s in output_sizes]
         super().__init__(input_size, sum(output_sizes), bias)
 
     def weight_loader(
@@ -89,9 +91,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     ) -> None:
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
             raise ValueError(f"shard_id {shard_id!r} must be in [0, {len(self.output_sizes)})")
-        sizes = [divide(s, self.tp_size, "output size") for s in self.output_sizes]
+        sizes = self.shard_sizes
         offset, size = sum(sizes[:shard_id]), sizes[shard_id]
-        shard = shard_of(loaded_weight, 0, self.tp_rank, size)
+        shard = shard_of(loaded_weight, 0, self.tp_rank, size, self.tp_size)
         copy_weight(param.data.narrow(0, offset, size), shard, f"shard {shard_id}")
 
 
@@ -118,8 +120,13 @@ class QKVParallelLinear(ColumnParallelLinear):
             self.num_kv_heads = divide(total_num_kv_heads, tp_size, "number of kv heads")
             self.num_kv_replicas = 1
         else:
+            if tp_size % total_num_kv_heads != 0:
+                raise ValueError(
+                    f"tensor parallel size {tp_size} is not a multiple of the number of kv "
+                    f"heads {total_num_kv_heads}"
+                )
             self.num_kv_heads = 1
-            self.num_kv_replicas = divide(tp_size, total_num_kv_heads, "tp size / kv heads:")
+            self.num_kv_replicas = tp_size // total_num_kv_heads
         output_size = (self.num_heads + 2 * self.num_kv_heads) * head_size * tp_size
         super().__init__(hidden_size, output_size, bias)
 
@@ -129,12 +136,14 @@ class QKVParallelLinear(ColumnParallelLinear):
         q_size = self.num_heads * self.head_size
         kv_size = self.num_kv_heads * self.head_size
         kv_rank = self.tp_rank // self.num_kv_replicas
-        layout = {"q": (0, q_size, self.tp_rank), "k": (q_size, kv_size, kv_rank)}
-        layout["v"] = (q_size + kv_size, kv_size, kv_rank)
+        kv_shards = self.tp_size // self.num_kv_replicas
+        layout = {"q": (0, q_size, self.tp_rank, self.tp_size)}
+        layout["k"] = (q_size, kv_size, kv_rank, kv_shards)
+        layout["v"] = (q_size + kv_size, kv_size, kv_rank, kv_shards)
         if shard_id not in layout:
             raise ValueError(f"shard_id {shard_id!r} must be one of 'q', 'k', 'v'")
-        offset, size, rank = layout[shard_id]
-        shard = shard_of(loaded_weight, 0, rank, size)
+        offset, size, rank, num_shards = layout[shard_id]
+        shard = shard_of(loaded_weight, 0, rank, size, num_shards)
         copy_weight(param.data.narrow(0, offset, size), shard, f"{shard_id}_proj")
 
 
@@ -158,10 +167,9 @@ class RowParallelLinear(LinearBase):
             copy_weight(param, loaded_weight, "bias")
             return
         size = param.shape[1]
-        copy_weight(param, shard_of(loaded_weight, 1, self.tp_rank, size))
+        copy_weight(param, shard_of(loaded_weight, 1, self.tp_rank, size, self.tp_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
-        if self.reduce_results:
-            y = tensor_model_parallel_all_reduce(y)
-        return y if self.bias is None else y + self.bias
+        """Rank 0 alone adds the bias, so the sum over ranks holds it once."""
+        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        return tensor_model_parallel_all_reduce(y) if self.reduce_results else y

@@ -19,8 +19,8 @@ class LogitsProcessor(nn.Module):
         """[N, hidden] -> [N, vocab_size] logits; padding rows of the vocab never appear."""
         logits = F.linear(hidden_states, lm_head.weight, lm_head.bias)
         logits = tensor_model_parallel_all_gather(logits)[..., : self.vocab_size]
-        if self.scale != 1.0:
-            logits = logits * self.scale
         if self.soft_cap is not None:
             logits = torch.tanh(logits / self.soft_cap) * self.soft_cap
+        if self.scale != 1.0:
+            logits = logits * self.scale
         return logits

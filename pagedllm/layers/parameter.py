@@ -42,11 +42,15 @@ def default_weight_loader(
     copy_weight(param, loaded_weight)
 
 
-def shard_of(loaded_weight: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
-    """Rank `rank`'s slice of `size` elements along `dim`, with a clear error if it is short."""
-    if loaded_weight.shape[dim] < (rank + 1) * size:
+def shard_of(
+    loaded_weight: torch.Tensor, dim: int, rank: int, size: int, num_shards: int
+) -> torch.Tensor:
+    """Shard `rank` of `num_shards` equal slices of `size` along `dim`; the checkpoint
+    tensor must hold exactly num_shards * size there."""
+    if loaded_weight.shape[dim] != num_shards * size:
         raise ValueError(
-            f"checkpoint tensor of shape {tuple(loaded_weight.shape)} is too small along dim "
-            f"{dim} for shard {rank} of size {size}"
+            f"checkpoint tensor of shape {tuple(loaded_weight.shape)} has "
+            f"{loaded_weight.shape[dim]} along dim {dim}, the model expects "
+            f"{num_shards} x {size} = {num_shards * size}"
         )
     return loaded_weight.narrow(dim, rank * size, size)

@@ -46,7 +46,7 @@ class VocabParallelEmbedding(nn.Module):
     ) -> None:
         """Copy this rank's rows of the unpadded [vocab, dim] checkpoint tensor; zero the rest."""
         check_shape(
-            torch.empty(self.num_embeddings, param.shape[1], device="meta"),
+            torch.empty(self.num_embeddings, *param.shape[1:], device="meta"),
             loaded_weight,
             "embedding",
         )
