@@ -1,1 +1,18 @@
-"""pagedllm: an LLM inference engine with a paged KV cache."""
+"""pagedllm: an LLM inference engine with a paged KV cache, in the mould of vLLM."""
+
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.llm import LLM
+from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineArgs",
+    "LLMEngine",
+    "Logprob",
+    "RequestOutput",
+    "RequestOutputKind",
+    "SamplingParams",
+]

@@ -125,3 +125,78 @@ def derive_max_model_len(hf_config: PretrainedConfig) -> int:
     if window and use_window:
         length = min(length, window)
     return int(length)
+
+
+@dataclass
+class CacheConfig:
+    """KV cache size: num_kv_blocks exactly, else kv_cache_memory_bytes, else a share of
+    the free memory (see engine/kv_cache.py)."""
+
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size {self.block_size} must be >= 1")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks {self.num_kv_blocks} must be >= 1")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
+            raise ValueError(f"kv_cache_memory_bytes {self.kv_cache_memory_bytes} must be >= 1")
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs {self.max_num_seqs} must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens {self.max_num_batched_tokens} must be >= 1")
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} must be >= 1")
+
+
+@dataclass
+class EngineConfig:
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    parallel_config: ParallelConfig
+    device: str = "cpu"
+    seed: int = 0
+    skip_tokenizer_init: bool = False
+    max_logprobs: int = 20
+    logprobs_mode: str = "raw_logprobs"
+    logits_processors: tuple = ()
+
+    def __post_init__(self) -> None:
+        max_len = self.model_config.max_model_len
+        sched = self.scheduler_config
+        if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < max_len:
+            raise ValueError(
+                f"max_num_batched_tokens {sched.max_num_batched_tokens} must be >= "
+                f"max_model_len {max_len} when chunked prefill is off"
+            )
+
+
+def resolve_device(device: str) -> str:
+    """'auto' is CUDA when available, else CPU."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device {device!r} is not a torch device: {e}") from e
+    return device

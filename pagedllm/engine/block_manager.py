@@ -81,8 +81,9 @@ class BlockManager:
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids of the longest cached chain from seq's start. The last token is never
-        counted as cached, since the model must run on it to produce logits."""
-        if not self.enable_prefix_caching:
+        counted as cached, since the model must run on it to produce logits. A sequence
+        with skip_prefix_cache (it wants logits of every prompt token) reads no cache."""
+        if not self.enable_prefix_caching or seq.skip_prefix_cache:
             return []
         hits = []
         for block_hash in self._update_block_hashes(seq):

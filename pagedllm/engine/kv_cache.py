@@ -36,3 +36,23 @@ def bind_kv_cache(
     for i, layer in enumerate(layers):
         layer.kv_cache = (cache[0, i], cache[1, i])
     return cache
+
+
+CPU_MEMORY_FRACTION = 0.3
+GPU_MEMORY_FRACTION = 0.8
+
+
+def available_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    with open("/proc/meminfo") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["MemAvailable"].split()[0]) * 1024
+
+
+def default_kv_cache_bytes(device: torch.device, max_tokens_needed_bytes: int) -> int:
+    """A share of free memory, but never more than `max_tokens_needed_bytes`, what
+    max_num_seqs sequences of max_model_len tokens could ever use."""
+    fraction = GPU_MEMORY_FRACTION if device.type == "cuda" else CPU_MEMORY_FRACTION
+    return min(int(available_memory_bytes(device) * fraction), max_tokens_needed_bytes)

@@ -66,6 +66,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
         self.num_preemptions = 0
+        self.skip_prefix_cache = False
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,73 @@
+"""EngineArgs: the flat options a user passes (LLM(...), the CLI), turned into EngineConfig."""
+
+import argparse
+from dataclasses import dataclass, fields
+
+from pagedllm.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    resolve_device,
+)
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = None
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None
+    block_size: int = 16
+    kv_cache_memory_bytes: int | None = None
+    num_kv_blocks: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    seed: int = 0
+    skip_tokenizer_init: bool = False
+    device: str = "auto"
+    max_logprobs: int = 20
+    logprobs_mode: str = "raw_logprobs"
+    logits_processors: tuple = ()
+
+    def create_engine_config(self) -> EngineConfig:
+        device = resolve_device(self.device)
+        return EngineConfig(
+            model_config=ModelConfig.create(self.model, self.dtype, self.max_model_len, device),
+            cache_config=CacheConfig(
+                self.block_size,
+                self.num_kv_blocks,
+                self.kv_cache_memory_bytes,
+                self.enable_prefix_caching,
+            ),
+            scheduler_config=SchedulerConfig(
+                self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill
+            ),
+            parallel_config=ParallelConfig(self.tensor_parallel_size),
+            device=device,
+            seed=self.seed,
+            skip_tokenizer_init=self.skip_tokenizer_init,
+            max_logprobs=self.max_logprobs,
+            logprobs_mode=self.logprobs_mode,
+            logits_processors=tuple(self.logits_processors or ()),
+        )
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
+        """--max-model-len style flags for every option (model as --model if asked)."""
+        for f in fields(EngineArgs):
+            if f.name in ("logits_processors",) or (f.name == "model" and not with_model):
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if f.type in ("bool", bool):
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            else:
+                kind = int if "int" in str(f.type) else str
+                parser.add_argument(flag, type=kind, default=f.default)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})

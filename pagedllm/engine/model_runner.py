@@ -1,0 +1,91 @@
+"""Runs one scheduled step: flat batch -> model -> logits -> sampler."""
+
+from dataclasses import dataclass
+
+import torch
+
+from pagedllm.config import EngineConfig
+from pagedllm.engine.batch import SeqChunk, prepare_batch
+from pagedllm.engine.kv_cache import bind_kv_cache, kv_cache_bytes_per_token
+from pagedllm.forward_context import set_forward_context
+from pagedllm.layers.sampler import Sampler, SamplerOutput
+from pagedllm.model_loader.loader import get_model
+from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
+
+
+@dataclass
+class StepInput:
+    """What a rank needs to run one step (picklable: sent to tensor-parallel workers).
+
+    sample_indices: for each sampler row, the batch index of the sequence whose last new
+    token it samples from (a sequence forking n samples appears n times).
+    prompt_logprob_indices: batch indices whose logits at every new token are returned.
+    """
+
+    chunks: list[SeqChunk]
+    blocks_to_copy: list[tuple[int, int]]
+    sample_indices: list[int]
+    prompt_logprob_indices: list[int]
+
+
+@dataclass
+class StepOutput:
+    sampler_output: SamplerOutput | None
+    prompt_logits: dict[int, torch.Tensor]  # batch index -> [new tokens, V] float32
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.block_size = config.cache_config.block_size
+        self.model = get_model(config.model_config, self.device)
+        self.vocab_size = config.model_config.vocab_size
+        self.sampler = Sampler(
+            self.vocab_size,
+            self.device,
+            logprobs_mode=config.logprobs_mode,
+            logits_processors=config.logits_processors,
+        )
+        self.kv_cache: torch.Tensor | None = None
+
+    @property
+    def kv_cache_bytes_per_token(self) -> int:
+        return kv_cache_bytes_per_token(self.model, self.config.model_config.dtype)
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        self.kv_cache = bind_kv_cache(
+            self.model, num_blocks, self.block_size, self.config.model_config.dtype, self.device
+        )
+
+    def _copy_blocks(self, blocks_to_copy: list[tuple[int, int]]) -> None:
+        if not blocks_to_copy:
+            return
+        src, dst = (torch.tensor(ids, device=self.device) for ids in zip(*blocks_to_copy))
+        self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+
+    @torch.inference_mode()
+    def forward(self, step: StepInput) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """-> (logits [len(sample_indices), V], prompt logits by batch index)."""
+        self._copy_blocks(step.blocks_to_copy)
+        batch = prepare_batch(step.chunks, self.block_size, self.device)
+        with set_forward_context(batch.attn_metadata):
+            hidden = self.model(batch.input_ids, batch.positions)
+        index = batch.last_token_indices[torch.tensor(step.sample_indices, device=self.device)]
+        logits = self.model.compute_logits(hidden[index])
+        prompt_logits = {}
+        starts = batch.attn_metadata.query_start_loc.tolist() if step.prompt_logprob_indices else []
+        for i in step.prompt_logprob_indices:
+            rows = hidden[starts[i] : starts[i + 1]]
+            prompt_logits[i] = self.model.compute_logits(rows).float()
+        return logits, prompt_logits
+
+    @torch.inference_mode()
+    def execute(self, step: StepInput, rows: list[SamplingRow]) -> StepOutput:
+        if not step.chunks:
+            return StepOutput(None, {})
+        logits, prompt_logits = self.forward(step)
+        if not rows:
+            return StepOutput(None, prompt_logits)
+        metadata = SamplingMetadata.build(rows, self.vocab_size, self.device)
+        return StepOutput(self.sampler(logits, metadata), prompt_logits)

@@ -1,0 +1,109 @@
+"""A request's state across steps: its sequences (n samples), text, logprobs, and the
+RequestOutput it shows according to output_kind."""
+
+import time
+
+import torch
+
+from pagedllm.engine.detokenizer import IncrementalDetokenizer
+from pagedllm.engine.sequence import Sequence
+from pagedllm.engine.stop_checker import StopDecision
+from pagedllm.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+
+
+class Completion:
+    """One of a request's n samples: its sequence plus what the user sees of it."""
+
+    def __init__(self, index: int, seq: Sequence, detokenizer: IncrementalDetokenizer | None):
+        self.index = index
+        self.seq = seq
+        self.detokenizer = detokenizer
+        self.text = ""
+        self.logprobs: list[dict[int, Logprob]] | None = None
+        self.cumulative_logprob = 0.0
+        self.stop_reason: int | str | None = None
+        self.sent_tokens = 0
+        self.sent_text = 0
+
+    def add_text(self, token_id: int) -> int:
+        """Detokenize the new token; returns how many characters it added."""
+        if self.detokenizer is None:
+            return 0
+        delta = self.detokenizer.add_token(token_id)
+        self.text += delta
+        return len(delta)
+
+    def apply_stop(self, decision: StopDecision) -> None:
+        self.stop_reason = decision.stop_reason
+        if decision.truncate_text_to is not None:
+            self.text = self.text[: decision.truncate_text_to]
+
+
+class Request:
+    def __init__(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.first_token_time: float | None = None
+        self.completions: list[Completion] = []
+        self.generators: list[torch.Generator | None] = []
+        self.prompt_logprobs: PromptLogprobs | None = None
+        self.num_cached_tokens = 0
+        self.sent_prompt_logprobs = False
+
+    @property
+    def finished(self) -> bool:
+        return len(self.completions) == self.params.n and all(
+            c.seq.is_finished for c in self.completions
+        )
+
+    def make_output(self) -> RequestOutput | None:
+        """The output to show now, or None (final_only and not finished)."""
+        kind = self.params.output_kind
+        finished = self.finished
+        if kind is RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        delta = kind is RequestOutputKind.DELTA
+        outputs = [self._completion_output(c, delta, finished) for c in self.completions]
+        prompt_logprobs = self.prompt_logprobs
+        if delta and self.sent_prompt_logprobs:
+            prompt_logprobs = None
+        self.sent_prompt_logprobs = self.sent_prompt_logprobs or prompt_logprobs is not None
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            prompt_logprobs=prompt_logprobs,
+            outputs=outputs,
+            finished=finished,
+            num_cached_tokens=self.num_cached_tokens,
+        )
+
+    def _completion_output(self, c: Completion, delta: bool, finished: bool) -> CompletionOutput:
+        token_ids = c.seq.output_token_ids
+        # Hold back text that may be the start of a stop string until the sequence ends.
+        hold = 0 if c.seq.is_finished else self.params.output_text_buffer_length
+        text_end = max(c.sent_text, len(c.text) - hold)
+        token_start = c.sent_tokens if delta else 0
+        text_start = c.sent_text if delta else 0
+        c.sent_tokens, c.sent_text = len(token_ids), text_end
+        logprobs = c.logprobs[token_start:] if c.logprobs is not None else None
+        return CompletionOutput(
+            index=c.index,
+            text=c.text[text_start:text_end],
+            token_ids=token_ids[token_start:],
+            cumulative_logprob=c.cumulative_logprob if c.logprobs is not None else None,
+            logprobs=logprobs,
+            finish_reason=c.seq.status.finish_reason,
+            stop_reason=c.stop_reason,
+        )

@@ -1,0 +1,52 @@
+"""When a sequence stops: EOS, stop token ids, stop strings, max_tokens, max_model_len."""
+
+from dataclasses import dataclass
+
+from pagedllm.engine.sequence import Sequence, SequenceStatus
+from pagedllm.sampling_params import SamplingParams
+
+
+@dataclass
+class StopDecision:
+    status: SequenceStatus
+    stop_reason: int | str | None = None
+    truncate_text_to: int | None = None  # cut output text here (a stop string was found)
+
+
+def check_stop(
+    seq: Sequence,
+    params: SamplingParams,
+    eos_token_id: int | None,
+    max_model_len: int,
+    output_text: str,
+    new_text_len: int,
+) -> StopDecision | None:
+    """Decide after `seq` got its newest token and `new_text_len` characters of text."""
+    token = seq.last_token_id
+    if seq.num_output_tokens >= params.min_tokens:
+        if not params.ignore_eos and token == eos_token_id:
+            return StopDecision(SequenceStatus.FINISHED_STOPPED)
+        if token in params.stop_token_ids:
+            return StopDecision(SequenceStatus.FINISHED_STOPPED, stop_reason=token)
+        found = find_stop_string(output_text, new_text_len, params)
+        if found is not None:
+            return found
+    if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+        return StopDecision(SequenceStatus.FINISHED_LENGTH)
+    if seq.num_tokens >= max_model_len:
+        return StopDecision(SequenceStatus.FINISHED_LENGTH)
+    return None
+
+
+def find_stop_string(text: str, new_text_len: int, params: SamplingParams) -> StopDecision | None:
+    """A stop string that ends in the new text; only the tail that could hold one is
+    searched, so the cost does not grow with the output."""
+    if not params.stop or new_text_len == 0:
+        return None
+    for stop in params.stop:
+        start = max(0, len(text) - new_text_len - len(stop) + 1)
+        index = text.find(stop, start)
+        if index != -1:
+            end = index + len(stop) if params.include_stop_str_in_output else index
+            return StopDecision(SequenceStatus.FINISHED_STOPPED, stop, end)
+    return None

@@ -1,0 +1,39 @@
+"""The tokenizer of a model folder or GGUF file, and the model's EOS ids."""
+
+import os
+
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+
+from pagedllm.config import ModelConfig
+
+
+def get_tokenizer(model_config: ModelConfig) -> PreTrainedTokenizerBase:
+    if model_config.gguf_file is not None:
+        from pagedllm.model_loader.gguf import load_gguf_tokenizer
+
+        return load_gguf_tokenizer(model_config.gguf_file)
+    folder = model_config.model if os.path.isdir(model_config.model) else None
+    try:
+        return AutoTokenizer.from_pretrained(folder or model_config.model)
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(
+            f"cannot load a tokenizer from {model_config.model!r} ({e}); "
+            "pass skip_tokenizer_init=True and give prompts as token ids"
+        ) from e
+
+
+def generation_config_dict(model_config: ModelConfig) -> dict:
+    """generation_config.json of a folder (it may list several EOS ids), else {}."""
+    path = os.path.join(model_config.model, "generation_config.json")
+    if not os.path.isfile(path):
+        return {}
+    return GenerationConfig.from_pretrained(model_config.model).to_dict()
+
+
+def model_eos_token_id(
+    model_config: ModelConfig, tokenizer: PreTrainedTokenizerBase | None
+) -> int | None:
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        return tokenizer.eos_token_id
+    eos = getattr(model_config.hf_config, "eos_token_id", None)
+    return eos[0] if isinstance(eos, list) and eos else eos

@@ -1,0 +1,100 @@
+"""`pagedllm inspect`: sizes of a model built on the meta device, so any size is free to inspect.
+
+Figures are per tensor-parallel rank where they differ between ranks' shapes: every rank
+of a pagedllm model holds tensors of the same shapes, so rank 0 stands for all.
+"""
+
+import argparse
+import json
+
+import torch
+from torch import nn
+
+from pagedllm.config import ModelConfig
+from pagedllm.distributed.parallel_state import override_tensor_parallel
+from pagedllm.engine.kv_cache import kv_cache_bytes_per_token
+from pagedllm.layers.fused_moe import FusedMoE
+from pagedllm.model_loader.loader import build_model
+
+
+def count_params(model: nn.Module) -> int:
+    """Unique parameters (a tied embedding counts once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def inactive_expert_params(model: nn.Module) -> int:
+    """Parameters of the experts a token does not use: (E - top_k) / E of every FusedMoE."""
+    total = 0
+    for moe in model.modules():
+        if isinstance(moe, FusedMoE):
+            expert_params = moe.w13_weight.numel() + moe.w2_weight.numel()
+            total += expert_params * (moe.num_experts - moe.top_k) // moe.num_experts
+    return total
+
+
+def inspect_model(model_config: ModelConfig, tp: int = 1) -> dict:
+    full = build_model(model_config, "meta")
+    with override_tensor_parallel(0, tp):
+        shard = build_model(model_config, "meta")
+    element = torch.empty((), dtype=model_config.dtype).element_size()
+    total = count_params(full)
+    return {
+        "architecture": model_config.architecture,
+        "dtype": str(model_config.dtype).removeprefix("torch."),
+        "tensor_parallel_size": tp,
+        "total_params": total,
+        "active_params": total - inactive_expert_params(full),
+        "bytes_per_rank": count_params(shard) * element,
+        "kv_cache_bytes_per_token": kv_cache_bytes_per_token(shard, model_config.dtype),
+        "max_model_len": model_config.max_model_len,
+    }
+
+
+def format_report(report: dict) -> str:
+    total, active = report["total_params"], report["active_params"]
+    per_rank = report["bytes_per_rank"]
+    rows = [
+        ("architecture", report["architecture"]),
+        ("dtype", report["dtype"]),
+        ("tensor parallel size", report["tensor_parallel_size"]),
+        ("total parameters", f"{total:,} ({total / 1e9:.2f} B)"),
+        ("active params / token", f"{active:,} ({active / 1e9:.2f} B)"),
+        ("weight bytes per rank", f"{per_rank:,} ({per_rank / 1024**3:.2f} GiB)"),
+        ("KV cache / token / rank", f"{report['kv_cache_bytes_per_token']:,} bytes"),
+        ("max model len", f"{report['max_model_len']:,}"),
+    ]
+    return "\n".join(f"{name:<24}{value}" for name, value in rows)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "inspect",
+        help="parameter counts, weight bytes per rank and KV bytes per token, without loading",
+        description="Build the model on the meta device (no memory) and report its sizes.",
+    )
+    parser.add_argument("model", help="config.json, a HF model folder or a .gguf file")
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (default 1)")
+    parser.add_argument(
+        "--dtype", default=None, help="weight dtype (default: the config's, else float32)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    if args.tp < 1:
+        raise ValueError(f"--tp {args.tp} must be >= 1")
+    model_config = ModelConfig.create(args.model, dtype=args.dtype or "float32")
+    if args.dtype is None:
+        model_config.dtype = checkpoint_dtype(model_config)
+    report = inspect_model(model_config, args.tp)
+    print(json.dumps(report) if args.json else format_report(report))
+
+
+def checkpoint_dtype(model_config: ModelConfig) -> torch.dtype:
+    dtype = getattr(model_config.hf_config, "dtype", None) or getattr(
+        model_config.hf_config, "torch_dtype", None
+    )
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float32

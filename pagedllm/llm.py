@@ -1,0 +1,124 @@
+"""LLM: the offline API (vLLM's `LLM`): generate and chat over a batch of prompts."""
+
+import itertools
+import time
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.llm_engine import LLMEngine, PromptType
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+
+ChatMessages = list[dict[str, str]]
+
+
+class LLM:
+    """Load a model once, then generate for many prompts with continuous batching.
+
+    `model` is a HF folder, a .gguf file, or None for the embedded SmolLM2-135M-Instruct.
+    The other arguments are EngineArgs fields (dtype "auto" is float32 on CPU).
+    """
+
+    def __init__(self, model: str | None = None, **kwargs: object) -> None:
+        self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
+        self._request_counter = itertools.count()
+
+    def get_tokenizer(self):  # noqa: ANN201 - a transformers tokenizer
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in input order."""
+        prompts = _as_prompt_list(prompts)
+        params = _as_params_list(sampling_params, len(prompts))
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                request_id = str(next(self._request_counter))
+                self.llm_engine.add_request(request_id, prompt, _final_only(p))
+                ids.append(request_id)
+            return self._run_engine(ids, use_tqdm)
+        finally:
+            self.llm_engine.abort_request([i for i in ids if i in self.llm_engine.requests])
+
+    def chat(
+        self,
+        messages: ChatMessages | Sequence[ChatMessages],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template to each conversation, then generate."""
+        tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("chat needs a tokenizer (skip_tokenizer_init is set)")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = []
+        for conversation in conversations:
+            token_ids = tokenizer.apply_chat_template(
+                conversation,
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=True,
+                return_dict=False,
+                **(chat_template_kwargs or {}),
+            )
+            prompts.append({"prompt_token_ids": list(token_ids)})
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm)
+        start, in_tokens, out_tokens = time.perf_counter(), 0, 0
+        while self.llm_engine.has_unfinished_requests():
+            for output in self.llm_engine.step():
+                if not output.finished:
+                    continue
+                finished[output.request_id] = output
+                in_tokens += len(output.prompt_token_ids)
+                out_tokens += sum(len(c.token_ids) for c in output.outputs)
+                elapsed = time.perf_counter() - start
+                rates = f"input: {in_tokens / elapsed:.1f} tok/s, "
+                bar.set_postfix_str(rates + f"output: {out_tokens / elapsed:.1f} tok/s")
+                bar.update(1)
+        bar.close()
+        return [finished[i] for i in request_ids]
+
+
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, str | dict):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(p, int) for p in prompts):
+        raise TypeError(
+            "a list of ints is ambiguous: pass {'prompt_token_ids': [...]} for token ids"
+        )
+    return prompts
+
+
+def _as_params_list(
+    params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int
+) -> list[SamplingParams]:
+    if params is None or isinstance(params, SamplingParams):
+        return [params or SamplingParams()] * num_prompts
+    params = list(params)
+    if len(params) != num_prompts:
+        raise ValueError(
+            f"got {len(params)} sampling params for {num_prompts} prompts; give one or one each"
+        )
+    return params
+
+
+def _final_only(params: SamplingParams) -> SamplingParams:
+    """generate() returns finished outputs only; don't build the intermediate ones."""
+    params = params.clone()
+    params.output_kind = RequestOutputKind.FINAL_ONLY
+    return params

@@ -1,0 +1,170 @@
+"""SamplingMetadata: the sampler's batched input for one step, built once from the rows.
+
+Every optional feature is None (or empty) when no row uses it, so the Sampler skips it:
+an all-greedy batch without penalties costs one argmax.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pagedllm.sample.ops.penalties import get_token_bin_counts
+from pagedllm.sampling_params import SamplingParams, SamplingType
+
+
+@dataclass
+class SamplingRow:
+    """One sequence that samples a token this step.
+
+    `generator` is required for a seeded random request: the engine creates it once per
+    request (`torch.Generator(device).manual_seed(seed)`) and passes the same one each step,
+    so the request's tokens do not depend on the rest of the batch.
+    """
+
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class SamplingMetadata:
+    """Per-step tensors, B rows and V = vocab_size.
+
+    temperature:        [B] float32, 1.0 on greedy rows (a safe divisor); None if all greedy.
+    greedy_mask:        [B] bool; None unless greedy and random rows are mixed.
+    top_k:              [B] int64, V where off; None if no row uses top-k.
+    top_p:              [B] float32, 1.0 where off; None if no row uses top-p.
+    generators:         row -> its generator, for seeded random rows.
+    *_penalties:        [B] float32; None when no_penalties.
+    prompt_token_mask:  [B, V] bool, token in prompt; None unless a row has a repetition
+                        penalty. Only penalised rows' tokens are counted.
+    output_token_counts: [B, V] float32 occurrences in the output; None when no_penalties.
+    allowed_token_ids_mask: [B, V] bool, True where a token is NOT allowed; None if unused.
+    bad_words_token_ids: row -> token id lists of its bad words (rows with bad words only).
+    max_num_logprobs:   largest `logprobs` asked in the batch (-1 = whole vocab), or None.
+    """
+
+    rows: list[SamplingRow]
+    all_greedy: bool
+    all_random: bool
+    temperature: torch.Tensor | None
+    greedy_mask: torch.Tensor | None
+    top_k: torch.Tensor | None
+    top_p: torch.Tensor | None
+    generators: dict[int, torch.Generator]
+    no_penalties: bool
+    presence_penalties: torch.Tensor | None = None
+    frequency_penalties: torch.Tensor | None = None
+    repetition_penalties: torch.Tensor | None = None
+    prompt_token_mask: torch.Tensor | None = None
+    output_token_counts: torch.Tensor | None = None
+    allowed_token_ids_mask: torch.Tensor | None = None
+    bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)
+    max_num_logprobs: int | None = None
+
+    @property
+    def output_token_ids(self) -> list[list[int]]:
+        return [row.output_token_ids for row in self.rows]
+
+    @classmethod
+    def build(
+        cls, rows: list[SamplingRow], vocab_size: int, device: torch.device | str
+    ) -> "SamplingMetadata":
+        assert rows, "a sampling batch needs at least one row"
+        device = torch.device(device)
+        params = [row.params for row in rows]
+        sampling = _sampling_fields(rows, vocab_size, device)
+        penalties = {} if sampling["no_penalties"] else _penalty_fields(rows, vocab_size, device)
+        return cls(
+            rows=rows,
+            **sampling,
+            **penalties,
+            allowed_token_ids_mask=_allowed_token_ids_mask(params, vocab_size, device),
+            bad_words_token_ids=_bad_words(params),
+            max_num_logprobs=_max_num_logprobs(params),
+        )
+
+
+def _sampling_fields(rows: list[SamplingRow], vocab_size: int, device: torch.device) -> dict:
+    """Temperature, greedy mask, top-k, top-p, generators and the batch-wide flags."""
+    params = [row.params for row in rows]
+    greedy = [p.sampling_type == SamplingType.GREEDY for p in params]
+    all_greedy, all_random = all(greedy), not any(greedy)
+    generators = {}
+    for i, row in enumerate(rows):
+        if row.params.sampling_type == SamplingType.RANDOM_SEED:
+            assert row.generator is not None, f"row {i} has a seed but no generator"
+            generators[i] = row.generator
+    top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+    top_p = [p.top_p for p in params]
+    temperature = [1.0 if g else p.temperature for g, p in zip(greedy, params, strict=True)]
+    no_penalties = all(
+        p.presence_penalty == 0 and p.frequency_penalty == 0 and p.repetition_penalty == 1
+        for p in params
+    )
+    return dict(
+        all_greedy=all_greedy,
+        all_random=all_random,
+        temperature=None if all_greedy else _floats(temperature, device),
+        greedy_mask=None if all_greedy or all_random else torch.tensor(greedy, device=device),
+        top_k=None if all(k == vocab_size for k in top_k) else torch.tensor(top_k, device=device),
+        top_p=None if all(p == 1.0 for p in top_p) else _floats(top_p, device),
+        generators=generators,
+        no_penalties=no_penalties,
+    )
+
+
+def _penalty_fields(rows: list[SamplingRow], vocab_size: int, device: torch.device) -> dict:
+    """Penalty values and token counts; only penalised rows' tokens are counted."""
+    params = [row.params for row in rows]
+    repeats = [p.repetition_penalty != 1 for p in params]
+    penalised = [
+        r or p.presence_penalty != 0 or p.frequency_penalty != 0
+        for r, p in zip(repeats, params, strict=True)
+    ]
+    outputs = [r.output_token_ids if on else [] for r, on in zip(rows, penalised, strict=True)]
+    prompts = [r.prompt_token_ids if on else [] for r, on in zip(rows, repeats, strict=True)]
+    return dict(
+        presence_penalties=_floats([p.presence_penalty for p in params], device),
+        frequency_penalties=_floats([p.frequency_penalty for p in params], device),
+        repetition_penalties=_floats([p.repetition_penalty for p in params], device),
+        output_token_counts=get_token_bin_counts(outputs, vocab_size, device),
+        prompt_token_mask=get_token_bin_counts(prompts, vocab_size, device) > 0
+        if any(repeats)
+        else None,
+    )
+
+
+def _allowed_token_ids_mask(
+    params: list[SamplingParams], vocab_size: int, device: torch.device
+) -> torch.Tensor | None:
+    limited = [(i, p.allowed_token_ids) for i, p in enumerate(params) if p.allowed_token_ids]
+    if not limited:
+        return None
+    mask = torch.zeros(len(params), vocab_size, dtype=torch.bool, device=device)
+    mask[[i for i, _ in limited]] = True
+    pairs = [(i, t) for i, allowed in limited for t in allowed]
+    rows, tokens = torch.tensor(pairs, dtype=torch.long, device=device).T
+    mask[rows, tokens] = False
+    return mask
+
+
+def _bad_words(params: list[SamplingParams]) -> dict[int, list[list[int]]]:
+    bad_words = {}
+    for i, p in enumerate(params):
+        if p.bad_words:
+            assert p.bad_words_token_ids is not None, "call update_from_tokenizer on add"
+            bad_words[i] = p.bad_words_token_ids
+    return bad_words
+
+
+def _max_num_logprobs(params: list[SamplingParams]) -> int | None:
+    asked = [p.logprobs for p in params if p.logprobs is not None]
+    if not asked:
+        return None
+    return -1 if -1 in asked else max(asked)
+
+
+def _floats(values: list[float], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=device)

@@ -1,0 +1,276 @@
+"""Sampling parameters of one request, with vLLM's fields, defaults and checks.
+
+Every value is checked at construction, so a bad request fails where it enters with a
+ValueError (or TypeError) naming the field, the value and what is allowed. Checks that
+need the model (token ids inside the vocabulary, the logprobs cap) run in `verify`, which
+the engine calls when the request is added.
+"""
+
+import copy
+import math
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+from typing import Any, Protocol
+
+_SAMPLING_EPS = 1e-5
+_MAX_LOGIT_BIAS = 100.0
+
+
+class RequestOutputKind(Enum):
+    """What each RequestOutput of a request carries."""
+
+    CUMULATIVE = 0  # everything generated so far
+    DELTA = 1  # only what is new since the last output
+    FINAL_ONLY = 2  # one output, when the request finishes
+
+
+class SamplingType(IntEnum):
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+def _fail(name: str, value: object, allowed: str) -> None:
+    raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _as_int(name: str, value: object, allowed: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be {allowed}, got {value!r} of type {type(value).__name__}")
+    return value
+
+
+def _as_float(name: str, value: object, allowed: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be {allowed}, got {value!r} of type {type(value).__name__}")
+    if not math.isfinite(value):
+        _fail(name, value, allowed)
+    return float(value)
+
+
+def _as_int_list(name: str, value: object) -> list[int]:
+    if isinstance(value, str) or not isinstance(value, list | tuple | set):
+        raise TypeError(f"{name} must be a list of ints, got {type(value).__name__}")
+    return [_as_int(f"{name}[{i}]", v, "an int") for i, v in enumerate(value)]
+
+
+def _as_str_list(name: str, value: object, strip: bool) -> list[str]:
+    """A str or a list of non-empty strings (non-blank if `strip`), as a list."""
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list | tuple):
+        raise TypeError(f"{name} must be a str or a list of str, got {type(value).__name__}")
+    for v in values:
+        if not isinstance(v, str):
+            raise TypeError(f"{name} must contain only str, got {v!r}")
+        if not (v.strip() if strip else v):
+            raise ValueError(f"{name} cannot contain an empty string, got {values!r}")
+    return list(values)
+
+
+def _as_logit_bias(value: object) -> dict[int, float]:
+    """Token id -> bias clamped to [-100, 100]; keys may be ints or decimal strings (JSON)."""
+    if not isinstance(value, dict):
+        raise TypeError(f"logit_bias must be a dict of token id -> float, got {type(value)}")
+    bias = {}
+    for key, val in value.items():
+        if isinstance(key, str) and key.lstrip("-").isdigit():
+            key = int(key)
+        token = _as_int("logit_bias key", key, "a token id (int)")
+        val = _as_float(f"logit_bias[{token}]", val, "a finite number")
+        bias[token] = min(_MAX_LOGIT_BIAS, max(-_MAX_LOGIT_BIAS, val))
+    return bias
+
+
+def _check_ids_in_vocab(name: str, ids: list[int], vocab_size: int) -> None:
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise ValueError(f"{name} must be token ids in [0, {vocab_size}), got {bad}")
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each new token of a request and when to stop.
+
+    After construction `stop` and `stop_token_ids` are lists, `top_k` is 0 when off (-1 is
+    accepted as off too), and a greedy request (temperature < 1e-5) has top_p 1, top_k 0
+    and min_p 0, since they cannot change an argmax.
+    """
+
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    extra_args: dict[str, Any] | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # Filled by the engine: `update_from_tokenizer` and `update_from_generation_config`.
+    bad_words_token_ids: list[list[int]] | None = field(default=None, init=False, repr=False)
+    _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._check_numbers()
+        self._check_lengths()
+        self._check_token_fields()
+        self._check_flags()
+        if self.temperature < _SAMPLING_EPS:
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+        self._all_stop_token_ids = set(self.stop_token_ids)
+
+    def _check_numbers(self) -> None:
+        self.n = _as_int("n", self.n, "an int >= 1")
+        if self.n < 1:
+            _fail("n", self.n, "at least 1")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _as_float(name, getattr(self, name), "a number in [-2, 2]")
+            if not -2.0 <= value <= 2.0:
+                _fail(name, value, "in [-2, 2]")
+            setattr(self, name, value)
+        self.repetition_penalty = _as_float("repetition_penalty", self.repetition_penalty, "> 0")
+        if self.repetition_penalty <= 0:
+            _fail("repetition_penalty", self.repetition_penalty, "> 0")
+        self.temperature = _as_float("temperature", self.temperature, "a finite number >= 0")
+        if self.temperature < 0:
+            _fail("temperature", self.temperature, ">= 0")
+        self.top_p = _as_float("top_p", self.top_p, "a number in (0, 1]")
+        if not 0.0 < self.top_p <= 1.0:
+            _fail("top_p", self.top_p, "in (0, 1]")
+        self.top_k = _as_int("top_k", self.top_k, "an int")
+        if self.top_k < -1:
+            _fail("top_k", self.top_k, "0 or -1 (off) or at least 1")
+        self.top_k = max(self.top_k, 0)
+        self.min_p = _as_float("min_p", self.min_p, "a number in [0, 1]")
+        if not 0.0 <= self.min_p <= 1.0:
+            _fail("min_p", self.min_p, "in [0, 1]")
+        if self.seed is not None:
+            self.seed = _as_int("seed", self.seed, "an int or None")
+
+    def _check_lengths(self) -> None:
+        if self.max_tokens is not None:
+            self.max_tokens = _as_int("max_tokens", self.max_tokens, "an int >= 1 or None")
+            if self.max_tokens < 1:
+                _fail("max_tokens", self.max_tokens, "at least 1 (or None)")
+        self.min_tokens = _as_int("min_tokens", self.min_tokens, "an int >= 0")
+        if self.min_tokens < 0:
+            _fail("min_tokens", self.min_tokens, ">= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            _fail("min_tokens", self.min_tokens, f"<= max_tokens={self.max_tokens}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and _as_int(name, value, "an int >= 0 or -1 or None") < -1:
+                _fail(name, value, ">= 0, or -1 for the whole vocabulary")
+
+    def _check_token_fields(self) -> None:
+        self.stop = [] if self.stop is None else _as_str_list("stop", self.stop, strip=False)
+        ids = self.stop_token_ids
+        self.stop_token_ids = [] if ids is None else _as_int_list("stop_token_ids", ids)
+        if self.logit_bias is not None:
+            self.logit_bias = _as_logit_bias(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = _as_int_list("allowed_token_ids", self.allowed_token_ids)
+            if not self.allowed_token_ids:
+                _fail("allowed_token_ids", self.allowed_token_ids, "a non-empty list or None")
+        if self.bad_words is not None:
+            self.bad_words = _as_str_list("bad_words", self.bad_words, strip=True)
+
+    def _check_flags(self) -> None:
+        flags = ("ignore_eos", "detokenize", "skip_special_tokens")
+        flags += ("spaces_between_special_tokens", "include_stop_str_in_output")
+        for name in flags:
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise TypeError(f"extra_args must be a dict or None, got {type(self.extra_args)}")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise TypeError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
+
+    def verify(self, vocab_size: int, max_logprobs: int) -> None:
+        """Checks that need the model: token ids in [0, vocab_size), logprobs within the cap.
+
+        `max_logprobs` -1 means no cap; `logprobs` -1 asks for the whole vocabulary, so it
+        counts as `vocab_size` against the cap (as in vLLM).
+        """
+        _check_ids_in_vocab("stop_token_ids", self.stop_token_ids, vocab_size)
+        _check_ids_in_vocab("logit_bias keys", list(self.logit_bias or ()), vocab_size)
+        _check_ids_in_vocab("allowed_token_ids", self.allowed_token_ids or [], vocab_size)
+        for word in self.bad_words_token_ids or []:
+            _check_ids_in_vocab("bad_words token ids", word, vocab_size)
+        cap = vocab_size if max_logprobs == -1 else max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            count = vocab_size if value == -1 else value
+            if count is not None and count > cap:
+                _fail(name, value, f"<= max_logprobs={cap} (-1 counts as the vocab size)")
+
+    def update_from_tokenizer(self, tokenizer: Tokenizer) -> None:
+        """Fill `bad_words_token_ids`: each bad word tokenized as is, and with a leading
+        space when that yields a different first token and as many tokens (vLLM's rule), so
+        the word is banned both at the start of the text and after a space."""
+        if not self.bad_words:
+            return
+        self.bad_words_token_ids = []
+        for word in self.bad_words:
+            plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            self.bad_words_token_ids.append(list(plain))
+            if spaced[0] != plain[0] and len(spaced) == len(plain):
+                self.bad_words_token_ids.append(list(spaced))
+
+    def update_from_generation_config(
+        self, generation_config: dict[str, Any], model_eos_token_id: int | None = None
+    ) -> None:
+        """Record the model's EOS ids, so min_tokens can ban them; extra EOS ids from the
+        generation config also stop the request unless ignore_eos (as in vLLM)."""
+        if model_eos_token_id is not None:
+            self._all_stop_token_ids.add(model_eos_token_id)
+        eos_ids = generation_config.get("eos_token_id")
+        if eos_ids is None:
+            return
+        eos_ids = {eos_ids} if isinstance(eos_ids, int) else set(eos_ids)
+        eos_ids.discard(model_eos_token_id)
+        if eos_ids:
+            self._all_stop_token_ids.update(eos_ids)
+            if not self.ignore_eos:
+                self.stop_token_ids = sorted(eos_ids.union(self.stop_token_ids))
+
+    @property
+    def all_stop_token_ids(self) -> set[int]:
+        """stop_token_ids plus the EOS ids the engine recorded: what min_tokens bans."""
+        return self._all_stop_token_ids
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.temperature < _SAMPLING_EPS:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    @property
+    def output_text_buffer_length(self) -> int:
+        """Characters the detokenizer holds back so a stop string is never half-emitted."""
+        if not self.stop or self.include_stop_str_in_output:
+            return 0
+        return max(len(s) for s in self.stop) - 1
+
+    def clone(self) -> "SamplingParams":
+        return copy.deepcopy(self)
