@@ -12,6 +12,10 @@ from pagedllm.config import (
     resolve_device,
 )
 
+# Not command-line flags: processors are Python objects, and on the command line --seed is
+# the sampling seed of the request.
+_NOT_CLI = ("logits_processors", "seed")
+
 
 @dataclass
 class EngineArgs:
@@ -58,16 +62,18 @@ class EngineArgs:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
         """--max-model-len style flags for every option (model as --model if asked)."""
+        group = parser.add_argument_group("engine")
         for f in fields(EngineArgs):
-            if f.name in ("logits_processors",) or (f.name == "model" and not with_model):
+            if f.name in _NOT_CLI or (f.name == "model" and not with_model):
                 continue
             flag = "--" + f.name.replace("_", "-")
             if f.type in ("bool", bool):
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
             else:
                 kind = int if "int" in str(f.type) else str
-                parser.add_argument(flag, type=kind, default=f.default)
+                group.add_argument(flag, type=kind, default=f.default)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+        names = [f.name for f in fields(cls) if f.name not in _NOT_CLI and hasattr(args, f.name)]
+        return cls(**{name: getattr(args, name) for name in names})

@@ -1,5 +1,8 @@
 """The paged KV cache: one tensor per model, a [k, v] pair of views per Attention layer."""
 
+import math
+
+import numpy as np
 import torch
 from torch import nn
 
@@ -14,6 +17,18 @@ def kv_cache_bytes_per_token(model: nn.Module, dtype: torch.dtype) -> int:
     """Bytes of K and V for one token across all layers on this rank."""
     per_layer = [2 * layer.num_kv_heads * layer.head_size for layer in attention_layers(model)]
     return sum(per_layer) * torch.empty((), dtype=dtype).element_size()
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros; on CPU from calloc'd memory (numpy), whose pages the OS maps on first write.
+
+    A multi-GiB cache then costs nothing at start-up and only the memory it uses. It must
+    be zeros, not empty: attention reads (and masks) unwritten slots, and 0 * NaN is NaN.
+    """
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 
 def bind_kv_cache(
@@ -32,7 +47,7 @@ def bind_kv_cache(
     assert len(shapes) == 1, f"layers differ in kv shape: {shapes}"
     kv_heads, head_size = shapes.pop()
     shape = (2, len(layers), num_blocks, block_size, kv_heads, head_size)
-    cache = torch.zeros(shape, dtype=dtype, device=device)
+    cache = zeros(shape, dtype, torch.device(device))
     for i, layer in enumerate(layers):
         layer.kv_cache = (cache[0, i], cache[1, i])
     return cache

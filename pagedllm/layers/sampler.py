@@ -102,7 +102,7 @@ class Sampler(nn.Module):
         if not metadata.no_penalties:
             logits = apply_penalties(
                 logits,
-                metadata.prompt_token_mask,
+                metadata.seen_token_counts,
                 metadata.output_token_counts,
                 metadata.presence_penalties,
                 metadata.frequency_penalties,
@@ -123,7 +123,7 @@ class Sampler(nn.Module):
             logits = processor.apply(logits)
         logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
         processed = self._processed(logits, metadata)
-        sampled = random_sample(logits.softmax(dim=-1), metadata.generators)
+        sampled = random_sample(logits, metadata.generators)
         if greedy is not None:
             sampled = torch.where(metadata.greedy_mask, greedy, sampled)
         return sampled, processed
@@ -136,17 +136,19 @@ class Sampler(nn.Module):
         return logits  # not modified after this point
 
 
-def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
-    """probs [B, V] -> [B] int64, one draw per row by the exponential race.
+def random_sample(logits: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """logits [B, V] -> [B] int64, one draw per row from softmax(logits).
 
-    argmax(p_i / q_i) with q_i ~ Exp(1) is a draw from p. Seeded rows draw their q from
-    their own generator, so their token does not depend on the other rows. q is kept away
-    from 0 so a zero-probability token never wins by 0 / 0.
+    Inverts each row's cumulative distribution at one uniform draw: V times fewer random
+    numbers than vLLM's exponential race, which dominates sampling time on a CPU (~200 ms
+    for 64 rows of 152k tokens). The CDF is float64 so even flat rows of a large vocabulary
+    keep each token's share exact. Seeded rows draw from their own generator, so their
+    token does not depend on the other rows. Since u < 1, u * total < total and the first
+    CDF entry above it belongs to a token of nonzero probability.
     """
-    q = torch.empty_like(probs)
-    if len(generators) < probs.shape[0]:
-        q.exponential_()
+    weights = (logits - logits.amax(dim=-1, keepdim=True)).exp_()
+    cdf = weights.cumsum(dim=-1, dtype=torch.float64)
+    u = torch.rand(logits.shape[0], 1, dtype=torch.float64, device=logits.device)
     for row, generator in generators.items():
-        q[row].exponential_(generator=generator)
-    q.clamp_min_(torch.finfo(q.dtype).tiny)
-    return probs.div_(q).argmax(dim=-1)
+        u[row] = torch.rand(1, dtype=torch.float64, device=logits.device, generator=generator)
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pagedllm.sample.ops.penalties import get_token_bin_counts
+from pagedllm.sample.ops.penalties import TokenCounts, get_token_counts
 from pagedllm.sampling_params import SamplingParams, SamplingType
 
 
@@ -37,9 +37,10 @@ class SamplingMetadata:
     top_p:              [B] float32, 1.0 where off; None if no row uses top-p.
     generators:         row -> its generator, for seeded random rows.
     *_penalties:        [B] float32; None when no_penalties.
-    prompt_token_mask:  [B, V] bool, token in prompt; None unless a row has a repetition
-                        penalty. Only penalised rows' tokens are counted.
-    output_token_counts: [B, V] float32 occurrences in the output; None when no_penalties.
+    seen_token_counts:  sparse counts of prompt + output tokens of the rows with a
+                        repetition penalty; None if there are none.
+    output_token_counts: sparse counts of output tokens of the rows with a frequency or
+                        presence penalty; None if there are none.
     allowed_token_ids_mask: [B, V] bool, True where a token is NOT allowed; None if unused.
     bad_words_token_ids: row -> token id lists of its bad words (rows with bad words only).
     max_num_logprobs:   largest `logprobs` asked in the batch (-1 = whole vocab), or None.
@@ -57,8 +58,8 @@ class SamplingMetadata:
     presence_penalties: torch.Tensor | None = None
     frequency_penalties: torch.Tensor | None = None
     repetition_penalties: torch.Tensor | None = None
-    prompt_token_mask: torch.Tensor | None = None
-    output_token_counts: torch.Tensor | None = None
+    seen_token_counts: TokenCounts | None = None
+    output_token_counts: TokenCounts | None = None
     allowed_token_ids_mask: torch.Tensor | None = None
     bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)
     max_num_logprobs: int | None = None
@@ -116,23 +117,21 @@ def _sampling_fields(rows: list[SamplingRow], vocab_size: int, device: torch.dev
 
 
 def _penalty_fields(rows: list[SamplingRow], vocab_size: int, device: torch.device) -> dict:
-    """Penalty values and token counts; only penalised rows' tokens are counted."""
+    """Penalty values [B] and sparse token counts of the rows each penalty applies to."""
     params = [row.params for row in rows]
     repeats = [p.repetition_penalty != 1 for p in params]
-    penalised = [
-        r or p.presence_penalty != 0 or p.frequency_penalty != 0
-        for r, p in zip(repeats, params, strict=True)
+    shifts = [p.presence_penalty != 0 or p.frequency_penalty != 0 for p in params]
+    seen = [
+        r.prompt_token_ids + r.output_token_ids if on else []
+        for r, on in zip(rows, repeats, strict=True)
     ]
-    outputs = [r.output_token_ids if on else [] for r, on in zip(rows, penalised, strict=True)]
-    prompts = [r.prompt_token_ids if on else [] for r, on in zip(rows, repeats, strict=True)]
+    outputs = [r.output_token_ids if on else [] for r, on in zip(rows, shifts, strict=True)]
     return dict(
         presence_penalties=_floats([p.presence_penalty for p in params], device),
         frequency_penalties=_floats([p.frequency_penalty for p in params], device),
         repetition_penalties=_floats([p.repetition_penalty for p in params], device),
-        output_token_counts=get_token_bin_counts(outputs, vocab_size, device),
-        prompt_token_mask=get_token_bin_counts(prompts, vocab_size, device) > 0
-        if any(repeats)
-        else None,
+        seen_token_counts=get_token_counts(seen, vocab_size, device) if any(repeats) else None,
+        output_token_counts=get_token_counts(outputs, vocab_size, device) if any(shifts) else None,
     )
 
 

@@ -1,34 +1,61 @@
-"""Top-k and top-p (nucleus) filtering with per-row k and p, as vLLM's torch path.
+"""Top-k and top-p (nucleus) filtering with per-row k and p.
 
-Both keep ties with the boundary token and at least one token per row, matching
-transformers' TopKLogitsWarper and TopPLogitsWarper applied in that order.
+Top-k keeps the tokens whose logit is at least the k-th largest (ties kept), like
+transformers' TopKLogitsWarper. Top-p then keeps the largest tokens until their probability
+reaches p, like TopPLogitsWarper applied after it, plus every token tied with the last one
+kept (transformers' unstable sort keeps an arbitrary subset of such ties). Each row keeps at
+least one token.
+
+vLLM's torch path sorts the whole vocabulary, which on a CPU costs ~450 ms for 64 rows of
+152k tokens. Here top-p first looks at the 1024 most likely tokens (~25 ms) and sorts only
+the rows whose nucleus is larger than that.
 """
 
 import torch
+
+_TOP_P_CANDIDATES = 1024
 
 
 def apply_top_k_top_p(
     logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None
 ) -> torch.Tensor:
-    """Set filtered logits [B, V] to -inf. k [B] int64 (V = off), p [B] float32 (1 = off);
-    None when no row uses it. May modify `logits` in place."""
-    if p is None:
-        return logits if k is None else apply_top_k_only(logits, k)
-    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
+    """Set filtered logits [B, V] to -inf in place. k [B] int64 (V = off), p [B] float32
+    (1 = off); None when no row uses it."""
     if k is not None:
-        kth = logits_sort.gather(1, (logits_sort.size(1) - k).unsqueeze(1))
-        logits_sort.masked_fill_(logits_sort < kth, float("-inf"))
-    cumulative = logits_sort.softmax(dim=-1).cumsum(dim=-1)
-    top_p_mask = cumulative <= 1 - p.unsqueeze(1)
-    top_p_mask[:, -1] = False
-    logits_sort.masked_fill_(top_p_mask, float("-inf"))
-    return logits.scatter_(dim=-1, index=logits_idx, src=logits_sort)
+        logits = apply_top_k_only(logits, k)
+    return logits if p is None else apply_top_p_only(logits, p)
 
 
 def apply_top_k_only(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Top-k without a full sort: one topk of the largest k in the batch."""
+    """Top-k without a sort: one topk of the largest k in the batch."""
     no_top_k = k == logits.shape[1]
     k = k.masked_fill(no_top_k, 1)
     kth = logits.topk(int(k.max()), dim=1).values.gather(1, (k - 1).unsqueeze(1))
     kth.masked_fill_(no_top_k.unsqueeze(1), float("-inf"))
     return logits.masked_fill_(logits < kth, float("-inf"))
+
+
+def apply_top_p_only(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    probs = logits.softmax(dim=-1)
+    num_candidates = min(_TOP_P_CANDIDATES, probs.shape[1])
+    top_probs = probs.topk(num_candidates, dim=1).values
+    threshold, covered = _nucleus_threshold(top_probs, p)
+    covered |= p >= 1.0
+    if not covered.all():
+        rows = (~covered).nonzero().squeeze(1)
+        sorted_probs = probs[rows].sort(dim=1, descending=True).values
+        threshold[rows] = _nucleus_threshold(sorted_probs, p[rows])[0]
+    threshold.masked_fill_((p >= 1.0).unsqueeze(1), 0.0)
+    return logits.masked_fill_(probs < threshold, float("-inf"))
+
+
+def _nucleus_threshold(
+    top_probs: torch.Tensor, p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """top_probs [B, K] descending -> (the probability of the last token kept [B, 1], whether
+    the nucleus ends within these K tokens [B]).
+
+    The token at position j is kept if the tokens before it hold less than p."""
+    cumulative = top_probs.cumsum(dim=1)
+    num_kept = 1 + (cumulative[:, :-1] < p.unsqueeze(1)).sum(dim=1, keepdim=True)
+    return top_probs.gather(1, num_kept - 1), cumulative[:, -1] >= p

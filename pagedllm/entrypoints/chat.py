@@ -1,0 +1,50 @@
+"""`pagedllm chat`: an interactive conversation that streams the replies; /exit leaves."""
+
+import argparse
+
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.entrypoints.sampling_args import add_sampling_args, sampling_params_from_args
+from pagedllm.llm import LLM
+from pagedllm.sampling_params import RequestOutputKind
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "chat", help="chat interactively", description="Chat with the model; /exit to leave."
+    )
+    parser.add_argument("--system", default=None, help="a system message")
+    add_sampling_args(parser, max_tokens=512)
+    EngineArgs.add_cli_args(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    llm = LLM(**vars(EngineArgs.from_cli_args(args)))
+    engine, tokenizer = llm.llm_engine, llm.get_tokenizer()
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template")
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    params = sampling_params_from_args(args, output_kind=RequestOutputKind.DELTA)
+    for turn in iter_turns():
+        messages.append({"role": "user", "content": turn})
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        reply = []
+        engine.add_request(f"chat-{len(messages)}", {"prompt_token_ids": list(ids)}, params)
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                reply.append(output.outputs[0].text)
+                print(output.outputs[0].text, end="", flush=True)
+        print()
+        messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+def iter_turns():  # noqa: ANN201 - a generator of user turns
+    while True:
+        try:
+            line = input("> ").strip()
+        except EOFError:
+            return
+        if line in ("/exit", "/quit"):
+            return
+        if line:
+            yield line

@@ -1,0 +1,239 @@
+"""Sampler against transformers' logits processors (RepetitionPenalty, Temperature, MinP,
+TopK, TopP, chained in vLLM's order), numpy formulas for frequency/presence, the definitions
+of the masks and logprobs, and chi-square tests of the sampled distribution."""
+
+import numpy as np
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from pagedllm.layers.sampler import Sampler, SamplerOutput
+from pagedllm.sample.logits_processors import BatchUpdate, LogitsProcessor, process_dict_updates
+from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
+from pagedllm.sampling_params import SamplingParams
+
+V = 24
+
+
+def row(prompt: list[int], output: list[int], **kw) -> SamplingRow:
+    params = SamplingParams(**kw)
+    seed = params.seed
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    return SamplingRow(params, prompt, output, generator)
+
+
+def sample(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+    return sampler(logits.clone(), SamplingMetadata.build(rows, logits.shape[1], "cpu"))
+
+
+def reference_logits(logits: torch.Tensor, r: SamplingRow) -> torch.Tensor:
+    """transformers' processors in vLLM's order; frequency/presence by numpy formula."""
+    p, x = r.params, logits[None].clone()
+    ids = torch.tensor([r.prompt_token_ids + r.output_token_ids])
+    x = RepetitionPenaltyLogitsProcessor(p.repetition_penalty)(ids, x)
+    counts = torch.tensor(np.bincount(r.output_token_ids, minlength=V), dtype=torch.float32)
+    x = x - p.frequency_penalty * counts - p.presence_penalty * (counts > 0)
+    if p.temperature < 1e-5:
+        return x[0]
+    x = TemperatureLogitsWarper(p.temperature)(ids, x)
+    x = MinPLogitsWarper(p.min_p)(ids, x) if p.min_p > 0 else x
+    x = TopKLogitsWarper(p.top_k)(ids, x) if p.top_k > 0 else x
+    x = TopPLogitsWarper(p.top_p)(ids, x) if p.top_p < 1 else x
+    return x[0]
+
+
+def mixed_rows() -> list[SamplingRow]:
+    return [
+        row([1, 2], [3], temperature=0, logprobs=-1),
+        row([1, 2], [2, 5], temperature=0, repetition_penalty=1.3, logprobs=-1),
+        row([4], [7], temperature=0.7, top_k=5, seed=11, logprobs=-1),
+        row([4], [], temperature=1.3, top_p=0.8, logprobs=-1),
+        row([0, 6], [6, 8], min_p=0.1, repetition_penalty=0.8, logprobs=-1),
+        row([9], [1], top_k=4, top_p=0.9, min_p=0.05, temperature=0.9, seed=3, logprobs=-1),
+        row([3], [3, 3, 10], presence_penalty=0.5, frequency_penalty=0.3, logprobs=-1),
+    ]
+
+
+def full_vocab(logprobs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """LogprobsTensors with n = whole vocab -> [B, V] in token order."""
+    return torch.empty(ids.shape[0], V).scatter_(1, ids[:, 1:], logprobs[:, 1:])
+
+
+def test_processed_logits_equal_transformers_chain_on_mixed_batch() -> None:
+    logits = torch.randn(7, V) * 3
+    rows = mixed_rows()
+    out = sample(Sampler(V, logprobs_mode="processed_logits"), logits, rows)
+    processed = full_vocab(out.logprobs.logprobs, out.logprobs.logprob_token_ids)
+    for i, r in enumerate(rows):
+        torch.testing.assert_close(processed[i], reference_logits(logits[i], r))
+        assert torch.isfinite(processed[i, out.sampled_token_ids[i]])
+    assert out.sampled_token_ids[:2].tolist() == processed[:2].argmax(-1).tolist()
+
+
+def test_greedy_rows_are_the_argmax_whatever_the_seed() -> None:
+    logits = torch.randn(7, V) * 3
+    rows = mixed_rows()
+    expected = [int(reference_logits(logits[i], rows[i]).argmax()) for i in (0, 1)]
+    for seed in range(3):
+        torch.manual_seed(seed)
+        out = sample(Sampler(V), logits, mixed_rows())
+        assert out.sampled_token_ids[:2].tolist() == expected
+
+
+def test_seeded_row_gives_the_same_tokens_alone_and_in_a_batch() -> None:
+    """A seeded request's tokens over 12 steps do not depend on the other rows."""
+    logits = torch.randn(12, 3, V)
+
+    def run(batch: bool) -> list[int]:
+        sampler, seeded, tokens = Sampler(V), row([1], [], top_k=8, seed=1234), []
+        for step in range(12):
+            others = [row([2], [5]), row([3], [], temperature=0)] if batch else []
+            batch_logits = logits[step, 2 - len(others) :]  # the seeded row's logits last
+            out = sample(sampler, batch_logits, others + [seeded])
+            seeded.output_token_ids.append(int(out.sampled_token_ids[-1]))
+            tokens.append(seeded.output_token_ids[-1])
+        return tokens
+
+    torch.manual_seed(0)
+    alone = run(batch=False)
+    torch.manual_seed(1)
+    assert run(batch=True) == alone
+    assert len(set(alone)) > 1
+
+
+def test_raw_logprobs_are_the_models_log_softmax() -> None:
+    logits = torch.randn(7, V) * 3
+    out = sample(Sampler(V), logits, mixed_rows())
+    raw = full_vocab(out.logprobs.logprobs, out.logprobs.logprob_token_ids)
+    torch.testing.assert_close(raw, torch.log_softmax(logits, dim=-1))
+    chosen = raw.gather(1, out.sampled_token_ids[:, None])
+    torch.testing.assert_close(out.logprobs.logprobs[:, :1], chosen)
+    ranks = (raw > chosen).sum(-1) + 1
+    assert torch.equal(out.logprobs.selected_token_ranks, ranks)
+
+
+@pytest.mark.parametrize("mode", ["raw_logits", "processed_logprobs"])
+def test_other_logprobs_modes(mode: str) -> None:
+    logits = torch.randn(3, V)
+    rows = [row([1], [], temperature=0, logprobs=2), row([1], [], top_k=3), row([2], [])]
+    out = sample(Sampler(V, logprobs_mode=mode), logits, rows)
+    assert out.logprobs.logprobs.shape == (3, 3)
+    if mode == "raw_logits":
+        expected = logits.topk(2).values
+    else:
+        processed = torch.stack([reference_logits(logits[i], r) for i, r in enumerate(rows)])
+        expected = torch.log_softmax(processed, dim=-1).topk(2).values
+    torch.testing.assert_close(out.logprobs.logprobs[:, 1:], expected)
+
+
+def test_no_logprobs_asked_gives_none_and_invalid_mode_raises() -> None:
+    out = sample(Sampler(V), torch.randn(2, V), [row([1], []), row([1], [], temperature=0)])
+    assert out.logprobs is None and out.sampled_token_ids.dtype == torch.int64
+    with pytest.raises(ValueError, match="logprobs_mode"):
+        Sampler(V, logprobs_mode="logits")
+
+
+def test_allowed_bad_words_min_tokens_and_logit_bias_by_their_definitions() -> None:
+    """Greedy rows: the argmax of the logits with each rule applied by hand."""
+    logits = torch.randn(4, V)
+    allowed = row([1], [], temperature=0, allowed_token_ids=[3, 9])
+    bad = row([1], [5, 6], temperature=0)
+    bad.params.bad_words = ["w"]
+    bad.params.bad_words_token_ids = [[6, 7], [int(logits[1].argmax())]]
+    eos = int(logits[2].argmax())
+    short = row([1], [4], temperature=0, min_tokens=3)
+    short.params.update_from_generation_config({}, model_eos_token_id=eos)
+    biased = row([1], [], temperature=0, logit_bias={11: 100.0})
+    out = sample(Sampler(V), logits, [allowed, bad, short, biased])
+    expected = logits.clone()
+    expected[0, [i for i in range(V) if i not in (3, 9)]] = float("-inf")
+    expected[1, [7, int(logits[1].argmax())]] = float("-inf")
+    expected[2, eos] = float("-inf")
+    expected[3, 11] += 100.0
+    assert out.sampled_token_ids.tolist() == expected.argmax(-1).tolist()
+    short.output_token_ids.extend([4, 4])
+    assert sample(Sampler(V), logits[2:3], [short]).sampled_token_ids.tolist() == [eos]
+
+
+class ForceToken(LogitsProcessor):
+    """Custom argmax-changing processor: rows with extra_args["force"] emit that token."""
+
+    def __init__(self, vocab_size: int, device: torch.device, is_pin_memory: bool = False) -> None:
+        super().__init__(vocab_size, device, is_pin_memory)
+        self.force: dict[int, int] = {}
+        self.batch_sizes: list[int] = []
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        state = lambda p, _prompt, _out: (p.extra_args or {}).get("force")  # noqa: E731
+        process_dict_updates(self.force, batch_update, state)
+        self.batch_sizes.append(batch_update.batch_size)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        for index, token in self.force.items():
+            logits[index] = float("-inf")
+            logits[index, token] = 0.0
+        return logits
+
+
+def test_custom_processor_sees_the_batch_each_step() -> None:
+    sampler = Sampler(V, logits_processors=[ForceToken])
+    forced = [row([1], [], extra_args={"force": 5}), row([1], []), row([1], [], temperature=0)]
+    forced[2].params.extra_args = {"force": 17}
+    assert sample(sampler, torch.randn(3, V), forced).sampled_token_ids[[0, 2]].tolist() == [5, 17]
+    out = sample(sampler, torch.randn(1, V), [row([1], [], temperature=0)])
+    custom = sampler.logitsprocs.all[-1]
+    assert custom.force == {} and custom.batch_sizes == [3, 1]
+    assert out.sampled_token_ids.shape == (1,)
+
+
+def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's statistic over cells with expected >= 5 (the rest pooled); the p-value
+    from the chi-square survival function Q(dof / 2, stat / 2) (torch.special.gammaincc)."""
+    expected = probs.double() * counts.sum()
+    small = expected < 5
+    obs = torch.cat([counts[~small].double(), counts[small].double().sum().reshape(1)])
+    exp = torch.cat([expected[~small], expected[small].sum().reshape(1)])
+    keep = exp > 0
+    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
+    dof = torch.tensor(int(keep.sum()) - 1, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof / 2, stat / 2))
+
+
+def test_chi_square_p_value_rejects_a_wrong_distribution() -> None:
+    probs = torch.tensor([0.5, 0.3, 0.2])
+    good = torch.tensor([5020.0, 2990.0, 1990.0])
+    assert chi_square_p_value(good, probs) > 0.1
+    assert chi_square_p_value(torch.tensor([5300.0, 2900.0, 1800.0]), probs) < 1e-3
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"temperature": 0.6},
+        {"temperature": 1.4, "top_k": 5},
+        {"top_p": 0.7},
+        {"min_p": 0.15, "temperature": 0.8},
+        {"top_k": 6, "top_p": 0.85, "seed": 7},
+    ],
+)
+def test_sampled_frequencies_match_the_filtered_distribution(kw: dict) -> None:
+    """20000 draws of one row (repeated; seeded rows each with their own generator) against
+    softmax(transformers chain); tokens filtered out are never drawn."""
+    logits = torch.randn(V) * 1.5
+    draws = 20000 if "seed" not in kw else 4000
+    seeds = [kw["seed"] + i if "seed" in kw else None for i in range(draws)]
+    rows = [row([0], [], **{**kw, "seed": seed}) for seed in seeds]
+    out = sample(Sampler(V), logits.expand(draws, V), rows)
+    counts = torch.bincount(out.sampled_token_ids, minlength=V).float()
+    probs = torch.softmax(reference_logits(logits, rows[0]), dim=-1)
+    assert counts[probs == 0].sum() == 0
+    assert chi_square_p_value(counts, probs) > 1e-3

@@ -1,0 +1,74 @@
+"""SamplingMetadata.build against the per-row params it batches (vLLM's InputBatch fields)."""
+
+import pytest
+import torch
+
+from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
+from pagedllm.sampling_params import SamplingParams
+
+V = 10
+
+
+def build(*rows: SamplingRow) -> SamplingMetadata:
+    return SamplingMetadata.build(list(rows), V, "cpu")
+
+
+def row(prompt: list[int] | None = None, output: list[int] | None = None, **kw) -> SamplingRow:
+    params = SamplingParams(**kw)
+    generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+    return SamplingRow(params, prompt or [], output or [], generator)
+
+
+def test_all_greedy_batch_builds_nothing_to_skip() -> None:
+    md = build(row(temperature=0), row(temperature=0, top_k=3))
+    assert md.all_greedy and not md.all_random and md.no_penalties
+    fields = (md.temperature, md.greedy_mask, md.top_k, md.top_p, md.output_token_counts)
+    assert all(f is None for f in fields)
+    assert md.allowed_token_ids_mask is None and md.bad_words_token_ids == {}
+    assert md.generators == {} and md.max_num_logprobs is None
+
+
+def test_mixed_batch_tensors() -> None:
+    md = build(
+        row(temperature=0),
+        row(temperature=0.5, top_k=3, seed=1),
+        row(top_p=0.9, top_k=V + 5, logprobs=2),
+        row(logprobs=-1),
+    )
+    assert not md.all_greedy and not md.all_random
+    assert md.temperature.tolist() == [1.0, 0.5, 1.0, 1.0]
+    assert md.greedy_mask.tolist() == [True, False, False, False]
+    assert md.top_k.tolist() == [V, 3, V, V]
+    assert md.top_p.tolist() == pytest.approx([1.0, 1.0, 0.9, 1.0])
+    assert list(md.generators) == [1] and md.max_num_logprobs == -1
+    assert build(row(logprobs=0), row(logprobs=3)).max_num_logprobs == 3
+
+
+def test_penalty_counts_only_for_the_rows_each_penalty_applies_to() -> None:
+    """Reference: the (row, token, count) triples of each penalised row's tokens."""
+    md = build(
+        row([1, 2], [3, 3, 4], repetition_penalty=1.5),
+        row([5], [6, 6], frequency_penalty=0.5),
+        row([7], [8]),
+    )
+    assert not md.no_penalties
+    triples = lambda c: list(zip(c.rows.tolist(), c.tokens.tolist(), c.counts.tolist()))  # noqa: E731
+    assert triples(md.seen_token_counts) == [(0, 1, 1), (0, 2, 1), (0, 3, 2), (0, 4, 1)]
+    assert triples(md.output_token_counts) == [(1, 6, 2)]
+    assert md.repetition_penalties.tolist() == [1.5, 1.0, 1.0]
+    assert md.frequency_penalties.tolist() == [0.0, 0.5, 0.0]
+    assert build(row(presence_penalty=1.0)).seen_token_counts is None
+
+
+def test_allowed_token_ids_mask_bans_everything_else_in_that_row() -> None:
+    md = build(row(), row(allowed_token_ids=[2, 5]))
+    mask = md.allowed_token_ids_mask
+    assert not mask[0].any()
+    assert (~mask[1]).nonzero().flatten().tolist() == [2, 5]
+
+
+def test_bad_words_need_the_tokenizer_pass() -> None:
+    params = SamplingParams(bad_words=["x"])
+    params.bad_words_token_ids = [[4]]
+    md = build(row(), SamplingRow(params, [], [1]))
+    assert md.bad_words_token_ids == {1: [[4]]} and md.output_token_ids == [[], [1]]

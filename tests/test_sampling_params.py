@@ -1,0 +1,157 @@
+"""SamplingParams against vLLM's defaults, ranges and messages (vllm/sampling_params.py)."""
+
+import pytest
+
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams, SamplingType
+
+
+def test_defaults_are_vllms() -> None:
+    p = SamplingParams()
+    assert (p.n, p.temperature, p.top_p, p.top_k, p.min_p) == (1, 1.0, 1.0, 0, 0.0)
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.0, 0.0, 1.0)
+    assert (p.max_tokens, p.min_tokens, p.logprobs, p.prompt_logprobs) == (16, 0, None, None)
+    assert (p.stop, p.stop_token_ids, p.seed, p.logit_bias) == ([], [], None, None)
+    assert p.detokenize and p.skip_special_tokens and p.spaces_between_special_tokens
+    assert not p.ignore_eos and not p.include_stop_str_in_output
+    assert p.output_kind is RequestOutputKind.CUMULATIVE
+    assert p.sampling_type == SamplingType.RANDOM
+
+
+def test_normalisation() -> None:
+    """stop -> list, stop_token_ids -> list, top_k -1 -> 0, logit_bias clamped to +-100."""
+    p = SamplingParams(stop="\n", stop_token_ids=(3, 4), top_k=-1, logit_bias={"5": 300, 6: -1})
+    assert p.stop == ["\n"] and p.stop_token_ids == [3, 4] and p.top_k == 0
+    assert p.logit_bias == {5: 100.0, 6: -1.0}
+    assert SamplingParams(max_tokens=None).max_tokens is None
+
+
+def test_greedy_turns_off_filters_that_cannot_change_an_argmax() -> None:
+    p = SamplingParams(temperature=0.0, top_p=0.5, top_k=3, min_p=0.2)
+    assert p.sampling_type == SamplingType.GREEDY
+    assert (p.top_p, p.top_k, p.min_p) == (1.0, 0, 0.0)
+    assert SamplingParams(temperature=1e-6).sampling_type == SamplingType.GREEDY
+    assert SamplingParams(seed=3).sampling_type == SamplingType.RANDOM_SEED
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "allowed"),
+    [
+        ({"n": 0}, "at least 1"),
+        ({"presence_penalty": 2.5}, "[-2, 2]"),
+        ({"frequency_penalty": -2.1}, "[-2, 2]"),
+        ({"repetition_penalty": 0.0}, "> 0"),
+        ({"temperature": -0.1}, ">= 0"),
+        ({"temperature": float("nan")}, "finite"),
+        ({"top_p": 0.0}, "(0, 1]"),
+        ({"top_p": 1.5}, "(0, 1]"),
+        ({"top_k": -2}, "at least 1"),
+        ({"min_p": 1.2}, "[0, 1]"),
+        ({"max_tokens": 0}, "at least 1"),
+        ({"min_tokens": -1}, ">= 0"),
+        ({"min_tokens": 5, "max_tokens": 4}, "max_tokens=4"),
+        ({"logprobs": -2}, "-1"),
+        ({"prompt_logprobs": -3}, "-1"),
+        ({"stop": ["ok", ""]}, "empty"),
+        ({"bad_words": [" "]}, "empty"),
+        ({"allowed_token_ids": []}, "non-empty"),
+    ],
+)
+def test_out_of_range_raises_value_error_naming_field_value_and_range(
+    kwargs: dict, allowed: str
+) -> None:
+    name, value = list(kwargs.items())[0]
+    with pytest.raises(ValueError) as info:
+        SamplingParams(**kwargs)
+    message = str(info.value)
+    assert name in message and allowed in message
+    assert repr(value) in message or str(value) in message
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"n": 1.5},
+        {"n": True},
+        {"temperature": "0.5"},
+        {"top_k": 2.0},
+        {"seed": "1"},
+        {"stop": 3},
+        {"stop_token_ids": "12"},
+        {"logit_bias": [1, 2]},
+        {"logit_bias": {"x": 1.0}},
+        {"ignore_eos": 1},
+        {"output_kind": "delta"},
+    ],
+)
+def test_wrong_types_raise_type_error_naming_field(kwargs: dict) -> None:
+    name = list(kwargs)[0]
+    with pytest.raises(TypeError, match=name):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"stop_token_ids": [10]}, "stop_token_ids"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias"),
+        ({"allowed_token_ids": [0, 12]}, "allowed_token_ids"),
+        ({"logprobs": 6}, "logprobs"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs"),
+    ],
+)
+def test_verify_checks_vocab_and_logprobs_cap(kwargs: dict, field: str) -> None:
+    """Reference: vLLM's processor checks, token ids in [0, vocab), logprobs <= cap."""
+    params = SamplingParams(**kwargs)
+    with pytest.raises(ValueError, match=field):
+        params.verify(vocab_size=10, max_logprobs=5)
+
+
+def test_verify_accepts_valid_and_uncapped() -> None:
+    SamplingParams(stop_token_ids=[9], logit_bias={0: 1}, logprobs=5).verify(10, 5)
+    SamplingParams(logprobs=-1, prompt_logprobs=-1).verify(10, -1)
+
+
+class WordTokenizer:
+    """Greedy longest match over a tiny vocabulary where " bad" is its own token."""
+
+    vocab = {"bad": 1, " bad": 2, "word": 3, " word": 4, " ": 5, "ugly": 7}
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids, i = [], 0
+        while i < len(text):
+            piece = max((t for t in self.vocab if text.startswith(t, i)), key=len)
+            ids.append(self.vocab[piece])
+            i += len(piece)
+        return ids
+
+
+def test_update_from_tokenizer_adds_the_leading_space_variant_as_vllm() -> None:
+    """vLLM rule: keep the spaced variant if its first token differs and lengths match."""
+    params = SamplingParams(bad_words=["bad word", " ugly"])
+    params.update_from_tokenizer(WordTokenizer())
+    assert params.bad_words_token_ids == [[1, 4], [2, 4], [7]]
+    with pytest.raises(ValueError, match="bad_words"):
+        params.verify(vocab_size=5, max_logprobs=0)
+
+
+def test_update_from_generation_config_records_eos() -> None:
+    params = SamplingParams(stop_token_ids=[4])
+    params.update_from_generation_config({"eos_token_id": [2, 3]}, model_eos_token_id=2)
+    assert params.all_stop_token_ids == {2, 3, 4}
+    assert params.stop_token_ids == [3, 4]
+    ignoring = SamplingParams(ignore_eos=True)
+    ignoring.update_from_generation_config({"eos_token_id": 3}, model_eos_token_id=2)
+    assert ignoring.all_stop_token_ids == {2, 3} and ignoring.stop_token_ids == []
+
+
+def test_clone_is_deep_and_buffer_length() -> None:
+    params = SamplingParams(stop=["abc", "de"], extra_args={"k": [1]})
+    copy = params.clone()
+    copy.extra_args["k"].append(2)
+    assert params.extra_args == {"k": [1]} and copy == SamplingParams(
+        stop=["abc", "de"], extra_args={"k": [1, 2]}
+    )
+    assert params.output_text_buffer_length == 2
+    assert (
+        SamplingParams(stop="abc", include_stop_str_in_output=True).output_text_buffer_length == 0
+    )
