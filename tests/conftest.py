@@ -1,12 +1,17 @@
-"""Fixtures shared by the whole suite: a fixed seed, and per-rank layer construction."""
+"""Fixtures shared by the whole suite: a fixed seed, per-rank layer construction, tiny random
+checkpoints, and transformers' greedy generations on them (the engine's reference)."""
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
+import transformers
 from torch import nn
 
 from pagedllm.distributed.parallel_state import override_tensor_parallel
+from pagedllm.outputs import CompletionOutput
+from tests.models.tiny_models import save_tiny_model, tiny_configs
 
 
 @pytest.fixture(autouse=True)
@@ -32,3 +37,89 @@ def build_per_rank() -> Callable[[Callable[[], nn.Module], int], list[nn.Module]
         return layers
 
     return build
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
+    """name -> folder of a saved tiny random checkpoint, written once per session."""
+    paths: dict[str, str] = {}
+
+    def get(name: str) -> str:
+        if name not in paths:
+            folder = tmp_path_factory.mktemp(name)
+            save_tiny_model(tiny_configs()[name], str(folder))
+            paths[name] = str(folder)
+        return paths[name]
+
+    return get
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]  # log_softmax of the raw logits at each generated token
+
+    def assert_matches(self, completion: CompletionOutput) -> None:
+        """Same greedy tokens, and each token's logprob (asked with logprobs=0) within 1e-4."""
+        assert completion.token_ids == self.token_ids
+        logprobs = [lp[t].logprob for lp, t in zip(completion.logprobs, completion.token_ids)]
+        assert logprobs == pytest.approx(self.logprobs, abs=1e-4)
+
+
+HfGreedy = Callable[[str, list[list[int]], int], list[Generation]]
+
+
+@pytest.fixture(scope="session")
+def hf_model(tiny_model_path: Callable[[str], str]) -> Callable[[str], nn.Module]:
+    """name -> transformers' float32 model of that tiny checkpoint, loaded once per session."""
+    models: dict[str, nn.Module] = {}
+
+    def get(name: str) -> nn.Module:
+        if name not in models:
+            models[name] = transformers.AutoModelForCausalLM.from_pretrained(
+                tiny_model_path(name), dtype=torch.float32
+            ).eval()
+        return models[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(hf_model: Callable[[str], nn.Module]) -> HfGreedy:
+    """(tiny model name, prompts, max_new_tokens) -> transformers' `generate(do_sample=False)`
+    run prompt by prompt in float32, never stopping at EOS. Cached for the session."""
+    cache: dict[tuple, Generation] = {}
+
+    def generate(name: str, prompt: list[int], max_new_tokens: int) -> Generation:
+        ids = torch.tensor([prompt])
+        out = hf_model(name).generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=None,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        tokens = out.sequences[0, len(prompt) :].tolist()
+        assert len(tokens) == max_new_tokens
+        logprobs = [lg[0].log_softmax(-1)[t].item() for lg, t in zip(out.logits, tokens)]
+        return Generation(tokens, logprobs)
+
+    def get(name: str, prompts: list[list[int]], max_new_tokens: int) -> list[Generation]:
+        keys = [(name, tuple(p), max_new_tokens) for p in prompts]
+        for key, prompt in zip(keys, prompts):
+            if key not in cache:
+                cache[key] = generate(name, prompt, max_new_tokens)
+        return [cache[key] for key in keys]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def spread_prompts() -> list[list[int]]:
+    """8 random prompts for the tiny models (vocab 320), lengths spread over 1..200."""
+    gen = torch.Generator().manual_seed(1)
+    lengths = [1, 5, 23, 47, 88, 130, 171, 200]
+    return [torch.randint(3, 320, (n,), generator=gen).tolist() for n in lengths]

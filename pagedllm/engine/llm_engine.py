@@ -33,6 +33,9 @@ PromptType = str | list[int] | dict
 
 @dataclass
 class EngineStats:
+    """A snapshot for metrics. Token counts: prompt tokens of requests that got their first
+    token, and every generated token (each of n completions)."""
+
     num_running: int
     num_waiting: int
     num_preemptions: int
@@ -200,6 +203,22 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
 
+    def get_stats(self) -> EngineStats:
+        """The current load, and counters since the engine started."""
+        blocks, scheduler = self.block_manager, self.scheduler
+        return EngineStats(
+            num_running=scheduler.num_running,
+            num_waiting=scheduler.num_waiting,
+            num_preemptions=scheduler.num_preemptions,
+            kv_cache_usage=blocks.usage,
+            num_free_blocks=blocks.num_free_blocks,
+            num_blocks=blocks.num_blocks,
+            prefix_cache_queries=blocks.prefix_cache_queries,
+            prefix_cache_hits=blocks.prefix_cache_hits,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_generation_tokens=self.num_generation_tokens,
+        )
+
     # Steps.
 
     def step(self) -> list[RequestOutput]:
@@ -294,6 +313,8 @@ class LLMEngine:
         self.num_generation_tokens += 1
         if request.first_token_time is None:
             request.first_token_time = time.monotonic()
+            request.num_cached_tokens = request.completions[0].seq.num_cached_tokens
+            self.num_prompt_tokens += len(request.prompt_token_ids)
         if logprobs is not None:
             completion.logprobs = (completion.logprobs or []) + [logprobs]
             completion.cumulative_logprob += logprobs[token].logprob

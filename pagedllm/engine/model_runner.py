@@ -71,7 +71,8 @@ class ModelRunner:
         batch = prepare_batch(step.chunks, self.block_size, self.device)
         with set_forward_context(batch.attn_metadata):
             hidden = self.model(batch.input_ids, batch.positions)
-        index = batch.last_token_indices[torch.tensor(step.sample_indices, device=self.device)]
+        sample_indices = torch.tensor(step.sample_indices, dtype=torch.long, device=self.device)
+        index = batch.last_token_indices[sample_indices]
         logits = self.model.compute_logits(hidden[index])
         prompt_logits = {}
         starts = batch.attn_metadata.query_start_loc.tolist() if step.prompt_logprob_indices else []

@@ -59,7 +59,7 @@ class Request:
         self.generators: list[torch.Generator | None] = []
         self.prompt_logprobs: PromptLogprobs | None = None
         self.num_cached_tokens = 0
-        self.sent_prompt_logprobs = False
+        self.num_sent_prompt_logprobs = 0
 
     @property
     def finished(self) -> bool:
@@ -75,19 +75,24 @@ class Request:
             return None
         delta = kind is RequestOutputKind.DELTA
         outputs = [self._completion_output(c, delta, finished) for c in self.completions]
-        prompt_logprobs = self.prompt_logprobs
-        if delta and self.sent_prompt_logprobs:
-            prompt_logprobs = None
-        self.sent_prompt_logprobs = self.sent_prompt_logprobs or prompt_logprobs is not None
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
-            prompt_logprobs=prompt_logprobs,
+            prompt_logprobs=self._prompt_logprobs_to_send(delta),
             outputs=outputs,
             finished=finished,
             num_cached_tokens=self.num_cached_tokens,
         )
+
+    def _prompt_logprobs_to_send(self, delta: bool) -> PromptLogprobs | None:
+        """All so far, or in delta mode those not sent yet; a copy either way, since the
+        list grows while a chunked prefill goes on."""
+        if self.prompt_logprobs is None:
+            return None
+        start = self.num_sent_prompt_logprobs if delta else 0
+        self.num_sent_prompt_logprobs = len(self.prompt_logprobs)
+        return self.prompt_logprobs[start:] or None
 
     def _completion_output(self, c: Completion, delta: bool, finished: bool) -> CompletionOutput:
         token_ids = c.seq.output_token_ids

@@ -39,14 +39,19 @@ def check_stop(
 
 
 def find_stop_string(text: str, new_text_len: int, params: SamplingParams) -> StopDecision | None:
-    """A stop string that ends in the new text; only the tail that could hold one is
-    searched, so the cost does not grow with the output."""
+    """The earliest stop string that ends in the new text (so the text kept never holds
+    one); only the tail that could hold one is searched, so the cost does not grow with
+    the output."""
     if not params.stop or new_text_len == 0:
         return None
+    found = []
     for stop in params.stop:
         start = max(0, len(text) - new_text_len - len(stop) + 1)
         index = text.find(stop, start)
         if index != -1:
-            end = index + len(stop) if params.include_stop_str_in_output else index
-            return StopDecision(SequenceStatus.FINISHED_STOPPED, stop, end)
-    return None
+            found.append((index, stop))
+    if not found:
+        return None
+    index, stop = min(found, key=lambda f: f[0])
+    end = index + len(stop) if params.include_stop_str_in_output else index
+    return StopDecision(SequenceStatus.FINISHED_STOPPED, stop, end)

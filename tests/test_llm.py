@@ -1,0 +1,166 @@
+"""LLM (pagedllm/llm.py) end to end on tiny random checkpoints: greedy generations equal
+transformers' `generate(do_sample=False)` run prompt by prompt, bad input raises ValueError
+and leaves the engine serving, and the progress bar obeys use_tqdm."""
+
+import json
+import os
+import shutil
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from pagedllm import LLM, SamplingParams
+
+GREEDY_MODELS = ["llama-gqa-llama3", "qwen3", "qwen3-moe"]
+MAX_TOKENS = 32
+ENGINE_KWARGS = dict(skip_tokenizer_init=True, dtype="float32", device="cpu")
+
+
+def greedy_params(max_tokens: int = MAX_TOKENS) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
+
+
+def as_prompts(token_lists: list[list[int]]) -> list[dict]:
+    return [{"prompt_token_ids": ids} for ids in token_lists]
+
+
+def assert_matches_reference(outputs: list, reference: list) -> None:
+    for out, ref in zip(outputs, reference, strict=True):
+        ref.assert_matches(out.outputs[0])
+
+
+@pytest.fixture(scope="module")
+def llm_for(tiny_model_path):
+    """name -> an LLM on that tiny model, built once per module."""
+    llms = {}
+
+    def get(name: str) -> LLM:
+        if name not in llms:
+            path = tiny_model_path(name)
+            llms[name] = LLM(path, num_kv_blocks=64, max_model_len=256, **ENGINE_KWARGS)
+        return llms[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", GREEDY_MODELS)
+def test_greedy_batch_matches_transformers(name, llm_for, hf_greedy, spread_prompts) -> None:
+    reference = hf_greedy(name, spread_prompts, MAX_TOKENS)
+    outputs = llm_for(name).generate(as_prompts(spread_prompts), greedy_params(), use_tqdm=False)
+    assert [o.prompt_token_ids for o in outputs] == spread_prompts
+    assert all(o.finished and o.outputs[0].finish_reason == "length" for o in outputs)
+    assert_matches_reference(outputs, reference)
+
+
+def test_stop_token_ids_end_at_first_occurrence(llm_for, hf_greedy, spread_prompts) -> None:
+    (reference,) = hf_greedy("llama-gqa-llama3", spread_prompts[5:6], MAX_TOKENS)
+    stop_id = reference.token_ids[6]
+    end = reference.token_ids.index(stop_id) + 1
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, stop_token_ids=[stop_id])
+    (output,) = llm_for("llama-gqa-llama3").generate(
+        as_prompts(spread_prompts[5:6]), params, use_tqdm=False
+    )
+    completion = output.outputs[0]
+    assert completion.token_ids == reference.token_ids[:end]
+    assert (completion.finish_reason, completion.stop_reason) == ("stop", stop_id)
+
+
+def assert_idle_and_serving(llm: LLM, hf_greedy, prompt: list[int]) -> None:
+    """No request is left behind, every block is free, and a new request runs correctly."""
+    engine = llm.llm_engine
+    assert not engine.has_unfinished_requests()
+    assert engine.block_manager.num_free_blocks == engine.num_blocks
+    engine.block_manager.check_invariants([])
+    outputs = llm.generate(as_prompts([prompt]), greedy_params(8), use_tqdm=False)
+    assert_matches_reference(outputs, hf_greedy("llama-gqa-llama3", [prompt], 8))
+
+
+@pytest.mark.parametrize(
+    "bad_prompt, message",
+    [
+        ({"prompt_token_ids": []}, r"empty \(0 tokens\); give at least 1"),
+        ({"prompt_token_ids": [5] * 257}, r"257 tokens, more than max_model_len=256"),
+        ({"prompt_token_ids": [5, 320, -1]}, r"\[320, -1\] are outside the vocabulary \[0, 320\)"),
+        ({"prompt": "hello"}, "text prompts need a tokenizer"),
+    ],
+)
+def test_bad_prompt_raises_and_engine_keeps_serving(
+    bad_prompt, message, llm_for, hf_greedy, spread_prompts
+) -> None:
+    llm = llm_for("llama-gqa-llama3")
+    good = {"prompt_token_ids": spread_prompts[3]}
+    with pytest.raises(ValueError, match=message):
+        llm.generate([good, bad_prompt], greedy_params(), use_tqdm=False)
+    assert_idle_and_serving(llm, hf_greedy, spread_prompts[2])
+
+
+def test_bad_sampling_params_count_raises(llm_for) -> None:
+    llm = llm_for("llama-gqa-llama3")
+    with pytest.raises(ValueError, match="got 2 sampling params for 1 prompts"):
+        llm.generate([{"prompt_token_ids": [5]}], [greedy_params()] * 2, use_tqdm=False)
+    with pytest.raises(TypeError, match="prompt_token_ids"):
+        llm.generate([5, 6, 7], use_tqdm=False)
+
+
+def test_stop_token_id_outside_vocab_raises(llm_for, hf_greedy, spread_prompts) -> None:
+    llm = llm_for("llama-gqa-llama3")
+    with pytest.raises(ValueError, match=r"stop_token_ids must be token ids in \[0, 320\)"):
+        llm.generate([{"prompt_token_ids": [5]}], SamplingParams(stop_token_ids=[400]))
+    assert_idle_and_serving(llm, hf_greedy, spread_prompts[2])
+
+
+def test_n_returns_n_completions(llm_for, spread_prompts) -> None:
+    params = SamplingParams(n=2, temperature=1.0, seed=7, max_tokens=12, ignore_eos=True)
+    (output,) = llm_for("llama-gqa-llama3").generate(
+        as_prompts(spread_prompts[4:5]), params, use_tqdm=False
+    )
+    assert [c.index for c in output.outputs] == [0, 1]
+    assert [len(c.token_ids) for c in output.outputs] == [12, 12]
+    assert output.outputs[0].token_ids != output.outputs[1].token_ids
+
+
+def test_use_tqdm_false_prints_nothing(llm_for, spread_prompts, capsys) -> None:
+    llm = llm_for("llama-gqa-llama3")
+    capsys.readouterr()
+    llm.generate(as_prompts(spread_prompts[:2]), greedy_params(4), use_tqdm=False)
+    assert capsys.readouterr() == ("", "")
+    llm.generate(as_prompts(spread_prompts[:2]), greedy_params(4), use_tqdm=True)
+    assert "Processed prompts" in capsys.readouterr().err
+
+
+def test_max_model_len_beyond_cache_raises(tiny_model_path) -> None:
+    path = tiny_model_path("llama-gqa-llama3")
+    with pytest.raises(
+        ValueError, match=r"4 blocks x 16 = 64 tokens, fewer than max_model_len=256"
+    ):
+        LLM(path, num_kv_blocks=4, max_model_len=256, **ENGINE_KWARGS)
+
+
+def copy_model(tiny_model_path, tmp_path) -> str:
+    folder = str(tmp_path / "model")
+    shutil.copytree(tiny_model_path("llama-gqa-llama3"), folder)
+    return folder
+
+
+def test_unknown_architecture_raises(tiny_model_path, tmp_path) -> None:
+    folder = copy_model(tiny_model_path, tmp_path)
+    config_path = os.path.join(folder, "config.json")
+    with open(config_path) as f:
+        config = json.load(f)
+    config["architectures"] = ["FooForCausalLM"]
+    with open(config_path, "w") as f:
+        json.dump(config, f)
+    with pytest.raises(ValueError, match=r"'FooForCausalLM' is not supported.*LlamaForCausalLM"):
+        LLM(folder, num_kv_blocks=32, max_model_len=256, **ENGINE_KWARGS)
+
+
+def test_missing_weight_names_it(tiny_model_path, tmp_path) -> None:
+    folder = copy_model(tiny_model_path, tmp_path)
+    weights_path = os.path.join(folder, "model.safetensors")
+    tensors = load_file(weights_path)
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    save_file(tensors, weights_path, metadata={"format": "pt"})
+    with pytest.raises(
+        ValueError, match=r"no weights for 1 parameters: model\.layers\.1\.mlp\.down"
+    ):
+        LLM(folder, num_kv_blocks=32, max_model_len=256, **ENGINE_KWARGS)
