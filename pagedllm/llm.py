@@ -25,6 +25,16 @@ class LLM:
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
         self._request_counter = itertools.count()
 
+    def close(self) -> None:
+        """Stop tensor-parallel workers now (dropping the LLM does it too)."""
+        self.llm_engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def get_tokenizer(self):  # noqa: ANN201 - a transformers tokenizer
         return self.llm_engine.tokenizer
 

@@ -54,7 +54,7 @@ def paged_logits(engine: LLMEngine, token_ids: list[int]) -> torch.Tensor:
     engine.block_manager.allocate(seq)
     try:
         step = StepInput([SeqChunk(token_ids, 0, seq.block_table)], [], [0], [0])
-        _, prompt_logits = engine.runner.forward(step)
+        _, prompt_logits = engine.executor.runner.forward(step)
     finally:
         engine.block_manager.free(seq)
     return prompt_logits[0]

@@ -7,6 +7,7 @@ build one rank's shard on the meta device without starting a process group.
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -36,3 +37,41 @@ def override_tensor_parallel(rank: int, world_size: int) -> Iterator[None]:
         yield
     finally:
         _override = previous
+
+
+_cpu_group: dist.ProcessGroup | None = None
+
+
+def init_distributed_environment(
+    world_size: int,
+    rank: int,
+    init_method: str = "env://",
+    backend: str = "gloo",
+    timeout_s: float = 600.0,
+) -> None:
+    """Join the tensor-parallel process group (every rank of the world is one tp rank).
+
+    Control messages (the scheduled batch) go through a gloo group, so they never touch
+    the accelerator even when tensors use NCCL.
+    """
+    global _cpu_group
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        world_size=world_size,
+        rank=rank,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    _cpu_group = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+
+
+def get_cpu_group() -> dist.ProcessGroup:
+    assert _cpu_group is not None, "init_distributed_environment() was not called"
+    return _cpu_group
+
+
+def destroy_distributed_environment() -> None:
+    global _cpu_group
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _cpu_group = None

@@ -1,6 +1,7 @@
 """LLMEngine: add_request / step / abort_request over the scheduler and the model runner."""
 
 import itertools
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -12,8 +13,9 @@ from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.batch import SeqChunk
 from pagedllm.engine.block_manager import BlockManager
 from pagedllm.engine.detokenizer import IncrementalDetokenizer
+from pagedllm.engine.executor import make_executor, run_torchrun_worker, torchrun_rank
 from pagedllm.engine.kv_cache import default_kv_cache_bytes
-from pagedllm.engine.model_runner import ModelRunner, StepInput, StepOutput
+from pagedllm.engine.model_runner import StepInput, StepOutput
 from pagedllm.engine.prompt_logprobs import append_prompt_logprobs
 from pagedllm.engine.request import Completion, Request
 from pagedllm.engine.sample_logprobs import logprobs_rows
@@ -49,16 +51,22 @@ class EngineStats:
 
 
 class LLMEngine:
+    """Under torchrun, only rank 0 becomes an engine: the other ranks follow it as
+    tensor-parallel workers inside the constructor, then exit the process."""
+
     def __init__(self, config: EngineConfig) -> None:
+        if torchrun_rank():
+            run_torchrun_worker(config)
+            sys.exit(0)
         self.config = config
         self.model_config = config.model_config
         torch.manual_seed(config.seed)
         self.tokenizer = None if config.skip_tokenizer_init else get_tokenizer(self.model_config)
         self.eos_token_id = model_eos_token_id(self.model_config, self.tokenizer)
         self.generation_config = generation_config_dict(self.model_config)
-        self.runner = ModelRunner(config)
+        self.executor = make_executor(config)
         self.num_blocks = self._num_kv_blocks()
-        self.runner.init_kv_cache(self.num_blocks)
+        self.executor.init_kv_cache(self.num_blocks)
         cache = config.cache_config
         self.block_manager = BlockManager(
             self.num_blocks, cache.block_size, cache.enable_prefix_caching
@@ -82,7 +90,7 @@ class LLMEngine:
     def _num_kv_blocks(self) -> int:
         cache, block_size = self.config.cache_config, self.config.cache_config.block_size
         max_len = self.model_config.max_model_len
-        per_token = self.runner.kv_cache_bytes_per_token
+        per_token = self.executor.kv_cache_bytes_per_token
         num_blocks = cache.num_kv_blocks
         if num_blocks is None:
             most = self.config.scheduler_config.max_num_seqs * (max_len + block_size) * per_token
@@ -141,6 +149,7 @@ class LLMEngine:
         if self.tokenizer is not None:
             params.update_from_tokenizer(self.tokenizer)
         params.verify(self.model_config.vocab_size, self.config.max_logprobs)
+        self.executor.runner.sampler.logitsprocs.validate_params(params)
         return params
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
@@ -197,6 +206,10 @@ class LLMEngine:
             if self.requests.pop(rid, None) is not None:
                 self.scheduler.abort_seq(rid)
 
+    def shutdown(self) -> None:
+        """Stop tensor-parallel workers; the engine is unusable afterwards."""
+        self.executor.shutdown()
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
@@ -226,7 +239,7 @@ class LLMEngine:
         if out.is_empty:
             return []
         step_input, rows, row_owners = self._build_step(out)
-        result = self.runner.execute(step_input, rows)
+        result = self.executor.execute(step_input, rows)
         self.scheduler.update_after_step(out.scheduled)
         touched = self._process_prompt_logprobs(out, result)
         touched |= self._process_samples(out, result, row_owners)

@@ -35,6 +35,9 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
         "llama-gqa-llama3": transformers.LlamaConfig(
             **COMMON, num_key_value_heads=2, rope_parameters=LLAMA3_ROPE, tie_word_embeddings=False
         ),
+        "llama-gqa4": transformers.LlamaConfig(
+            **{**COMMON, "num_attention_heads": 8}, num_key_value_heads=4, tie_word_embeddings=False
+        ),
         "llama-tied-mqa": transformers.LlamaConfig(
             **COMMON, num_key_value_heads=1, tie_word_embeddings=True
         ),

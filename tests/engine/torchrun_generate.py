@@ -1,0 +1,15 @@
+"""Run under torchrun: every rank builds the LLM; rank 0 generates and prints token ids,
+the other ranks serve as its tensor-parallel workers and exit inside LLM()."""
+
+import json
+import sys
+
+from pagedllm import LLM, SamplingParams
+
+if __name__ == "__main__":
+    model, prompt = sys.argv[1], json.loads(sys.argv[2])
+    llm = LLM(model, tensor_parallel_size=2, skip_tokenizer_init=True, num_kv_blocks=256)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    output = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+    print("TOKENS", json.dumps(output.outputs[0].token_ids))
+    llm.close()
