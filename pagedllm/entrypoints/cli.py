@@ -4,6 +4,7 @@ import argparse
 import sys
 
 from pagedllm.entrypoints import chat, generate, inspect
+from pagedllm.entrypoints.openai import api_server
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -13,7 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
         "embedded SmolLM2-135M-Instruct.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (generate, chat, inspect):
+    for module in (generate, chat, api_server, inspect):
         module.add_parser(subparsers)
     return parser
 

@@ -1,0 +1,192 @@
+"""AsyncLLM: the engine behind an asyncio server, with continuous batching across callers.
+
+One background thread owns the LLMEngine: it alone calls add_request, abort_request and
+step, so the engine needs no locks. Callers talk to it through a FIFO command queue
+(add / abort / stop) and get outputs back on a per-request asyncio.Queue, filled from the
+thread with `loop.call_soon_threadsafe`. A step runs while the event loop keeps serving,
+and a request that arrives mid-step joins the running batch at the next step.
+"""
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.llm_engine import LLMEngine, PromptType
+from pagedllm.logger import init_logger
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import SamplingParams
+
+logger = init_logger(__name__)
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: PromptType
+    params: SamplingParams
+    added: asyncio.Future
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class _Stop:
+    pass
+
+
+class EngineDeadError(RuntimeError):
+    """The engine failed while stepping, or was shut down; its open requests were aborted."""
+
+
+class AsyncLLM:
+    """Async front of an LLMEngine; `start()` inside a running event loop before use."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.stats = self.engine.get_stats()
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> "AsyncLLM":
+        return cls(LLMEngine.from_engine_args(engine_args))
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the engine thread, bound to the calling event loop."""
+        if self.is_running:
+            raise RuntimeError("AsyncLLM is already running")
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="pagedllm-engine", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        """Stop the thread and wait for it; requests still open end with EngineDeadError."""
+        if not self.is_running:
+            return
+        self._commands.put(_Stop())
+        await asyncio.to_thread(self._thread.join)
+        error = EngineDeadError("the engine was shut down")
+        while not self._commands.empty():
+            command = self._commands.get_nowait()
+            if isinstance(command, _Add):
+                _settle(command.added, error)
+        self._fail(list(self._queues), error)
+
+    async def generate(
+        self, prompt: PromptType, params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        """Outputs of one request as the engine makes them (as params.output_kind says).
+
+        A bad request raises ValueError/TypeError before the first output. Closing the
+        iterator early (or cancelling its consumer) aborts the request, which frees its
+        KV blocks at the engine's next turn.
+        """
+        if not self.is_running:
+            raise RuntimeError("AsyncLLM.start() was not called, or the engine stopped")
+        if request_id in self._queues:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        outputs: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = outputs
+        added = self._loop.create_future()
+        finished = False
+        self._commands.put(_Add(request_id, prompt, params, added))
+        try:
+            await added
+            while not finished:
+                output = await outputs.get()
+                if isinstance(output, BaseException):
+                    raise output
+                finished = output.finished
+                yield output
+        finally:
+            del self._queues[request_id]
+            if not finished:
+                self._commands.put(_Abort(request_id))
+
+    # The engine thread.
+
+    def _run(self) -> None:
+        while self._handle_commands(block=not self.engine.has_unfinished_requests()):
+            outputs = self._step() if self.engine.has_unfinished_requests() else []
+            self.stats = self.engine.get_stats()  # before the outputs, so no caller sees older
+            if outputs:
+                self._call_soon(self._dispatch, outputs)
+        self.engine.abort_request(list(self.engine.requests))
+        self.stats = self.engine.get_stats()
+
+    def _handle_commands(self, block: bool) -> bool:
+        """Run the queued commands (waiting for one if `block`); False once told to stop."""
+        try:
+            command = self._commands.get(block=block)
+        except queue.Empty:
+            return True
+        while True:
+            if isinstance(command, _Stop):
+                return False
+            self._handle(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _handle(self, command: _Add | _Abort) -> None:
+        if isinstance(command, _Abort):
+            self.engine.abort_request(command.request_id)
+            return
+        if command.added.cancelled():
+            return
+        try:
+            self.engine.add_request(command.request_id, command.prompt, command.params)
+        except (ValueError, TypeError) as e:
+            self._call_soon(_settle, command.added, e)
+            return
+        self._call_soon(_settle, command.added, None)
+
+    def _step(self) -> list[RequestOutput]:
+        try:
+            return self.engine.step()
+        except Exception as e:
+            logger.exception("engine step failed; aborting the requests in flight")
+            request_ids = list(self.engine.requests)
+            self.engine.abort_request(request_ids)
+            error = EngineDeadError(f"the engine failed while stepping: {e!r}")
+            self._call_soon(self._fail, request_ids, error)
+            return []
+
+    def _call_soon(self, callback: Callable, *args: object) -> None:
+        self._loop.call_soon_threadsafe(callback, *args)
+
+    # Back on the event loop.
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            outputs_queue = self._queues.get(output.request_id)
+            if outputs_queue is not None:
+                outputs_queue.put_nowait(output)
+
+    def _fail(self, request_ids: list[str], error: BaseException) -> None:
+        for request_id in request_ids:
+            outputs_queue = self._queues.get(request_id)
+            if outputs_queue is not None:
+                outputs_queue.put_nowait(error)
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    """Resolve `future` unless its waiter gave up (cancelled) meanwhile."""
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

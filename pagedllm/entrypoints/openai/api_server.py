@@ -1,0 +1,253 @@
+"""`pagedllm serve [MODEL]`: an OpenAI-compatible HTTP server over the AsyncLLM.
+
+Routes: POST /v1/completions, /v1/chat/completions, GET /v1/models (guarded by --api-key),
+and POST /tokenize, /detokenize, GET /health, /version, /metrics. FastAPI serves the
+OpenAPI schema at /openapi.json and its docs at /docs.
+
+Run as `pagedllm serve ...` or `python -m pagedllm.entrypoints.openai.api_server ...`.
+"""
+
+import argparse
+import copy
+import importlib.metadata
+import secrets
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from http import HTTPStatus
+
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.entrypoints.openai.errors import add_exception_handlers, error_response
+from pagedllm.entrypoints.openai.metrics import ServerMetrics
+from pagedllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+    VersionResponse,
+)
+from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from pagedllm.logger import init_logger
+from pagedllm.model_loader.default_model import DEFAULT_MODEL_FILE
+
+logger = init_logger(__name__)
+
+DEFAULT_SERVED_MODEL_NAME = DEFAULT_MODEL_FILE.split(".")[0]  # SmolLM2-135M-Instruct
+_ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 500)}
+_SSE = {200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE if stream"}}
+
+router = APIRouter()
+
+
+@router.get("/health", responses={503: {"model": ErrorResponse}})
+async def health(raw_request: Request) -> Response:
+    if not raw_request.app.state.engine.is_running:
+        return error_response("the engine is not running", HTTPStatus.SERVICE_UNAVAILABLE)
+    return Response(status_code=HTTPStatus.OK)
+
+
+@router.get("/version")
+async def version() -> VersionResponse:
+    return VersionResponse(version=importlib.metadata.version("pagedllm"))
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(raw_request: Request) -> Response:
+    body = raw_request.app.state.metrics.render()
+    return Response(content=body, media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models", responses=_ERRORS)
+async def show_models(raw_request: Request) -> ModelList:
+    serving = raw_request.app.state.serving_completion
+    cards = [
+        ModelCard(id=name, root=name, max_model_len=serving.max_model_len)
+        for name in serving.served_model_names
+    ]
+    return ModelList(data=cards)
+
+
+@router.post("/v1/completions", response_model=CompletionResponse, responses={**_ERRORS, **_SSE})
+async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+    serving = raw_request.app.state.serving_completion
+    return await serving.create_completion(request, raw_request)
+
+
+@router.post(
+    "/v1/chat/completions", response_model=ChatCompletionResponse, responses={**_ERRORS, **_SSE}
+)
+async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
+    serving = raw_request.app.state.serving_chat
+    return await serving.create_chat_completion(request, raw_request)
+
+
+@router.post("/tokenize", responses=_ERRORS)
+async def tokenize(request: TokenizeRequest, raw_request: Request) -> TokenizeResponse:
+    return raw_request.app.state.serving_tokenization.tokenize(request)
+
+
+@router.post("/detokenize", responses=_ERRORS)
+async def detokenize(request: DetokenizeRequest, raw_request: Request) -> DetokenizeResponse:
+    return raw_request.app.state.serving_tokenization.detokenize(request)
+
+
+class ApiKeyMiddleware:
+    """401 for /v1 requests without `Authorization: Bearer <api key>`; checked before the
+    body is read, so a bad key never costs a parse (nor leaks whether the body was valid)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = Headers(scope=scope).get("authorization", "").encode()
+            if not secrets.compare_digest(given, self.expected):
+                response = error_response(
+                    "missing or wrong API key: send the header `Authorization: Bearer <key>`",
+                    HTTPStatus.UNAUTHORIZED,
+                    code="invalid_api_key",
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    engine: AsyncLLM = app.state.engine
+    engine.start()
+    try:
+        yield
+    finally:
+        await engine.shutdown()
+
+
+def build_app(
+    engine: AsyncLLM,
+    served_model_names: list[str],
+    api_key: str | None = None,
+    chat_template: str | None = None,
+) -> FastAPI:
+    """The app over a (not yet started) engine; its lifespan starts and stops the engine."""
+    if engine.engine.tokenizer is None:
+        raise ValueError("the OpenAI server needs a tokenizer, but skip_tokenizer_init is set")
+    if not served_model_names:
+        raise ValueError("served_model_names must name at least one model")
+    app = FastAPI(
+        title="pagedllm OpenAI-compatible API",
+        version=importlib.metadata.version("pagedllm"),
+        lifespan=_lifespan,
+    )
+    app.include_router(router)
+    add_exception_handlers(app)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    metrics = ServerMetrics(lambda: engine.stats, served_model_names[0])
+    shared = (engine, copy.deepcopy(engine.engine.tokenizer), served_model_names, metrics)
+    app.state.engine = engine
+    app.state.metrics = metrics
+    app.state.serving_completion = OpenAIServingCompletion(*shared, chat_template)
+    app.state.serving_chat = OpenAIServingChat(*shared, chat_template)
+    app.state.serving_tokenization = OpenAIServingTokenization(*shared, chat_template)
+    return app
+
+
+# The command line.
+
+
+def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="a HF model folder or a .gguf file (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument(
+        "--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes"
+    )
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="the name(s) clients use in `model` (default: MODEL as given)",
+    )
+    parser.add_argument(
+        "--chat-template", default=None, help="a Jinja chat template file (default: the model's)"
+    )
+    parser.add_argument(
+        "--uvicorn-log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+    )
+    EngineArgs.add_cli_args(parser, with_model=False)
+    return parser
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve MODEL (default: the embedded SmolLM2-135M-Instruct) at "
+        "/v1/completions, /v1/chat/completions and /v1/models, plus /tokenize, /detokenize, "
+        "/health, /version and /metrics.",
+    )
+    make_arg_parser(parser)
+    parser.set_defaults(func=run)
+
+
+def read_chat_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"--chat-template {path!r} cannot be read: {e}") from e
+
+
+def run(args: argparse.Namespace) -> None:
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    chat_template = read_chat_template(args.chat_template)
+    names = args.served_model_name or [args.model or DEFAULT_SERVED_MODEL_NAME]
+    engine = AsyncLLM.from_engine_args(EngineArgs.from_cli_args(args))
+    app = build_app(engine, names, args.api_key, chat_template)
+    logger.info("serving %s at http://%s:%d/v1", names[0], args.host, args.port)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
+    finally:
+        engine.engine.shutdown()  # tensor-parallel workers stop with the server
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = make_arg_parser(argparse.ArgumentParser(prog="pagedllm serve"))
+    args = parser.parse_args(argv)
+    try:
+        run(args)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        print(f"pagedllm serve: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` for every failure.
+
+Bad input of any kind (malformed JSON, wrong types, out-of-range values, unknown model or
+route) answers 4xx with a message naming the field; only a server bug answers 500.
+"""
+
+from collections.abc import Iterable
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pagedllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from pagedllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+_MAX_LISTED_ERRORS = 4
+
+
+class OpenAIError(Exception):
+    """An error to answer with `status_code` and OpenAI's error body."""
+
+    def __init__(
+        self,
+        message: str,
+        status_code: int = HTTPStatus.BAD_REQUEST,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = int(status_code)
+        self.param = param
+        self.code = code
+
+
+def error_body(
+    message: str, status_code: int, param: str | None = None, code: str | None = None
+) -> ErrorResponse:
+    kind = "server_error" if status_code >= 500 else "invalid_request_error"
+    return ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=code))
+
+
+def error_response(
+    message: str, status_code: int, param: str | None = None, code: str | None = None
+) -> JSONResponse:
+    body = error_body(message, status_code, param, code)
+    return JSONResponse(body.model_dump(), status_code=status_code)
+
+
+def invalid_value_error(error: ValueError | TypeError, fields: Iterable[str]) -> OpenAIError:
+    """A 400 for a ValueError/TypeError of SamplingParams or the engine. Their messages
+    start with the field's name, which becomes `param` when it is one of `fields`."""
+    message = str(error)
+    first_word = message.split(" ", 1)[0]
+    return OpenAIError(message, param=first_word if first_word in set(fields) else None)
+
+
+def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:
+    """(message, param) for pydantic's errors: each as `field.path: what is wrong`."""
+    errors = error.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        detail = next(e for e in errors if e.get("type") == "json_invalid")
+        reason = detail.get("ctx", {}).get("error", "invalid JSON")
+        return f"the request body is not valid JSON: {reason}", None
+    if errors and tuple(errors[0].get("loc", ())) == ("body",):
+        return "the request body must be a JSON object (Content-Type: application/json)", None
+    listed = []
+    for e in errors[:_MAX_LISTED_ERRORS]:
+        loc = [str(part) for part in e.get("loc", ()) if part != "body"]
+        listed.append(f"{'.'.join(loc) or 'body'}: {e.get('msg', 'invalid value')}")
+    if len(errors) > _MAX_LISTED_ERRORS:
+        listed.append(f"and {len(errors) - _MAX_LISTED_ERRORS} more errors")
+    first_loc = [p for p in errors[0].get("loc", ()) if p != "body"] if errors else []
+    param = str(first_loc[0]) if first_loc else None
+    return "; ".join(listed) or "invalid request", param
+
+
+async def _on_openai_error(_: Request, error: OpenAIError) -> JSONResponse:
+    return error_response(error.message, error.status_code, error.param, error.code)
+
+
+async def _on_validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+    message, param = _validation_message(error)
+    return error_response(message, HTTPStatus.BAD_REQUEST, param)
+
+
+async def _on_http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+    return error_response(str(error.detail), error.status_code)
+
+
+async def _on_unexpected_error(_: Request, error: Exception) -> JSONResponse:
+    logger.exception("unexpected error while serving a request", exc_info=error)
+    return error_response(f"internal server error: {error!r}", HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
+def add_exception_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(OpenAIError, _on_openai_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected_error)

@@ -1,0 +1,123 @@
+"""Prometheus metrics for /metrics, named like vLLM's `vllm:` metrics with `pagedllm:`.
+
+Engine state and counters (requests running and waiting, KV blocks, prefix cache,
+preemptions, prompt and generated tokens) are read at scrape time from the EngineStats
+snapshot the engine thread publishes after each step. Latency histograms and finished
+requests are observed here, from each request's stream of outputs.
+Each app gets its own registry, so several servers can live in one process (tests).
+"""
+
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import aclosing
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from pagedllm.engine.llm_engine import EngineStats
+from pagedllm.outputs import RequestOutput
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0)
+TTFT_BUCKETS += (2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0)
+TPOT_BUCKETS += (2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0)
+E2E_BUCKETS += (60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class EngineStatsCollector(Collector):
+    """Gauges and counters from the engine's latest EngineStats snapshot."""
+
+    def __init__(self, read_stats: Callable[[], EngineStats], model_name: str) -> None:
+        self.read_stats = read_stats
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        s, gauge, counter = self.read_stats(), GaugeMetricFamily, CounterMetricFamily
+        hit_rate = s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0
+        in_use = s.num_blocks - s.num_free_blocks
+        rows = [
+            (gauge, "num_requests_running", "Sequences in the running batch.", s.num_running),
+            (gauge, "num_requests_waiting", "Sequences waiting to run.", s.num_waiting),
+            (gauge, "kv_cache_usage_perc", "Fraction of KV blocks in use.", s.kv_cache_usage),
+            (gauge, "kv_cache_blocks_in_use", "KV blocks in use.", in_use),
+            (gauge, "kv_cache_blocks_total", "KV blocks in the cache.", s.num_blocks),
+            (gauge, "prefix_cache_hit_rate", "Prompt tokens found cached / looked up.", hit_rate),
+            (counter, "prefix_cache_queries", "Prompt tokens looked up.", s.prefix_cache_queries),
+            (counter, "prefix_cache_hits", "Prompt tokens found cached.", s.prefix_cache_hits),
+            (counter, "num_preemptions", "Sequences preempted.", s.num_preemptions),
+            (counter, "prompt_tokens", "Prompt tokens prefilled.", s.num_prompt_tokens),
+            (counter, "generation_tokens", "Tokens generated.", s.num_generation_tokens),
+        ]
+        for kind, name, doc, value in rows:
+            family = kind(f"pagedllm:{name}", doc, labels=["model_name"])
+            family.add_metric([self.model_name], value)
+            yield family
+
+
+class ServerMetrics:
+    def __init__(self, read_stats: Callable[[], EngineStats], model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        labels, registry = ["model_name"], self.registry
+        self.request_success = Counter(
+            "pagedllm:request_success",
+            "Finished completions by finish reason.",
+            labels + ["finished_reason"],
+            registry=registry,
+        )
+        self.time_to_first_token = Histogram(
+            "pagedllm:time_to_first_token_seconds",
+            "Time from arrival to the first generated token.",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.time_per_output_token = Histogram(
+            "pagedllm:time_per_output_token_seconds",
+            "Mean time between a request's tokens after the first.",
+            labels,
+            buckets=TPOT_BUCKETS,
+            registry=registry,
+        )
+        self.e2e_request_latency = Histogram(
+            "pagedllm:e2e_request_latency_seconds",
+            "Time from arrival to the last output.",
+            labels,
+            buckets=E2E_BUCKETS,
+            registry=registry,
+        )
+        registry.register(EngineStatsCollector(read_stats, model_name))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    async def track(
+        self, outputs: AsyncIterator[RequestOutput], arrival_time: float
+    ) -> AsyncIterator[RequestOutput]:
+        """Pass a request's DELTA outputs through, observing its latencies; closing this
+        iterator closes `outputs` (which aborts the request)."""
+        first_token_time, num_tokens, label = None, 0, self.model_name
+        async with aclosing(outputs):
+            async for output in outputs:
+                now = time.monotonic()
+                new_tokens = sum(len(c.token_ids) for c in output.outputs)
+                if new_tokens and first_token_time is None:
+                    first_token_time = now
+                    self.time_to_first_token.labels(label).observe(now - arrival_time)
+                num_tokens += new_tokens
+                if output.finished:
+                    self._observe_finished(output, now - arrival_time, first_token_time, num_tokens)
+                yield output
+
+    def _observe_finished(
+        self, output: RequestOutput, latency: float, first_token_time: float | None, n: int
+    ) -> None:
+        label = self.model_name
+        self.e2e_request_latency.labels(label).observe(latency)
+        if first_token_time is not None and n > 1:
+            decode_time = time.monotonic() - first_token_time
+            self.time_per_output_token.labels(label).observe(decode_time / (n - 1))
+        for completion in output.outputs:
+            self.request_success.labels(label, completion.finish_reason).inc()

@@ -1,0 +1,222 @@
+"""POST /v1/completions: one or many prompts (text or token ids), n choices each, streamed
+as SSE or answered at once; choice i * n + k is prompt i's k-th sample (as in OpenAI)."""
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from pagedllm.entrypoints.openai.errors import OpenAIError
+from pagedllm.entrypoints.openai.protocol import (
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionStreamResponse,
+    TokenIds,
+    UsageInfo,
+    random_id,
+)
+from pagedllm.entrypoints.openai.serving_engine import (
+    OpenAIServing,
+    clamp_logprob,
+    join_prompt_logprobs,
+    merge_streams,
+    sse_response,
+    until_disconnected,
+)
+from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
+
+Prompt = tuple[str, TokenIds]  # (text, token ids)
+TopLogprobs = list[dict[int, Logprob] | None]
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def create_completion(
+        self, request: CompletionRequest, raw_request: Request
+    ) -> CompletionResponse | StreamingResponse:
+        arrival_time = time.monotonic()
+        model = self.check_model(request.model)
+        prompts = self._prompts(request.prompt)
+        echo_logprobs = request.logprobs if request.echo else None
+        params = [
+            self.sampling_params(
+                request,
+                self.max_tokens(request.max_tokens, len(ids), "prompt"),
+                request.logprobs,
+                prompt_logprobs=echo_logprobs,
+            )
+            for _, ids in prompts
+        ]
+        request_id = random_id("cmpl")
+        streams = [
+            self.generate(
+                {"prompt": text, "prompt_token_ids": ids}, p, f"{request_id}-{i}", arrival_time
+            )
+            for i, ((text, ids), p) in enumerate(zip(prompts, params))
+        ]
+        outputs = merge_streams(streams)
+        if request.stream:
+            outputs = await self.prime(outputs, raw_request)
+            return sse_response(self._chunks(request, request_id, model, prompts, outputs))
+        finals = await until_disconnected(self.collect(outputs, len(prompts)), raw_request)
+        return self._response(request, request_id, model, prompts, finals)
+
+    def _prompts(self, prompt: str | list) -> list[Prompt]:
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            prompt = [prompt]
+        if not prompt:
+            raise OpenAIError("prompt must not be an empty list", param="prompt")
+        prompts = []
+        for p in prompt:
+            if isinstance(p, str):
+                prompts.append((p, self.encode(p)))
+            else:
+                ids = self.check_token_ids(p, "prompt")
+                prompts.append((self.tokenizer.decode(ids), ids))
+        return prompts
+
+    # Answers.
+
+    def choice(
+        self,
+        request: CompletionRequest,
+        index: int,
+        prompt: Prompt,
+        prompt_logprobs: TopLogprobs | None,
+        c: CompletionOutput,
+        echo: bool,
+        text_offset: int = 0,
+    ) -> CompletionResponseChoice:
+        """Choice `c` of `prompt` (the prompt first if `echo`) as choice number `index`."""
+        text, token_ids, tops = c.text, c.token_ids, c.logprobs
+        if echo:
+            text, token_ids = prompt[0] + text, prompt[1] + token_ids
+            if tops is not None:
+                tops = (prompt_logprobs or [None] * len(prompt[1])) + tops
+        logprobs = None
+        if request.logprobs is not None:
+            tops = tops or [None] * len(token_ids)
+            logprobs = self.completion_logprobs(token_ids, tops, text_offset)
+        return CompletionResponseChoice(
+            index=index,
+            text=text,
+            logprobs=logprobs,
+            finish_reason=c.finish_reason,
+            stop_reason=c.stop_reason,
+        )
+
+    def _response(
+        self,
+        request: CompletionRequest,
+        request_id: str,
+        model: str,
+        prompts: list[Prompt],
+        finals: list[RequestOutput],
+    ) -> CompletionResponse:
+        choices = []
+        for i, (prompt, output) in enumerate(zip(prompts, finals)):
+            for c in output.outputs:
+                index = i * request.n + c.index
+                choices.append(
+                    self.choice(request, index, prompt, output.prompt_logprobs, c, request.echo)
+                )
+        completion_tokens = sum(len(c.token_ids) for o in finals for c in o.outputs)
+        return CompletionResponse(
+            id=request_id, model=model, choices=choices, usage=_usage(prompts, completion_tokens)
+        )
+
+    async def _chunks(
+        self,
+        request: CompletionRequest,
+        request_id: str,
+        model: str,
+        prompts: list[Prompt],
+        outputs: AsyncIterator[tuple[int, RequestOutput]],
+    ) -> AsyncIterator[CompletionStreamResponse]:
+        """Each choice's new text (the prompt first if echo) and its finish reason once,
+        then the usage chunk if asked."""
+        state = _StreamState(self, request, prompts)
+        async with aclosing(outputs):
+            async for i, output in outputs:
+                for choice in state.choices(i, output):
+                    yield CompletionStreamResponse(id=request_id, model=model, choices=[choice])
+        if request.include_usage:
+            usage = _usage(prompts, state.completion_tokens)
+            yield CompletionStreamResponse(id=request_id, model=model, choices=[], usage=usage)
+
+    def completion_logprobs(
+        self, token_ids: list[int], tops: TopLogprobs, text_offset: int
+    ) -> CompletionLogProbs:
+        """OpenAI's legacy logprobs: per token its text, offset, logprob and a dict of the
+        top alternatives (text -> logprob) that includes the chosen token."""
+        result = CompletionLogProbs()
+        for token_id, top in zip(token_ids, tops):
+            token = self._token_text(token_id, top)
+            result.tokens.append(token)
+            result.text_offset.append(text_offset)
+            text_offset += len(token)
+            if top is None:
+                result.token_logprobs.append(None)
+                result.top_logprobs.append(None)
+                continue
+            result.token_logprobs.append(clamp_logprob(top[token_id].logprob))
+            result.top_logprobs.append(
+                {self._token_text(t, top): clamp_logprob(lp.logprob) for t, lp in top.items()}
+            )
+        return result
+
+    def _token_text(self, token_id: int, top: dict[int, Logprob] | None) -> str:
+        entry = top.get(token_id) if top is not None else None
+        if entry is not None and entry.decoded_token is not None:
+            return entry.decoded_token
+        return self.tokenizer.decode([token_id])
+
+
+class _StreamState:
+    """What a completions stream has sent: per choice its text offset (present once its
+    first chunk, with the echo, went out) and whether its finish reason went out."""
+
+    def __init__(
+        self, serving: OpenAIServingCompletion, request: CompletionRequest, prompts: list
+    ) -> None:
+        self.serving, self.request, self.prompts = serving, request, prompts
+        self.prompt_logprobs: dict[int, TopLogprobs | None] = {}
+        self.offsets: dict[int, int] = {}
+        self.finished: set[int] = set()
+        self.completion_tokens = 0
+
+    def choices(self, prompt_index: int, output: RequestOutput) -> list[CompletionResponseChoice]:
+        """What to send of one DELTA output: the choices with new tokens or a finish.
+        (Prompt logprobs come in pieces before the first token, one per prefill chunk, so
+        they are gathered until the echo goes out.)"""
+        self.prompt_logprobs[prompt_index] = join_prompt_logprobs(
+            self.prompt_logprobs.get(prompt_index), output.prompt_logprobs
+        )
+        choices = []
+        for c in output.outputs:
+            index = prompt_index * self.request.n + c.index
+            self.completion_tokens += len(c.token_ids)
+            if not (c.token_ids or (c.finish_reason and index not in self.finished)):
+                continue
+            choices.append(self._choice(prompt_index, index, c))
+            if c.finish_reason is not None:
+                self.finished.add(index)
+        return choices
+
+    def _choice(
+        self, prompt_index: int, index: int, c: CompletionOutput
+    ) -> CompletionResponseChoice:
+        echo = self.request.echo and index not in self.offsets
+        offset = self.offsets.get(index, 0)
+        prompt_logprobs = self.prompt_logprobs.get(prompt_index)
+        prompt = self.prompts[prompt_index]
+        choice = self.serving.choice(self.request, index, prompt, prompt_logprobs, c, echo, offset)
+        self.offsets[index] = offset + len(choice.text)
+        return choice
+
+
+def _usage(prompts: list[Prompt], completion_tokens: int) -> UsageInfo:
+    return UsageInfo.of(sum(len(ids) for _, ids in prompts), completion_tokens)

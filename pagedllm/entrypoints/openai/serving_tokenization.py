@@ -1,0 +1,27 @@
+"""POST /tokenize and /detokenize (vLLM's extras): the server's tokenizer, no generation."""
+
+from pagedllm.entrypoints.openai.errors import OpenAIError
+from pagedllm.entrypoints.openai.protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
+
+
+class OpenAIServingTokenization(OpenAIServing):
+    def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+        self.check_model(request.model)
+        if (request.prompt is None) == (request.messages is None):
+            raise OpenAIError("give exactly one of prompt and messages", param="prompt")
+        if request.messages is not None:
+            tokens = self.apply_chat_template(request.messages, request.add_generation_prompt)
+        else:
+            tokens = self.encode(request.prompt, request.add_special_tokens)
+        return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=tokens)
+
+    def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+        self.check_model(request.model)
+        tokens = self.check_token_ids(request.tokens, "tokens")
+        return DetokenizeResponse(prompt=self.tokenizer.decode(tokens))

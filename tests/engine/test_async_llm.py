@@ -1,0 +1,169 @@
+"""AsyncLLM (pagedllm/engine/async_llm.py) on a tiny random checkpoint. Reference: the
+synchronous LLMEngine's greedy tokens for the same prompts; the engine's free-block count
+after requests finish or are dropped by their caller."""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.async_llm import AsyncLLM, EngineDeadError
+from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+
+LLAMA = "llama-gqa-llama3"
+PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [13], [14, 15, 16, 17], [20] * 20, [30, 31]]
+
+
+def make_engine(path: str) -> LLMEngine:
+    args = EngineArgs(
+        path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=256
+    )
+    return LLMEngine.from_engine_args(args)
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(
+        temperature=0, max_tokens=max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+    )
+
+
+def run_async(engine: LLMEngine, body: Callable[[AsyncLLM], Awaitable[object]]) -> object:
+    """Start an AsyncLLM over `engine`, await body(llm), shut it down."""
+
+    async def main() -> object:
+        llm = AsyncLLM(engine)
+        llm.start()
+        try:
+            return await body(llm)
+        finally:
+            await llm.shutdown()
+
+    return asyncio.run(main())
+
+
+async def collect_tokens(llm: AsyncLLM, prompt: list[int], max_tokens: int, rid: str) -> list:
+    tokens = []
+    async for output in llm.generate({"prompt_token_ids": prompt}, greedy(max_tokens), rid):
+        tokens += output.outputs[0].token_ids
+    return tokens
+
+
+async def wait_all_blocks_free(llm: AsyncLLM) -> None:
+    for _ in range(200):
+        if llm.stats.num_free_blocks == llm.stats.num_blocks and llm.stats.num_running == 0:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"blocks still in use: {llm.stats}")
+
+
+def test_concurrent_requests_match_sync_engine_greedy(tiny_model_path: Callable) -> None:
+    path = tiny_model_path(LLAMA)
+    reference = make_engine(path)
+    for i, prompt in enumerate(PROMPTS):
+        reference.add_request(str(i), {"prompt_token_ids": prompt}, greedy(12))
+    expected = {}
+    while reference.has_unfinished_requests():
+        for out in reference.step():
+            expected.setdefault(out.request_id, []).extend(out.outputs[0].token_ids)
+
+    async def body(llm: AsyncLLM) -> list:
+        calls = [collect_tokens(llm, p, 12, str(i)) for i, p in enumerate(PROMPTS)]
+        results = await asyncio.gather(*calls)
+        await wait_all_blocks_free(llm)
+        return results
+
+    results = run_async(make_engine(path), body)
+    assert results == [expected[str(i)] for i in range(len(PROMPTS))]
+
+
+def test_request_arriving_mid_run_joins_the_batch(tiny_model_path: Callable) -> None:
+    """A second request added after the first has started finishes first (it is short),
+    so it ran in the same batch rather than after the first."""
+
+    async def body(llm: AsyncLLM) -> list[str]:
+        order, started = [], asyncio.Event()
+
+        async def run(rid: str, prompt: list[int], max_tokens: int) -> None:
+            async for _ in llm.generate({"prompt_token_ids": prompt}, greedy(max_tokens), rid):
+                started.set()
+            order.append(rid)
+
+        long = asyncio.ensure_future(run("long", PROMPTS[0], 120))
+        await started.wait()
+        await run("short", PROMPTS[1], 4)
+        await long
+        return order
+
+    assert run_async(make_engine(tiny_model_path(LLAMA)), body) == ["short", "long"]
+
+
+def test_closing_the_stream_aborts_and_frees_blocks(tiny_model_path: Callable) -> None:
+    async def body(llm: AsyncLLM) -> None:
+        stream = llm.generate({"prompt_token_ids": PROMPTS[4]}, greedy(200), "r")
+        async for output in stream:
+            if len(output.outputs[0].token_ids) > 0:
+                break
+        await stream.aclose()
+        await wait_all_blocks_free(llm)
+        assert not llm.engine.has_unfinished_requests()
+
+    run_async(make_engine(tiny_model_path(LLAMA)), body)
+
+
+def test_bad_request_raises_and_engine_keeps_serving(tiny_model_path: Callable) -> None:
+    async def body(llm: AsyncLLM) -> list:
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            await collect_tokens(llm, [5, 100000], 4, "bad")
+        with pytest.raises(ValueError, match="already in use"):
+            await asyncio.gather(
+                collect_tokens(llm, PROMPTS[0], 4, "same"),
+                collect_tokens(llm, PROMPTS[1], 4, "same"),
+            )
+        await wait_all_blocks_free(llm)
+        return await collect_tokens(llm, PROMPTS[0], 4, "good")
+
+    assert len(run_async(make_engine(tiny_model_path(LLAMA)), body)) == 4
+
+
+def test_generate_needs_start(tiny_model_path: Callable) -> None:
+    llm = AsyncLLM(make_engine(tiny_model_path(LLAMA)))
+
+    async def first() -> None:
+        await anext(llm.generate({"prompt_token_ids": [5]}, greedy(1), "r"))
+
+    with pytest.raises(RuntimeError, match="start"):
+        asyncio.run(first())
+
+
+def test_failed_step_fails_its_requests_and_the_loop_goes_on(
+    tiny_model_path: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine(tiny_model_path(LLAMA))
+    real_step = engine.step
+    monkeypatch.setattr(engine, "step", lambda: 1 / 0)
+
+    async def body(llm: AsyncLLM) -> list:
+        with pytest.raises(EngineDeadError, match="ZeroDivisionError"):
+            await collect_tokens(llm, PROMPTS[0], 4, "doomed")
+        assert not engine.has_unfinished_requests()
+        monkeypatch.setattr(engine, "step", real_step)
+        return await collect_tokens(llm, PROMPTS[0], 4, "fine")
+
+    assert len(run_async(engine, body)) == 4
+
+
+def test_shutdown_ends_open_requests(tiny_model_path: Callable) -> None:
+    async def main() -> None:
+        llm = AsyncLLM(make_engine(tiny_model_path(LLAMA)))
+        llm.start()
+        stream = llm.generate({"prompt_token_ids": PROMPTS[0]}, greedy(200), "r")
+        await anext(stream)
+        await llm.shutdown()
+        with pytest.raises(EngineDeadError, match="shut down"):
+            async for _ in stream:
+                pass
+        assert not llm.engine.has_unfinished_requests()
+
+    asyncio.run(main())

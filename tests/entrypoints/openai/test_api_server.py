@@ -1,0 +1,190 @@
+"""The app of pagedllm/entrypoints/openai/api_server.py: its routes, continuous batching
+across HTTP requests, aborts on disconnect (seen in /metrics), --api-key, --chat-template
+and the CLI. References: the server's own non-streamed greedy answers, the tokenizer, and
+the KV cache with no block in use once every request has ended."""
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from pagedllm import LLM
+from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.entrypoints.openai import api_server
+from tests.entrypoints.openai.remote_server import MAX_MODEL_LEN, MODEL_NAME, NUM_KV_BLOCKS, Server
+
+STREAM_PROMPTS = [f"Write the number {i} in words:" for i in range(8)]
+NUM_STREAMS, NUM_DROPPED, MAX_TOKENS = 64, 10, 16
+
+
+def metric(server: Server, name: str) -> float:
+    """The value of a `pagedllm:` metric (the sum over its label sets)."""
+    text = httpx.get(server.url + "/metrics").text
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name)]
+    assert values, f"{name} is not in /metrics"
+    return sum(values)
+
+
+def wait_until_idle(server: Server, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        running = metric(server, "pagedllm:num_requests_running{")
+        if running == 0 and metric(server, "pagedllm:kv_cache_blocks_in_use{") == 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError("KV blocks still in use after every request ended")
+
+
+async def stream_text(client: httpx.AsyncClient, prompt: str, drop_after: int | None) -> str:
+    """The streamed text, or "" after disconnecting once `drop_after` chunks arrived."""
+    body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+    text, chunks = "", 0
+    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            text += json.loads(line.removeprefix("data: "))["choices"][0]["text"]
+            chunks += 1
+            if chunks == drop_after:
+                return ""
+    return text
+
+
+def test_concurrent_streams_match_greedy_and_dropped_ones_free_their_blocks(
+    server: Server,
+) -> None:
+    body = {"prompt": STREAM_PROMPTS, "max_tokens": MAX_TOKENS, "temperature": 0}
+    whole = httpx.post(
+        server.url + "/v1/completions", json={**body, "ignore_eos": True}, timeout=60
+    )
+    expected = [c["text"] for c in whole.json()["choices"]]
+    finished_before = metric(server, "pagedllm:request_success_total")
+    dropped = {6 * i for i in range(NUM_DROPPED)}
+
+    async def run_all() -> list[str]:
+        limits = httpx.Limits(max_connections=NUM_STREAMS)
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
+            calls = [
+                stream_text(client, STREAM_PROMPTS[i % 8], 2 if i in dropped else None)
+                for i in range(NUM_STREAMS)
+            ]
+            return await asyncio.gather(*calls)
+
+    texts = asyncio.run(run_all())
+    for i, text in enumerate(texts):
+        assert text == ("" if i in dropped else expected[i % 8]), f"stream {i}"
+    wait_until_idle(server)
+    finished = metric(server, "pagedllm:request_success_total") - finished_before
+    assert finished == NUM_STREAMS - NUM_DROPPED  # the dropped ones were aborted, not finished
+
+
+def test_non_streamed_request_is_aborted_when_the_client_leaves(server: Server) -> None:
+    body = {"prompt": "Tell me a long story.", "max_tokens": 1000, "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=1.0)
+    wait_until_idle(server)
+
+
+def test_health_version_models_and_metrics(server: Server) -> None:
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/version").json()["version"]
+    models = httpx.get(server.url + "/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [MODEL_NAME]
+    assert models["data"][0]["max_model_len"] == MAX_MODEL_LEN
+    assert metric(server, "pagedllm:kv_cache_blocks_total{") == NUM_KV_BLOCKS
+    for name in (
+        "pagedllm:prompt_tokens_total",
+        "pagedllm:generation_tokens_total",
+        "pagedllm:time_to_first_token_seconds_count",
+        "pagedllm:time_per_output_token_seconds_count",
+        "pagedllm:e2e_request_latency_seconds_count",
+        "pagedllm:kv_cache_usage_perc",
+        "pagedllm:prefix_cache_hit_rate",
+        "pagedllm:num_requests_waiting",
+    ):
+        metric(server, name)
+
+
+def test_openapi_schema_describes_every_route(server: Server) -> None:
+    schema = httpx.get(server.url + "/openapi.json").json()
+    paths = schema["paths"]
+    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
+        assert "requestBody" in paths[path]["post"]
+        assert "400" in paths[path]["post"]["responses"]
+    for name in ("CompletionRequest", "CompletionResponse", "ChatCompletionResponse"):
+        assert name in schema["components"]["schemas"]
+    assert {"/v1/models", "/health", "/version", "/metrics"} <= set(paths)
+
+
+def test_tokenize_detokenize_round_trip(server: Server, offline_llm: LLM) -> None:
+    tokenizer = offline_llm.get_tokenizer()
+    text = "Hello, paged attention!"
+    tokens = httpx.post(server.url + "/tokenize", json={"prompt": text}).json()
+    assert tokens["tokens"] == tokenizer.encode(text)
+    assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == MAX_MODEL_LEN
+    messages = [{"role": "user", "content": text}]
+    chat = httpx.post(server.url + "/tokenize", json={"messages": messages}).json()
+    assert chat["tokens"] == list(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    )
+    back = httpx.post(server.url + "/detokenize", json={"tokens": tokens["tokens"]}).json()
+    assert back["prompt"] == text
+
+
+# In-process apps over the offline LLM's engine (idle meanwhile, so it has one owner).
+
+TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+
+
+@pytest.fixture
+def app_client(offline_llm: LLM, tmp_path: Path) -> Iterator[TestClient]:
+    path = tmp_path / "template.jinja"
+    path.write_text(TEMPLATE)
+    template = api_server.read_chat_template(str(path))
+    app = api_server.build_app(
+        AsyncLLM(offline_llm.llm_engine), ["my-model"], api_key="sekret", chat_template=template
+    )
+    with TestClient(app) as client:
+        yield client
+
+
+def test_api_key_guards_v1_routes_only(app_client: TestClient) -> None:
+    good = {"Authorization": "Bearer sekret"}
+    body = {"model": "my-model", "prompt": "Hi", "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+        response = app_client.post("/v1/completions", json=body, headers=headers)
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "invalid_api_key"
+    assert app_client.post("/v1/completions", content=b"{oops", headers={}).status_code == 401
+    assert app_client.get("/v1/models").status_code == 401
+    assert app_client.get("/v1/models", headers=good).json()["data"][0]["id"] == "my-model"
+    answer = app_client.post("/v1/completions", json=body, headers=good).json()
+    assert answer["usage"]["completion_tokens"] == 2
+    assert app_client.get("/health").status_code == 200
+
+
+def test_chat_template_file_replaces_the_models(app_client: TestClient, offline_llm: LLM) -> None:
+    messages = [{"role": "user", "content": "Hi"}]
+    tokens = app_client.post("/tokenize", json={"messages": messages}).json()["tokens"]
+    assert tokens == offline_llm.get_tokenizer().encode("[user] Hi\n")
+
+
+def test_cli_parser_and_bad_flags(capsys: pytest.CaptureFixture) -> None:
+    parser = argparse.ArgumentParser()
+    api_server.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "--port", "9001", "--max-model-len", "1024"])
+    assert args.func is api_server.run and args.model is None
+    assert (args.port, args.max_model_len, args.tensor_parallel_size) == (9001, 1024, 1)
+    args = parser.parse_args(["serve", "some/model", "--served-model-name", "a", "b"])
+    assert args.model == "some/model" and args.served_model_name == ["a", "b"]
+    with pytest.raises(SystemExit) as exit_info:
+        api_server.main(["--port", "70000"])
+    assert exit_info.value.code == 2
+    assert "--port must be in [0, 65535]" in capsys.readouterr().err

@@ -1,0 +1,66 @@
+"""POST /v1/chat/completions through the official `openai` client. Reference: the offline
+`LLM.chat` (the tokenizer's chat template, then generate) on the same model."""
+
+import openai
+import pytest
+
+from pagedllm import LLM, SamplingParams
+from tests.entrypoints.openai.remote_server import MODEL_NAME
+
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Name three colours."},
+]
+
+
+def test_greedy_matches_offline_llm_chat(client: openai.OpenAI, offline_llm: LLM) -> None:
+    response = client.chat.completions.create(
+        model=MODEL_NAME, messages=MESSAGES, max_completion_tokens=12, temperature=0
+    )
+    (expected,) = offline_llm.chat(
+        MESSAGES, SamplingParams(max_tokens=12, temperature=0), use_tqdm=False
+    )
+    choice = response.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == expected.outputs[0].text
+    assert response.object == "chat.completion"
+    assert response.usage.prompt_tokens == len(expected.prompt_token_ids)
+    assert response.usage.completion_tokens == len(expected.outputs[0].token_ids)
+
+
+def test_stream_with_logprobs_equals_the_whole_answer(client: openai.OpenAI) -> None:
+    kwargs = dict(model=MODEL_NAME, messages=MESSAGES, max_tokens=8, temperature=0, logprobs=True)
+    whole = client.chat.completions.create(**kwargs, top_logprobs=2)
+    chunks = list(
+        client.chat.completions.create(
+            **kwargs, top_logprobs=2, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.choices[0].delta.role is None for c in chunks[1:-1])
+    content = "".join(c.choices[0].delta.content for c in chunks[:-1])
+    assert content == whole.choices[0].message.content
+    streamed = [lp for c in chunks[:-1] for lp in c.choices[0].logprobs.content]
+    expected = whole.choices[0].logprobs.content
+    assert [lp.token for lp in streamed] == [lp.token for lp in expected]
+    assert [lp.logprob for lp in streamed] == pytest.approx([lp.logprob for lp in expected])
+    assert len(expected) == whole.usage.completion_tokens == 8
+    for lp in expected:
+        assert len(lp.top_logprobs) == 2
+        assert lp.top_logprobs[0].token == lp.token  # greedy picks the best
+        assert bytes(lp.bytes).decode() == lp.token
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+
+
+def test_n_seed_and_stop(client: openai.OpenAI) -> None:
+    kwargs = dict(model=MODEL_NAME, messages=MESSAGES, max_tokens=10, temperature=1.0, n=2)
+    first = client.chat.completions.create(**kwargs, seed=7)
+    again = client.chat.completions.create(**kwargs, seed=7)
+    assert [c.message.content for c in first.choices] == [c.message.content for c in again.choices]
+    assert [c.index for c in first.choices] == [0, 1]
+    greedy = dict(model=MODEL_NAME, messages=MESSAGES, max_tokens=10, temperature=0)
+    text = client.chat.completions.create(**greedy).choices[0].message.content
+    stop = text[3:6]
+    stopped = client.chat.completions.create(**greedy, stop=stop).choices[0]
+    assert stopped.message.content == text[: text.index(stop)]
+    assert stopped.finish_reason == "stop"

@@ -1,0 +1,101 @@
+"""POST /v1/completions through the official `openai` client. Reference: the offline
+`LLM.generate` of the same model for the same prompts and sampling parameters."""
+
+import openai
+import pytest
+
+from pagedllm import LLM, SamplingParams
+from tests.entrypoints.openai.remote_server import MODEL_NAME
+
+PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,"]
+
+
+def offline(llm: LLM, prompts: list, **params: object) -> list:
+    return llm.generate(prompts, SamplingParams(**params), use_tqdm=False)
+
+
+def test_greedy_batch_matches_offline_llm_with_usage(
+    client: openai.OpenAI, offline_llm: LLM
+) -> None:
+    response = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS, max_tokens=12, temperature=0
+    )
+    expected = offline(offline_llm, PROMPTS, max_tokens=12, temperature=0)
+    assert [c.index for c in response.choices] == [0, 1, 2]
+    assert [c.text for c in response.choices] == [e.outputs[0].text for e in expected]
+    assert response.usage.prompt_tokens == sum(len(e.prompt_token_ids) for e in expected)
+    assert response.usage.completion_tokens == sum(len(e.outputs[0].token_ids) for e in expected)
+    assert response.usage.total_tokens == response.usage.prompt_tokens + 12 * 3
+    assert response.choices[0].finish_reason == "length"
+
+
+def test_stream_concatenates_to_the_non_streamed_text(client: openai.OpenAI) -> None:
+    """Token-id prompts, n=2 over two prompts: choice i * n + k; usage chunk last."""
+    prompts = [[504, 3575, 282, 4649, 314], [19556, 905]]
+    kwargs = dict(model=MODEL_NAME, prompt=prompts, max_tokens=10, temperature=0, n=2)
+    whole = client.completions.create(**kwargs)
+    texts, reasons, usage = {}, {}, None
+    for chunk in client.completions.create(
+        **kwargs, stream=True, stream_options={"include_usage": True}
+    ):
+        if chunk.usage is not None:
+            assert not chunk.choices
+            usage = chunk.usage
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+            if choice.finish_reason is not None:
+                assert choice.index not in reasons, "a finish reason was sent twice"
+                reasons[choice.index] = choice.finish_reason
+    assert texts == {c.index: c.text for c in whole.choices}
+    assert set(texts) == {0, 1, 2, 3}
+    assert reasons == {i: "length" for i in range(4)}
+    assert usage == whole.usage
+
+
+def test_logprobs_match_offline_llm(client: openai.OpenAI, offline_llm: LLM) -> None:
+    response = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=6, temperature=0, logprobs=3
+    )
+    (expected,) = offline(offline_llm, PROMPTS[0], max_tokens=6, temperature=0, logprobs=3)
+    logprobs = response.choices[0].logprobs
+    expected_lp = [
+        step[t].logprob
+        for t, step in zip(expected.outputs[0].token_ids, expected.outputs[0].logprobs)
+    ]
+    assert logprobs.token_logprobs == pytest.approx(expected_lp, abs=1e-4)
+    assert "".join(logprobs.tokens) == response.choices[0].text
+    assert logprobs.text_offset[0] == 0
+    for token, top, lp in zip(logprobs.tokens, logprobs.top_logprobs, logprobs.token_logprobs):
+        assert len(top) == 3  # greedy: the chosen token is the best, so it is in the top 3
+        assert top[token] == pytest.approx(lp) and max(top.values()) == pytest.approx(lp)
+
+
+def test_echo_with_logprobs_returns_prompt_first(client: openai.OpenAI) -> None:
+    response = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=3, temperature=0, echo=True, logprobs=1
+    )
+    choice = response.choices[0]
+    assert choice.text.startswith(PROMPTS[1])
+    num_prompt = response.usage.prompt_tokens
+    assert len(choice.logprobs.tokens) == num_prompt + 3
+    assert choice.logprobs.token_logprobs[0] is None
+    assert all(lp is not None for lp in choice.logprobs.token_logprobs[1:])
+
+
+def test_seed_reproducible_and_n_samples(client: openai.OpenAI) -> None:
+    kwargs = dict(model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=8, temperature=1.0, n=2)
+    first = client.completions.create(**kwargs, seed=1234)
+    again = client.completions.create(**kwargs, seed=1234)
+    assert [c.text for c in first.choices] == [c.text for c in again.choices]
+    assert [c.index for c in first.choices] == [0, 1]
+    assert first.usage.completion_tokens == 16
+
+
+def test_stop_string_ends_the_text(client: openai.OpenAI) -> None:
+    kwargs = dict(model=MODEL_NAME, prompt=PROMPTS[2], max_tokens=12, temperature=0)
+    text = client.completions.create(**kwargs).choices[0].text
+    stop = text.strip()[2:5]
+    choice = client.completions.create(**kwargs, stop=[stop]).choices[0]
+    assert choice.text == text[: text.index(stop)]
+    assert choice.finish_reason == "stop"
+    assert choice.model_extra["stop_reason"] == stop
