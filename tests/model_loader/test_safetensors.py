@@ -1,0 +1,113 @@
+"""Safetensors loading: sharded checkpoints, 4.x configs, dtypes, and errors naming the file."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from pagedllm.config import ModelConfig, rope_parameters
+from pagedllm.model_loader.loader import get_model
+from pagedllm.model_loader.safetensors import iterate_safetensors_weights, safetensors_files
+from tests.models.tiny_models import save_tiny_model, tiny_configs
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen3-MoE saved in several shards with model.safetensors.index.json."""
+    import transformers
+
+    folder = tmp_path_factory.mktemp("sharded")
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_configs()["qwen3-moe"])
+    model.save_pretrained(folder, max_shard_size="100KB")
+    return folder
+
+
+def test_sharded_checkpoint_reads_every_shard_once(sharded: Path) -> None:
+    """Reference: the index's weight_map names every tensor and its file."""
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    files = safetensors_files(str(sharded))
+    assert len(files) == len(set(index["weight_map"].values())) > 1
+    names = [name for name, _ in iterate_safetensors_weights(str(sharded), torch.float32)]
+    assert sorted(names) == sorted(index["weight_map"])
+
+
+def test_sharded_checkpoint_loads_and_matches_the_unsharded_one(sharded: Path, tmp_path) -> None:
+    save_tiny_model(tiny_configs()["qwen3-moe"], str(tmp_path))
+    a = get_model(ModelConfig.create(str(sharded), dtype="float32"))
+    b = get_model(ModelConfig.create(str(tmp_path), dtype="float32"))
+    for (name, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
+
+
+def test_missing_shard_is_named(sharded: Path, tmp_path) -> None:
+    folder = tmp_path / "broken"
+    shutil.copytree(sharded, folder)
+    victim = sorted(folder.glob("*.safetensors"))[-1]
+    victim.unlink()
+    with pytest.raises(ValueError, match=victim.name):
+        safetensors_files(str(folder))
+
+
+def test_truncated_file_is_named(tiny_model_path, tmp_path) -> None:
+    folder = tmp_path / "truncated"
+    shutil.copytree(tiny_model_path("llama-gqa4"), folder)
+    path = folder / "model.safetensors"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError, match="model.safetensors"):
+        get_model(ModelConfig.create(str(folder), dtype="float32"))
+
+
+def test_extra_checkpoint_tensor_is_named(tiny_model_path, tmp_path) -> None:
+    folder = tmp_path / "extra"
+    shutil.copytree(tiny_model_path("llama-gqa4"), folder)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.layers.0.mlp.surprise.weight"] = torch.zeros(2)
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(ValueError, match="surprise.weight"):
+        get_model(ModelConfig.create(str(folder), dtype="float32"))
+
+
+def test_shape_mismatch_is_named(tiny_model_path, tmp_path) -> None:
+    folder = tmp_path / "shape"
+    shutil.copytree(tiny_model_path("llama-gqa4"), folder)
+    tensors = load_file(folder / "model.safetensors")
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name] = tensors[name][:, :-1].contiguous()
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(ValueError, match=rf"{name}.*shape"):
+        get_model(ModelConfig.create(str(folder), dtype="float32"))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_dtypes_load_in_that_dtype_close_to_fp32(tiny_model_path, dtype: str) -> None:
+    """Reference: the fp32 weights rounded to the dtype."""
+    path = tiny_model_path("llama-gqa4")
+    fp32 = get_model(ModelConfig.create(path, dtype="float32"))
+    half = get_model(ModelConfig.create(path, dtype=dtype))
+    for (name, p), (_, q) in zip(fp32.state_dict().items(), half.state_dict().items(), strict=True):
+        assert q.dtype == getattr(torch, dtype), name
+        torch.testing.assert_close(p.to(q.dtype), q, rtol=0, atol=0, msg=name)
+
+
+def test_unknown_dtype_lists_the_choices(tiny_model_path) -> None:
+    with pytest.raises(ValueError, match="dtype 'int3' is not supported; use one of auto"):
+        ModelConfig.create(tiny_model_path("llama-gqa4"), dtype="int3")
+
+
+def test_transformers_4x_config_fields_are_read() -> None:
+    """A 4.x config.json (rope_theta, rope_scaling, num_experts) reads like a 5.x one."""
+    path = Path(__file__).parents[1] / "fixtures" / "configs" / "DeepSeek-R1-Distill-Llama-70B.json"
+    theta, scaling = rope_parameters(ModelConfig.create(str(path)).hf_config)
+    assert theta == 500000.0
+    assert scaling["rope_type"] == "llama3" and scaling["factor"] == 8.0
+
+
+def test_missing_folder_and_config_are_clear(tmp_path) -> None:
+    with pytest.raises(ValueError, match="neither a folder with config.json nor a .gguf file"):
+        ModelConfig.create(str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="has no config.json"):
+        ModelConfig.create(str(tmp_path))
