@@ -3,6 +3,7 @@
 import argparse
 import sys
 
+from pagedllm.benchmarks import cli as bench
 from pagedllm.entrypoints import chat, generate, inspect
 from pagedllm.entrypoints.openai import api_server
 
@@ -14,7 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
         "embedded SmolLM2-135M-Instruct.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (generate, chat, api_server, inspect):
+    for module in (generate, chat, api_server, bench, inspect):
         module.add_parser(subparsers)
     return parser
 

@@ -1,0 +1,35 @@
+"""The batch-1 decode bound: memory read bandwidth over the bytes of weights read per token.
+
+At batch 1 every decode step reads every weight once and does little arithmetic per byte,
+so no implementation can beat bandwidth / weight bytes tokens per second (KV reads and
+activations only lower the bound further).
+"""
+
+import time
+
+import torch
+from torch import nn
+
+
+def measure_read_bandwidth(num_bytes: int = 512 * 1024**2, repeats: int = 10) -> float:
+    """Bytes per second that `torch.sum` streams through a float32 tensor of `num_bytes`,
+    best of `repeats`, with torch's current thread count."""
+    if num_bytes < 4 or repeats < 1:
+        raise ValueError(f"num_bytes {num_bytes} must be >= 4 and repeats {repeats} >= 1")
+    data = torch.ones(num_bytes // 4, dtype=torch.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.sum(data)
+        best = min(best, time.perf_counter() - start)
+    return data.numel() * 4 / best
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters (a tied embedding counts once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def decode_bound_tokens_per_s(bandwidth: float, model_bytes: int, batch_size: int = 1) -> float:
+    """Tokens/s if each step only streamed the weights once for the whole batch."""
+    return batch_size * bandwidth / model_bytes

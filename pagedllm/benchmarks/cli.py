@@ -1,0 +1,131 @@
+"""`pagedllm bench throughput | latency | serve`."""
+
+import argparse
+import json
+
+from pagedllm.benchmarks.latency import LATENCY_BACKENDS, format_latency, run_latency
+from pagedllm.benchmarks.serve import format_serve, run_serve
+from pagedllm.benchmarks.throughput import (
+    THROUGHPUT_BACKENDS,
+    format_throughput,
+    run_throughput,
+)
+from pagedllm.engine.arg_utils import EngineArgs
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark throughput, latency, or a running server",
+        description="Benchmarks on random token prompts (seeded), pagedllm against peers.",
+    )
+    benchmarks = parser.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
+    _add_throughput(benchmarks)
+    _add_latency(benchmarks)
+    _add_serve(benchmarks)
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
+
+
+def _add_backend(parser: argparse.ArgumentParser, choices: tuple[str, ...], default: str) -> None:
+    parser.add_argument(
+        "--backend",
+        default=default,
+        help=f"one of {', '.join(choices)}, a comma-separated list, or all (default {default})",
+    )
+
+
+def _add_throughput(benchmarks: argparse._SubParsersAction) -> None:
+    parser = benchmarks.add_parser(
+        "throughput",
+        help="requests and tokens per second over many requests",
+        description="Offline throughput: all requests at once, each generating exactly its "
+        "output length (ignore_eos). The hf peer sorts requests by output length, cuts them "
+        "into --hf-batch-size batches and generates each batch's longest output; only the "
+        "requested tokens count.",
+    )
+    parser.add_argument("--num-prompts", type=int, default=256)
+    parser.add_argument("--input-len", default="32:512", help="N or LOW:HIGH (uniform)")
+    parser.add_argument("--output-len", default="32:256", help="N or LOW:HIGH (uniform)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 greedy, e.g. 0.8")
+    parser.add_argument("--hf-batch-size", type=int, default=16)
+    _add_backend(parser, THROUGHPUT_BACKENDS, "all")
+    _add_common(parser)
+    EngineArgs.add_cli_args(parser)
+    parser.set_defaults(func=_run_throughput)
+
+
+def _add_latency(benchmarks: argparse._SubParsersAction) -> None:
+    parser = benchmarks.add_parser(
+        "latency",
+        help="time to first token, time per output token, end-to-end latency of one batch",
+        description="Latency of one batch of equal-length requests (greedy, ignore_eos) over "
+        "repeated runs, and decode tokens/s against the memory-bandwidth bound "
+        "(read bandwidth / weight bytes, per step).",
+    )
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--input-len", type=int, default=32)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--num-iters", type=int, default=5)
+    parser.add_argument("--num-warmup", type=int, default=1)
+    parser.add_argument(
+        "--bandwidth-mb", type=int, default=512, help="size of the bandwidth test tensor"
+    )
+    _add_backend(parser, LATENCY_BACKENDS, "pagedllm")
+    _add_common(parser)
+    EngineArgs.add_cli_args(parser)
+    parser.set_defaults(func=_run_latency)
+
+
+def _add_serve(benchmarks: argparse._SubParsersAction) -> None:
+    parser = benchmarks.add_parser(
+        "serve",
+        help="load a running OpenAI-compatible server with streaming completions",
+        description="Poisson arrivals of streaming /v1/completions requests; reports TTFT, "
+        "TPOT, ITL, E2E latency and request and token throughput.",
+    )
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
+    parser.add_argument("--request-rate", type=float, default=float("inf"), help="req/s or inf")
+    parser.add_argument("--num-prompts", type=int, default=100)
+    parser.add_argument("--input-len", default="32:512", help="N or LOW:HIGH (uniform)")
+    parser.add_argument("--output-len", default="32:256", help="N or LOW:HIGH (uniform)")
+    parser.add_argument(
+        "--vocab-size", type=int, default=10000, help="prompt token ids are drawn below this"
+    )
+    _add_common(parser)
+    parser.set_defaults(func=_run_serve)
+
+
+def parse_backends(text: str, choices: tuple[str, ...]) -> list[str]:
+    """'all' -> every choice; 'a,b' -> [a, b] in the given order."""
+    names = list(choices) if text == "all" else [n.strip() for n in text.split(",")]
+    bad = [n for n in names if n not in choices]
+    if bad or not names:
+        raise ValueError(f"--backend {text!r}: use one of {', '.join(choices)}, a list, or all")
+    return list(dict.fromkeys(names))
+
+
+def _emit(report: dict, text: str, json_path: str | None) -> None:
+    print(text)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+def _run_throughput(args: argparse.Namespace) -> None:
+    report = run_throughput(args, parse_backends(args.backend, THROUGHPUT_BACKENDS))
+    _emit(report, format_throughput(report), args.json)
+
+
+def _run_latency(args: argparse.Namespace) -> None:
+    report = run_latency(args, parse_backends(args.backend, LATENCY_BACKENDS))
+    _emit(report, format_latency(report), args.json)
+
+
+def _run_serve(args: argparse.Namespace) -> None:
+    report = run_serve(args)
+    _emit(report, format_serve(report), args.json)

@@ -1,0 +1,182 @@
+"""`pagedllm bench latency`: time to first token, time per output token and end-to-end time
+of one batch over repeated runs after warm-up, and decode speed against the bandwidth bound.
+
+Each run gets fresh random prompts, so prefix caching cannot skip a prefill.
+"""
+
+import argparse
+import gc
+import itertools
+import time
+from collections.abc import Callable
+
+import torch
+
+from pagedllm.benchmarks.bandwidth import (
+    decode_bound_tokens_per_s,
+    measure_read_bandwidth,
+    weight_bytes,
+)
+from pagedllm.benchmarks.datasets import BenchRequest, random_requests
+from pagedllm.benchmarks.hf_backend import hf_latency_sample, load_hf_model
+from pagedllm.benchmarks.llamacpp_backend import llamacpp_latency_sample, load_llama
+from pagedllm.benchmarks.metrics import (
+    BackendUnavailable,
+    LatencySample,
+    latency_sample,
+    summarize,
+)
+from pagedllm.config import ModelConfig, resolve_device
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.model_loader.loader import build_model
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+
+Runner = Callable[[list[BenchRequest]], LatencySample]
+LATENCY_BACKENDS = ("pagedllm", "hf", "llama.cpp")
+
+
+def pagedllm_latency_sample(
+    engine: LLMEngine, batch: list[BenchRequest], tag: str
+) -> LatencySample:
+    """Add the batch, step until done; a request's first token is its first non-empty delta."""
+    start = time.perf_counter()
+    ids = [f"{tag}-{i}" for i in range(len(batch))]
+    for request_id, request in zip(ids, batch):
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=request.output_len,
+            ignore_eos=True,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        engine.add_request(request_id, {"prompt_token_ids": request.prompt_token_ids}, params)
+    first, finish = {}, {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            now = time.perf_counter() - start
+            if output.outputs[0].token_ids:
+                first.setdefault(output.request_id, now)
+            if output.finished:
+                finish[output.request_id] = now
+    return latency_sample([first[i] for i in ids], [finish[i] for i in ids], batch[0].output_len)
+
+
+def _pagedllm_runner(args: argparse.Namespace, model_config: ModelConfig) -> Runner:
+    engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
+    tags = itertools.count()
+    return lambda batch: pagedllm_latency_sample(engine, batch, f"latency-{next(tags)}")
+
+
+def _hf_runner(args: argparse.Namespace, model_config: ModelConfig) -> Runner:
+    model = load_hf_model(model_config)
+    return lambda batch: hf_latency_sample(model, batch)
+
+
+def _llamacpp_runner(args: argparse.Namespace, model_config: ModelConfig) -> Runner:
+    if args.batch_size != 1:
+        raise BackendUnavailable("skipped: llama-cpp-python runs one sequence; use --batch-size 1")
+    llm = load_llama(model_config, args.input_len + args.output_len, torch.get_num_threads())
+    return lambda batch: llamacpp_latency_sample(llm, batch[0])
+
+
+_RUNNERS = {"pagedllm": _pagedllm_runner, "hf": _hf_runner, "llama.cpp": _llamacpp_runner}
+
+
+def run_backend(
+    backend: str,
+    args: argparse.Namespace,
+    model_config: ModelConfig,
+    batches: list[list[BenchRequest]],
+) -> dict:
+    """Load the backend (timed as start-up), run every batch, keep those after warm-up."""
+    start = time.perf_counter()
+    runner = _RUNNERS[backend](args, model_config)
+    startup = time.perf_counter() - start
+    samples = [runner(batch) for batch in batches][args.num_warmup :]
+    del runner
+    gc.collect()
+    return {
+        "startup_s": startup,
+        "ttft_s": summarize([s.ttft_s for s in samples]),
+        "tpot_s": summarize([s.tpot_s for s in samples]),
+        "e2e_s": summarize([s.e2e_s for s in samples]),
+        "decode_tokens_per_s": args.batch_size / summarize([s.tpot_s for s in samples])["mean"],
+    }
+
+
+def check_latency_args(args: argparse.Namespace) -> None:
+    limits = {"batch_size": 1, "input_len": 1, "output_len": 2, "num_iters": 1, "num_warmup": 0}
+    for name, low in limits.items():
+        if getattr(args, name) < low:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} {getattr(args, name)} must be >= {low}")
+    if args.bandwidth_mb < 1:
+        raise ValueError(f"--bandwidth-mb {args.bandwidth_mb} must be >= 1")
+
+
+def run_latency(args: argparse.Namespace, backends: list[str]) -> dict:
+    check_latency_args(args)
+    device = resolve_device(args.device)
+    model_config = ModelConfig.create(args.model, args.dtype, args.max_model_len, device)
+    lens = (args.input_len, args.input_len), (args.output_len, args.output_len)
+    batches = [
+        random_requests(args.batch_size, *lens, model_config.vocab_size, args.seed + i)
+        for i in range(args.num_warmup + args.num_iters)
+    ]
+    bandwidth = measure_read_bandwidth(args.bandwidth_mb * 1024**2)
+    model_bytes = weight_bytes(build_model(model_config, "meta"))
+    bound = decode_bound_tokens_per_s(bandwidth, model_bytes, args.batch_size)
+    results = {}
+    for backend in backends:
+        try:
+            result = run_backend(backend, args, model_config, batches)
+        except BackendUnavailable as e:
+            results[backend] = {"skipped": str(e)}
+            continue
+        result["percent_of_bound"] = 100 * result["decode_tokens_per_s"] / bound
+        results[backend] = result
+    config = {
+        "model": model_config.model,
+        "dtype": str(model_config.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+    }
+    config |= {k: getattr(args, k) for k in ("batch_size", "input_len", "output_len")}
+    config |= {k: getattr(args, k) for k in ("num_iters", "num_warmup", "seed")}
+    return {
+        "benchmark": "latency",
+        "config": config,
+        "bandwidth_bytes_per_s": bandwidth,
+        "weight_bytes": model_bytes,
+        "bound_tokens_per_s": bound,
+        "results": results,
+    }
+
+
+def format_latency(report: dict) -> str:
+    c = report["config"]
+    lines = [
+        f"model {c['model']} ({c['dtype']}, {c['threads']} threads), batch {c['batch_size']}, "
+        f"input {c['input_len']}, output {c['output_len']}: "
+        f"{c['num_iters']} runs after {c['num_warmup']} warm-up",
+        f"memory read bandwidth {report['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, "
+        f"weights {report['weight_bytes'] / 1e6:.1f} MB -> bandwidth bound "
+        f"{report['bound_tokens_per_s']:.2f} tok/s at batch {c['batch_size']}",
+    ]
+    for backend, result in report["results"].items():
+        lines += ["", f"[{backend}]"] + _format_result(result)
+    return "\n".join(lines)
+
+
+def _format_result(result: dict) -> list[str]:
+    if "skipped" in result:
+        return [result["skipped"]]
+    lines = [f"{'':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}"]
+    for name, key in (("TTFT ms", "ttft_s"), ("TPOT ms", "tpot_s"), ("E2E ms", "e2e_s")):
+        stats = result[key]
+        lines.append(f"{name:<10}" + "".join(f"{1000 * stats[k]:>10.2f}" for k in stats))
+    lines.append(
+        f"decode {result['decode_tokens_per_s']:.2f} tok/s = "
+        f"{result['percent_of_bound']:.1f}% of the bandwidth bound; "
+        f"start-up {result['startup_s']:.2f} s"
+    )
+    return lines

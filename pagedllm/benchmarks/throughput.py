@@ -1,0 +1,120 @@
+"""`pagedllm bench throughput`: many random requests at once, pagedllm against its peers.
+
+Every backend gets the same requests (seeded random token prompts), must produce exactly
+the requested number of tokens each (ignore_eos), and is timed after it has loaded.
+"""
+
+import argparse
+import gc
+import time
+
+import torch
+
+from pagedllm.benchmarks.datasets import BenchRequest, parse_len_range, random_requests
+from pagedllm.benchmarks.hf_backend import run_hf_throughput
+from pagedllm.benchmarks.llamacpp_backend import require_llama_cpp, run_llamacpp_throughput
+from pagedllm.benchmarks.metrics import (
+    THROUGHPUT_RATES,
+    BackendUnavailable,
+    ThroughputResult,
+    ratios,
+)
+from pagedllm.config import ModelConfig, resolve_device
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.llm import LLM
+from pagedllm.sampling_params import SamplingParams
+
+THROUGHPUT_BACKENDS = ("pagedllm", "hf", "llama.cpp")
+
+
+def run_pagedllm_throughput(
+    engine_args: EngineArgs, requests: list[BenchRequest], temperature: float
+) -> ThroughputResult:
+    start = time.perf_counter()
+    llm = LLM(**vars(engine_args))
+    startup = time.perf_counter() - start
+    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+    params = [
+        SamplingParams(temperature=temperature, max_tokens=r.output_len, ignore_eos=True)
+        for r in requests
+    ]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    input_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return ThroughputResult(
+        "pagedllm", len(requests), input_tokens, output_tokens, elapsed, startup
+    )
+
+
+def _run_backend(
+    backend: str,
+    args: argparse.Namespace,
+    model_config: ModelConfig,
+    requests: list[BenchRequest],
+) -> ThroughputResult:
+    if backend == "pagedllm":
+        return run_pagedllm_throughput(EngineArgs.from_cli_args(args), requests, args.temperature)
+    if backend == "hf":
+        return run_hf_throughput(model_config, requests, args.hf_batch_size, args.temperature)
+    require_llama_cpp()
+    return run_llamacpp_throughput(
+        model_config, requests, args.temperature, torch.get_num_threads()
+    )
+
+
+def run_throughput(args: argparse.Namespace, backends: list[str]) -> dict:
+    if args.temperature < 0:
+        raise ValueError(f"--temperature {args.temperature} must be >= 0")
+    device = resolve_device(args.device)
+    model_config = ModelConfig.create(args.model, args.dtype, args.max_model_len, device)
+    input_len = parse_len_range(args.input_len, "--input-len")
+    output_len = parse_len_range(args.output_len, "--output-len")
+    requests = random_requests(
+        args.num_prompts, input_len, output_len, model_config.vocab_size, args.seed
+    )
+    results: dict[str, dict] = {}
+    measured: dict[str, ThroughputResult] = {}
+    for backend in backends:
+        try:
+            measured[backend] = _run_backend(backend, args, model_config, requests)
+            results[backend] = measured[backend].to_dict()
+        except BackendUnavailable as e:
+            results[backend] = {"skipped": str(e)}
+        gc.collect()
+    ours = measured.pop("pagedllm", None)
+    peer_ratios = {name: ratios(ours, peer) for name, peer in measured.items()} if ours else {}
+    config = {
+        "model": model_config.model,
+        "dtype": str(model_config.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "input_len": list(input_len),
+        "output_len": list(output_len),
+    }
+    config |= {k: getattr(args, k) for k in ("num_prompts", "temperature", "seed", "hf_batch_size")}
+    return {"benchmark": "throughput", "config": config, "results": results, "ratios": peer_ratios}
+
+
+_COLUMNS = ("requests/s", "total tok/s", "output tok/s", "input tok", "output tok", "elapsed s")
+
+
+def format_throughput(report: dict) -> str:
+    c = report["config"]
+    lines = [
+        f"model {c['model']} ({c['dtype']}, {c['threads']} threads), {c['num_prompts']} prompts, "
+        f"input {c['input_len'][0]}:{c['input_len'][1]}, output "
+        f"{c['output_len'][0]}:{c['output_len'][1]}, temperature {c['temperature']}",
+        f"{'backend':<20}" + "".join(f"{name:>14}" for name in _COLUMNS) + f"{'start-up s':>14}",
+    ]
+    for backend, r in report["results"].items():
+        if "skipped" in r:
+            lines.append(f"{backend:<20}{r['skipped']}")
+            continue
+        rates = "".join(f"{r[k]:>14.4g}" for k in THROUGHPUT_RATES)
+        counts = f"{r['input_tokens']:>14d}{r['output_tokens']:>14d}"
+        lines.append(f"{backend:<20}{rates}{counts}{r['elapsed_s']:>14.2f}{r['startup_s']:>14.2f}")
+    for peer, peer_ratios in report["ratios"].items():
+        cells = "".join(f"{peer_ratios[k]:>13.3f}x" for k in THROUGHPUT_RATES)
+        lines.append(f"{'pagedllm/' + peer:<20}{cells}")
+    return "\n".join(lines)

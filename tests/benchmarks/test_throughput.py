@@ -1,0 +1,63 @@
+"""`pagedllm bench throughput` on a tiny model: the accounting, not the speed. Reference: the
+token counts of the seeded requests (datasets.random_requests) and the printed table."""
+
+import importlib.util
+import json
+from collections.abc import Callable
+
+import pytest
+
+from pagedllm.benchmarks.datasets import random_requests
+from tests.benchmarks.conftest import TINY_ENGINE_FLAGS, TINY_MODEL
+
+NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 6, (4, 24), (2, 7)
+
+
+def _table_rows(text: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split()[1:] for line in text.splitlines()[2:]}
+
+
+@pytest.mark.parametrize("temperature", ["0", "0.8"])
+def test_throughput_accounting_ratios_and_json(
+    run_bench: Callable[[list[str]], str],
+    tiny_model_path: Callable[[str], str],
+    tmp_path: object,
+    temperature: str,
+) -> None:
+    json_path = f"{tmp_path}/throughput.json"
+    argv = ["throughput", "--model", tiny_model_path(TINY_MODEL), "--backend", "all"]
+    argv += ["--num-prompts", str(NUM_PROMPTS), "--input-len", "4:24", "--output-len", "2:7"]
+    argv += ["--temperature", temperature, "--hf-batch-size", "4", "--json", json_path]
+    out = run_bench(argv + TINY_ENGINE_FLAGS)
+
+    requests = random_requests(NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN, vocab_size=320, seed=0)
+    input_tokens = sum(r.prompt_len for r in requests)
+    output_tokens = sum(r.output_len for r in requests)
+    rows = _table_rows(out)
+    for backend in ("pagedllm", "hf"):
+        assert int(rows[backend][3]) == input_tokens
+        assert int(rows[backend][4]) == output_tokens
+    ours, peer = (list(map(float, rows[b][:3])) for b in ("pagedllm", "hf"))
+    printed_ratios = [float(r.rstrip("x")) for r in rows["pagedllm/hf"]]
+    for o, p, ratio in zip(ours, peer, printed_ratios):
+        assert ratio == pytest.approx(o / p, rel=2e-3)
+    if importlib.util.find_spec("llama_cpp") is None:
+        assert "llama.cpp           skipped: pip install llama-cpp-python" in out
+
+    report = json.load(open(json_path))
+    assert set(report) == {"benchmark", "config", "results", "ratios"}
+    result = report["results"]["pagedllm"]
+    assert result["input_tokens"] == input_tokens and result["output_tokens"] == output_tokens
+    rate_keys = {"requests_per_s", "total_tokens_per_s", "output_tokens_per_s"}
+    assert rate_keys | {"elapsed_s", "startup_s", "num_requests"} <= set(result)
+    assert set(report["ratios"]["hf"]) == rate_keys
+    assert result["output_tokens_per_s"] == pytest.approx(
+        output_tokens / result["elapsed_s"], rel=1e-9
+    )
+
+
+def test_throughput_rejects_unknown_backend(
+    run_bench: Callable[[list[str]], str], tiny_model_path: Callable[[str], str]
+) -> None:
+    with pytest.raises(ValueError, match="--backend 'vllm'"):
+        run_bench(["throughput", "--model", tiny_model_path(TINY_MODEL), "--backend", "vllm"])
