@@ -1,5 +1,6 @@
 """Runs one scheduled step: flat batch -> model -> logits -> sampler."""
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -75,7 +76,7 @@ class ModelRunner:
         index = batch.last_token_indices[sample_indices]
         logits = self.model.compute_logits(hidden[index])
         prompt_logits = {}
-        starts = batch.attn_metadata.query_start_loc.tolist() if step.prompt_logprob_indices else []
+        starts = [0, *itertools.accumulate(batch.attn_metadata.query_lens_cpu)]
         for i in step.prompt_logprob_indices:
             rows = hidden[starts[i] : starts[i + 1]]
             prompt_logits[i] = self.model.compute_logits(rows).float()
