@@ -10,7 +10,8 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # torch first, from the pinned CPU build; a looser range would pull a multi-GB CUDA build.
-$(STAMP): pyproject.toml | $(PY)
+# csrc/ is compiled into pagedllm._C by the editable install (setup.py).
+$(STAMP): pyproject.toml setup.py $(wildcard csrc/*) | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'

@@ -10,9 +10,9 @@ experts, a few large ones for a prefill batch.
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from pagedllm._custom_ops import linear
 from pagedllm.distributed import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
@@ -127,8 +127,8 @@ class FusedMoE(nn.Module):
             if count == 0:
                 continue
             end = start + count
-            gate_up = F.linear(x[start:end], self.w13_weight[expert_id])
-            torch.mm(self.act_fn(gate_up), self.w2_weight[expert_id].t(), out=y[start:end])
+            gate_up = linear(x[start:end], self.w13_weight[expert_id])
+            y[start:end] = linear(self.act_fn(gate_up), self.w2_weight[expert_id])
             start = end
         y = y.index_select(0, torch.argsort(order))  # back to (token, k) order
         y = y.view(num_tokens, self.top_k, self.hidden_size)

@@ -1,13 +1,14 @@
 """Linear layers, sharded for tensor parallelism as in Megatron-LM and vLLM.
 
-Weights are stored as [out, in] and applied with F.linear (x @ W^T), the fast layout on
-CPU. ColumnParallel splits the output dimension, RowParallel the input dimension.
+Weights are stored as [out, in] and applied as x @ W^T (F.linear's layout, the fast one on
+CPU) by pagedllm._custom_ops.linear. ColumnParallel splits the output dimension, RowParallel
+the input dimension.
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from pagedllm._custom_ops import linear
 from pagedllm.distributed import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
@@ -43,7 +44,7 @@ class LinearBase(nn.Module):
         copy_weight(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"
@@ -171,5 +172,5 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0 alone adds the bias, so the sum over ranks holds it once."""
-        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        y = linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
         return tensor_model_parallel_all_reduce(y) if self.reduce_results else y

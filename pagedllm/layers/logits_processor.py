@@ -1,9 +1,9 @@
 """Hidden states -> logits: the LM head matmul, vocab gather, padding trim, scale, soft-cap."""
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from pagedllm._custom_ops import linear
 from pagedllm.distributed import tensor_model_parallel_all_gather
 from pagedllm.layers.vocab_embedding import ParallelLMHead
 
@@ -17,7 +17,7 @@ class LogitsProcessor(nn.Module):
 
     def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab_size] logits; padding rows of the vocab never appear."""
-        logits = F.linear(hidden_states, lm_head.weight, lm_head.bias)
+        logits = linear(hidden_states, lm_head.weight, lm_head.bias)
         logits = tensor_model_parallel_all_gather(logits)[..., : self.vocab_size]
         if self.soft_cap is not None:
             logits = torch.tanh(logits / self.soft_cap) * self.soft_cap

@@ -1,4 +1,4 @@
-"""Reference attention over the paged KV cache, in torch ops only (CPU and CUDA).
+"""Reference attention over the paged KV cache, in torch ops (CPU and CUDA).
 
 A step's batch mixes prefill chunks (q_len > 1, possibly after cached context) and
 decodes (q_len == 1). All decodes run as one padded SDPA call; prefill chunks run one
@@ -7,6 +7,9 @@ on the device.
 
 GQA never copies keys per query head: a decode's G = H / KV query heads become G query
 rows against their kv head, and a prefill expands kv heads with stride 0.
+
+On CPU in float32, decodes go to pagedllm._C's kernel, which reads the paged cache in
+place (see pagedllm/_custom_ops.py); the torch path here is its reference.
 """
 
 from itertools import accumulate
@@ -14,6 +17,7 @@ from itertools import accumulate
 import torch
 import torch.nn.functional as F
 
+from pagedllm import _custom_ops
 from pagedllm.forward_context import AttentionMetadata
 
 
@@ -101,6 +105,10 @@ def _decode_attention(
 
     Keys are padded to max_seq_len and masked past each sequence's length.
     """
+    if _custom_ops.paged_decode_applies(query, k_cache):
+        return _custom_ops.paged_decode_attention(
+            query, k_cache, v_cache, block_tables, seq_lens, scale
+        )
     num_seqs, num_heads, head_size = query.shape
     block_size, num_kv_heads = k_cache.shape[1:3]
     num_blocks = -(-max_seq_len // block_size)

@@ -1,0 +1,112 @@
+"""pagedllm._C's kernels against their torch definitions: F.linear, and attention over the
+paged cache as the torch backend computes it (itself tested against dense attention)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagedllm import _custom_ops
+from pagedllm.layers.attention_backends import torch_sdpa
+
+
+def test_extension_is_built() -> None:
+    """make install builds pagedllm._C; without it every test below would check F.linear
+    against itself."""
+    assert _custom_ops.has_cpu_gemv(), "pagedllm._C is missing: pip install -e . needs gcc"
+
+
+@pytest.mark.parametrize("num_rows", [0, 1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("in_features", [5, 16, 100, 576])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_matches_f_linear(num_rows: int, in_features: int, with_bias: bool) -> None:
+    """Rows up to GEMV_MAX_ROWS take the kernel, more take F.linear; both equal F.linear in
+    float64 up to float32 rounding (the kernel sums in another order than MKL)."""
+    w = torch.randn(37, in_features)
+    b = torch.randn(37) if with_bias else None
+    x = torch.randn(num_rows, in_features)
+    expected = F.linear(x.double(), w.double(), None if b is None else b.double())
+    torch.testing.assert_close(_custom_ops.linear(x, w, b), expected.float(), rtol=1e-5, atol=5e-5)
+
+
+def test_linear_keeps_leading_dims_and_reads_strided_input() -> None:
+    """Reference: F.linear on a 1-D input and on a transposed (non-contiguous) 3-D input."""
+    w = torch.randn(24, 40)
+    x1 = torch.randn(40)
+    torch.testing.assert_close(_custom_ops.linear(x1, w), F.linear(x1, w))
+    x3 = torch.randn(40, 2, 1).permute(1, 2, 0)
+    assert not x3.is_contiguous()
+    out = _custom_ops.linear(x3, w)
+    assert out.shape == (2, 1, 24)
+    torch.testing.assert_close(out, F.linear(x3, w))
+
+
+@pytest.mark.parametrize(
+    "dtype,requires_grad", [(torch.float32, True), (torch.float64, False), (torch.bfloat16, False)]
+)
+def test_linear_falls_back_to_torch_where_the_kernel_does_not_apply(
+    dtype: torch.dtype, requires_grad: bool
+) -> None:
+    """Other dtypes and autograd go to F.linear itself: bit-identical results."""
+    w = torch.randn(8, 16, dtype=dtype, requires_grad=requires_grad)
+    x = torch.randn(2, 16, dtype=dtype)
+    assert torch.equal(_custom_ops.linear(x, w), F.linear(x, w))
+
+
+def test_linear_without_the_extension_is_f_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_custom_ops, "_C", None)
+    w, x = torch.randn(8, 16), torch.randn(1, 16)
+    assert torch.equal(_custom_ops.linear(x, w), F.linear(x, w))
+
+
+def _torch_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, monkeypatch):
+    """The torch backend's padded-gather decode in float64, with the kernel switched off."""
+    with monkeypatch.context() as patch:
+        patch.setattr(_custom_ops, "_C", None)
+        max_len = int(seq_lens.max())
+        out = torch_sdpa._decode_attention(
+            query.double(),
+            k_cache.double(),
+            v_cache.double(),
+            block_tables,
+            seq_lens,
+            max_len,
+            scale,
+        )
+    return out.float()
+
+
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_size,block_size",
+    [(9, 3, 64, 16), (8, 8, 24, 4), (4, 1, 80, 1), (16, 2, 128, 16), (2, 2, 8, 5)],
+)
+@pytest.mark.parametrize("scale", [0.125, 4.0])
+def test_paged_decode_attention_matches_torch_backend(
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    scale: float,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Scattered block tables, lengths from 1 to 700 (partial last blocks, the 16-key
+    chunks' tails); scale 4 makes the softmax peaked, so e^x meets inputs far below -87."""
+    num_blocks = 1000 // block_size + 60
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
+    k_cache, v_cache = torch.randn(cache_shape), torch.randn(cache_shape)
+    seq_lens = torch.tensor([1, 17, 700, 33, 250], dtype=torch.int32)
+    max_blocks = -(-700 // block_size) + 2
+    block_tables = torch.stack([torch.randperm(num_blocks)[:max_blocks] for _ in seq_lens]).to(
+        torch.int32
+    )
+    query = torch.randn(len(seq_lens), num_heads, head_size)
+    out = _custom_ops.paged_decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale)
+    expected = _torch_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, monkeypatch)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-5)
+
+
+def test_paged_decode_applies_only_to_cpu_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = torch.zeros(2, 4, 1, 8)
+    assert _custom_ops.paged_decode_applies(torch.zeros(1, 1, 8), cache)
+    assert not _custom_ops.paged_decode_applies(torch.zeros(1, 1, 8).double(), cache.double())
+    monkeypatch.setattr(_custom_ops, "_C", None)
+    assert not _custom_ops.paged_decode_applies(torch.zeros(1, 1, 8), cache)
