@@ -1,7 +1,7 @@
-"""Builds pagedllm._C, the optional CPU kernel; project metadata lives in pyproject.toml.
+"""Builds pagedllm._C, the optional CPU kernels; project metadata lives in pyproject.toml.
 
 optional=True: without a C compiler the install still succeeds and pagedllm falls back to
-torch's own F.linear (see pagedllm/_custom_ops.py).
+torch ops (see pagedllm/_custom_ops.py).
 """
 
 from setuptools import Extension, setup
@@ -10,7 +10,14 @@ setup(
     ext_modules=[
         Extension(
             "pagedllm._C",
-            sources=["csrc/module.c", "csrc/gemv.c", "csrc/paged_attention.c"],
+            sources=[
+                "csrc/module.c",
+                "csrc/gemv.c",
+                "csrc/paged_attention.c",
+                "csrc/layernorm.c",
+                "csrc/pos_encoding.c",
+                "csrc/activation.c",
+            ],
             depends=["csrc/ops.h", "csrc/vec.h"],
             extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=fast", "-Wno-psabi"],
             extra_link_args=["-fopenmp"],

@@ -19,4 +19,30 @@ int paged_decode_attention(float *out, const float *q, const float *k_cache,
                             int64_t D, int64_t block_size, int64_t max_blocks, float scale,
                             int num_threads);
 
+/* k_cache, v_cache [num_slots, row_size] at slot_mapping[t] = key, value row t (row strides
+ * key_stride, value_stride): the new tokens' keys and values stored for later steps. */
+void reshape_and_cache(const float *key, const float *value, float *k_cache, float *v_cache,
+                       const int64_t *slot_mapping, int64_t num_tokens, int64_t key_stride,
+                       int64_t value_stride, int64_t row_size);
+
+/* out [rows, n] = x * rsqrt(mean(x^2) + eps) * weight [n], row by row. */
+void rms_norm(float *out, const float *x, const float *weight, float eps, int64_t rows,
+              int64_t n, int num_threads);
+
+/* residual_out = x + residual; out = rms_norm(residual_out); all [rows, n]. */
+void fused_add_rms_norm(float *out, float *residual_out, const float *x, const float *residual,
+                        const float *weight, float eps, int64_t rows, int64_t n,
+                        int num_threads);
+
+/* query_out [T, H * D], key_out [T, KV * D] = query, key rows (strides q_stride, k_stride)
+ * rotated by their positions (see pos_encoding.c). */
+void rotary_embedding(const int64_t *positions, const float *query, const float *key,
+                      float *query_out, float *key_out, int64_t q_stride, int64_t k_stride,
+                      int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
+                      int64_t head_size, int64_t rot_dim, const float *cos_sin_cache,
+                      int is_neox, int num_threads);
+
+/* out [T, d] = silu(x[:, :d]) * x[:, d:] for x [T, 2d]. */
+void silu_and_mul(float *out, const float *x, int64_t num_tokens, int64_t d, int num_threads);
+
 #endif

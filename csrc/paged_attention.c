@@ -118,3 +118,13 @@ int paged_decode_attention(float *out, const float *q, const float *k_cache,
   free(scratch);
   return 0;
 }
+
+void reshape_and_cache(const float *key, const float *value, float *k_cache, float *v_cache,
+                       const int64_t *slot_mapping, int64_t num_tokens, int64_t key_stride,
+                       int64_t value_stride, int64_t row_size) {
+  const size_t bytes = (size_t)row_size * sizeof(float);
+  for (int64_t t = 0; t < num_tokens; t++) {
+    memcpy(k_cache + slot_mapping[t] * row_size, key + t * key_stride, bytes);
+    memcpy(v_cache + slot_mapping[t] * row_size, value + t * value_stride, bytes);
+  }
+}

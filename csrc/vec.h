@@ -85,13 +85,17 @@ INLINE void axpy(float a, const float *x, float *y, int64_t n) {
   for (; i < n; i++) y[i] += a * x[i];
 }
 
-/* e^x for x <= 0 (softmax after subtracting the max), relative error < 1e-7; inputs below
- * -87 give e^-87 rather than a denormal. Cody-Waite range reduction x = n ln2 + r,
- * |r| <= ln2 / 2, then a degree-7 Taylor polynomial for e^r and 2^n from the exponent bits. */
+INLINE vec16 min16(vec16 a, vec16 b) {
+  ivec16 lt = a < b;
+  return (vec16)(((ivec16)a & lt) | ((ivec16)b & ~lt));
+}
+
+/* e^x with relative error < 1e-7 for x in [-87, 88]; inputs outside are clamped to it (no
+ * denormals, no infinities). Cody-Waite range reduction x = n ln2 + r, |r| <= ln2 / 2, then a
+ * degree-7 Taylor polynomial for e^r and 2^n from the exponent bits. */
 INLINE vec16 exp16(vec16 x) {
-  const vec16 lowest = splat16(-87.0f);
-  ivec16 below = x < lowest;
-  x = (vec16)(((ivec16)x & ~below) | ((ivec16)lowest & below));
+  x = max16(x, splat16(-87.0f));
+  x = min16(x, splat16(88.0f));
   const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
   vec16 n = (x * 1.44269504f + magic) - magic;
   vec16 r = x - n * 0.693145752f - n * 1.42860677e-6f;

@@ -12,7 +12,7 @@ from pagedllm.layers.attention_backends import torch_sdpa
 def test_extension_is_built() -> None:
     """make install builds pagedllm._C; without it every test below would check F.linear
     against itself."""
-    assert _custom_ops.has_cpu_gemv(), "pagedllm._C is missing: pip install -e . needs gcc"
+    assert _custom_ops.has_cpu_kernels(), "pagedllm._C is missing: pip install -e . needs gcc"
 
 
 @pytest.mark.parametrize("num_rows", [0, 1, 2, 3, 4, 5, 9])
@@ -104,9 +104,83 @@ def test_paged_decode_attention_matches_torch_backend(
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-5)
 
 
-def test_paged_decode_applies_only_to_cpu_float32(monkeypatch: pytest.MonkeyPatch) -> None:
-    cache = torch.zeros(2, 4, 1, 8)
-    assert _custom_ops.paged_decode_applies(torch.zeros(1, 1, 8), cache)
-    assert not _custom_ops.paged_decode_applies(torch.zeros(1, 1, 8).double(), cache.double())
+def test_kernels_apply_only_to_cpu_float32_without_autograd(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    x = torch.zeros(2, 8)
+    assert _custom_ops.cpu_kernels_apply(x, None, torch.zeros(8))
+    assert not _custom_ops.cpu_kernels_apply(x, x.double())
+    assert not _custom_ops.cpu_kernels_apply(x, x.to(torch.bfloat16))
+    assert not _custom_ops.cpu_kernels_apply(x, torch.zeros(8, requires_grad=True))
+    with torch.no_grad():
+        assert _custom_ops.cpu_kernels_apply(x, torch.zeros(8, requires_grad=True))
     monkeypatch.setattr(_custom_ops, "_C", None)
-    assert not _custom_ops.paged_decode_applies(torch.zeros(1, 1, 8), cache)
+    assert not _custom_ops.cpu_kernels_apply(x)
+
+
+def _rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.double()
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.double()).float()
+
+
+@pytest.mark.parametrize("rows,hidden", [(1, 576), (3, 20), (200, 100)])
+def test_rms_norm_and_fused_add_match_the_formula(rows: int, hidden: int) -> None:
+    """Reference: x * rsqrt(mean(x^2) + eps) * w in float64; fused: the same of x + residual.
+    200 rows of 100 split over threads; 20 and 100 leave a tail past the 16-lane loop."""
+    x, residual, weight = torch.randn(rows, hidden), torch.randn(rows, hidden), torch.randn(hidden)
+    tol = {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(
+        _custom_ops.rms_norm(x, weight, 1e-6), _rms_norm_reference(x, weight, 1e-6), **tol
+    )
+    out, residual_out = _custom_ops.fused_add_rms_norm(x, residual, weight, 1e-5)
+    torch.testing.assert_close(residual_out, x + residual, rtol=0, atol=0)
+    torch.testing.assert_close(out, _rms_norm_reference(x + residual, weight, 1e-5), **tol)
+
+
+def _rotate_reference(x, cos_sin, positions, head_size, is_neox_style):
+    """The rotation formula on [T, heads * head_size] in float64; lanes past rotary_dim kept."""
+    rotary_dim = cos_sin.shape[1]
+    heads = x.double().reshape(x.shape[0], -1, head_size)
+    cos, sin = cos_sin[positions].double()[:, None].chunk(2, dim=-1)
+    rot = heads[..., :rotary_dim]
+    if is_neox_style:
+        x1, x2 = rot.chunk(2, dim=-1)
+        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = rot[..., ::2], rot[..., 1::2]
+        rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((rotated, heads[..., rotary_dim:]), dim=-1).reshape(x.shape).float()
+
+
+@pytest.mark.parametrize("is_neox_style", [True, False])
+@pytest.mark.parametrize("head_size,rotary_dim", [(64, 64), (80, 40), (8, 8)])
+@pytest.mark.parametrize("num_tokens", [1, 40])
+def test_rotary_embedding_matches_the_formula_on_fused_qkv_slices(
+    is_neox_style: bool, head_size: int, rotary_dim: int, num_tokens: int
+) -> None:
+    """q and k are column slices of one qkv row (strided rows), as the attention layer passes
+    them; outputs are new tensors and the inputs stay as they were."""
+    num_heads, num_kv_heads = 4, 2
+    q_size, kv_size = num_heads * head_size, num_kv_heads * head_size
+    qkv = torch.randn(num_tokens, q_size + 2 * kv_size)
+    before = qkv.clone()
+    q, k, _ = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    cos_sin = torch.randn(1000, rotary_dim)
+    positions = torch.randint(0, 1000, (num_tokens,))
+    q_out, k_out = _custom_ops.rotary_embedding(positions, q, k, head_size, cos_sin, is_neox_style)
+    expected_q = _rotate_reference(q, cos_sin, positions, head_size, is_neox_style)
+    expected_k = _rotate_reference(k, cos_sin, positions, head_size, is_neox_style)
+    torch.testing.assert_close(q_out, expected_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_out, expected_k, rtol=1e-5, atol=1e-5)
+    assert torch.equal(qkv, before)
+
+
+@pytest.mark.parametrize("num_tokens,d", [(1, 1536), (3, 7), (70, 1000)])
+def test_silu_and_mul_matches_the_formula(num_tokens: int, d: int) -> None:
+    """Reference: gate * sigmoid(gate) * up in float64, with gates out to +-120 where e^x
+    must not overflow; d = 7 is all tail, 70 x 1000 spreads over threads."""
+    x = torch.randn(num_tokens, 2 * d) * 30
+    x[0, :2] = torch.tensor([120.0, -120.0])
+    gate, up = x.double().chunk(2, dim=-1)
+    expected = (gate * torch.sigmoid(gate) * up).float()
+    torch.testing.assert_close(_custom_ops.silu_and_mul(x), expected, rtol=1e-5, atol=1e-5)

@@ -1,8 +1,12 @@
-"""RMSNorm with an optional fused residual add, computed in float32 like transformers."""
+"""RMSNorm with an optional fused residual add, computed in float32 like transformers.
+
+On CPU in float32 both run as one pagedllm._C kernel; the torch code is the fallback.
+"""
 
 import torch
 from torch import nn
 
+from pagedllm import _custom_ops
 from pagedllm.layers.parameter import default_weight_loader, new_parameter
 
 
@@ -26,6 +30,10 @@ class RMSNorm(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """`forward(x)` returns norm(x); `forward(x, residual)` returns
         (norm(x + residual), x + residual), the new residual stream."""
+        if _custom_ops.cpu_kernels_apply(x, residual, self.weight):
+            if residual is None:
+                return _custom_ops.rms_norm(x, self.weight, self.eps)
+            return _custom_ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
         if residual is None:
             return self._norm(x)
         residual = x + residual

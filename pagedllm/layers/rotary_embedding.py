@@ -13,6 +13,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from pagedllm import _custom_ops
+
 RopeParameters = dict[str, object]
 # (inverse frequencies [rotary_dim / 2], attention scaling of cos/sin, positions to cache)
 RopeSpec = tuple[torch.Tensor, float, int]
@@ -55,6 +57,10 @@ class RotaryEmbedding(nn.Module):
         """positions [T] int64, query [T, num_heads * head_size], key [T, num_kv_heads * head_size]
         -> (query, key) rotated, in their shapes and dtypes; computed in float32."""
         self._fit_cache(positions)
+        if query.dim() == key.dim() == 2 and _custom_ops.cpu_kernels_apply(query, key):
+            return _custom_ops.rotary_embedding(
+                positions, query, key, self.head_size, self.cos_sin_cache, self.is_neox_style
+            )
         cos_sin = self.cos_sin_cache.index_select(0, positions)  # [T, rotary_dim]
         cos, sin = cos_sin.unsqueeze(1).chunk(2, dim=-1)  # [T, 1, rotary_dim / 2]
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)

@@ -4,7 +4,6 @@ softmax(Q K^T * scale + causal mask) V over each whole sequence, kv heads expand
 import pytest
 import torch
 
-from pagedllm import _custom_ops
 from pagedllm.forward_context import AttentionMetadata, set_forward_context
 from pagedllm.layers.attention import Attention
 
@@ -14,12 +13,9 @@ NUM_BLOCKS = 40
 HEAD_CONFIGS = [(8, 2), (4, 4), (4, 1)]  # (num_heads, num_kv_heads): GQA, MHA, MQA
 
 
-@pytest.fixture(autouse=True, params=["pagedllm._C", "torch"])
-def decode_kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Decodes run through pagedllm._C's paged kernel where it is built, else through torch:
-    every test runs both against the dense reference."""
-    if request.param == "torch":
-        monkeypatch.setattr(_custom_ops, "_C", None)
+@pytest.fixture(autouse=True)
+def _both_paths(cpu_kernels: str) -> None:
+    """Decodes run through pagedllm._C's paged kernel, or torch: both against dense."""
 
 
 class PagedSeq:

@@ -22,7 +22,9 @@ def _norm_pair() -> tuple[RMSNorm, LlamaRMSNorm]:
 
 
 @pytest.mark.parametrize("shape", [(5, HIDDEN), (2, 3, HIDDEN)])
-def test_rms_norm_equals_transformers_llama_rms_norm(shape: tuple[int, ...]) -> None:
+def test_rms_norm_equals_transformers_llama_rms_norm(
+    shape: tuple[int, ...], cpu_kernels: str
+) -> None:
     """Reference: LlamaRMSNorm, x * rsqrt(mean(x^2) + eps) * weight."""
     ours, reference = _norm_pair()
     x = 3 * torch.randn(shape)
@@ -30,7 +32,7 @@ def test_rms_norm_equals_transformers_llama_rms_norm(shape: tuple[int, ...]) -> 
         torch.testing.assert_close(ours(x), reference(x))
 
 
-def test_fused_residual_equals_add_then_llama_rms_norm() -> None:
+def test_fused_residual_equals_add_then_llama_rms_norm(cpu_kernels: str) -> None:
     """Reference: h = x + residual; (LlamaRMSNorm(h), h). The inputs are left untouched."""
     ours, reference = _norm_pair()
     x, residual = torch.randn(4, HIDDEN), torch.randn(4, HIDDEN)

@@ -11,6 +11,7 @@ from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_
 from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from pagedllm import _custom_ops
 from pagedllm.layers.rotary_embedding import get_rope
 
 NUM_HEADS, NUM_KV_HEADS, NUM_TOKENS = 4, 2, 48
@@ -117,7 +118,7 @@ def test_inv_freq_and_scaling_match_transformers_rope_init_functions(name: str) 
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_rotation_matches_transformers_llama(name: str) -> None:
+def test_rotation_matches_transformers_llama(name: str, cpu_kernels: str) -> None:
     case = CASES[name]
     torch.manual_seed(0)
     positions = _positions(case.num_cached)
@@ -143,7 +144,7 @@ def test_positions_beyond_cache_grow_it_transformers_llama() -> None:
     assert (k_out - _hf_rotate(case, positions, k, cos, sin)).abs().max() <= 1e-5
 
 
-def test_interleaved_style_matches_transformers_gptj() -> None:
+def test_interleaved_style_matches_transformers_gptj(cpu_kernels: str) -> None:
     case = Case(64, 32, 512, 10000.0, None, 512)
     torch.manual_seed(2)
     positions = _positions(case.num_cached)
@@ -156,8 +157,10 @@ def test_interleaved_style_matches_transformers_gptj() -> None:
     assert (q_out - expected).abs().max() <= 1e-5
 
 
-def test_bfloat16_inputs_are_rotated_in_float32() -> None:
-    """Reference: the float32 rotation rounded once to bfloat16."""
+def test_bfloat16_inputs_are_rotated_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reference: the float32 rotation rounded once to bfloat16, both by the torch path (the
+    float32 kernel of pagedllm._C may differ in the last bit, which can flip a rounding)."""
+    monkeypatch.setattr(_custom_ops, "_C", None)
     case = CASES["llama3-70b"]
     torch.manual_seed(3)
     positions = _positions(case.num_cached)

@@ -30,6 +30,9 @@ def write_to_kv_cache(
 ) -> None:
     """Store key/value [T, KV, D] in the caches [num_blocks, block_size, KV, D] at
     slot_mapping [T] (slot = block_id * block_size + offset)."""
+    if _custom_ops.cpu_kernels_apply(key, value, k_cache, v_cache):
+        _custom_ops.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping)
+        return
     num_kv_heads, head_size = k_cache.shape[2:]
     k_cache.view(-1, num_kv_heads, head_size).index_copy_(0, slot_mapping, key)
     v_cache.view(-1, num_kv_heads, head_size).index_copy_(0, slot_mapping, value)
@@ -105,7 +108,7 @@ def _decode_attention(
 
     Keys are padded to max_seq_len and masked past each sequence's length.
     """
-    if _custom_ops.paged_decode_applies(query, k_cache):
+    if _custom_ops.cpu_kernels_apply(query, k_cache, v_cache):
         return _custom_ops.paged_decode_attention(
             query, k_cache, v_cache, block_tables, seq_lens, scale
         )
