@@ -42,20 +42,41 @@ typedef struct {
   int64_t KV, D, block_size, kv_head;
 } PagedHead;
 
-/* Offset of token t's vector for this kv head in either cache. */
-INLINE int64_t token_offset(const PagedHead *h, int64_t t) {
-  int64_t slot = (int64_t)h->block_table[t / h->block_size] * h->block_size + t % h->block_size;
-  return (slot * h->KV + h->kv_head) * h->D;
+/* Walks a sequence's tokens in order: offset of the current token's vector for this kv head
+ * in either cache, advanced block by block without a division per token. */
+typedef struct {
+  const PagedHead *h;
+  int64_t block, in_block, offset;
+} TokenCursor;
+
+INLINE TokenCursor first_token(const PagedHead *h) {
+  TokenCursor c = {h, 0, 0, ((int64_t)h->block_table[0] * h->block_size * h->KV + h->kv_head) * h->D};
+  return c;
+}
+
+/* Moves to the next token; call only while one remains (reads the next block's id). */
+INLINE void next_token(TokenCursor *c, int64_t remaining) {
+  const PagedHead *h = c->h;
+  if (++c->in_block < h->block_size) {
+    c->offset += h->KV * h->D;
+  } else if (remaining > 0) {
+    c->block++;
+    c->in_block = 0;
+    c->offset = ((int64_t)h->block_table[c->block] * h->block_size * h->KV + h->kv_head) * h->D;
+  }
 }
 
 /* scores[t] = scale * q . k_t for t < seq_len, sixteen keys per transpose_sum16. */
 INLINE void score_keys(const float *q, const PagedHead *h, int64_t seq_len, float scale,
                        float *scores) {
+  TokenCursor c = first_token(h);
   for (int64_t t0 = 0; t0 < seq_len; t0 += 16) {
     int64_t n = seq_len - t0 < 16 ? seq_len - t0 : 16;
     vec16 partial[16] = {0};
-    for (int64_t i = 0; i < n; i++)
-      partial[i] = dot_lanes(q, h->k_cache + token_offset(h, t0 + i), h->D);
+    for (int64_t i = 0; i < n; i++) {
+      partial[i] = dot_lanes(q, h->k_cache + c.offset, h->D);
+      next_token(&c, seq_len - (t0 + i + 1));
+    }
     float chunk[16];
     store16(chunk, transpose_sum16(partial) * scale);
     memcpy(scores + t0, chunk, (size_t)n * sizeof(float));
@@ -66,16 +87,20 @@ INLINE void score_keys(const float *q, const PagedHead *h, int64_t seq_len, floa
 INLINE void sum_values(const float *p, const PagedHead *h, int64_t seq_len, float *out) {
   const int64_t D = h->D;
   for (int64_t d0 = 0; d0 < D; d0 += 64) {
+    TokenCursor c = first_token(h);
     if (d0 + 64 > D) {
       memset(out + d0, 0, (size_t)(D - d0) * sizeof(float));
-      for (int64_t t = 0; t < seq_len; t++)
-        for (int64_t d = d0; d < D; d++) out[d] += p[t] * h->v_cache[token_offset(h, t) + d];
+      for (int64_t t = 0; t < seq_len; t++) {
+        for (int64_t d = d0; d < D; d++) out[d] += p[t] * h->v_cache[c.offset + d];
+        next_token(&c, seq_len - t - 1);
+      }
       break;
     }
     vec16 acc[4] = {0};
     for (int64_t t = 0; t < seq_len; t++) {
-      const float *v = h->v_cache + token_offset(h, t) + d0;
+      const float *v = h->v_cache + c.offset + d0;
       for (int j = 0; j < 4; j++) acc[j] += p[t] * load16(v + 16 * j);
+      next_token(&c, seq_len - t - 1);
     }
     for (int j = 0; j < 4; j++) store16(out + d0 + 16 * j, acc[j]);
   }
@@ -102,10 +127,13 @@ int paged_decode_attention(float *out, const float *q, const float *k_cache,
   for (int64_t b = 0; b < B; b++) max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;
   float *scratch = malloc((size_t)(num_threads * max_len) * sizeof(float));
   if (scratch == NULL) return -1;
+  /* A sequence's kv heads share its blocks: with enough sequences to keep every thread busy,
+   * one thread takes all of them in a row, while the blocks are in its cache. */
+  const int64_t heads_per_task = B >= 4 * num_threads ? KV : 1;
 #pragma omp parallel num_threads(num_threads)
   {
     float *scores = scratch + omp_get_thread_num() * max_len;
-#pragma omp for collapse(2) schedule(dynamic, 1)
+#pragma omp for collapse(2) schedule(dynamic, heads_per_task)
     for (int64_t b = 0; b < B; b++) {
       for (int64_t kvh = 0; kvh < KV; kvh++) {
         const PagedHead h = {k_cache, v_cache, block_tables + b * max_blocks, KV, D, block_size,
