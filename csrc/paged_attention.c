@@ -1,9 +1,10 @@
 /* Decode attention straight from the paged KV cache.
  *
- * Each (sequence, kv head) pair is one task: its G = H / KV query heads score every cached
- * key in place (found through the block table, never copied into a padded batch), take a
- * softmax and sum the values. The torch reference (attention_backends/torch_sdpa.py) must
- * gather all keys into a [B, max_seq_len] copy first, which dominated large decode steps.
+ * Each query head scores every cached key of its sequence in place (found through the block
+ * table, never copied into a padded batch), takes a softmax and sums the values. The torch
+ * reference (attention_backends/torch_sdpa.py) gathers all keys into a [B, max_seq_len]
+ * copy first, which dominated large decode steps. Keys and values are read as whole token
+ * rows [KV, D], in order, sixteen tokens at a time for all heads of a task.
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -11,110 +12,127 @@
 #include "ops.h"
 #include "vec.h"
 
-/* p[i] = e^(p[i] - max) / sum for i < n. */
-INLINE void softmax(float *p, int64_t n) {
-  vec16 vmax = splat16(p[0]);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) vmax = max16(vmax, load16(p + i));
-  float max = vmax[0];
-  for (int j = 1; j < 16; j++) max = vmax[j] > max ? vmax[j] : max;
-  for (; i < n; i++) max = p[i] > max ? p[i] : max;
-  vec16 acc = {0};
-  for (i = 0; i + 16 <= n; i += 16) {
-    vec16 e = exp16(load16(p + i) - max);
-    store16(p + i, e);
-    acc += e;
-  }
-  float sum = hsum16(acc);
-  if (i < n) {
-    float tail[16] = {0};
-    for (int64_t j = i; j < n; j++) tail[j - i] = p[j] - max;
-    store16(tail, exp16(load16(tail)));
-    for (int64_t j = i; j < n; j++) sum += p[j] = tail[j - i];
-  }
-  float inv = 1.0f / sum;
-  for (int64_t j = 0; j < n; j++) p[j] *= inv;
-}
-
+/* One sequence's keys or values in the cache: token t's row [KV, D] through its block. */
 typedef struct {
-  const float *k_cache, *v_cache;
+  const float *cache;
   const int32_t *block_table;
-  int64_t KV, D, block_size, kv_head;
-} PagedHead;
+  int64_t block_size, row_size;
+} PagedRows;
 
-/* Walks a sequence's tokens in order: offset of the current token's vector for this kv head
- * in either cache, advanced block by block without a division per token. */
+/* Pointers to the rows of tokens t0 .. t0 + n - 1. */
+INLINE void token_rows(const PagedRows *r, int64_t t0, int64_t n, const float **rows) {
+  for (int64_t i = 0; i < n; i++) {
+    int64_t t = t0 + i;
+    int64_t slot = (int64_t)r->block_table[t / r->block_size] * r->block_size + t % r->block_size;
+    rows[i] = r->cache + slot * r->row_size;
+  }
+}
+
+/* Asks for the rows of tokens t0 .. t0 + n - 1 ahead of use: each block is a separate
+ * stretch of memory that the hardware prefetcher would only find after a few misses. */
+INLINE void prefetch_rows(const PagedRows *r, int64_t t0, int64_t n) {
+  const float *rows[16];
+  token_rows(r, t0, n, rows);
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < r->row_size; j += 16) __builtin_prefetch(rows[i] + j);
+}
+
+/* The work of one task: query heads [h0, h1) of one sequence, which read kv heads h / G. */
 typedef struct {
-  const PagedHead *h;
-  int64_t block, in_block, offset;
-} TokenCursor;
+  const float *q;
+  float *out;
+  PagedRows keys, values;
+  int64_t seq_len, h0, h1, G, D;
+  float scale;
+} HeadRange;
 
-INLINE TokenCursor first_token(const PagedHead *h) {
-  TokenCursor c = {h, 0, 0, ((int64_t)h->block_table[0] * h->block_size * h->KV + h->kv_head) * h->D};
-  return c;
+#define VEC_MAX 16 /* head sizes up to 256 keep their output row in registers */
+
+/* A head's running softmax over the chunks seen so far: max score and sum of e^(s - max). */
+typedef struct {
+  float max, sum;
+} RunningSoftmax;
+
+/* Scores of one chunk, scale * q . k_i for the n <= 16 key rows; lanes >= n are -FLT_MAX. */
+INLINE vec16 score_chunk(const float *q, const float *const *rows, int64_t n, int64_t kv_offset,
+                         float scale, const int64_t D) {
+  vec16 partial[16] = {0};
+  for (int64_t i = 0; i < n; i++) partial[i] = dot_lanes(q, rows[i] + kv_offset, D);
+  const ivec16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  ivec16 valid = lane < (int32_t)n;
+  vec16 scores = transpose_sum16(partial) * scale;
+  return (vec16)(((ivec16)scores & valid) | ((ivec16)splat16(-__FLT_MAX__) & ~valid));
 }
 
-/* Moves to the next token; call only while one remains (reads the next block's id). */
-INLINE void next_token(TokenCursor *c, int64_t remaining) {
-  const PagedHead *h = c->h;
-  if (++c->in_block < h->block_size) {
-    c->offset += h->KV * h->D;
-  } else if (remaining > 0) {
-    c->block++;
-    c->in_block = 0;
-    c->offset = ((int64_t)h->block_table[c->block] * h->block_size * h->KV + h->kv_head) * h->D;
+/* out = out * correction + sum_i p[i] v_i over n value rows. */
+INLINE void accumulate_values(const float *p, const float *const *rows, int64_t n,
+                              int64_t kv_offset, float correction, float *out,
+                              const int64_t D) {
+  if (D % 16 != 0 || D > 16 * VEC_MAX) {
+    for (int64_t d = 0; d < D; d++) out[d] *= correction;
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t d = 0; d < D; d++) out[d] += p[i] * rows[i][kv_offset + d];
+    return;
+  }
+  vec16 acc[VEC_MAX];
+  for (int64_t j = 0; j < D / 16; j++) acc[j] = load16(out + 16 * j) * correction;
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < D / 16; j++) acc[j] += p[i] * load16(rows[i] + kv_offset + 16 * j);
+  for (int64_t j = 0; j < D / 16; j++) store16(out + 16 * j, acc[j]);
+}
+
+/* One chunk of n key and value rows for head h: the online softmax update (running max,
+ * rescaled sum and output), so keys and values are read in one pass. */
+INLINE void attend_chunk(const HeadRange *w, int64_t h, const float *const *keys,
+                         const float *const *values, int64_t n, RunningSoftmax *state,
+                         const int64_t D) {
+  const int64_t kv_offset = h / w->G * D;
+  vec16 scores = score_chunk(w->q + h * D, keys, n, kv_offset, w->scale, D);
+  float max = hmax16(scores) > state->max ? hmax16(scores) : state->max;
+  float correction = exp16(splat16(state->max - max))[0];
+  vec16 p = exp16(scores - max);
+  const ivec16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  p = (vec16)((ivec16)p & (lane < (int32_t)n));
+  float probs[16];
+  store16(probs, p);
+  state->sum = state->sum * correction + hsum16(p);
+  state->max = max;
+  accumulate_values(probs, values, n, kv_offset, correction, w->out + h * D, D);
+}
+
+/* D is a parameter so that the common head sizes, passed as constants, get loops the
+ * compiler unrolls. state: [h1 - h0] scratch. */
+INLINE void attend_heads(const HeadRange *w, RunningSoftmax *state, const int64_t D) {
+  const int64_t L = w->seq_len, heads = w->h1 - w->h0;
+  for (int64_t h = 0; h < heads; h++) state[h] = (RunningSoftmax){-__FLT_MAX__, 0.0f};
+  memset(w->out + w->h0 * D, 0, (size_t)(heads * D) * sizeof(float));
+  for (int64_t t0 = 0; t0 < L; t0 += 16) {
+    int64_t n = L - t0 < 16 ? L - t0 : 16;
+    const float *keys[16], *values[16];
+    token_rows(&w->keys, t0, n, keys);
+    token_rows(&w->values, t0, n, values);
+    if (t0 + 16 < L) {
+      int64_t next = L - t0 - 16 < 16 ? L - t0 - 16 : 16;
+      prefetch_rows(&w->keys, t0 + 16, next);
+      prefetch_rows(&w->values, t0 + 16, next);
+    }
+    for (int64_t h = w->h0; h < w->h1; h++)
+      attend_chunk(w, h, keys, values, n, &state[h - w->h0], D);
+  }
+  for (int64_t h = w->h0; h < w->h1; h++) {
+    float inv = 1.0f / state[h - w->h0].sum;
+    for (int64_t d = 0; d < D; d++) w->out[h * D + d] *= inv;
   }
 }
 
-/* scores[t] = scale * q . k_t for t < seq_len, sixteen keys per transpose_sum16. */
-INLINE void score_keys(const float *q, const PagedHead *h, int64_t seq_len, float scale,
-                       float *scores) {
-  TokenCursor c = first_token(h);
-  for (int64_t t0 = 0; t0 < seq_len; t0 += 16) {
-    int64_t n = seq_len - t0 < 16 ? seq_len - t0 : 16;
-    vec16 partial[16] = {0};
-    for (int64_t i = 0; i < n; i++) {
-      partial[i] = dot_lanes(q, h->k_cache + c.offset, h->D);
-      next_token(&c, seq_len - (t0 + i + 1));
-    }
-    float chunk[16];
-    store16(chunk, transpose_sum16(partial) * scale);
-    memcpy(scores + t0, chunk, (size_t)n * sizeof(float));
-  }
-}
-
-/* out = sum_t p[t] v_t, 64 lanes at a time held in registers. */
-INLINE void sum_values(const float *p, const PagedHead *h, int64_t seq_len, float *out) {
-  const int64_t D = h->D;
-  for (int64_t d0 = 0; d0 < D; d0 += 64) {
-    TokenCursor c = first_token(h);
-    if (d0 + 64 > D) {
-      memset(out + d0, 0, (size_t)(D - d0) * sizeof(float));
-      for (int64_t t = 0; t < seq_len; t++) {
-        for (int64_t d = d0; d < D; d++) out[d] += p[t] * h->v_cache[c.offset + d];
-        next_token(&c, seq_len - t - 1);
-      }
-      break;
-    }
-    vec16 acc[4] = {0};
-    for (int64_t t = 0; t < seq_len; t++) {
-      const float *v = h->v_cache + c.offset + d0;
-      for (int j = 0; j < 4; j++) acc[j] += p[t] * load16(v + 16 * j);
-      next_token(&c, seq_len - t - 1);
-    }
-    for (int j = 0; j < 4; j++) store16(out + d0 + 16 * j, acc[j]);
-  }
-}
-
-/* q, out [G, D]: the G query heads that read one kv head; scores [seq_len] scratch. */
 CPU_DISPATCH
-static void attend(const float *q, float *out, const PagedHead *h, int64_t seq_len, int64_t G,
-                   float scale, float *scores) {
-  for (int64_t g = 0; g < G; g++) {
-    score_keys(q + g * h->D, h, seq_len, scale, scores);
-    softmax(scores, seq_len);
-    sum_values(scores, h, seq_len, out + g * h->D);
-  }
+static void attend(const HeadRange *w, RunningSoftmax *state) {
+  if (w->D == 64)
+    attend_heads(w, state, 64);
+  else if (w->D == 128)
+    attend_heads(w, state, 128);
+  else
+    attend_heads(w, state, w->D);
 }
 
 int paged_decode_attention(float *out, const float *q, const float *k_cache,
@@ -123,24 +141,30 @@ int paged_decode_attention(float *out, const float *q, const float *k_cache,
                             int64_t D, int64_t block_size, int64_t max_blocks, float scale,
                             int num_threads) {
   const int64_t G = H / KV;
-  int64_t max_len = 0;
-  for (int64_t b = 0; b < B; b++) max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;
-  float *scratch = malloc((size_t)(num_threads * max_len) * sizeof(float));
+  /* A task is a whole sequence (its key and value rows stream in order) when there are
+   * enough sequences to keep every thread busy, else one kv head's query heads. */
+  const int64_t kv_per_task = B >= 2 * num_threads ? KV : 1;
+  const int64_t tasks_per_seq = KV / kv_per_task;
+  RunningSoftmax *scratch = malloc((size_t)(num_threads * H) * sizeof(RunningSoftmax));
   if (scratch == NULL) return -1;
-  /* A sequence's kv heads share its blocks: with enough sequences to keep every thread busy,
-   * one thread takes all of them in a row, while the blocks are in its cache. */
-  const int64_t heads_per_task = B >= 4 * num_threads ? KV : 1;
 #pragma omp parallel num_threads(num_threads)
   {
-    float *scores = scratch + omp_get_thread_num() * max_len;
-#pragma omp for collapse(2) schedule(dynamic, heads_per_task)
-    for (int64_t b = 0; b < B; b++) {
-      for (int64_t kvh = 0; kvh < KV; kvh++) {
-        const PagedHead h = {k_cache, v_cache, block_tables + b * max_blocks, KV, D, block_size,
-                             kvh};
-        int64_t first = (b * H + kvh * G) * D;
-        attend(q + first, out + first, &h, seq_lens[b], G, scale, scores);
-      }
+    RunningSoftmax *state = scratch + omp_get_thread_num() * H;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * tasks_per_seq; task++) {
+      const int64_t b = task / tasks_per_seq, kv0 = task % tasks_per_seq * kv_per_task;
+      const int32_t *table = block_tables + b * max_blocks;
+      const HeadRange w = {q + b * H * D,
+                           out + b * H * D,
+                           {k_cache, table, block_size, KV * D},
+                           {v_cache, table, block_size, KV * D},
+                           seq_lens[b],
+                           kv0 * G,
+                           (kv0 + kv_per_task) * G,
+                           G,
+                           D,
+                           scale};
+      attend(&w, state);
     }
   }
   free(scratch);

@@ -78,11 +78,12 @@ INLINE vec16 dot_lanes(const float *a, const float *b, int64_t n) {
   return acc;
 }
 
-/* y[i] += a * x[i] for i < n. */
-INLINE void axpy(float a, const float *x, float *y, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) store16(y + i, load16(y + i) + a * load16(x + i));
-  for (; i < n; i++) y[i] += a * x[i];
+INLINE float hmax16(vec16 v) {
+  v = max16(v, SHUFFLE(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+  v = max16(v, SHUFFLE(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+  v = max16(v, SHUFFLE(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+  v = max16(v, SHUFFLE(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+  return v[0];
 }
 
 INLINE vec16 min16(vec16 a, vec16 b) {
