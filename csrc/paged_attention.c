@@ -34,7 +34,7 @@ INLINE void prefetch_rows(const PagedRows *r, int64_t t0, int64_t n) {
   const float *rows[16];
   token_rows(r, t0, n, rows);
   for (int64_t i = 0; i < n; i++)
-    for (int64_t j = 0; j < r->row_size; j += 16) __builtin_prefetch(rows[i] + j);
+    for (int64_t j = 0; j < r->row_size; j += 16) __builtin_prefetch(rows[i] + j, 0, 1);
 }
 
 /* The work of one task: query heads [h0, h1) of one sequence, which read kv heads h / G. */
