@@ -2,12 +2,12 @@
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from pagedllm import _custom_ops
+from pagedllm.layers.inference_module import InferenceModule
 
 
-class SiluAndMul(nn.Module):
+class SiluAndMul(InferenceModule):
     """[..., 2d] -> silu(x[..., :d]) * x[..., d:], the SwiGLU of Llama-style MLPs."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,13 +1,13 @@
 """Attention over the paged KV cache: store this step's keys and values, then attend."""
 
 import torch
-from torch import nn
 
 from pagedllm.forward_context import get_attn_metadata
 from pagedllm.layers.attention_backends.torch_sdpa import paged_attention, write_to_kv_cache
+from pagedllm.layers.inference_module import InferenceModule
 
 
-class Attention(nn.Module):
+class Attention(InferenceModule):
     """Causal attention of this rank's heads over the paged KV cache.
 
     `kv_cache` is (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_size];

@@ -19,13 +19,14 @@ from pagedllm.distributed import (
     tensor_model_parallel_all_reduce,
 )
 from pagedllm.layers.activation import SiluAndMul
+from pagedllm.layers.inference_module import InferenceModule
 from pagedllm.layers.linear import divide
 from pagedllm.layers.parameter import copy_weight, new_parameter
 
 _CHECKPOINT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
 
-class FusedMoE(nn.Module):
+class FusedMoE(InferenceModule):
     """Routed experts of one MoE block.
 
     w13_weight: [E, 2 * I_p, H], gate rows then up rows of this rank's shard.

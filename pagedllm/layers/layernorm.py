@@ -4,13 +4,13 @@ On CPU in float32 both run as one pagedllm._C kernel; the torch code is the fall
 """
 
 import torch
-from torch import nn
 
 from pagedllm import _custom_ops
+from pagedllm.layers.inference_module import InferenceModule
 from pagedllm.layers.parameter import default_weight_loader, new_parameter
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(InferenceModule):
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps

@@ -15,6 +15,7 @@ from pagedllm.distributed import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
+from pagedllm.layers.inference_module import InferenceModule
 from pagedllm.layers.parameter import copy_weight, new_parameter, shard_of
 
 
@@ -26,7 +27,7 @@ def divide(numerator: int, denominator: int, what: str = "size") -> int:
     return numerator // denominator
 
 
-class LinearBase(nn.Module):
+class LinearBase(InferenceModule):
     """y = x W^T + b with W of shape [output_size, input_size] as held by this rank."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool) -> None:

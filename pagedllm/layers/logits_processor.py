@@ -1,14 +1,14 @@
 """Hidden states -> logits: the LM head matmul, vocab gather, padding trim, scale, soft-cap."""
 
 import torch
-from torch import nn
 
 from pagedllm._custom_ops import linear
 from pagedllm.distributed import tensor_model_parallel_all_gather
+from pagedllm.layers.inference_module import InferenceModule
 from pagedllm.layers.vocab_embedding import ParallelLMHead
 
 
-class LogitsProcessor(nn.Module):
+class LogitsProcessor(InferenceModule):
     def __init__(self, vocab_size: int, scale: float = 1.0, soft_cap: float | None = None) -> None:
         super().__init__()
         self.vocab_size = vocab_size

@@ -11,16 +11,16 @@ import math
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 from pagedllm import _custom_ops
+from pagedllm.layers.inference_module import InferenceModule
 
 RopeParameters = dict[str, object]
 # (inverse frequencies [rotary_dim / 2], attention scaling of cos/sin, positions to cache)
 RopeSpec = tuple[torch.Tensor, float, int]
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(InferenceModule):
     """Rotates the first `rotary_dim` channels of every head of q and k by position * inv_freq.
 
     `is_neox_style` pairs channel i with i + rotary_dim / 2 (rotate_half, as in HF Llama and

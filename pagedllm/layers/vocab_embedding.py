@@ -14,6 +14,7 @@ from pagedllm.distributed import (
     get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce,
 )
+from pagedllm.layers.inference_module import InferenceModule
 from pagedllm.layers.parameter import check_shape, new_parameter
 
 DEFAULT_VOCAB_PADDING_SIZE = 64
@@ -23,7 +24,7 @@ def pad_vocab_size(vocab_size: int, pad_to: int) -> int:
     return -(-vocab_size // pad_to) * pad_to
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(InferenceModule):
     def __init__(
         self,
         num_embeddings: int,

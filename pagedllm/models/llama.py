@@ -15,6 +15,7 @@ from pagedllm.config import head_dim, rope_parameters
 from pagedllm.distributed import get_tensor_model_parallel_world_size
 from pagedllm.layers.activation import SiluAndMul
 from pagedllm.layers.attention import Attention
+from pagedllm.layers.inference_module import InferenceModule
 from pagedllm.layers.layernorm import RMSNorm
 from pagedllm.layers.linear import (
     MergedColumnParallelLinear,
@@ -34,7 +35,7 @@ class AttentionOptions:
     qk_norm: bool = False
 
 
-class LlamaMLP(nn.Module):
+class LlamaMLP(InferenceModule):
     def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu") -> None:
         super().__init__()
         if hidden_act != "silu":
@@ -47,7 +48,7 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
-class LlamaAttention(nn.Module):
+class LlamaAttention(InferenceModule):
     def __init__(self, config: PretrainedConfig, options: AttentionOptions) -> None:
         super().__init__()
         tp_size = get_tensor_model_parallel_world_size()
@@ -95,7 +96,7 @@ class LlamaAttention(nn.Module):
         return self.o_proj(self.attn(q, k, v))
 
 
-class LlamaDecoderLayer(nn.Module):
+class LlamaDecoderLayer(InferenceModule):
     def __init__(self, config: PretrainedConfig, options: AttentionOptions, mlp: nn.Module) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, options)

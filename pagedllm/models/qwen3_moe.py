@@ -9,12 +9,13 @@ from transformers import PretrainedConfig
 
 from pagedllm.config import num_experts
 from pagedllm.layers.fused_moe import FusedMoE
+from pagedllm.layers.inference_module import InferenceModule
 from pagedllm.layers.linear import ReplicatedLinear
 from pagedllm.models.llama import LlamaMLP
 from pagedllm.models.qwen3 import Qwen3ForCausalLM
 
 
-class Qwen3MoeSparseMoeBlock(nn.Module):
+class Qwen3MoeSparseMoeBlock(InferenceModule):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         self.gate = ReplicatedLinear(config.hidden_size, num_experts(config), bias=False)
