@@ -12,7 +12,7 @@ setup(
             "pagedllm._C",
             sources=[
                 "csrc/module.c",
-                "csrc/gemv.c",
+                "csrc/skinny_gemm.c",
                 "csrc/paged_attention.c",
                 "csrc/layernorm.c",
                 "csrc/pos_encoding.c",

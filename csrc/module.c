@@ -49,8 +49,8 @@ static int parse(const char *name, const char *fmt, PyObject *const *args, Py_ss
     Py_RETURN_NONE;                                                                 \
   }
 
-BINDING(gemv, "iiiiiiii",
-        gemv(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6], (int)a[7]))
+BINDING(skinny_gemm, "iiiiiiii",
+        skinny_gemm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6], (int)a[7]))
 
 BINDING(paged_decode_attention, "iiiiiiiiiiiiif",
         rc = paged_decode_attention(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]),
@@ -74,10 +74,23 @@ BINDING(rotary_embedding, "iiiiiiiiiiiiiii",
 
 BINDING(silu_and_mul, "iiiii", silu_and_mul(PTR(a[0]), PTR(a[1]), a[2], a[3], (int)a[4]))
 
+int cpu_has_avx512(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return __builtin_cpu_supports("avx512f");
+#else
+  return 0;
+#endif
+}
+
+static PyObject *py_cpu_has_avx512(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return PyBool_FromLong(cpu_has_avx512());
+}
+
 #define METHOD(name, doc) {#name, (PyCFunction)(void (*)(void))py_##name, METH_FASTCALL, doc}
 
 static PyMethodDef methods[] = {
-    METHOD(gemv, "gemv(x, w, b, y, M, N, K, num_threads)"),
+    METHOD(cpu_has_avx512, "cpu_has_avx512() -> bool"),
+    METHOD(skinny_gemm, "skinny_gemm(x, w, b, y, M, N, K, num_threads)"),
     METHOD(paged_decode_attention,
            "paged_decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, B, H, KV, "
            "D, block_size, max_blocks, num_threads, scale)"),

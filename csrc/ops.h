@@ -5,8 +5,8 @@
 
 #include <stdint.h>
 
-/* y [M, N] = x [M, K] @ w [N, K]^T (+ b [N]); b may be NULL. */
-void gemv(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N,
+/* y [M, N] = x [M, K] @ w [N, K]^T (+ b [N]); b may be NULL. For small M (skinny_gemm.c). */
+void skinny_gemm(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N,
           int64_t K, int num_threads);
 
 /* One new query token per sequence against its paged keys and values:
@@ -44,5 +44,8 @@ void rotary_embedding(const int64_t *positions, const float *query, const float 
 
 /* out [T, d] = silu(x[:, :d]) * x[:, d:] for x [T, 2d]. */
 void silu_and_mul(float *out, const float *x, int64_t num_tokens, int64_t d, int num_threads);
+
+/* 1 when the running CPU has AVX-512F (the kernels' widest build), else 0. */
+int cpu_has_avx512(void);
 
 #endif

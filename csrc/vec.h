@@ -13,7 +13,7 @@
 typedef float vec16 __attribute__((vector_size(64)));
 typedef int32_t ivec16 __attribute__((vector_size(64)));
 
-#if defined(__x86_64__) && defined(__linux__)
+#if defined(__x86_64__) && defined(__linux__) && !defined(PAGEDLLM_NO_DISPATCH)
 #define CPU_DISPATCH __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 #else
 #define CPU_DISPATCH

@@ -13,9 +13,11 @@ try:
 except ImportError:
     _C = None
 
-GEMV_MAX_ROWS = 4
-"""Up to this many rows of x, linear() streams the weight once through pagedllm._C;
-beyond it the product is compute bound and MKL's GEMM wins."""
+SKINNY_GEMM_MAX_ROWS = 256 if _C is not None and _C.cpu_has_avx512() else 4
+"""Up to this many rows of x, linear() uses pagedllm._C's skinny_gemm. On the AVX-512
+development machine it beat MKL from 1 row (2.5-4x, bandwidth bound) to 256 rows (1.1-1.5x)
+and lost from ~512; on AVX2 its 4 x 4 register tile spills, so only the bandwidth-bound
+few-row case takes it there."""
 
 
 def has_cpu_kernels() -> bool:
@@ -39,14 +41,14 @@ def cpu_kernels_apply(*tensors: torch.Tensor | None) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias): [..., K] x [N, K] -> [..., N]."""
-    few_rows = x.numel() <= GEMV_MAX_ROWS * x.shape[-1]
+    few_rows = x.numel() <= SKINNY_GEMM_MAX_ROWS * x.shape[-1]
     if not (few_rows and weight.dim() == 2 and cpu_kernels_apply(x, weight, bias)):
         return F.linear(x, weight, bias)
     n, k = weight.shape
     x2 = (x if x.dim() == 2 else x.reshape(-1, k)).contiguous()
     bias_ptr = 0 if bias is None else bias.contiguous().data_ptr()
     y = torch.empty(x2.shape[0], n)
-    _C.gemv(
+    _C.skinny_gemm(
         x2.data_ptr(), weight.contiguous().data_ptr(), bias_ptr, y.data_ptr(),
         x2.shape[0], n, k, torch.get_num_threads(),
     )  # fmt: skip

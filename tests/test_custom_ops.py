@@ -15,12 +15,22 @@ def test_extension_is_built() -> None:
     assert _custom_ops.has_cpu_kernels(), "pagedllm._C is missing: pip install -e . needs gcc"
 
 
-@pytest.mark.parametrize("num_rows", [0, 1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("max_rows", [4, 256])
+@pytest.mark.parametrize("num_rows", [0, 1, 2, 3, 4, 5, 9, 13, 40])
 @pytest.mark.parametrize("in_features", [5, 16, 100, 576])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_linear_matches_f_linear(num_rows: int, in_features: int, with_bias: bool) -> None:
-    """Rows up to GEMV_MAX_ROWS take the kernel, more take F.linear; both equal F.linear in
-    float64 up to float32 rounding (the kernel sums in another order than MKL)."""
+def test_linear_matches_f_linear(
+    max_rows: int,
+    num_rows: int,
+    in_features: int,
+    with_bias: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rows up to SKINNY_GEMM_MAX_ROWS (4 on AVX2, 256 on AVX-512; both forced here) take
+    the kernel: one weight row at a time up to 4 rows, 4 x 4 tiles with leftover rows and
+    columns past that (37 outputs, K of 5 and 100 not a multiple of 16). More rows take
+    F.linear. Reference: F.linear in float64, up to float32 rounding."""
+    monkeypatch.setattr(_custom_ops, "SKINNY_GEMM_MAX_ROWS", max_rows)
     w = torch.randn(37, in_features)
     b = torch.randn(37) if with_bias else None
     x = torch.randn(num_rows, in_features)
