@@ -15,7 +15,7 @@ except ImportError:
 
 SKINNY_GEMM_MAX_ROWS = 256 if _C is not None and _C.cpu_has_avx512() else 4
 """Up to this many rows of x, linear() uses pagedllm._C's skinny_gemm. On the AVX-512
-development machine it beat MKL from 1 row (2.5-4x, bandwidth bound) to 256 rows (1.1-1.5x)
+development machine it beat MKL from 1 row (2.5-4x, bandwidth bound) to 256 rows (1.1-2x)
 and lost from ~512; on AVX2 its 4 x 4 register tile spills, so only the bandwidth-bound
 few-row case takes it there."""
 
