@@ -62,10 +62,7 @@ INLINE vec16 score_chunk(const float *q, const float *const *rows, int64_t n, in
                          float scale, const int64_t D) {
   vec16 partial[16] = {0};
   for (int64_t i = 0; i < n; i++) partial[i] = dot_lanes(q, rows[i] + kv_offset, D);
-  const ivec16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  ivec16 valid = lane < (int32_t)n;
-  vec16 scores = transpose_sum16(partial) * scale;
-  return (vec16)(((ivec16)scores & valid) | ((ivec16)splat16(-__FLT_MAX__) & ~valid));
+  return select16(lanes_below(n), transpose_sum16(partial) * scale, splat16(-__FLT_MAX__));
 }
 
 /* out = out * correction + sum_i p[i] v_i over n value rows. */
@@ -92,11 +89,10 @@ INLINE void attend_chunk(const HeadRange *w, int64_t h, const float *const *keys
                          const int64_t D) {
   const int64_t kv_offset = h / w->G * D;
   vec16 scores = score_chunk(w->q + h * D, keys, n, kv_offset, w->scale, D);
-  float max = hmax16(scores) > state->max ? hmax16(scores) : state->max;
-  float correction = exp16(splat16(state->max - max))[0];
-  vec16 p = exp16(scores - max);
-  const ivec16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  p = (vec16)((ivec16)p & (lane < (int32_t)n));
+  const float chunk_max = hmax16(scores);
+  const float max = chunk_max > state->max ? chunk_max : state->max;
+  const float correction = exp16(splat16(state->max - max))[0];
+  vec16 p = select16(lanes_below(n), exp16(scores - max), splat16(0.0f));
   float probs[16];
   store16(probs, p);
   state->sum = state->sum * correction + hsum16(p);

@@ -64,10 +64,18 @@ INLINE vec16 transpose_sum16(const vec16 v[16]) {
          SHUFFLE(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
-INLINE vec16 max16(vec16 a, vec16 b) {
-  ivec16 gt = a > b;
-  return (vec16)(((ivec16)a & gt) | ((ivec16)b & ~gt));
+/* Lane i of a where mask lane i is set (all ones), else of b. */
+INLINE vec16 select16(ivec16 mask, vec16 a, vec16 b) {
+  return (vec16)(((ivec16)a & mask) | ((ivec16)b & ~mask));
 }
+
+/* A mask of lanes 0 .. n - 1. */
+INLINE ivec16 lanes_below(int64_t n) {
+  const ivec16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  return lane < (int32_t)n;
+}
+
+INLINE vec16 max16(vec16 a, vec16 b) { return select16(a > b, a, b); }
 
 /* A vector whose lanes sum to sum_i a[i] * b[i], i < n. */
 INLINE vec16 dot_lanes(const float *a, const float *b, int64_t n) {
@@ -86,10 +94,7 @@ INLINE float hmax16(vec16 v) {
   return v[0];
 }
 
-INLINE vec16 min16(vec16 a, vec16 b) {
-  ivec16 lt = a < b;
-  return (vec16)(((ivec16)a & lt) | ((ivec16)b & ~lt));
-}
+INLINE vec16 min16(vec16 a, vec16 b) { return select16(a < b, a, b); }
 
 /* e^x with relative error < 1e-7 for x in [-87, 88]; inputs outside are clamped to it (no
  * denormals, no infinities). Cody-Waite range reduction x = n ln2 + r, |r| <= ln2 / 2, then a
