@@ -6,6 +6,8 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from pagedllm.sampling_params import DEFAULT_MAX_N
+
 _DTYPES = {
     "float32": torch.float32,
     "float": torch.float32,
@@ -178,10 +180,13 @@ class EngineConfig:
     seed: int = 0
     skip_tokenizer_init: bool = False
     max_logprobs: int = 20
+    max_n: int = DEFAULT_MAX_N
     logprobs_mode: str = "raw_logprobs"
     logits_processors: tuple = ()
 
     def __post_init__(self) -> None:
+        if self.max_n < 1:
+            raise ValueError(f"max_n must be >= 1, got {self.max_n}")
         max_len = self.model_config.max_model_len
         sched = self.scheduler_config
         if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < max_len:

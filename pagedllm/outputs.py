@@ -16,8 +16,9 @@ PromptLogprobs = list[dict[int, Logprob] | None]
 
 @dataclass
 class CompletionOutput:
-    """One generated sequence. finish_reason is "stop", "length", "abort" or None (running);
-    stop_reason is the stop string or stop token id that ended it, else None."""
+    """One generated sequence. finish_reason is "stop", "length", "abort", "error" (its
+    request failed: see RequestOutput.error) or None (running); stop_reason is the stop
+    string or stop token id that ended it, else None."""
 
     index: int
     text: str
@@ -33,6 +34,9 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
+    """`error` is set when this request alone failed (e.g. no token could be sampled under
+    its parameters, or its stop check raised): it is finished, the other requests go on."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
@@ -41,3 +45,4 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    error: Exception | None = None

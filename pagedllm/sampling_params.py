@@ -14,6 +14,9 @@ from typing import Any, Protocol
 
 _SAMPLING_EPS = 1e-5
 _MAX_LOGIT_BIAS = 100.0
+_FLOAT32_MAX = 3.4028234663852886e38  # larger values overflow to inf in the sampler
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+DEFAULT_MAX_N = 128  # OpenAI's cap on n; LLM(max_n=...) / --max-n change it
 
 
 class RequestOutputKind(Enum):
@@ -39,17 +42,35 @@ def _fail(name: str, value: object, allowed: str) -> None:
 
 
 def _as_int(name: str, value: object, allowed: str) -> int:
+    """An int within the signed 64-bit range (the sampler's tensors are int64)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be {allowed}, got {value!r} of type {type(value).__name__}")
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        _fail(name, value, f"{allowed} in the signed 64-bit range [-2**63, 2**63 - 1]")
     return value
 
 
 def _as_float(name: str, value: object, allowed: str) -> float:
+    """A number that stays finite as float32, the sampler's dtype: 1e39 would become inf."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be {allowed}, got {value!r} of type {type(value).__name__}")
     if not math.isfinite(value):
         _fail(name, value, allowed)
+    if abs(value) > _FLOAT32_MAX:
+        _fail(name, value, f"{allowed} within float32's range (|x| <= 3.4e38)")
     return float(value)
+
+
+def check_text(name: str, text: str) -> str:
+    """`text` if it is valid Unicode; a lone surrogate (JSON's "\\ud800") cannot be
+    tokenized or sent back as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{name} is not valid Unicode: lone surrogate {text[e.start]!r} at index {e.start}"
+        ) from None
+    return text
 
 
 def _as_int_list(name: str, value: object) -> list[int]:
@@ -66,6 +87,7 @@ def _as_str_list(name: str, value: object, strip: bool) -> list[str]:
     for v in values:
         if not isinstance(v, str):
             raise TypeError(f"{name} must contain only str, got {v!r}")
+        check_text(name, v)
         if not (v.strip() if strip else v):
             raise ValueError(f"{name} cannot contain an empty string, got {values!r}")
     return list(values)
@@ -205,12 +227,15 @@ class SamplingParams:
         if not isinstance(self.output_kind, RequestOutputKind):
             raise TypeError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
 
-    def verify(self, vocab_size: int, max_logprobs: int) -> None:
-        """Checks that need the model: token ids in [0, vocab_size), logprobs within the cap.
+    def verify(self, vocab_size: int, max_logprobs: int, max_n: int = DEFAULT_MAX_N) -> None:
+        """Checks that need the engine: token ids in [0, vocab_size), logprobs within the
+        cap, n within max_n.
 
         `max_logprobs` -1 means no cap; `logprobs` -1 asks for the whole vocabulary, so it
         counts as `vocab_size` against the cap (as in vLLM).
         """
+        if self.n > max_n:
+            _fail("n", self.n, f"at most max_n={max_n} (set by LLM(max_n=...) / --max-n)")
         _check_ids_in_vocab("stop_token_ids", self.stop_token_ids, vocab_size)
         _check_ids_in_vocab("logit_bias keys", list(self.logit_bias or ()), vocab_size)
         _check_ids_in_vocab("allowed_token_ids", self.allowed_token_ids or [], vocab_size)

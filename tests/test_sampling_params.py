@@ -54,6 +54,12 @@ def test_greedy_turns_off_filters_that_cannot_change_an_argmax() -> None:
         ({"stop": ["ok", ""]}, "empty"),
         ({"bad_words": [" "]}, "empty"),
         ({"allowed_token_ids": []}, "non-empty"),
+        ({"temperature": 1e39}, "float32"),
+        ({"repetition_penalty": 1e39}, "float32"),
+        ({"seed": 2**64}, "64-bit"),
+        ({"seed": -(2**63) - 1}, "64-bit"),
+        ({"n": 2**63}, "64-bit"),
+        ({"top_k": 2**64}, "64-bit"),
     ],
 )
 def test_out_of_range_raises_value_error_naming_field_value_and_range(
@@ -104,6 +110,37 @@ def test_verify_checks_vocab_and_logprobs_cap(kwargs: dict, field: str) -> None:
     params = SamplingParams(**kwargs)
     with pytest.raises(ValueError, match=field):
         params.verify(vocab_size=10, max_logprobs=5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"logit_bias": {5: 1e39}}, "logit_bias[5] must be a finite number within float32"),
+        ({"stop_token_ids": [2**70]}, "stop_token_ids[0] must be an int in the signed 64-bit"),
+        ({"stop": ["ok", "\ud800"]}, "stop is not valid Unicode: lone surrogate"),
+        ({"bad_words": ["x\udfff"]}, "bad_words is not valid Unicode: lone surrogate"),
+    ],
+)
+def test_values_inside_containers_are_checked(kwargs: dict, words: str) -> None:
+    with pytest.raises(ValueError) as info:
+        SamplingParams(**kwargs)
+    assert words in str(info.value)
+
+
+def test_edges_of_the_ranges_are_accepted() -> None:
+    """Reference: the signed 64-bit range (vLLM's seed check) and float32's largest value."""
+    assert SamplingParams(seed=2**63 - 1).seed == 2**63 - 1
+    assert SamplingParams(seed=-(2**63)).seed == -(2**63)
+    assert SamplingParams(temperature=3.4e38).temperature == 3.4e38
+
+
+def test_verify_caps_n_at_max_n() -> None:
+    """OpenAI's cap of 128 by default; the engine passes its max_n."""
+    SamplingParams(n=128).verify(10, 5)
+    with pytest.raises(ValueError, match="max_n=128"):
+        SamplingParams(n=129).verify(10, 5)
+    with pytest.raises(ValueError, match="max_n=4"):
+        SamplingParams(n=5).verify(10, 5, max_n=4)
 
 
 def test_verify_accepts_valid_and_uncapped() -> None:

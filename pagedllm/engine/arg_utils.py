@@ -11,6 +11,7 @@ from pagedllm.config import (
     SchedulerConfig,
     resolve_device,
 )
+from pagedllm.sampling_params import DEFAULT_MAX_N
 
 # Not command-line flags: processors are Python objects, and on the command line --seed is
 # the sampling seed of the request.
@@ -34,6 +35,7 @@ class EngineArgs:
     skip_tokenizer_init: bool = False
     device: str = "auto"
     max_logprobs: int = 20
+    max_n: int = DEFAULT_MAX_N
     logprobs_mode: str = "raw_logprobs"
     logits_processors: tuple = ()
 
@@ -55,6 +57,7 @@ class EngineArgs:
             seed=self.seed,
             skip_tokenizer_init=self.skip_tokenizer_init,
             max_logprobs=self.max_logprobs,
+            max_n=self.max_n,
             logprobs_mode=self.logprobs_mode,
             logits_processors=tuple(self.logits_processors or ()),
         )

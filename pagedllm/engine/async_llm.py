@@ -21,6 +21,8 @@ from pagedllm.sampling_params import SamplingParams
 
 logger = init_logger(__name__)
 
+IDLE_HEALTH_CHECK_S = 1.0
+
 
 @dataclass
 class _Add:
@@ -43,6 +45,10 @@ class EngineDeadError(RuntimeError):
     """The engine failed while stepping, or was shut down; its open requests were aborted."""
 
 
+class RequestFailedError(RuntimeError):
+    """This request alone failed inside the engine (the others go on); `__cause__` says why."""
+
+
 class AsyncLLM:
     """Async front of an LLMEngine; `start()` inside a running event loop before use."""
 
@@ -53,6 +59,8 @@ class AsyncLLM:
         self._queues: dict[str, asyncio.Queue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self.dead_error: EngineDeadError | None = None  # why the engine thread ended early
+        self.dead = asyncio.Event()  # set (on the event loop) when dead_error is
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "AsyncLLM":
@@ -92,6 +100,8 @@ class AsyncLLM:
         iterator early (or cancelling its consumer) aborts the request, which frees its
         KV blocks at the engine's next turn.
         """
+        if self.dead_error is not None:
+            raise self.dead_error
         if not self.is_running:
             raise RuntimeError("AsyncLLM.start() was not called, or the engine stopped")
         if request_id in self._queues:
@@ -117,19 +127,33 @@ class AsyncLLM:
     # The engine thread.
 
     def _run(self) -> None:
-        while self._handle_commands(block=not self.engine.has_unfinished_requests()):
-            outputs = self._step() if self.engine.has_unfinished_requests() else []
-            self.stats = self.engine.get_stats()  # before the outputs, so no caller sees older
-            if outputs:
-                self._call_soon(self._dispatch, outputs)
+        try:
+            while self._handle_commands(block=not self.engine.has_unfinished_requests()):
+                outputs = self._step() if self.engine.has_unfinished_requests() else []
+                self.stats = self.engine.get_stats()  # before the outputs: no caller sees older
+                if outputs:
+                    self._call_soon(self._dispatch, outputs)
+        except BaseException as e:  # noqa: BLE001 - the thread dies; its callers must hear it
+            logger.exception("the engine thread died")
+            self._die(e)
         self.engine.abort_request(list(self.engine.requests))
         self.stats = self.engine.get_stats()
 
+    def _die(self, error: BaseException) -> None:
+        """The engine can serve no more: record why; the event loop fails what is open."""
+        dead = error if isinstance(error, EngineDeadError) else EngineDeadError(repr(error))
+        self.dead_error = dead
+        self._call_soon(self._on_dead)
+
     def _handle_commands(self, block: bool) -> bool:
-        """Run the queued commands (waiting for one if `block`); False once told to stop."""
+        """Run the queued commands (waiting for one if `block`); False once told to stop.
+        While idle, check the executor every second, so a dead tensor-parallel worker is
+        noticed without waiting for a request."""
         try:
-            command = self._commands.get(block=block)
+            command = self._commands.get(block=block, timeout=IDLE_HEALTH_CHECK_S)
         except queue.Empty:
+            if block and not self.engine.is_healthy():
+                raise EngineDeadError("a tensor-parallel worker died") from None
             return True
         while True:
             if isinstance(command, _Stop):
@@ -148,12 +172,14 @@ class AsyncLLM:
             return
         try:
             self.engine.add_request(command.request_id, command.prompt, command.params)
-        except (ValueError, TypeError) as e:
+        except Exception as e:  # noqa: BLE001 - a request that can't be added fails alone
             self._call_soon(_settle, command.added, e)
             return
         self._call_soon(_settle, command.added, None)
 
     def _step(self) -> list[RequestOutput]:
+        """One step. If it fails, the requests in flight end with EngineDeadError; the
+        engine goes on unless its executor is broken (a tensor-parallel worker died)."""
         try:
             return self.engine.step()
         except Exception as e:
@@ -161,6 +187,8 @@ class AsyncLLM:
             request_ids = list(self.engine.requests)
             self.engine.abort_request(request_ids)
             error = EngineDeadError(f"the engine failed while stepping: {e!r}")
+            if not self.engine.is_healthy():
+                raise error from e
             self._call_soon(self._fail, request_ids, error)
             return []
 
@@ -172,14 +200,39 @@ class AsyncLLM:
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
             outputs_queue = self._queues.get(output.request_id)
-            if outputs_queue is not None:
+            if outputs_queue is None:
+                continue
+            if output.error is not None:
+                outputs_queue.put_nowait(_request_error(output.error))
+            else:
                 outputs_queue.put_nowait(output)
+
+    def _on_dead(self) -> None:
+        """Fail every open request and every add still queued (generate checks dead_error
+        before queueing, on this loop, so none can slip in after), then set `dead` so the
+        server can exit and a supervisor restart it."""
+        self._fail(list(self._queues), self.dead_error)
+        while not self._commands.empty():
+            command = self._commands.get_nowait()
+            if isinstance(command, _Add):
+                _settle(command.added, self.dead_error)
+        self.dead.set()
 
     def _fail(self, request_ids: list[str], error: BaseException) -> None:
         for request_id in request_ids:
             outputs_queue = self._queues.get(request_id)
             if outputs_queue is not None:
                 outputs_queue.put_nowait(error)
+
+
+def _request_error(error: Exception) -> Exception:
+    """What the caller of a failed request gets: a ValueError stays one (the request's
+    parameters caused it: a 400 on the server); anything else is a RequestFailedError."""
+    if isinstance(error, ValueError | TypeError):
+        return error
+    failed = RequestFailedError(f"the request failed in the engine: {error!r}")
+    failed.__cause__ = error
+    return failed
 
 
 def _settle(future: asyncio.Future, error: BaseException | None) -> None:

@@ -5,9 +5,12 @@ import dataclasses
 import multiprocessing as mp
 import os
 import socket
+import threading
 import time
 import weakref
-from multiprocessing.connection import Connection
+from collections.abc import Callable
+from concurrent.futures import Future
+from multiprocessing.connection import Connection, wait
 
 from pagedllm.config import EngineConfig
 from pagedllm.distributed.parallel_state import (
@@ -16,8 +19,10 @@ from pagedllm.distributed.parallel_state import (
 )
 from pagedllm.engine.model_runner import ModelRunner, StepInput, StepOutput
 from pagedllm.engine.worker import (
+    ERROR,
     EXECUTE,
     INIT_KV_CACHE,
+    JOINED,
     READY,
     SHUTDOWN,
     broadcast_message,
@@ -28,7 +33,12 @@ from pagedllm.engine.worker import (
 )
 from pagedllm.sample.metadata import SamplingRow
 
-WORKER_START_TIMEOUT_S = 300.0
+WORKER_START_TIMEOUT_S = 300.0  # a healthy worker loading a large shard; failures show at once
+_POLL_S = 0.05  # how often start-up checks whether rank 0's own rendezvous has finished
+BOOTSTRAP_ADVICE = (
+    'put the code that creates the LLM under `if __name__ == "__main__":`, since each '
+    "tensor-parallel worker is a spawned process that re-imports the main module"
+)
 
 
 class Executor:
@@ -46,6 +56,11 @@ class Executor:
 
     def execute(self, step: StepInput, rows: list[SamplingRow]) -> StepOutput:
         return self.runner.execute(step, rows)
+
+    def is_healthy(self) -> bool:
+        """Whether the executor can run another step after one failed: a single process
+        has no part that can die on its own."""
+        return True
 
     def shutdown(self) -> None:
         """Nothing to stop in one process."""
@@ -77,14 +92,43 @@ class DistributedExecutor(Executor):
 
 
 class MultiprocExecutor(DistributedExecutor):
-    """Rank 0 here, ranks 1..N-1 in spawned processes; tensors move by torch.distributed."""
+    """Rank 0 here, ranks 1..N-1 in spawned processes; tensors move by torch.distributed.
+
+    Start-up never hangs on a worker that dies or raises: rank 0 joins the process group in
+    a thread while it watches the workers' pipes and exit sentinels, loads its own shard,
+    then waits for each worker's READY (its shard is loaded) the same way, and raises with
+    the worker's traceback, or its exit code, as soon as one fails.
+    """
 
     def __init__(self, config: EngineConfig) -> None:
+        _check_not_bootstrapping()
         world_size = config.parallel_config.tensor_parallel_size
         init_method = f"tcp://127.0.0.1:{_free_port()}"
-        ctx = mp.get_context("spawn")
         self.processes: list[mp.Process] = []
         self.conns: list[Connection] = []
+        self._stage: dict[int, str] = {}  # rank -> the last start-up report it sent
+        self._stopping = {"graceful": False}
+        self._finalizer = weakref.finalize(self, _stop_workers, self.processes, self._stopping)
+        try:
+            deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+            self._spawn_workers(config, world_size, init_method)
+            backend = distributed_backend(config.device)
+            rendezvous = _in_daemon_thread(
+                lambda: init_distributed_environment(world_size, 0, init_method, backend)
+            )
+            self._watch_workers(JOINED, rendezvous.done, deadline)
+            rendezvous.result()
+            device = rank_device(config.device, 0, world_size)
+            super().__init__(dataclasses.replace(config, device=device))
+            self._watch_workers(READY, lambda: not self._behind(READY), deadline)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _spawn_workers(self, config: EngineConfig, world_size: int, init_method: str) -> None:
+        """Start ranks 1..world_size-1, each with a pipe for its start-up reports. This
+        process closes its copy of the child's end, so a worker's exit reads as EOF."""
+        ctx = mp.get_context("spawn")
         for rank in range(1, world_size):
             parent_conn, child_conn = ctx.Pipe(duplex=False)
             process = ctx.Process(
@@ -94,30 +138,62 @@ class MultiprocExecutor(DistributedExecutor):
                 daemon=True,
             )
             process.start()
+            child_conn.close()
             self.processes.append(process)
             self.conns.append(parent_conn)
-        self._stopping = {"graceful": False}
-        self._finalizer = weakref.finalize(self, _stop_workers, self.processes, self._stopping)
-        try:
-            init_distributed_environment(
-                world_size, 0, init_method, distributed_backend(config.device)
-            )
-            self._wait_ready()
-            device = rank_device(config.device, 0, world_size)
-            config = dataclasses.replace(config, device=device)
-            super().__init__(config)
-        except BaseException:
-            self.shutdown()
-            raise
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
-        for rank, conn in enumerate(self.conns, start=1):
-            if not conn.poll(max(0.0, deadline - time.monotonic())):
-                raise RuntimeError(f"tensor-parallel worker {rank} did not start in time")
-            kind, detail = conn.recv()
-            if kind != READY:
-                raise RuntimeError(f"tensor-parallel worker {rank} failed:\n{detail}")
+    def _behind(self, stage: str) -> list[int]:
+        """The workers whose last start-up report is not `stage`."""
+        return [rank for rank in range(1, len(self.conns) + 1) if self._stage.get(rank) != stage]
+
+    def _watch_workers(self, stage: str, done: Callable[[], bool], deadline: float) -> None:
+        """Poll the workers until `done()`; raise as soon as one not yet at `stage` reports an
+        error or exits. Reports past `stage` stay in the pipe, so a worker's error while it
+        loads its shard waits until rank 0 has loaded its own: a bad argument, which fails
+        on every rank, is then raised by rank 0 itself."""
+        while not done():
+            behind = self._behind(stage)
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"tensor-parallel workers {behind} did not report {stage!r} within "
+                    f"{WORKER_START_TIMEOUT_S:.0f} s"
+                )
+            waitables = {
+                waitable: rank
+                for rank in behind
+                for waitable in (self.conns[rank - 1], self.processes[rank - 1].sentinel)
+            }
+            for ready in wait(list(waitables), timeout=_POLL_S):
+                self._receive(waitables[ready], stage)
+
+    def _receive(self, rank: int, stage: str) -> None:
+        """Take worker `rank`'s start-up reports up to `stage`; raise if it sent an error or
+        its pipe hit EOF (it exited). A sentinel can fire a moment before the EOF shows: the
+        next poll sees it again."""
+        conn = self.conns[rank - 1]
+        try:
+            while self._stage.get(rank) != stage and conn.poll():
+                kind, detail = conn.recv()
+                if kind == ERROR:
+                    raise RuntimeError(f"tensor-parallel worker {rank} failed to start:\n{detail}")
+                self._stage[rank] = kind
+        except EOFError:
+            raise self._silent_exit(rank) from None
+
+    def _silent_exit(self, rank: int) -> RuntimeError:
+        """A worker exited while starting without a report: killed (e.g. out of memory), or,
+        before it sent STARTED, failed while re-importing the main module."""
+        process = self.processes[rank - 1]
+        process.join(timeout=5)  # its pipe closes just before it can be reaped
+        code = process.exitcode
+        if rank in self._stage:
+            return RuntimeError(
+                f"tensor-parallel worker {rank} died while starting (exit code {code})"
+            )
+        return RuntimeError(
+            f"tensor-parallel worker {rank} died before it started (exit code {code}; its error "
+            f"is printed above). If the script creates the LLM at module level, {BOOTSTRAP_ADVICE}"
+        )
 
     def _call(self, method: str, argument: object) -> None:
         try:
@@ -139,19 +215,49 @@ class MultiprocExecutor(DistributedExecutor):
         try:
             return super().execute(step, rows)
         except RuntimeError as e:
-            if all(p.is_alive() for p in self.processes):
+            if self.is_healthy():
                 raise
             raise self._worker_failure(e) from e
 
+    def is_healthy(self) -> bool:
+        return all(p.is_alive() for p in self.processes)
+
     def shutdown(self) -> None:
-        """Tell live workers to stop, then wait for (or kill) them."""
-        if self.processes and all(p.is_alive() for p in self.processes):
+        """Tell the workers to stop if all are in the control loop, then wait for (or kill)
+        them; a worker still starting cannot take the message."""
+        if not self._behind(READY) and self.is_healthy():
             try:
                 broadcast_message((SHUTDOWN, None))
                 self._stopping["graceful"] = True
             except RuntimeError:
                 pass
         self._finalizer()
+
+
+def _check_not_bootstrapping() -> None:
+    """A spawned worker re-imports the main module; if that module creates the LLM outside
+    the main guard, the worker gets here while multiprocessing is still bootstrapping it
+    (the flag multiprocessing itself checks) and would otherwise fail obscurely."""
+    if getattr(mp.current_process(), "_inheriting", False):
+        raise RuntimeError(
+            "an LLM was created while a tensor-parallel worker re-imported the main module: "
+            + BOOTSTRAP_ADVICE
+        )
+
+
+def _in_daemon_thread(fn: Callable[[], None]) -> Future:
+    """Run `fn` in a daemon thread so the caller can watch the workers meanwhile; a
+    rendezvous left waiting for a dead worker then cannot keep the interpreter alive."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as e:  # noqa: BLE001 - the caller re-raises it via result()
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="pagedllm-tp-rendezvous", daemon=True).start()
+    return future
 
 
 def _report(conn: Connection) -> str | None:
@@ -193,7 +299,7 @@ def run_torchrun_worker(config: EngineConfig) -> None:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     init_distributed_environment(world_size, rank, "env://", distributed_backend(config.device))
     try:
-        run_worker_loop(dataclasses.replace(config, device=_torchrun_device(config)))
+        run_worker_loop(ModelRunner(dataclasses.replace(config, device=_torchrun_device(config))))
     finally:
         destroy_distributed_environment()
 

@@ -131,6 +131,7 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = self._prepare_params(params)
         text, token_ids = self._tokenize(prompt)
+        self._check_fits_cache(len(token_ids), params)
         request = Request(request_id, text, token_ids, params, arrival_time)
         seq = Sequence(
             next(self._seq_ids), token_ids, self.config.cache_config.block_size, params, request_id
@@ -148,7 +149,7 @@ class LLMEngine:
         params.update_from_generation_config(self.generation_config, self.eos_token_id)
         if self.tokenizer is not None:
             params.update_from_tokenizer(self.tokenizer)
-        params.verify(self.model_config.vocab_size, self.config.max_logprobs)
+        params.verify(self.model_config.vocab_size, self.config.max_logprobs, self.config.max_n)
         self.executor.runner.sampler.logitsprocs.validate_params(params)
         return params
 
@@ -183,6 +184,22 @@ class LLMEngine:
                 f"the prompt has {len(token_ids)} tokens, more than max_model_len={max_len}"
             )
 
+    def _check_fits_cache(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        """Bound the fan-out: n completions of up to max_tokens each (None: up to
+        max_model_len) may produce no more tokens than the whole KV cache holds. (Each one
+        alone always fits: the cache holds max_model_len; the scheduler runs them in turn.)"""
+        max_len = self.model_config.max_model_len
+        max_new = max_len - num_prompt_tokens
+        if params.max_tokens is not None:
+            max_new = min(max_new, params.max_tokens)
+        capacity = self.num_blocks * self.config.cache_config.block_size
+        if params.n * max_new > capacity:
+            raise ValueError(
+                f"n={params.n} completions of up to {max_new} tokens each may generate "
+                f"{params.n * max_new} tokens, more than the KV cache holds ({capacity} "
+                "tokens); lower n or max_tokens"
+            )
+
     def _detokenizer(
         self, prompt_ids: list[int], params: SamplingParams
     ) -> IncrementalDetokenizer | None:
@@ -205,6 +222,10 @@ class LLMEngine:
         for rid in ids:
             if self.requests.pop(rid, None) is not None:
                 self.scheduler.abort_seq(rid)
+
+    def is_healthy(self) -> bool:
+        """False once the executor cannot run steps any more (a tensor-parallel worker died)."""
+        return self.executor.is_healthy()
 
     def shutdown(self) -> None:
         """Stop tensor-parallel workers; the engine is unusable afterwards."""
@@ -284,7 +305,10 @@ class LLMEngine:
             s = out.scheduled[i]
             request = self.requests[s.seq.request_id]
             start = s.seq.num_computed_tokens - s.num_new_tokens
-            append_prompt_logprobs(request, logits, start, self.tokenizer)
+            try:
+                append_prompt_logprobs(request, logits, start, self.tokenizer)
+            except Exception as e:  # noqa: BLE001 - this request's failure, not the batch's
+                self._fail_request(request, e)
             touched.add(request.request_id)
         return touched
 
@@ -293,15 +317,30 @@ class LLMEngine:
     ) -> set[str]:
         if result.sampler_output is None:
             return set()
+        sampler_output = result.sampler_output
         requests = [self.requests[out.scheduled[i].seq.request_id] for i, _ in owners]
-        tokens = result.sampler_output.sampled_token_ids.tolist()
+        tokens = sampler_output.sampled_token_ids.tolist()
         num_logprobs = [r.params.logprobs for r in requests]
-        logprobs = logprobs_rows(result.sampler_output.logprobs, num_logprobs, self.tokenizer)
-        for request, (_, k), token, lp in zip(requests, owners, tokens, logprobs):
-            if len(request.completions) < request.params.n:
-                self._fork_completions(request)
-            self._append_token(request, request.completions[k], token, lp)
+        logprobs = logprobs_rows(sampler_output.logprobs, num_logprobs, self.tokenizer)
+        rows = zip(requests, owners, tokens, logprobs)
+        for row, (request, (_, k), token, lp) in enumerate(rows):
+            if request.error is not None:
+                continue
+            try:
+                if row in sampler_output.errors:
+                    raise sampler_output.errors[row]
+                if len(request.completions) < request.params.n:
+                    self._fork_completions(request)
+                self._append_token(request, request.completions[k], token, lp)
+            except Exception as e:  # noqa: BLE001 - this request's failure, not the batch's
+                self._fail_request(request, e)
         return {r.request_id for r in requests}
+
+    def _fail_request(self, request: Request, error: Exception) -> None:
+        """End `request` with `error` (its output says so); the batch goes on."""
+        logger.warning("request %s failed: %r", request.request_id, error)
+        request.error = error
+        self.scheduler.abort_seq(request.request_id)
 
     def _fork_completions(self, request: Request) -> None:
         """Completions 1..n-1 start as copies of the parent, sharing its KV blocks."""

@@ -60,9 +60,12 @@ class Request:
         self.prompt_logprobs: PromptLogprobs | None = None
         self.num_cached_tokens = 0
         self.num_sent_prompt_logprobs = 0
+        self.error: Exception | None = None
 
     @property
     def finished(self) -> bool:
+        if self.error is not None:
+            return True
         return len(self.completions) == self.params.n and all(
             c.seq.is_finished for c in self.completions
         )
@@ -83,6 +86,7 @@ class Request:
             outputs=outputs,
             finished=finished,
             num_cached_tokens=self.num_cached_tokens,
+            error=self.error,
         )
 
     def _prompt_logprobs_to_send(self, delta: bool) -> PromptLogprobs | None:
@@ -109,6 +113,11 @@ class Request:
             token_ids=token_ids[token_start:],
             cumulative_logprob=c.cumulative_logprob if c.logprobs is not None else None,
             logprobs=logprobs,
-            finish_reason=c.seq.status.finish_reason,
+            finish_reason=self._finish_reason(c),
             stop_reason=c.stop_reason,
         )
+
+    def _finish_reason(self, c: Completion) -> str | None:
+        """The sequence's, except that sequences ended by the request's failure say "error"."""
+        reason = c.seq.status.finish_reason
+        return "error" if self.error is not None and reason in (None, "abort") else reason

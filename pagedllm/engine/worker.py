@@ -7,6 +7,7 @@ all-gather) carry the tensors. Only rank 0 samples.
 
 import ctypes
 import dataclasses
+import multiprocessing
 import os
 import signal
 import traceback
@@ -21,11 +22,18 @@ from pagedllm.distributed.parallel_state import (
     get_cpu_group,
     init_distributed_environment,
 )
+from pagedllm.engine.model_runner import ModelRunner
 
 SHUTDOWN = "shutdown"
 INIT_KV_CACHE = "init_kv_cache"
 EXECUTE = "execute"
-READY = "ready"
+
+# Start-up reports a spawned worker sends rank 0 over its pipe, in this order. A worker that
+# exits before STARTED never ran worker_main: it failed while re-importing the main module.
+STARTED = "started"
+JOINED = "joined"  # it is in the process group
+READY = "ready"  # its shard is loaded, so it is in the control loop
+ERROR = "error"  # its traceback; the last thing it sends
 
 
 def broadcast_message(message: tuple[str, object] | None) -> tuple[str, object]:
@@ -49,11 +57,8 @@ def rank_device(device: str, local_rank: int, ranks_on_host: int = 1) -> str:
     return f"cuda:{local_rank}"
 
 
-def run_worker_loop(config: EngineConfig) -> None:
+def run_worker_loop(runner: ModelRunner) -> None:
     """Follow rank 0's messages until it says shutdown."""
-    from pagedllm.engine.model_runner import ModelRunner
-
-    runner = ModelRunner(config)
     while True:
         method, argument = broadcast_message(None)
         if method == SHUTDOWN:
@@ -67,11 +72,16 @@ def run_worker_loop(config: EngineConfig) -> None:
 
 
 def _die_with_parent() -> None:
-    """Linux: get SIGKILL when the parent (rank 0) dies, so no worker is left orphaned."""
+    """Linux: get SIGKILL when the parent (rank 0) dies, so no worker is left orphaned. A
+    parent that died while this worker was still importing is gone before the signal is
+    armed, so that case exits here."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    parent = multiprocessing.parent_process()
+    if parent is not None and not parent.is_alive():
+        raise SystemExit(1)
 
 
 def worker_main(
@@ -80,15 +90,18 @@ def worker_main(
     """Entry point of a spawned worker process; reports its traceback to rank 0 on error."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
+    conn.send((STARTED, None))
     try:
         backend = distributed_backend(config.device)
         device = rank_device(config.device, rank, world_size)
         config = dataclasses.replace(config, device=device)
         init_distributed_environment(world_size, rank, init_method, backend)
+        conn.send((JOINED, None))
+        runner = ModelRunner(config)
         conn.send((READY, None))
-        run_worker_loop(config)
+        run_worker_loop(runner)
     except BaseException:  # noqa: BLE001 - everything goes back to rank 0
-        conn.send(("error", traceback.format_exc()))
+        conn.send((ERROR, traceback.format_exc()))
         raise SystemExit(1) from None
     finally:
         destroy_distributed_environment()

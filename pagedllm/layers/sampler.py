@@ -10,7 +10,7 @@ Sampler keeps them in step with the batch.
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 import torch
@@ -32,8 +32,12 @@ LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "proc
 
 @dataclass
 class SamplerOutput:
+    """`errors` maps the rows that could not sample (their request fails, the others go
+    on) to why; their entry in sampled_token_ids is a placeholder 0."""
+
     sampled_token_ids: torch.Tensor  # [B] int64
     logprobs: LogprobsTensors | None  # None when no row asked for logprobs
+    errors: dict[int, Exception] = field(default_factory=dict)
 
 
 class Sampler(nn.Module):
@@ -52,12 +56,30 @@ class Sampler(nn.Module):
                 f"logprobs_mode must be one of {get_args(LogprobsMode)}, got {logprobs_mode!r}"
             )
         self.logprobs_mode = logprobs_mode
-        device = torch.device(device)
-        self.logitsprocs = build_logitsprocs(vocab_size, device, custom=logits_processors)
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self.logitsprocs = build_logitsprocs(vocab_size, self.device, custom=logits_processors)
+        self.has_custom_processors = bool(logits_processors)
         self._num_rows = 0  # rows the processors currently hold state for
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        """logits [B, V] -> SamplerOutput with sampled_token_ids [B]."""
+        """logits [B, V] -> SamplerOutput with sampled_token_ids [B].
+
+        Custom processors are user code that may fail for one request's arguments: if the
+        batch fails with them, each row is sampled alone from a saved copy of the logits,
+        so only the rows that fail alone get an error.
+        """
+        saved = None
+        if self.has_custom_processors and len(metadata.rows) > 1:
+            saved = logits.clone()
+        try:
+            return self._sample_batch(logits, metadata)
+        except Exception:
+            if saved is None:
+                raise
+            return self._sample_rows_alone(saved, metadata)
+
+    def _sample_batch(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         self._refresh_logitsprocs(metadata)
         num_logprobs = metadata.max_num_logprobs
         raw = None
@@ -66,11 +88,42 @@ class Sampler(nn.Module):
         elif num_logprobs is not None and self.logprobs_mode == "raw_logits":
             raw = logits.to(torch.float32, copy=True)
         logits = self.apply_logits_processors(logits.to(torch.float32), metadata)
-        sampled, processed = self.sample(logits, metadata)
+        sampled, final_logits = self.sample(logits, metadata)
+        sampled, errors = _reject_unsampleable(sampled, final_logits)
+        processed = self._processed(final_logits, metadata)
         if num_logprobs is None:
-            return SamplerOutput(sampled, None)
+            return SamplerOutput(sampled, None, errors)
         reported = raw if processed is None else processed
-        return SamplerOutput(sampled, gather_logprobs(reported, num_logprobs, sampled))
+        return SamplerOutput(sampled, gather_logprobs(reported, num_logprobs, sampled), errors)
+
+    def _sample_rows_alone(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        """Each row as a batch of one, with the batch's logprobs count so the rows stack."""
+        outputs, errors = [], {}
+        for i, row in enumerate(metadata.rows):
+            alone = SamplingMetadata.build([row], self.vocab_size, self.device)
+            alone.max_num_logprobs = metadata.max_num_logprobs
+            try:
+                outputs.append(self._sample_batch(logits[i : i + 1].clone(), alone))
+            except Exception as e:  # noqa: BLE001 - the row's own failure, reported to it
+                errors[i] = e
+                outputs.append(self._placeholder(logits[i : i + 1], alone))
+            if outputs[-1].errors:
+                errors[i] = outputs[-1].errors[0]
+        sampled = torch.cat([o.sampled_token_ids for o in outputs])
+        if metadata.max_num_logprobs is None:
+            return SamplerOutput(sampled, None, errors)
+        parts = [o.logprobs for o in outputs]
+        logprobs = LogprobsTensors(*(torch.cat(tensors) for tensors in zip(*parts)))
+        return SamplerOutput(sampled, logprobs, errors)
+
+    @staticmethod
+    def _placeholder(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        """Token 0 with logprobs of the right shape, for a row that failed."""
+        sampled = torch.zeros(1, dtype=torch.long, device=logits.device)
+        if metadata.max_num_logprobs is None:
+            return SamplerOutput(sampled, None)
+        zeros = torch.zeros_like(logits, dtype=torch.float32)
+        return SamplerOutput(sampled, gather_logprobs(zeros, metadata.max_num_logprobs, sampled))
 
     def _refresh_logitsprocs(self, metadata: SamplingMetadata) -> None:
         """Tell every processor the whole batch: each row added at its index, rows past the
@@ -112,28 +165,48 @@ class Sampler(nn.Module):
 
     def sample(
         self, logits: torch.Tensor, metadata: SamplingMetadata
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> (sampled [B] int64, processed logprobs or logits [B, V] if a processed mode
-        and some row asked for logprobs, else None)."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (sampled [B] int64, the final logits [B, V] the tokens were drawn from)."""
         greedy = None if metadata.all_random else logits.argmax(dim=-1)
         if metadata.all_greedy:
-            return greedy, self._processed(logits, metadata)
+            return greedy, logits
         logits.div_(metadata.temperature.unsqueeze(1))
         for processor in self.logitsprocs.argmax_invariant:
             logits = processor.apply(logits)
         logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
-        processed = self._processed(logits, metadata)
         sampled = random_sample(logits, metadata.generators)
         if greedy is not None:
             sampled = torch.where(metadata.greedy_mask, greedy, sampled)
-        return sampled, processed
+        return sampled, logits
 
     def _processed(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor | None:
+        """Processed logprobs or logits [B, V] if a processed mode and some row asked for
+        logprobs, else None."""
         if metadata.max_num_logprobs is None or not self.logprobs_mode.startswith("processed"):
             return None
         if self.logprobs_mode == "processed_logprobs":
             return compute_logprobs(logits)
         return logits  # not modified after this point
+
+
+def _reject_unsampleable(
+    sampled: torch.Tensor, logits: torch.Tensor
+) -> tuple[torch.Tensor, dict[int, Exception]]:
+    """Rows whose token is no real choice (its logit -inf or NaN, or out of range: every
+    token was masked, or the request's parameters overflowed float32) -> their errors, and
+    the tokens with 0 in their place. O(B): one gathered logit per row."""
+    vocab_size = logits.shape[1]
+    in_range = (sampled >= 0) & (sampled < vocab_size)
+    chosen = logits.gather(1, sampled.clamp(0, vocab_size - 1).unsqueeze(1)).squeeze(1)
+    bad = ~in_range | chosen.isnan() | (chosen == float("-inf"))
+    rows = bad.nonzero().squeeze(1).tolist()
+    if not rows:
+        return sampled, {}
+    message = (
+        "no token can be sampled for this request: after allowed_token_ids, bad_words, "
+        "logit_bias, min_tokens, penalties and temperature every logit is -inf or NaN"
+    )
+    return sampled.masked_fill(bad, 0), {row: ValueError(message) for row in rows}
 
 
 def random_sample(logits: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:

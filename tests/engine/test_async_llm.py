@@ -167,3 +167,77 @@ def test_shutdown_ends_open_requests(tiny_model_path: Callable) -> None:
         assert not llm.engine.has_unfinished_requests()
 
     asyncio.run(main())
+
+
+def test_failed_request_raises_in_its_stream_only(tiny_model_path: Callable) -> None:
+    """No token can be sampled for "doomed" (its only allowed token is banned by
+    min_tokens): its stream raises ValueError; a request running beside it completes."""
+    engine = make_engine(tiny_model_path(LLAMA))
+    doomed = SamplingParams(
+        allowed_token_ids=[5], stop_token_ids=[5], min_tokens=2, output_kind=RequestOutputKind.DELTA
+    )
+
+    async def body(llm: AsyncLLM) -> list:
+        bystander = asyncio.ensure_future(collect_tokens(llm, PROMPTS[1], 12, "bystander"))
+        with pytest.raises(ValueError, match="no token can be sampled"):
+            async for _ in llm.generate({"prompt_token_ids": PROMPTS[0]}, doomed, "doomed"):
+                pass
+        return await bystander
+
+    assert len(run_async(engine, body)) == 12
+    assert engine.get_stats().num_free_blocks == engine.num_blocks
+
+
+def test_add_request_crash_fails_that_request_only(
+    tiny_model_path: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine(tiny_model_path(LLAMA))
+    real_add = engine.add_request
+
+    def add_request(request_id: str, *args: object) -> None:
+        if request_id == "crash":
+            raise MemoryError("no room for its generators")
+        real_add(request_id, *args)
+
+    monkeypatch.setattr(engine, "add_request", add_request)
+
+    async def body(llm: AsyncLLM) -> list:
+        with pytest.raises(MemoryError):
+            await collect_tokens(llm, PROMPTS[0], 4, "crash")
+        assert llm.is_running
+        return await collect_tokens(llm, PROMPTS[0], 4, "fine")
+
+    assert len(run_async(engine, body)) == 4
+
+
+def test_broken_executor_kills_the_engine(
+    tiny_model_path: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that fails with the executor broken (a dead tensor-parallel worker) ends the
+    engine: open requests and new ones get EngineDeadError, `dead` is set."""
+    engine = make_engine(tiny_model_path(LLAMA))
+    monkeypatch.setattr(engine, "step", lambda: 1 / 0)
+    monkeypatch.setattr(engine, "is_healthy", lambda: False)
+
+    async def body(llm: AsyncLLM) -> None:
+        with pytest.raises(EngineDeadError, match="ZeroDivisionError"):
+            await collect_tokens(llm, PROMPTS[0], 4, "doomed")
+        await asyncio.wait_for(llm.dead.wait(), timeout=5)
+        assert not llm.is_running
+        with pytest.raises(EngineDeadError):
+            await collect_tokens(llm, PROMPTS[0], 4, "late")
+
+    run_async(engine, body)
+
+
+def test_idle_engine_notices_a_broken_executor(
+    tiny_model_path: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine(tiny_model_path(LLAMA))
+
+    async def body(llm: AsyncLLM) -> None:
+        monkeypatch.setattr(engine, "is_healthy", lambda: False)
+        await asyncio.wait_for(llm.dead.wait(), timeout=5)
+        assert "tensor-parallel worker died" in str(llm.dead_error)
+
+    run_async(engine, body)

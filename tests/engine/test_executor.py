@@ -1,6 +1,6 @@
 """Tensor parallelism (gloo, 2 ranks on CPU) against tensor_parallel_size=1 on the same
 weights: identical greedy tokens, fp32 logprobs within 1e-5, half the bytes per rank,
-clean shutdown, and a clear error when a worker dies."""
+clean shutdown, and a clear error when a worker dies, in use or while starting."""
 
 import json
 import os
@@ -105,11 +105,13 @@ def test_dropping_the_llm_stops_workers(tiny_model_path) -> None:
 
 def test_killed_worker_raises_clear_error_fast(tiny_model_path) -> None:
     llm = LLM(tiny_model_path("llama-gqa4"), tensor_parallel_size=2, **ENGINE)
+    assert llm.llm_engine.executor.is_healthy()
     os.kill(worker_pids(llm)[0], signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="tensor-parallel worker 1"):
         llm.generate(mixed_prompts(), PARAMS, use_tqdm=False)
     assert time.monotonic() - start < 10
+    assert not llm.llm_engine.executor.is_healthy()
     llm.close()
 
 
@@ -144,3 +146,70 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_marked(args: list[str], marker: str) -> subprocess.CompletedProcess:
+    """Run a script whose processes (spawned workers included) carry `marker` in their
+    environment, so `marked_processes` can find any left behind."""
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "TP_MARKER": marker},
+    )
+
+
+def marked_processes(marker: str, grace_s: float = 5.0) -> list[int]:
+    """Live processes with `marker` in their environment, once `grace_s` has let those that
+    exit with their parent (multiprocessing's resource tracker) go."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        environs = Path("/proc").glob("[0-9]*/environ")
+        pids = [int(e.parent.name) for e in environs if marked(e, marker)]
+        pids = [pid for pid in pids if alive(pid)]
+        if not pids or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.1)
+
+
+def marked(environ: Path, marker: str) -> bool:
+    try:
+        return f"TP_MARKER={marker}".encode() in environ.read_bytes()
+    except OSError:  # gone, or not ours
+        return False
+
+
+def test_script_without_main_guard_fails_fast_with_advice(tiny_model_path, tmp_path) -> None:
+    """multiprocessing's spawn re-imports the main module in each worker (vLLM gives the
+    same advice): a module-level LLM must not hang rank 0 in its rendezvous."""
+    script = tmp_path / "no_main_guard.py"
+    script.write_text(
+        "import sys\n"
+        "from pagedllm import LLM\n"
+        "LLM(sys.argv[1], tensor_parallel_size=2, skip_tokenizer_init=True, num_kv_blocks=256)\n"
+    )
+    path, marker = tiny_model_path("llama-gqa4"), f"no-guard-{os.getpid()}-{time.monotonic_ns()}"
+    start = time.monotonic()
+    result = run_marked([str(script), path], marker)
+    assert time.monotonic() - start < 30
+    assert result.returncode != 0
+    assert 'if __name__ == "__main__":' in result.stderr, result.stderr[-3000:]
+    assert "tensor-parallel worker 1 died" in result.stderr
+    assert marked_processes(marker) == []
+
+
+def test_worker_failing_to_load_its_shard_raises_its_error(tiny_model_path) -> None:
+    """Worker 1's ModelRunner raises an injected MemoryError: LLM() raises it at once
+    instead of waiting for a READY that never comes."""
+    script = Path(__file__).with_name("tp_worker_fails_loading.py")
+    marker = f"load-fails-{os.getpid()}-{time.monotonic_ns()}"
+    result = run_marked([str(script), tiny_model_path("llama-gqa4")], marker)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = result.stdout
+    assert "ERROR tensor-parallel worker 1 failed to start" in report
+    assert "MemoryError: injected: the shard does not fit on this worker" in report
+    seconds = float(report.split("SECONDS ")[1].split()[0])
+    assert seconds < 30
+    assert "LIVE_WORKERS 0" in report
+    assert marked_processes(marker) == []

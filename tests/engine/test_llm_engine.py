@@ -260,3 +260,62 @@ def test_n_seeded_samples_survive_preemption(tiny_model_path, spread_prompts) ->
         assert (engine.scheduler.num_preemptions > 0) == (kwargs["num_kv_blocks"] == 17)
     assert results[0] == results[1]
     assert all(len({tuple(c) for c in completions}) == 3 for completions in results[0])
+
+
+def greedy_tokens(run: Run, ids: list[str]) -> list[list[int]]:
+    return [run.outputs[rid].outputs[0].token_ids for rid in ids]
+
+
+def test_request_that_cannot_sample_fails_alone(tiny_model_path, spread_prompts) -> None:
+    """Its only allowed token is banned by min_tokens: it ends with an error at its first
+    token; the others' tokens equal a run without it, and every block is freed."""
+    path, prompts = tiny_model_path(LLAMA), spread_prompts[1:4]
+    alone = make_engine(path, num_kv_blocks=60)
+    alone_ids = add_prompts(alone, prompts, greedy(6))
+    expected = greedy_tokens(run_all(alone), alone_ids)
+    engine = make_engine(path, num_kv_blocks=60)
+    ids = add_prompts(engine, prompts, greedy(6))
+    doomed = SamplingParams(allowed_token_ids=[5], stop_token_ids=[5], min_tokens=2)
+    engine.add_request("doomed", {"prompt_token_ids": prompts[0]}, doomed)
+    run = run_all(engine)
+    failed = run.outputs["doomed"]
+    assert failed.finished and "no token can be sampled" in str(failed.error)
+    assert failed.outputs[0].finish_reason == "error" and failed.outputs[0].token_ids == []
+    assert greedy_tokens(run, ids) == expected
+    assert all(run.outputs[rid].error is None for rid in ids)
+
+
+def test_stop_check_that_raises_fails_only_its_request(
+    tiny_model_path, spread_prompts, monkeypatch
+) -> None:
+    """A failure in one request's output processing (here its stop check) ends it alone."""
+    from pagedllm.engine import llm_engine
+
+    real_check_stop = llm_engine.check_stop
+
+    def check_stop(seq, params, *args):  # noqa: ANN001, ANN202
+        if (params.extra_args or {}).get("boom") and len(seq.output_token_ids) == 3:
+            raise RuntimeError("stop check exploded")
+        return real_check_stop(seq, params, *args)
+
+    monkeypatch.setattr(llm_engine, "check_stop", check_stop)
+    engine = make_engine(tiny_model_path(LLAMA), num_kv_blocks=60)
+    ids = add_prompts(engine, spread_prompts[1:3], greedy(8))
+    boom = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, extra_args={"boom": 1})
+    engine.add_request("boom", {"prompt_token_ids": spread_prompts[3]}, boom)
+    run = run_all(engine)
+    assert "stop check exploded" in str(run.outputs["boom"].error)
+    assert len(run.outputs["boom"].outputs[0].token_ids) == 3
+    assert [len(t) for t in greedy_tokens(run, ids)] == [8, 8]
+
+
+def test_fan_out_beyond_the_cache_and_max_n_are_rejected(tiny_model_path, spread_prompts) -> None:
+    """n x max_tokens must fit in the whole cache (40 blocks x 16 = 640 tokens); n <= max_n."""
+    engine = make_engine(tiny_model_path(LLAMA), num_kv_blocks=40, max_n=8)
+    prompt = {"prompt_token_ids": spread_prompts[1]}
+    with pytest.raises(ValueError, match="more than the KV cache holds"):
+        engine.add_request("wide", prompt, SamplingParams(n=3, max_tokens=None))
+    with pytest.raises(ValueError, match="max_n=8"):
+        engine.add_request("many", prompt, SamplingParams(n=9, max_tokens=1))
+    engine.add_request("fits", prompt, SamplingParams(n=8, max_tokens=80))
+    assert len(run_all(engine).outputs["fits"].outputs) == 8

@@ -8,7 +8,7 @@ Run as `pagedllm serve ...` or `python -m pagedllm.entrypoints.openai.api_server
 """
 
 import argparse
-import copy
+import asyncio
 import importlib.metadata
 import secrets
 import sys
@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
 from pagedllm.entrypoints.openai.errors import add_exception_handlers, error_response
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
 from pagedllm.entrypoints.openai.protocol import (
@@ -41,6 +42,10 @@ from pagedllm.entrypoints.openai.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
+from pagedllm.entrypoints.openai.request_size import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    RequestSizeLimitMiddleware,
+)
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
@@ -50,7 +55,7 @@ from pagedllm.model_loader.default_model import DEFAULT_MODEL_FILE
 logger = init_logger(__name__)
 
 DEFAULT_SERVED_MODEL_NAME = DEFAULT_MODEL_FILE.split(".")[0]  # SmolLM2-135M-Instruct
-_ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 500)}
+_ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 500, 503)}
 _SSE = {200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE if stream"}}
 
 router = APIRouter()
@@ -100,12 +105,12 @@ async def create_chat_completion(request: ChatCompletionRequest, raw_request: Re
 
 @router.post("/tokenize", responses=_ERRORS)
 async def tokenize(request: TokenizeRequest, raw_request: Request) -> TokenizeResponse:
-    return raw_request.app.state.serving_tokenization.tokenize(request)
+    return await raw_request.app.state.serving_tokenization.tokenize(request)
 
 
 @router.post("/detokenize", responses=_ERRORS)
 async def detokenize(request: DetokenizeRequest, raw_request: Request) -> DetokenizeResponse:
-    return raw_request.app.state.serving_tokenization.detokenize(request)
+    return await raw_request.app.state.serving_tokenization.detokenize(request)
 
 
 class ApiKeyMiddleware:
@@ -134,10 +139,24 @@ class ApiKeyMiddleware:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     engine: AsyncLLM = app.state.engine
     engine.start()
+    watcher = asyncio.ensure_future(_stop_when_engine_dies(app))
     try:
         yield
     finally:
+        watcher.cancel()
         await engine.shutdown()
+        app.state.tokenizer.shutdown()
+
+
+async def _stop_when_engine_dies(app: FastAPI) -> None:
+    """A dead engine serves no one: tell uvicorn (if it runs the app) to stop, so `run`
+    exits non-zero and a supervisor restarts the server, as vLLM does."""
+    engine: AsyncLLM = app.state.engine
+    await engine.dead.wait()
+    logger.error("the engine died (%s); stopping the server", engine.dead_error)
+    server = getattr(app.state, "uvicorn_server", None)
+    if server is not None:
+        server.should_exit = True
 
 
 def build_app(
@@ -145,6 +164,7 @@ def build_app(
     served_model_names: list[str],
     api_key: str | None = None,
     chat_template: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
     """The app over a (not yet started) engine; its lifespan starts and stops the engine."""
     if engine.engine.tokenizer is None:
@@ -158,11 +178,14 @@ def build_app(
     )
     app.include_router(router)
     add_exception_handlers(app)
+    app.add_middleware(RequestSizeLimitMiddleware, max_bytes=max_request_bytes)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     metrics = ServerMetrics(lambda: engine.stats, served_model_names[0])
-    shared = (engine, copy.deepcopy(engine.engine.tokenizer), served_model_names, metrics)
+    tokenizer = AsyncTokenizer(engine.engine.tokenizer)
+    shared = (engine, tokenizer, served_model_names, metrics)
     app.state.engine = engine
+    app.state.tokenizer = tokenizer
     app.state.metrics = metrics
     app.state.serving_completion = OpenAIServingCompletion(*shared, chat_template)
     app.state.serving_chat = OpenAIServingChat(*shared, chat_template)
@@ -193,6 +216,12 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--chat-template", default=None, help="a Jinja chat template file (default: the model's)"
+    )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="larger request bodies get 413 before they are read (default 32 MiB)",
     )
     parser.add_argument(
         "--uvicorn-log-level",
@@ -226,17 +255,24 @@ def read_chat_template(path: str | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> None:
+    """Serve until stopped; exits with status 1 if the engine died (see
+    _stop_when_engine_dies)."""
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     chat_template = read_chat_template(args.chat_template)
     names = args.served_model_name or [args.model or DEFAULT_SERVED_MODEL_NAME]
     engine = AsyncLLM.from_engine_args(EngineArgs.from_cli_args(args))
-    app = build_app(engine, names, args.api_key, chat_template)
+    app = build_app(engine, names, args.api_key, chat_template, args.max_request_bytes)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
+    app.state.uvicorn_server = server = uvicorn.Server(config)
     logger.info("serving %s at http://%s:%d/v1", names[0], args.host, args.port)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
+        server.run()
     finally:
         engine.engine.shutdown()  # tensor-parallel workers stop with the server
+    if engine.dead_error is not None:
+        print(f"pagedllm serve: the engine died: {engine.dead_error}", file=sys.stderr)
+        sys.exit(1)
 
 
 def main(argv: list[str] | None = None) -> None:

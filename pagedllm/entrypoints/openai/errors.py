@@ -12,7 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pagedllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from pagedllm.engine.async_llm import EngineDeadError
+from pagedllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields
 from pagedllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -40,8 +41,17 @@ class OpenAIError(Exception):
 def error_body(
     message: str, status_code: int, param: str | None = None, code: str | None = None
 ) -> ErrorResponse:
+    """Lone surrogates of the client's input that a message quotes are escaped, so the
+    body always encodes as UTF-8."""
     kind = "server_error" if status_code >= 500 else "invalid_request_error"
+    message, param = _printable(message), _printable(param)
     return ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=code))
+
+
+def _printable(text: str | None) -> str | None:
+    if text is None:
+        return None
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_response(
@@ -57,6 +67,19 @@ def invalid_value_error(error: ValueError | TypeError, fields: Iterable[str]) ->
     message = str(error)
     first_word = message.split(" ", 1)[0]
     return OpenAIError(message, param=first_word if first_word in set(fields) else None)
+
+
+def engine_error(error: Exception) -> OpenAIError:
+    """The answer to an error raised while a request runs: its own ValueError/TypeError
+    is a 400, a dead engine a 503 (the server is about to restart), anything else a 500
+    for this request only."""
+    if isinstance(error, OpenAIError):
+        return error
+    if isinstance(error, ValueError | TypeError):
+        return invalid_value_error(error, SamplingFields.model_fields)
+    if isinstance(error, EngineDeadError):
+        return OpenAIError(str(error), HTTPStatus.SERVICE_UNAVAILABLE, code="engine_dead")
+    return OpenAIError(str(error), HTTPStatus.INTERNAL_SERVER_ERROR)
 
 
 def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:
@@ -93,6 +116,8 @@ async def _on_http_error(_: Request, error: StarletteHTTPException) -> JSONRespo
 
 
 async def _on_unexpected_error(_: Request, error: Exception) -> JSONResponse:
+    if isinstance(error, EngineDeadError):
+        return error_response(str(error), HTTPStatus.SERVICE_UNAVAILABLE, code="engine_dead")
     logger.exception("unexpected error while serving a request", exc_info=error)
     return error_response(f"internal server error: {error!r}", HTTPStatus.INTERNAL_SERVER_ERROR)
 

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams, check_text
 
 TokenIds = list[int]
 
@@ -26,6 +26,33 @@ class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class OpenAIRequestModel(OpenAIBaseModel):
+    """A request body: numbers must be finite (NaN and +-Infinity, as JSON literals or
+    strings, are refused) and text valid Unicode (no lone surrogates), so no bad value
+    reaches the engine. Value ranges are SamplingParams' to check."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_unicode(cls, value: object, info: ValidationInfo) -> object:
+        _check_strings(info.field_name, value)
+        return value
+
+
+def _check_strings(name: str, value: object) -> None:
+    """Raise ValueError naming `name` if any str inside `value` has a lone surrogate."""
+    if isinstance(value, str):
+        check_text(name, value)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _check_strings(name, item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_strings(name, key)
+            _check_strings(name, item)
+
+
 class ErrorInfo(OpenAIBaseModel):
     message: str
     type: str
@@ -37,7 +64,7 @@ class ErrorResponse(OpenAIBaseModel):
     error: ErrorInfo
 
 
-class StreamOptions(OpenAIBaseModel):
+class StreamOptions(OpenAIRequestModel):
     include_usage: bool = False
 
 
@@ -54,7 +81,7 @@ class UsageInfo(OpenAIBaseModel):
         )
 
 
-class SamplingFields(OpenAIBaseModel):
+class SamplingFields(OpenAIRequestModel):
     """Fields shared by completions and chat: OpenAI's, then vLLM's extras."""
 
     model: str | None = None
@@ -172,12 +199,12 @@ class CompletionStreamResponse(CompletionResponse):
 # /v1/chat/completions
 
 
-class ContentPart(OpenAIBaseModel):
+class ContentPart(OpenAIRequestModel):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(OpenAIBaseModel):
+class ChatMessage(OpenAIRequestModel):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -197,7 +224,7 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0)
     add_generation_prompt: bool = True
 
     @property
@@ -283,7 +310,7 @@ class ModelList(OpenAIBaseModel):
     data: list[ModelCard]
 
 
-class TokenizeRequest(OpenAIBaseModel):
+class TokenizeRequest(OpenAIRequestModel):
     """Give `prompt` (plain text) or `messages` (run through the chat template)."""
 
     model: str | None = None
@@ -299,7 +326,7 @@ class TokenizeResponse(OpenAIBaseModel):
     tokens: TokenIds
 
 
-class DetokenizeRequest(OpenAIBaseModel):
+class DetokenizeRequest(OpenAIRequestModel):
     model: str | None = None
     tokens: TokenIds
 

@@ -41,7 +41,7 @@ class OpenAIServingChat(OpenAIServing):
         model = self.check_model(request.model)
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
-        prompt_ids = self.apply_chat_template(request.messages, request.add_generation_prompt)
+        prompt_ids = await self.apply_chat_template(request.messages, request.add_generation_prompt)
         max_tokens = self.max_tokens(request.requested_max_tokens, len(prompt_ids), "messages")
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
         params = self.sampling_params(request, max_tokens, logprobs)

@@ -39,7 +39,7 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> CompletionResponse | StreamingResponse:
         arrival_time = time.monotonic()
         model = self.check_model(request.model)
-        prompts = self._prompts(request.prompt)
+        prompts = await self._prompts(request.prompt)
         echo_logprobs = request.logprobs if request.echo else None
         params = [
             self.sampling_params(
@@ -64,7 +64,7 @@ class OpenAIServingCompletion(OpenAIServing):
         finals = await until_disconnected(self.collect(outputs, len(prompts)), raw_request)
         return self._response(request, request_id, model, prompts, finals)
 
-    def _prompts(self, prompt: str | list) -> list[Prompt]:
+    async def _prompts(self, prompt: str | list) -> list[Prompt]:
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             prompt = [prompt]
         if not prompt:
@@ -72,10 +72,10 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts = []
         for p in prompt:
             if isinstance(p, str):
-                prompts.append((p, self.encode(p)))
+                prompts.append((p, await self.encode(p)))
             else:
                 ids = self.check_token_ids(p, "prompt")
-                prompts.append((self.tokenizer.decode(ids), ids))
+                prompts.append((await self.async_tokenizer.decode(ids), ids))
         return prompts
 
     # Answers.

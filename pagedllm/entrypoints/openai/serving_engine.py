@@ -2,9 +2,8 @@
 context-length rule, SamplingParams from a request, and running requests on the AsyncLLM
 (aborting them when the client goes away).
 
-The server tokenizes on the event loop with its own copy of the tokenizer, shared by the
-endpoints; the engine thread's tokenizer stays the engine's alone (HF fast tokenizers are
-not thread-safe).
+The server tokenizes with its own AsyncTokenizer (off the event loop, so a huge prompt
+stalls no other client); the engine thread's tokenizer stays the engine's alone.
 """
 
 import asyncio
@@ -16,12 +15,16 @@ from typing import TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
-from jinja2 import TemplateError
 from pydantic import BaseModel
-from transformers import PreTrainedTokenizerBase
 
-from pagedllm.engine.async_llm import AsyncLLM, EngineDeadError
-from pagedllm.entrypoints.openai.errors import OpenAIError, error_body, invalid_value_error
+from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
+from pagedllm.entrypoints.openai.errors import (
+    OpenAIError,
+    engine_error,
+    error_body,
+    invalid_value_error,
+)
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
 from pagedllm.entrypoints.openai.protocol import ChatMessage, SamplingFields
 from pagedllm.outputs import CompletionOutput, PromptLogprobs, RequestOutput
@@ -37,14 +40,15 @@ class OpenAIServing:
     def __init__(
         self,
         engine: AsyncLLM,
-        tokenizer: PreTrainedTokenizerBase,
+        tokenizer: AsyncTokenizer,
         served_model_names: list[str],
         metrics: ServerMetrics,
         chat_template: str | None = None,
     ) -> None:
-        """`tokenizer` is the server's own copy (see the module docstring)."""
+        """`tokenizer` is the server's own (see the module docstring)."""
         self.engine = engine
-        self.tokenizer = tokenizer
+        self.async_tokenizer = tokenizer
+        self.tokenizer = tokenizer.sync
         self.served_model_names = served_model_names
         self.metrics = metrics
         self.chat_template = chat_template
@@ -52,6 +56,7 @@ class OpenAIServing:
         self.max_model_len = config.model_config.max_model_len
         self.vocab_size = config.model_config.vocab_size
         self.max_logprobs = config.max_logprobs
+        self.max_n = config.max_n
 
     def check_model(self, model: str | None) -> str:
         """The model name to answer with; 404 for a name this server does not serve."""
@@ -68,8 +73,8 @@ class OpenAIServing:
 
     # Prompts.
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return await self.async_tokenizer.encode(text, add_special_tokens)
 
     def check_token_ids(self, token_ids: Sequence[int], param: str) -> list[int]:
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
@@ -80,21 +85,18 @@ class OpenAIServing:
             )
         return list(token_ids)
 
-    def apply_chat_template(
+    async def apply_chat_template(
         self, messages: list[ChatMessage], add_generation_prompt: bool = True
     ) -> list[int]:
+        """Any failure of the template (it may raise on roles or orders it does not
+        support) is the messages' fault: a 400."""
         conversation = [m.as_template_message() for m in messages]
         try:
-            token_ids = self.tokenizer.apply_chat_template(
-                conversation,
-                chat_template=self.chat_template,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=True,
-                return_dict=False,
+            return await self.async_tokenizer.apply_chat_template(
+                conversation, self.chat_template, add_generation_prompt
             )
-        except (TemplateError, ValueError, TypeError, KeyError) as e:
+        except Exception as e:  # noqa: BLE001 - templates raise anything
             raise OpenAIError(f"cannot apply the chat template: {e}", param="messages") from e
-        return list(token_ids)
 
     def max_tokens(self, requested: int | None, prompt_len: int, param: str) -> int:
         """vLLM's context rule: prompt + max_tokens must fit in max_model_len; no max_tokens
@@ -132,7 +134,7 @@ class OpenAIServing:
         answers, so the metrics see each token's time."""
         try:
             params = request.sampling_params(max_tokens, logprobs, prompt_logprobs)
-            params.verify(self.vocab_size, self.max_logprobs)
+            params.verify(self.vocab_size, self.max_logprobs, self.max_n)
         except (ValueError, TypeError) as e:
             raise invalid_value_error(e, type(request).model_fields) from e
         return params
@@ -149,6 +151,9 @@ class OpenAIServing:
         still gets a 4xx, not a 200 stream. Closes `outputs` on failure or disconnect."""
         try:
             first = await until_disconnected(anext(outputs), raw_request)
+        except Exception as e:
+            await outputs.aclose()
+            raise engine_error(e) from e
         except BaseException:
             await outputs.aclose()
             raise
@@ -163,8 +168,8 @@ class OpenAIServing:
             try:
                 async for i, delta in outputs:
                     totals[i] = accumulate(totals[i], delta)
-            except (ValueError, TypeError) as e:
-                raise invalid_value_error(e, ()) from e
+            except Exception as e:
+                raise engine_error(e) from e
         return totals
 
 
@@ -282,10 +287,9 @@ async def _sse_events(chunks: AsyncIterator[BaseModel]) -> AsyncIterator[str]:
         try:
             async for chunk in chunks:
                 yield f"data: {chunk.model_dump_json()}\n\n"
-        except (ValueError, TypeError) as e:
-            yield f"data: {error_body(str(e), HTTPStatus.BAD_REQUEST).model_dump_json()}\n\n"
-        except EngineDeadError as e:
-            body = error_body(str(e), HTTPStatus.INTERNAL_SERVER_ERROR)
+        except Exception as e:  # noqa: BLE001 - the 200 is out: the error goes in the stream
+            error = engine_error(e)
+            body = error_body(error.message, error.status_code, error.param, error.code)
             yield f"data: {body.model_dump_json()}\n\n"
     yield "data: [DONE]\n\n"
 

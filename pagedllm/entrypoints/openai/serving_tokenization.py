@@ -11,17 +11,17 @@ from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
 
 
 class OpenAIServingTokenization(OpenAIServing):
-    def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         self.check_model(request.model)
         if (request.prompt is None) == (request.messages is None):
             raise OpenAIError("give exactly one of prompt and messages", param="prompt")
         if request.messages is not None:
-            tokens = self.apply_chat_template(request.messages, request.add_generation_prompt)
+            tokens = await self.apply_chat_template(request.messages, request.add_generation_prompt)
         else:
-            tokens = self.encode(request.prompt, request.add_special_tokens)
+            tokens = await self.encode(request.prompt, request.add_special_tokens)
         return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=tokens)
 
-    def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+    async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(request.model)
         tokens = self.check_token_ids(request.tokens, "tokens")
-        return DetokenizeResponse(prompt=self.tokenizer.decode(tokens))
+        return DetokenizeResponse(prompt=await self.async_tokenizer.decode(tokens))

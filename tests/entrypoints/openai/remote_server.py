@@ -50,11 +50,14 @@ def wait_until_healthy(server: Server) -> None:
 
 
 @contextmanager
-def remote_server(*flags: str) -> Iterator[Server]:
-    """The default model with a small KV cache; stopped (SIGTERM, then SIGKILL) on exit."""
+def remote_server(*flags: str, model: str | None = None) -> Iterator[Server]:
+    """`model` (default: the default model) with a small KV cache; stopped (SIGTERM, then
+    SIGKILL) on exit."""
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="pagedllm-serve-", suffix=".log", delete=False)
-    command = [sys.executable, "-m", "pagedllm.entrypoints.openai.api_server", "--port", str(port)]
+    command = [sys.executable, "-m", "pagedllm.entrypoints.openai.api_server"]
+    command += [model] if model else []
+    command += ["--port", str(port)]
     command += ["--num-kv-blocks", str(NUM_KV_BLOCKS), "--max-model-len", str(MAX_MODEL_LEN)]
     command += ["--uvicorn-log-level", "warning", *flags]
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

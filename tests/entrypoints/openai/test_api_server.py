@@ -6,6 +6,9 @@ the KV cache with no block in use once every request has ended."""
 import argparse
 import asyncio
 import json
+import os
+import shutil
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +18,17 @@ import pytest
 from fastapi.testclient import TestClient
 
 from pagedllm import LLM
+from pagedllm.config import ModelConfig
 from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.engine.tokenizer import get_tokenizer
 from pagedllm.entrypoints.openai import api_server
-from tests.entrypoints.openai.remote_server import MAX_MODEL_LEN, MODEL_NAME, NUM_KV_BLOCKS, Server
+from tests.entrypoints.openai.remote_server import (
+    MAX_MODEL_LEN,
+    MODEL_NAME,
+    NUM_KV_BLOCKS,
+    Server,
+    remote_server,
+)
 
 STREAM_PROMPTS = [f"Write the number {i} in words:" for i in range(8)]
 NUM_STREAMS, NUM_DROPPED, MAX_TOKENS = 64, 10, 16
@@ -188,3 +199,32 @@ def test_cli_parser_and_bad_flags(capsys: pytest.CaptureFixture) -> None:
         api_server.main(["--port", "70000"])
     assert exit_info.value.code == 2
     assert "--port must be in [0, 65535]" in capsys.readouterr().err
+
+
+def spawned_children(pid: int) -> list[int]:
+    """The multiprocessing-spawned children of process `pid` (its tensor-parallel workers)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        children = [int(child) for child in f.read().split()]
+    spawned = []
+    for child in children:
+        with open(f"/proc/{child}/cmdline", "rb") as f:
+            if b"spawn_main" in f.read():
+                spawned.append(child)
+    return spawned
+
+
+def test_server_exits_nonzero_when_its_engine_dies(tiny_model_path, tmp_path: Path) -> None:
+    """A SIGKILLed tensor-parallel worker kills the engine: /health turns 503 and the
+    process exits with status 1 within seconds, for a supervisor to restart (as vLLM)."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_path("llama-gqa4"), folder)
+    get_tokenizer(ModelConfig.create(None, "auto", None, "cpu")).save_pretrained(folder)
+    flags = ("--tensor-parallel-size", "2", "--max-model-len", "128")
+    with remote_server(*flags, model=str(folder)) as server:
+        (worker,) = spawned_children(server.process.pid)
+        os.kill(worker, signal.SIGKILL)
+        start = time.monotonic()
+        returncode = server.process.wait(timeout=30)
+        assert time.monotonic() - start < 15
+        assert returncode == 1, server.log()
+        assert "the engine died" in server.log()
