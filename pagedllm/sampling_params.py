@@ -299,3 +299,29 @@ class SamplingParams:
 
     def clone(self) -> "SamplingParams":
         return copy.deepcopy(self)
+
+
+# The fields a client sets as they are: the OpenAI server's request bodies and the CLI's
+# flags are derived from these (names, types, defaults). The rest (max_tokens, logprobs,
+# prompt_logprobs, output_kind, detokenize, extra_args) each front end sets itself.
+REQUEST_FIELDS = (
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "min_tokens",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "include_stop_str_in_output",
+    "logit_bias",
+    "allowed_token_ids",
+    "bad_words",
+)

@@ -13,6 +13,9 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from transformers import PreTrainedTokenizerBase
+
+from pagedllm.config import EngineConfig
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.llm_engine import LLMEngine, PromptType
 from pagedllm.logger import init_logger
@@ -67,8 +70,26 @@ class AsyncLLM:
         return cls(LLMEngine.from_engine_args(engine_args))
 
     @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase | None:
+        """The engine thread's own; callers on other threads must use a copy."""
+        return self.engine.tokenizer
+
+    def close(self) -> None:
+        """Stop the engine's tensor-parallel workers (after shutdown)."""
+        self.engine.shutdown()
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request at the engine's next turn (closing its generate() does too)."""
+        self._commands.put(_Abort(request_id))
+
+    @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        alive = self._thread is not None and self._thread.is_alive()
+        return alive and self.dead_error is None
 
     def start(self) -> None:
         """Start the engine thread, bound to the calling event loop."""
@@ -122,7 +143,7 @@ class AsyncLLM:
         finally:
             del self._queues[request_id]
             if not finished:
-                self._commands.put(_Abort(request_id))
+                self.abort(request_id)
 
     # The engine thread.
 

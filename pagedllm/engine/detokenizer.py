@@ -8,6 +8,8 @@ it ends in an incomplete UTF-8 sequence (U+FFFD).
 
 from transformers import PreTrainedTokenizerBase
 
+from pagedllm.sampling_params import SamplingParams
+
 PROMPT_CONTEXT_TOKENS = 5
 
 
@@ -46,3 +48,17 @@ class IncrementalDetokenizer:
         self.prefix_offset, self.read_offset = 0, len(self.ids)
         self.output_text += delta
         return delta
+
+
+def make_detokenizer(
+    tokenizer: PreTrainedTokenizerBase | None, prompt_token_ids: list[int], params: SamplingParams
+) -> IncrementalDetokenizer | None:
+    """One completion's detokenizer, or None when it builds no text."""
+    if tokenizer is None or not params.detokenize:
+        return None
+    return IncrementalDetokenizer(
+        tokenizer,
+        prompt_token_ids,
+        params.skip_special_tokens,
+        params.spaces_between_special_tokens,
+    )

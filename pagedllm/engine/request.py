@@ -5,8 +5,8 @@ import time
 
 import torch
 
+from pagedllm.core.sequence import Sequence
 from pagedllm.engine.detokenizer import IncrementalDetokenizer
-from pagedllm.engine.sequence import Sequence
 from pagedllm.engine.stop_checker import StopDecision
 from pagedllm.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from pagedllm.engine.sequence import Sequence, SequenceStatus
+from pagedllm.core.sequence import Sequence, SequenceStatus
 from pagedllm.sampling_params import SamplingParams
 
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from pagedllm.config import ModelConfig
 from pagedllm.distributed.parallel_state import override_tensor_parallel
-from pagedllm.engine.kv_cache import kv_cache_bytes_per_token
+from pagedllm.executor.kv_cache import kv_cache_bytes_per_token
 from pagedllm.layers.fused_moe import FusedMoE
 from pagedllm.model_loader.loader import build_model
 

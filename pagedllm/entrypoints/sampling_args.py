@@ -2,7 +2,7 @@
 
 import argparse
 
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.sampling_params import REQUEST_FIELDS, SamplingParams
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -21,17 +21,6 @@ def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
 
 
 def sampling_params_from_args(args: argparse.Namespace, **overrides: object) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty,
-        seed=args.seed,
-        stop=args.stop,
-        ignore_eos=args.ignore_eos,
-        **overrides,
-    )
+    """SamplingParams from the flags above: each is named after its field."""
+    fields = {name: getattr(args, name) for name in REQUEST_FIELDS if hasattr(args, name)}
+    return SamplingParams(max_tokens=args.max_tokens, **fields, **overrides)

@@ -289,16 +289,16 @@ def test_stop_check_that_raises_fails_only_its_request(
     tiny_model_path, spread_prompts, monkeypatch
 ) -> None:
     """A failure in one request's output processing (here its stop check) ends it alone."""
-    from pagedllm.engine import llm_engine
+    from pagedllm.engine import output_processor
 
-    real_check_stop = llm_engine.check_stop
+    real_check_stop = output_processor.check_stop
 
     def check_stop(seq, params, *args):  # noqa: ANN001, ANN202
         if (params.extra_args or {}).get("boom") and len(seq.output_token_ids) == 3:
             raise RuntimeError("stop check exploded")
         return real_check_stop(seq, params, *args)
 
-    monkeypatch.setattr(llm_engine, "check_stop", check_stop)
+    monkeypatch.setattr(output_processor, "check_stop", check_stop)
     engine = make_engine(tiny_model_path(LLAMA), num_kv_blocks=60)
     ids = add_prompts(engine, spread_prompts[1:3], greedy(8))
     boom = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, extra_args={"boom": 1})

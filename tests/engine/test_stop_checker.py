@@ -4,7 +4,7 @@ all only after min_tokens; then max_tokens and max_model_len."""
 
 import pytest
 
-from pagedllm.engine.sequence import Sequence, SequenceStatus
+from pagedllm.core.sequence import Sequence, SequenceStatus
 from pagedllm.engine.stop_checker import check_stop
 from pagedllm.sampling_params import SamplingParams
 

@@ -8,8 +8,8 @@ import torch
 import transformers
 
 from pagedllm.config import ModelConfig
-from pagedllm.engine.batch import SeqChunk, prepare_batch
-from pagedllm.engine.kv_cache import bind_kv_cache
+from pagedllm.executor.batch import SeqChunk, prepare_batch
+from pagedllm.executor.kv_cache import bind_kv_cache
 from pagedllm.forward_context import set_forward_context
 from pagedllm.model_loader.loader import get_model
 from tests.models.tiny_models import tiny_configs

@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.engine.protocol import EngineClient
 from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
 from pagedllm.entrypoints.openai.errors import add_exception_handlers, error_response
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
@@ -137,7 +138,7 @@ class ApiKeyMiddleware:
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    engine: AsyncLLM = app.state.engine
+    engine: EngineClient = app.state.engine
     engine.start()
     watcher = asyncio.ensure_future(_stop_when_engine_dies(app))
     try:
@@ -151,7 +152,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 async def _stop_when_engine_dies(app: FastAPI) -> None:
     """A dead engine serves no one: tell uvicorn (if it runs the app) to stop, so `run`
     exits non-zero and a supervisor restarts the server, as vLLM does."""
-    engine: AsyncLLM = app.state.engine
+    engine: EngineClient = app.state.engine
     await engine.dead.wait()
     logger.error("the engine died (%s); stopping the server", engine.dead_error)
     server = getattr(app.state, "uvicorn_server", None)
@@ -160,14 +161,14 @@ async def _stop_when_engine_dies(app: FastAPI) -> None:
 
 
 def build_app(
-    engine: AsyncLLM,
+    engine: EngineClient,
     served_model_names: list[str],
     api_key: str | None = None,
     chat_template: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
     """The app over a (not yet started) engine; its lifespan starts and stops the engine."""
-    if engine.engine.tokenizer is None:
+    if engine.tokenizer is None:
         raise ValueError("the OpenAI server needs a tokenizer, but skip_tokenizer_init is set")
     if not served_model_names:
         raise ValueError("served_model_names must name at least one model")
@@ -182,7 +183,7 @@ def build_app(
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     metrics = ServerMetrics(lambda: engine.stats, served_model_names[0])
-    tokenizer = AsyncTokenizer(engine.engine.tokenizer)
+    tokenizer = AsyncTokenizer(engine.tokenizer)
     shared = (engine, tokenizer, served_model_names, metrics)
     app.state.engine = engine
     app.state.tokenizer = tokenizer
@@ -269,7 +270,7 @@ def run(args: argparse.Namespace) -> None:
     try:
         server.run()
     finally:
-        engine.engine.shutdown()  # tensor-parallel workers stop with the server
+        engine.close()  # tensor-parallel workers stop with the server
     if engine.dead_error is not None:
         print(f"pagedllm serve: the engine died: {engine.dead_error}", file=sys.stderr)
         sys.exit(1)

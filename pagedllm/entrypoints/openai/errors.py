@@ -13,12 +13,19 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pagedllm.engine.async_llm import EngineDeadError
-from pagedllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields
+from pagedllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorInfo,
+    ErrorResponse,
+)
 from pagedllm.logger import init_logger
 
 logger = init_logger(__name__)
 
 _MAX_LISTED_ERRORS = 4
+# The fields an engine-side error may name (its message starts with the field's name).
+_REQUEST_FIELDS = {*CompletionRequest.model_fields, *ChatCompletionRequest.model_fields}
 
 
 class OpenAIError(Exception):
@@ -76,7 +83,7 @@ def engine_error(error: Exception) -> OpenAIError:
     if isinstance(error, OpenAIError):
         return error
     if isinstance(error, ValueError | TypeError):
-        return invalid_value_error(error, SamplingFields.model_fields)
+        return invalid_value_error(error, _REQUEST_FIELDS)
     if isinstance(error, EngineDeadError):
         return OpenAIError(str(error), HTTPStatus.SERVICE_UNAVAILABLE, code="engine_dead")
     return OpenAIError(str(error), HTTPStatus.INTERNAL_SERVER_ERROR)

@@ -5,13 +5,20 @@ follow vLLM's. Types are checked here; value ranges are checked by SamplingParam
 place owns each rule and its message.
 """
 
+import dataclasses
 import time
+import typing
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
-from pagedllm.sampling_params import RequestOutputKind, SamplingParams, check_text
+from pagedllm.sampling_params import (
+    REQUEST_FIELDS,
+    RequestOutputKind,
+    SamplingParams,
+    check_text,
+)
 
 TokenIds = list[int]
 
@@ -81,32 +88,27 @@ class UsageInfo(OpenAIBaseModel):
         )
 
 
-class SamplingFields(OpenAIRequestModel):
-    """Fields shared by completions and chat: OpenAI's, then vLLM's extras."""
+def _sampling_param_fields() -> dict[str, tuple[object, object]]:
+    """SamplingParams' REQUEST_FIELDS as pydantic field definitions: its types and
+    defaults, so the request bodies never drift from the engine's parameters."""
+    hints = typing.get_type_hints(SamplingParams)
+    defaults = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
+    return {name: (hints[name], defaults[name]) for name in REQUEST_FIELDS}
+
+
+_SamplingParamsFields = create_model(
+    "_SamplingParamsFields", __base__=OpenAIRequestModel, **_sampling_param_fields()
+)
+
+
+class SamplingFields(_SamplingParamsFields):
+    """Fields shared by completions and chat: SamplingParams' request fields (OpenAI's
+    and vLLM's extras), plus OpenAI's request plumbing."""
 
     model: str | None = None
-    n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    logit_bias: dict[str, float] | None = None
     user: str | None = None
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool = False
-    bad_words: list[str] | None = None
-    allowed_token_ids: list[int] | None = None
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
 
     @field_validator(
         "n",
@@ -128,28 +130,10 @@ class SamplingFields(OpenAIRequestModel):
         """DELTA outputs (the server accumulates them itself). Raises ValueError/TypeError
         naming the field when a value is out of range."""
         return SamplingParams(
-            n=self.n,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            seed=self.seed,
-            stop=self.stop,
-            stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos,
+            **{name: getattr(self, name) for name in REQUEST_FIELDS},
             max_tokens=max_tokens,
-            min_tokens=self.min_tokens,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
-            skip_special_tokens=self.skip_special_tokens,
-            spaces_between_special_tokens=self.spaces_between_special_tokens,
-            include_stop_str_in_output=self.include_stop_str_in_output,
-            logit_bias=self.logit_bias,
-            allowed_token_ids=self.allowed_token_ids,
-            bad_words=self.bad_words,
             output_kind=RequestOutputKind.DELTA,
         )
 

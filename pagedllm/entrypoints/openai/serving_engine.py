@@ -17,7 +17,8 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.engine.input_processor import check_token_ids
+from pagedllm.engine.protocol import EngineClient
 from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
 from pagedllm.entrypoints.openai.errors import (
     OpenAIError,
@@ -39,7 +40,7 @@ MIN_LOGPROB = -9999.0
 class OpenAIServing:
     def __init__(
         self,
-        engine: AsyncLLM,
+        engine: EngineClient,
         tokenizer: AsyncTokenizer,
         served_model_names: list[str],
         metrics: ServerMetrics,
@@ -52,11 +53,9 @@ class OpenAIServing:
         self.served_model_names = served_model_names
         self.metrics = metrics
         self.chat_template = chat_template
-        config = engine.engine.config
+        config = engine.config
         self.max_model_len = config.model_config.max_model_len
         self.vocab_size = config.model_config.vocab_size
-        self.max_logprobs = config.max_logprobs
-        self.max_n = config.max_n
 
     def check_model(self, model: str | None) -> str:
         """The model name to answer with; 404 for a name this server does not serve."""
@@ -77,12 +76,12 @@ class OpenAIServing:
         return await self.async_tokenizer.encode(text, add_special_tokens)
 
     def check_token_ids(self, token_ids: Sequence[int], param: str) -> list[int]:
-        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise OpenAIError(
-                f"{param} has token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})",
-                param=param,
-            )
+        """The engine's own check, for token ids the server decodes before the engine
+        sees them (an id past the vocabulary would make the tokenizer fail)."""
+        try:
+            check_token_ids(token_ids, self.vocab_size, param)
+        except ValueError as e:
+            raise OpenAIError(str(e), param=param) from e
         return list(token_ids)
 
     async def apply_chat_template(
@@ -131,10 +130,10 @@ class OpenAIServing:
         prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         """DELTA outputs always: the server accumulates them itself for non-streamed
-        answers, so the metrics see each token's time."""
+        answers, so the metrics see each token's time. The checks that need the model
+        (`verify`) are the engine's, made when the request is added, before any output."""
         try:
             params = request.sampling_params(max_tokens, logprobs, prompt_logprobs)
-            params.verify(self.vocab_size, self.max_logprobs, self.max_n)
         except (ValueError, TypeError) as e:
             raise invalid_value_error(e, type(request).model_fields) from e
         return params

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from pagedllm import LLM
 from pagedllm.config import EngineConfig
-from pagedllm.engine.model_runner import ModelRunner
+from pagedllm.executor.model_runner import ModelRunner
 
 build_runner = ModelRunner.__init__
 

@@ -1,9 +1,8 @@
-"""Executors run the model for the engine: in-process (tp = 1) or across tensor-parallel
-processes (tp > 1), spawned here or launched by torchrun (env:// variables)."""
+"""MultiprocExecutor: rank 0 in this process, ranks 1..N-1 spawned (multiprocessing spawn),
+tensors moved by torch.distributed; start-up that never hangs on a failed worker."""
 
 import dataclasses
 import multiprocessing as mp
-import os
 import socket
 import threading
 import time
@@ -17,18 +16,16 @@ from pagedllm.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
 )
-from pagedllm.engine.model_runner import ModelRunner, StepInput, StepOutput
-from pagedllm.engine.worker import (
+from pagedllm.executor.executor import DistributedExecutor
+from pagedllm.executor.model_runner import StepInput, StepOutput
+from pagedllm.executor.worker import (
     ERROR,
-    EXECUTE,
-    INIT_KV_CACHE,
     JOINED,
     READY,
     SHUTDOWN,
     broadcast_message,
     distributed_backend,
     rank_device,
-    run_worker_loop,
     worker_main,
 )
 from pagedllm.sample.metadata import SamplingRow
@@ -41,54 +38,10 @@ BOOTSTRAP_ADVICE = (
 )
 
 
-class Executor:
-    """tp = 1: the model runs in this process."""
-
-    def __init__(self, config: EngineConfig) -> None:
-        self.runner = ModelRunner(config)
-
-    @property
-    def kv_cache_bytes_per_token(self) -> int:
-        return self.runner.kv_cache_bytes_per_token
-
-    def init_kv_cache(self, num_blocks: int) -> None:
-        self.runner.init_kv_cache(num_blocks)
-
-    def execute(self, step: StepInput, rows: list[SamplingRow]) -> StepOutput:
-        return self.runner.execute(step, rows)
-
-    def is_healthy(self) -> bool:
-        """Whether the executor can run another step after one failed: a single process
-        has no part that can die on its own."""
-        return True
-
-    def shutdown(self) -> None:
-        """Nothing to stop in one process."""
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class DistributedExecutor(Executor):
-    """Rank 0 of a tensor-parallel world: each call is broadcast, then run here too."""
-
-    def _call(self, method: str, argument: object) -> None:
-        broadcast_message((method, argument))
-
-    def init_kv_cache(self, num_blocks: int) -> None:
-        self._call(INIT_KV_CACHE, num_blocks)
-        super().init_kv_cache(num_blocks)
-
-    def execute(self, step: StepInput, rows: list[SamplingRow]) -> StepOutput:
-        self._call(EXECUTE, step)
-        return super().execute(step, rows)
-
-    def shutdown(self) -> None:
-        self._call(SHUTDOWN, None)
-        destroy_distributed_environment()
 
 
 class MultiprocExecutor(DistributedExecutor):
@@ -277,47 +230,3 @@ def _stop_workers(processes: list[mp.Process], stopping: dict[str, bool]) -> Non
             process.kill()
             process.join(timeout=5)
     destroy_distributed_environment()
-
-
-class TorchrunExecutor(DistributedExecutor):
-    """Rank 0 of a world launched by torchrun; the other ranks run `run_torchrun_worker`."""
-
-    def __init__(self, config: EngineConfig) -> None:
-        init_distributed_environment(
-            int(os.environ["WORLD_SIZE"]), 0, "env://", distributed_backend(config.device)
-        )
-        super().__init__(dataclasses.replace(config, device=_torchrun_device(config)))
-
-
-def _torchrun_device(config: EngineConfig) -> str:
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    return rank_device(config.device, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-
-
-def run_torchrun_worker(config: EngineConfig) -> None:
-    """Ranks > 0 under torchrun: follow rank 0 until it shuts down."""
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    init_distributed_environment(world_size, rank, "env://", distributed_backend(config.device))
-    try:
-        run_worker_loop(ModelRunner(dataclasses.replace(config, device=_torchrun_device(config))))
-    finally:
-        destroy_distributed_environment()
-
-
-def torchrun_rank() -> int | None:
-    """This process's rank when launched by torchrun with more than one rank, else None."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ:
-        return int(os.environ["RANK"])
-    return None
-
-
-def make_executor(config: EngineConfig) -> Executor:
-    tp = config.parallel_config.tensor_parallel_size
-    if torchrun_rank() is not None:
-        world_size = int(os.environ["WORLD_SIZE"])
-        if world_size != tp:
-            raise ValueError(
-                f"torchrun started {world_size} ranks but tensor_parallel_size is {tp}"
-            )
-        return TorchrunExecutor(config)
-    return MultiprocExecutor(config) if tp > 1 else Executor(config)

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 import torch
 
 from pagedllm.config import EngineConfig
-from pagedllm.engine.batch import SeqChunk, prepare_batch
-from pagedllm.engine.kv_cache import bind_kv_cache, kv_cache_bytes_per_token
+from pagedllm.executor.batch import SeqChunk, prepare_batch
+from pagedllm.executor.kv_cache import bind_kv_cache, kv_cache_bytes_per_token
 from pagedllm.forward_context import set_forward_context
-from pagedllm.layers.sampler import Sampler, SamplerOutput
 from pagedllm.model_loader.loader import get_model
 from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
+from pagedllm.sample.sampler import Sampler, SamplerOutput
 
 
 @dataclass

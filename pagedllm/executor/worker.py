@@ -22,7 +22,7 @@ from pagedllm.distributed.parallel_state import (
     get_cpu_group,
     init_distributed_environment,
 )
-from pagedllm.engine.model_runner import ModelRunner
+from pagedllm.executor.model_runner import ModelRunner
 
 SHUTDOWN = "shutdown"
 INIT_KV_CACHE = "init_kv_cache"

@@ -6,8 +6,8 @@ from array import array
 import pytest
 import xxhash
 
-from pagedllm.engine.block_manager import BlockManager, hash_block
-from pagedllm.engine.sequence import Sequence
+from pagedllm.core.block_manager import BlockManager, hash_block
+from pagedllm.core.sequence import Sequence
 
 
 def new_seq(seq_id: int, token_ids: list[int], block_size: int = 4) -> Sequence:

@@ -6,7 +6,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from pagedllm.config import EngineConfig
 from pagedllm.layers.attention import Attention
+from pagedllm.logger import init_logger
+
+logger = init_logger(__name__)
 
 
 def attention_layers(model: nn.Module) -> list[Attention]:
@@ -71,3 +75,35 @@ def default_kv_cache_bytes(device: torch.device, max_tokens_needed_bytes: int) -
     max_num_seqs sequences of max_model_len tokens could ever use."""
     fraction = GPU_MEMORY_FRACTION if device.type == "cuda" else CPU_MEMORY_FRACTION
     return min(int(available_memory_bytes(device) * fraction), max_tokens_needed_bytes)
+
+
+def num_kv_blocks(config: EngineConfig, bytes_per_token: int) -> int:
+    """The cache's size in blocks: num_kv_blocks exactly, else kv_cache_memory_bytes, else
+    a share of free memory; it must hold one max_model_len sequence. Logs the choice."""
+    cache, block_size = config.cache_config, config.cache_config.block_size
+    max_len = config.model_config.max_model_len
+    num_blocks = cache.num_kv_blocks
+    if num_blocks is None:
+        most = config.scheduler_config.max_num_seqs * (max_len + block_size) * bytes_per_token
+        budget = cache.kv_cache_memory_bytes or default_kv_cache_bytes(
+            torch.device(config.device), most
+        )
+        num_blocks = budget // (bytes_per_token * block_size)
+    num_tokens = num_blocks * block_size
+    if num_tokens < max_len:
+        raise ValueError(
+            f"the KV cache holds {num_blocks} blocks x {block_size} = {num_tokens} tokens, "
+            f"fewer than max_model_len={max_len}; lower max_model_len or give more "
+            "kv_cache_memory_bytes / num_kv_blocks"
+        )
+    logger.info(
+        "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB); max concurrency at "
+        "max_model_len %d: %.2fx",
+        num_blocks,
+        block_size,
+        num_tokens,
+        num_tokens * bytes_per_token / 1024**3,
+        max_len,
+        num_tokens / max_len,
+    )
+    return num_blocks

@@ -10,9 +10,9 @@ import random
 
 import pytest
 
-from pagedllm.engine.block_manager import BlockManager
-from pagedllm.engine.scheduler import Scheduler, SchedulerOutput
-from pagedllm.engine.sequence import Sequence, SequenceStatus
+from pagedllm.core.block_manager import BlockManager
+from pagedllm.core.scheduler import Scheduler, SchedulerOutput
+from pagedllm.core.sequence import Sequence, SequenceStatus
 
 
 class FakeEngine:

@@ -13,9 +13,9 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from pagedllm.layers.sampler import Sampler, SamplerOutput
 from pagedllm.sample.logits_processors import BatchUpdate, LogitsProcessor, process_dict_updates
 from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
+from pagedllm.sample.sampler import Sampler, SamplerOutput
 from pagedllm.sampling_params import SamplingParams
 
 V = 24

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from pagedllm.engine.sequence import Sequence
+from pagedllm.core.sequence import Sequence
 
 
 def hash_block(parent_hash: int | None, token_ids: list[int]) -> int:

@@ -6,6 +6,7 @@ but never read here.
 """
 
 import enum
+import itertools
 
 
 class SequenceStatus(enum.Enum):
@@ -30,6 +31,14 @@ _FINISH_REASONS = {
     SequenceStatus.FINISHED_LENGTH: "length",
     SequenceStatus.FINISHED_ABORTED: "abort",
 }
+
+
+_seq_ids = itertools.count()
+
+
+def new_seq_id() -> int:
+    """A sequence id unique in this process (a request's n completions each need one)."""
+    return next(_seq_ids)
 
 
 class Sequence:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pagedllm.engine.sequence import Sequence, SequenceStatus
+from pagedllm.core.sequence import Sequence, SequenceStatus
 
 
 def test_counts_and_blocks_follow_appended_tokens() -> None:

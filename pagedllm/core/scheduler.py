@@ -19,8 +19,8 @@ One step, as the engine drives it:
 from collections import deque
 from dataclasses import dataclass, field
 
-from pagedllm.engine.block_manager import BlockManager
-from pagedllm.engine.sequence import Sequence, SequenceStatus
+from pagedllm.core.block_manager import BlockManager
+from pagedllm.core.sequence import Sequence, SequenceStatus
 
 
 @dataclass

@@ -1,0 +1,136 @@
+"""InputProcessor: a user's prompt and SamplingParams -> a validated Request.
+
+The only place requests are checked against the engine: the sampling parameters against
+the model (vocabulary, logprobs cap, max_n, the logits processors' own checks), the prompt
+(tokenized here when it is text) against the vocabulary and max_model_len, and the
+fan-out against the KV cache. A bad request raises ValueError/TypeError and changes
+nothing.
+"""
+
+from collections.abc import Callable, Sequence
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from pagedllm.config import EngineConfig
+from pagedllm.core.sequence import Sequence as Seq
+from pagedllm.core.sequence import new_seq_id
+from pagedllm.engine.detokenizer import make_detokenizer
+from pagedllm.engine.request import Completion, Request
+from pagedllm.sampling_params import SamplingParams
+
+PromptType = str | list[int] | dict
+
+
+def check_token_ids(token_ids: Sequence[int], vocab_size: int, name: str = "prompt") -> None:
+    """Token ids must be ints in [0, vocab_size); the message names `name`."""
+    bad = [
+        t
+        for t in token_ids
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size
+    ]
+    if bad:
+        raise ValueError(f"{name} token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+
+
+class InputProcessor:
+    def __init__(
+        self,
+        config: EngineConfig,
+        tokenizer: PreTrainedTokenizerBase | None,
+        eos_token_id: int | None,
+        generation_config: dict,
+        validate_params: Callable[[SamplingParams], None],
+        num_kv_blocks: int,
+    ) -> None:
+        """`validate_params`: the logits processors' checks of a request's params."""
+        self.config = config
+        self.tokenizer = tokenizer
+        self.eos_token_id = eos_token_id
+        self.generation_config = generation_config
+        self.validate_params = validate_params
+        self.num_kv_blocks = num_kv_blocks
+
+    def process(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None,
+        arrival_time: float | None = None,
+    ) -> Request:
+        """A Request with its first sequence (its n completions fork at the first token)."""
+        params = self._prepare_params(params)
+        text, token_ids = self._tokenize(prompt)
+        self._check_fits_cache(len(token_ids), params)
+        request = Request(request_id, text, token_ids, params, arrival_time)
+        block_size = self.config.cache_config.block_size
+        seq = Seq(new_seq_id(), token_ids, block_size, params, request_id)
+        seq.skip_prefix_cache = params.prompt_logprobs is not None
+        detokenizer = make_detokenizer(self.tokenizer, token_ids, params)
+        request.completions.append(Completion(0, seq, detokenizer))
+        request.generators = [self._generator(params, k) for k in range(params.n)]
+        return request
+
+    def _prepare_params(self, params: SamplingParams | None) -> SamplingParams:
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be SamplingParams, got {type(params)}")
+        params = params.clone()
+        params.update_from_generation_config(self.generation_config, self.eos_token_id)
+        if self.tokenizer is not None:
+            params.update_from_tokenizer(self.tokenizer)
+        config = self.config
+        params.verify(config.model_config.vocab_size, config.max_logprobs, config.max_n)
+        self.validate_params(params)
+        return params
+
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        text, token_ids = None, None
+        if isinstance(prompt, dict):
+            text, token_ids = prompt.get("prompt"), prompt.get("prompt_token_ids")
+        elif isinstance(prompt, str):
+            text = prompt
+        elif isinstance(prompt, list | tuple):
+            token_ids = list(prompt)
+        else:
+            raise TypeError(f"prompt must be a str, a list of token ids or a dict, got {prompt!r}")
+        if token_ids is None:
+            if text is None:
+                raise ValueError("prompt dict needs 'prompt' or 'prompt_token_ids'")
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer (skip_tokenizer_init is set)")
+            token_ids = self.tokenizer.encode(text)
+        self._check_prompt_ids(token_ids)
+        return text, token_ids
+
+    def _check_prompt_ids(self, token_ids: list[int]) -> None:
+        model_config = self.config.model_config
+        if not token_ids:
+            raise ValueError("the prompt is empty (0 tokens); give at least 1 token")
+        check_token_ids(token_ids, model_config.vocab_size)
+        if len(token_ids) > model_config.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens, more than "
+                f"max_model_len={model_config.max_model_len}"
+            )
+
+    def _check_fits_cache(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        """Bound the fan-out: n completions of up to max_tokens each (None: up to
+        max_model_len) may produce no more tokens than the whole KV cache holds. (Each one
+        alone always fits: the cache holds max_model_len; the scheduler runs them in turn.)"""
+        max_new = self.config.model_config.max_model_len - num_prompt_tokens
+        if params.max_tokens is not None:
+            max_new = min(max_new, params.max_tokens)
+        capacity = self.num_kv_blocks * self.config.cache_config.block_size
+        if params.n * max_new > capacity:
+            raise ValueError(
+                f"n={params.n} completions of up to {max_new} tokens each may generate "
+                f"{params.n * max_new} tokens, more than the KV cache holds ({capacity} "
+                "tokens); lower n or max_tokens"
+            )
+
+    def _generator(self, params: SamplingParams, index: int) -> torch.Generator | None:
+        """Completion `index` of a seeded request draws from its own generator."""
+        if params.seed is None:
+            return None
+        return torch.Generator(self.config.device).manual_seed(params.seed + index)

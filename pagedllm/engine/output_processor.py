@@ -1,0 +1,141 @@
+"""OutputProcessor: a step's results -> each request's completions and RequestOutputs.
+
+It owns the requests in flight. Per sampled token: fork the n completions at a request's
+first token (sharing the parent's KV blocks), append, detokenize incrementally, turn the
+logprob tensors into dicts, check the stop conditions and finish sequences in the
+scheduler; per prefill chunk with prompt_logprobs: extend them. A failure that belongs to
+one request (no token could be sampled under its parameters, its detokenization or stop
+check raising) ends that request alone with `RequestOutput.error`; the batch goes on.
+"""
+
+import time
+
+from transformers import PreTrainedTokenizerBase
+
+from pagedllm.core.scheduler import Scheduler, SchedulerOutput
+from pagedllm.core.sequence import Sequence, new_seq_id
+from pagedllm.engine.detokenizer import make_detokenizer
+from pagedllm.engine.logprobs import append_prompt_logprobs, logprobs_rows
+from pagedllm.engine.request import Completion, Request
+from pagedllm.engine.stop_checker import check_stop
+from pagedllm.executor.model_runner import StepOutput
+from pagedllm.logger import init_logger
+from pagedllm.outputs import Logprob, RequestOutput
+
+logger = init_logger(__name__)
+
+
+class OutputProcessor:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        tokenizer: PreTrainedTokenizerBase | None,
+        eos_token_id: int | None,
+        max_model_len: int,
+    ) -> None:
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer
+        self.eos_token_id = eos_token_id
+        self.max_model_len = max_model_len
+        self.requests: dict[str, Request] = {}
+        self.num_prompt_tokens = 0  # of requests that got their first token
+        self.num_generation_tokens = 0  # every generated token, of every completion
+
+    def process(
+        self, out: SchedulerOutput, result: StepOutput, owners: list[tuple[int, int]]
+    ) -> list[RequestOutput]:
+        """The outputs of the requests this step touched; finished ones are forgotten."""
+        touched = self._process_prompt_logprobs(out, result)
+        touched |= self._process_samples(out, result, owners)
+        outputs = []
+        for request_id in touched:
+            request = self.requests[request_id]
+            output = request.make_output()
+            if output is not None:
+                outputs.append(output)
+            if request.finished:
+                del self.requests[request_id]
+        return outputs
+
+    def _process_prompt_logprobs(self, out: SchedulerOutput, result: StepOutput) -> set[str]:
+        touched = set()
+        for i, logits in result.prompt_logits.items():
+            s = out.scheduled[i]
+            request = self.requests[s.seq.request_id]
+            start = s.seq.num_computed_tokens - s.num_new_tokens
+            try:
+                append_prompt_logprobs(request, logits, start, self.tokenizer)
+            except Exception as e:  # noqa: BLE001 - this request's failure, not the batch's
+                self._fail_request(request, e)
+            touched.add(request.request_id)
+        return touched
+
+    def _process_samples(
+        self, out: SchedulerOutput, result: StepOutput, owners: list[tuple[int, int]]
+    ) -> set[str]:
+        sampler_output = result.sampler_output
+        if sampler_output is None:
+            return set()
+        requests = [self.requests[out.scheduled[i].seq.request_id] for i, _ in owners]
+        tokens = sampler_output.sampled_token_ids.tolist()
+        num_logprobs = [r.params.logprobs for r in requests]
+        logprobs = logprobs_rows(sampler_output.logprobs, num_logprobs, self.tokenizer)
+        rows = zip(requests, owners, tokens, logprobs)
+        for row, (request, (_, k), token, lp) in enumerate(rows):
+            if request.error is not None:
+                continue
+            try:
+                if row in sampler_output.errors:
+                    raise sampler_output.errors[row]
+                if len(request.completions) < request.params.n:
+                    self._fork_completions(request)
+                self._append_token(request, request.completions[k], token, lp)
+            except Exception as e:  # noqa: BLE001 - this request's failure, not the batch's
+                self._fail_request(request, e)
+        return {r.request_id for r in requests}
+
+    def _fork_completions(self, request: Request) -> None:
+        """Completions 1..n-1 start as copies of the parent, sharing its KV blocks."""
+        parent = request.completions[0].seq
+        for k in range(1, request.params.n):
+            child = Sequence(
+                new_seq_id(),
+                parent.token_ids,
+                parent.block_size,
+                request.params,
+                request.request_id,
+            )
+            self.scheduler.fork_seq(parent, child)
+            detokenizer = make_detokenizer(self.tokenizer, request.prompt_token_ids, request.params)
+            request.completions.append(Completion(k, child, detokenizer))
+
+    def _append_token(
+        self,
+        request: Request,
+        completion: Completion,
+        token: int,
+        logprobs: dict[int, Logprob] | None,
+    ) -> None:
+        seq, params = completion.seq, request.params
+        seq.append_token(token)
+        self.num_generation_tokens += 1
+        if request.first_token_time is None:
+            request.first_token_time = time.monotonic()
+            request.num_cached_tokens = request.completions[0].seq.num_cached_tokens
+            self.num_prompt_tokens += len(request.prompt_token_ids)
+        if logprobs is not None:
+            completion.logprobs = (completion.logprobs or []) + [logprobs]
+            completion.cumulative_logprob += logprobs[token].logprob
+        new_chars = completion.add_text(token)
+        decision = check_stop(
+            seq, params, self.eos_token_id, self.max_model_len, completion.text, new_chars
+        )
+        if decision is not None:
+            completion.apply_stop(decision)
+            self.scheduler.finish_seq(seq, decision.status)
+
+    def _fail_request(self, request: Request, error: Exception) -> None:
+        """End `request` with `error` (its output says so); the batch goes on."""
+        logger.warning("request %s failed: %r", request.request_id, error)
+        request.error = error
+        self.scheduler.abort_seq(request.request_id)

@@ -1,0 +1,44 @@
+"""EngineClient: what the entry points (the OpenAI server) need of an engine, and no more:
+its config and tokenizer, generate / abort, its stats, and whether it is alive."""
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from transformers import PreTrainedTokenizerBase
+
+from pagedllm.config import EngineConfig
+from pagedllm.engine.input_processor import PromptType
+from pagedllm.engine.stats import EngineStats
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import SamplingParams
+
+
+class EngineClient(Protocol):
+    stats: EngineStats  # the latest snapshot, for /metrics
+    dead: asyncio.Event  # set once the engine can serve no more
+    dead_error: Exception | None
+
+    @property
+    def config(self) -> EngineConfig: ...
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase | None: ...
+
+    @property
+    def is_running(self) -> bool: ...
+
+    def start(self) -> None:
+        """Start serving, bound to the running event loop."""
+
+    async def shutdown(self) -> None:
+        """Stop serving; open requests end with an error."""
+
+    def close(self) -> None:
+        """Release the model's processes (tensor-parallel workers)."""
+
+    def generate(
+        self, prompt: PromptType, params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]: ...
+
+    def abort(self, request_id: str) -> None: ...
