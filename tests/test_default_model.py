@@ -9,12 +9,12 @@ from transformers.initialization import no_init_weights
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.config import default_model_path
 from pagedllm.core.sequence import Sequence
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.executor.batch import SeqChunk
 from pagedllm.executor.model_runner import StepInput
-from pagedllm.model_loader.default_model import default_model_path
-from pagedllm.model_loader.gguf import load_gguf_config
+from pagedllm.gguf.hf_config import load_gguf_config
 from pagedllm.sampling_params import RequestOutputKind
 
 PROMPT = "The capital of France is"

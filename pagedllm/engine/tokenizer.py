@@ -9,7 +9,7 @@ from pagedllm.config import ModelConfig
 
 def get_tokenizer(model_config: ModelConfig) -> PreTrainedTokenizerBase:
     if model_config.gguf_file is not None:
-        from pagedllm.model_loader.gguf import load_gguf_tokenizer
+        from pagedllm.gguf.tokenizer import load_gguf_tokenizer
 
         return load_gguf_tokenizer(model_config.gguf_file)
     folder = model_config.model if os.path.isdir(model_config.model) else None

@@ -29,7 +29,7 @@ def build_model(model_config: ModelConfig, device: str | torch.device) -> nn.Mod
 
 def iterate_weights(model_config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     if model_config.gguf_file is not None:
-        from pagedllm.model_loader.gguf import iterate_gguf_weights
+        from pagedllm.gguf.tensor_names import iterate_gguf_weights
 
         return iterate_gguf_weights(model_config.gguf_file, model_config.dtype)
     from pagedllm.model_loader.safetensors import iterate_safetensors_weights

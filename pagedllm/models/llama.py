@@ -11,7 +11,6 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from pagedllm.config import head_dim, rope_parameters
 from pagedllm.distributed import get_tensor_model_parallel_world_size
 from pagedllm.layers.activation import SiluAndMul
 from pagedllm.layers.attention import Attention
@@ -25,7 +24,8 @@ from pagedllm.layers.linear import (
 from pagedllm.layers.logits_processor import LogitsProcessor
 from pagedllm.layers.rotary_embedding import get_rope
 from pagedllm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
-from pagedllm.model_loader.weight_loading import load_named_weights
+from pagedllm.models.config_fields import head_dim, rope_parameters
+from pagedllm.models.weight_loading import load_named_weights
 
 
 @dataclass(frozen=True)

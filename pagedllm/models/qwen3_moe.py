@@ -7,10 +7,10 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from pagedllm.config import num_experts
 from pagedllm.layers.fused_moe import FusedMoE
 from pagedllm.layers.inference_module import InferenceModule
 from pagedllm.layers.linear import ReplicatedLinear
+from pagedllm.models.config_fields import num_experts
 from pagedllm.models.llama import LlamaMLP
 from pagedllm.models.qwen3 import Qwen3ForCausalLM
 

@@ -5,9 +5,9 @@ import random
 
 import pytest
 
+from pagedllm.config import default_model_path
 from pagedllm.engine.detokenizer import IncrementalDetokenizer
-from pagedllm.model_loader.default_model import default_model_path
-from pagedllm.model_loader.gguf import load_gguf_tokenizer
+from pagedllm.gguf.tokenizer import load_gguf_tokenizer
 
 # ASCII, 2-, 3- and 4-byte characters, an emoji with a modifier, and pieces whose spacing a
 # tokenizer's cleanup could change.

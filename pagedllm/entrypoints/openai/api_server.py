@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from pagedllm.config import DEFAULT_MODEL_FILE
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.protocol import EngineClient
@@ -51,7 +52,6 @@ from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.logger import init_logger
-from pagedllm.model_loader.default_model import DEFAULT_MODEL_FILE
 
 logger = init_logger(__name__)
 

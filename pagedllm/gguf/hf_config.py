@@ -1,0 +1,148 @@
+"""The transformers config that a GGUF file's metadata describes (a GGUF has no config.json)."""
+
+import math
+from typing import Any
+
+import numpy as np
+from transformers import AutoConfig, PretrainedConfig
+
+from pagedllm.gguf.reader import GGUFFile, TensorInfo, read_gguf, read_tensor, required
+
+# GGUF architecture -> (transformers model_type, the `architectures` entry of its config)
+_ARCHITECTURES = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+}
+# the Llama 3 rope scaling this holds is rebuilt into the config (see _llama3_rope_scaling)
+ROPE_FREQS = "rope_freqs.weight"
+
+# Every Llama 3.1-3.3 model's rope scaling, apart from the factor.
+_LLAMA3_ROPE = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+def architecture(gguf: GGUFFile) -> str:
+    """The file's `general.architecture`; ValueError naming it unless it is supported."""
+    arch = gguf.metadata.get("general.architecture")
+    if arch not in _ARCHITECTURES:
+        raise ValueError(
+            f"{gguf.path}: GGUF architecture {arch!r} is not supported; "
+            f"supported: {sorted(_ARCHITECTURES)}"
+        )
+    return arch
+
+
+def load_gguf_config(path: str) -> PretrainedConfig:
+    """The transformers config that the GGUF metadata describes (a GGUF has no config.json)."""
+    return _config(read_gguf(path))
+
+
+def _config(gguf: GGUFFile) -> PretrainedConfig:
+    arch = architecture(gguf)
+    model_type, model_class = _ARCHITECTURES[arch]
+    heads = required(gguf, f"{arch}.attention.head_count")
+    hidden_size = required(gguf, f"{arch}.embedding_length")
+    kwargs = {
+        "architectures": [model_class],
+        "hidden_size": hidden_size,
+        "num_hidden_layers": required(gguf, f"{arch}.block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": gguf.metadata.get(f"{arch}.attention.head_count_kv", heads),
+        "head_dim": _head_dim(gguf, arch, hidden_size // heads),
+        "rms_norm_eps": required(gguf, f"{arch}.attention.layer_norm_rms_epsilon"),
+        "max_position_embeddings": required(gguf, f"{arch}.context_length"),
+        # the embedding's rows, which the weights need; llama.cpp pads the token list to match
+        "vocab_size": _required_tensor(gguf, "token_embd.weight").shape[0],
+        # llama.cpp writes output.weight only when it is not the embedding matrix
+        "tie_word_embeddings": "output.weight" not in gguf.tensors,
+        "bos_token_id": gguf.metadata.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": gguf.metadata.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": gguf.metadata.get("tokenizer.ggml.padding_token_id"),
+    }
+    kwargs["rope_parameters"] = _rope_parameters(gguf, arch, kwargs["head_dim"])
+    if f"{arch}.feed_forward_length" in gguf.metadata:  # absent from some all-expert files
+        kwargs["intermediate_size"] = gguf.metadata[f"{arch}.feed_forward_length"]
+    if arch != "qwen2":  # Qwen2 always has q/k/v biases; the others say so in their config
+        kwargs["attention_bias"] = "blk.0.attn_q.bias" in gguf.tensors
+    if arch == "qwen3moe":
+        kwargs |= _moe_kwargs(gguf, arch)
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def _required_tensor(gguf: GGUFFile, name: str) -> TensorInfo:
+    if name not in gguf.tensors:
+        raise ValueError(f"{gguf.path} has no tensor {name!r}")
+    return gguf.tensors[name]
+
+
+def _head_dim(gguf: GGUFFile, arch: str, default: int) -> int:
+    """`attention.key_length` where written; else the rotary width, which is the whole head in
+    every architecture here; else hidden_size / heads."""
+    for key in (f"{arch}.attention.key_length", f"{arch}.rope.dimension_count"):
+        if key in gguf.metadata:
+            return gguf.metadata[key]
+    return default
+
+
+def _moe_kwargs(gguf: GGUFFile, arch: str) -> dict[str, Any]:
+    return {
+        "num_experts": required(gguf, f"{arch}.expert_count"),
+        "num_experts_per_tok": required(gguf, f"{arch}.expert_used_count"),
+        "moe_intermediate_size": required(gguf, f"{arch}.expert_feed_forward_length"),
+        # llama.cpp renormalizes the top-k routing weights of qwen3moe; the file does not say so
+        "norm_topk_prob": True,
+    }
+
+
+def _rope_parameters(gguf: GGUFFile, arch: str, head_dim: int) -> dict[str, Any]:
+    """transformers' `rope_parameters`: theta, and the scaling the file describes."""
+    theta = float(gguf.metadata.get(f"{arch}.rope.freq_base", 10000.0))  # llama.cpp's default
+    params: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
+    scaling = gguf.metadata.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", "linear", "yarn"):
+        raise ValueError(
+            f"{gguf.path}: rope scaling type {scaling!r} is not supported; "
+            "supported: 'none', 'linear', 'yarn'"
+        )
+    if scaling != "none":
+        factor = float(required(gguf, f"{arch}.rope.scaling.factor"))
+        params |= {"rope_type": scaling, "factor": factor}
+    if scaling == "yarn":
+        original = required(gguf, f"{arch}.rope.scaling.original_context_length")
+        params["original_max_position_embeddings"] = original
+    if ROPE_FREQS in gguf.tensors:
+        params |= _llama3_rope_scaling(gguf, theta, head_dim)
+    return params
+
+
+def _llama3_rope_scaling(gguf: GGUFFile, theta: float, head_dim: int) -> dict[str, Any]:
+    """Llama 3 rope scaling, which llama.cpp keeps only as the tensor rope_freqs: one divisor
+    per rotary frequency, not the four parameters. Rather than fit them, take every Llama 3.x
+    model's values with the largest divisor as the factor, and check they rebuild the tensor."""
+    divisors = read_tensor(gguf, gguf.tensors[ROPE_FREQS]).numpy()
+    params = {"rope_type": "llama3", "factor": float(divisors.max()), **_LLAMA3_ROPE}
+    expected = _llama3_divisors(params, theta, head_dim)
+    if expected.shape != divisors.shape or not np.allclose(expected, divisors, rtol=1e-5):
+        raise ValueError(
+            f"{gguf.path}: {ROPE_FREQS} is not Llama 3 rope scaling with {params}; "
+            "other rope_freqs are not supported"
+        )
+    return params
+
+
+def _llama3_divisors(params: dict[str, Any], theta: float, head_dim: int) -> np.ndarray:
+    """llama.cpp's rope_freqs for Llama 3 scaling (as convert_hf_to_gguf.py writes them):
+    1 for short wavelengths, `factor` for long ones, a smooth blend between. [head_dim // 2]"""
+    factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+    old_context = params["original_max_position_embeddings"]
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_context / wavelen - low) / (high - low)
+    blended = 1 / ((1 - smooth) / factor + smooth)
+    long_or_blended = np.where(wavelen > old_context / low, factor, blended)
+    return np.where(wavelen < old_context / high, 1.0, long_or_blended)

@@ -1,0 +1,100 @@
+"""A GGUF file's tensors under Hugging Face checkpoint names and layouts.
+
+llama.cpp renames every tensor (`blk.3.attn_q.weight` for `model.layers.3.self_attn.q_proj.weight`),
+stacks each layer's experts into one tensor, and, for llama, permutes the q/k rows; this undoes
+all three, so the model's `load_weights` reads a GGUF as it reads a safetensors checkpoint.
+"""
+
+from collections.abc import Iterator
+
+import torch
+
+from pagedllm.gguf.hf_config import ROPE_FREQS, architecture
+from pagedllm.gguf.reader import GGUFFile, read_gguf, read_tensor, required
+
+# GGUF tensor names (without ".weight"/".bias") -> HF names
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",
+}
+# stacked expert tensors [E, out, in] -> the per-expert names of HF checkpoints
+_EXPERT_NAMES = {
+    "ffn_gate_exps": "gate_proj",
+    "ffn_up_exps": "up_proj",
+    "ffn_down_exps": "down_proj",
+}
+
+
+def iterate_gguf_weights(path: str, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(HF name, tensor)` for every weight of the GGUF file, dequantized to `dtype`, one at a
+    time. Shapes are HF's: a linear weight is [out, in]. Stacked expert tensors come out per
+    expert, as `model.layers.N.mlp.experts.E.gate_proj.weight` [I, H]. For llama, the q/k row
+    permutation of llama.cpp is undone. rope_freqs is skipped: its scaling is in the config.
+
+    The header is read now, so a bad file raises here rather than at the first tensor.
+    """
+    gguf = read_gguf(path)
+    arch = architecture(gguf)
+    return _iterate_weights(gguf, arch, dtype)
+
+
+def _iterate_weights(
+    gguf: GGUFFile, arch: str, dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for info in gguf.tensors.values():
+        if info.name == ROPE_FREQS:
+            continue
+        tensor = read_tensor(gguf, info)
+        if arch == "llama":
+            tensor = _unpermute_llama_qk(gguf, info.name, tensor)
+        for name, hf_tensor in _hf_tensors(gguf, info.name, tensor):
+            yield name, hf_tensor.to(dtype)
+
+
+def _unpermute_llama_qk(gguf: GGUFFile, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Undo the row permutation llama.cpp's converter applies to llama's q and k projections.
+
+    HF rotates the two halves of each head, llama.cpp adjacent pairs, so the converter reorders
+    each head's rows [2, D/2] -> [D/2, 2]; this reorders them back. Rows [heads * D, ...].
+    """
+    heads = required(gguf, "llama.attention.head_count")
+    if ".attn_k." in name:
+        heads = gguf.metadata.get("llama.attention.head_count_kv", heads)
+    elif ".attn_q." not in name:
+        return tensor
+    shape = tensor.shape
+    per_head = tensor.reshape(heads, shape[0] // heads // 2, 2, *shape[1:])
+    return per_head.transpose(1, 2).reshape(shape)
+
+
+def _hf_tensors(
+    gguf: GGUFFile, name: str, tensor: torch.Tensor
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The HF name(s) of one GGUF tensor: one, or one per expert for stacked experts."""
+    base, _, suffix = name.rpartition(".")
+    parts = base.split(".")
+    if base in _GLOBAL_NAMES:
+        yield f"{_GLOBAL_NAMES[base]}.{suffix}", tensor
+    elif len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        yield f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}", tensor
+    elif len(parts) == 3 and parts[0] == "blk" and parts[2] in _EXPERT_NAMES:
+        prefix = f"model.layers.{parts[1]}.mlp.experts"
+        for expert, weight in enumerate(tensor):
+            yield f"{prefix}.{expert}.{_EXPERT_NAMES[parts[2]]}.{suffix}", weight
+    else:
+        raise ValueError(f"{gguf.path}: tensor {name!r} has no known Hugging Face name")

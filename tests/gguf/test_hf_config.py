@@ -1,0 +1,141 @@
+"""pagedllm/gguf/hf_config.py against transformers' own GGUF config of the default model
+(SmolLM2-135M-Instruct Q4_1), and against tiny HF models written to GGUF with llama.cpp's
+conventions; rope scaling as llama.cpp's converter writes it."""
+
+import math
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from transformers import AutoConfig
+from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+from pagedllm.gguf.hf_config import load_gguf_config
+from pagedllm.gguf.tensor_names import iterate_gguf_weights
+from tests.gguf.tiny_gguf import TINY, tiny_model, write_gguf
+
+CONFIG_FIELDS = [
+    "architectures",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "rms_norm_eps",
+    "rope_parameters",
+    "max_position_embeddings",
+    "vocab_size",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+]
+HF_CLASSES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+}
+
+
+def test_config_matches_transformers_gguf_config(gguf_path: str) -> None:
+    """Reference: the config dict of transformers' GGUF load (`load_gguf_checkpoint`, what
+    `from_pretrained(folder, gguf_file=...)` runs)."""
+    expected = AutoConfig.for_model(**load_gguf_checkpoint(gguf_path)["config"])
+    config = load_gguf_config(gguf_path)
+    assert config.architectures == ["LlamaForCausalLM"]
+    for field in CONFIG_FIELDS[1:]:
+        assert getattr(config, field) == getattr(expected, field), field
+    assert config.pad_token_id == expected.pad_token_id
+
+
+@pytest.mark.parametrize("arch", list(TINY))
+def test_tiny_round_trip_config(arch: str, tiny_files: dict) -> None:
+    path, expected, _ = tiny_files[arch]
+    config = load_gguf_config(path)
+    assert config.model_type == expected.model_type
+    assert config.architectures == [HF_CLASSES[arch]]
+    for field in CONFIG_FIELDS[1:]:
+        if field == "rms_norm_eps":  # stored as float32
+            assert config.rms_norm_eps == pytest.approx(expected.rms_norm_eps, rel=1e-6)
+        else:
+            assert getattr(config, field) == getattr(expected, field), field
+    if arch == "qwen3moe":
+        for field in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+            assert getattr(config, field) == getattr(expected, field), field
+        assert config.norm_topk_prob
+
+
+def write_config_only(path: str, arch: str, config, rope: dict | None = None, **tensors) -> None:
+    """A GGUF with the metadata, an embedding (the config reads its rows) and `tensors`."""
+    embedding = np.zeros((config.vocab_size, config.hidden_size), np.float32)
+    write_gguf(path, arch, config, {"token_embd.weight": embedding, **tensors}, rope)
+
+
+def test_yarn_rope_scaling_from_metadata(tmp_path) -> None:
+    path = str(tmp_path / "yarn.gguf")
+    rope = {"type": gguf.RopeScalingType.YARN, "factor": 4.0, "original": 64}
+    write_config_only(path, "qwen3", tiny_model("qwen3").config, rope)
+    assert load_gguf_config(path).rope_parameters == {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+
+
+def llama3_rope_freqs(head_dim: int, theta: float, factor: float) -> np.ndarray:
+    """convert_hf_to_gguf.py LlamaModel.generate_extra_tensors for Llama 3 (low 1, high 4,
+    original context 8192)."""
+    freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < 8192 / 4:
+            factors.append(1)
+        elif wavelen > 8192 / 1:
+            factors.append(factor)
+        else:
+            smooth = (8192 / wavelen - 1) / (4 - 1)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+@pytest.mark.parametrize("factor", [8.0, 32.0])
+def test_llama3_rope_scaling_from_rope_freqs(tmp_path, factor: float) -> None:
+    config = tiny_model("llama").config
+    config.head_dim, config.rope_parameters["rope_theta"] = 128, 500000.0
+    path = str(tmp_path / "llama3.gguf")
+    rope_freqs = llama3_rope_freqs(128, 500000.0, factor)
+    write_config_only(path, "llama", config, **{"rope_freqs.weight": rope_freqs})
+    assert load_gguf_config(path).rope_parameters == {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": factor,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    assert "rope_freqs.weight" not in dict(iterate_gguf_weights(path, torch.float32))
+
+
+def test_unknown_rope_freqs_raise(tmp_path) -> None:
+    config = tiny_model("llama").config
+    path = str(tmp_path / "odd_rope.gguf")
+    rope_freqs = np.full(config.head_dim // 2, 2.0, np.float32)
+    write_config_only(path, "llama", config, **{"rope_freqs.weight": rope_freqs})
+    with pytest.raises(ValueError, match="rope_freqs"):
+        load_gguf_config(path)
+
+
+def test_unsupported_architecture_names_it(tmp_path) -> None:
+    path = str(tmp_path / "gpt2.gguf")
+    writer = gguf.GGUFWriter(path, "gpt2")
+    writer.add_block_count(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match=r"'gpt2' is not supported.*'llama'.*'qwen3moe'"):
+        load_gguf_config(path)

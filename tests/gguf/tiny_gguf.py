@@ -1,0 +1,126 @@
+"""Tiny random HF models written to GGUF with llama.cpp's conventions (gguf's tensor-name map,
+convert_hf_to_gguf.py's q/k permutation), and the HF checkpoint tensors they should read back as.
+"""
+
+import gguf
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+TINY = {
+    "llama": dict(model_type="llama", head_dim=8),
+    "qwen2": dict(model_type="qwen2", head_dim=8),
+    "qwen3": dict(model_type="qwen3", head_dim=16),  # not hidden/heads: read from key_length
+    "qwen3moe": dict(
+        model_type="qwen3_moe",
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        norm_topk_prob=True,
+    ),
+}
+ARCH_ENUMS = {
+    "llama": gguf.MODEL_ARCH.LLAMA,
+    "qwen2": gguf.MODEL_ARCH.QWEN2,
+    "qwen3": gguf.MODEL_ARCH.QWEN3,
+    "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE,
+}
+
+
+def tiny_model(arch: str):
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        intermediate_size=48,
+        vocab_size=64,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        **TINY[arch],
+    )
+    return AutoModelForCausalLM.from_config(config)
+
+
+def llama_cpp_permute(weights: torch.Tensor, n_head: int) -> torch.Tensor:
+    """convert_hf_to_gguf.py LlamaModel.permute (n_head already the kv count for k)."""
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def checkpoint_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF checkpoint names: transformers fuses experts in memory, checkpoints list them."""
+    out = {}
+    for name, tensor in state_dict.items():
+        prefix, _, kind = name.rpartition(".")
+        if kind == "gate_up_proj":
+            gate, up = tensor.chunk(2, dim=1)
+            for e in range(tensor.shape[0]):
+                out[f"{prefix}.{e}.gate_proj.weight"] = gate[e]
+                out[f"{prefix}.{e}.up_proj.weight"] = up[e]
+        elif kind == "down_proj" and tensor.dim() == 3:
+            for e in range(tensor.shape[0]):
+                out[f"{prefix}.{e}.down_proj.weight"] = tensor[e]
+        else:
+            out[name] = tensor
+    return out
+
+
+def gguf_tensors(arch: str, config, state_dict: dict) -> dict[str, np.ndarray]:
+    """The model's tensors under GGUF names, as llama.cpp's converter writes them."""
+    names = gguf.get_tensor_name_map(ARCH_ENUMS[arch], config.num_hidden_layers)
+    out = {}
+    for name, tensor in state_dict.items():
+        base, suffix = name.rsplit(".", 1)
+        if suffix == "gate_up_proj":
+            gate, up = tensor.chunk(2, dim=1)
+            out[names.get_name(f"{base}.gate_proj") + ".weight"] = gate
+            out[names.get_name(f"{base}.up_proj") + ".weight"] = up
+            continue
+        if suffix == "down_proj":
+            out[names.get_name(f"{base}.down_proj") + ".weight"] = tensor
+            continue
+        if arch == "llama" and base.endswith("q_proj"):
+            tensor = llama_cpp_permute(tensor, config.num_attention_heads)
+        if arch == "llama" and base.endswith("k_proj"):
+            tensor = llama_cpp_permute(tensor, config.num_key_value_heads)
+        out[f"{names.get_name(base)}.{suffix}"] = tensor
+    return {name: t.detach().contiguous().numpy() for name, t in out.items()}
+
+
+def write_gguf(path: str, arch: str, config, tensors: dict, rope: dict | None = None) -> None:
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_bos_token_id(config.bos_token_id)
+    writer.add_eos_token_id(config.eos_token_id)
+    if arch == "qwen3moe":
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    if rope:
+        writer.add_rope_scaling_type(rope["type"])
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original"])
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
