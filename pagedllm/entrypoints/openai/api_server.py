@@ -32,21 +32,23 @@ from pagedllm.entrypoints.openai.errors import add_exception_handlers, error_res
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
-    ChatCompletionResponse,
     CompletionRequest,
-    CompletionResponse,
     DetokenizeRequest,
-    DetokenizeResponse,
-    ErrorResponse,
-    ModelCard,
-    ModelList,
     TokenizeRequest,
-    TokenizeResponse,
-    VersionResponse,
 )
 from pagedllm.entrypoints.openai.request_size import (
     DEFAULT_MAX_REQUEST_BYTES,
     RequestSizeLimitMiddleware,
+)
+from pagedllm.entrypoints.openai.responses import (
+    ChatCompletionResponse,
+    CompletionResponse,
+    DetokenizeResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenizeResponse,
+    VersionResponse,
 )
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion

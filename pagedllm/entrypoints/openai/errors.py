@@ -16,6 +16,8 @@ from pagedllm.engine.async_llm import EngineDeadError
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+)
+from pagedllm.entrypoints.openai.responses import (
     ErrorInfo,
     ErrorResponse,
 )

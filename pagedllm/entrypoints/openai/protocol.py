@@ -6,7 +6,6 @@ place owns each rule and its message.
 """
 
 import dataclasses
-import time
 import typing
 import uuid
 from typing import Literal
@@ -60,32 +59,8 @@ def _check_strings(name: str, value: object) -> None:
             _check_strings(name, item)
 
 
-class ErrorInfo(OpenAIBaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(OpenAIBaseModel):
-    error: ErrorInfo
-
-
 class StreamOptions(OpenAIRequestModel):
     include_usage: bool = False
-
-
-class UsageInfo(OpenAIBaseModel):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-
-    @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> "UsageInfo":
-        total = prompt_tokens + completion_tokens
-        return cls(
-            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=total
-        )
 
 
 def _sampling_param_fields() -> dict[str, tuple[object, object]]:
@@ -152,34 +127,6 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
 
 
-class CompletionLogProbs(OpenAIBaseModel):
-    text_offset: list[int] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)
-    tokens: list[str] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
-
-
-class CompletionResponseChoice(OpenAIBaseModel):
-    index: int
-    text: str
-    logprobs: CompletionLogProbs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-class CompletionResponse(OpenAIBaseModel):
-    id: str = Field(default_factory=lambda: random_id("cmpl"))
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionResponseChoice]
-    usage: UsageInfo | None = None
-
-
-class CompletionStreamResponse(CompletionResponse):
-    """One SSE chunk: the choices' new text; the last chunk may carry usage alone."""
-
-
 # /v1/chat/completions
 
 
@@ -219,79 +166,7 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_tokens
 
 
-class ChatCompletionLogProb(OpenAIBaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class ChatCompletionLogProbsContent(ChatCompletionLogProb):
-    top_logprobs: list[ChatCompletionLogProb] = Field(default_factory=list)
-
-
-class ChatCompletionLogProbs(OpenAIBaseModel):
-    content: list[ChatCompletionLogProbsContent] | None = None
-
-
-class AssistantMessage(OpenAIBaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatCompletionResponseChoice(OpenAIBaseModel):
-    index: int
-    message: AssistantMessage
-    logprobs: ChatCompletionLogProbs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-class ChatCompletionResponse(OpenAIBaseModel):
-    id: str = Field(default_factory=lambda: random_id("chatcmpl"))
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatCompletionResponseChoice]
-    usage: UsageInfo | None = None
-
-
-class DeltaMessage(OpenAIBaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-
-class ChatCompletionResponseStreamChoice(OpenAIBaseModel):
-    index: int
-    delta: DeltaMessage
-    logprobs: ChatCompletionLogProbs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-class ChatCompletionStreamResponse(OpenAIBaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatCompletionResponseStreamChoice]
-    usage: UsageInfo | None = None
-
-
 # /v1/models, /tokenize, /detokenize, /version
-
-
-class ModelCard(OpenAIBaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    owned_by: str = "pagedllm"
-    root: str | None = None
-    max_model_len: int | None = None
-
-
-class ModelList(OpenAIBaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
 
 
 class TokenizeRequest(OpenAIRequestModel):
@@ -304,20 +179,6 @@ class TokenizeRequest(OpenAIRequestModel):
     add_generation_prompt: bool = True
 
 
-class TokenizeResponse(OpenAIBaseModel):
-    count: int
-    max_model_len: int
-    tokens: TokenIds
-
-
 class DetokenizeRequest(OpenAIRequestModel):
     model: str | None = None
     tokens: TokenIds
-
-
-class DetokenizeResponse(OpenAIBaseModel):
-    prompt: str
-
-
-class VersionResponse(OpenAIBaseModel):
-    version: str

@@ -9,28 +9,24 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from pagedllm.entrypoints.openai.errors import OpenAIError
+from pagedllm.entrypoints.openai.logprobs import chat_logprobs
 from pagedllm.entrypoints.openai.protocol import (
-    AssistantMessage,
-    ChatCompletionLogProb,
-    ChatCompletionLogProbs,
-    ChatCompletionLogProbsContent,
     ChatCompletionRequest,
+    random_id,
+)
+from pagedllm.entrypoints.openai.responses import (
+    AssistantMessage,
+    ChatCompletionLogProbs,
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
     ChatCompletionResponseStreamChoice,
     ChatCompletionStreamResponse,
     DeltaMessage,
     UsageInfo,
-    random_id,
 )
-from pagedllm.entrypoints.openai.serving_engine import (
-    OpenAIServing,
-    clamp_logprob,
-    merge_streams,
-    sse_response,
-    until_disconnected,
-)
-from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
+from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
+from pagedllm.entrypoints.openai.streaming import merge_streams, sse_response, until_disconnected
+from pagedllm.outputs import CompletionOutput, RequestOutput
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -112,24 +108,6 @@ class OpenAIServingChat(OpenAIServing):
     def _logprobs(
         self, request: ChatCompletionRequest, c: CompletionOutput
     ) -> ChatCompletionLogProbs | None:
-        """Per token: its text, logprob and bytes, and the top_logprobs best alternatives."""
         if not request.logprobs or c.logprobs is None:
             return None
-        num_top = request.top_logprobs or 0
-        content = []
-        for token_id, top in zip(c.token_ids, c.logprobs):
-            ranked = sorted(top.items(), key=lambda item: item[1].rank or 0)
-            alternatives = [self._entry(t, lp) for t, lp in ranked if (lp.rank or 0) <= num_top]
-            chosen = self._entry(token_id, top[token_id])
-            content.append(
-                ChatCompletionLogProbsContent(**chosen.model_dump(), top_logprobs=alternatives)
-            )
-        return ChatCompletionLogProbs(content=content)
-
-    def _entry(self, token_id: int, logprob: Logprob) -> ChatCompletionLogProb:
-        token = logprob.decoded_token
-        if token is None:
-            token = self.tokenizer.decode([token_id])
-        return ChatCompletionLogProb(
-            token=token, logprob=clamp_logprob(logprob.logprob), bytes=list(token.encode())
-        )
+        return chat_logprobs(self.tokenizer, c.token_ids, c.logprobs, request.top_logprobs or 0)

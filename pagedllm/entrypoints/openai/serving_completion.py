@@ -9,28 +9,28 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from pagedllm.entrypoints.openai.errors import OpenAIError
+from pagedllm.entrypoints.openai.logprobs import TopLogprobs, completion_logprobs
 from pagedllm.entrypoints.openai.protocol import (
-    CompletionLogProbs,
     CompletionRequest,
+    TokenIds,
+    random_id,
+)
+from pagedllm.entrypoints.openai.responses import (
     CompletionResponse,
     CompletionResponseChoice,
     CompletionStreamResponse,
-    TokenIds,
     UsageInfo,
-    random_id,
 )
-from pagedllm.entrypoints.openai.serving_engine import (
-    OpenAIServing,
-    clamp_logprob,
+from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
+from pagedllm.entrypoints.openai.streaming import (
     join_prompt_logprobs,
     merge_streams,
     sse_response,
     until_disconnected,
 )
-from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
+from pagedllm.outputs import CompletionOutput, RequestOutput
 
 Prompt = tuple[str, TokenIds]  # (text, token ids)
-TopLogprobs = list[dict[int, Logprob] | None]
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -99,7 +99,7 @@ class OpenAIServingCompletion(OpenAIServing):
         logprobs = None
         if request.logprobs is not None:
             tops = tops or [None] * len(token_ids)
-            logprobs = self.completion_logprobs(token_ids, tops, text_offset)
+            logprobs = completion_logprobs(self.tokenizer, token_ids, tops, text_offset)
         return CompletionResponseChoice(
             index=index,
             text=text,
@@ -146,33 +146,6 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.include_usage:
             usage = _usage(prompts, state.completion_tokens)
             yield CompletionStreamResponse(id=request_id, model=model, choices=[], usage=usage)
-
-    def completion_logprobs(
-        self, token_ids: list[int], tops: TopLogprobs, text_offset: int
-    ) -> CompletionLogProbs:
-        """OpenAI's legacy logprobs: per token its text, offset, logprob and a dict of the
-        top alternatives (text -> logprob) that includes the chosen token."""
-        result = CompletionLogProbs()
-        for token_id, top in zip(token_ids, tops):
-            token = self._token_text(token_id, top)
-            result.tokens.append(token)
-            result.text_offset.append(text_offset)
-            text_offset += len(token)
-            if top is None:
-                result.token_logprobs.append(None)
-                result.top_logprobs.append(None)
-                continue
-            result.token_logprobs.append(clamp_logprob(top[token_id].logprob))
-            result.top_logprobs.append(
-                {self._token_text(t, top): clamp_logprob(lp.logprob) for t, lp in top.items()}
-            )
-        return result
-
-    def _token_text(self, token_id: int, top: dict[int, Logprob] | None) -> str:
-        entry = top.get(token_id) if top is not None else None
-        if entry is not None and entry.decoded_token is not None:
-            return entry.decoded_token
-        return self.tokenizer.decode([token_id])
 
 
 class _StreamState:

@@ -6,35 +6,27 @@ The server tokenizes with its own AsyncTokenizer (off the event loop, so a huge 
 stalls no other client); the engine thread's tokenizer stays the engine's alone.
 """
 
-import asyncio
-import copy
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from http import HTTPStatus
 from typing import TypeVar
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
 
 from pagedllm.engine.input_processor import check_token_ids
 from pagedllm.engine.protocol import EngineClient
 from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
-from pagedllm.entrypoints.openai.errors import (
-    OpenAIError,
-    engine_error,
-    error_body,
-    invalid_value_error,
-)
+from pagedllm.entrypoints.openai.errors import OpenAIError, engine_error, invalid_value_error
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
-from pagedllm.entrypoints.openai.protocol import ChatMessage, SamplingFields
-from pagedllm.outputs import CompletionOutput, PromptLogprobs, RequestOutput
+from pagedllm.entrypoints.openai.protocol import (
+    ChatMessage,
+    SamplingFields,
+)
+from pagedllm.entrypoints.openai.streaming import accumulate, prepend, until_disconnected
+from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
 T = TypeVar("T")
-
-# JSON has no -inf; OpenAI's clients expect a number (vLLM's choice of floor).
-MIN_LOGPROB = -9999.0
 
 
 class OpenAIServing:
@@ -156,7 +148,7 @@ class OpenAIServing:
         except BaseException:
             await outputs.aclose()
             raise
-        return _prepend(first, outputs)
+        return prepend(first, outputs)
 
     async def collect(
         self, outputs: AsyncIterator[tuple[int, RequestOutput]], num_prompts: int
@@ -170,128 +162,3 @@ class OpenAIServing:
             except Exception as e:
                 raise engine_error(e) from e
         return totals
-
-
-def accumulate(total: RequestOutput | None, delta: RequestOutput) -> RequestOutput:
-    """`total` extended by a DELTA output (a new object; `total` is not changed)."""
-    if total is None:
-        return copy.copy(delta)
-    by_index = {c.index: c for c in total.outputs}
-    for c in delta.outputs:
-        by_index[c.index] = _extend(by_index.get(c.index), c)
-    total = copy.copy(total)
-    total.outputs = [by_index[i] for i in sorted(by_index)]
-    total.finished = delta.finished
-    total.prompt_logprobs = join_prompt_logprobs(total.prompt_logprobs, delta.prompt_logprobs)
-    return total
-
-
-def join_prompt_logprobs(
-    total: PromptLogprobs | None, delta: PromptLogprobs | None
-) -> PromptLogprobs | None:
-    """DELTA outputs carry prompt logprobs piece by piece (one per prefill chunk)."""
-    if delta is None:
-        return total
-    return (total or []) + delta
-
-
-def _extend(total: CompletionOutput | None, delta: CompletionOutput) -> CompletionOutput:
-    if total is None:
-        return copy.copy(delta)
-    logprobs = None
-    if total.logprobs is not None or delta.logprobs is not None:
-        logprobs = (total.logprobs or []) + (delta.logprobs or [])
-    return CompletionOutput(
-        index=total.index,
-        text=total.text + delta.text,
-        token_ids=total.token_ids + delta.token_ids,
-        cumulative_logprob=delta.cumulative_logprob,
-        logprobs=logprobs,
-        finish_reason=delta.finish_reason,
-        stop_reason=delta.stop_reason,
-    )
-
-
-async def merge_streams(
-    streams: list[AsyncIterator[T]],
-) -> AsyncIterator[tuple[int, T]]:
-    """(stream index, item) from all streams as they come. Closing the merged iterator, or
-    an error in one stream, cancels (and so closes) all the others."""
-    if len(streams) == 1:
-        async with aclosing(streams[0]):
-            async for item in streams[0]:
-                yield 0, item
-        return
-    items: asyncio.Queue = asyncio.Queue()
-    done = object()
-
-    async def pump(index: int, stream: AsyncIterator[T]) -> None:
-        try:
-            async with aclosing(stream):
-                async for item in stream:
-                    items.put_nowait((index, item))
-        except Exception as e:
-            items.put_nowait(e)
-        items.put_nowait(done)
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        for _ in tasks:
-            while (item := await items.get()) is not done:
-                if isinstance(item, Exception):
-                    raise item
-                yield item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def until_disconnected(awaitable: Awaitable[T], raw_request: Request) -> T:
-    """Await `awaitable`, cancelling it if the client disconnects first (then 499)."""
-    work = asyncio.ensure_future(awaitable)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(raw_request))
-    try:
-        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not work.done():
-            work.cancel()
-            await asyncio.gather(work, return_exceptions=True)
-    if work.cancelled():
-        raise OpenAIError("the client disconnected", 499)
-    return work.result()
-
-
-async def _wait_for_disconnect(raw_request: Request) -> None:
-    while (await raw_request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _prepend(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
-    async with aclosing(rest):
-        yield first
-        async for item in rest:
-            yield item
-
-
-def sse_response(chunks: AsyncIterator[BaseModel]) -> StreamingResponse:
-    """Server-sent events: each chunk as `data: {json}`, then `data: [DONE]`. An error
-    once streaming has begun (the 200 status is out) is sent as an error event."""
-    return StreamingResponse(_sse_events(chunks), media_type="text/event-stream")
-
-
-async def _sse_events(chunks: AsyncIterator[BaseModel]) -> AsyncIterator[str]:
-    async with aclosing(chunks):
-        try:
-            async for chunk in chunks:
-                yield f"data: {chunk.model_dump_json()}\n\n"
-        except Exception as e:  # noqa: BLE001 - the 200 is out: the error goes in the stream
-            error = engine_error(e)
-            body = error_body(error.message, error.status_code, error.param, error.code)
-            yield f"data: {body.model_dump_json()}\n\n"
-    yield "data: [DONE]\n\n"
-
-
-def clamp_logprob(logprob: float) -> float:
-    return max(logprob, MIN_LOGPROB)

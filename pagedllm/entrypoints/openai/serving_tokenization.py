@@ -3,8 +3,10 @@
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import (
     DetokenizeRequest,
-    DetokenizeResponse,
     TokenizeRequest,
+)
+from pagedllm.entrypoints.openai.responses import (
+    DetokenizeResponse,
     TokenizeResponse,
 )
 from pagedllm.entrypoints.openai.serving_engine import OpenAIServing

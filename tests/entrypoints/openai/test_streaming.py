@@ -5,7 +5,7 @@ the merged iterator is closed early."""
 import asyncio
 from collections.abc import AsyncIterator
 
-from pagedllm.entrypoints.openai.serving_engine import accumulate, merge_streams
+from pagedllm.entrypoints.openai.streaming import accumulate, merge_streams
 from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
 
 
