@@ -33,7 +33,10 @@ def generation_config_dict(model_config: ModelConfig) -> dict:
 def model_eos_token_id(
     model_config: ModelConfig, tokenizer: PreTrainedTokenizerBase | None
 ) -> int | None:
+    """The tokenizer's EOS id, else the config's (the first of a list; None if empty)."""
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         return tokenizer.eos_token_id
     eos = getattr(model_config.hf_config, "eos_token_id", None)
-    return eos[0] if isinstance(eos, list) and eos else eos
+    if isinstance(eos, list):
+        return eos[0] if eos else None
+    return eos

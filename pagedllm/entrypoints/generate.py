@@ -45,6 +45,8 @@ def to_engine_prompt(engine: LLMEngine, prompt: str, use_chat: bool | None) -> s
         use_chat = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
     if not use_chat:
         return prompt
+    if tokenizer is None:
+        raise ValueError("--chat needs a tokenizer, but --skip-tokenizer-init is set")
     messages = [{"role": "user", "content": prompt}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
     return {"prompt": prompt, "prompt_token_ids": list(ids)}

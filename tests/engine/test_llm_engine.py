@@ -3,73 +3,21 @@ Reference: transformers' `generate(do_sample=False)` prompt by prompt, which pre
 chunked prefill and prefix caching must not change; the block manager's invariants after
 every step, and every block free once requests finish or are aborted."""
 
-from dataclasses import dataclass, field
-
 import pytest
-import torch
 
-from pagedllm.engine.arg_utils import EngineArgs
-from pagedllm.engine.llm_engine import LLMEngine
-from pagedllm.outputs import RequestOutput
-from pagedllm.sampling_params import RequestOutputKind, SamplingParams
-
-MAX_TOKENS = 32
-LLAMA = "llama-gqa-llama3"
-
-
-def make_engine(path: str, **kwargs: object) -> LLMEngine:
-    args = dict(skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=256)
-    return LLMEngine.from_engine_args(EngineArgs(path, **{**args, **kwargs}))
-
-
-def greedy(max_tokens: int = MAX_TOKENS) -> SamplingParams:
-    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
-
-
-@dataclass
-class Run:
-    outputs: dict[str, RequestOutput] = field(default_factory=dict)
-    history: dict[str, list[RequestOutput]] = field(default_factory=dict)
-    first_token_step: dict[str, int] = field(default_factory=dict)
-    num_steps: int = 0
-
-
-def step_once(engine: LLMEngine, run: Run) -> None:
-    """One step; records every output, the finished ones and the step of each request's
-    first token, and checks the block manager against the sequences that hold blocks."""
-    run.num_steps += 1
-    for out in engine.step():
-        run.history.setdefault(out.request_id, []).append(out)
-        if any(c.token_ids for c in out.outputs):
-            run.first_token_step.setdefault(out.request_id, run.num_steps)
-        if out.finished:
-            run.outputs[out.request_id] = out
-    engine.block_manager.check_invariants(engine.scheduler.running)
-
-
-def run_all(engine: LLMEngine, run: Run | None = None) -> Run:
-    run = run or Run()
-    while engine.has_unfinished_requests():
-        step_once(engine, run)
-    assert_all_blocks_free(engine)
-    return run
-
-
-def assert_all_blocks_free(engine: LLMEngine) -> None:
-    assert engine.block_manager.num_free_blocks == engine.num_blocks
-    engine.block_manager.check_invariants([])
-
-
-def add_prompts(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[str]:
-    ids = [f"r{i}" for i in range(len(prompts))]
-    for rid, prompt in zip(ids, prompts):
-        engine.add_request(rid, {"prompt_token_ids": prompt}, params)
-    return ids
-
-
-def assert_matches_reference(run: Run, ids: list[str], reference: list) -> None:
-    for rid, ref in zip(ids, reference, strict=True):
-        ref.assert_matches(run.outputs[rid].outputs[0])
+from pagedllm.sampling_params import SamplingParams
+from tests.engine.engine_helpers import (
+    LLAMA,
+    MAX_TOKENS,
+    Run,
+    add_prompts,
+    assert_all_blocks_free,
+    assert_matches_reference,
+    greedy,
+    make_engine,
+    run_all,
+    step_once,
+)
 
 
 @pytest.mark.parametrize("name", [LLAMA, "qwen3", "qwen3-moe"])
@@ -205,48 +153,6 @@ def test_duplicate_request_id_raises_and_first_completes(tiny_model_path, spread
     assert len(outputs["x"].outputs[0].token_ids) == 4
 
 
-def test_stats_count_tokens(tiny_model_path, spread_prompts) -> None:
-    engine = make_engine(tiny_model_path(LLAMA), num_kv_blocks=40)
-    engine.add_request("a", {"prompt_token_ids": spread_prompts[2]}, greedy(5))
-    engine.add_request("b", {"prompt_token_ids": spread_prompts[3]}, greedy(3))
-    step_once(engine, Run())
-    stats = engine.get_stats()
-    assert (stats.num_running, stats.num_waiting) == (2, 0)
-    assert 0 < stats.kv_cache_usage < 1
-    run_all(engine)
-    stats = engine.get_stats()
-    assert stats.num_prompt_tokens == 23 + 47
-    assert stats.num_generation_tokens == 5 + 3
-    assert (stats.num_running, stats.num_free_blocks, stats.num_blocks) == (0, 40, 40)
-
-
-def test_prompt_logprobs_match_transformers_under_chunking_and_preemption(
-    tiny_model_path, hf_model, spread_prompts
-) -> None:
-    """Each prompt token's logprob and rank equal transformers' log_softmax of its logits,
-    and streamed (delta) prompt logprobs add up to all of them, each sent once."""
-    engine = make_engine(tiny_model_path(LLAMA), num_kv_blocks=17, max_num_batched_tokens=64)
-    prompts = spread_prompts
-    params = SamplingParams(max_tokens=32, ignore_eos=True, prompt_logprobs=1)
-    ids = add_prompts(engine, prompts, params)
-    delta = SamplingParams(max_tokens=4, prompt_logprobs=1, output_kind=RequestOutputKind.DELTA)
-    engine.add_request("delta", {"prompt_token_ids": prompts[-1]}, delta)
-    run = run_all(engine)
-    assert engine.scheduler.num_preemptions > 0
-    streamed = [lp for out in run.history["delta"] for lp in out.prompt_logprobs or []]
-    assert len([o for o in run.history["delta"] if o.prompt_logprobs]) > 1
-    results = [run.outputs[rid].prompt_logprobs for rid in ids] + [streamed]
-    for logprobs, prompt in zip(results, prompts + prompts[-1:], strict=True):
-        assert len(logprobs) == len(prompt) and logprobs[0] is None
-        with torch.no_grad():
-            ref = hf_model(LLAMA)(torch.tensor([prompt])).logits[0, :-1].log_softmax(-1)
-        chosen = ref.gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
-        ours = torch.tensor([lp[t].logprob for lp, t in zip(logprobs[1:], prompt[1:])])
-        torch.testing.assert_close(ours, chosen, atol=1e-4, rtol=0)
-        ranks = [lp[t].rank for lp, t in zip(logprobs[1:], prompt[1:])]
-        assert ranks == ((ref > chosen[:, None]).sum(1) + 1).tolist()
-
-
 def test_n_seeded_samples_survive_preemption(tiny_model_path, spread_prompts) -> None:
     """n=3 forks share their prompt's blocks (copy on write); preempting and recomputing
     them must not change a seeded request's samples."""
@@ -260,62 +166,3 @@ def test_n_seeded_samples_survive_preemption(tiny_model_path, spread_prompts) ->
         assert (engine.scheduler.num_preemptions > 0) == (kwargs["num_kv_blocks"] == 17)
     assert results[0] == results[1]
     assert all(len({tuple(c) for c in completions}) == 3 for completions in results[0])
-
-
-def greedy_tokens(run: Run, ids: list[str]) -> list[list[int]]:
-    return [run.outputs[rid].outputs[0].token_ids for rid in ids]
-
-
-def test_request_that_cannot_sample_fails_alone(tiny_model_path, spread_prompts) -> None:
-    """Its only allowed token is banned by min_tokens: it ends with an error at its first
-    token; the others' tokens equal a run without it, and every block is freed."""
-    path, prompts = tiny_model_path(LLAMA), spread_prompts[1:4]
-    alone = make_engine(path, num_kv_blocks=60)
-    alone_ids = add_prompts(alone, prompts, greedy(6))
-    expected = greedy_tokens(run_all(alone), alone_ids)
-    engine = make_engine(path, num_kv_blocks=60)
-    ids = add_prompts(engine, prompts, greedy(6))
-    doomed = SamplingParams(allowed_token_ids=[5], stop_token_ids=[5], min_tokens=2)
-    engine.add_request("doomed", {"prompt_token_ids": prompts[0]}, doomed)
-    run = run_all(engine)
-    failed = run.outputs["doomed"]
-    assert failed.finished and "no token can be sampled" in str(failed.error)
-    assert failed.outputs[0].finish_reason == "error" and failed.outputs[0].token_ids == []
-    assert greedy_tokens(run, ids) == expected
-    assert all(run.outputs[rid].error is None for rid in ids)
-
-
-def test_stop_check_that_raises_fails_only_its_request(
-    tiny_model_path, spread_prompts, monkeypatch
-) -> None:
-    """A failure in one request's output processing (here its stop check) ends it alone."""
-    from pagedllm.engine import output_processor
-
-    real_check_stop = output_processor.check_stop
-
-    def check_stop(seq, params, *args):  # noqa: ANN001, ANN202
-        if (params.extra_args or {}).get("boom") and len(seq.output_token_ids) == 3:
-            raise RuntimeError("stop check exploded")
-        return real_check_stop(seq, params, *args)
-
-    monkeypatch.setattr(output_processor, "check_stop", check_stop)
-    engine = make_engine(tiny_model_path(LLAMA), num_kv_blocks=60)
-    ids = add_prompts(engine, spread_prompts[1:3], greedy(8))
-    boom = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, extra_args={"boom": 1})
-    engine.add_request("boom", {"prompt_token_ids": spread_prompts[3]}, boom)
-    run = run_all(engine)
-    assert "stop check exploded" in str(run.outputs["boom"].error)
-    assert len(run.outputs["boom"].outputs[0].token_ids) == 3
-    assert [len(t) for t in greedy_tokens(run, ids)] == [8, 8]
-
-
-def test_fan_out_beyond_the_cache_and_max_n_are_rejected(tiny_model_path, spread_prompts) -> None:
-    """n x max_tokens must fit in the whole cache (40 blocks x 16 = 640 tokens); n <= max_n."""
-    engine = make_engine(tiny_model_path(LLAMA), num_kv_blocks=40, max_n=8)
-    prompt = {"prompt_token_ids": spread_prompts[1]}
-    with pytest.raises(ValueError, match="more than the KV cache holds"):
-        engine.add_request("wide", prompt, SamplingParams(n=3, max_tokens=None))
-    with pytest.raises(ValueError, match="max_n=8"):
-        engine.add_request("many", prompt, SamplingParams(n=9, max_tokens=1))
-    engine.add_request("fits", prompt, SamplingParams(n=8, max_tokens=80))
-    assert len(run_all(engine).outputs["fits"].outputs) == 8

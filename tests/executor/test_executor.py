@@ -1,215 +1,88 @@
-"""Tensor parallelism (gloo, 2 ranks on CPU) against tensor_parallel_size=1 on the same
-weights: identical greedy tokens, fp32 logprobs within 1e-5, half the bytes per rank,
-clean shutdown, and a clear error when a worker dies, in use or while starting."""
+"""Executor and DistributedExecutor (pagedllm/executor/executor.py). Reference: their contracts:
+the in-process executor hands each call to its ModelRunner and runs the logits processors'
+request checks; rank 0 of a tensor-parallel world broadcasts each call (the step, never the
+sampler rows: only rank 0 samples) before running it itself."""
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
+import torch
 
-from pagedllm import LLM, SamplingParams
-from pagedllm.config import ModelConfig
-from pagedllm.entrypoints.inspect import inspect_model
-
-ENGINE = dict(skip_tokenizer_init=True, num_kv_blocks=256, block_size=4, dtype="float32")
-PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
-SHARED = list(range(10, 42))  # a shared 32-token prefix, so prefix caching serves blocks
-
-
-def mixed_prompts() -> list[dict]:
-    lengths = (1, 9, 23, 40)
-    return [{"prompt_token_ids": SHARED[: n // 2] + list(range(50, 50 + n))} for n in lengths] + [
-        {"prompt_token_ids": SHARED + [7, 8, 9]},
-        {"prompt_token_ids": SHARED + [11, 12]},
-    ]
+from pagedllm.config import EngineConfig
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.executor import executor
+from pagedllm.executor.batch import SeqChunk
+from pagedllm.executor.executor import DistributedExecutor, Executor
+from pagedllm.executor.model_runner import StepInput
+from pagedllm.executor.worker import EXECUTE, INIT_KV_CACHE, SHUTDOWN
+from pagedllm.sample.logits_processors import BatchUpdate, LogitsProcessor
+from pagedllm.sample.metadata import SamplingRow
+from pagedllm.sampling_params import SamplingParams
 
 
-def param_bytes(llm: LLM) -> int:
-    model = llm.llm_engine.executor.runner.model
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+class RejectFlag(LogitsProcessor):
+    """Rejects requests whose extra_args carry "reject"; changes no logits."""
+
+    @classmethod
+    def validate_params(cls, params: SamplingParams) -> None:
+        if (params.extra_args or {}).get("reject"):
+            raise ValueError("RejectFlag: this request is rejected")
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        pass
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
 
 
-def worker_pids(llm: LLM) -> list[int]:
-    return [p.pid for p in llm.llm_engine.executor.processes]
+@pytest.fixture
+def config(tiny_model_path: Callable[[str], str]) -> EngineConfig:
+    args = EngineArgs(tiny_model_path("llama-gqa-llama3"), dtype="float32", device="cpu")
+    args.logits_processors = (RejectFlag,)
+    return args.create_engine_config()
 
 
-def generate_twice(llm: LLM) -> list:
-    """Second round hits the prefix cache filled by the first; chunked prefill (budget 16)."""
-    first = llm.generate(mixed_prompts(), PARAMS, use_tqdm=False)
-    return first + llm.generate(mixed_prompts(), PARAMS, use_tqdm=False)
+def test_executor_runs_the_model_in_process(config) -> None:
+    """2 kv heads x 16 x 2 layers x K and V x 4 bytes = 512 bytes per token."""
+    ex = Executor(config)
+    assert ex.kv_cache_bytes_per_token == 512
+    ex.init_kv_cache(3)
+    assert ex.runner.kv_cache.shape == (2, 2, 3, 16, 2, 16)
+    step = StepInput([SeqChunk([5, 6, 7], 0, [0])], [], [0], [])
+    out = ex.execute(step, [SamplingRow(SamplingParams(temperature=0), [5, 6, 7], [])])
+    assert out.sampler_output.sampled_token_ids.shape == (1,)
+    assert ex.is_healthy()
+    ex.shutdown()
 
 
-@pytest.mark.parametrize("name", ["llama-gqa4", "llama-tied-mqa", "qwen3", "qwen3-moe"])
-def test_tp2_matches_tp1(name: str, tiny_model_path) -> None:
-    path = tiny_model_path(name)
-    single = LLM(path, max_num_batched_tokens=16, **ENGINE)
-    expected = generate_twice(single)
-    single_bytes = param_bytes(single)
-    with LLM(path, max_num_batched_tokens=16, tensor_parallel_size=2, **ENGINE) as tp:
-        got = generate_twice(tp)
-        assert tp.llm_engine.block_manager.prefix_cache_hits > 0
-        tp_bytes = param_bytes(tp)
-        report = inspect_model(ModelConfig.create(path, dtype="float32"), tp=2)
-    for want, have in zip(expected, got, strict=True):
-        a, b = want.outputs[0], have.outputs[0]
-        assert a.token_ids == b.token_ids
-        for lp_a, lp_b, token in zip(a.logprobs, b.logprobs, a.token_ids, strict=True):
-            assert abs(lp_a[token].logprob - lp_b[token].logprob) <= 1e-5
-    assert tp_bytes == report["bytes_per_rank"]
-    assert 0.45 * single_bytes < tp_bytes < 0.75 * single_bytes
+def test_validate_params_runs_the_logits_processors_checks(config) -> None:
+    ex = Executor(config)
+    ex.validate_params(SamplingParams())
+    with pytest.raises(ValueError, match="RejectFlag: this request is rejected"):
+        ex.validate_params(SamplingParams(extra_args={"reject": True}))
 
 
-def test_default_model_tp_same_greedy_text() -> None:
-    """SmolLM2-135M has 9 query and 3 kv heads, so it splits over 3 ranks, not 2."""
-    params = SamplingParams(temperature=0, max_tokens=16)
-    prompts = ["The capital of France is", "List three prime numbers:"]
-    expected = [o.outputs[0].text for o in LLM(num_kv_blocks=600).generate(prompts, params)]
-    with LLM(num_kv_blocks=600, tensor_parallel_size=3) as tp:
-        assert [o.outputs[0].text for o in tp.generate(prompts, params)] == expected
-    with pytest.raises(ValueError, match="attention heads 9 is not divisible by tensor parallel"):
-        LLM(num_kv_blocks=600, tensor_parallel_size=2)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
-
-
-def test_close_leaves_no_process(tiny_model_path) -> None:
-    llm = LLM(tiny_model_path("llama-gqa4"), tensor_parallel_size=2, **ENGINE)
-    pids = worker_pids(llm)
-    assert pids and all(alive(pid) for pid in pids)
-    llm.close()
-    assert not any(alive(pid) for pid in pids)
-
-
-def test_dropping_the_llm_stops_workers(tiny_model_path) -> None:
-    llm = LLM(tiny_model_path("llama-gqa4"), tensor_parallel_size=2, **ENGINE)
-    pids = worker_pids(llm)
-    del llm
-    deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(alive(pid) for pid in pids)
-
-
-def test_killed_worker_raises_clear_error_fast(tiny_model_path) -> None:
-    llm = LLM(tiny_model_path("llama-gqa4"), tensor_parallel_size=2, **ENGINE)
-    assert llm.llm_engine.executor.is_healthy()
-    os.kill(worker_pids(llm)[0], signal.SIGKILL)
-    start = time.monotonic()
-    with pytest.raises(RuntimeError, match="tensor-parallel worker 1"):
-        llm.generate(mixed_prompts(), PARAMS, use_tqdm=False)
-    assert time.monotonic() - start < 10
-    assert not llm.llm_engine.executor.is_healthy()
-    llm.close()
-
-
-def test_kv_heads_that_do_not_divide_tp_are_rejected(tiny_model_path) -> None:
-    """4 query heads cannot be split over 3 ranks: a clear error, no hang."""
-    with pytest.raises(ValueError, match="not divisible by tensor parallel size 3"):
-        LLM(tiny_model_path("qwen3"), tensor_parallel_size=3, **ENGINE)
-
-
-def test_torchrun_launch_matches_single_process(tiny_model_path) -> None:
-    """`torchrun --nproc-per-node 2 script.py`: ranks join through the env:// variables."""
-    path, prompt = tiny_model_path("llama-gqa4"), list(range(3, 20))
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    single = LLM(path, skip_tokenizer_init=True, num_kv_blocks=256)
-    expected = single.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
-    script = Path(__file__).with_name("torchrun_generate.py")
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port())]
-    result = subprocess.run(
-        [*cmd, str(script), path, json.dumps(prompt)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+def test_distributed_executor_broadcasts_each_call_before_running_it(config, monkeypatch) -> None:
+    events = []
+    monkeypatch.setattr(executor, "broadcast_message", lambda message: events.append(message))
+    monkeypatch.setattr(
+        executor, "destroy_distributed_environment", lambda: events.append("destroy")
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = [line for line in result.stdout.splitlines() if line.startswith("TOKENS")]
-    assert lines == [f"TOKENS {json.dumps(expected[0].outputs[0].token_ids)}"]
+    ex = DistributedExecutor(config)
+    assert events == []
+    ex.init_kv_cache(3)
+    assert events == [(INIT_KV_CACHE, 3)] and ex.runner.kv_cache.shape[2] == 3
 
+    run = ex.runner.execute
+    monkeypatch.setattr(ex.runner, "execute", lambda *args: (events.append("run"), run(*args))[1])
+    step = StepInput([SeqChunk([5, 6, 7], 0, [0])], [], [0], [])
+    rows = [SamplingRow(SamplingParams(temperature=0), [5, 6, 7], [])]
+    out = ex.execute(step, rows)
+    assert events[1:] == [(EXECUTE, step), "run"]
+    assert out.sampler_output.sampled_token_ids.shape == (1,)
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_marked(args: list[str], marker: str) -> subprocess.CompletedProcess:
-    """Run a script whose processes (spawned workers included) carry `marker` in their
-    environment, so `marked_processes` can find any left behind."""
-    return subprocess.run(
-        [sys.executable, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "TP_MARKER": marker},
-    )
-
-
-def marked_processes(marker: str, grace_s: float = 5.0) -> list[int]:
-    """Live processes with `marker` in their environment, once `grace_s` has let those that
-    exit with their parent (multiprocessing's resource tracker) go."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        environs = Path("/proc").glob("[0-9]*/environ")
-        pids = [int(e.parent.name) for e in environs if marked(e, marker)]
-        pids = [pid for pid in pids if alive(pid)]
-        if not pids or time.monotonic() > deadline:
-            return pids
-        time.sleep(0.1)
-
-
-def marked(environ: Path, marker: str) -> bool:
-    try:
-        return f"TP_MARKER={marker}".encode() in environ.read_bytes()
-    except OSError:  # gone, or not ours
-        return False
-
-
-def test_script_without_main_guard_fails_fast_with_advice(tiny_model_path, tmp_path) -> None:
-    """multiprocessing's spawn re-imports the main module in each worker (vLLM gives the
-    same advice): a module-level LLM must not hang rank 0 in its rendezvous."""
-    script = tmp_path / "no_main_guard.py"
-    script.write_text(
-        "import sys\n"
-        "from pagedllm import LLM\n"
-        "LLM(sys.argv[1], tensor_parallel_size=2, skip_tokenizer_init=True, num_kv_blocks=256)\n"
-    )
-    path, marker = tiny_model_path("llama-gqa4"), f"no-guard-{os.getpid()}-{time.monotonic_ns()}"
-    start = time.monotonic()
-    result = run_marked([str(script), path], marker)
-    assert time.monotonic() - start < 30
-    assert result.returncode != 0
-    assert 'if __name__ == "__main__":' in result.stderr, result.stderr[-3000:]
-    assert "tensor-parallel worker 1 died" in result.stderr
-    assert marked_processes(marker) == []
-
-
-def test_worker_failing_to_load_its_shard_raises_its_error(tiny_model_path) -> None:
-    """Worker 1's ModelRunner raises an injected MemoryError: LLM() raises it at once
-    instead of waiting for a READY that never comes."""
-    script = Path(__file__).with_name("tp_worker_fails_loading.py")
-    marker = f"load-fails-{os.getpid()}-{time.monotonic_ns()}"
-    result = run_marked([str(script), tiny_model_path("llama-gqa4")], marker)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = result.stdout
-    assert "ERROR tensor-parallel worker 1 failed to start" in report
-    assert "MemoryError: injected: the shard does not fit on this worker" in report
-    seconds = float(report.split("SECONDS ")[1].split()[0])
-    assert seconds < 30
-    assert "LIVE_WORKERS 0" in report
-    assert marked_processes(marker) == []
+    ex.shutdown()
+    assert events[3:] == [(SHUTDOWN, None), "destroy"]

@@ -1,13 +1,12 @@
-"""One `pagedllm serve` subprocess on the default model for these tests, the offline `LLM`
-(their reference) in the test process, and an OpenAI client of the server."""
+"""One `pagedllm serve` subprocess on the default model for these tests, and an OpenAI
+client of the server; the offline `LLM` (their reference) is tests/entrypoints/conftest.py's."""
 
 from collections.abc import Iterator
 
 import openai
 import pytest
 
-from pagedllm import LLM
-from tests.entrypoints.openai.remote_server import MAX_MODEL_LEN, Server, remote_server
+from tests.entrypoints.openai.remote_server import Server, remote_server
 
 
 @pytest.fixture(scope="session")
@@ -19,9 +18,3 @@ def server() -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def client(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="session")
-def offline_llm() -> LLM:
-    """The reference: the same default model, run offline in this process."""
-    return LLM(num_kv_blocks=256, max_model_len=MAX_MODEL_LEN)

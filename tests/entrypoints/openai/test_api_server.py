@@ -134,21 +134,6 @@ def test_openapi_schema_describes_every_route(server: Server) -> None:
     assert {"/v1/models", "/health", "/version", "/metrics"} <= set(paths)
 
 
-def test_tokenize_detokenize_round_trip(server: Server, offline_llm: LLM) -> None:
-    tokenizer = offline_llm.get_tokenizer()
-    text = "Hello, paged attention!"
-    tokens = httpx.post(server.url + "/tokenize", json={"prompt": text}).json()
-    assert tokens["tokens"] == tokenizer.encode(text)
-    assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == MAX_MODEL_LEN
-    messages = [{"role": "user", "content": text}]
-    chat = httpx.post(server.url + "/tokenize", json={"messages": messages}).json()
-    assert chat["tokens"] == list(
-        tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-    )
-    back = httpx.post(server.url + "/detokenize", json={"tokens": tokens["tokens"]}).json()
-    assert back["prompt"] == text
-
-
 # In-process apps over the offline LLM's engine (idle meanwhile, so it has one owner).
 
 TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"

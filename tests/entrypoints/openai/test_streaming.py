@@ -1,6 +1,6 @@
-"""Helpers of pagedllm/entrypoints/openai/serving_engine.py. References: the concatenation
-of DELTA outputs (what CUMULATIVE would have shown), and every merged stream closed when
-the merged iterator is closed early."""
+"""pagedllm/entrypoints/openai/streaming.py: accumulate and merge_streams. References: the
+concatenation of DELTA outputs (what CUMULATIVE would have shown), and every merged stream
+closed when the merged iterator is closed early."""
 
 import asyncio
 from collections.abc import AsyncIterator

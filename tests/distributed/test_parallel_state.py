@@ -1,0 +1,77 @@
+"""pagedllm/distributed/parallel_state.py in one process. Reference: torch.distributed's own
+answers (get_rank / get_world_size) once a gloo group of 1 rank is initialised, and its
+definition of a single process without a group: rank 0 of 1."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from pagedllm.distributed import parallel_state
+from pagedllm.distributed.parallel_state import (
+    destroy_distributed_environment,
+    get_cpu_group,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    init_distributed_environment,
+    override_tensor_parallel,
+)
+
+
+@pytest.fixture
+def gloo_group_of_one(tmp_path: Path) -> Iterator[None]:
+    init_distributed_environment(1, 0, init_method=f"file://{tmp_path / 'rendezvous'}")
+    try:
+        yield
+    finally:
+        destroy_distributed_environment()
+
+
+def test_without_a_group_the_process_is_rank_0_of_1() -> None:
+    assert not dist.is_initialized()
+    assert (get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()) == (0, 1)
+
+
+def test_override_sets_rank_and_size_and_restores_them_when_nested() -> None:
+    with override_tensor_parallel(3, 8):
+        assert (get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()) == (3, 8)
+        with override_tensor_parallel(1, 2):
+            assert get_tensor_model_parallel_rank() == 1
+            assert get_tensor_model_parallel_world_size() == 2
+        assert (get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()) == (3, 8)
+    assert (get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()) == (0, 1)
+
+
+def test_override_is_restored_after_an_error() -> None:
+    with pytest.raises(RuntimeError), override_tensor_parallel(1, 4):
+        raise RuntimeError("building a layer failed")
+    assert get_tensor_model_parallel_world_size() == 1
+
+
+@pytest.mark.parametrize("rank, world_size", [(2, 2), (-1, 2), (0, 0)])
+def test_override_rejects_a_rank_outside_the_world(rank: int, world_size: int) -> None:
+    with pytest.raises(ValueError, match=rf"rank {rank} is outside \[0, {world_size}\)"):
+        with override_tensor_parallel(rank, world_size):
+            pass
+
+
+def test_gloo_group_of_one_rank(gloo_group_of_one: None) -> None:
+    assert dist.is_initialized() and dist.get_backend() == "gloo"
+    assert get_tensor_model_parallel_rank() == dist.get_rank() == 0
+    assert get_tensor_model_parallel_world_size() == dist.get_world_size() == 1
+    assert get_cpu_group() is dist.group.WORLD  # gloo tensors: no second group
+
+
+def test_override_wins_over_an_initialised_group(gloo_group_of_one: None) -> None:
+    with override_tensor_parallel(1, 2):
+        assert (get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()) == (1, 2)
+
+
+def test_destroy_leaves_no_group_and_cpu_group_needs_init(tmp_path: Path) -> None:
+    init_distributed_environment(1, 0, init_method=f"file://{tmp_path / 'rendezvous'}")
+    destroy_distributed_environment()
+    assert not dist.is_initialized() and parallel_state._cpu_group is None
+    destroy_distributed_environment()  # a second call is harmless
+    with pytest.raises(AssertionError, match="init_distributed_environment"):
+        get_cpu_group()

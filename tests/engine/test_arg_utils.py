@@ -1,0 +1,124 @@
+"""EngineArgs (pagedllm/engine/arg_utils.py). Reference: its fields: each one (but
+logits_processors, Python objects, and seed, which on the command line is a request's sampling
+seed) is a --kebab-case flag of its type, flags parse back to the same EngineArgs, and
+create_engine_config hands every field to the config part that owns it."""
+
+import argparse
+from dataclasses import fields
+
+import pytest
+
+from pagedllm.engine.arg_utils import EngineArgs
+from tests.engine.engine_helpers import LLAMA
+
+NOT_CLI = {"logits_processors", "seed"}
+
+
+def parser_with_flags(with_model: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(parser, with_model=with_model)
+    return parser
+
+
+def flags(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """dest -> its flag (booleans also get a --no- form)."""
+    return {a.dest: a.option_strings[0] for a in parser._actions if a.dest != "help"}
+
+
+def test_every_field_but_logits_processors_and_seed_has_a_flag() -> None:
+    names = [f.name for f in fields(EngineArgs) if f.name not in NOT_CLI]
+    expected = {name: "--" + name.replace("_", "-") for name in names}
+    assert flags(parser_with_flags()) == expected
+    del expected["model"]
+    assert flags(parser_with_flags(with_model=False)) == expected
+
+
+def test_no_flags_give_the_defaults() -> None:
+    assert EngineArgs.from_cli_args(parser_with_flags().parse_args([])) == EngineArgs()
+
+
+def test_flags_round_trip_with_their_types() -> None:
+    argv = [
+        "--model", "m", "--dtype", "float16", "--tensor-parallel-size", "2",
+        "--max-model-len", "128", "--block-size", "8", "--kv-cache-memory-bytes", "4096",
+        "--num-kv-blocks", "9", "--max-num-seqs", "3", "--max-num-batched-tokens", "64",
+        "--no-enable-prefix-caching", "--no-enable-chunked-prefill", "--skip-tokenizer-init",
+        "--device", "cpu", "--max-logprobs", "4", "--max-n", "5",
+        "--logprobs-mode", "processed_logprobs",
+    ]  # fmt: skip
+    args = EngineArgs.from_cli_args(parser_with_flags().parse_args(argv))
+    assert args == EngineArgs(
+        model="m",
+        dtype="float16",
+        tensor_parallel_size=2,
+        max_model_len=128,
+        block_size=8,
+        kv_cache_memory_bytes=4096,
+        num_kv_blocks=9,
+        max_num_seqs=3,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=False,
+        enable_chunked_prefill=False,
+        skip_tokenizer_init=True,
+        device="cpu",
+        max_logprobs=4,
+        max_n=5,
+        logprobs_mode="processed_logprobs",
+    )
+    assert {f.name for f in fields(EngineArgs) if f.name not in NOT_CLI} == {
+        name for name, value in vars(args).items() if value != getattr(EngineArgs(), name)
+    }, "every flag above differs from its default"
+
+
+def test_from_cli_args_ignores_the_sampling_seed() -> None:
+    namespace = argparse.Namespace(model="m", seed=5)
+    assert EngineArgs.from_cli_args(namespace) == EngineArgs(model="m")
+
+
+def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
+    processors = ["pkg.Processor"]
+    args = EngineArgs(
+        tiny_model_path(LLAMA),
+        dtype="float16",
+        tensor_parallel_size=2,
+        max_model_len=128,
+        block_size=8,
+        kv_cache_memory_bytes=4096,
+        num_kv_blocks=20,
+        max_num_seqs=3,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=False,
+        enable_chunked_prefill=True,
+        seed=11,
+        skip_tokenizer_init=True,
+        device="cpu",
+        max_logprobs=4,
+        max_n=5,
+        logprobs_mode="processed_logprobs",
+        logits_processors=processors,
+    )
+    config = args.create_engine_config()
+    model = config.model_config
+    assert (model.model, str(model.dtype), model.max_model_len) == (
+        args.model,
+        "torch.float16",
+        128,
+    )
+    cache = config.cache_config
+    assert (cache.block_size, cache.num_kv_blocks, cache.kv_cache_memory_bytes) == (8, 20, 4096)
+    assert cache.enable_prefix_caching is False
+    sched = config.scheduler_config
+    assert (sched.max_num_seqs, sched.max_num_batched_tokens, sched.enable_chunked_prefill) == (
+        3,
+        64,
+        True,
+    )
+    assert config.parallel_config.tensor_parallel_size == 2
+    assert (config.device, config.seed, config.skip_tokenizer_init) == ("cpu", 11, True)
+    assert (config.max_logprobs, config.max_n, config.logprobs_mode) == (4, 5, "processed_logprobs")
+    assert config.logits_processors == ("pkg.Processor",)
+
+
+def test_create_engine_config_rejects_a_bad_device(tiny_model_path) -> None:
+    with pytest.raises(ValueError, match="device 'gpu0' is not a torch device"):
+        EngineArgs(tiny_model_path(LLAMA), device="gpu0").create_engine_config()

@@ -1,0 +1,95 @@
+"""plan_step (pagedllm/engine/step_plan.py), checked by hand against its contract: each scheduled
+sequence sends its chunk of new tokens; one that produces a token sends n sampler rows at its
+request's first token (the n completions fork from it), one afterwards, each with its
+completion's generator; prompt logits are asked only for chunks that still cover the prompt."""
+
+import torch
+
+from pagedllm.core.scheduler import ScheduledSequence, SchedulerOutput
+from pagedllm.core.sequence import Sequence, SequenceStatus, new_seq_id
+from pagedllm.engine.request import Completion, Request
+from pagedllm.engine.step_plan import plan_step
+from pagedllm.executor.batch import SeqChunk
+from pagedllm.sampling_params import SamplingParams
+
+
+def make_request(rid: str, prompt: list[int], n: int = 1, **params: object) -> Request:
+    request = Request(rid, None, prompt, SamplingParams(n=n, **params))
+    request.generators = [torch.Generator().manual_seed(k) for k in range(n)]
+    request.completions.append(Completion(0, make_seq(rid, prompt, []), None))
+    return request
+
+
+def make_seq(rid: str, prompt: list[int], output: list[int], computed: int = 0) -> Sequence:
+    seq = Sequence(new_seq_id(), prompt, 4, request_id=rid)
+    seq.token_ids += output
+    seq.num_computed_tokens = computed
+    seq.block_table = list(range(seq.seq_id, seq.seq_id + seq.num_blocks))  # any distinct ids
+    seq.status = SequenceStatus.RUNNING
+    return seq
+
+
+def test_first_token_samples_n_rows_and_prefill_asks_prompt_logits() -> None:
+    a = make_request("a", [5, 6, 7, 8, 9], n=3)
+    b = make_request("b", list(range(10, 20)), prompt_logprobs=1)
+    a0, b0 = a.completions[0].seq, b.completions[0].seq
+    out = SchedulerOutput([ScheduledSequence(a0, 5), ScheduledSequence(b0, 6)])
+    out.blocks_to_copy = [(3, 4)]
+    plan = plan_step(out, {"a": a, "b": b})
+    step = plan.step_input
+    assert step.chunks == [
+        SeqChunk([5, 6, 7, 8, 9], 0, a0.block_table),
+        SeqChunk(list(range(10, 16)), 0, b0.block_table),
+    ]
+    assert step.blocks_to_copy == [(3, 4)]
+    assert step.sample_indices == [0, 0, 0] and plan.owners == [(0, 0), (0, 1), (0, 2)]
+    assert step.prompt_logprob_indices == [1]
+    assert [row.generator for row in plan.rows] == a.generators
+    assert all(row.params is a.params for row in plan.rows)
+    assert all((r.prompt_token_ids, r.output_token_ids) == ([5, 6, 7, 8, 9], []) for r in plan.rows)
+
+
+def test_after_the_fork_each_completion_samples_one_row() -> None:
+    """Scheduled in the order a1, b, a0, c, a2: rows follow the batch, each owned by its
+    completion; b still prefills its prompt (prompt logits), c decodes (none)."""
+    a = make_request("a", [5, 6, 7, 8, 9], n=3)
+    a.completions = [
+        Completion(k, make_seq("a", a.prompt_token_ids, [40 + k], 5), None) for k in range(3)
+    ]
+    b = make_request("b", list(range(10, 20)), prompt_logprobs=1)
+    b.completions[0].seq.num_computed_tokens = 6
+    c = make_request("c", [1, 2, 3], prompt_logprobs=0)
+    c.completions = [Completion(0, make_seq("c", [1, 2, 3], [50], 3), None)]
+    a0, a1, a2 = (comp.seq for comp in a.completions)
+    seqs = [a1, b.completions[0].seq, a0, c.completions[0].seq, a2]
+    out = SchedulerOutput(
+        [ScheduledSequence(s, s.num_tokens - s.num_computed_tokens) for s in seqs]
+    )
+    plan = plan_step(out, {"a": a, "b": b, "c": c})
+    assert [chunk.token_ids for chunk in plan.step_input.chunks] == [
+        [41],
+        [16, 17, 18, 19],
+        [40],
+        [50],
+        [42],
+    ]
+    assert [chunk.start for chunk in plan.step_input.chunks] == [5, 6, 5, 3, 5]
+    assert plan.owners == [(0, 1), (1, 0), (2, 0), (3, 0), (4, 2)]
+    assert plan.step_input.sample_indices == [0, 1, 2, 3, 4]
+    assert plan.step_input.prompt_logprob_indices == [1]
+    generators = [
+        a.generators[1],
+        b.generators[0],
+        a.generators[0],
+        c.generators[0],
+        a.generators[2],
+    ]
+    assert all(row.generator is g for row, g in zip(plan.rows, generators, strict=True))
+    assert [row.output_token_ids for row in plan.rows] == [[41], [], [40], [50], [42]]
+
+
+def test_a_prefill_chunk_that_does_not_reach_the_end_samples_nothing() -> None:
+    a = make_request("a", list(range(10, 20)), n=2)
+    plan = plan_step(SchedulerOutput([ScheduledSequence(a.completions[0].seq, 4)]), {"a": a})
+    assert plan.rows == [] and plan.owners == [] and plan.step_input.sample_indices == []
+    assert plan.step_input.prompt_logprob_indices == []

@@ -1,0 +1,68 @@
+"""The tokenizer and EOS ids of a model (pagedllm/engine/tokenizer.py). Reference: transformers'
+GenerationConfig.save_pretrained / from_pretrained for generation_config.json, and the rule that
+the tokenizer's eos_token_id wins over the model config's (the first one when it is a list)."""
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import transformers
+
+from pagedllm.config import ModelConfig
+from pagedllm.engine.tokenizer import generation_config_dict, get_tokenizer, model_eos_token_id
+from tests.engine.engine_helpers import LLAMA
+
+
+def folder_with_config(tiny_model_path: Callable[[str], str], tmp_path: Path) -> ModelConfig:
+    """A model folder holding only config.json."""
+    shutil.copy(Path(tiny_model_path(LLAMA)) / "config.json", tmp_path)
+    return ModelConfig.create(str(tmp_path), "float32")
+
+
+def test_generation_config_dict_without_the_file_is_empty(tiny_model_path, tmp_path) -> None:
+    assert generation_config_dict(folder_with_config(tiny_model_path, tmp_path)) == {}
+
+
+def test_generation_config_dict_reads_the_file(tiny_model_path, tmp_path) -> None:
+    model_config = folder_with_config(tiny_model_path, tmp_path)
+    transformers.GenerationConfig(
+        eos_token_id=[2, 7], do_sample=True, temperature=0.6
+    ).save_pretrained(tmp_path)
+    config = generation_config_dict(model_config)
+    assert config["eos_token_id"] == [2, 7] and config["temperature"] == 0.6
+
+
+def model_config_with_eos(eos: object) -> ModelConfig:
+    hf_config = transformers.LlamaConfig(eos_token_id=eos)
+    return ModelConfig("unused", hf_config, torch.float32, 64)
+
+
+@pytest.mark.parametrize(
+    "tokenizer_eos, config_eos, expected",
+    [
+        (9, 2, 9),  # the tokenizer's wins
+        (None, 2, 2),  # a tokenizer without one: the model config's
+        (None, [4, 5], 4),  # a list: its first
+        (None, None, None),
+    ],
+)
+def test_model_eos_token_id(tokenizer_eos, config_eos, expected) -> None:
+    tokenizer = SimpleNamespace(eos_token_id=tokenizer_eos)
+    model_config = model_config_with_eos(config_eos)
+    assert model_eos_token_id(model_config, tokenizer) == expected
+    assert model_eos_token_id(model_config, None) == (expected if tokenizer_eos is None else 2)
+
+
+def test_model_eos_token_id_of_an_empty_list_is_none() -> None:
+    assert model_eos_token_id(model_config_with_eos([]), None) is None
+
+
+def test_folder_without_a_tokenizer_raises_with_advice(tiny_model_path, tmp_path) -> None:
+    model_config = folder_with_config(tiny_model_path, tmp_path)
+    with pytest.raises(
+        ValueError, match="(?s)cannot load a tokenizer from .*skip_tokenizer_init=True"
+    ):
+        get_tokenizer(model_config)

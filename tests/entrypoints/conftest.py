@@ -1,0 +1,13 @@
+"""The offline `LLM` on the default model, shared by the CLI tests (generate, chat) and the
+OpenAI server's tests (their reference): loaded once per session."""
+
+import pytest
+
+from pagedllm import LLM
+from tests.entrypoints.openai.remote_server import MAX_MODEL_LEN
+
+
+@pytest.fixture(scope="session")
+def offline_llm() -> LLM:
+    """The reference: the default model, run offline in this process."""
+    return LLM(num_kv_blocks=256, max_model_len=MAX_MODEL_LEN)

@@ -1,0 +1,123 @@
+"""/tokenize and /detokenize (pagedllm/entrypoints/openai/serving_tokenization.py, vLLM's
+extras). Reference: the default model's tokenizer called directly (encode, decode,
+apply_chat_template), in process over a fake engine and through the running server."""
+
+import asyncio
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from transformers import PreTrainedTokenizerBase
+
+from pagedllm import LLM
+from pagedllm.config import ModelConfig
+from pagedllm.engine.stats import EngineStats
+from pagedllm.engine.tokenizer import get_tokenizer
+from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
+from pagedllm.entrypoints.openai.errors import OpenAIError
+from pagedllm.entrypoints.openai.metrics import ServerMetrics
+from pagedllm.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
+from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from tests.entrypoints.openai.remote_server import MAX_MODEL_LEN, Server
+
+TEXT = "Hello, paged attention!"
+MESSAGES = [{"role": "user", "content": TEXT}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerBase:
+    return get_tokenizer(ModelConfig.create(None, "auto", None, "cpu"))
+
+
+@pytest.fixture(scope="module")
+def serving(tokenizer: PreTrainedTokenizerBase) -> Iterator[OpenAIServingTokenization]:
+    model_config = SimpleNamespace(max_model_len=MAX_MODEL_LEN, vocab_size=len(tokenizer))
+    engine = SimpleNamespace(config=SimpleNamespace(model_config=model_config))
+    stats = EngineStats(0, 0, 0, 0.0, 1, 1, 0, 0, 0, 0)
+    async_tokenizer = AsyncTokenizer(tokenizer, num_threads=1)
+    yield OpenAIServingTokenization(
+        engine, async_tokenizer, ["m"], ServerMetrics(lambda: stats, "m")
+    )
+    async_tokenizer.shutdown()
+
+
+def tokenize(serving: OpenAIServingTokenization, **body: object) -> list[int]:
+    response = asyncio.run(serving.tokenize(TokenizeRequest(**body)))
+    assert response.count == len(response.tokens)
+    assert response.max_model_len == MAX_MODEL_LEN
+    return response.tokens
+
+
+@pytest.mark.parametrize("add_special_tokens", [True, False])
+def test_tokenize_prompt_is_the_tokenizers_encode(
+    serving: OpenAIServingTokenization, tokenizer: PreTrainedTokenizerBase, add_special_tokens: bool
+) -> None:
+    tokens = tokenize(serving, prompt=TEXT, add_special_tokens=add_special_tokens)
+    assert tokens == tokenizer.encode(TEXT, add_special_tokens=add_special_tokens)
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_tokenize_messages_is_the_chat_template(
+    serving: OpenAIServingTokenization,
+    tokenizer: PreTrainedTokenizerBase,
+    add_generation_prompt: bool,
+) -> None:
+    tokens = tokenize(serving, messages=MESSAGES, add_generation_prompt=add_generation_prompt)
+    expected = tokenizer.apply_chat_template(
+        MESSAGES, add_generation_prompt=add_generation_prompt, return_dict=False
+    )
+    assert tokens == list(expected)
+
+
+@pytest.mark.parametrize(
+    "body", [{}, {"prompt": "a", "messages": MESSAGES}], ids=["neither", "both"]
+)
+def test_tokenize_needs_exactly_one_of_prompt_and_messages(
+    serving: OpenAIServingTokenization, body: dict
+) -> None:
+    with pytest.raises(OpenAIError) as info:
+        tokenize(serving, **body)
+    assert (info.value.status_code, info.value.param) == (400, "prompt")
+
+
+def test_detokenize_is_the_tokenizers_decode(
+    serving: OpenAIServingTokenization, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    ids = tokenizer.encode(TEXT)
+    response = asyncio.run(serving.detokenize(DetokenizeRequest(tokens=ids)))
+    assert response.prompt == tokenizer.decode(ids) == TEXT
+
+
+def test_detokenize_refuses_ids_outside_the_vocabulary(
+    serving: OpenAIServingTokenization, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    with pytest.raises(OpenAIError) as info:
+        asyncio.run(serving.detokenize(DetokenizeRequest(tokens=[1, len(tokenizer)])))
+    assert (info.value.status_code, info.value.param) == (400, "tokens")
+
+
+def test_unknown_model_is_404_on_both_routes(serving: OpenAIServingTokenization) -> None:
+    for call in (
+        serving.tokenize(TokenizeRequest(model="gpt-9", prompt="a")),
+        serving.detokenize(DetokenizeRequest(model="gpt-9", tokens=[1])),
+    ):
+        with pytest.raises(OpenAIError) as info:
+            asyncio.run(call)
+        assert info.value.status_code == 404
+
+
+def test_tokenize_detokenize_round_trip(server: Server, offline_llm: LLM) -> None:
+    """Through the running server's routes."""
+    tokenizer = offline_llm.get_tokenizer()
+    text = "Hello, paged attention!"
+    tokens = httpx.post(server.url + "/tokenize", json={"prompt": text}).json()
+    assert tokens["tokens"] == tokenizer.encode(text)
+    assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == MAX_MODEL_LEN
+    messages = [{"role": "user", "content": text}]
+    chat = httpx.post(server.url + "/tokenize", json={"messages": messages}).json()
+    assert chat["tokens"] == list(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    )
+    back = httpx.post(server.url + "/detokenize", json={"tokens": tokens["tokens"]}).json()
+    assert back["prompt"] == text

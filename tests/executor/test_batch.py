@@ -1,0 +1,40 @@
+"""prepare_batch (pagedllm/executor/batch.py) on a mixed batch worked out by hand. Reference:
+vLLM's definitions: slot = block_table[p // block_size] * block_size + p % block_size for each
+new token at position p, query_start_loc the prefix sums of the new-token counts, seq_lens the
+tokens in the cache after the step, block tables padded with 0."""
+
+import torch
+
+from pagedllm.executor.batch import SeqChunk, prepare_batch
+
+BLOCK_SIZE = 4
+CHUNKS = [
+    SeqChunk([10, 11, 12, 13, 14], 0, [7, 3]),  # a whole prompt: positions 0..4
+    SeqChunk([20], 6, [1, 5]),  # a decode: position 6, in block 5
+    SeqChunk([30, 31], 3, [2, 9, 4]),  # a prefill chunk across a block boundary: 3, 4
+]
+
+
+def test_mixed_prefill_and_decode_batch() -> None:
+    batch = prepare_batch(CHUNKS, BLOCK_SIZE, "cpu")
+    meta = batch.attn_metadata
+
+    def check(tensor: torch.Tensor, values: list, dtype: torch.dtype) -> None:
+        assert tensor.dtype == dtype and tensor.tolist() == values
+
+    check(batch.input_ids, [10, 11, 12, 13, 14, 20, 30, 31], torch.int64)
+    check(batch.positions, [0, 1, 2, 3, 4, 6, 3, 4], torch.int64)
+    # 7*4+0..3, 3*4+0 | 5*4+2 | 2*4+3, 9*4+0
+    check(meta.slot_mapping, [28, 29, 30, 31, 12, 22, 11, 36], torch.int64)
+    check(meta.query_start_loc, [0, 5, 6, 8], torch.int32)
+    check(meta.seq_lens, [5, 7, 5], torch.int32)
+    check(meta.block_tables, [[7, 3, 0], [1, 5, 0], [2, 9, 4]], torch.int32)
+    check(batch.last_token_indices, [4, 5, 7], torch.int64)
+    assert (meta.query_lens_cpu, meta.seq_lens_cpu) == ([5, 1, 2], [5, 7, 5])
+
+
+def test_block_tables_are_not_modified() -> None:
+    """Padding builds new rows: the sequences' own tables keep their length."""
+    chunks = [SeqChunk([1], 0, [4]), SeqChunk([2, 3], 0, [5, 6])]
+    prepare_batch(chunks, 1, "cpu")
+    assert [c.block_table for c in chunks] == [[4], [5, 6]]

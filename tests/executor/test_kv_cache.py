@@ -1,0 +1,99 @@
+"""The paged KV cache (pagedllm/executor/kv_cache.py). Reference: its formulas: bytes per token
+= 2 (K and V) x layers x kv_heads x head_size x element size; num_kv_blocks is taken as given,
+else budget // (bytes_per_token x block_size), the budget being kv_cache_memory_bytes or a share
+of free memory capped at what max_num_seqs sequences of max_model_len could use; the cache must
+hold one max_model_len sequence."""
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from pagedllm.config import EngineConfig
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.executor import kv_cache
+from pagedllm.executor.kv_cache import bind_kv_cache, kv_cache_bytes_per_token, num_kv_blocks
+from pagedllm.layers.attention import Attention
+
+BYTES_PER_TOKEN = 512
+BLOCK_BYTES = BYTES_PER_TOKEN * 16
+
+
+class TinyAttentionModel(nn.Module):
+    """3 Attention layers (2 kv heads of 8), one nested, next to a layer that is not one."""
+
+    def __init__(self, kv_heads: tuple[int, int, int] = (2, 2, 2)) -> None:
+        super().__init__()
+        self.first = Attention(4, 8, 0.5, kv_heads[0])
+        self.proj = nn.Linear(2, 2)
+        self.rest = nn.ModuleList(Attention(4, 8, 0.5, h) for h in kv_heads[1:])
+
+
+@pytest.fixture
+def engine_config(tiny_model_path: Callable[[str], str]) -> Callable[..., EngineConfig]:
+    def make(**kwargs: object) -> EngineConfig:
+        args = dict(dtype="float32", device="cpu", max_model_len=256, max_num_seqs=2) | kwargs
+        return EngineArgs(tiny_model_path("llama-gqa-llama3"), **args).create_engine_config()
+
+    return make
+
+
+def test_bytes_per_token() -> None:
+    """2 x 3 layers x 2 kv heads x 8 x 2 bytes (float16)."""
+    assert kv_cache_bytes_per_token(TinyAttentionModel(), torch.float16) == 2 * 3 * 2 * 8 * 2
+
+
+@pytest.mark.parametrize("blocks", [16, 17, 1000])
+def test_num_kv_blocks_given_exactly(engine_config, blocks: int) -> None:
+    assert num_kv_blocks(engine_config(num_kv_blocks=blocks), BYTES_PER_TOKEN) == blocks
+
+
+def test_num_kv_blocks_from_a_memory_budget(engine_config) -> None:
+    config = engine_config(kv_cache_memory_bytes=20 * BLOCK_BYTES + BLOCK_BYTES - 1)
+    assert num_kv_blocks(config, BYTES_PER_TOKEN) == 20
+
+
+@pytest.mark.parametrize(
+    "free_blocks, expected",
+    [(100, 30), (10_000, 34)],  # 0.3 of free memory; at most 2 x (256 + 16) tokens = 34 blocks
+)
+def test_num_kv_blocks_from_free_memory(engine_config, monkeypatch, free_blocks, expected) -> None:
+    free = free_blocks * BLOCK_BYTES
+    monkeypatch.setattr(kv_cache, "available_memory_bytes", lambda device: free)
+    assert num_kv_blocks(engine_config(), BYTES_PER_TOKEN) == expected
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(num_kv_blocks=15), dict(kv_cache_memory_bytes=16 * BLOCK_BYTES - 1)],
+    ids=["blocks", "bytes"],
+)
+def test_cache_that_cannot_hold_max_model_len_is_rejected(engine_config, kwargs) -> None:
+    message = r"holds 15 blocks x 16 = 240 tokens, fewer than max_model_len=256"
+    with pytest.raises(ValueError, match=message):
+        num_kv_blocks(engine_config(**kwargs), BYTES_PER_TOKEN)
+
+
+def test_bind_kv_cache_gives_each_layer_views_of_one_zeroed_tensor() -> None:
+    model = TinyAttentionModel()
+    cache = bind_kv_cache(model, num_blocks=5, block_size=4, dtype=torch.float16, device="cpu")
+    assert cache.shape == (2, 3, 5, 4, 2, 8) and cache.dtype == torch.float16
+    assert cache.count_nonzero() == 0  # attention reads unwritten slots: zeros, not garbage
+    layers = [model.first, *model.rest]
+    cache[1, 2, 3] = 7.0
+    cache[0, 0, 1] = 3.0
+    for i, layer in enumerate(layers):
+        k, v = layer.kv_cache
+        assert k.shape == v.shape == (5, 4, 2, 8)
+        torch.testing.assert_close(k, cache[0, i], rtol=0, atol=0)
+        torch.testing.assert_close(v, cache[1, i], rtol=0, atol=0)
+    assert layers[2].kv_cache[1][3].eq(7).all() and layers[0].kv_cache[0][1].eq(3).all()
+    assert layers[1].kv_cache[1].count_nonzero() == 0
+
+
+def test_bind_kv_cache_needs_attention_layers_of_one_shape() -> None:
+    with pytest.raises(ValueError, match="model has no Attention layers"):
+        bind_kv_cache(nn.Linear(2, 2), 4, 4, torch.float32, "cpu")
+    with pytest.raises(AssertionError, match="layers differ in kv shape"):
+        bind_kv_cache(TinyAttentionModel((2, 1, 2)), 4, 4, torch.float32, "cpu")

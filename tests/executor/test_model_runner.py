@@ -1,0 +1,87 @@
+"""ModelRunner (pagedllm/executor/model_runner.py): one step's chunks -> logits -> sampler.
+Reference: transformers' float32 logits of the same tiny checkpoint at each sequence's last new
+token (and at every new token for prompt logprobs); the argmax for greedy rows."""
+
+from collections.abc import Callable, Sequence
+
+import pytest
+import torch
+
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.executor.batch import SeqChunk
+from pagedllm.executor.model_runner import ModelRunner, StepInput
+from pagedllm.sample.metadata import SamplingRow
+from pagedllm.sampling_params import SamplingParams
+
+LLAMA = "llama-gqa-llama3"
+PROMPTS = [[5, 9, 14, 3, 77, 21, 8], list(range(30, 50))]  # blocks [0] and [1, 2] of 16
+
+
+@pytest.fixture
+def runner(tiny_model_path: Callable[[str], str]) -> ModelRunner:
+    args = EngineArgs(tiny_model_path(LLAMA), dtype="float32", device="cpu", max_model_len=256)
+    runner = ModelRunner(args.create_engine_config())
+    runner.init_kv_cache(num_blocks=6)
+    return runner
+
+
+def prefill(sample_indices: list[int], prompt_logprob_indices: Sequence[int] = ()) -> StepInput:
+    chunks = [SeqChunk(PROMPTS[0], 0, [0]), SeqChunk(PROMPTS[1], 0, [1, 2])]
+    return StepInput(chunks, [], sample_indices, list(prompt_logprob_indices))
+
+
+def hf_logits(hf_model: Callable[[str], torch.nn.Module], prompt: list[int]) -> torch.Tensor:
+    """[len(prompt), V]"""
+    with torch.no_grad():
+        return hf_model(LLAMA)(torch.tensor([prompt])).logits[0]
+
+
+def test_forward_logits_match_transformers(runner, hf_model) -> None:
+    """Sampler rows at each sequence's last token (sequence 1 twice, as when it forks n=2),
+    prompt logits at every token of sequence 1."""
+    logits, prompt_logits = runner.forward(prefill([0, 1, 1], [1]))
+    ref = [hf_logits(hf_model, p) for p in PROMPTS]
+    torch.testing.assert_close(
+        logits, torch.stack([ref[0][-1], ref[1][-1], ref[1][-1]]), atol=1e-4, rtol=0
+    )
+    assert list(prompt_logits) == [1]
+    torch.testing.assert_close(prompt_logits[1], ref[1], atol=1e-4, rtol=0)
+
+
+def test_decode_step_reads_the_cache_the_prefill_wrote(runner, hf_model) -> None:
+    runner.forward(prefill([0, 1]))
+    step = StepInput([SeqChunk([42], len(PROMPTS[1]), [1, 2])], [], [0], [])
+    logits, _ = runner.forward(step)
+    torch.testing.assert_close(
+        logits[0], hf_logits(hf_model, PROMPTS[1] + [42])[-1], atol=1e-4, rtol=0
+    )
+
+
+def test_execute_samples_greedy_rows_as_the_argmax(runner, hf_model) -> None:
+    greedy = SamplingParams(temperature=0)
+    rows = [SamplingRow(greedy, p, []) for p in PROMPTS]
+    out = runner.execute(prefill([0, 1]), rows)
+    expected = [hf_logits(hf_model, p)[-1].argmax().item() for p in PROMPTS]
+    assert out.sampler_output.sampled_token_ids.tolist() == expected
+    assert out.prompt_logits == {}
+
+
+def test_execute_without_chunks_runs_nothing(runner, monkeypatch) -> None:
+    monkeypatch.setattr(runner, "forward", lambda step: pytest.fail("forward ran"))
+    out = runner.execute(StepInput([], [], [], []), [])
+    assert (out.sampler_output, out.prompt_logits) == (None, {})
+
+
+def test_execute_without_rows_returns_only_prompt_logits(runner) -> None:
+    """A step that only prefills (chunked prefill) samples nothing."""
+    out = runner.execute(prefill([], [0]), [])
+    assert out.sampler_output is None
+    assert list(out.prompt_logits) == [0] and out.prompt_logits[0].shape == (7, 320)
+
+
+def test_blocks_to_copy_are_copied_before_the_forward(runner) -> None:
+    """Copy on write: block 4's K and V in every layer become block 3's."""
+    runner.kv_cache[:, :, 3] = torch.randn_like(runner.kv_cache[:, :, 3])
+    source = runner.kv_cache[:, :, 3].clone()
+    runner.forward(StepInput([SeqChunk([5], 0, [0])], [(3, 4)], [0], []))
+    torch.testing.assert_close(runner.kv_cache[:, :, 4], source, rtol=0, atol=0)

@@ -1,0 +1,187 @@
+"""MultiprocExecutor (pagedllm/executor/multiproc_executor.py): tensor parallelism over spawned
+workers (gloo, 2 ranks on CPU) against tensor_parallel_size=1 on the same weights: identical
+greedy tokens, fp32 logprobs within 1e-5, half the bytes per rank, clean shutdown, and a clear
+error when a worker dies, in use or while starting."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pagedllm import LLM, SamplingParams
+from pagedllm.config import ModelConfig
+from pagedllm.entrypoints.inspect import inspect_model
+
+ENGINE = dict(skip_tokenizer_init=True, num_kv_blocks=256, block_size=4, dtype="float32")
+PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
+SHARED = list(range(10, 42))  # a shared 32-token prefix, so prefix caching serves blocks
+
+
+def mixed_prompts() -> list[dict]:
+    lengths = (1, 9, 23, 40)
+    return [{"prompt_token_ids": SHARED[: n // 2] + list(range(50, 50 + n))} for n in lengths] + [
+        {"prompt_token_ids": SHARED + [7, 8, 9]},
+        {"prompt_token_ids": SHARED + [11, 12]},
+    ]
+
+
+def param_bytes(llm: LLM) -> int:
+    model = llm.llm_engine.executor.runner.model
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def worker_pids(llm: LLM) -> list[int]:
+    return [p.pid for p in llm.llm_engine.executor.processes]
+
+
+def generate_twice(llm: LLM) -> list:
+    """Second round hits the prefix cache filled by the first; chunked prefill (budget 16)."""
+    first = llm.generate(mixed_prompts(), PARAMS, use_tqdm=False)
+    return first + llm.generate(mixed_prompts(), PARAMS, use_tqdm=False)
+
+
+@pytest.mark.parametrize("name", ["llama-gqa4", "llama-tied-mqa", "qwen3", "qwen3-moe"])
+def test_tp2_matches_tp1(name: str, tiny_model_path) -> None:
+    path = tiny_model_path(name)
+    single = LLM(path, max_num_batched_tokens=16, **ENGINE)
+    expected = generate_twice(single)
+    single_bytes = param_bytes(single)
+    with LLM(path, max_num_batched_tokens=16, tensor_parallel_size=2, **ENGINE) as tp:
+        got = generate_twice(tp)
+        assert tp.llm_engine.block_manager.prefix_cache_hits > 0
+        tp_bytes = param_bytes(tp)
+        report = inspect_model(ModelConfig.create(path, dtype="float32"), tp=2)
+    for want, have in zip(expected, got, strict=True):
+        a, b = want.outputs[0], have.outputs[0]
+        assert a.token_ids == b.token_ids
+        for lp_a, lp_b, token in zip(a.logprobs, b.logprobs, a.token_ids, strict=True):
+            assert abs(lp_a[token].logprob - lp_b[token].logprob) <= 1e-5
+    assert tp_bytes == report["bytes_per_rank"]
+    assert 0.45 * single_bytes < tp_bytes < 0.75 * single_bytes
+
+
+def test_default_model_tp_same_greedy_text() -> None:
+    """SmolLM2-135M has 9 query and 3 kv heads, so it splits over 3 ranks, not 2."""
+    params = SamplingParams(temperature=0, max_tokens=16)
+    prompts = ["The capital of France is", "List three prime numbers:"]
+    expected = [o.outputs[0].text for o in LLM(num_kv_blocks=600).generate(prompts, params)]
+    with LLM(num_kv_blocks=600, tensor_parallel_size=3) as tp:
+        assert [o.outputs[0].text for o in tp.generate(prompts, params)] == expected
+    with pytest.raises(ValueError, match="attention heads 9 is not divisible by tensor parallel"):
+        LLM(num_kv_blocks=600, tensor_parallel_size=2)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def test_close_leaves_no_process(tiny_model_path) -> None:
+    llm = LLM(tiny_model_path("llama-gqa4"), tensor_parallel_size=2, **ENGINE)
+    pids = worker_pids(llm)
+    assert pids and all(alive(pid) for pid in pids)
+    llm.close()
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_dropping_the_llm_stops_workers(tiny_model_path) -> None:
+    llm = LLM(tiny_model_path("llama-gqa4"), tensor_parallel_size=2, **ENGINE)
+    pids = worker_pids(llm)
+    del llm
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_killed_worker_raises_clear_error_fast(tiny_model_path) -> None:
+    llm = LLM(tiny_model_path("llama-gqa4"), tensor_parallel_size=2, **ENGINE)
+    assert llm.llm_engine.executor.is_healthy()
+    os.kill(worker_pids(llm)[0], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="tensor-parallel worker 1"):
+        llm.generate(mixed_prompts(), PARAMS, use_tqdm=False)
+    assert time.monotonic() - start < 10
+    assert not llm.llm_engine.executor.is_healthy()
+    llm.close()
+
+
+def test_kv_heads_that_do_not_divide_tp_are_rejected(tiny_model_path) -> None:
+    """4 query heads cannot be split over 3 ranks: a clear error, no hang."""
+    with pytest.raises(ValueError, match="not divisible by tensor parallel size 3"):
+        LLM(tiny_model_path("qwen3"), tensor_parallel_size=3, **ENGINE)
+
+
+def run_marked(args: list[str], marker: str) -> subprocess.CompletedProcess:
+    """Run a script whose processes (spawned workers included) carry `marker` in their
+    environment, so `marked_processes` can find any left behind."""
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "TP_MARKER": marker},
+    )
+
+
+def marked_processes(marker: str, grace_s: float = 5.0) -> list[int]:
+    """Live processes with `marker` in their environment, once `grace_s` has let those that
+    exit with their parent (multiprocessing's resource tracker) go."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        environs = Path("/proc").glob("[0-9]*/environ")
+        pids = [int(e.parent.name) for e in environs if marked(e, marker)]
+        pids = [pid for pid in pids if alive(pid)]
+        if not pids or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.1)
+
+
+def marked(environ: Path, marker: str) -> bool:
+    try:
+        return f"TP_MARKER={marker}".encode() in environ.read_bytes()
+    except OSError:  # gone, or not ours
+        return False
+
+
+def test_script_without_main_guard_fails_fast_with_advice(tiny_model_path, tmp_path) -> None:
+    """multiprocessing's spawn re-imports the main module in each worker (vLLM gives the
+    same advice): a module-level LLM must not hang rank 0 in its rendezvous."""
+    script = tmp_path / "no_main_guard.py"
+    script.write_text(
+        "import sys\n"
+        "from pagedllm import LLM\n"
+        "LLM(sys.argv[1], tensor_parallel_size=2, skip_tokenizer_init=True, num_kv_blocks=256)\n"
+    )
+    path, marker = tiny_model_path("llama-gqa4"), f"no-guard-{os.getpid()}-{time.monotonic_ns()}"
+    start = time.monotonic()
+    result = run_marked([str(script), path], marker)
+    assert time.monotonic() - start < 30
+    assert result.returncode != 0
+    assert 'if __name__ == "__main__":' in result.stderr, result.stderr[-3000:]
+    assert "tensor-parallel worker 1 died" in result.stderr
+    assert marked_processes(marker) == []
+
+
+def test_worker_failing_to_load_its_shard_raises_its_error(tiny_model_path) -> None:
+    """Worker 1's ModelRunner raises an injected MemoryError: LLM() raises it at once
+    instead of waiting for a READY that never comes."""
+    script = Path(__file__).with_name("tp_worker_fails_loading.py")
+    marker = f"load-fails-{os.getpid()}-{time.monotonic_ns()}"
+    result = run_marked([str(script), tiny_model_path("llama-gqa4")], marker)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = result.stdout
+    assert "ERROR tensor-parallel worker 1 failed to start" in report
+    assert "MemoryError: injected: the shard does not fit on this worker" in report
+    seconds = float(report.split("SECONDS ")[1].split()[0])
+    assert seconds < 30
+    assert "LIVE_WORKERS 0" in report
+    assert marked_processes(marker) == []

@@ -1,0 +1,36 @@
+"""pagedllm/models/registry.py. Reference: transformers' model classes: every registered
+architecture string is the name of a transformers class (what config.json's `architectures`
+holds), and the model class of every tiny test config is registered."""
+
+import pytest
+import transformers
+
+from pagedllm.models.registry import ModelRegistry
+from tests.models.tiny_models import tiny_configs
+
+
+@pytest.mark.parametrize("arch", ModelRegistry.get_supported_archs())
+def test_every_registered_architecture_resolves_to_its_namesake(arch: str) -> None:
+    model_cls = ModelRegistry.resolve_model_cls(arch)
+    assert model_cls.__name__ == arch
+    assert hasattr(transformers, arch), f"{arch} is not a transformers architecture"
+    assert callable(model_cls.load_weights) and callable(model_cls.compute_logits)
+
+
+@pytest.mark.parametrize("name", list(tiny_configs()))
+def test_every_tiny_configs_transformers_class_is_supported(name: str) -> None:
+    hf_cls = type(transformers.AutoModelForCausalLM.from_config(tiny_configs()[name]))
+    assert hf_cls.__name__ in ModelRegistry.get_supported_archs()
+
+
+def test_supported_archs_are_sorted() -> None:
+    archs = ModelRegistry.get_supported_archs()
+    assert archs == sorted(archs) and len(archs) == len(set(archs)) >= 5
+
+
+def test_unknown_architecture_names_itself_and_the_supported_ones() -> None:
+    with pytest.raises(ValueError) as info:
+        ModelRegistry.resolve_model_cls("GPT2LMHeadModel")
+    message = str(info.value)
+    assert "'GPT2LMHeadModel' is not supported" in message
+    assert all(arch in message for arch in ModelRegistry.get_supported_archs())
