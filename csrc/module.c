@@ -1,8 +1,10 @@
 /* pagedllm._C: Python bindings of the kernels in ops.h.
  *
  * Arguments are raw data pointers and sizes as Python ints, and floats; the wrappers in
- * pagedllm/_custom_ops.py check dtypes, devices and layouts before calling. The GIL is
- * released while a kernel runs. Threads come from OpenMP: the same libgomp (soname
+ * pagedllm/_cpu_kernels.py check dtypes, devices, layouts and shapes and take the sizes from
+ * the tensors. Index values (cache slots, block ids, sequence lengths, positions) are checked
+ * here, with the GIL held, before the kernel reads through them: a bad one raises ValueError
+ * rather than touching memory outside the tensors. The GIL is released while a kernel runs. Threads come from OpenMP: the same libgomp (soname
  * libgomp.so.1) torch loads, so these kernels and torch's ops share one thread pool.
  */
 #define PY_SSIZE_T_CLEAN
@@ -35,13 +37,54 @@ static int parse(const char *name, const char *fmt, PyObject *const *args, Py_ss
 
 #define PTR(v) ((void *)(intptr_t)(v))
 
-/* The body of a binding: parse into a[] and f[], run `call` without the GIL. */
-#define BINDING(name, fmt, call)                                                    \
+/* 0 when every values[i] lies in [0, end), else -1 with a ValueError naming the first that
+ * does not. */
+static int check_indices(const char *op, const char *name, const int64_t *values, int64_t n,
+                         int64_t end) {
+  for (int64_t i = 0; i < n; i++) {
+    if (values[i] < 0 || values[i] >= end) {
+      PyErr_Format(PyExc_ValueError, "%s: %s[%lld] = %lld is outside [0, %lld)", op, name,
+                   (long long)i, (long long)values[i], (long long)end);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* 0 when every sequence length lies in [1, max_blocks * block_size] and every block id the
+ * kernel will read (the first ceil(seq_len / block_size) of a row) lies in [0, num_blocks). */
+static int check_block_tables(const int32_t *block_tables, const int32_t *seq_lens, int64_t B,
+                              int64_t max_blocks, int64_t block_size, int64_t num_blocks) {
+  const char *op = "paged_decode_attention";
+  for (int64_t b = 0; b < B; b++) {
+    if (seq_lens[b] < 1 || seq_lens[b] > max_blocks * block_size) {
+      PyErr_Format(PyExc_ValueError, "%s: seq_lens[%lld] = %d is outside [1, %lld] (max_blocks "
+                   "%lld x block_size %lld)", op, (long long)b, seq_lens[b],
+                   (long long)(max_blocks * block_size), (long long)max_blocks,
+                   (long long)block_size);
+      return -1;
+    }
+    for (int64_t i = 0; i < (seq_lens[b] + block_size - 1) / block_size; i++) {
+      int32_t id = block_tables[b * max_blocks + i];
+      if (id < 0 || id >= num_blocks) {
+        PyErr_Format(PyExc_ValueError, "%s: block_tables[%lld, %lld] = %d is outside [0, %lld)",
+                     op, (long long)b, (long long)i, id, (long long)num_blocks);
+        return -1;
+      }
+    }
+  }
+  return 0;
+}
+
+/* The body of a binding: parse into a[] and f[], run `check` (0, or -1 with an error set)
+ * with the GIL, then `call` without it. */
+#define BINDING(name, fmt, check, call)                                             \
   static PyObject *py_##name(PyObject *self, PyObject *const *args, Py_ssize_t n) { \
     int64_t a[MAX_ARGS];                                                            \
     double f[MAX_ARGS];                                                             \
     int rc = 0;                                                                     \
     if (parse(#name, fmt, args, n, a, f) < 0) return NULL;                          \
+    if ((check) < 0) return NULL;                                                   \
     Py_BEGIN_ALLOW_THREADS                                                          \
     call;                                                                           \
     Py_END_ALLOW_THREADS                                                            \
@@ -49,30 +92,33 @@ static int parse(const char *name, const char *fmt, PyObject *const *args, Py_ss
     Py_RETURN_NONE;                                                                 \
   }
 
-BINDING(skinny_gemm, "iiiiiiii",
+BINDING(skinny_gemm, "iiiiiiii", 0,
         skinny_gemm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6], (int)a[7]))
 
-BINDING(paged_decode_attention, "iiiiiiiiiiiiif",
+BINDING(paged_decode_attention, "iiiiiiiiiiiiiif",
+        check_block_tables(PTR(a[4]), PTR(a[5]), a[6], a[11], a[10], a[12]),
         rc = paged_decode_attention(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]),
                                     PTR(a[5]), a[6], a[7], a[8], a[9], a[10], a[11],
-                                    (float)f[0], (int)a[12]))
+                                    (float)f[0], (int)a[13]))
 
-BINDING(reshape_and_cache, "iiiiiiiii",
+BINDING(reshape_and_cache, "iiiiiiiiii",
+        check_indices("reshape_and_cache", "slot_mapping", PTR(a[4]), a[5], a[9]),
         reshape_and_cache(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]), a[5], a[6], a[7],
                           a[8]))
 
-BINDING(rms_norm, "iiiiiif",
+BINDING(rms_norm, "iiiiiif", 0,
         rms_norm(PTR(a[0]), PTR(a[1]), PTR(a[2]), (float)f[0], a[3], a[4], (int)a[5]))
 
-BINDING(fused_add_rms_norm, "iiiiiiiif",
+BINDING(fused_add_rms_norm, "iiiiiiiif", 0,
         fused_add_rms_norm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]), (float)f[0],
                            a[5], a[6], (int)a[7]))
 
-BINDING(rotary_embedding, "iiiiiiiiiiiiiii",
+BINDING(rotary_embedding, "iiiiiiiiiiiiiiii",
+        check_indices("rotary_embedding", "positions", PTR(a[0]), a[7], a[13]),
         rotary_embedding(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]), a[5], a[6], a[7],
-                         a[8], a[9], a[10], a[11], PTR(a[12]), (int)a[13], (int)a[14]))
+                         a[8], a[9], a[10], a[11], PTR(a[12]), (int)a[14], (int)a[15]))
 
-BINDING(silu_and_mul, "iiiii", silu_and_mul(PTR(a[0]), PTR(a[1]), a[2], a[3], (int)a[4]))
+BINDING(silu_and_mul, "iiiii", 0, silu_and_mul(PTR(a[0]), PTR(a[1]), a[2], a[3], (int)a[4]))
 
 int cpu_has_avx512(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -93,18 +139,18 @@ static PyMethodDef methods[] = {
     METHOD(skinny_gemm, "skinny_gemm(x, w, b, y, M, N, K, num_threads)"),
     METHOD(paged_decode_attention,
            "paged_decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, B, H, KV, "
-           "D, block_size, max_blocks, num_threads, scale)"),
+           "D, block_size, max_blocks, num_blocks, num_threads, scale)"),
     METHOD(reshape_and_cache,
            "reshape_and_cache(key, value, k_cache, v_cache, slot_mapping, num_tokens, "
-           "key_stride, value_stride, row_size)"),
+           "key_stride, value_stride, row_size, num_slots)"),
     METHOD(rms_norm, "rms_norm(out, x, weight, rows, n, num_threads, eps)"),
     METHOD(fused_add_rms_norm,
            "fused_add_rms_norm(out, residual_out, x, residual, weight, rows, n, num_threads, "
            "eps)"),
     METHOD(rotary_embedding,
            "rotary_embedding(positions, query, key, query_out, key_out, q_stride, k_stride, "
-           "num_tokens, num_heads, num_kv_heads, head_size, rot_dim, cos_sin_cache, is_neox, "
-           "num_threads)"),
+           "num_tokens, num_heads, num_kv_heads, head_size, rot_dim, cos_sin_cache, "
+           "num_positions, is_neox, num_threads)"),
     METHOD(silu_and_mul, "silu_and_mul(out, x, num_tokens, d, num_threads)"),
     {NULL, NULL, 0, NULL},
 };

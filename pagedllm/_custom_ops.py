@@ -1,19 +1,20 @@
-"""CPU kernels from pagedllm._C, each with the torch code it replaces as the fallback.
+"""pagedllm's fast ops: each runs pagedllm._C's kernel where it applies, else its torch code.
 
-pagedllm._C is built from csrc/ at install time (setup.py). It is optional: where it is
-missing (no compiler), or an input is not contiguous-enough float32 on the CPU, callers
-take their torch path, which stays the reference the kernels are tested against.
+This is the one place that decides. A kernel applies when the extension is built and the
+tensors are CPU float32 without autograd (plus an op's own limits, such as few rows for
+skinny_gemm); the op then adapts the layout the kernel needs (contiguous, int32 tables) and
+calls it through `_cpu_kernels`, the checked boundary to the C code. Everywhere else (GPUs,
+other dtypes, no compiler at install) it runs the torch definition in `_torch_ops`, which
+is also the reference the kernels are tested against. Layers call these functions and never
+ask which path ran.
 """
 
 import torch
 import torch.nn.functional as F
 
-try:
-    from pagedllm import _C
-except ImportError:
-    _C = None
+from pagedllm import _cpu_kernels, _torch_ops
 
-SKINNY_GEMM_MAX_ROWS = 256 if _C is not None and _C.cpu_has_avx512() else 4
+SKINNY_GEMM_MAX_ROWS = 256 if _cpu_kernels.cpu_has_avx512() else 4
 """Up to this many rows of x, linear() uses pagedllm._C's skinny_gemm. On the AVX-512
 development machine it beat MKL from 1 row (2.5-4x, bandwidth bound) to 256 rows (1.1-2x)
 and lost from ~512; on AVX2 its 4 x 4 register tile spills, so only the bandwidth-bound
@@ -21,14 +22,14 @@ few-row case takes it there."""
 
 
 def has_cpu_kernels() -> bool:
-    return _C is not None
+    return _cpu_kernels.available()
 
 
 def cpu_kernels_apply(*tensors: torch.Tensor | None) -> bool:
     """True when pagedllm._C can take these tensors: CPU, float32, no autograd.
 
     Called for every layer of every step, so it is a plain loop."""
-    if _C is None:
+    if not _cpu_kernels.available():
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
@@ -39,71 +40,53 @@ def cpu_kernels_apply(*tensors: torch.Tensor | None) -> bool:
     return True
 
 
+def _as_dense(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x as a contiguous tensor of dtype; the runner's index tensors already are, and are
+    passed as they are (a no-op .to().contiguous() still costs microseconds per layer)."""
+    return x if x.dtype is dtype and x.is_contiguous() else x.to(dtype).contiguous()
+
+
+def _with_dense_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [T, ...] whose rows x[t] are each one dense block: a column slice of a fused qkv
+    projection is kept as it is, anything else is copied."""
+    return x if _cpu_kernels.rows_dense(x) else x.contiguous()
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias): [..., K] x [N, K] -> [..., N]."""
     few_rows = x.numel() <= SKINNY_GEMM_MAX_ROWS * x.shape[-1]
     if not (few_rows and weight.dim() == 2 and cpu_kernels_apply(x, weight, bias)):
         return F.linear(x, weight, bias)
-    n, k = weight.shape
+    k = x.shape[-1]
     x2 = (x if x.dim() == 2 else x.reshape(-1, k)).contiguous()
-    bias_ptr = 0 if bias is None else bias.contiguous().data_ptr()
-    y = torch.empty(x2.shape[0], n)
-    _C.skinny_gemm(
-        x2.data_ptr(), weight.contiguous().data_ptr(), bias_ptr, y.data_ptr(),
-        x2.shape[0], n, k, torch.get_num_threads(),
-    )  # fmt: skip
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
-
-
-def reshape_and_cache(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> None:
-    """Stores key/value [T, KV, D] (rows may be strided) in the caches [num_blocks,
-    block_size, KV, D] at slot_mapping [T] (slot = block_id * block_size + offset)."""
-    assert k_cache.is_contiguous() and v_cache.is_contiguous()
-    key, value = _dense_rows(key), _dense_rows(value)
-    slot_mapping = slot_mapping.to(torch.int64).contiguous()
-    _C.reshape_and_cache(
-        key.data_ptr(), value.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-        slot_mapping.data_ptr(), key.shape[0], key.stride(0), value.stride(0),
-        key.shape[1] * key.shape[2],
-    )  # fmt: skip
-
-
-def _dense_rows(x: torch.Tensor) -> torch.Tensor:
-    """x [T, A, B] whose rows x[t] are each one dense block (the row stride may be larger)."""
-    dense = x.stride(2) == 1 and x.stride(1) == x.shape[2]
-    return x if dense else x.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    y = _cpu_kernels.skinny_gemm(x2, weight.contiguous(), bias)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[1])
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., n] * rsqrt(mean(x^2) + eps) * weight [n]."""
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    n = x.shape[-1]
-    _C.rms_norm(
-        out.data_ptr(), x.data_ptr(), weight.contiguous().data_ptr(),
-        x.numel() // n, n, torch.get_num_threads(), eps,
-    )  # fmt: skip
-    return out
+    if cpu_kernels_apply(x, weight):
+        return _cpu_kernels.rms_norm(x.contiguous(), weight.contiguous(), eps)
+    return _torch_ops.rms_norm(x, weight, eps)
 
 
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual), x + residual), in one pass."""
-    x, residual = x.contiguous(), residual.contiguous()
-    out, residual_out = torch.empty_like(x), torch.empty_like(x)
-    n = x.shape[-1]
-    _C.fused_add_rms_norm(
-        out.data_ptr(), residual_out.data_ptr(), x.data_ptr(), residual.data_ptr(),
-        weight.contiguous().data_ptr(), x.numel() // n, n, torch.get_num_threads(), eps,
-    )  # fmt: skip
-    return out, residual_out
+    """(rms_norm(x + residual), x + residual); the kernel does both in one pass."""
+    if cpu_kernels_apply(x, residual, weight):
+        return _cpu_kernels.fused_add_rms_norm(
+            x.contiguous(), residual.contiguous(), weight.contiguous(), eps
+        )
+    return _torch_ops.fused_add_rms_norm(x, residual, weight, eps)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [..., 2d] -> silu(x[..., :d]) * x[..., d:]."""
+    if cpu_kernels_apply(x):
+        return _cpu_kernels.silu_and_mul(x.contiguous())
+    return _torch_ops.silu_and_mul(x)
 
 
 def rotary_embedding(
@@ -116,28 +99,40 @@ def rotary_embedding(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """query [T, H * head_size] and key [T, KV * head_size], rotated; their rows may be
     strided (column slices of a fused qkv). cos_sin_cache [max_pos, rotary_dim] must cover
-    every position (the caller checks)."""
-    query = query if query.stride(-1) == 1 else query.contiguous()
-    key = key if key.stride(-1) == 1 else key.contiguous()
-    positions = positions.to(torch.int64).contiguous()
-    query_out, key_out = torch.empty(query.shape), torch.empty(key.shape)
-    _C.rotary_embedding(
-        positions.data_ptr(), query.data_ptr(), key.data_ptr(), query_out.data_ptr(),
-        key_out.data_ptr(), query.stride(0), key.stride(0), query.shape[0],
-        query.shape[1] // head_size, key.shape[1] // head_size, head_size,
-        cos_sin_cache.shape[1], cos_sin_cache.contiguous().data_ptr(), int(is_neox_style),
-        torch.get_num_threads(),
-    )  # fmt: skip
-    return query_out, key_out
+    every position (the kernel raises ValueError, torch IndexError, if not)."""
+    if not (query.dim() == key.dim() == 2 and cpu_kernels_apply(query, key, cos_sin_cache)):
+        return _torch_ops.rotary_embedding(
+            positions, query, key, head_size, cos_sin_cache, is_neox_style
+        )
+    return _cpu_kernels.rotary_embedding(
+        _as_dense(positions, torch.int64),
+        _with_dense_rows(query),
+        _with_dense_rows(key),
+        head_size,
+        cos_sin_cache.contiguous(),
+        is_neox_style,
+    )
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """x [..., 2d] -> silu(x[..., :d]) * x[..., d:]."""
-    x = x.contiguous()
-    d = x.shape[-1] // 2
-    out = torch.empty(*x.shape[:-1], d, dtype=x.dtype)
-    _C.silu_and_mul(out.data_ptr(), x.data_ptr(), x.numel() // (2 * d), d, torch.get_num_threads())
-    return out
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Stores key/value [T, KV, D] (rows may be strided) in the caches [num_blocks,
+    block_size, KV, D] at slot_mapping [T] (slot = block_id * block_size + offset)."""
+    if not cpu_kernels_apply(key, value, k_cache, v_cache):
+        _torch_ops.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping)
+        return
+    _cpu_kernels.reshape_and_cache(
+        _with_dense_rows(key),
+        _with_dense_rows(value),
+        k_cache,
+        v_cache,
+        _as_dense(slot_mapping, torch.int64),
+    )
 
 
 def paged_decode_attention(
@@ -146,20 +141,21 @@ def paged_decode_attention(
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
+    max_seq_len: int,
     scale: float,
 ) -> torch.Tensor:
     """query [B, H, D], one new token per sequence; caches [num_blocks, block_size, KV, D];
-    block_tables [B, max_blocks] and seq_lens [B] -> [B, H, D], read from the cache in place."""
-    num_seqs, num_heads, head_size = query.shape
-    block_size, num_kv_heads = k_cache.shape[1:3]
-    assert k_cache.is_contiguous() and v_cache.is_contiguous()
-    query = query.contiguous()
-    block_tables = block_tables.to(torch.int32).contiguous()
-    seq_lens = seq_lens.to(torch.int32).contiguous()
-    output = torch.empty_like(query)
-    _C.paged_decode_attention(
-        output.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-        block_tables.data_ptr(), seq_lens.data_ptr(), num_seqs, num_heads, num_kv_heads,
-        head_size, block_size, block_tables.shape[1], torch.get_num_threads(), scale,
-    )  # fmt: skip
-    return output
+    block_tables [B, max_blocks] and seq_lens [B] -> [B, H, D]. The kernel reads the cache in
+    place; max_seq_len (the host-side max of seq_lens) sizes the torch path's padded gather."""
+    if not cpu_kernels_apply(query, k_cache, v_cache):
+        return _torch_ops.paged_decode_attention(
+            query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale
+        )
+    return _cpu_kernels.paged_decode_attention(
+        query.contiguous(),
+        k_cache,
+        v_cache,
+        _as_dense(block_tables, torch.int32),
+        _as_dense(seq_lens, torch.int32),
+        scale,
+    )

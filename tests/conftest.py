@@ -9,7 +9,7 @@ import torch
 import transformers
 from torch import nn
 
-from pagedllm import _custom_ops
+from pagedllm import _cpu_kernels
 from pagedllm.distributed.parallel_state import override_tensor_parallel
 from pagedllm.outputs import CompletionOutput
 from tests.models.tiny_models import save_tiny_model, tiny_configs
@@ -18,9 +18,10 @@ from tests.models.tiny_models import save_tiny_model, tiny_configs
 @pytest.fixture(params=["pagedllm._C", "torch"])
 def cpu_kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs a test twice: with pagedllm._C's CPU kernels, and with the torch code they
-    replace (the fallback without the extension, and the path on other devices)."""
+    replace (the fallback without the extension, and the path on other devices). Layers
+    built inside the test see the switch: Attention then selects the torch backend."""
     if request.param == "torch":
-        monkeypatch.setattr(_custom_ops, "_C", None)
+        monkeypatch.setattr(_cpu_kernels, "_C", None)
     return request.param
 
 

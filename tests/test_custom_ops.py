@@ -1,12 +1,12 @@
-"""pagedllm._C's kernels against their torch definitions: F.linear, and attention over the
-paged cache as the torch backend computes it (itself tested against dense attention)."""
+"""_custom_ops runs pagedllm._C's kernels on CPU float32 tensors; reference: their torch
+definitions (F.linear, the formulas, and _torch_ops' paged attention, itself tested against
+dense attention), which it runs everywhere else."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from pagedllm import _custom_ops
-from pagedllm.layers.attention_backends import torch_sdpa
+from pagedllm import _cpu_kernels, _custom_ops, _torch_ops
 
 
 def test_extension_is_built() -> None:
@@ -63,25 +63,22 @@ def test_linear_falls_back_to_torch_where_the_kernel_does_not_apply(
 
 
 def test_linear_without_the_extension_is_f_linear(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_custom_ops, "_C", None)
+    monkeypatch.setattr(_cpu_kernels, "_C", None)
     w, x = torch.randn(8, 16), torch.randn(1, 16)
     assert torch.equal(_custom_ops.linear(x, w), F.linear(x, w))
 
 
-def _torch_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, monkeypatch):
-    """The torch backend's padded-gather decode in float64, with the kernel switched off."""
-    with monkeypatch.context() as patch:
-        patch.setattr(_custom_ops, "_C", None)
-        max_len = int(seq_lens.max())
-        out = torch_sdpa._decode_attention(
-            query.double(),
-            k_cache.double(),
-            v_cache.double(),
-            block_tables,
-            seq_lens,
-            max_len,
-            scale,
-        )
+def _torch_decode(query, k_cache, v_cache, block_tables, seq_lens, scale):
+    """The torch definition's padded-gather decode, in float64."""
+    out = _torch_ops.paged_decode_attention(
+        query.double(),
+        k_cache.double(),
+        v_cache.double(),
+        block_tables,
+        seq_lens,
+        int(seq_lens.max()),
+        scale,
+    )
     return out.float()
 
 
@@ -96,7 +93,6 @@ def test_paged_decode_attention_matches_torch_backend(
     head_size: int,
     block_size: int,
     scale: float,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Scattered block tables, lengths from 1 to 700 (partial last blocks, the 16-key
     chunks' tails); scale 4 makes the softmax peaked, so e^x meets inputs far below -87."""
@@ -109,8 +105,10 @@ def test_paged_decode_attention_matches_torch_backend(
         torch.int32
     )
     query = torch.randn(len(seq_lens), num_heads, head_size)
-    out = _custom_ops.paged_decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale)
-    expected = _torch_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, monkeypatch)
+    out = _custom_ops.paged_decode_attention(
+        query, k_cache, v_cache, block_tables, seq_lens, 700, scale
+    )
+    expected = _torch_decode(query, k_cache, v_cache, block_tables, seq_lens, scale)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-5)
 
 
@@ -124,7 +122,7 @@ def test_kernels_apply_only_to_cpu_float32_without_autograd(
     assert not _custom_ops.cpu_kernels_apply(x, torch.zeros(8, requires_grad=True))
     with torch.no_grad():
         assert _custom_ops.cpu_kernels_apply(x, torch.zeros(8, requires_grad=True))
-    monkeypatch.setattr(_custom_ops, "_C", None)
+    monkeypatch.setattr(_cpu_kernels, "_C", None)
     assert not _custom_ops.cpu_kernels_apply(x)
 
 
@@ -194,3 +192,72 @@ def test_silu_and_mul_matches_the_formula(num_tokens: int, d: int) -> None:
     gate, up = x.double().chunk(2, dim=-1)
     expected = (gate * torch.sigmoid(gate) * up).float()
     torch.testing.assert_close(_custom_ops.silu_and_mul(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def _op_inputs(dtype: torch.dtype) -> dict[str, tuple]:
+    """Arguments of each dispatched op (besides linear), in one dtype."""
+    x, residual, weight = (torch.randn(3, 16, dtype=dtype) for _ in range(3))
+    qkv = torch.randn(2, 4 * 8 + 2 * 2 * 8, dtype=dtype)
+    q, k, _ = qkv.split([32, 16, 16], dim=-1)
+    cache = torch.randn(6, 4, 2, 8, dtype=dtype)
+    tables = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    seq_lens = torch.tensor([5, 8], dtype=torch.int32)
+    return {
+        "rms_norm": (x, weight[0], 1e-6),
+        "fused_add_rms_norm": (x, residual, weight[0], 1e-6),
+        "silu_and_mul": (x,),
+        "rotary_embedding": (torch.tensor([0, 7]), q, k, 8, torch.randn(8, 8), True),
+        "paged_decode_attention": (
+            torch.randn(2, 4, 8, dtype=dtype),
+            cache,
+            cache + 1,
+            tables,
+            seq_lens,
+            8,
+            0.5,
+        ),  # fmt: skip
+    }
+
+
+OPS = ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"]
+OPS.append("paged_decode_attention")
+
+
+def _tensors(out: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return out if isinstance(out, tuple) else (out,)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_where_no_kernel_applies_each_op_is_its_torch_definition(
+    op: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reference: _torch_ops, bit for bit, for float64 (no kernel) and for float32 without
+    the extension."""
+    if dtype == torch.float32:
+        monkeypatch.setattr(_cpu_kernels, "_C", None)
+    args = _op_inputs(dtype)[op]
+    out, expected = getattr(_custom_ops, op)(*args), getattr(_torch_ops, op)(*args)
+    for actual, want in zip(_tensors(out), _tensors(expected), strict=True):
+        assert torch.equal(actual, want)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_float32_cpu_ops_run_the_kernel_close_to_the_torch_definition(
+    op: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reference: _torch_ops on the same inputs, within float32 rounding; the kernel's name
+    is what pagedllm._C was asked for."""
+    asked = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> object:
+            asked.append(name)
+            return getattr(_C, name)
+
+    _C = _cpu_kernels._C
+    monkeypatch.setattr(_cpu_kernels, "_C", Counting())
+    args = _op_inputs(torch.float32)[op]
+    out = getattr(_custom_ops, op)(*args)
+    torch.testing.assert_close(out, getattr(_torch_ops, op)(*args), rtol=1e-5, atol=1e-5)
+    assert asked == [op]

@@ -3,7 +3,7 @@
 import torch
 
 from pagedllm.forward_context import get_attn_metadata
-from pagedllm.layers.attention_backends.torch_sdpa import paged_attention, write_to_kv_cache
+from pagedllm.layers.attention_backends.selector import get_attn_backend
 from pagedllm.layers.inference_module import InferenceModule
 
 
@@ -12,7 +12,8 @@ class Attention(InferenceModule):
 
     `kv_cache` is (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_size];
     the model runner assigns it after construction. Query head h reads kv head
-    h // (num_heads // num_kv_heads).
+    h // (num_heads // num_kv_heads). The backend is chosen once, for the device and dtype the
+    layer is built in (the model loader's defaults), and does all the work.
     """
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
@@ -26,6 +27,7 @@ class Attention(InferenceModule):
         self.scale = scale
         self.num_kv_heads = num_kv_heads
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.backend = get_attn_backend(torch.get_default_device(), torch.get_default_dtype())
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H * D], k and v [T, KV * D] -> [T, H * D]."""
@@ -39,12 +41,12 @@ class Attention(InferenceModule):
         q = q.reshape(-1, self.num_heads, self.head_size)
         k = k.reshape(-1, self.num_kv_heads, self.head_size)
         v = v.reshape(-1, self.num_kv_heads, self.head_size)
-        write_to_kv_cache(k, v, k_cache, v_cache, attn_metadata.slot_mapping)
-        output = paged_attention(q, k_cache, v_cache, attn_metadata, self.scale)
+        self.backend.write_kv(k, v, k_cache, v_cache, attn_metadata.slot_mapping)
+        output = self.backend.forward(q, k_cache, v_cache, attn_metadata, self.scale)
         return output.view(-1, self.num_heads * self.head_size)
 
     def extra_repr(self) -> str:
         return (
             f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-            f"head_size={self.head_size}, scale={self.scale}"
+            f"head_size={self.head_size}, scale={self.scale}, backend={self.backend.name}"
         )

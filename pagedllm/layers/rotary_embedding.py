@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from pagedllm import _custom_ops
+from pagedllm.forward_context import get_max_seq_len
 from pagedllm.layers.inference_module import InferenceModule
 
 RopeParameters = dict[str, object]
@@ -24,10 +25,14 @@ class RotaryEmbedding(InferenceModule):
     """Rotates the first `rotary_dim` channels of every head of q and k by position * inv_freq.
 
     `is_neox_style` pairs channel i with i + rotary_dim / 2 (rotate_half, as in HF Llama and
-    Qwen); otherwise channels 2i and 2i + 1 are paired (GPT-J). The cache is rebuilt on use when
-    a position lies past its end, or when it is not float32 on the positions' device (after
-    `model.to(dtype)` or a build on the meta device). Checking the end reads `positions.max()`,
-    a host sync on accelerators.
+    Qwen); otherwise channels 2i and 2i + 1 are paired (GPT-J). The rotation itself is
+    `_custom_ops.rotary_embedding`.
+
+    The cache covers `max_position` positions from construction, every position a model of
+    that config can be asked about. Forward never reads the positions tensor to check (on an
+    accelerator that is a host sync per layer): it grows the cache only when the forward
+    context says a step reaches further (host-side lengths), and rebuilds it when it is not
+    float32 on the positions' device (after `model.to(dtype)` or a build on the meta device).
     """
 
     def __init__(
@@ -56,35 +61,20 @@ class RotaryEmbedding(InferenceModule):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64, query [T, num_heads * head_size], key [T, num_kv_heads * head_size]
         -> (query, key) rotated, in their shapes and dtypes; computed in float32."""
-        self._fit_cache(positions)
-        if query.dim() == key.dim() == 2 and _custom_ops.cpu_kernels_apply(query, key):
-            return _custom_ops.rotary_embedding(
-                positions, query, key, self.head_size, self.cos_sin_cache, self.is_neox_style
-            )
-        cos_sin = self.cos_sin_cache.index_select(0, positions)  # [T, rotary_dim]
-        cos, sin = cos_sin.unsqueeze(1).chunk(2, dim=-1)  # [T, 1, rotary_dim / 2]
-        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+        self._fit_cache(positions.device)
+        return _custom_ops.rotary_embedding(
+            positions, query, key, self.head_size, self.cos_sin_cache, self.is_neox_style
+        )
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        heads = x.reshape(x.shape[0], -1, self.head_size)  # [T, H, D]
-        rot = heads[..., : self.rotary_dim].float()
-        rotated = apply_rotary_emb(rot, cos, sin, self.is_neox_style).to(x.dtype)
-        if self.rotary_dim < self.head_size:
-            rotated = torch.cat((rotated, heads[..., self.rotary_dim :]), dim=-1)
-        return rotated.reshape(x.shape)
-
-    def _fit_cache(self, positions: torch.Tensor) -> None:
+    def _fit_cache(self, device: torch.device) -> None:
         cache = self.cos_sin_cache
         size = cache.shape[0]
-        if positions.numel() > 0 and not positions.is_meta:
-            needed = int(positions.max()) + 1
-            if needed > size:
-                size = max(needed, 2 * size)
-        stale = cache.device != positions.device or cache.dtype != torch.float32
+        needed = get_max_seq_len()
+        if needed > size:
+            size = max(needed, 2 * size)
+        stale = cache.device != device or cache.dtype != torch.float32
         if stale or size != cache.shape[0]:
-            self.cos_sin_cache = _cos_sin_cache(
-                self.inv_freq, size, self.attention_scaling, positions.device
-            )
+            self.cos_sin_cache = _cos_sin_cache(self.inv_freq, size, self.attention_scaling, device)
 
     def extra_repr(self) -> str:
         return (
@@ -92,21 +82,6 @@ class RotaryEmbedding(InferenceModule):
             f"max_position={self.cos_sin_cache.shape[0]}, is_neox_style={self.is_neox_style}, "
             f"attention_scaling={self.attention_scaling:g}"
         )
-
-
-def apply_rotary_emb(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox_style: bool
-) -> torch.Tensor:
-    """x [T, H, rotary_dim] rotated by angles with cos, sin [T, 1, rotary_dim / 2]."""
-    if is_neox_style:
-        x1, x2 = x.chunk(2, dim=-1)
-    else:
-        x1, x2 = x[..., ::2], x[..., 1::2]
-    o1 = x1 * cos - x2 * sin
-    o2 = x2 * cos + x1 * sin
-    if is_neox_style:
-        return torch.cat((o1, o2), dim=-1)
-    return torch.stack((o1, o2), dim=-1).flatten(-2)
 
 
 def _cos_sin_cache(

@@ -1,6 +1,8 @@
 """Reference: transformers 5.24 (ROPE_INIT_FUNCTIONS, LlamaRotaryEmbedding, apply_rotary_pos_emb
 of Llama; GPT-J's for the interleaved style)."""
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -11,7 +13,8 @@ from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_
 from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from pagedllm import _custom_ops
+from pagedllm import _cpu_kernels
+from pagedllm.forward_context import AttentionMetadata, set_forward_context
 from pagedllm.layers.rotary_embedding import get_rope
 
 NUM_HEADS, NUM_KV_HEADS, NUM_TOKENS = 4, 2, 48
@@ -130,7 +133,22 @@ def test_rotation_matches_transformers_llama(name: str, cpu_kernels: str) -> Non
     assert (k_out - _hf_rotate(case, positions, k, cos, sin)).abs().max() <= 1e-5
 
 
+def _step_reaching(num_positions: int) -> AttentionMetadata:
+    """The forward context of a one-sequence step of NUM_TOKENS tokens ending at position
+    num_positions - 1; only its host-side lengths matter to RoPE."""
+    return AttentionMetadata(
+        slot_mapping=torch.zeros(NUM_TOKENS, dtype=torch.int64),
+        query_start_loc=torch.tensor([0, NUM_TOKENS], dtype=torch.int32),
+        seq_lens=torch.tensor([num_positions], dtype=torch.int32),
+        block_tables=torch.zeros(1, 1, dtype=torch.int32),
+        query_lens_cpu=[NUM_TOKENS],
+        seq_lens_cpu=[num_positions],
+    )
+
+
 def test_positions_beyond_cache_grow_it_transformers_llama() -> None:
+    """The runner's forward context says the step reaches position 299: the cache grows from
+    its host-side lengths, never reading the positions tensor (a host sync on accelerators)."""
     case = Case(64, 64, 64, 4321.0, None, 64)
     rope = _rope(case)
     assert rope.cos_sin_cache.shape[0] == 64
@@ -138,10 +156,48 @@ def test_positions_beyond_cache_grow_it_transformers_llama() -> None:
     positions = _positions(300)
     q, k = _qk(case)
     cos, sin = LlamaRotaryEmbedding(_hf_config(case))(q, positions[None])
-    q_out, k_out = rope(positions, q, k)
+    with set_forward_context(_step_reaching(300)):
+        q_out, k_out = rope(positions, q, k)
     assert rope.cos_sin_cache.shape[0] >= 300
     assert (q_out - _hf_rotate(case, positions, q, cos, sin)).abs().max() <= 1e-5
     assert (k_out - _hf_rotate(case, positions, k, cos, sin)).abs().max() <= 1e-5
+
+
+class _HostReadFails(torch.Tensor):
+    """Positions whose values cannot be read on the host (a device sync on accelerators)."""
+
+    @classmethod
+    def __torch_function__(
+        cls, func: Callable, types: tuple, args: tuple = (), kwargs: dict | None = None
+    ) -> object:
+        if getattr(func, "__name__", "") in {"max", "item", "tolist", "__int__", "__index__"}:
+            raise AssertionError(f"RoPE read the positions on the host: {func.__name__}")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_forward_never_reads_positions_on_the_host(cpu_kernels: str) -> None:
+    """Reference: the rotation of plain positions, inside a step and outside one."""
+    case = CASES["default"]
+    positions = _positions(case.num_cached)
+    q, k = _qk(case)
+    expected = _rope(case)(positions, q, k)
+    for context in (_step_reaching(case.num_cached), None):
+        with set_forward_context(context) if context else contextlib.nullcontext():
+            out = _rope(case)(positions.as_subclass(_HostReadFails), q, k)
+        for actual, want in zip(out, expected, strict=True):
+            assert torch.equal(actual, want)
+
+
+def test_positions_beyond_cache_outside_a_step_raise(cpu_kernels: str) -> None:
+    """Without a forward context the cache covers max_position and no more: a position past
+    it is an error (ValueError from the kernel's index check, IndexError from torch), never a
+    read outside the cache."""
+    rope = get_rope(64, 64, 64, 1234.0)
+    q, k = _qk(Case(64, 64, 64, 1234.0, None, 64))
+    positions = torch.full((NUM_TOKENS,), 64)
+    with pytest.raises((ValueError, IndexError)):
+        rope(positions, q, k)
+    assert rope.cos_sin_cache.shape[0] == 64
 
 
 def test_interleaved_style_matches_transformers_gptj(cpu_kernels: str) -> None:
@@ -160,7 +216,7 @@ def test_interleaved_style_matches_transformers_gptj(cpu_kernels: str) -> None:
 def test_bfloat16_inputs_are_rotated_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
     """Reference: the float32 rotation rounded once to bfloat16, both by the torch path (the
     float32 kernel of pagedllm._C may differ in the last bit, which can flip a rounding)."""
-    monkeypatch.setattr(_custom_ops, "_C", None)
+    monkeypatch.setattr(_cpu_kernels, "_C", None)
     case = CASES["llama3-70b"]
     torch.manual_seed(3)
     positions = _positions(case.num_cached)

@@ -1,0 +1,245 @@
+"""pagedllm._C's kernels as functions of tensors: the checked boundary to the C code.
+
+The C functions take raw data pointers and sizes, so a wrong tensor there (another dtype, a
+strided view, swapped arguments) reads or writes arbitrary memory. Every call into
+pagedllm._C goes through this module, the only one to import it. Each function checks every
+tensor's type, dtype, device, layout and shape and raises ValueError naming the argument;
+then it takes every size from the checked tensors (callers pass none) and allocates the
+outputs, so pointers and sizes cannot disagree. Index values (cache slots, block ids,
+positions) are checked by csrc/module.c, which reads them anyway.
+
+The checks are attribute reads only, no tensor ops: they run ~300 times per decode step.
+Callers (`_custom_ops`) pick the kernel only when `available()`; _C is None without the
+extension.
+"""
+
+import torch
+
+try:
+    from pagedllm import _C
+except ImportError:
+    _C = None
+
+_F32, _I32, _I64 = torch.float32, torch.int32, torch.int64
+_CACHE = "[num_blocks, block_size, num_kv_heads, head_dim]"
+_ANY_DIMS = -1  # a `shape` for _check: one dimension or more, any sizes
+
+
+def available() -> bool:
+    return _C is not None
+
+
+def cpu_has_avx512() -> bool:
+    return _C is not None and _C.cpu_has_avx512()
+
+
+def rows_dense(t: torch.Tensor) -> bool:
+    """Each row t[i] of a 2-D or 3-D tensor is one dense block; rows may be further apart
+    (column slices of a fused qkv projection)."""
+    stride, shape = t.stride(), t.shape
+    return stride[-1] == 1 and (len(stride) < 3 or shape[-2] == 1 or stride[-2] == shape[-1])
+
+
+def _check(
+    op: str,
+    name: str,
+    t: object,
+    shape: int | tuple[int, ...],
+    dims: str,
+    dtype: torch.dtype = _F32,
+    rows: bool = False,
+) -> None:
+    """t must be a CPU tensor of `dtype`, contiguous (or, with rows, dense row by row), of
+    exactly `shape`, or of `shape` dimensions when it is an int (its sizes then set the
+    others'; _ANY_DIMS: at least one). `dims` names the dimensions for the message."""
+    if (
+        isinstance(t, torch.Tensor)
+        and t.dtype is dtype
+        and t.is_cpu
+        and (
+            t.shape == shape
+            if type(shape) is not int
+            else t.dim() == shape or (shape == _ANY_DIMS and t.dim() > 0)
+        )
+        and (rows_dense(t) if rows else t.is_contiguous())
+    ):
+        return
+    layout = "row-dense" if rows else "contiguous"
+    sizes = "" if type(shape) is int else f" = {list(shape)}"
+    raise ValueError(
+        f"{op}: {name} must be a {layout} {str(dtype)[6:]} CPU tensor of shape {dims}{sizes}, "
+        f"got {_describe(t)}"
+    )
+
+
+def _describe(t: object) -> str:
+    if not isinstance(t, torch.Tensor):
+        return f"{type(t).__name__} {t!r:.80}"
+    layout = "contiguous" if t.is_contiguous() else f"strides {t.stride()}"
+    return f"{str(t.dtype)[6:]} {t.device} tensor of shape {list(t.shape)} ({layout})"
+
+
+def _require(op: str, ok: bool, message: str, *args: object) -> None:
+    """Raises ValueError(op: message.format(*args)) unless ok; formats only then."""
+    if not ok:
+        raise ValueError(f"{op}: " + message.format(*args))
+
+
+def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] @ weight [N, K]^T (+ bias [N]) -> [M, N]."""
+    op = "skinny_gemm"
+    _check(op, "x", x, 2, "[M, K]")
+    _check(op, "weight", weight, 2, "[N, K]")
+    m, k = x.shape
+    n, weight_k = weight.shape
+    _require(op, weight_k == k, "weight [N, K] has K = {}, x [M, K] has K = {}", weight_k, k)
+    if bias is not None:
+        _check(op, "bias", bias, (n,), "[N]")
+    y = x.new_empty(m, n)
+    bias_ptr = 0 if bias is None else bias.data_ptr()
+    _C.skinny_gemm(
+        x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, torch.get_num_threads()
+    )
+    return y
+
+
+def _check_norm_args(op: str, x: object, weight: object) -> tuple[int, int]:
+    """x [..., n] and weight [n] -> (rows, n)."""
+    _check(op, "x", x, _ANY_DIMS, "[..., n]")
+    n = x.shape[-1]
+    _check(op, "weight", weight, (n,), "[n], n = x's last dim")
+    return (x.numel() // n if n else 0), n
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., n] * rsqrt(mean(x^2) + eps) * weight [n]."""
+    rows, n = _check_norm_args("rms_norm", x, weight)
+    out = torch.empty_like(x)
+    _C.rms_norm(
+        out.data_ptr(), x.data_ptr(), weight.data_ptr(), rows, n, torch.get_num_threads(), eps
+    )
+    return out
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual), in one pass."""
+    op = "fused_add_rms_norm"
+    rows, n = _check_norm_args(op, x, weight)
+    _check(op, "residual", residual, x.shape, "[..., n] like x")
+    out, residual_out = torch.empty_like(x), torch.empty_like(x)
+    _C.fused_add_rms_norm(
+        out.data_ptr(), residual_out.data_ptr(), x.data_ptr(), residual.data_ptr(),
+        weight.data_ptr(), rows, n, torch.get_num_threads(), eps,
+    )  # fmt: skip
+    return out, residual_out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [..., 2d] -> silu(x[..., :d]) * x[..., d:]."""
+    op = "silu_and_mul"
+    _check(op, "x", x, _ANY_DIMS, "[..., 2d]")
+    width = x.shape[-1]
+    _require(op, width % 2 == 0, "x's last dim must be even, got shape {}", list(x.shape))
+    d = width // 2
+    out = x.new_empty(*x.shape[:-1], d)
+    rows = x.numel() // width if width else 0
+    _C.silu_and_mul(out.data_ptr(), x.data_ptr(), rows, d, torch.get_num_threads())
+    return out
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox_style: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """query [T, H * head_size], key [T, KV * head_size] (rows may be strided) rotated by
+    cos_sin_cache [max_pos, rotary_dim] at positions [T] -> new contiguous tensors."""
+    op = "rotary_embedding"
+    _check(op, "positions", positions, 1, "[T]", _I64)
+    _check(op, "query", query, 2, "[T, num_heads * head_size]", rows=True)
+    _check(op, "key", key, 2, "[T, num_kv_heads * head_size]", rows=True)
+    _check(op, "cos_sin_cache", cos_sin_cache, 2, "[max_position, rotary_dim]")
+    (t,), (q_rows, q_width), (k_rows, k_width) = positions.shape, query.shape, key.shape
+    num_positions, rotary_dim = cos_sin_cache.shape
+    _require(op, q_rows == k_rows == t, "query, key and positions have {}, {} and {} tokens",
+             q_rows, k_rows, t)  # fmt: skip
+    _require(
+        op,
+        type(head_size) is int and 0 < rotary_dim <= head_size and rotary_dim % 2 == 0,
+        "rotary_dim {} must be even and in [2, head_size={!r}]",
+        rotary_dim,
+        head_size,
+    )
+    _require(op, q_width % head_size == 0 and k_width % head_size == 0,
+             "query width {} and key width {} must be multiples of head_size {}",
+             q_width, k_width, head_size)  # fmt: skip
+    query_out, key_out = query.new_empty(t, q_width), key.new_empty(t, k_width)
+    _C.rotary_embedding(
+        positions.data_ptr(), query.data_ptr(), key.data_ptr(), query_out.data_ptr(),
+        key_out.data_ptr(), query.stride(0), key.stride(0), t, q_width // head_size,
+        k_width // head_size, head_size, rotary_dim, cos_sin_cache.data_ptr(), num_positions,
+        int(is_neox_style), torch.get_num_threads(),
+    )  # fmt: skip
+    return query_out, key_out
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Stores key/value [T, KV, D] (rows may be strided) in the caches [num_blocks,
+    block_size, KV, D] at slot_mapping [T]."""
+    op = "reshape_and_cache"
+    _check(op, "key", key, 3, "[T, num_kv_heads, head_dim]", rows=True)
+    _check(op, "value", value, key.shape, "[T, num_kv_heads, head_dim] like key", rows=True)
+    _check(op, "k_cache", k_cache, 4, _CACHE)
+    _check(op, "v_cache", v_cache, k_cache.shape, _CACHE + " like k_cache")
+    t, kv, d = key.shape
+    num_blocks, block_size, cache_kv, cache_d = k_cache.shape
+    _require(op, (cache_kv, cache_d) == (kv, d), "k_cache has {} kv heads of size {}, key has "
+             "{} of size {}", cache_kv, cache_d, kv, d)  # fmt: skip
+    _check(op, "slot_mapping", slot_mapping, (t,), "[T]", _I64)
+    _C.reshape_and_cache(
+        key.data_ptr(), value.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        slot_mapping.data_ptr(), t, key.stride(0), value.stride(0), kv * d,
+        num_blocks * block_size,
+    )  # fmt: skip
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """query [B, H, D], one new token per sequence; caches [num_blocks, block_size, KV, D];
+    block_tables [B, max_blocks] and seq_lens [B], int32 -> [B, H, D]."""
+    op = "paged_decode_attention"
+    _check(op, "query", query, 3, "[num_seqs, num_heads, head_dim]")
+    _check(op, "k_cache", k_cache, 4, _CACHE)
+    _check(op, "v_cache", v_cache, k_cache.shape, _CACHE + " like k_cache")
+    _check(op, "block_tables", block_tables, 2, "[num_seqs, max_blocks]", _I32)
+    b, h, d = query.shape
+    num_blocks, block_size, kv, cache_d = k_cache.shape
+    _check(op, "seq_lens", seq_lens, (b,), "[num_seqs]", _I32)
+    _require(op, cache_d == d, "k_cache head_dim {} differs from query's {}", cache_d, d)
+    _require(op, kv > 0 and h % kv == 0, "num_kv_heads {} must divide num_heads {}", kv, h)
+    _require(op, block_tables.shape[0] == b, "block_tables has {} rows for {} sequences",
+             block_tables.shape[0], b)  # fmt: skip
+    out = torch.empty_like(query)
+    _C.paged_decode_attention(
+        out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        block_tables.data_ptr(), seq_lens.data_ptr(), b, h, kv, d, block_size,
+        block_tables.shape[1], num_blocks, torch.get_num_threads(), scale,
+    )  # fmt: skip
+    return out

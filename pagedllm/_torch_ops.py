@@ -1,0 +1,132 @@
+"""The torch definitions of pagedllm's fast ops, on any device and dtype.
+
+Each function here has a kernel in pagedllm._C with the same signature; `_custom_ops` runs
+the kernel where it applies and this code everywhere else (GPUs, other dtypes, no
+extension). The torch attention backend uses these alone, so they are also the reference
+the kernels are tested against. Nothing here imports pagedllm._C.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., n] * rsqrt(mean(x^2) + eps) * weight [n], computed in float32 and rounded to
+    x's dtype before the weight, as transformers' LlamaRMSNorm does."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual): the normed input and the new residual stream."""
+    residual = x + residual
+    return rms_norm(residual, weight, eps), residual
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [..., 2d] -> silu(x[..., :d]) * x[..., d:]."""
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]) * x[..., d:]
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox_style: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """query [T, H * head_size] and key [T, KV * head_size] with the first rotary_dim lanes
+    of every head rotated by cos_sin_cache [max_pos, rotary_dim] at positions [T]; computed in
+    float32, returned in the inputs' dtype."""
+    cos_sin = cos_sin_cache.index_select(0, positions)  # [T, rotary_dim]
+    cos, sin = cos_sin.unsqueeze(1).chunk(2, dim=-1)  # [T, 1, rotary_dim / 2]
+    return (
+        _rotate_heads(query, cos, sin, head_size, is_neox_style),
+        _rotate_heads(key, cos, sin, head_size, is_neox_style),
+    )
+
+
+def _rotate_heads(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: int, is_neox_style: bool
+) -> torch.Tensor:
+    """x [T, heads * head_size]; lanes past rotary_dim = 2 * cos.shape[-1] pass through."""
+    rotary_dim = 2 * cos.shape[-1]
+    heads = x.reshape(x.shape[0], -1, head_size)  # [T, H, D]
+    rot = heads[..., :rotary_dim].float()
+    rotated = apply_rotary_emb(rot, cos, sin, is_neox_style).to(x.dtype)
+    if rotary_dim < head_size:
+        rotated = torch.cat((rotated, heads[..., rotary_dim:]), dim=-1)
+    return rotated.reshape(x.shape)
+
+
+def apply_rotary_emb(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox_style: bool
+) -> torch.Tensor:
+    """x [T, H, rotary_dim] rotated by angles with cos, sin [T, 1, rotary_dim / 2]. NeoX style
+    pairs lane i with i + rotary_dim / 2 (rotate_half); GPT-J style pairs 2i with 2i + 1."""
+    if is_neox_style:
+        x1, x2 = x.chunk(2, dim=-1)
+    else:
+        x1, x2 = x[..., ::2], x[..., 1::2]
+    o1 = x1 * cos - x2 * sin
+    o2 = x2 * cos + x1 * sin
+    if is_neox_style:
+        return torch.cat((o1, o2), dim=-1)
+    return torch.stack((o1, o2), dim=-1).flatten(-2)
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Stores key/value [T, KV, D] in the caches [num_blocks, block_size, KV, D] at
+    slot_mapping [T] (slot = block_id * block_size + offset)."""
+    num_kv_heads, head_size = k_cache.shape[2:]
+    k_cache.view(-1, num_kv_heads, head_size).index_copy_(0, slot_mapping, key)
+    v_cache.view(-1, num_kv_heads, head_size).index_copy_(0, slot_mapping, value)
+
+
+def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """cache [num_blocks, block_size, KV, D], block_tables [B, N] -> [B, N * block_size, KV, D]:
+    each sequence's tokens in order, copied out of its blocks."""
+    num_seqs, num_blocks = block_tables.shape
+    gathered = cache.index_select(0, block_tables.flatten())
+    return gathered.view(num_seqs, num_blocks * cache.shape[1], *cache.shape[2:])
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """query [B, H, D], one new token per sequence; caches [num_blocks, block_size, KV, D];
+    block_tables [B, max_blocks]; seq_lens [B], whose largest is max_seq_len (a host int, so
+    nothing waits on the device) -> [B, H, D].
+
+    Keys are gathered into a copy padded to max_seq_len and masked past each sequence's
+    length. GQA never copies keys per query head: the G = H / KV query heads of a kv head
+    become G query rows against it.
+    """
+    num_seqs, num_heads, head_size = query.shape
+    block_size, num_kv_heads = k_cache.shape[1:3]
+    num_blocks = -(-max_seq_len // block_size)
+    key = gather_blocks(k_cache, block_tables[:, :num_blocks]).transpose(1, 2)
+    value = gather_blocks(v_cache, block_tables[:, :num_blocks]).transpose(1, 2)
+    positions = torch.arange(key.shape[2], device=query.device)
+    mask = (positions < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    grouped = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_size)
+    output = F.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scale)
+    return output.reshape(num_seqs, num_heads, head_size)

@@ -1,0 +1,223 @@
+"""The checked boundary to pagedllm._C: every kernel called wrongly (dtype, device, layout,
+shape, swapped arguments, out-of-range indices) raises ValueError naming the argument, and
+the process lives on. Reference: the argument contracts in csrc/ops.h."""
+
+import pathlib
+import re
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import pagedllm
+from pagedllm import _cpu_kernels
+
+NUM_BLOCKS, BLOCK_SIZE, KV, HEADS, D, B = 6, 4, 2, 4, 8, 2
+
+
+def _attention(**override: object) -> torch.Tensor:
+    args = {
+        "query": torch.randn(B, HEADS, D),
+        "k_cache": torch.randn(NUM_BLOCKS, BLOCK_SIZE, KV, D),
+        "v_cache": torch.randn(NUM_BLOCKS, BLOCK_SIZE, KV, D),
+        "block_tables": torch.tensor([[0, 1], [2, 3]], dtype=torch.int32),
+        "seq_lens": torch.tensor([5, 8], dtype=torch.int32),
+        "scale": 0.5,
+    }
+    return _cpu_kernels.paged_decode_attention(**{**args, **override})
+
+
+def _cache_write(**override: object) -> None:
+    args = {
+        "key": torch.randn(3, KV, D),
+        "value": torch.randn(3, KV, D),
+        "k_cache": torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, D),
+        "v_cache": torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, D),
+        "slot_mapping": torch.tensor([0, 5, 23]),
+    }
+    _cpu_kernels.reshape_and_cache(**{**args, **override})
+
+
+def _rotary(**override: object) -> tuple[torch.Tensor, torch.Tensor]:
+    args = {
+        "positions": torch.tensor([0, 7, 3]),
+        "query": torch.randn(3, HEADS * D),
+        "key": torch.randn(3, KV * D),
+        "head_size": D,
+        "cos_sin_cache": torch.randn(8, D),
+        "is_neox_style": True,
+    }
+    return _cpu_kernels.rotary_embedding(**{**args, **override})
+
+
+def _rms_norm(**override: object) -> torch.Tensor:
+    args = {"x": torch.randn(3, 16), "weight": torch.randn(16), "eps": 1e-6}
+    return _cpu_kernels.rms_norm(**{**args, **override})
+
+
+def _fused_norm(**override: object) -> tuple[torch.Tensor, torch.Tensor]:
+    args = {"x": torch.randn(3, 16), "residual": torch.randn(3, 16), "weight": torch.randn(16)}
+    return _cpu_kernels.fused_add_rms_norm(**{**args, **override}, eps=1e-6)
+
+
+def _gemm(**override: object) -> torch.Tensor:
+    args = {"x": torch.randn(2, 16), "weight": torch.randn(5, 16), "bias": torch.randn(5)}
+    return _cpu_kernels.skinny_gemm(**{**args, **override})
+
+
+def _silu(**override: object) -> torch.Tensor:
+    return _cpu_kernels.silu_and_mul(**{"x": torch.randn(3, 10), **override})
+
+
+CACHE = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, D)
+TABLES = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+
+BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
+    "attention k_cache float64": (
+        lambda: _attention(k_cache=CACHE.double()),
+        r"paged_decode_attention: k_cache must be a contiguous float32 CPU tensor of shape "
+        r"\[num_blocks, block_size, num_kv_heads, head_dim\], got float64",
+    ),
+    "attention query on meta": (
+        lambda: _attention(query=torch.empty(B, HEADS, D, device="meta")),
+        "query must be .* got float32 meta tensor",
+    ),
+    "attention v_cache strided": (
+        lambda: _attention(v_cache=CACHE.transpose(0, 1).contiguous().transpose(0, 1)),
+        r"v_cache must be a contiguous .* got .* \(strides",
+    ),
+    "attention query 2-D": (lambda: _attention(query=torch.randn(B, HEADS * D)), "query must"),
+    "attention block_tables int64": (lambda: _attention(block_tables=TABLES.long()), "block_tab"),
+    "attention seq_lens too short": (
+        lambda: _attention(seq_lens=torch.tensor([5], dtype=torch.int32)),
+        r"seq_lens must .* = \[2\]",
+    ),
+    "attention caches swapped with tables": (
+        lambda: _attention(k_cache=TABLES, block_tables=CACHE),
+        "k_cache must .* got int32",
+    ),
+    "attention query as a list": (lambda: _attention(query=[[1.0]]), "query must .* got list"),
+    "attention heads not grouped": (
+        lambda: _attention(query=torch.randn(B, 3, D)),
+        "num_kv_heads 2 must divide num_heads 3",
+    ),
+    "attention head_dim differs": (lambda: _attention(query=torch.randn(B, 4, 16)), "head_dim"),
+    "attention block id out of range": (
+        lambda: _attention(block_tables=torch.tensor([[0, 1], [2, 6]], dtype=torch.int32)),
+        r"block_tables\[1, 1\] = 6 is outside \[0, 6\)",
+    ),
+    "attention empty sequence": (
+        lambda: _attention(seq_lens=torch.tensor([0, 8], dtype=torch.int32)),
+        r"seq_lens\[0\] = 0 is outside \[1, 8\]",
+    ),
+    "attention sequence past its table": (
+        lambda: _attention(seq_lens=torch.tensor([5, 9], dtype=torch.int32)),
+        r"seq_lens\[1\] = 9 is outside \[1, 8\]",
+    ),
+    "cache write slot_mapping int32": (
+        lambda: _cache_write(slot_mapping=torch.tensor([0, 1, 2], dtype=torch.int32)),
+        "slot_mapping must be a contiguous int64",
+    ),
+    "cache write slot past the cache": (
+        lambda: _cache_write(slot_mapping=torch.tensor([0, 24, 1])),
+        r"reshape_and_cache: slot_mapping\[1\] = 24 is outside \[0, 24\)",
+    ),
+    "cache write negative slot": (
+        lambda: _cache_write(slot_mapping=torch.tensor([-1, 2, 1])),
+        r"slot_mapping\[0\] = -1",
+    ),
+    "cache write key and cache swapped": (
+        lambda: _cache_write(key=CACHE, k_cache=torch.randn(3, KV, D)),
+        "key must",
+    ),
+    "cache write value of other shape": (
+        lambda: _cache_write(value=torch.randn(3, KV, 2 * D)),
+        r"value must .* = \[3, 2, 8\]",
+    ),
+    "cache write head sizes differ": (
+        lambda: _cache_write(
+            k_cache=torch.zeros(6, 4, KV, 2 * D), v_cache=torch.zeros(6, 4, KV, 16)
+        ),
+        "k_cache has 2 kv heads of size 16, key has 2 of size 8",
+    ),
+    "cache write key with strided heads": (
+        lambda: _cache_write(key=torch.randn(3, D, KV).transpose(1, 2)),
+        "key must be a row-dense",
+    ),
+    "rotary positions int32": (
+        lambda: _rotary(positions=torch.tensor([0, 1, 2], dtype=torch.int32)),
+        "positions must be a contiguous int64",
+    ),
+    "rotary position past the cache": (
+        lambda: _rotary(positions=torch.tensor([0, 8, 1])),
+        r"rotary_embedding: positions\[1\] = 8 is outside \[0, 8\)",
+    ),
+    "rotary query transposed": (
+        lambda: _rotary(query=torch.randn(HEADS * D, 3).t()),
+        "query must be a row-dense",
+    ),
+    "rotary positions and query swapped": (
+        lambda: _rotary(positions=torch.randn(3, HEADS * D), query=torch.tensor([0, 7, 3])),
+        "positions must",
+    ),
+    "rotary token counts differ": (lambda: _rotary(key=torch.randn(2, KV * D)), "2 and 3 tokens"),
+    "rotary_dim past the head": (lambda: _rotary(head_size=4), r"rotary_dim 8 must be even"),
+    "rotary cache 1-D": (lambda: _rotary(cos_sin_cache=torch.randn(64)), "cos_sin_cache must"),
+    "rms_norm weight of other size": (lambda: _rms_norm(weight=torch.randn(15)), r"= \[16\]"),
+    "rms_norm x float64": (lambda: _rms_norm(x=torch.randn(3, 16).double()), "x must"),
+    "rms_norm x 0-D": (lambda: _rms_norm(x=torch.tensor(1.0)), r"x must .* \[\.\.\., n\]"),
+    "rms_norm x and weight swapped": (
+        lambda: _rms_norm(x=torch.randn(16), weight=torch.randn(3, 16)),
+        "weight must",
+    ),
+    "fused norm residual of other shape": (
+        lambda: _fused_norm(residual=torch.randn(2, 16)),
+        r"residual must .* = \[3, 16\]",
+    ),
+    "fused norm residual transposed": (
+        lambda: _fused_norm(residual=torch.randn(16, 3).t()),
+        "residual must be a contiguous",
+    ),
+    "gemm K differs": (lambda: _gemm(weight=torch.randn(5, 15)), "weight .* has K = 15"),
+    "gemm bias of other size": (lambda: _gemm(bias=torch.randn(4)), r"bias must .* = \[5\]"),
+    "gemm weight and bias swapped": (
+        lambda: _gemm(weight=torch.randn(5), bias=torch.randn(5, 16)),
+        "weight must",
+    ),
+    "gemm x on meta": (lambda: _gemm(x=torch.empty(2, 16, device="meta")), "x must"),
+    "silu odd width": (lambda: _silu(x=torch.randn(3, 9)), "last dim must be even"),
+    "silu x strided": (lambda: _silu(x=torch.randn(10, 3).t()), "x must be a contiguous"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CALLS)
+def test_a_wrong_call_raises_value_error_naming_the_argument(case: str) -> None:
+    call, message = BAD_CALLS[case]
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_the_valid_calls_above_run() -> None:
+    """The cases differ from these calls by the one argument they break."""
+    assert _attention().shape == (B, HEADS, D)
+    _cache_write()
+    assert [t.shape for t in _rotary()] == [(3, HEADS * D), (3, KV * D)]
+    assert _rms_norm().shape == (3, 16)
+    assert [t.shape for t in _fused_norm()] == [(3, 16), (3, 16)]
+    assert _gemm().shape == (2, 5)
+    assert _silu().shape == (3, 5)
+
+
+def test_a_wrong_scalar_is_a_type_error() -> None:
+    with pytest.raises(TypeError):
+        _attention(scale="0.5")
+
+
+def test_only_the_boundary_imports_the_extension() -> None:
+    """Every pagedllm._C call goes through _cpu_kernels: no other module imports it."""
+    root = pathlib.Path(pagedllm.__file__).parent
+    imports_c = re.compile(
+        r"^\s*(from pagedllm import _C\b|import pagedllm\._C|from pagedllm\._C)", re.M
+    )
+    importers = [p.name for p in root.rglob("*.py") if imports_c.search(p.read_text())]
+    assert importers == ["_cpu_kernels.py"]
