@@ -7,15 +7,21 @@ the engine calls when the request is added.
 """
 
 import copy
-import math
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any, Protocol
 
+from pagedllm.value_checks import (
+    as_float,
+    as_int,
+    as_int_list,
+    as_logit_bias,
+    as_str_list,
+    check_ids_in_vocab,
+    fail,
+)
+
 _SAMPLING_EPS = 1e-5
-_MAX_LOGIT_BIAS = 100.0
-_FLOAT32_MAX = 3.4028234663852886e38  # larger values overflow to inf in the sampler
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 DEFAULT_MAX_N = 128  # OpenAI's cap on n; LLM(max_n=...) / --max-n change it
 
 
@@ -35,82 +41,6 @@ class SamplingType(IntEnum):
 
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
-
-
-def _fail(name: str, value: object, allowed: str) -> None:
-    raise ValueError(f"{name} must be {allowed}, got {value!r}")
-
-
-def _as_int(name: str, value: object, allowed: str) -> int:
-    """An int within the signed 64-bit range (the sampler's tensors are int64)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be {allowed}, got {value!r} of type {type(value).__name__}")
-    if not _INT64_MIN <= value <= _INT64_MAX:
-        _fail(name, value, f"{allowed} in the signed 64-bit range [-2**63, 2**63 - 1]")
-    return value
-
-
-def _as_float(name: str, value: object, allowed: str) -> float:
-    """A number that stays finite as float32, the sampler's dtype: 1e39 would become inf."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be {allowed}, got {value!r} of type {type(value).__name__}")
-    if not math.isfinite(value):
-        _fail(name, value, allowed)
-    if abs(value) > _FLOAT32_MAX:
-        _fail(name, value, f"{allowed} within float32's range (|x| <= 3.4e38)")
-    return float(value)
-
-
-def check_text(name: str, text: str) -> str:
-    """`text` if it is valid Unicode; a lone surrogate (JSON's "\\ud800") cannot be
-    tokenized or sent back as UTF-8."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(
-            f"{name} is not valid Unicode: lone surrogate {text[e.start]!r} at index {e.start}"
-        ) from None
-    return text
-
-
-def _as_int_list(name: str, value: object) -> list[int]:
-    if isinstance(value, str) or not isinstance(value, list | tuple | set):
-        raise TypeError(f"{name} must be a list of ints, got {type(value).__name__}")
-    return [_as_int(f"{name}[{i}]", v, "an int") for i, v in enumerate(value)]
-
-
-def _as_str_list(name: str, value: object, strip: bool) -> list[str]:
-    """A str or a list of non-empty strings (non-blank if `strip`), as a list."""
-    values = [value] if isinstance(value, str) else value
-    if not isinstance(values, list | tuple):
-        raise TypeError(f"{name} must be a str or a list of str, got {type(value).__name__}")
-    for v in values:
-        if not isinstance(v, str):
-            raise TypeError(f"{name} must contain only str, got {v!r}")
-        check_text(name, v)
-        if not (v.strip() if strip else v):
-            raise ValueError(f"{name} cannot contain an empty string, got {values!r}")
-    return list(values)
-
-
-def _as_logit_bias(value: object) -> dict[int, float]:
-    """Token id -> bias clamped to [-100, 100]; keys may be ints or decimal strings (JSON)."""
-    if not isinstance(value, dict):
-        raise TypeError(f"logit_bias must be a dict of token id -> float, got {type(value)}")
-    bias = {}
-    for key, val in value.items():
-        if isinstance(key, str) and key.lstrip("-").isdigit():
-            key = int(key)
-        token = _as_int("logit_bias key", key, "a token id (int)")
-        val = _as_float(f"logit_bias[{token}]", val, "a finite number")
-        bias[token] = min(_MAX_LOGIT_BIAS, max(-_MAX_LOGIT_BIAS, val))
-    return bias
-
-
-def _check_ids_in_vocab(name: str, ids: list[int], vocab_size: int) -> None:
-    bad = [i for i in ids if not 0 <= i < vocab_size]
-    if bad:
-        raise ValueError(f"{name} must be token ids in [0, {vocab_size}), got {bad}")
 
 
 @dataclass
@@ -161,60 +91,60 @@ class SamplingParams:
         self._all_stop_token_ids = set(self.stop_token_ids)
 
     def _check_numbers(self) -> None:
-        self.n = _as_int("n", self.n, "an int >= 1")
+        self.n = as_int("n", self.n, "an int >= 1")
         if self.n < 1:
-            _fail("n", self.n, "at least 1")
+            fail("n", self.n, "at least 1")
         for name in ("presence_penalty", "frequency_penalty"):
-            value = _as_float(name, getattr(self, name), "a number in [-2, 2]")
+            value = as_float(name, getattr(self, name), "a number in [-2, 2]")
             if not -2.0 <= value <= 2.0:
-                _fail(name, value, "in [-2, 2]")
+                fail(name, value, "in [-2, 2]")
             setattr(self, name, value)
-        self.repetition_penalty = _as_float("repetition_penalty", self.repetition_penalty, "> 0")
+        self.repetition_penalty = as_float("repetition_penalty", self.repetition_penalty, "> 0")
         if self.repetition_penalty <= 0:
-            _fail("repetition_penalty", self.repetition_penalty, "> 0")
-        self.temperature = _as_float("temperature", self.temperature, "a finite number >= 0")
+            fail("repetition_penalty", self.repetition_penalty, "> 0")
+        self.temperature = as_float("temperature", self.temperature, "a finite number >= 0")
         if self.temperature < 0:
-            _fail("temperature", self.temperature, ">= 0")
-        self.top_p = _as_float("top_p", self.top_p, "a number in (0, 1]")
+            fail("temperature", self.temperature, ">= 0")
+        self.top_p = as_float("top_p", self.top_p, "a number in (0, 1]")
         if not 0.0 < self.top_p <= 1.0:
-            _fail("top_p", self.top_p, "in (0, 1]")
-        self.top_k = _as_int("top_k", self.top_k, "an int")
+            fail("top_p", self.top_p, "in (0, 1]")
+        self.top_k = as_int("top_k", self.top_k, "an int")
         if self.top_k < -1:
-            _fail("top_k", self.top_k, "0 or -1 (off) or at least 1")
+            fail("top_k", self.top_k, "0 or -1 (off) or at least 1")
         self.top_k = max(self.top_k, 0)
-        self.min_p = _as_float("min_p", self.min_p, "a number in [0, 1]")
+        self.min_p = as_float("min_p", self.min_p, "a number in [0, 1]")
         if not 0.0 <= self.min_p <= 1.0:
-            _fail("min_p", self.min_p, "in [0, 1]")
+            fail("min_p", self.min_p, "in [0, 1]")
         if self.seed is not None:
-            self.seed = _as_int("seed", self.seed, "an int or None")
+            self.seed = as_int("seed", self.seed, "an int or None")
 
     def _check_lengths(self) -> None:
         if self.max_tokens is not None:
-            self.max_tokens = _as_int("max_tokens", self.max_tokens, "an int >= 1 or None")
+            self.max_tokens = as_int("max_tokens", self.max_tokens, "an int >= 1 or None")
             if self.max_tokens < 1:
-                _fail("max_tokens", self.max_tokens, "at least 1 (or None)")
-        self.min_tokens = _as_int("min_tokens", self.min_tokens, "an int >= 0")
+                fail("max_tokens", self.max_tokens, "at least 1 (or None)")
+        self.min_tokens = as_int("min_tokens", self.min_tokens, "an int >= 0")
         if self.min_tokens < 0:
-            _fail("min_tokens", self.min_tokens, ">= 0")
+            fail("min_tokens", self.min_tokens, ">= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            _fail("min_tokens", self.min_tokens, f"<= max_tokens={self.max_tokens}")
+            fail("min_tokens", self.min_tokens, f"<= max_tokens={self.max_tokens}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and _as_int(name, value, "an int >= 0 or -1 or None") < -1:
-                _fail(name, value, ">= 0, or -1 for the whole vocabulary")
+            if value is not None and as_int(name, value, "an int >= 0 or -1 or None") < -1:
+                fail(name, value, ">= 0, or -1 for the whole vocabulary")
 
     def _check_token_fields(self) -> None:
-        self.stop = [] if self.stop is None else _as_str_list("stop", self.stop, strip=False)
+        self.stop = [] if self.stop is None else as_str_list("stop", self.stop, strip=False)
         ids = self.stop_token_ids
-        self.stop_token_ids = [] if ids is None else _as_int_list("stop_token_ids", ids)
+        self.stop_token_ids = [] if ids is None else as_int_list("stop_token_ids", ids)
         if self.logit_bias is not None:
-            self.logit_bias = _as_logit_bias(self.logit_bias)
+            self.logit_bias = as_logit_bias(self.logit_bias)
         if self.allowed_token_ids is not None:
-            self.allowed_token_ids = _as_int_list("allowed_token_ids", self.allowed_token_ids)
+            self.allowed_token_ids = as_int_list("allowed_token_ids", self.allowed_token_ids)
             if not self.allowed_token_ids:
-                _fail("allowed_token_ids", self.allowed_token_ids, "a non-empty list or None")
+                fail("allowed_token_ids", self.allowed_token_ids, "a non-empty list or None")
         if self.bad_words is not None:
-            self.bad_words = _as_str_list("bad_words", self.bad_words, strip=True)
+            self.bad_words = as_str_list("bad_words", self.bad_words, strip=True)
 
     def _check_flags(self) -> None:
         flags = ("ignore_eos", "detokenize", "skip_special_tokens")
@@ -235,18 +165,18 @@ class SamplingParams:
         counts as `vocab_size` against the cap (as in vLLM).
         """
         if self.n > max_n:
-            _fail("n", self.n, f"at most max_n={max_n} (set by LLM(max_n=...) / --max-n)")
-        _check_ids_in_vocab("stop_token_ids", self.stop_token_ids, vocab_size)
-        _check_ids_in_vocab("logit_bias keys", list(self.logit_bias or ()), vocab_size)
-        _check_ids_in_vocab("allowed_token_ids", self.allowed_token_ids or [], vocab_size)
+            fail("n", self.n, f"at most max_n={max_n} (set by LLM(max_n=...) / --max-n)")
+        check_ids_in_vocab("stop_token_ids", self.stop_token_ids, vocab_size)
+        check_ids_in_vocab("logit_bias keys", list(self.logit_bias or ()), vocab_size)
+        check_ids_in_vocab("allowed_token_ids", self.allowed_token_ids or [], vocab_size)
         for word in self.bad_words_token_ids or []:
-            _check_ids_in_vocab("bad_words token ids", word, vocab_size)
+            check_ids_in_vocab("bad_words token ids", word, vocab_size)
         cap = vocab_size if max_logprobs == -1 else max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             count = vocab_size if value == -1 else value
             if count is not None and count > cap:
-                _fail(name, value, f"<= max_logprobs={cap} (-1 counts as the vocab size)")
+                fail(name, value, f"<= max_logprobs={cap} (-1 counts as the vocab size)")
 
     def update_from_tokenizer(self, tokenizer: Tokenizer) -> None:
         """Fill `bad_words_token_ids`: each bad word tokenized as is, and with a leading

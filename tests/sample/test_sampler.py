@@ -14,22 +14,9 @@ from transformers.generation.logits_process import (
 )
 
 from pagedllm.sample.logits_processors import BatchUpdate, LogitsProcessor, process_dict_updates
-from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
-from pagedllm.sample.sampler import Sampler, SamplerOutput
-from pagedllm.sampling_params import SamplingParams
-
-V = 24
-
-
-def row(prompt: list[int], output: list[int], **kw) -> SamplingRow:
-    params = SamplingParams(**kw)
-    seed = params.seed
-    generator = None if seed is None else torch.Generator().manual_seed(seed)
-    return SamplingRow(params, prompt, output, generator)
-
-
-def sample(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
-    return sampler(logits.clone(), SamplingMetadata.build(rows, logits.shape[1], "cpu"))
+from pagedllm.sample.metadata import SamplingRow
+from pagedllm.sample.sampler import Sampler
+from tests.sample.sampler_rows import V, row, sample
 
 
 def reference_logits(logits: torch.Tensor, r: SamplingRow) -> torch.Tensor:
@@ -193,72 +180,6 @@ def test_custom_processor_sees_the_batch_each_step() -> None:
     custom = sampler.logitsprocs.all[-1]
     assert custom.force == {} and custom.batch_sizes == [3, 1]
     assert out.sampled_token_ids.shape == (1,)
-
-
-class FailOnFlag(LogitsProcessor):
-    """Custom processor that raises (a bug in user code) when a row has extra_args["boom"]."""
-
-    def __init__(self, vocab_size: int, device: torch.device, is_pin_memory: bool = False) -> None:
-        super().__init__(vocab_size, device, is_pin_memory)
-        self.rows: dict[int, bool] = {}
-
-    def is_argmax_invariant(self) -> bool:
-        return False
-
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
-        state = lambda p, _prompt, _out: (p.extra_args or {}).get("boom")  # noqa: E731
-        process_dict_updates(self.rows, batch_update, state)
-
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.rows:
-            raise RuntimeError("boom")
-        return logits
-
-
-def test_unsampleable_rows_fail_alone() -> None:
-    """A row with no token left (every logit -inf) and a row with a NaN logit get an
-    error; the other rows sample as if alone."""
-    logits = torch.randn(4, V)
-    logits[1] = float("-inf")
-    logits[3, 5] = float("nan")
-    rows = [row([1], [], temperature=0, logprobs=2) for _ in range(4)]
-    out = sample(Sampler(V), logits, rows)
-    assert sorted(out.errors) == [1, 3]
-    assert all("no token can be sampled" in str(e) for e in out.errors.values())
-    assert out.sampled_token_ids[[1, 3]].tolist() == [0, 0]
-    expected = logits[[0, 2]].argmax(dim=-1).tolist()
-    assert out.sampled_token_ids[[0, 2]].tolist() == expected
-    assert out.logprobs.logprob_token_ids.shape == (4, 3)
-
-
-def test_random_row_overflowing_to_nan_fails_alone() -> None:
-    """+inf logits make softmax NaN: that row errors, a seeded neighbour keeps its token."""
-    logits = torch.randn(2, V)
-    logits[0, 3] = float("inf")
-    logits[0, 4] = float("inf")
-    rows = [row([1], [], temperature=1.0), row([1], [], temperature=0.8, seed=4)]
-    out = sample(Sampler(V), logits, rows)
-    alone = sample(Sampler(V), logits[1:], [row([1], [], temperature=0.8, seed=4)])
-    assert list(out.errors) == [0]
-    assert out.sampled_token_ids[1] == alone.sampled_token_ids[0]
-
-
-def test_custom_processor_failing_for_one_row_fails_only_that_row() -> None:
-    """The batch fails, so each row is sampled alone from the saved logits."""
-    logits = torch.randn(3, V)
-    rows = [row([1], [], temperature=0, logprobs=1) for _ in range(3)]
-    rows[1].params.extra_args = {"boom": True}
-    out = sample(Sampler(V, logits_processors=[FailOnFlag]), logits, rows)
-    assert list(out.errors) == [1] and "boom" in str(out.errors[1])
-    assert out.sampled_token_ids[[0, 2]].tolist() == logits[[0, 2]].argmax(dim=-1).tolist()
-    assert out.logprobs.logprob_token_ids.shape == (3, 2)
-
-
-def test_without_custom_processors_a_failure_is_the_batchs() -> None:
-    sampler = Sampler(V)
-    sampler.apply_logits_processors = lambda *_: 1 / 0
-    with pytest.raises(ZeroDivisionError):
-        sample(sampler, torch.randn(2, V), [row([1], []), row([2], [])])
 
 
 def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:

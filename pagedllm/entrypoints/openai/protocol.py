@@ -16,8 +16,8 @@ from pagedllm.sampling_params import (
     REQUEST_FIELDS,
     RequestOutputKind,
     SamplingParams,
-    check_text,
 )
+from pagedllm.value_checks import check_text
 
 TokenIds = list[int]
 
