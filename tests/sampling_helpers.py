@@ -1,0 +1,60 @@
+"""Shared by the end-to-end sampling tests: tiny-model LLMs built once per module, greedy
+params, prompts as token ids, and transformers' greedy generate as the reference."""
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from pagedllm import LLM, SamplingParams
+from pagedllm.outputs import CompletionOutput
+
+LLAMA = "llama-gqa-llama3"
+MAX_TOKENS = 16
+TINY_KWARGS = dict(skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=256)
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tiny_model_path: Callable[[str], str]) -> Callable[..., LLM]:
+    """(name, **engine kwargs) -> an LLM on that tiny model, built once per module."""
+    llms: dict[str, LLM] = {}
+
+    def get(name: str = LLAMA, **kwargs: object) -> LLM:
+        key = repr((name, sorted(kwargs.items())))
+        if key not in llms:
+            kwargs = {"num_kv_blocks": 128, **TINY_KWARGS, **kwargs}
+            llms[key] = LLM(tiny_model_path(name), **kwargs)
+        return llms[key]
+
+    return get
+
+
+def greedy(max_tokens: int = MAX_TOKENS, **kwargs: object) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, **kwargs)
+
+
+def as_prompts(token_lists: list[list[int]]) -> list[dict]:
+    return [{"prompt_token_ids": ids} for ids in token_lists]
+
+
+def completions(llm: LLM, prompts: list, params: list[SamplingParams]) -> list[CompletionOutput]:
+    """The first completion of each request, generated in one batch."""
+    return [out.outputs[0] for out in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def hf_generate_greedy(
+    model: nn.Module, prompt: list[int], max_new_tokens: int, **kw: object
+) -> list[int]:
+    """transformers' `generate(do_sample=False, **kw)` for one prompt, never stopping at EOS."""
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=None,
+        pad_token_id=0,
+        **kw,
+    )
+    return out[0, len(prompt) :].tolist()
