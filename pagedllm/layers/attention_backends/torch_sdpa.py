@@ -16,7 +16,11 @@ from pagedllm.forward_context import AttentionMetadata
 
 
 class TorchSdpaBackend:
+    """`ops` holds the cache write and the decode attention; a subclass swaps it for
+    `_custom_ops` to run them as kernels and keeps the rest."""
+
     name = "torch_sdpa"
+    ops = _torch_ops
 
     @staticmethod
     def supports(device: torch.device, dtype: torch.dtype) -> bool:
@@ -30,7 +34,7 @@ class TorchSdpaBackend:
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        _torch_ops.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping)
+        self.ops.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping)
 
     def decode(
         self,
@@ -43,7 +47,7 @@ class TorchSdpaBackend:
         scale: float,
     ) -> torch.Tensor:
         """query [B, H, D], one new token per sequence -> [B, H, D]."""
-        return _torch_ops.paged_decode_attention(
+        return self.ops.paged_decode_attention(
             query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale
         )
 
