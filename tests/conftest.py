@@ -12,6 +12,7 @@ from torch import nn
 from pagedllm import _cpu_kernels
 from pagedllm.distributed.parallel_state import override_tensor_parallel
 from pagedllm.outputs import CompletionOutput
+from tests.hf_reference import hf_generate
 from tests.models.tiny_models import save_tiny_model, tiny_configs
 
 
@@ -102,17 +103,7 @@ def hf_greedy(hf_model: Callable[[str], nn.Module]) -> HfGreedy:
     cache: dict[tuple, Generation] = {}
 
     def generate(name: str, prompt: list[int], max_new_tokens: int) -> Generation:
-        ids = torch.tensor([prompt])
-        out = hf_model(name).generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=None,
-            pad_token_id=0,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
+        out = hf_generate(hf_model(name), prompt, max_new_tokens, output_logits=True)
         tokens = out.sequences[0, len(prompt) :].tolist()
         assert len(tokens) == max_new_tokens
         logprobs = [lg[0].log_softmax(-1)[t].item() for lg, t in zip(out.logits, tokens)]

@@ -4,11 +4,11 @@ params, prompts as token ids, and transformers' greedy generate as the reference
 from collections.abc import Callable
 
 import pytest
-import torch
 from torch import nn
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.outputs import CompletionOutput
+from tests.hf_reference import hf_generate
 
 LLAMA = "llama-gqa-llama3"
 MAX_TOKENS = 16
@@ -47,14 +47,5 @@ def hf_generate_greedy(
     model: nn.Module, prompt: list[int], max_new_tokens: int, **kw: object
 ) -> list[int]:
     """transformers' `generate(do_sample=False, **kw)` for one prompt, never stopping at EOS."""
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=None,
-        pad_token_id=0,
-        **kw,
-    )
-    return out[0, len(prompt) :].tolist()
+    out = hf_generate(model, prompt, max_new_tokens, **kw)
+    return out.sequences[0, len(prompt) :].tolist()

@@ -3,10 +3,8 @@
 definitions of all-reduce (the elementwise sum over ranks) and all-gather (every rank's
 tensor concatenated along `dim` in rank order), computed here with torch.cat and sum."""
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -25,15 +23,6 @@ WORLD_SIZE = 2
 def rank_tensor(rank: int) -> torch.Tensor:
     """A [2, 3] tensor that differs per rank."""
     return torch.arange(6, dtype=torch.float32).view(2, 3) + 10 * rank
-
-
-@pytest.fixture
-def gloo_group_of_one(tmp_path: Path) -> Iterator[None]:
-    init_distributed_environment(1, 0, init_method=f"file://{tmp_path / 'rendezvous'}")
-    try:
-        yield
-    finally:
-        destroy_distributed_environment()
 
 
 def check_identity() -> None:

@@ -2,7 +2,6 @@
 answers (get_rank / get_world_size) once a gloo group of 1 rank is initialised, and its
 definition of a single process without a group: rank 0 of 1."""
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,15 +16,6 @@ from pagedllm.distributed.parallel_state import (
     init_distributed_environment,
     override_tensor_parallel,
 )
-
-
-@pytest.fixture
-def gloo_group_of_one(tmp_path: Path) -> Iterator[None]:
-    init_distributed_environment(1, 0, init_method=f"file://{tmp_path / 'rendezvous'}")
-    try:
-        yield
-    finally:
-        destroy_distributed_environment()
 
 
 def test_without_a_group_the_process_is_rank_0_of_1() -> None:
