@@ -84,6 +84,9 @@ class ModelConfig:
     dtype: torch.dtype
     max_model_len: int
     gguf_file: str | None = None
+    quantization: str | None = None
+    """"gguf" (a GGUF file's tensors run in their own block formats), "int8" (float weights
+    quantized at load to 8-bit blocks) or None (weights in `dtype`)."""
 
     @classmethod
     def create(
@@ -92,6 +95,7 @@ class ModelConfig:
         dtype: str | torch.dtype = "auto",
         max_model_len: int | None = None,
         device: str = "cpu",
+        quantization: str | None = None,
     ) -> "ModelConfig":
         if model is None:
             model = default_model_path()
@@ -104,7 +108,9 @@ class ModelConfig:
                 f"max_model_len {max_model_len} must be in [1, {derived}] "
                 "(the model's max_position_embeddings)"
             )
-        return cls(model, hf_config, resolve_dtype(dtype, device), max_model_len, gguf_file)
+        quantization = resolve_quantization(quantization, gguf_file)
+        dtype = resolve_dtype(dtype, device)
+        return cls(model, hf_config, dtype, max_model_len, gguf_file, quantization)
 
     @property
     def architecture(self) -> str:
@@ -116,6 +122,32 @@ class ModelConfig:
     @property
     def vocab_size(self) -> int:
         return self.hf_config.vocab_size
+
+
+QUANTIZATION_CHOICES = ("gguf", "int8", "none")
+
+
+def resolve_quantization(quantization: str | None, gguf_file: str | None) -> str | None:
+    """The weights' format: None on a GGUF file means "as stored" ("gguf"), "none" means
+    dequantized to the dtype at load; on a HF checkpoint None and "none" mean unquantized."""
+    if quantization is not None and quantization not in QUANTIZATION_CHOICES:
+        raise ValueError(
+            f"quantization {quantization!r} is not supported; use one of "
+            f"{', '.join(QUANTIZATION_CHOICES)} (or leave it unset)"
+        )
+    if quantization == "none":
+        return None
+    if gguf_file is not None:
+        if quantization == "int8":
+            raise ValueError(
+                "quantization 'int8' quantizes a float checkpoint at load; this GGUF file's "
+                "tensors are already in their own formats: use quantization 'gguf' (the "
+                "default for GGUF files) or 'none' to dequantize them"
+            )
+        return "gguf"
+    if quantization == "gguf":
+        raise ValueError("quantization 'gguf' needs a .gguf model file")
+    return quantization
 
 
 def derive_max_model_len(hf_config: PretrainedConfig) -> int:

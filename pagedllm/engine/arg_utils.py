@@ -22,6 +22,7 @@ _NOT_CLI = ("logits_processors", "seed")
 class EngineArgs:
     model: str | None = None
     dtype: str = "auto"
+    quantization: str | None = None
     tensor_parallel_size: int = 1
     max_model_len: int | None = None
     block_size: int = 16
@@ -42,7 +43,9 @@ class EngineArgs:
     def create_engine_config(self) -> EngineConfig:
         device = resolve_device(self.device)
         return EngineConfig(
-            model_config=ModelConfig.create(self.model, self.dtype, self.max_model_len, device),
+            model_config=ModelConfig.create(
+                self.model, self.dtype, self.max_model_len, device, self.quantization
+            ),
             cache_config=CacheConfig(
                 self.block_size,
                 self.num_kv_blocks,
