@@ -1,18 +1,23 @@
 """`pagedllm inspect`: sizes of a model built on the meta device, so any size is free to inspect.
 
 Figures are per tensor-parallel rank where they differ between ranks' shapes: every rank
-of a pagedllm model holds tensors of the same shapes, so rank 0 stands for all.
+of a pagedllm model holds tensors of the same shapes, so rank 0 stands for all. With a
+quantization (a GGUF file type, or pagedllm's int8), weight bytes follow its plan
+(pagedllm.gguf.quant_plan; quantized_weights.py splits fused parameters for it).
 """
 
 import argparse
 import json
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from pagedllm.config import ModelConfig
 from pagedllm.distributed.parallel_state import override_tensor_parallel
+from pagedllm.entrypoints.quantized_weights import quantized_weight_bytes
 from pagedllm.executor.kv_cache import kv_cache_bytes_per_token
+from pagedllm.gguf.quant_plan import FILE_TYPES
 from pagedllm.layers.fused_moe import FusedMoE
 from pagedllm.model_loader.loader import build_model
 
@@ -32,50 +37,73 @@ def inactive_expert_params(model: nn.Module) -> int:
     return total
 
 
-def inspect_model(model_config: ModelConfig, tp: int = 1) -> dict:
+def inspect_model(model_config: ModelConfig, tp: int = 1, quantization: str | None = None) -> dict:
+    """Sizes in the model's dtype, or under `quantization` (one of FILE_TYPES): then also
+    "bytes_per_rank_by_type", GGUF type name -> bytes."""
+    model_config = replace(model_config, quantization=None)  # float weights, even from a GGUF
     full = build_model(model_config, "meta")
     with override_tensor_parallel(0, tp):
         shard = build_model(model_config, "meta")
     element = torch.empty((), dtype=model_config.dtype).element_size()
     total = count_params(full)
-    return {
+    report = {
         "architecture": model_config.architecture,
         "dtype": str(model_config.dtype).removeprefix("torch."),
+        "quantization": quantization,
         "tensor_parallel_size": tp,
         "total_params": total,
         "active_params": total - inactive_expert_params(full),
         "bytes_per_rank": count_params(shard) * element,
+        "total_weight_bytes": total * element,
         "kv_cache_bytes_per_token": kv_cache_bytes_per_token(shard, model_config.dtype),
         "max_model_len": model_config.max_model_len,
     }
+    if quantization is not None:
+        report |= quantized_weight_bytes(model_config, full, shard, quantization, tp)
+    return report
 
 
 def format_report(report: dict) -> str:
     total, active = report["total_params"], report["active_params"]
-    per_rank = report["bytes_per_rank"]
+    by_type = report.get("bytes_per_rank_by_type", {})
     rows = [
         ("architecture", report["architecture"]),
         ("dtype", report["dtype"]),
+        ("quantization", report["quantization"] or "none"),
         ("tensor parallel size", report["tensor_parallel_size"]),
         ("total parameters", f"{total:,} ({total / 1e9:.2f} B)"),
         ("active params / token", f"{active:,} ({active / 1e9:.2f} B)"),
-        ("weight bytes per rank", f"{per_rank:,} ({per_rank / 1024**3:.2f} GiB)"),
+        ("weight bytes per rank", _size(report["bytes_per_rank"])),
+        *((f"  {name}", _size(size)) for name, size in by_type.items()),
+        ("total weight bytes", _size(report["total_weight_bytes"])),
         ("KV cache / token / rank", f"{report['kv_cache_bytes_per_token']:,} bytes"),
         ("max model len", f"{report['max_model_len']:,}"),
     ]
     return "\n".join(f"{name:<24}{value}" for name, value in rows)
 
 
+def _size(nbytes: int) -> str:
+    return f"{nbytes:,} ({nbytes / 1e9:.2f} GB, {nbytes / 1024**3:.2f} GiB)"
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "inspect",
-        help="parameter counts, weight bytes per rank and KV bytes per token, without loading",
+        help="parameter counts, weight bytes per rank (optionally quantized) and KV bytes per "
+        "token, without loading",
         description="Build the model on the meta device (no memory) and report its sizes.",
     )
     parser.add_argument("model", help="config.json, a HF model folder or a .gguf file")
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (default 1)")
     parser.add_argument(
         "--dtype", default=None, help="weight dtype (default: the config's, else float32)"
+    )
+    parser.add_argument(
+        "--quantization",
+        choices=FILE_TYPES,
+        default=None,
+        help="weight bytes under a llama.cpp file type (q4_k_m, q8_0: its per-tensor types) "
+        "or pagedllm's int8 (Q8_0 linears, embedding and LM head); default: the dtype",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
@@ -87,7 +115,7 @@ def run(args: argparse.Namespace) -> None:
     model_config = ModelConfig.create(args.model, dtype=args.dtype or "float32")
     if args.dtype is None:
         model_config.dtype = checkpoint_dtype(model_config)
-    report = inspect_model(model_config, args.tp)
+    report = inspect_model(model_config, args.tp, args.quantization)
     print(json.dumps(report) if args.json else format_report(report))
 
 

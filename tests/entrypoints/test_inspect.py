@@ -92,3 +92,140 @@ def test_cli_rejects_a_tp_that_does_not_divide_heads(capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit):
         main(["inspect", LLAMA_70B, "--tp", "3"])
     assert "not divisible by tensor parallel size 3" in capsys.readouterr().err
+
+
+# Bytes per block by hand (ANCHORS.md, "Quantized formats"): bytes = weights / block * size.
+Q4_K, Q5_K, Q6_K, Q8_0 = (256, 144), (256, 176), (256, 210), (32, 34)
+
+
+def nbytes(weights: int, block: tuple[int, int]) -> int:
+    assert weights % block[0] == 0, "a rank's weights are whole blocks"
+    return weights // block[0] * block[1]
+
+
+def llama_70b_rank(tp: int) -> dict[str, int]:
+    """Weights one of tp ranks holds, by role: q and o split by heads (64 / tp of 128), k or
+    v one kv head per rank at tp 8, gate/up/down split 28672 / tp, vocab 128256 padded to a
+    multiple of 64 * tp and split, norms whole."""
+    hidden, heads, kv_heads = 8192, 64 // tp, max(8 // tp, 1)
+    vocab_rows = -(-128256 // (64 * tp)) * 64
+    return {
+        "q": hidden * heads * 128,  # q_proj, and the same for o_proj
+        "kv": hidden * kv_heads * 128,  # k_proj or v_proj
+        "mlp": hidden * 28672 // tp,  # gate_proj, up_proj or down_proj
+        "vocab": vocab_rows * hidden,  # embedding or LM head
+        "norms": (2 * 80 + 1) * hidden,
+    }
+
+
+def qwen3_moe_rank(tp: int) -> dict[str, int]:
+    """As llama_70b_rank for Qwen3-30B-A3B: 32 / tp q heads, 4 kv heads (one per rank from
+    tp 4), each of 128 experts' intermediate 768 split by tp, router replicated."""
+    hidden, heads, kv_heads = 2048, 32 // tp, max(4 // tp, 1)
+    vocab_rows = -(-151936 // (64 * tp)) * 64
+    return {
+        "q": hidden * heads * 128,
+        "kv": hidden * kv_heads * 128,
+        "experts": 128 * hidden * 768 // tp,  # the gate (or up, or down) of all 128 experts
+        "router": 128 * hidden,
+        "vocab": vocab_rows * hidden,
+        "norms": 48 * (2 * hidden + 2 * 128) + hidden,
+    }
+
+
+def llama_70b_quantized(tp: int) -> dict[str, int]:
+    """Bytes per rank: Q4_K by default; v and down Q6_K in the 40 of 80 layers llama.cpp's
+    use_more_bits picks, the other 40 v Q5_K (its 70B rule); LM head Q6_K; norms F32."""
+    r = llama_70b_rank(tp)
+    q4_k = 80 * (2 * r["q"] + r["kv"] + 2 * r["mlp"]) + 40 * r["mlp"] + r["vocab"]
+    q6_k = 40 * (r["kv"] + r["mlp"]) + r["vocab"]
+    linears = 80 * (2 * r["q"] + 2 * r["kv"] + 3 * r["mlp"]) + 2 * r["vocab"]
+    return {
+        "q4_k_m": nbytes(q4_k, Q4_K) + nbytes(40 * r["kv"], Q5_K) + nbytes(q6_k, Q6_K)
+        + 4 * r["norms"],
+        "q8_0": nbytes(linears, Q8_0) + 4 * r["norms"],
+        "int8": nbytes(linears, Q8_0) + 2 * r["norms"],  # norms in bf16
+    }  # fmt: skip
+
+
+def qwen3_moe_quantized(tp: int) -> dict[str, int]:
+    """As llama_70b_quantized: 24 of 48 layers get Q6_K v and expert down_proj (no 70B
+    rule); the router stays float: F32 in a GGUF, bf16 in int8."""
+    r = qwen3_moe_rank(tp)
+    q4_k = 48 * (2 * r["q"] + r["kv"] + 2 * r["experts"]) + 24 * (r["kv"] + r["experts"])
+    q6_k = 24 * (r["kv"] + r["experts"]) + r["vocab"]
+    linears = 48 * (2 * r["q"] + 2 * r["kv"] + 3 * r["experts"]) + 2 * r["vocab"]
+    floats = 48 * r["router"] + r["norms"]
+    return {
+        "q4_k_m": nbytes(q4_k + r["vocab"], Q4_K) + nbytes(q6_k, Q6_K) + 4 * floats,
+        "q8_0": nbytes(linears, Q8_0) + 4 * floats,
+        "int8": nbytes(linears, Q8_0) + 2 * floats,
+    }
+
+
+@pytest.mark.parametrize("quantization", ["q4_k_m", "q8_0", "int8"])
+@pytest.mark.parametrize("tp", [1, 8])
+def test_llama_70b_quantized_bytes_per_rank(quantization: str, tp: int) -> None:
+    report = inspect_model(ModelConfig.create(LLAMA_70B, dtype="bfloat16"), tp, quantization)
+    assert report["bytes_per_rank"] == llama_70b_quantized(tp)[quantization]
+    assert report["total_weight_bytes"] == llama_70b_quantized(1)[quantization]
+    assert report["total_params"] == 70_553_706_496  # the other figures stay
+
+
+@pytest.mark.parametrize(
+    "quantization, tp", [("q4_k_m", 1), ("q8_0", 1), ("int8", 1), ("q8_0", 8), ("int8", 8)]
+)
+def test_qwen3_moe_quantized_bytes_per_rank(quantization: str, tp: int) -> None:
+    """No tp > 1 splits Q4_K_M whole: the experts' down_proj rows of 768 are 3 blocks."""
+    report = inspect_model(ModelConfig.create(QWEN3_MOE, dtype="bfloat16"), tp, quantization)
+    assert report["bytes_per_rank"] == qwen3_moe_quantized(tp)[quantization]
+    assert report["total_weight_bytes"] == qwen3_moe_quantized(1)[quantization]
+
+
+def test_llama_70b_q4_k_m_within_3_percent_of_the_real_file() -> None:
+    """DeepSeek-R1-Distill-Llama-70B-Q4_K_M.gguf: 42.52 GB of tensors and metadata."""
+    report = inspect_model(ModelConfig.create(LLAMA_70B), quantization="q4_k_m")
+    assert abs(report["total_weight_bytes"] - 42.5e9) / 42.5e9 < 0.03
+    assert report["bytes_per_rank_by_type"] == {
+        "F32": 161 * 8192 * 4,
+        "Q4_K": 33_432_403_968,
+        "Q5_K": 40 * 1024 * 8192 // 256 * 176,  # v alone: the fused qkv_proj was split
+        "Q6_K": 8_844_165_120,
+    }
+
+
+@pytest.mark.parametrize(
+    "config, tp, tensor, values",
+    [
+        (LLAMA_70B, 32, "model.layers.0.mlp.down_proj.weight", 896),  # 28672 / 32
+        (QWEN3_MOE, 2, "model.layers.0.mlp.experts.0.down_proj.weight", 384),  # 768 / 2
+    ],
+)
+def test_a_tp_that_cuts_blocks_is_an_error(config: str, tp: int, tensor: str, values: int) -> None:
+    """Q6_K blocks of 256 (down_proj of layer 0 gets more bits): a row-parallel shard must
+    hold whole blocks."""
+    match = f"tensor parallel size {tp} cuts Q6_K blocks of 256 in {tensor}: "
+    with pytest.raises(ValueError, match=match) as error:
+        inspect_model(ModelConfig.create(config), tp, "q4_k_m")
+    assert f"its rows of {values * tp} split into {values} values per rank" in str(error.value)
+
+
+def test_cli_quantization_json_and_text(capsys: pytest.CaptureFixture) -> None:
+    main(["inspect", LLAMA_70B, "--quantization", "q4_k_m", "--tp", "8", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["quantization"] == "q4_k_m"
+    assert report["bytes_per_rank"] == llama_70b_quantized(8)["q4_k_m"]
+    assert set(report["bytes_per_rank_by_type"]) == {"F32", "Q4_K", "Q5_K", "Q6_K"}
+    main(["inspect", QWEN3_MOE, "--quantization", "int8"])
+    text = capsys.readouterr().out
+    assert "quantization            int8" in text
+    assert f"weight bytes per rank   {qwen3_moe_quantized(1)['int8']:,}" in text
+    assert "  Q8_0" in text and "  BF16" in text
+
+
+def test_cli_names_the_tensor_a_tp_cuts(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main(["inspect", QWEN3_MOE, "--quantization", "q4_k_m", "--tp", "2"])
+    err = capsys.readouterr().err
+    assert "tensor parallel size 2 cuts Q6_K blocks of 256" in err
+    assert "model.layers.0.mlp.experts.0.down_proj.weight" in err
