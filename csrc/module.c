@@ -10,6 +10,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "gguf.h"
 #include "ops.h"
 
 #define MAX_ARGS 16
@@ -120,6 +121,39 @@ BINDING(rotary_embedding, "iiiiiiiiiiiiiiii",
 
 BINDING(silu_and_mul, "iiiii", 0, silu_and_mul(PTR(a[0]), PTR(a[1]), a[2], a[3], (int)a[4]))
 
+/* 0 when isa names an instruction set gguf_gemm has and the CPU supports (or is -1, the
+ * best), else -1 with a ValueError; qtype, a supported type, is checked by the caller. */
+static int check_isa(int64_t isa) {
+  if (isa == -1 || (isa >= 0 && isa < gguf_isa_count() && gguf_isa_supported((int)isa)))
+    return 0;
+  PyErr_Format(PyExc_ValueError, "gguf_gemm: isa %lld is not one this CPU supports",
+               (long long)isa);
+  return -1;
+}
+
+BINDING(gguf_gemm, "iiiiiiiiii", check_isa(a[8]),
+        rc = gguf_gemm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), (int)a[4], a[5], a[6], a[7],
+                       (int)a[8], (int)a[9]))
+
+BINDING(gguf_dequantize, "iiiiii", 0,
+        gguf_dequantize(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
+
+/* ((name, supported), ...) of gguf_gemm's instruction sets, best first; the index of one is
+ * its isa argument. */
+static PyObject *py_gguf_isas(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  PyObject *isas = PyTuple_New(gguf_isa_count());
+  for (int i = 0; isas && i < gguf_isa_count(); i++) {
+    PyObject *item = Py_BuildValue("(sO)", gguf_isa_name(i),
+                                   gguf_isa_supported(i) ? Py_True : Py_False);
+    if (!item) {
+      Py_DECREF(isas);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(isas, i, item);
+  }
+  return isas;
+}
+
 int cpu_has_avx512(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
   return __builtin_cpu_supports("avx512f");
@@ -136,6 +170,9 @@ static PyObject *py_cpu_has_avx512(PyObject *self, PyObject *const *args, Py_ssi
 
 static PyMethodDef methods[] = {
     METHOD(cpu_has_avx512, "cpu_has_avx512() -> bool"),
+    METHOD(gguf_isas, "gguf_isas() -> ((name, supported), ...), best first"),
+    METHOD(gguf_gemm, "gguf_gemm(x, w, b, y, qtype, M, N, K, isa, num_threads)"),
+    METHOD(gguf_dequantize, "gguf_dequantize(w, out, qtype, rows, K, num_threads)"),
     METHOD(skinny_gemm, "skinny_gemm(x, w, b, y, M, N, K, num_threads)"),
     METHOD(paged_decode_attention,
            "paged_decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, B, H, KV, "

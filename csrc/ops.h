@@ -45,6 +45,24 @@ void rotary_embedding(const int64_t *positions, const float *query, const float 
 /* out [T, d] = silu(x[:, :d]) * x[:, d:] for x [T, 2d]. */
 void silu_and_mul(float *out, const float *x, int64_t num_tokens, int64_t d, int num_threads);
 
+/* y [M, N] = x [M, K] @ dequant(w)^T (+ b [N]); w [N, K / block_size * type_size] holds GGUF
+ * blocks of qtype (gguf.h), K whole blocks. Each x row is quantized to 8-bit blocks of 32
+ * first (gguf_gemm.c). isa: an index below gguf_isa_count() that gguf_isa_supported(), or -1
+ * for the best. Returns 0, or -1 when its scratch memory cannot be allocated. */
+int gguf_gemm(const float *x, const uint8_t *w, const float *b, float *y, int qtype, int64_t M,
+              int64_t N, int64_t K, int isa, int num_threads);
+
+/* The instruction sets gguf_gemm can run, best first: their number, names, and whether the
+ * running CPU has each. */
+int gguf_isa_count(void);
+const char *gguf_isa_name(int isa);
+int gguf_isa_supported(int isa);
+
+/* out [rows, K] = the GGUF blocks w [rows, K / block_size * type_size] of qtype, as float32,
+ * bit-equal to gguf.quants.dequantize (gguf_dequant.c). */
+void gguf_dequantize(const uint8_t *w, float *out, int qtype, int64_t rows, int64_t K,
+                     int num_threads);
+
 /* 1 when the running CPU has AVX-512F (the kernels' widest build), else 0. */
 int cpu_has_avx512(void);
 

@@ -14,13 +14,14 @@ extension.
 """
 
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 try:
     from pagedllm import _C
 except ImportError:
     _C = None
 
-_F32, _I32, _I64 = torch.float32, torch.int32, torch.int64
+_F32, _I32, _I64, _U8 = torch.float32, torch.int32, torch.int64, torch.uint8
 _CACHE = "[num_blocks, block_size, num_kv_heads, head_dim]"
 _ANY_DIMS = -1  # a `shape` for _check: one dimension or more, any sizes
 
@@ -31,6 +32,18 @@ def available() -> bool:
 
 def cpu_has_avx512() -> bool:
     return _C is not None and _C.cpu_has_avx512()
+
+
+_Q = GGMLQuantizationType
+GGUF_TYPES = (_Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1, _Q.Q8_0, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K)
+"""The GGUF block types gguf_gemm and gguf_dequantize take (csrc/gguf.h)."""
+_GGUF_SIZES = {int(t): GGML_QUANT_SIZES[t] for t in GGUF_TYPES}  # (block_size, type_size)
+_GGUF_ISAS: tuple[tuple[str, bool], ...] = _C.gguf_isas() if _C is not None else ()
+
+
+def gguf_isas() -> tuple[str, ...]:
+    """The instruction sets gguf_gemm can use on this CPU, best first (empty without _C)."""
+    return tuple(name for name, supported in _GGUF_ISAS if supported)
 
 
 def rows_dense(t: torch.Tensor) -> bool:
@@ -242,4 +255,70 @@ def paged_decode_attention(
         block_tables.data_ptr(), seq_lens.data_ptr(), b, h, kv, d, block_size,
         block_tables.shape[1], num_blocks, torch.get_num_threads(), scale,
     )  # fmt: skip
+    return out
+
+
+def _check_gguf_weight(op: str, qweight: object, qtype: object) -> tuple[int, int]:
+    """qweight [N, bytes] of whole qtype blocks -> (N, K). Runs per layer per step: messages
+    are built only on failure."""
+    if not isinstance(qtype, int) or qtype not in _GGUF_SIZES:
+        names = ", ".join(f"{t.name}={int(t)}" for t in GGUF_TYPES)
+        raise ValueError(f"{op}: qtype {qtype!r} is not one of the supported GGUF types {names}")
+    _check(op, "qweight", qweight, 2, "[N, K / block_size * type_size]", _U8)
+    n, row_bytes = qweight.shape
+    block_size, type_size = _GGUF_SIZES[qtype]
+    if row_bytes % type_size:
+        raise ValueError(
+            f"{op}: qweight rows of {row_bytes} bytes are not whole {_Q(qtype).name} blocks of "
+            f"{type_size} bytes"
+        )
+    return n, row_bytes // type_size * block_size
+
+
+def gguf_gemm(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    qtype: int,
+    bias: torch.Tensor | None = None,
+    isa: str | None = None,
+) -> torch.Tensor:
+    """x [M, K] @ dequant(qweight [N, K / block_size * type_size])^T (+ bias [N]) -> [M, N],
+    each x row quantized to 8-bit blocks of 32 first; isa: one of gguf_isas(), or None for
+    the best."""
+    op = "gguf_gemm"
+    n, k = _check_gguf_weight(op, qweight, qtype)
+    _check(op, "x", x, 2, "[M, K]")
+    m, x_k = x.shape
+    if x_k != k:
+        raise ValueError(f"{op}: x [M, K] has K = {x_k}, qweight's rows hold {k} elements")
+    if bias is not None:
+        _check(op, "bias", bias, (n,), "[N]")
+    isa_index = -1
+    if isa is not None:
+        _require(op, isa in gguf_isas(), "isa {!r} is not one of this CPU's {}", isa,
+                 gguf_isas())  # fmt: skip
+        isa_index = [name for name, _ in _GGUF_ISAS].index(isa)
+    y = torch.empty(m, n)
+    if m and n:
+        _C.gguf_gemm(
+            x.data_ptr(), qweight.data_ptr(), 0 if bias is None else bias.data_ptr(),
+            y.data_ptr(), int(qtype), m, n, k, isa_index, torch.get_num_threads(),
+        )  # fmt: skip
+    return y
+
+
+def gguf_dequantize(
+    qweight: torch.Tensor, qtype: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """qweight [N, K / block_size * type_size] of qtype blocks -> float32 [N, K], bit-equal
+    to gguf.quants.dequantize; written to out [N, K] when given."""
+    op = "gguf_dequantize"
+    n, k = _check_gguf_weight(op, qweight, qtype)
+    if out is None:
+        out = torch.empty(n, k, dtype=_F32)
+    else:
+        _check(op, "out", out, (n, k), "[N, K]")
+    _C.gguf_dequantize(
+        qweight.data_ptr(), out.data_ptr(), int(qtype), n, k, torch.get_num_threads()
+    )
     return out

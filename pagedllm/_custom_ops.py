@@ -12,13 +12,25 @@ ask which path ran.
 import torch
 import torch.nn.functional as F
 
-from pagedllm import _cpu_kernels, _torch_ops
+from pagedllm import _cpu_kernels, _torch_ops, _torch_quant
 
 SKINNY_GEMM_MAX_ROWS = 256 if _cpu_kernels.cpu_has_avx512() else 4
 """Up to this many rows of x, linear() uses pagedllm._C's skinny_gemm. On the AVX-512
 development machine it beat MKL from 1 row (2.5-4x, bandwidth bound) to 256 rows (1.1-2x)
 and lost from ~512; on AVX2 its 4 x 4 register tile spills, so only the bandwidth-bound
 few-row case takes it there."""
+
+
+GGUF_DECODE_MAX_ROWS = 16
+"""Up to this many rows of x, gguf_linear multiplies the GGUF blocks as they are (gguf_gemm:
+x quantized to 8 bits, integer dot products); past it, it dequantizes the weight a tile at a
+time and multiplies in float32 (MKL)."""
+
+GGUF_PREFILL_TILE_ROWS = 256
+"""Weight rows gguf_linear dequantizes at a time past GGUF_DECODE_MAX_ROWS: a float32 tile of
+256 x K (1.5 MiB at K = 1536) that stays in cache between the dequantization and the GEMM."""
+
+_GGUF_KERNEL_TYPES = frozenset(int(t) for t in _cpu_kernels.GGUF_TYPES)
 
 
 def has_cpu_kernels() -> bool:
@@ -159,3 +171,72 @@ def paged_decode_attention(
         _as_dense(seq_lens, torch.int32),
         scale,
     )
+
+
+def _gguf_kernels_apply(qweight: torch.Tensor, qtype: int) -> bool:
+    """pagedllm._C can read qweight: a CPU uint8 tensor [..., bytes] of a type it knows."""
+    return (
+        _cpu_kernels.available()
+        and qweight.is_cpu
+        and qweight.dtype == torch.uint8
+        and qweight.dim() > 0
+        and int(qtype) in _GGUF_KERNEL_TYPES
+    )
+
+
+def gguf_linear(
+    x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [..., K] @ W^T (+ bias [N]) -> [..., N], W [N, K] being the GGUF blocks qweight
+    [N, K / block_size * type_size] of qtype: few rows multiply the blocks directly (x
+    quantized to 8 bits, see GGUF_DECODE_MAX_ROWS), more multiply W dequantized tile by tile.
+    """
+    if not (
+        qweight.dim() == 2 and _gguf_kernels_apply(qweight, qtype) and cpu_kernels_apply(x, bias)
+    ):
+        return _torch_quant.gguf_linear(x, qweight, qtype, bias)
+    x2 = (x if x.dim() == 2 else x.reshape(-1, x.shape[-1])).contiguous()
+    qweight = qweight.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    if x2.shape[0] <= GGUF_DECODE_MAX_ROWS:
+        y = _cpu_kernels.gguf_gemm(x2, qweight, qtype, bias)
+    else:
+        y = _dequantized_linear(x2, qweight, qtype, bias)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[1])
+
+
+def _dequantized_linear(
+    x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [M, K] @ W^T (+ bias) with W dequantized GGUF_PREFILL_TILE_ROWS rows at a time into
+    one scratch tile, each tile multiplied into its columns of y [M, N]."""
+    n, tile = qweight.shape[0], GGUF_PREFILL_TILE_ROWS
+    if n <= tile:
+        return F.linear(x, _cpu_kernels.gguf_dequantize(qweight, qtype), bias)
+    y = x.new_empty(x.shape[0], n)
+    scratch = x.new_empty(tile, x.shape[1])
+    for n0 in range(0, n, tile):
+        rows = qweight[n0 : n0 + tile]
+        w = _cpu_kernels.gguf_dequantize(rows, qtype, out=scratch[: rows.shape[0]])
+        if bias is None:
+            torch.mm(x, w.t(), out=y[:, n0 : n0 + tile])
+        else:
+            torch.addmm(bias[n0 : n0 + tile], x, w.t(), out=y[:, n0 : n0 + tile])
+    return y
+
+
+def gguf_dequantize(qweight: torch.Tensor, qtype: int) -> torch.Tensor:
+    """qweight uint8 [..., K / block_size * type_size] of qtype blocks -> float32 [..., K],
+    bit-equal to gguf.quants.dequantize."""
+    if not _gguf_kernels_apply(qweight, qtype):
+        return _torch_quant.dequantize(qweight, qtype)
+    rows = qweight.reshape(-1, qweight.shape[-1]).contiguous()
+    w = _cpu_kernels.gguf_dequantize(rows, qtype)
+    return w.view(*qweight.shape[:-1], w.shape[1])
+
+
+def gguf_embedding(input_ids: torch.Tensor, qweight: torch.Tensor, qtype: int) -> torch.Tensor:
+    """Rows input_ids [...] of the GGUF table qweight [V, bytes] -> float32 [..., K]; only
+    the looked-up rows are dequantized."""
+    w = gguf_dequantize(qweight.index_select(0, input_ids.reshape(-1)), qtype)
+    return w.view(*input_ids.shape, w.shape[-1])

@@ -25,16 +25,21 @@ _FP16_FIELDS = {
 
 
 def random_blocks(
-    qtype: GGMLQuantizationType, rows: int, cols: int, rng: np.random.Generator
+    qtype: GGMLQuantizationType,
+    rows: int,
+    cols: int,
+    rng: np.random.Generator,
+    scales: tuple[float, float] = (1e-3, 2e-2),
 ) -> np.ndarray:
     """uint8 [rows, cols / block_size * type_size]: rows of random valid blocks of `qtype`
-    whose dequantized values are of order 0.01-1 (the scales lie in +-[1e-3, 2e-2])."""
+    whose fp16 scales lie in +-[scales] (the default gives values of order 0.01-1 for the
+    legacy types; k-quants multiply by sub-block scales of up to 63 or 127 as well)."""
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     if cols % block_size:
         raise ValueError(f"{qtype.name} rows hold whole blocks of {block_size}, not {cols}")
     blocks = rng.integers(0, 256, (rows * cols // block_size, type_size), dtype=np.uint8)
     for offset in _FP16_FIELDS[qtype]:
-        magnitude = rng.uniform(1e-3, 2e-2, blocks.shape[0])
+        magnitude = rng.uniform(*scales, blocks.shape[0])
         sign = rng.choice([-1.0, 1.0], blocks.shape[0])
         scale = (magnitude * sign).astype(np.float16)
         blocks[:, offset : offset + 2] = scale.view(np.uint8).reshape(-1, 2)

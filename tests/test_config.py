@@ -30,3 +30,27 @@ def test_missing_folder_and_config_are_clear(tmp_path) -> None:
         ModelConfig.create(str(tmp_path / "nowhere"))
     with pytest.raises(ValueError, match="has no config.json"):
         ModelConfig.create(str(tmp_path))
+
+
+def test_gguf_files_run_as_stored_unless_asked_to_dequantize(tiny_model_path) -> None:
+    assert ModelConfig.create().quantization == "gguf"
+    assert ModelConfig.create(quantization="gguf").quantization == "gguf"
+    assert ModelConfig.create(quantization="none").quantization is None
+    assert ModelConfig.create(tiny_model_path("qwen2")).quantization is None
+    assert ModelConfig.create(tiny_model_path("qwen2"), quantization="int8").quantization == "int8"
+
+
+@pytest.mark.parametrize(
+    ("quantization", "hf", "message"),
+    [
+        ("awq", False, "'awq' is not supported; use one of gguf, int8, none"),
+        ("int8", False, "already in their own formats: use quantization 'gguf'"),
+        ("gguf", True, "quantization 'gguf' needs a .gguf model file"),
+    ],
+)
+def test_quantization_that_cannot_apply_is_clear(
+    quantization: str, hf: bool, message: str, tiny_model_path
+) -> None:
+    model = tiny_model_path("qwen2") if hf else None
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.create(model, quantization=quantization)

@@ -1,6 +1,7 @@
-"""The default model (SmolLM2-135M-Instruct GGUF) through LLM: its fp32 logits equal
-transformers' Llama on transformers' own GGUF load to 1e-3, it knows that Paris is the capital
-of France, and streaming, chat and stop strings give the text a user expects."""
+"""The default model (SmolLM2-135M-Instruct GGUF) through LLM, dequantized to float32 at load:
+its logits equal transformers' Llama on transformers' own GGUF load to 1e-3, it knows that
+Paris is the capital of France, and streaming, chat and stop strings give the text a user
+expects. (test_default_model_quantized.py runs the file as stored.)"""
 
 import pytest
 import torch
@@ -22,7 +23,9 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM(dtype="float32", device="cpu", num_kv_blocks=48, max_model_len=512)
+    return LLM(
+        dtype="float32", quantization="none", device="cpu", num_kv_blocks=48, max_model_len=512
+    )
 
 
 def greedy(max_tokens: int = 8, **kwargs: object) -> SamplingParams:

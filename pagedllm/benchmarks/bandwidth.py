@@ -2,13 +2,19 @@
 
 At batch 1 every decode step reads every weight once and does little arithmetic per byte,
 so no implementation can beat bandwidth / weight bytes tokens per second (KV reads and
-activations only lower the bound further).
+activations only lower the bound further). A GGUF run as stored (quantization "gguf") reads
+its tensors' bytes as they lie in the file; otherwise the weights are the model's parameters
+in its dtype.
 """
 
 import time
 
 import torch
 from torch import nn
+
+from pagedllm.config import ModelConfig
+from pagedllm.gguf.reader import read_gguf
+from pagedllm.model_loader.loader import build_model
 
 
 def measure_read_bandwidth(num_bytes: int = 512 * 1024**2, repeats: int = 10) -> float:
@@ -28,6 +34,19 @@ def measure_read_bandwidth(num_bytes: int = 512 * 1024**2, repeats: int = 10) ->
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of the model's parameters (a tied embedding counts once)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def gguf_weight_bytes(path: str) -> int:
+    """Bytes of a GGUF file's tensors in their stored formats (a tied embedding is one tensor)."""
+    return sum(t.nbytes for t in read_gguf(path).tensors.values())
+
+
+def model_weight_bytes(model_config: ModelConfig) -> int:
+    """The bytes one decode step must read: the GGUF's when run as stored, else the model's
+    parameters in its dtype (built on the meta device: no memory)."""
+    if model_config.quantization == "gguf":
+        return gguf_weight_bytes(model_config.gguf_file)
+    return weight_bytes(build_model(model_config, "meta"))
 
 
 def decode_bound_tokens_per_s(bandwidth: float, model_bytes: int, batch_size: int = 1) -> float:

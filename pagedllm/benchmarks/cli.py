@@ -1,33 +1,49 @@
-"""`pagedllm bench throughput | latency | serve`."""
+"""`pagedllm bench throughput | latency | perplexity | serve`."""
 
 import argparse
 import json
 
+from pagedllm.benchmarks.gguf_copy import GGUF_TYPES, gguf_copy_path
 from pagedllm.benchmarks.latency import LATENCY_BACKENDS, format_latency, run_latency
+from pagedllm.benchmarks.perplexity import format_perplexity, run_perplexity
 from pagedllm.benchmarks.serve import format_serve, run_serve
 from pagedllm.benchmarks.throughput import (
     THROUGHPUT_BACKENDS,
     format_throughput,
     run_throughput,
 )
+from pagedllm.config import default_model_path
 from pagedllm.engine.arg_utils import EngineArgs
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="benchmark throughput, latency, or a running server",
+        help="benchmark throughput, latency, perplexity, or a running server",
         description="Benchmarks on random token prompts (seeded), pagedllm against peers.",
     )
     benchmarks = parser.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     _add_throughput(benchmarks)
     _add_latency(benchmarks)
+    _add_perplexity(benchmarks)
     _add_serve(benchmarks)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The engine flags (--model, --dtype, --quantization, ...) and --gguf-type."""
+    parser.add_argument(
+        "--gguf-type",
+        choices=GGUF_TYPES,
+        default=None,
+        help="run every backend on a copy of the GGUF model with its weights in this type, "
+        "written once into ~/.cache/pagedllm (1-D tensors stay f32)",
+    )
+    EngineArgs.add_cli_args(parser)
 
 
 def _add_backend(parser: argparse.ArgumentParser, choices: tuple[str, ...], default: str) -> None:
@@ -54,7 +70,7 @@ def _add_throughput(benchmarks: argparse._SubParsersAction) -> None:
     parser.add_argument("--hf-batch-size", type=int, default=16)
     _add_backend(parser, THROUGHPUT_BACKENDS, "all")
     _add_common(parser)
-    EngineArgs.add_cli_args(parser)
+    _add_model_args(parser)
     parser.set_defaults(func=_run_throughput)
 
 
@@ -76,8 +92,27 @@ def _add_latency(benchmarks: argparse._SubParsersAction) -> None:
     )
     _add_backend(parser, LATENCY_BACKENDS, "pagedllm")
     _add_common(parser)
-    EngineArgs.add_cli_args(parser)
+    _add_model_args(parser)
     parser.set_defaults(func=_run_latency)
+
+
+def _add_perplexity(benchmarks: argparse._SubParsersAction) -> None:
+    parser = benchmarks.add_parser(
+        "perplexity",
+        help="perplexity of the model on a fixed English text",
+        description="exp(mean negative log-likelihood) of each token of the text given the "
+        "tokens before it in its window (consecutive windows of --window tokens; a window's "
+        "first token is not scored), from the engine's prompt logprobs.",
+    )
+    parser.add_argument(
+        "--text",
+        default=None,
+        help="UTF-8 text file (default: tests/fixtures/perplexity.txt, 2,843 SmolLM2 tokens)",
+    )
+    parser.add_argument("--window", type=int, default=512, help="tokens per window")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
+    _add_model_args(parser)
+    parser.set_defaults(func=_run_perplexity)
 
 
 def _add_serve(benchmarks: argparse._SubParsersAction) -> None:
@@ -116,14 +151,33 @@ def _emit(report: dict, text: str, json_path: str | None) -> None:
             json.dump(report, f, indent=2)
 
 
+def on_gguf_copy(args: argparse.Namespace) -> argparse.Namespace:
+    """With --gguf-type, the same arguments with --model the cached copy of the GGUF model
+    in that type (gguf_copy.py), so every backend loads the copy."""
+    if args.gguf_type is None:
+        return args
+    source = args.model or default_model_path()
+    if not source.endswith(".gguf"):
+        raise ValueError(f"--gguf-type {args.gguf_type} needs a .gguf model, got {source!r}")
+    copy = gguf_copy_path(source, GGUF_TYPES[args.gguf_type])
+    return argparse.Namespace(**{**vars(args), "model": copy})
+
+
 def _run_throughput(args: argparse.Namespace) -> None:
+    args = on_gguf_copy(args)
     report = run_throughput(args, parse_backends(args.backend, THROUGHPUT_BACKENDS))
     _emit(report, format_throughput(report), args.json)
 
 
 def _run_latency(args: argparse.Namespace) -> None:
+    args = on_gguf_copy(args)
     report = run_latency(args, parse_backends(args.backend, LATENCY_BACKENDS))
     _emit(report, format_latency(report), args.json)
+
+
+def _run_perplexity(args: argparse.Namespace) -> None:
+    report = run_perplexity(on_gguf_copy(args))
+    _emit(report, format_perplexity(report), args.json)
 
 
 def _run_serve(args: argparse.Namespace) -> None:

@@ -1,7 +1,8 @@
 """The transformers peer: `generate` on exactly pagedllm's weights and dtype.
 
 The model is built from the same ModelConfig (so a GGUF loads through pagedllm's dequantizer;
-transformers' own GGUF path needs `accelerate`) with sdpa attention. Batches are left-padded,
+transformers' own GGUF path needs `accelerate`) with sdpa attention; a quantized model's weights
+are dequantized to the dtype (transformers has no GGUF kernels). Batches are left-padded,
 and min_new_tokens = max_new_tokens makes every row generate the asked length, as ignore_eos
 does for pagedllm.
 """

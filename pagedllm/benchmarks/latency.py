@@ -15,7 +15,7 @@ import torch
 from pagedllm.benchmarks.bandwidth import (
     decode_bound_tokens_per_s,
     measure_read_bandwidth,
-    weight_bytes,
+    model_weight_bytes,
 )
 from pagedllm.benchmarks.datasets import BenchRequest, random_requests
 from pagedllm.benchmarks.hf_backend import hf_latency_sample, load_hf_model
@@ -26,10 +26,9 @@ from pagedllm.benchmarks.metrics import (
     latency_sample,
     summarize,
 )
-from pagedllm.config import ModelConfig, resolve_device
+from pagedllm.config import ModelConfig
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.llm_engine import LLMEngine
-from pagedllm.model_loader.loader import build_model
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
 Runner = Callable[[list[BenchRequest]], LatencySample]
@@ -116,15 +115,14 @@ def check_latency_args(args: argparse.Namespace) -> None:
 
 def run_latency(args: argparse.Namespace, backends: list[str]) -> dict:
     check_latency_args(args)
-    device = resolve_device(args.device)
-    model_config = ModelConfig.create(args.model, args.dtype, args.max_model_len, device)
+    model_config = EngineArgs.from_cli_args(args).create_engine_config().model_config
     lens = (args.input_len, args.input_len), (args.output_len, args.output_len)
     batches = [
         random_requests(args.batch_size, *lens, model_config.vocab_size, args.seed + i)
         for i in range(args.num_warmup + args.num_iters)
     ]
     bandwidth = measure_read_bandwidth(args.bandwidth_mb * 1024**2)
-    model_bytes = weight_bytes(build_model(model_config, "meta"))
+    model_bytes = model_weight_bytes(model_config)
     bound = decode_bound_tokens_per_s(bandwidth, model_bytes, args.batch_size)
     results = {}
     for backend in backends:
@@ -138,6 +136,7 @@ def run_latency(args: argparse.Namespace, backends: list[str]) -> dict:
     config = {
         "model": model_config.model,
         "dtype": str(model_config.dtype).removeprefix("torch."),
+        "quantization": model_config.quantization or "none",
         "threads": torch.get_num_threads(),
     }
     config |= {k: getattr(args, k) for k in ("batch_size", "input_len", "output_len")}
@@ -155,7 +154,8 @@ def run_latency(args: argparse.Namespace, backends: list[str]) -> dict:
 def format_latency(report: dict) -> str:
     c = report["config"]
     lines = [
-        f"model {c['model']} ({c['dtype']}, {c['threads']} threads), batch {c['batch_size']}, "
+        f"model {c['model']} ({c['dtype']}, quantization {c['quantization']}, "
+        f"{c['threads']} threads), batch {c['batch_size']}, "
         f"input {c['input_len']}, output {c['output_len']}: "
         f"{c['num_iters']} runs after {c['num_warmup']} warm-up",
         f"memory read bandwidth {report['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, "

@@ -1,21 +1,18 @@
 """The llama.cpp peer, through llama-cpp-python when it is importable (an optional extra).
 
-It runs the same model as an F32 GGUF, so it does the same arithmetic as pagedllm in float32:
-a quantized GGUF (the default model is Q4_1) is dequantized once into a cached F32 copy. It
-uses torch's thread count. llama-cpp-python's `Llama` holds one sequence, so requests run one
-after another: prompt in one eval, then one token per eval.
+It runs the same weights as pagedllm: the GGUF file itself when pagedllm runs it quantized
+(the default for a GGUF, e.g. the default model's Q4_1), or an F32 copy of it (cached, see
+gguf_copy.py) when pagedllm dequantizes it at load (`--quantization none`), so that both do
+float32 arithmetic. It uses torch's thread count. llama-cpp-python's `Llama` holds one
+sequence, so requests run one after another: prompt in one eval, then one token per eval.
 """
 
 import importlib.util
-import os
 import time
 from typing import TYPE_CHECKING
 
-import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, Keys
-from gguf.quants import dequantize
-
 from pagedllm.benchmarks.datasets import BenchRequest, max_total_len
+from pagedllm.benchmarks.gguf_copy import F32, gguf_copy_path
 from pagedllm.benchmarks.metrics import (
     BackendUnavailable,
     LatencySample,
@@ -28,7 +25,6 @@ if TYPE_CHECKING:
     from llama_cpp import Llama
 
 SKIP_MESSAGE = "skipped: pip install llama-cpp-python"
-_ALL_F32 = 0  # llama.cpp's LLAMA_FTYPE_ALL_F32, the value of general.file_type
 
 
 def require_llama_cpp() -> None:
@@ -36,54 +32,16 @@ def require_llama_cpp() -> None:
         raise BackendUnavailable(SKIP_MESSAGE)
 
 
-def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "pagedllm")
-
-
-def f32_gguf_path(model_config: ModelConfig) -> str:
-    """An F32 GGUF of the model: the model itself if already all F32, else a cached copy."""
+def llamacpp_model_path(model_config: ModelConfig) -> str:
+    """The GGUF llama.cpp runs: pagedllm's own file when pagedllm runs its tensors as stored
+    (quantization "gguf"), else (dequantized at load) an F32 copy, for the same arithmetic."""
     source = model_config.gguf_file
     if source is None:
         raise BackendUnavailable(
             f"skipped: llama.cpp needs a GGUF model, {model_config.model!r} is a HF folder "
             "(convert it with llama.cpp's convert_hf_to_gguf.py --outtype f32)"
         )
-    reader = GGUFReader(source)
-    if all(t.tensor_type == GGMLQuantizationType.F32 for t in reader.tensors):
-        return source
-    stem = os.path.splitext(os.path.basename(source))[0]
-    target = os.path.join(_cache_dir(), f"{stem}.F32.gguf")
-    if not os.path.isfile(target) or os.path.getmtime(target) < os.path.getmtime(source):
-        os.makedirs(_cache_dir(), exist_ok=True)
-        write_f32_gguf(reader, target + ".tmp")
-        os.replace(target + ".tmp", target)
-    return target
-
-
-def write_f32_gguf(reader: GGUFReader, target: str) -> None:
-    """Copy a GGUF's metadata and every tensor dequantized to F32 (file type ALL_F32)."""
-    arch = reader.fields[Keys.General.ARCHITECTURE].contents()
-    writer = GGUFWriter(target, arch)
-    skipped = (Keys.General.ARCHITECTURE, Keys.General.ALIGNMENT, Keys.General.FILE_TYPE)
-    for field in reader.fields.values():
-        if field.name in skipped or field.name.startswith("GGUF."):
-            continue
-        value_type = field.types[0]
-        sub_type = field.types[-1] if value_type == GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
-    writer.add_file_type(_ALL_F32)
-    for tensor in reader.tensors:
-        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        nbytes = int(np.prod(shape)) * 4
-        writer.add_tensor_info(tensor.name, shape, np.float32, nbytes, GGMLQuantizationType.F32)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for tensor in reader.tensors:
-        data = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
-        writer.write_tensor_data(data.reshape(-1))
-    writer.close()
+    return source if model_config.quantization == "gguf" else gguf_copy_path(source, F32)
 
 
 def load_llama(model_config: ModelConfig, n_ctx: int, threads: int) -> "Llama":
@@ -91,7 +49,7 @@ def load_llama(model_config: ModelConfig, n_ctx: int, threads: int) -> "Llama":
     from llama_cpp import Llama
 
     return Llama(
-        model_path=f32_gguf_path(model_config),
+        model_path=llamacpp_model_path(model_config),
         n_ctx=n_ctx,
         n_threads=threads,
         n_threads_batch=threads,

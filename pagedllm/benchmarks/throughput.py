@@ -19,7 +19,7 @@ from pagedllm.benchmarks.metrics import (
     ThroughputResult,
     ratios,
 )
-from pagedllm.config import ModelConfig, resolve_device
+from pagedllm.config import ModelConfig
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.llm import LLM
 from pagedllm.sampling_params import SamplingParams
@@ -67,8 +67,7 @@ def _run_backend(
 def run_throughput(args: argparse.Namespace, backends: list[str]) -> dict:
     if args.temperature < 0:
         raise ValueError(f"--temperature {args.temperature} must be >= 0")
-    device = resolve_device(args.device)
-    model_config = ModelConfig.create(args.model, args.dtype, args.max_model_len, device)
+    model_config = EngineArgs.from_cli_args(args).create_engine_config().model_config
     input_len = parse_len_range(args.input_len, "--input-len")
     output_len = parse_len_range(args.output_len, "--output-len")
     requests = random_requests(
@@ -88,6 +87,7 @@ def run_throughput(args: argparse.Namespace, backends: list[str]) -> dict:
     config = {
         "model": model_config.model,
         "dtype": str(model_config.dtype).removeprefix("torch."),
+        "quantization": model_config.quantization or "none",
         "threads": torch.get_num_threads(),
         "input_len": list(input_len),
         "output_len": list(output_len),
@@ -102,7 +102,8 @@ _COLUMNS = ("requests/s", "total tok/s", "output tok/s", "input tok", "output to
 def format_throughput(report: dict) -> str:
     c = report["config"]
     lines = [
-        f"model {c['model']} ({c['dtype']}, {c['threads']} threads), {c['num_prompts']} prompts, "
+        f"model {c['model']} ({c['dtype']}, quantization {c['quantization']}, "
+        f"{c['threads']} threads), {c['num_prompts']} prompts, "
         f"input {c['input_len'][0]}:{c['input_len'][1]}, output "
         f"{c['output_len'][0]}:{c['output_len'][1]}, temperature {c['temperature']}",
         f"{'backend':<20}" + "".join(f"{name:>14}" for name in _COLUMNS) + f"{'start-up s':>14}",

@@ -10,6 +10,7 @@ import math
 import mmap
 import os
 import struct
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -182,3 +183,13 @@ def read_tensor(gguf: GGUFFile, info: TensorInfo) -> torch.Tensor:
         ) from e
     # F32 data comes back as a read-only view of the map: copy it, once
     return torch.from_numpy(np.require(values, np.float32, "W"))
+
+
+def read_blocks(gguf: GGUFFile, info: TensorInfo) -> torch.Tensor:
+    """The tensor's bytes as stored, [*shape[:-1], bytes per row] uint8: rows of the type's
+    blocks, a read-only view of the mapped file (copy it before writing)."""
+    rows = info.shape[:-1]
+    with warnings.catch_warnings():  # torch warns that the map is not writable
+        warnings.simplefilter("ignore", UserWarning)
+        data = torch.frombuffer(gguf.data, dtype=torch.uint8, count=info.nbytes, offset=info.start)
+    return data.view(*rows, info.nbytes // max(math.prod(rows), 1))

@@ -5,12 +5,17 @@ stacks each layer's experts into one tensor, and, for llama, permutes the q/k ro
 all three, so the model's `load_weights` reads a GGUF as it reads a safetensors checkpoint.
 """
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 
 import torch
 
 from pagedllm.gguf.hf_config import ROPE_FREQS, architecture
-from pagedllm.gguf.reader import GGUFFile, read_gguf, read_tensor, required
+from pagedllm.gguf.reader import GGUFFile, read_blocks, read_gguf, read_tensor, required
+
+logger = logging.getLogger(__name__)
+KeepBlocks = Callable[[str], bool]
+"""Whether the loader takes the checkpoint tensor of this HF name as its GGUF blocks."""
 
 # GGUF tensor names (without ".weight"/".bias") -> HF names
 _GLOBAL_NAMES = {
@@ -40,30 +45,59 @@ _EXPERT_NAMES = {
 }
 
 
-def iterate_gguf_weights(path: str, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """`(HF name, tensor)` for every weight of the GGUF file, dequantized to `dtype`, one at a
-    time. Shapes are HF's: a linear weight is [out, in]. Stacked expert tensors come out per
-    expert, as `model.layers.N.mlp.experts.E.gate_proj.weight` [I, H]. For llama, the q/k row
-    permutation of llama.cpp is undone. rope_freqs is skipped: its scaling is in the config.
+def iterate_gguf_weights(
+    path: str, dtype: torch.dtype, keep_blocks: KeepBlocks | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(HF name, tensor)` for every weight of the GGUF file, one at a time: as its blocks
+    (uint8 [..., bytes per row], see read_blocks) where keep_blocks says so, else dequantized
+    to `dtype`. Shapes are HF's: a linear weight is [out, in]. Stacked expert tensors come
+    out per expert, as `model.layers.N.mlp.experts.E.gate_proj.weight` [I, H]. For llama,
+    the q/k row permutation of llama.cpp is undone (whole rows move, so blocks stay whole).
+    rope_freqs is skipped: its scaling is in the config.
 
     The header is read now, so a bad file raises here rather than at the first tensor.
     """
     gguf = read_gguf(path)
     arch = architecture(gguf)
-    return _iterate_weights(gguf, arch, dtype)
+    return _iterate_weights(gguf, arch, dtype, keep_blocks)
 
 
 def _iterate_weights(
-    gguf: GGUFFile, arch: str, dtype: torch.dtype
+    gguf: GGUFFile, arch: str, dtype: torch.dtype, keep_blocks: KeepBlocks | None
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Where keep_blocks is given (a quantized run), one log line names the quantized types
+    it did not keep, which were dequantized."""
+    dequantized = set()
     for info in gguf.tensors.values():
         if info.name == ROPE_FREQS:
             continue
-        tensor = read_tensor(gguf, info)
+        as_blocks = keep_blocks is not None and keep_blocks(hf_name(gguf, info.name))
+        tensor = read_blocks(gguf, info) if as_blocks else read_tensor(gguf, info)
+        if keep_blocks and not as_blocks and info.qtype.name not in ("F32", "F16", "BF16"):
+            dequantized.add(info.qtype.name)
         if arch == "llama":
             tensor = _unpermute_llama_qk(gguf, info.name, tensor)
         for name, hf_tensor in _hf_tensors(gguf, info.name, tensor):
-            yield name, hf_tensor.to(dtype)
+            yield name, hf_tensor if as_blocks else hf_tensor.to(dtype)
+    if dequantized:
+        logger.info("dequantized at load (no native kernels): %s", ", ".join(sorted(dequantized)))
+
+
+def hf_name(gguf: GGUFFile, name: str) -> str:
+    """The HF name of GGUF tensor `name`; stacked experts as expert 0's."""
+    return next(_hf_tensors(gguf, name, [None]))[0]
+
+
+def hf_tensor_types(path: str) -> dict[str, int]:
+    """HF name -> GGUF type (an int) of every weight in the file; stacked experts under
+    `model.layers.N.mlp.experts.gate_proj.weight` (no expert index)."""
+    gguf = read_gguf(path)
+    types = {}
+    for info in gguf.tensors.values():
+        if info.name != ROPE_FREQS:
+            name = hf_name(gguf, info.name).replace(".experts.0.", ".experts.")
+            types[name] = int(info.qtype)
+    return types
 
 
 def _unpermute_llama_qk(gguf: GGUFFile, name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -83,7 +117,7 @@ def _unpermute_llama_qk(gguf: GGUFFile, name: str, tensor: torch.Tensor) -> torc
 
 
 def _hf_tensors(
-    gguf: GGUFFile, name: str, tensor: torch.Tensor
+    gguf: GGUFFile, name: str, tensor: torch.Tensor | list
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The HF name(s) of one GGUF tensor: one, or one per expert for stacked experts."""
     base, _, suffix = name.rpartition(".")

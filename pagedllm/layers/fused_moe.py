@@ -6,13 +6,13 @@ holds gate/up rows and down columns [r*I/P, (r+1)*I/P) and the partial outputs a
 
 The compute groups the flat (token, expert) assignments by expert, so each active expert
 runs one matmul over all of its tokens: 8 small ones for a decode token routed to 8 of 128
-experts, a few large ones for a prefill batch.
+experts, a few large ones for a prefill batch. The expert weights belong to the layer's
+quant method, which runs each expert's MLP (float, or quantized blocks kept per expert).
 """
 
 import torch
 from torch import nn
 
-from pagedllm._custom_ops import linear
 from pagedllm.distributed import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
@@ -21,7 +21,13 @@ from pagedllm.distributed import (
 from pagedllm.layers.activation import SiluAndMul
 from pagedllm.layers.inference_module import InferenceModule
 from pagedllm.layers.linear import divide
-from pagedllm.layers.parameter import copy_weight, new_parameter
+from pagedllm.layers.parameter import block_of, columns, copy_weight, shard_of
+from pagedllm.layers.quantization.base_config import (
+    FusedMoEMethodBase,
+    LayerKind,
+    QuantizationConfig,
+)
+from pagedllm.layers.quantization.unquantized import UnquantizedFusedMoEMethod
 
 _CHECKPOINT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
@@ -33,6 +39,8 @@ class FusedMoE(InferenceModule):
     w2_weight:  [E, H, I_p].
     """
 
+    quant_kind = LayerKind.FUSED_MOE
+
     def __init__(
         self,
         num_experts: int,
@@ -41,6 +49,8 @@ class FusedMoE(InferenceModule):
         intermediate_size: int,
         renormalize: bool = True,
         reduce_results: bool = True,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
         super().__init__()
         if not 1 <= top_k <= num_experts:
@@ -56,10 +66,13 @@ class FusedMoE(InferenceModule):
         )
         self.renormalize = renormalize
         self.reduce_results = reduce_results
-        shard = self.intermediate_size_per_partition
-        self.w13_weight = new_parameter((num_experts, 2 * shard, hidden_size), self.weight_loader)
-        self.w2_weight = new_parameter((num_experts, hidden_size, shard), self.weight_loader)
         self.act_fn = SiluAndMul()
+        method = quant_config.get_quant_method(self, prefix) if quant_config else None
+        self.quant_method: FusedMoEMethodBase = method or UnquantizedFusedMoEMethod()
+        self.quant_method.create_weights(
+            self, num_experts, hidden_size, self.intermediate_size_per_partition,
+            torch.get_default_dtype(), weight_loader=self.weight_loader,
+        )  # fmt: skip
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str, expert_id: int
@@ -74,15 +87,17 @@ class FusedMoE(InferenceModule):
         if shard_id not in _CHECKPOINT_NAMES:
             raise ValueError(f"shard_id {shard_id!r} must be one of 'w1', 'w3', 'w2'")
         full, shard = self.intermediate_size, self.intermediate_size_per_partition
+        block = block_of(param)
         split_dim = 1 if shard_id == "w2" else 0
         expected = (self.hidden_size, full) if shard_id == "w2" else (full, self.hidden_size)
         what = f"expert {expert_id} {_CHECKPOINT_NAMES[shard_id]}"
-        if tuple(loaded_weight.shape) != expected:
+        loaded_shape = (loaded_weight.shape[0], columns(loaded_weight, block))
+        if loaded_weight.dim() != 2 or loaded_shape != expected:
             raise ValueError(
                 f"{what} shape mismatch: checkpoint has {tuple(loaded_weight.shape)}, "
                 f"the model expects {expected}"
             )
-        source = loaded_weight.narrow(split_dim, self.tp_rank * shard, shard)
+        source = shard_of(loaded_weight, split_dim, self.tp_rank, shard, self.tp_size, block)
         target = param.data[expert_id]
         if shard_id != "w2":
             target = target.narrow(0, 0 if shard_id == "w1" else shard, shard)
@@ -128,8 +143,7 @@ class FusedMoE(InferenceModule):
             if count == 0:
                 continue
             end = start + count
-            gate_up = linear(x[start:end], self.w13_weight[expert_id])
-            y[start:end] = linear(self.act_fn(gate_up), self.w2_weight[expert_id])
+            y[start:end] = self.quant_method.apply_expert(self, x[start:end], expert_id)
             start = end
         y = y.index_select(0, torch.argsort(order))  # back to (token, k) order
         y = y.view(num_tokens, self.top_k, self.hidden_size)

@@ -1,14 +1,15 @@
 """Linear layers, sharded for tensor parallelism as in Megatron-LM and vLLM.
 
-Weights are stored as [out, in] and applied as x @ W^T (F.linear's layout, the fast one on
-CPU) by pagedllm._custom_ops.linear. ColumnParallel splits the output dimension, RowParallel
-the input dimension.
+Each layer's quant method (layers/quantization) owns its weight: a float [out, in] matrix
+applied as x @ W^T (UnquantizedLinearMethod), or rows of quantized blocks. The layers own the
+tensor-parallel split: ColumnParallel splits the output dimension, RowParallel the input
+dimension, and their weight loaders cut each rank's rows or columns (whole blocks) from the
+checkpoint tensor.
 """
 
 import torch
 from torch import nn
 
-from pagedllm._custom_ops import linear
 from pagedllm.distributed import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
@@ -16,7 +17,13 @@ from pagedllm.distributed import (
     tensor_model_parallel_all_reduce,
 )
 from pagedllm.layers.inference_module import InferenceModule
-from pagedllm.layers.parameter import copy_weight, new_parameter, shard_of
+from pagedllm.layers.parameter import block_of, copy_weight, new_parameter, shard_of
+from pagedllm.layers.quantization.base_config import (
+    LayerKind,
+    LinearMethodBase,
+    QuantizationConfig,
+)
+from pagedllm.layers.quantization.unquantized import UnquantizedLinearMethod
 
 
 def divide(numerator: int, denominator: int, what: str = "size") -> int:
@@ -28,27 +35,58 @@ def divide(numerator: int, denominator: int, what: str = "size") -> int:
 
 
 class LinearBase(InferenceModule):
-    """y = x W^T + b with W of shape [output_size, input_size] as held by this rank."""
+    """y = x W^T + b with W of shape [output_size, input_size] as held by this rank.
 
-    def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
+    output_partition_sizes are the rows of the checkpoint matrices fused in W (q, k, v),
+    this rank's share of each; the quant method may store each differently.
+    """
+
+    quant_kind = LayerKind.LINEAR
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+        output_partition_sizes: list[int] | None = None,
+    ) -> None:
         super().__init__()
         self.tp_rank = get_tensor_model_parallel_rank()
         self.tp_size = get_tensor_model_parallel_world_size()
         self.input_size = input_size
         self.output_size = output_size
-        self.weight = new_parameter((output_size, input_size), self.weight_loader)
+        self.prefix = prefix
+        self.params_dtype = torch.get_default_dtype()
+        method = quant_config.get_quant_method(self, prefix) if quant_config else None
+        self.quant_method: LinearMethodBase = method or UnquantizedLinearMethod()
+        self.quant_method.create_weights(
+            self, input_size, output_partition_sizes or [output_size], input_size,
+            output_size, self.params_dtype, weight_loader=self.weight_loader,
+        )  # fmt: skip
         self.bias = new_parameter((output_size,), self.weight_loader) if bias else None
+
+    def rows(self, param: nn.Parameter, offset: int, size: int) -> torch.Tensor:
+        """Output rows [offset, offset + size) of the weight or the bias."""
+        if param is self.bias:
+            return param.data.narrow(0, offset, size)
+        return self.quant_method.weight_rows(param, offset, size)
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
     ) -> None:
-        copy_weight(param, loaded_weight)
+        copy_weight(self.rows(param, 0, self.output_size), loaded_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return self.quant_method.apply(self, x, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"
+        method = type(self.quant_method).__name__
+        return (
+            f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}, "
+            f"quant_method={method}"
+        )
 
 
 class ReplicatedLinear(LinearBase):
@@ -59,17 +97,26 @@ class ColumnParallelLinear(LinearBase):
     """Output rows [r*O/P, (r+1)*O/P) on rank r; output gathered only if asked."""
 
     def __init__(
-        self, input_size: int, output_size: int, bias: bool = False, gather_output: bool = False
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        gather_output: bool = False,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+        output_partition_sizes: list[int] | None = None,
     ) -> None:
         tp_size = get_tensor_model_parallel_world_size()
-        super().__init__(input_size, divide(output_size, tp_size, "output size"), bias)
+        size = divide(output_size, tp_size, "output size")
+        super().__init__(input_size, size, bias, quant_config, prefix, output_partition_sizes)
         self.gather_output = gather_output
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
     ) -> None:
-        size = param.shape[0]
-        copy_weight(param, shard_of(loaded_weight, 0, self.tp_rank, size, self.tp_size))
+        size = self.output_size
+        shard = shard_of(loaded_weight, 0, self.tp_rank, size, self.tp_size)
+        copy_weight(self.rows(param, 0, size), shard)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x)
@@ -82,11 +129,20 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     Each sub-matrix is sharded on its own, so rank r holds [gate_r; up_r].
     """
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: list[int],
+        bias: bool = False,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         self.output_sizes = output_sizes
         tp_size = get_tensor_model_parallel_world_size()
         self.shard_sizes = [divide(s, tp_size, "output size") for s in output_sizes]
-        super().__init__(input_size, sum(output_sizes), bias)
+        super().__init__(
+            input_size, sum(output_sizes), bias, False, quant_config, prefix, self.shard_sizes
+        )
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
@@ -96,7 +152,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         sizes = self.shard_sizes
         offset, size = sum(sizes[:shard_id]), sizes[shard_id]
         shard = shard_of(loaded_weight, 0, self.tp_rank, size, self.tp_size)
-        copy_weight(param.data.narrow(0, offset, size), shard, f"shard {shard_id}")
+        copy_weight(self.rows(param, offset, size), shard, f"shard {shard_id}")
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -113,6 +169,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         total_num_heads: int,
         total_num_kv_heads: int | None = None,
         bias: bool = False,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
         tp_size = get_tensor_model_parallel_world_size()
         total_num_kv_heads = total_num_kv_heads or total_num_heads
@@ -129,8 +187,10 @@ class QKVParallelLinear(ColumnParallelLinear):
                 )
             self.num_kv_heads = 1
             self.num_kv_replicas = tp_size // total_num_kv_heads
-        output_size = (self.num_heads + 2 * self.num_kv_heads) * head_size * tp_size
-        super().__init__(hidden_size, output_size, bias)
+        q_size, kv_size = self.num_heads * head_size, self.num_kv_heads * head_size
+        output_size = (q_size + 2 * kv_size) * tp_size
+        sizes = [q_size, kv_size, kv_size]
+        super().__init__(hidden_size, output_size, bias, False, quant_config, prefix, sizes)
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
@@ -146,7 +206,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             raise ValueError(f"shard_id {shard_id!r} must be one of 'q', 'k', 'v'")
         offset, size, rank, num_shards = layout[shard_id]
         shard = shard_of(loaded_weight, 0, rank, size, num_shards)
-        copy_weight(param.data.narrow(0, offset, size), shard, f"{shard_id}_proj")
+        copy_weight(self.rows(param, offset, size), shard, f"{shard_id}_proj")
 
 
 class RowParallelLinear(LinearBase):
@@ -156,22 +216,31 @@ class RowParallelLinear(LinearBase):
     """
 
     def __init__(
-        self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        reduce_results: bool = True,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
         tp_size = get_tensor_model_parallel_world_size()
-        super().__init__(divide(input_size, tp_size, "input size"), output_size, bias)
+        size = divide(input_size, tp_size, "input size")
+        super().__init__(size, output_size, bias, quant_config, prefix)
         self.reduce_results = reduce_results
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
     ) -> None:
-        if param.dim() == 1:
+        if param is self.bias:
             copy_weight(param, loaded_weight, "bias")
             return
-        size = param.shape[1]
-        copy_weight(param, shard_of(loaded_weight, 1, self.tp_rank, size, self.tp_size))
+        size, block = self.input_size, block_of(param)
+        shard = shard_of(loaded_weight, 1, self.tp_rank, size, self.tp_size, block)
+        copy_weight(self.rows(param, 0, self.output_size), shard)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0 alone adds the bias, so the sum over ranks holds it once."""
-        y = linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        bias = self.bias if self.tp_rank == 0 else None
+        y = self.quant_method.apply(self, x, bias)
         return tensor_model_parallel_all_reduce(y) if self.reduce_results else y

@@ -2,7 +2,6 @@
 
 import torch
 
-from pagedllm._custom_ops import linear
 from pagedllm.distributed import tensor_model_parallel_all_gather
 from pagedllm.layers.inference_module import InferenceModule
 from pagedllm.layers.vocab_embedding import ParallelLMHead
@@ -17,7 +16,7 @@ class LogitsProcessor(InferenceModule):
 
     def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab_size] logits; padding rows of the vocab never appear."""
-        logits = linear(hidden_states, lm_head.weight, lm_head.bias)
+        logits = lm_head.quant_method.apply(lm_head, hidden_states, lm_head.bias)
         logits = tensor_model_parallel_all_gather(logits)[..., : self.vocab_size]
         if self.soft_cap is not None:
             logits = torch.tanh(logits / self.soft_cap) * self.soft_cap

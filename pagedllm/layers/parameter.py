@@ -9,16 +9,26 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from pagedllm.layers.quantization.base_config import new_weight
+
 WeightLoader = Callable[..., None]
+Block = tuple[int, int]
+"""(block_size, type_size): rows stored as blocks of block_size weights in type_size bytes."""
 
 
-def new_parameter(
-    shape: tuple[int, ...], weight_loader: WeightLoader, **attrs: int
-) -> nn.Parameter:
+def new_parameter(shape: tuple[int, ...], weight_loader: WeightLoader) -> nn.Parameter:
     """An uninitialised parameter in the default dtype and device, with its loader attached."""
-    param = nn.Parameter(torch.empty(shape), requires_grad=False)
-    param.weight_loader = weight_loader
-    return param
+    return new_weight(shape, torch.get_default_dtype(), weight_loader=weight_loader)
+
+
+def block_of(param: torch.Tensor) -> Block | None:
+    """The block format of a quantized parameter's rows, None for a float one."""
+    return getattr(param, "block", None)
+
+
+def columns(t: torch.Tensor, block: Block | None) -> int:
+    """The number of weights in each row of t (its last dim, or its blocks' weights)."""
+    return t.shape[-1] if block is None else t.shape[-1] // block[1] * block[0]
 
 
 def check_shape(param: torch.Tensor, loaded_weight: torch.Tensor, what: str = "weight") -> None:
@@ -43,14 +53,31 @@ def default_weight_loader(
 
 
 def shard_of(
-    loaded_weight: torch.Tensor, dim: int, rank: int, size: int, num_shards: int
+    loaded_weight: torch.Tensor,
+    dim: int,
+    rank: int,
+    size: int,
+    num_shards: int,
+    block: Block | None = None,
 ) -> torch.Tensor:
     """Shard `rank` of `num_shards` equal slices of `size` along `dim`; the checkpoint
-    tensor must hold exactly num_shards * size there."""
-    if loaded_weight.shape[dim] != num_shards * size:
+    tensor must hold exactly num_shards * size there. With a block format, the last dim
+    counts weights (its bytes hold whole blocks) and a shard must not cut a block."""
+    last = dim in (-1, loaded_weight.dim() - 1)
+    length = columns(loaded_weight, block) if last else loaded_weight.shape[dim]
+    if length != num_shards * size:
         raise ValueError(
-            f"checkpoint tensor of shape {tuple(loaded_weight.shape)} has "
-            f"{loaded_weight.shape[dim]} along dim {dim}, the model expects "
-            f"{num_shards} x {size} = {num_shards * size}"
+            f"checkpoint tensor of shape {tuple(loaded_weight.shape)} has {length} along dim "
+            f"{dim}, the model expects {num_shards} x {size} = {num_shards * size}"
         )
-    return loaded_weight.narrow(dim, rank * size, size)
+    if block is None or not last:
+        return loaded_weight.narrow(dim, rank * size, size)
+    block_size, type_size = block
+    if size % block_size:
+        raise ValueError(
+            f"a shard of {size} columns would cut this quantized tensor's blocks of "
+            f"{block_size}: choose a tensor parallel size that splits its rows into whole "
+            "blocks"
+        )
+    shard_bytes = size // block_size * type_size
+    return loaded_weight.narrow(dim, rank * shard_bytes, shard_bytes)

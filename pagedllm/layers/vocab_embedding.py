@@ -2,11 +2,11 @@
 
 The vocabulary is padded to a multiple of 64 * tp_size so every rank holds the same
 number of rows; padding rows stay zero and LogitsProcessor trims them, so they are
-never sampled.
+never sampled. The weight belongs to the layer's quant method (float rows, or rows of
+quantized blocks of which a lookup dequantizes only the rows it reads).
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pagedllm.distributed import (
@@ -16,6 +16,12 @@ from pagedllm.distributed import (
 )
 from pagedllm.layers.inference_module import InferenceModule
 from pagedllm.layers.parameter import check_shape, new_parameter
+from pagedllm.layers.quantization.base_config import (
+    EmbeddingMethodBase,
+    LayerKind,
+    QuantizationConfig,
+)
+from pagedllm.layers.quantization.unquantized import UnquantizedEmbeddingMethod
 
 DEFAULT_VOCAB_PADDING_SIZE = 64
 
@@ -25,11 +31,15 @@ def pad_vocab_size(vocab_size: int, pad_to: int) -> int:
 
 
 class VocabParallelEmbedding(InferenceModule):
+    quant_kind = LayerKind.EMBEDDING
+
     def __init__(
         self,
         num_embeddings: int,
         embedding_dim: int,
         padding_size: int = DEFAULT_VOCAB_PADDING_SIZE,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
         super().__init__()
         self.tp_rank = get_tensor_model_parallel_rank()
@@ -39,8 +49,14 @@ class VocabParallelEmbedding(InferenceModule):
         self.num_embeddings_per_partition = self.num_embeddings_padded // self.tp_size
         self.vocab_start_index = self.tp_rank * self.num_embeddings_per_partition
         self.vocab_end_index = self.vocab_start_index + self.num_embeddings_per_partition
-        shape = (self.num_embeddings_per_partition, embedding_dim)
-        self.weight = new_parameter(shape, self.weight_loader)
+        self.embedding_dim = embedding_dim
+        self.params_dtype = torch.get_default_dtype()
+        method = quant_config.get_quant_method(self, prefix) if quant_config else None
+        self.quant_method: EmbeddingMethodBase = method or UnquantizedEmbeddingMethod()
+        self.quant_method.create_weights(
+            self, embedding_dim, [self.num_embeddings_per_partition], embedding_dim,
+            self.num_embeddings_padded, self.params_dtype, weight_loader=self.weight_loader,
+        )  # fmt: skip
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
@@ -58,16 +74,18 @@ class VocabParallelEmbedding(InferenceModule):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self.quant_method.embedding(self, input_ids)
         outside = (input_ids < self.vocab_start_index) | (input_ids >= self.vocab_end_index)
         local_ids = torch.where(outside, 0, input_ids - self.vocab_start_index)
-        embeddings = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0)
+        embeddings = self.quant_method.embedding(self, local_ids)
+        embeddings = embeddings.masked_fill(outside.unsqueeze(-1), 0)
         return tensor_model_parallel_all_reduce(embeddings)
 
     def extra_repr(self) -> str:
         return (
             f"vocab={self.num_embeddings}, padded={self.num_embeddings_padded}, "
-            f"per_partition={self.num_embeddings_per_partition}"
+            f"per_partition={self.num_embeddings_per_partition}, "
+            f"quant_method={type(self.quant_method).__name__}"
         )
 
 
@@ -77,20 +95,26 @@ class ParallelLMHead(VocabParallelEmbedding):
     It is applied by LogitsProcessor, which gathers the vocab shards and trims padding.
     """
 
+    quant_kind = LayerKind.LM_HEAD
+
     def __init__(
         self,
         num_embeddings: int,
         embedding_dim: int,
         bias: bool = False,
         padding_size: int = DEFAULT_VOCAB_PADDING_SIZE,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
-        super().__init__(num_embeddings, embedding_dim, padding_size)
+        super().__init__(num_embeddings, embedding_dim, padding_size, quant_config, prefix)
         self.bias = None
         if bias:
             self.bias = new_parameter((self.num_embeddings_per_partition,), self.weight_loader)
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> None:
+        """Share the embedding's weight, and so its format and quant method."""
         self.weight = embed_tokens.weight
+        self.quant_method = embed_tokens.quant_method
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("ParallelLMHead is applied through LogitsProcessor")

@@ -7,7 +7,12 @@ import torch
 from torch import nn
 
 from pagedllm.config import ModelConfig
+from pagedllm.layers.quantization import get_quantization_config
+from pagedllm.layers.quantization.base_config import QuantizationConfig
+from pagedllm.logger import init_logger
 from pagedllm.models.registry import ModelRegistry
+
+logger = init_logger(__name__)
 
 
 @contextmanager
@@ -20,25 +25,65 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def build_model(model_config: ModelConfig, device: str | torch.device) -> nn.Module:
-    """The model's layers with uninitialised weights (device "meta": no memory at all)."""
+def get_quant_config(model_config: ModelConfig) -> QuantizationConfig | None:
+    """The model's quantization config: for a GGUF file, the type of each of its tensors
+    (read from the header); None when the weights stay in model_config.dtype."""
+    if model_config.quantization is None:
+        return None
+    settings = {}
+    if model_config.quantization == "gguf":
+        from pagedllm.gguf.tensor_names import hf_tensor_types
+
+        settings["tensor_types"] = hf_tensor_types(model_config.gguf_file)
+    quant_config = get_quantization_config(model_config.quantization).from_config(settings)
+    model_cls = ModelRegistry.resolve_model_cls(model_config.architecture)
+    quant_config.packed_modules_mapping = model_cls.packed_modules_mapping()
+    return quant_config
+
+
+def build_model(
+    model_config: ModelConfig,
+    device: str | torch.device,
+    quant_config: QuantizationConfig | None = None,
+) -> nn.Module:
+    """The model's layers with uninitialised weights (device "meta": no memory at all), in
+    the format quant_config gives each layer (get_quant_config(model_config) if None)."""
+    if quant_config is None:
+        quant_config = get_quant_config(model_config)
     model_cls = ModelRegistry.resolve_model_cls(model_config.architecture)
     with default_dtype(model_config.dtype), torch.device(device):
-        return model_cls(model_config.hf_config)
+        return model_cls(model_config.hf_config, quant_config)
 
 
-def iterate_weights(model_config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def iterate_weights(
+    model_config: ModelConfig, quant_config: QuantizationConfig | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     if model_config.gguf_file is not None:
         from pagedllm.gguf.tensor_names import iterate_gguf_weights
 
-        return iterate_gguf_weights(model_config.gguf_file, model_config.dtype)
+        keep_blocks = getattr(quant_config, "is_raw", None)
+        return iterate_gguf_weights(model_config.gguf_file, model_config.dtype, keep_blocks)
     from pagedllm.model_loader.safetensors import iterate_safetensors_weights
 
     return iterate_safetensors_weights(model_config.model, model_config.dtype)
 
 
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers (a tied weight once)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def get_model(model_config: ModelConfig, device: str | torch.device = "cpu") -> nn.Module:
-    model = build_model(model_config, device)
+    quant_config = get_quant_config(model_config)
+    model = build_model(model_config, device, quant_config)
     with torch.no_grad():
-        model.load_weights(iterate_weights(model_config))
-    return model.eval()
+        model.load_weights(iterate_weights(model_config, quant_config))
+        for module in model.modules():
+            method = getattr(module, "quant_method", None)
+            if method is not None:
+                method.process_weights_after_loading(module)
+    model.eval()
+    scheme = model_config.quantization or str(model_config.dtype).removeprefix("torch.")
+    logger.info("weights: %.1f MB resident (%s)", weight_bytes(model) / 1e6, scheme)
+    return model

@@ -22,6 +22,7 @@ from pagedllm.layers.linear import (
     RowParallelLinear,
 )
 from pagedllm.layers.logits_processor import LogitsProcessor
+from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.layers.rotary_embedding import get_rope
 from pagedllm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedllm.models.config_fields import head_dim, rope_parameters
@@ -36,12 +37,24 @@ class AttentionOptions:
 
 
 class LlamaMLP(InferenceModule):
-    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu") -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        hidden_act: str = "silu",
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
         if hidden_act != "silu":
             raise ValueError(f"hidden_act {hidden_act!r} is not supported; only 'silu'")
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size] * 2, quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj",
+        )  # fmt: skip
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, quant_config=quant_config, prefix=f"{prefix}.down_proj"
+        )
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -49,7 +62,13 @@ class LlamaMLP(InferenceModule):
 
 
 class LlamaAttention(InferenceModule):
-    def __init__(self, config: PretrainedConfig, options: AttentionOptions) -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        options: AttentionOptions,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
         tp_size = get_tensor_model_parallel_world_size()
         self.head_dim = head_dim(config)
@@ -60,13 +79,19 @@ class LlamaAttention(InferenceModule):
             config.num_attention_heads,
             num_kv_heads,
             bias=options.qkv_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.qkv_proj",
         )
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.o_proj = RowParallelLinear(
-            config.num_attention_heads * self.head_dim, config.hidden_size, bias=options.o_bias
+            config.num_attention_heads * self.head_dim,
+            config.hidden_size,
+            bias=options.o_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.o_proj",
         )
         theta, scaling = rope_parameters(config)
         self.rotary_emb = get_rope(
@@ -97,9 +122,16 @@ class LlamaAttention(InferenceModule):
 
 
 class LlamaDecoderLayer(InferenceModule):
-    def __init__(self, config: PretrainedConfig, options: AttentionOptions, mlp: nn.Module) -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        options: AttentionOptions,
+        mlp: nn.Module,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, options)
+        self.self_attn = LlamaAttention(config, options, quant_config, f"{prefix}.self_attn")
         self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -118,9 +150,20 @@ class LlamaDecoderLayer(InferenceModule):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: PretrainedConfig, layers: list[LlamaDecoderLayer]) -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        layers: list[LlamaDecoderLayer],
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "model",
+    ) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size,
+            config.hidden_size,
+            quant_config=quant_config,
+            prefix=f"{prefix}.embed_tokens",
+        )
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -144,16 +187,21 @@ class LlamaForCausalLM(nn.Module):
         ("gate_up_proj", "up_proj", 1),
     ]
 
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(
+        self, config: PretrainedConfig, quant_config: QuantizationConfig | None = None
+    ) -> None:
         super().__init__()
         self.config = config
         options = self.attention_options(config)
-        layers = [
-            LlamaDecoderLayer(config, options, self.make_mlp(config, i))
-            for i in range(config.num_hidden_layers)
-        ]
-        self.model = LlamaModel(config, layers)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        layers = []
+        for i in range(config.num_hidden_layers):
+            prefix = f"model.layers.{i}"
+            mlp = self.make_mlp(config, i, quant_config, f"{prefix}.mlp")
+            layers.append(LlamaDecoderLayer(config, options, mlp, quant_config, prefix))
+        self.model = LlamaModel(config, layers, quant_config)
+        self.lm_head = ParallelLMHead(
+            config.vocab_size, config.hidden_size, quant_config=quant_config, prefix="lm_head"
+        )
         if config.tie_word_embeddings:
             self.lm_head.tie_weights(self.model.embed_tokens)
         self.logits_processor = LogitsProcessor(
@@ -167,8 +215,24 @@ class LlamaForCausalLM(nn.Module):
         bias = bool(getattr(config, "attention_bias", False))
         return AttentionOptions(qkv_bias=bias, o_bias=bias)
 
-    def make_mlp(self, config: PretrainedConfig, layer_idx: int) -> nn.Module:
-        return LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
+    @classmethod
+    def packed_modules_mapping(cls) -> dict[str, list[str]]:
+        """Fused parameter -> the checkpoint tensors it holds, in order."""
+        packed: dict[str, list[str]] = {}
+        for param_name, weight_name, _ in cls.stacked_params_mapping:
+            packed.setdefault(param_name, []).append(weight_name)
+        return packed
+
+    def make_mlp(
+        self,
+        config: PretrainedConfig,
+        layer_idx: int,
+        quant_config: QuantizationConfig | None,
+        prefix: str,
+    ) -> nn.Module:
+        return LlamaMLP(
+            config.hidden_size, config.intermediate_size, config.hidden_act, quant_config, prefix
+        )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)

@@ -10,21 +10,28 @@ from transformers import PretrainedConfig
 from pagedllm.layers.fused_moe import FusedMoE
 from pagedllm.layers.inference_module import InferenceModule
 from pagedllm.layers.linear import ReplicatedLinear
+from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.models.config_fields import num_experts
 from pagedllm.models.llama import LlamaMLP
 from pagedllm.models.qwen3 import Qwen3ForCausalLM
 
 
 class Qwen3MoeSparseMoeBlock(InferenceModule):
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(
+        self, config: PretrainedConfig, quant_config: QuantizationConfig | None, prefix: str
+    ) -> None:
         super().__init__()
-        self.gate = ReplicatedLinear(config.hidden_size, num_experts(config), bias=False)
+        self.gate = ReplicatedLinear(
+            config.hidden_size, num_experts(config), False, quant_config, f"{prefix}.gate"
+        )
         self.experts = FusedMoE(
             num_experts=num_experts(config),
             top_k=config.num_experts_per_tok,
             hidden_size=config.hidden_size,
             intermediate_size=config.moe_intermediate_size,
             renormalize=config.norm_topk_prob,
+            quant_config=quant_config,
+            prefix=f"{prefix}.experts",
         )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -32,7 +39,13 @@ class Qwen3MoeSparseMoeBlock(InferenceModule):
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
-    def make_mlp(self, config: PretrainedConfig, layer_idx: int) -> nn.Module:
+    def make_mlp(
+        self,
+        config: PretrainedConfig,
+        layer_idx: int,
+        quant_config: QuantizationConfig | None,
+        prefix: str,
+    ) -> nn.Module:
         step = getattr(config, "decoder_sparse_step", 1) or 1
         dense_layers = getattr(config, "mlp_only_layers", None) or []
         if (
@@ -40,8 +53,10 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
             and layer_idx not in dense_layers
             and (layer_idx + 1) % step == 0
         ):
-            return Qwen3MoeSparseMoeBlock(config)
-        return LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
+            return Qwen3MoeSparseMoeBlock(config, quant_config, prefix)
+        return LlamaMLP(
+            config.hidden_size, config.intermediate_size, config.hidden_act, quant_config, prefix
+        )
 
     def expert_params_mapping(self) -> list[tuple[str, str, int, str]]:
         return FusedMoE.make_expert_params_mapping(num_experts(self.config))

@@ -5,7 +5,7 @@ import argparse
 
 import pytest
 
-from pagedllm.benchmarks.cli import add_parser, parse_backends
+from pagedllm.benchmarks.cli import add_parser, on_gguf_copy, parse_backends
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -36,3 +36,20 @@ def test_parse_backends() -> None:
     assert parse_backends("hf, pagedllm,hf", choices) == ["hf", "pagedllm"]
     with pytest.raises(ValueError, match="--backend 'vllm'"):
         parse_backends("vllm", choices)
+
+
+def test_perplexity_and_gguf_type_defaults() -> None:
+    p = _parse(["bench", "perplexity"])
+    assert (p.text, p.window, p.gguf_type, p.quantization) == (None, 512, None, None)
+    lat = _parse(["bench", "latency", "--gguf-type", "q8_0", "--quantization", "none"])
+    assert (lat.gguf_type, lat.quantization) == ("q8_0", "none")
+    with pytest.raises(SystemExit):
+        _parse(["bench", "throughput", "--gguf-type", "q4_0"])
+
+
+def test_on_gguf_copy_needs_a_gguf_model(tmp_path: object) -> None:
+    args = _parse(["bench", "latency", "--model", str(tmp_path), "--gguf-type", "f32"])
+    with pytest.raises(ValueError, match="--gguf-type f32 needs a .gguf model"):
+        on_gguf_copy(args)
+    args = _parse(["bench", "latency", "--model", str(tmp_path)])
+    assert on_gguf_copy(args) is args

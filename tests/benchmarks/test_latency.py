@@ -1,11 +1,16 @@
 """`pagedllm bench latency` on a tiny model: statistics are well formed (p50 <= p90 <= p99,
-TTFT < E2E) and the bound is bandwidth / weight bytes; not how fast."""
+TTFT < E2E) and the bound is bandwidth / weight bytes (of the GGUF file when it runs as
+stored); not how fast."""
 
 import json
 from collections.abc import Callable
 
 import pytest
+from gguf import GGUFReader
 
+from pagedllm.benchmarks.bandwidth import weight_bytes
+from pagedllm.config import ModelConfig
+from pagedllm.model_loader.loader import build_model
 from tests.benchmarks.conftest import TINY_ENGINE_FLAGS, TINY_MODEL
 
 
@@ -43,3 +48,31 @@ def test_latency_rejects_output_len_1(
 ) -> None:
     with pytest.raises(ValueError, match="--output-len 1 must be >= 2"):
         run_bench(["latency", "--model", tiny_model_path(TINY_MODEL), "--output-len", "1"])
+
+
+def test_latency_on_a_q8_0_copy_bounds_by_the_file_bytes(
+    run_bench: Callable[[list[str]], str],
+    tiny_gguf_path: str,
+    tmp_path: object,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--gguf-type: every backend loads the copy; run as stored, a step reads the file's bytes
+    (gguf.GGUFReader's), dequantized (--quantization none) the float32 parameters."""
+    monkeypatch.setenv("XDG_CACHE_HOME", f"{tmp_path}/cache")
+    argv = ["latency", "--model", tiny_gguf_path, "--gguf-type", "q8_0", "--backend", "pagedllm,hf"]
+    argv += ["--input-len", "8", "--output-len", "3", "--num-iters", "1", "--num-warmup", "0"]
+    argv += ["--bandwidth-mb", "8", *TINY_ENGINE_FLAGS]
+    copy = f"{tmp_path}/cache/pagedllm/tiny-llama.Q8_0.gguf"
+    reports = {}
+    for quantization in ("gguf", "none"):
+        json_path = f"{tmp_path}/{quantization}.json"
+        run_bench([*argv, "--quantization", quantization, "--json", json_path])
+        reports[quantization] = json.load(open(json_path))
+        assert reports[quantization]["config"]["model"] == copy
+        assert reports[quantization]["config"]["quantization"] == quantization
+        assert set(reports[quantization]["results"]) == {"pagedllm", "hf"}
+    file_bytes = sum(int(t.n_bytes) for t in GGUFReader(copy).tensors)
+    assert reports["gguf"]["weight_bytes"] == file_bytes
+    model_config = ModelConfig.create(copy, "float32", quantization="none")
+    assert reports["none"]["weight_bytes"] == weight_bytes(build_model(model_config, "meta"))
+    assert reports["none"]["weight_bytes"] > file_bytes

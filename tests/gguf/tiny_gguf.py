@@ -28,9 +28,10 @@ ARCH_ENUMS = {
 }
 
 
-def tiny_model(arch: str):
+def tiny_model(arch: str, **overrides: object):
+    """A random HF model of `arch`; overrides replace config fields (sizes, say)."""
     torch.manual_seed(0)
-    config = AutoConfig.for_model(
+    fields = dict(
         hidden_size=32,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -43,8 +44,8 @@ def tiny_model(arch: str):
         tie_word_embeddings=False,
         bos_token_id=1,
         eos_token_id=2,
-        **TINY[arch],
     )
+    config = AutoConfig.for_model(**(fields | TINY[arch] | overrides))
     return AutoModelForCausalLM.from_config(config)
 
 
@@ -98,6 +99,7 @@ def gguf_tensors(arch: str, config, state_dict: dict) -> dict[str, np.ndarray]:
 
 
 def write_gguf(path: str, arch: str, config, tensors: dict, rope: dict | None = None) -> None:
+    """tensors: GGUF name -> float array, or (uint8 blocks [..., bytes], GGUF type)."""
     writer = gguf.GGUFWriter(path, arch)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -119,7 +121,12 @@ def write_gguf(path: str, arch: str, config, tensors: dict, rope: dict | None = 
         writer.add_rope_scaling_factor(rope["factor"])
         writer.add_rope_scaling_orig_ctx_len(rope["original"])
     for name, array in tensors.items():
-        writer.add_tensor(name, array)
+        if isinstance(array, tuple):
+            array, qtype = array
+            float32 = qtype == gguf.GGMLQuantizationType.F32
+            writer.add_tensor(name, array, raw_dtype=None if float32 else qtype)
+        else:
+            writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

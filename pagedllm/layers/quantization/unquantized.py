@@ -1,0 +1,63 @@
+"""Weights in the model's float dtype: pagedllm's path before quantization, and the
+reference every quantized method is tested against."""
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedllm._custom_ops import linear
+from pagedllm.layers.quantization.base_config import (
+    EmbeddingMethodBase,
+    FusedMoEMethodBase,
+    LinearMethodBase,
+    new_weight,
+)
+
+
+class UnquantizedLinearMethod(LinearMethodBase):
+    """W [out, in] in params_dtype, applied by _custom_ops.linear (skinny_gemm or F.linear)."""
+
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        shape = (sum(output_partition_sizes), input_size_per_partition)
+        layer.weight = new_weight(shape, params_dtype, **extra_weight_attrs)
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return linear(x, layer.weight, bias)
+
+
+class UnquantizedEmbeddingMethod(UnquantizedLinearMethod, EmbeddingMethodBase):
+    def embedding(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, layer.weight)
+
+
+class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
+    def create_weights(
+        self,
+        layer: nn.Module,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size_per_partition: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        shard = intermediate_size_per_partition
+        shape13, shape2 = (num_experts, 2 * shard, hidden_size), (num_experts, hidden_size, shard)
+        layer.w13_weight = new_weight(shape13, params_dtype, **extra_weight_attrs)
+        layer.w2_weight = new_weight(shape2, params_dtype, **extra_weight_attrs)
+
+    def apply_expert(self, layer: nn.Module, x: torch.Tensor, expert_id: int) -> torch.Tensor:
+        gate_up = linear(x, layer.w13_weight[expert_id])
+        return linear(layer.act_fn(gate_up), layer.w2_weight[expert_id])
