@@ -25,6 +25,10 @@
 #include "gguf.h"
 
 #define ROW_TILE 4 /* x rows per pass over a weight row */
+/* Weight bytes prefetched ahead of the one being read: the hardware prefetchers alone keep
+ * too few lines in flight at this rate of use (one core streaming 100 MB of Q4_1: 7 GB/s
+ * without, 13 with, about its speed from L2). */
+#define PREFETCH 8192
 #define STEP_LANES (LANES * STEP)
 
 #include "gguf_codes.h"
@@ -122,7 +126,7 @@ INLINE void group_table(int qt, const uint8_t *g, int n, const q8_act *a, int64_
     }
     /* one store per step, of the width the step loads back (so that it is forwarded) */
     const fvec first = join(scale, min), second = STEP == 1 ? widen(min) : first; /* Q6_K */
-    for (int j = 0; j < 8; j += STEP) {
+    for (int j = 0; j < n; j += STEP) {
       const ivec block = j + (ivec)lane_block(), half = (ivec)lane_in_block() / 4;
       if (qt == GGUF_Q6_K)
         STORE(table[m] + LANES * j, __builtin_shuffle(first, second, 2 * block + half) *
@@ -171,7 +175,11 @@ INLINE void row_tile(int qt, const gguf_problem *p, int64_t n, int64_t m0, int r
   const int64_t group_bytes = is_k_quant(qt) ? ts : 8 * ts;
   fvec acc[ROW_TILE] = {{0}};
   int64_t b0 = 0;
-  for (; b0 + 8 <= nb; b0 += 8) group_dot(qt, w + b0 / 8 * group_bytes, 8, a, m0, rows, b0, acc);
+  for (; b0 + 8 <= nb; b0 += 8) {
+    const uint8_t *g = w + b0 / 8 * group_bytes;
+    for (int64_t line = 0; line < group_bytes; line += 64) __builtin_prefetch(g + PREFETCH + line);
+    group_dot(qt, g, 8, a, m0, rows, b0, acc);
+  }
   if (!is_k_quant(qt) && b0 < nb) { /* fewer than 8 blocks of 32 left */
     const uint8_t *g = w + b0 / 8 * group_bytes;
     const int n = (int)(nb - b0);
