@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from pagedllm.config import ModelConfig
-from pagedllm.gguf.reader import read_gguf
 from pagedllm.model_loader.loader import build_model
 
 
@@ -36,16 +35,10 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def gguf_weight_bytes(path: str) -> int:
-    """Bytes of a GGUF file's tensors in their stored formats (a tied embedding is one tensor)."""
-    return sum(t.nbytes for t in read_gguf(path).tensors.values())
-
-
 def model_weight_bytes(model_config: ModelConfig) -> int:
-    """The bytes one decode step must read: the GGUF's when run as stored, else the model's
-    parameters in its dtype (built on the meta device: no memory)."""
-    if model_config.quantization == "gguf":
-        return gguf_weight_bytes(model_config.gguf_file)
+    """The bytes one decode step must read: the model's parameters as it holds them, built
+    on the meta device (no memory) with each layer's quant method, so a GGUF run as stored
+    counts its blocks and anything dequantized counts in its dtype."""
     return weight_bytes(build_model(model_config, "meta"))
 
 

@@ -12,7 +12,6 @@ from pagedllm.layers.inference_module import InferenceModule
 from pagedllm.layers.linear import ReplicatedLinear
 from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.models.config_fields import num_experts
-from pagedllm.models.llama import LlamaMLP
 from pagedllm.models.qwen3 import Qwen3ForCausalLM
 
 
@@ -54,9 +53,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
             and (layer_idx + 1) % step == 0
         ):
             return Qwen3MoeSparseMoeBlock(config, quant_config, prefix)
-        return LlamaMLP(
-            config.hidden_size, config.intermediate_size, config.hidden_act, quant_config, prefix
-        )
+        return super().make_mlp(config, layer_idx, quant_config, prefix)
 
     def expert_params_mapping(self) -> list[tuple[str, str, int, str]]:
         return FusedMoE.make_expert_params_mapping(num_experts(self.config))
