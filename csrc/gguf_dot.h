@@ -68,11 +68,17 @@ INLINE f32x8 narrow(fvec v) {
 #endif
 }
 
-INLINE float hsum(fvec v) {
-  f32x8 h = narrow(v);
-  h += __builtin_shufflevector(h, h, 4, 5, 6, 7, 0, 1, 2, 3);
-  h += __builtin_shufflevector(h, h, 2, 3, 0, 1, 6, 7, 4, 5);
-  return h[0] + h[1];
+/* Lane j: the sum of v[j]'s lanes, for 8 vectors at once (a transposing tree of adds). */
+INLINE f32x8 hsum8(const f32x8 v[8]) {
+  f32x8 a[4], b[2];
+  for (int i = 0; i < 4; i++) /* lanes 0-3: v[2i]'s halves added; 4-7: v[2i + 1]'s */
+    a[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+           __builtin_shufflevector(v[2 * i], v[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+  for (int i = 0; i < 2; i++) /* two lanes each of v[4i], v[4i + 1], v[4i + 2], v[4i + 3] */
+    b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+  return __builtin_shufflevector(b[0], b[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+         __builtin_shufflevector(b[0], b[1], 1, 3, 5, 7, 9, 11, 13, 15);
 }
 
 void ISA(gguf_quantize_rows)(const float *x, const q8_act *a, int64_t m0, int64_t m1) {
@@ -167,8 +173,9 @@ INLINE void group_dot(int qt, const uint8_t *g, int n, const q8_act *a, int64_t 
   for (int j = 0; j < n; j += STEP) step_dot(qt, g, j, a, m0, rows, b0 + j, table, acc);
 }
 
-/* y[m0 .. m0 + rows, n] for one weight row n. */
-INLINE void row_tile(int qt, const gguf_problem *p, int64_t n, int64_t m0, int rows) {
+/* part[m][col]: 8 lanes summing to y[m0 + m, n], for one weight row n. */
+INLINE void row_tile(int qt, const gguf_problem *p, int64_t n, int64_t m0, int rows,
+                     f32x8 part[ROW_TILE][8], int col) {
   const q8_act act = *p->act, *a = &act; /* a copy the table's stores cannot alias */
   const uint8_t *w = p->w + n * p->row_bytes;
   const int64_t nb = a->K / QK, ts = gguf_block_bytes(qt);
@@ -194,20 +201,37 @@ INLINE void row_tile(int qt, const gguf_problem *p, int64_t n, int64_t m0, int r
   for (int m = 0; m < rows; m++) {
     fvec sum = acc[m * chains(rows)];
     for (int c = 1; c < chains(rows); c++) sum += acc[m * chains(rows) + c];
-    const float y = hsum(sum);
-    p->y[(m0 + m) * p->N + n] = p->bias ? y + p->bias[n] : y;
+    part[m][col] = narrow(sum);
   }
 }
 
+/* y[m0 .. m0 + rows, n0 .. n0 + cols) (cols <= 8) from the weight rows' partial sums: their
+ * horizontal sums 8 at a time, rather than one chain of shuffles per row. */
+INLINE void store_tile(const gguf_problem *p, int64_t n0, int cols, int64_t m0, int rows,
+                       f32x8 part[ROW_TILE][8]) {
+  for (int m = 0; m < rows; m++) {
+    const f32x8 y = hsum8(part[m]);
+    float *out = p->y + (m0 + m) * p->N + n0;
+    for (int c = 0; c < cols; c++) out[c] = p->bias ? y[c] + p->bias[n0 + c] : y[c];
+  }
+}
+
+/* Weight rows 8 at a time, each against every tile of x rows (the 8 stay in cache). */
 INLINE void rows_of_type(int qt, const gguf_problem *p, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; n++) {
+  f32x8 part[ROW_TILE][8] = {{{0}}};
+  for (int64_t n8 = n0; n8 < n1; n8 += 8) {
+    const int cols = n1 - n8 < 8 ? (int)(n1 - n8) : 8;
     for (int64_t m0 = 0; m0 < p->M; m0 += ROW_TILE) {
-      switch (p->M - m0 < ROW_TILE ? p->M - m0 : ROW_TILE) {
-        case 1: row_tile(qt, p, n, m0, 1); break;
-        case 2: row_tile(qt, p, n, m0, 2); break;
-        case 3: row_tile(qt, p, n, m0, 3); break;
-        default: row_tile(qt, p, n, m0, 4);
+      const int rows = p->M - m0 < ROW_TILE ? (int)(p->M - m0) : ROW_TILE;
+      for (int c = 0; c < cols; c++) {
+        switch (rows) {
+          case 1: row_tile(qt, p, n8 + c, m0, 1, part, c); break;
+          case 2: row_tile(qt, p, n8 + c, m0, 2, part, c); break;
+          case 3: row_tile(qt, p, n8 + c, m0, 3, part, c); break;
+          default: row_tile(qt, p, n8 + c, m0, 4, part, c);
+        }
       }
+      store_tile(p, n8, cols, m0, rows, part);
     }
   }
 }

@@ -25,17 +25,20 @@ GGUF_DECODE_MAX_ROWS = 24
 """Up to this many rows of x, gguf_linear multiplies the GGUF blocks as they are (gguf_gemm:
 x quantized to 8 bits, integer dot products), which streams the weight once per 4 rows; past
 it, it dequantizes the weight and multiplies in float32 (MKL), which costs a dequantization
-(~0.2 ms per 1M weights and core) but less per row. Measured on 576 x 1536 and 1536 x 576
-matrices of Q4_1, Q8_0, Q4_K, Q6_K (and 512 x 1536 for the K-quants): the kernel is faster up
-to 16-24 rows on AVX-512 VNNI, even at 24-32, slower from 32-48 (AVX2 with MKL on AVX2:
-even at 24-48)."""
+but less per row. Measured on 1536 x 576 and 576 x 1536 weights (AVX-512 VNNI): on one core
+the kernel was faster up to 24-32 rows for Q4_1, Q8_0, Q4_K and Q6_K; on two, up to 12-16
+rows at K = 576 and 32-48 at K = 1536 (Q4_1, Q8_0); the AVX2 kernel against MKL held to
+AVX2, on one core: up to 24-48 rows."""
 
-GGUF_PREFILL_TILE_ROWS = 256
-"""Weight rows gguf_linear dequantizes at a time past GGUF_DECODE_MAX_ROWS, into one scratch
-tile (256 x K floats: 0.6 MiB at K = 576) that each F.linear then reads from cache. Tiles of
-128 to 512 rows ran as fast as dequantizing the whole weight at once (64 rows: 10-25% slower,
-more GEMM calls), and the scratch stays small where the whole weight would not (a 49152 x 576
-vocabulary: 113 MB)."""
+GGUF_PREFILL_TILE_ELEMENTS = 1 << 21
+"""Past GGUF_DECODE_MAX_ROWS, gguf_linear dequantizes the weight this many elements (8 MiB of
+float32) at a time, whole rows, each tile then multiplied by F.linear into its columns. On 2
+cores each tile costs a dequantization and a GEMM call that repacks x, so few large tiles win:
+for 1536 x 576 weights, tiles of 64 / 128 / 256 / 512 rows took 1.5-1.75 / 1.25 / 1.15 / 1.07x
+the time of one whole-weight tile, which is itself 1.01-1.04x float32 F.linear from 256 rows
+(1.3x at 64 rows). A bound still pays off for large weights: the 49152 x 576 vocabulary at
+32-256 rows ran 1.4-2.3x faster in tiles of 2048-7281 rows than whole (113 MB of scratch),
+and at 256 rows faster than float32 F.linear."""
 
 _GGUF_KERNEL_TYPES = frozenset(int(t) for t in _cpu_kernels.GGUF_TYPES)
 
@@ -215,13 +218,13 @@ def gguf_linear(
 def _dequantized_linear(
     x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """x [M, K] @ W^T (+ bias) with W dequantized GGUF_PREFILL_TILE_ROWS rows at a time into
+    """x [M, K] @ W^T (+ bias) with W dequantized GGUF_PREFILL_TILE_ELEMENTS at a time into
     one scratch tile, each tile multiplied into its columns of y [M, N]."""
-    n, tile = qweight.shape[0], GGUF_PREFILL_TILE_ROWS
+    (m, k), n = x.shape, qweight.shape[0]
+    tile = max(1, GGUF_PREFILL_TILE_ELEMENTS // max(1, k))
     if n <= tile:
         return F.linear(x, _cpu_kernels.gguf_dequantize(qweight, qtype), bias)
-    y = x.new_empty(x.shape[0], n)
-    scratch = x.new_empty(tile, x.shape[1])
+    y, scratch = x.new_empty(m, n), x.new_empty(tile, k)
     for n0 in range(0, n, tile):
         rows = qweight[n0 : n0 + tile]
         w = _cpu_kernels.gguf_dequantize(rows, qtype, out=scratch[: rows.shape[0]])

@@ -47,15 +47,15 @@ def test_gguf_linear_decode_rows_are_within_the_activation_error(qtype: Q) -> No
 
 @needs_kernels
 @pytest.mark.parametrize("qtype", SUPPORTED_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("tile", [16, 256])
+@pytest.mark.parametrize("tile_rows", [16, 256])
 def test_gguf_linear_prefill_rows_match_dequantize_and_f_linear(
-    qtype: Q, tile: int, monkeypatch: pytest.MonkeyPatch
+    qtype: Q, tile_rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past GGUF_DECODE_MAX_ROWS the weight is dequantized (exactly) and multiplied in
     float32: tiles of 16 rows over 37 (two whole, one of 5) and one tile of all 37; with and
     without bias. Reference: float64, up to float32 rounding: 2^-20 sum |x w| per element."""
-    monkeypatch.setattr(_custom_ops, "GGUF_PREFILL_TILE_ROWS", tile)
     k = _k(qtype)
+    monkeypatch.setattr(_custom_ops, "GGUF_PREFILL_TILE_ELEMENTS", tile_rows * k)
     qweight, bias = _weight(qtype, 37, k), torch.randn(37)
     x = torch.randn(_custom_ops.GGUF_DECODE_MAX_ROWS + 3, k)
     w = _torch_quant.dequantize(qweight, qtype).double()
