@@ -13,6 +13,7 @@ setup(
             sources=[
                 "csrc/module.c",
                 "csrc/skinny_gemm.c",
+                "csrc/skinny_gemm_bf16.c",
                 "csrc/paged_attention.c",
                 "csrc/layernorm.c",
                 "csrc/pos_encoding.c",
@@ -26,6 +27,8 @@ setup(
             depends=[
                 "csrc/ops.h",
                 "csrc/vec.h",
+                "csrc/bf16.h",
+                "csrc/paged_attention_impl.h",
                 "csrc/gguf_vec.h",
                 "csrc/fp16.h",
                 "csrc/gguf.h",

@@ -96,16 +96,20 @@ static int check_block_tables(const int32_t *block_tables, const int32_t *seq_le
 BINDING(skinny_gemm, "iiiiiiii", 0,
         skinny_gemm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6], (int)a[7]))
 
-BINDING(paged_decode_attention, "iiiiiiiiiiiiiif",
-        check_block_tables(PTR(a[4]), PTR(a[5]), a[6], a[11], a[10], a[12]),
-        rc = paged_decode_attention(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]),
-                                    PTR(a[5]), a[6], a[7], a[8], a[9], a[10], a[11],
-                                    (float)f[0], (int)a[13]))
+BINDING(skinny_gemm_bf16, "iiiiiiii", 0,
+        rc = skinny_gemm_bf16(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6],
+                              (int)a[7]))
 
-BINDING(reshape_and_cache, "iiiiiiiiii",
-        check_indices("reshape_and_cache", "slot_mapping", PTR(a[4]), a[5], a[9]),
-        reshape_and_cache(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]), a[5], a[6], a[7],
-                          a[8]))
+BINDING(paged_decode_attention, "iiiiiiiiiiiiiiif",
+        check_block_tables(PTR(a[5]), PTR(a[6]), a[7], a[12], a[11], a[13]),
+        rc = paged_decode_attention(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), (int)a[4],
+                                    PTR(a[5]), PTR(a[6]), a[7], a[8], a[9], a[10], a[11], a[12],
+                                    (float)f[0], (int)a[14]))
+
+BINDING(reshape_and_cache, "iiiiiiiiiiii",
+        check_indices("reshape_and_cache", "slot_mapping", PTR(a[6]), a[7], a[11]),
+        reshape_and_cache(PTR(a[0]), PTR(a[1]), (int)a[2], PTR(a[3]), PTR(a[4]), (int)a[5],
+                          PTR(a[6]), a[7], a[8], a[9], a[10]))
 
 BINDING(rms_norm, "iiiiiif", 0,
         rms_norm(PTR(a[0]), PTR(a[1]), PTR(a[2]), (float)f[0], a[3], a[4], (int)a[5]))
@@ -174,12 +178,13 @@ static PyMethodDef methods[] = {
     METHOD(gguf_gemm, "gguf_gemm(x, w, b, y, qtype, M, N, K, isa, num_threads)"),
     METHOD(gguf_dequantize, "gguf_dequantize(w, out, qtype, rows, K, num_threads)"),
     METHOD(skinny_gemm, "skinny_gemm(x, w, b, y, M, N, K, num_threads)"),
+    METHOD(skinny_gemm_bf16, "skinny_gemm_bf16(x, w, b, y, M, N, K, num_threads), bfloat16"),
     METHOD(paged_decode_attention,
-           "paged_decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, B, H, KV, "
-           "D, block_size, max_blocks, num_blocks, num_threads, scale)"),
+           "paged_decode_attention(out, q, k_cache, v_cache, kv_bf16, block_tables, seq_lens, B, "
+           "H, KV, D, block_size, max_blocks, num_blocks, num_threads, scale)"),
     METHOD(reshape_and_cache,
-           "reshape_and_cache(key, value, k_cache, v_cache, slot_mapping, num_tokens, "
-           "key_stride, value_stride, row_size, num_slots)"),
+           "reshape_and_cache(key, value, kv_bf16, k_cache, v_cache, cache_bf16, slot_mapping, "
+           "num_tokens, key_stride, value_stride, row_size, num_slots)"),
     METHOD(rms_norm, "rms_norm(out, x, weight, rows, n, num_threads, eps)"),
     METHOD(fused_add_rms_norm,
            "fused_add_rms_norm(out, residual_out, x, residual, weight, rows, n, num_threads, "

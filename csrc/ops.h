@@ -1,5 +1,6 @@
 /* The kernels of pagedllm._C; csrc/module.c binds them to Python. All tensors are
- * contiguous float32 (block tables and lengths int32) on the CPU. */
+ * contiguous float32 (block tables and lengths int32) on the CPU, unless a kernel says
+ * otherwise (bfloat16 tensors are passed as uint16_t). */
 #ifndef PAGEDLLM_OPS_H
 #define PAGEDLLM_OPS_H
 
@@ -9,21 +10,27 @@
 void skinny_gemm(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N,
           int64_t K, int num_threads);
 
+/* skinny_gemm on bfloat16 x, w, b and y, in float32 inside (skinny_gemm_bf16.c). Returns 0, or
+ * -1 when its scratch memory cannot be allocated. */
+int skinny_gemm_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y,
+                     int64_t M, int64_t N, int64_t K, int num_threads);
+
 /* One new query token per sequence against its paged keys and values:
  * out, q [B, H, D]; k_cache, v_cache [num_blocks, block_size, KV, D];
  * block_tables [B, max_blocks]; seq_lens [B] (>= 1). Query head h reads kv head h / (H / KV).
- * Returns 0, or -1 when its scratch memory cannot be allocated. */
-int paged_decode_attention(float *out, const float *q, const float *k_cache,
-                            const float *v_cache, const int32_t *block_tables,
-                            const int32_t *seq_lens, int64_t B, int64_t H, int64_t KV,
-                            int64_t D, int64_t block_size, int64_t max_blocks, float scale,
-                            int num_threads);
+ * The caches hold bfloat16 when kv_bf16, else float32. Returns 0, or -1 when its scratch memory cannot be allocated. */
+int paged_decode_attention(float *out, const float *q, const void *k_cache, const void *v_cache,
+                           int kv_bf16, const int32_t *block_tables, const int32_t *seq_lens,
+                           int64_t B, int64_t H, int64_t KV, int64_t D, int64_t block_size,
+                           int64_t max_blocks, float scale, int num_threads);
 
 /* k_cache, v_cache [num_slots, row_size] at slot_mapping[t] = key, value row t (row strides
- * key_stride, value_stride): the new tokens' keys and values stored for later steps. */
-void reshape_and_cache(const float *key, const float *value, float *k_cache, float *v_cache,
-                       const int64_t *slot_mapping, int64_t num_tokens, int64_t key_stride,
-                       int64_t value_stride, int64_t row_size);
+ * key_stride, value_stride): the new tokens' keys and values stored for later steps. key and
+ * value are bfloat16 when kv_bf16, the caches when cache_bf16, else float32 (converted). */
+void reshape_and_cache(const void *key, const void *value, int kv_bf16, void *k_cache,
+                       void *v_cache, int cache_bf16, const int64_t *slot_mapping,
+                       int64_t num_tokens, int64_t key_stride, int64_t value_stride,
+                       int64_t row_size);
 
 /* out [rows, n] = x * rsqrt(mean(x^2) + eps) * weight [n], row by row. */
 void rms_norm(float *out, const float *x, const float *weight, float eps, int64_t rows,

@@ -21,7 +21,7 @@ try:
 except ImportError:
     _C = None
 
-_F32, _I32, _I64, _U8 = torch.float32, torch.int32, torch.int64, torch.uint8
+_F32, _BF16, _I32, _I64, _U8 = torch.float32, torch.bfloat16, torch.int32, torch.int64, torch.uint8
 _CACHE = "[num_blocks, block_size, num_kv_heads, head_dim]"
 _ANY_DIMS = -1  # a `shape` for _check: one dimension or more, any sizes
 
@@ -85,6 +85,13 @@ def _check(
     )
 
 
+def _float_dtype(t: object) -> torch.dtype:
+    """t's dtype when the kernel takes it (float32 or bfloat16), else float32, for _check to
+    name in its error."""
+    dtype = getattr(t, "dtype", None)
+    return dtype if dtype is _BF16 else _F32
+
+
 def _describe(t: object) -> str:
     if not isinstance(t, torch.Tensor):
         return f"{type(t).__name__} {t!r:.80}"
@@ -111,6 +118,26 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     y = x.new_empty(m, n)
     bias_ptr = 0 if bias is None else bias.data_ptr()
     _C.skinny_gemm(
+        x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, torch.get_num_threads()
+    )
+    return y
+
+
+def skinny_gemm_bf16(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """skinny_gemm on bfloat16 tensors (float32 products and sums) -> bfloat16 [M, N]."""
+    op = "skinny_gemm_bf16"
+    _check(op, "x", x, 2, "[M, K]", _BF16)
+    _check(op, "weight", weight, 2, "[N, K]", _BF16)
+    m, k = x.shape
+    n, weight_k = weight.shape
+    _require(op, weight_k == k, "weight [N, K] has K = {}, x [M, K] has K = {}", weight_k, k)
+    if bias is not None:
+        _check(op, "bias", bias, (n,), "[N]", _BF16)
+    y = x.new_empty(m, n)
+    bias_ptr = 0 if bias is None else bias.data_ptr()
+    _C.skinny_gemm_bf16(
         x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, torch.get_num_threads()
     )
     return y
@@ -209,21 +236,23 @@ def reshape_and_cache(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Stores key/value [T, KV, D] (rows may be strided) in the caches [num_blocks,
-    block_size, KV, D] at slot_mapping [T]."""
+    block_size, KV, D] at slot_mapping [T]; each side float32 or bfloat16 (converted)."""
     op = "reshape_and_cache"
-    _check(op, "key", key, 3, "[T, num_kv_heads, head_dim]", rows=True)
-    _check(op, "value", value, key.shape, "[T, num_kv_heads, head_dim] like key", rows=True)
-    _check(op, "k_cache", k_cache, 4, _CACHE)
-    _check(op, "v_cache", v_cache, k_cache.shape, _CACHE + " like k_cache")
+    kv_dtype, cache_dtype = _float_dtype(key), _float_dtype(k_cache)
+    _check(op, "key", key, 3, "[T, num_kv_heads, head_dim]", kv_dtype, rows=True)
+    _check(op, "value", value, key.shape, "[T, num_kv_heads, head_dim] like key", kv_dtype,
+           rows=True)  # fmt: skip
+    _check(op, "k_cache", k_cache, 4, _CACHE, cache_dtype)
+    _check(op, "v_cache", v_cache, k_cache.shape, _CACHE + " like k_cache", cache_dtype)
     t, kv, d = key.shape
     num_blocks, block_size, cache_kv, cache_d = k_cache.shape
     _require(op, (cache_kv, cache_d) == (kv, d), "k_cache has {} kv heads of size {}, key has "
              "{} of size {}", cache_kv, cache_d, kv, d)  # fmt: skip
     _check(op, "slot_mapping", slot_mapping, (t,), "[T]", _I64)
     _C.reshape_and_cache(
-        key.data_ptr(), value.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-        slot_mapping.data_ptr(), t, key.stride(0), value.stride(0), kv * d,
-        num_blocks * block_size,
+        key.data_ptr(), value.data_ptr(), kv_dtype is _BF16, k_cache.data_ptr(),
+        v_cache.data_ptr(), cache_dtype is _BF16, slot_mapping.data_ptr(), t, key.stride(0),
+        value.stride(0), kv * d, num_blocks * block_size,
     )  # fmt: skip
 
 
@@ -235,12 +264,14 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """query [B, H, D], one new token per sequence; caches [num_blocks, block_size, KV, D];
-    block_tables [B, max_blocks] and seq_lens [B], int32 -> [B, H, D]."""
+    """query [B, H, D] float32, one new token per sequence; caches [num_blocks, block_size,
+    KV, D], float32 or bfloat16; block_tables [B, max_blocks] and seq_lens [B], int32 ->
+    float32 [B, H, D]."""
     op = "paged_decode_attention"
+    cache_dtype = _float_dtype(k_cache)
     _check(op, "query", query, 3, "[num_seqs, num_heads, head_dim]")
-    _check(op, "k_cache", k_cache, 4, _CACHE)
-    _check(op, "v_cache", v_cache, k_cache.shape, _CACHE + " like k_cache")
+    _check(op, "k_cache", k_cache, 4, _CACHE, cache_dtype)
+    _check(op, "v_cache", v_cache, k_cache.shape, _CACHE + " like k_cache", cache_dtype)
     _check(op, "block_tables", block_tables, 2, "[num_seqs, max_blocks]", _I32)
     b, h, d = query.shape
     num_blocks, block_size, kv, cache_d = k_cache.shape
@@ -252,8 +283,8 @@ def paged_decode_attention(
     out = torch.empty_like(query)
     _C.paged_decode_attention(
         out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-        block_tables.data_ptr(), seq_lens.data_ptr(), b, h, kv, d, block_size,
-        block_tables.shape[1], num_blocks, torch.get_num_threads(), scale,
+        cache_dtype is _BF16, block_tables.data_ptr(), seq_lens.data_ptr(), b, h, kv, d,
+        block_size, block_tables.shape[1], num_blocks, torch.get_num_threads(), scale,
     )  # fmt: skip
     return out
 

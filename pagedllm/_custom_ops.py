@@ -1,11 +1,12 @@
 """pagedllm's fast ops: each runs pagedllm._C's kernel where it applies, else its torch code.
 
 This is the one place that decides. A kernel applies when the extension is built and the
-tensors are CPU float32 without autograd (plus an op's own limits, such as few rows for
-skinny_gemm); the op then adapts the layout the kernel needs (contiguous, int32 tables) and
-calls it through `_cpu_kernels`, the checked boundary to the C code. Everywhere else (GPUs,
-other dtypes, no compiler at install) it runs the torch definition in `_torch_ops`, which
-is also the reference the kernels are tested against. Layers call these functions and never
+tensors are CPU float32 (or bfloat16 where the kernel has that variant) without autograd
+(plus an op's own limits, such as few rows for skinny_gemm); the op then adapts the layout
+the kernel needs (contiguous, int32 tables) and calls it through `_cpu_kernels`, the checked
+boundary to the C code. Everywhere else (GPUs, other dtypes, no compiler at install) it runs
+the torch definition in `_torch_ops`, which is also the reference the kernels are tested
+against. Layers call these functions and never
 ask which path ran.
 """
 
@@ -19,6 +20,14 @@ SKINNY_GEMM_MAX_ROWS = 256 if _cpu_kernels.cpu_has_avx512() else 4
 development machine it beat MKL from 1 row (2.5-4x, bandwidth bound) to 256 rows (1.1-2x)
 and lost from ~512; on AVX2 its 4 x 4 register tile spills, so only the bandwidth-bound
 few-row case takes it there."""
+
+
+SKINNY_GEMM_BF16_MAX_ROWS = 16
+"""Up to this many rows of bfloat16 x, linear() uses skinny_gemm_bf16 (the weight streamed
+once per 4 rows, float32 sums; a row's result independent of the others, so decode batches
+up to this size are batch-invariant); past it F.linear, whose oneDNN matmul runs on AMX tiles
+where the CPU has them. On the AMX development machine the kernel read the weights 1.3-1.7x
+faster than F.linear at 1-4 rows, and ran at half its speed at 8-16 rows."""
 
 
 GGUF_DECODE_MAX_ROWS = 24
@@ -47,17 +56,21 @@ def has_cpu_kernels() -> bool:
     return _cpu_kernels.available()
 
 
-def cpu_kernels_apply(*tensors: torch.Tensor | None) -> bool:
-    """True when pagedllm._C can take these tensors: CPU, float32, no autograd.
+_FLOAT32 = (torch.float32,)
+_FLOAT32_OR_BF16 = (torch.float32, torch.bfloat16)
+
+
+def cpu_kernels_apply(
+    *tensors: torch.Tensor | None, dtypes: tuple[torch.dtype, ...] = _FLOAT32
+) -> bool:
+    """True when pagedllm._C can take these tensors: CPU, of one of `dtypes`, no autograd.
 
     Called for every layer of every step, so it is a plain loop."""
     if not _cpu_kernels.available():
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if t is not None and (
-            not t.is_cpu or t.dtype != torch.float32 or (grad and t.requires_grad)
-        ):
+        if t is not None and (not t.is_cpu or t.dtype not in dtypes or (grad and t.requires_grad)):
             return False
     return True
 
@@ -75,14 +88,18 @@ def _with_dense_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias): [..., K] x [N, K] -> [..., N]."""
-    few_rows = x.numel() <= SKINNY_GEMM_MAX_ROWS * x.shape[-1]
-    if not (few_rows and weight.dim() == 2 and cpu_kernels_apply(x, weight, bias)):
+    """F.linear(x, weight, bias): [..., K] x [N, K] -> [..., N], float32 or bfloat16."""
+    bf16 = x.dtype is torch.bfloat16
+    max_rows = SKINNY_GEMM_BF16_MAX_ROWS if bf16 else SKINNY_GEMM_MAX_ROWS
+    dtypes = (x.dtype,) if bf16 else _FLOAT32
+    few_rows = x.numel() <= max_rows * x.shape[-1]
+    if not (few_rows and weight.dim() == 2 and cpu_kernels_apply(x, weight, bias, dtypes=dtypes)):
         return F.linear(x, weight, bias)
     k = x.shape[-1]
     x2 = (x if x.dim() == 2 else x.reshape(-1, k)).contiguous()
     bias = None if bias is None else bias.contiguous()
-    y = _cpu_kernels.skinny_gemm(x2, weight.contiguous(), bias)
+    gemm = _cpu_kernels.skinny_gemm_bf16 if bf16 else _cpu_kernels.skinny_gemm
+    y = gemm(x2, weight.contiguous(), bias)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[1])
 
 
@@ -144,8 +161,9 @@ def reshape_and_cache(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Stores key/value [T, KV, D] (rows may be strided) in the caches [num_blocks,
-    block_size, KV, D] at slot_mapping [T] (slot = block_id * block_size + offset)."""
-    if not cpu_kernels_apply(key, value, k_cache, v_cache):
+    block_size, KV, D] at slot_mapping [T] (slot = block_id * block_size + offset), converted
+    to the caches' dtype."""
+    if not cpu_kernels_apply(key, value, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16):
         _torch_ops.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping)
         return
     _cpu_kernels.reshape_and_cache(
@@ -168,19 +186,22 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """query [B, H, D], one new token per sequence; caches [num_blocks, block_size, KV, D];
     block_tables [B, max_blocks] and seq_lens [B] -> [B, H, D]. The kernel reads the cache in
-    place; max_seq_len (the host-side max of seq_lens) sizes the torch path's padded gather."""
-    if not cpu_kernels_apply(query, k_cache, v_cache):
+    place; max_seq_len (the host-side max of seq_lens) sizes the torch path's padded gather.
+    The caches may hold another dtype than the query (kv_cache_dtype); the output has the
+    query's. The kernel computes in float32."""
+    if not cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16):
         return _torch_ops.paged_decode_attention(
             query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale
         )
-    return _cpu_kernels.paged_decode_attention(
-        query.contiguous(),
+    out = _cpu_kernels.paged_decode_attention(
+        query.to(torch.float32).contiguous(),
         k_cache,
         v_cache,
         _as_dense(block_tables, torch.int32),
         _as_dense(seq_lens, torch.int32),
         scale,
     )
+    return out.to(query.dtype)
 
 
 def _gguf_kernels_apply(qweight: torch.Tensor, qtype: int) -> bool:

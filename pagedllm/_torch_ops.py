@@ -89,10 +89,10 @@ def reshape_and_cache(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Stores key/value [T, KV, D] in the caches [num_blocks, block_size, KV, D] at
-    slot_mapping [T] (slot = block_id * block_size + offset)."""
+    slot_mapping [T] (slot = block_id * block_size + offset), in the caches' dtype."""
     num_kv_heads, head_size = k_cache.shape[2:]
-    k_cache.view(-1, num_kv_heads, head_size).index_copy_(0, slot_mapping, key)
-    v_cache.view(-1, num_kv_heads, head_size).index_copy_(0, slot_mapping, value)
+    k_cache.view(-1, num_kv_heads, head_size).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_size).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
 def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
@@ -116,15 +116,15 @@ def paged_decode_attention(
     block_tables [B, max_blocks]; seq_lens [B], whose largest is max_seq_len (a host int, so
     nothing waits on the device) -> [B, H, D].
 
-    Keys are gathered into a copy padded to max_seq_len and masked past each sequence's
-    length. GQA never copies keys per query head: the G = H / KV query heads of a kv head
-    become G query rows against it.
+    Keys are gathered into a copy padded to max_seq_len (in the query's dtype) and masked past
+    each sequence's length. GQA never copies keys per query head: the G = H / KV query heads
+    of a kv head become G query rows against it.
     """
     num_seqs, num_heads, head_size = query.shape
     block_size, num_kv_heads = k_cache.shape[1:3]
     num_blocks = -(-max_seq_len // block_size)
-    key = gather_blocks(k_cache, block_tables[:, :num_blocks]).transpose(1, 2)
-    value = gather_blocks(v_cache, block_tables[:, :num_blocks]).transpose(1, 2)
+    key = gather_blocks(k_cache, block_tables[:, :num_blocks]).transpose(1, 2).to(query.dtype)
+    value = gather_blocks(v_cache, block_tables[:, :num_blocks]).transpose(1, 2).to(query.dtype)
     positions = torch.arange(key.shape[2], device=query.device)
     mask = (positions < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
     grouped = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_size)

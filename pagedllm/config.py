@@ -7,7 +7,11 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from pagedllm.cpu_features import native_bf16_matmul
+from pagedllm.logger import init_logger
 from pagedllm.sampling_params import DEFAULT_MAX_N
+
+logger = init_logger(__name__)
 
 _DTYPES = {
     "float32": torch.float32,
@@ -21,17 +25,34 @@ _DTYPES = {
 }
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
-    """'auto' is float32 on CPU (no native bf16 matmuls on most CPUs) and bfloat16 elsewhere."""
+def resolve_dtype(
+    dtype: str | torch.dtype, device: str = "cpu", quantization: str | None = None
+) -> torch.dtype:
+    """A dtype name (or torch dtype) -> torch dtype; "auto" as auto_dtype decides."""
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise ValueError(f"dtype {dtype} is not supported; use float32, bfloat16 or float16")
         return dtype
     if dtype == "auto":
-        return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+        return auto_dtype(device, quantization)[0]
     if dtype not in _DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; use one of auto, {', '.join(_DTYPES)}")
     return _DTYPES[dtype]
+
+
+def auto_dtype(device: str = "cpu", quantization: str | None = None) -> tuple[torch.dtype, str]:
+    """What dtype="auto" means here, and why: bfloat16 on GPUs and on CPUs with native bf16
+    matmuls (AMX, AVX-512 BF16) when the weights are floats; float32 on other CPUs (bf16
+    would be emulated, slower than float32) and for quantized weights (their kernels take
+    float32 activations)."""
+    if torch.device(device).type != "cpu":
+        return torch.bfloat16, f"the {torch.device(device).type} device computes in bf16"
+    if quantization is not None:
+        return torch.float32, f"{quantization} kernels take float32 activations"
+    units = native_bf16_matmul()
+    if units is None:
+        return torch.float32, "this CPU has no native bf16 matmul (AMX or AVX-512 BF16)"
+    return torch.bfloat16, f"this CPU has native bf16 matmuls ({units})"
 
 
 # The model pagedllm runs when none is named: SmolLM2-135M-Instruct, quantized to Q4_1. The GGUF
@@ -109,7 +130,10 @@ class ModelConfig:
                 "(the model's max_position_embeddings)"
             )
         quantization = resolve_quantization(quantization, gguf_file)
-        dtype = resolve_dtype(dtype, device)
+        if dtype == "auto":
+            dtype, why = auto_dtype(device, quantization)
+            logger.info("dtype auto -> %s: %s", str(dtype).removeprefix("torch."), why)
+        dtype = resolve_dtype(dtype, device, quantization)
         return cls(model, hf_config, dtype, max_model_len, gguf_file, quantization)
 
     @property
@@ -160,6 +184,9 @@ def derive_max_model_len(hf_config: PretrainedConfig) -> int:
     return int(length)
 
 
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
+
+
 @dataclass
 class CacheConfig:
     """KV cache size: num_kv_blocks exactly, else kv_cache_memory_bytes, else a share of
@@ -169,8 +196,19 @@ class CacheConfig:
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
+    cache_dtype: str = "auto"
+    """vLLM's kv_cache_dtype: "auto" (the model's dtype), "float32" or "bfloat16" (half the
+    bytes per token, e.g. under float32 weights)."""
+
+    def kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        return model_dtype if self.cache_dtype == "auto" else _DTYPES[self.cache_dtype]
 
     def __post_init__(self) -> None:
+        if self.cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype {self.cache_dtype!r} is not supported; use one of "
+                f"{', '.join(KV_CACHE_DTYPES)}"
+            )
         if self.block_size < 1:
             raise ValueError(f"block_size {self.block_size} must be >= 1")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

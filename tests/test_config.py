@@ -3,9 +3,10 @@
 import os
 
 import pytest
+import torch
 
 from pagedllm import config
-from pagedllm.config import ModelConfig, default_model_path
+from pagedllm.config import CacheConfig, ModelConfig, default_model_path
 
 
 def test_default_model_missing_says_how_to_install(monkeypatch) -> None:
@@ -54,3 +55,49 @@ def test_quantization_that_cannot_apply_is_clear(
     model = tiny_model_path("qwen2") if hf else None
     with pytest.raises(ValueError, match=message):
         ModelConfig.create(model, quantization=quantization)
+
+
+@pytest.mark.parametrize(
+    "units,quantization,expected",
+    [
+        ("AMX", None, torch.bfloat16),
+        ("AVX-512 BF16", None, torch.bfloat16),
+        (None, None, torch.float32),
+        ("AMX", "gguf", torch.float32),
+        ("AMX", "int8", torch.float32),
+    ],
+)
+def test_auto_dtype_is_bf16_where_the_cpu_has_native_bf16_matmuls(
+    units: str | None,
+    quantization: str | None,
+    expected: torch.dtype,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue #14's rule: bf16 on AMX / AVX-512 BF16 for float weights, float32 on other CPUs
+    and for quantized weights; the reason names what decided."""
+    monkeypatch.setattr(config, "native_bf16_matmul", lambda: units)
+    dtype, why = config.auto_dtype("cpu", quantization)
+    assert dtype == expected
+    assert (quantization or units or "no native bf16") in why
+    assert config.auto_dtype("cuda", None)[0] == torch.bfloat16
+
+
+def test_auto_dtype_follows_this_cpu_and_is_logged(
+    tiny_model_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On the machine running the tests: bf16 exactly where torch's CPU probe finds AMX or
+    AVX-512 BF16; explicit dtypes are taken as given."""
+    native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+    with caplog.at_level("INFO"):
+        model_config = ModelConfig.create(tiny_model_path("llama-gqa4"))
+    assert model_config.dtype == (torch.bfloat16 if native else torch.float32)
+    assert "dtype auto -> " in caplog.text
+    assert ModelConfig.create(tiny_model_path("llama-gqa4"), dtype="float32").dtype == torch.float32
+
+
+def test_kv_cache_dtype_is_auto_float32_or_bfloat16() -> None:
+    assert CacheConfig().kv_dtype(torch.float32) == torch.float32
+    assert CacheConfig(cache_dtype="bfloat16").kv_dtype(torch.float32) == torch.bfloat16
+    assert CacheConfig(cache_dtype="float32").kv_dtype(torch.bfloat16) == torch.float32
+    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8' is not supported; use one of auto"):
+        CacheConfig(cache_dtype="fp8")

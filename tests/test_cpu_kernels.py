@@ -65,6 +65,15 @@ def _gemm(**override: object) -> torch.Tensor:
     return _cpu_kernels.skinny_gemm(**{**args, **override})
 
 
+def _bf16(*shape: int) -> torch.Tensor:
+    return torch.randn(shape).to(torch.bfloat16)
+
+
+def _gemm_bf16(**override: object) -> torch.Tensor:
+    args = {"x": _bf16(2, 16), "weight": _bf16(5, 16), "bias": _bf16(5)}
+    return _cpu_kernels.skinny_gemm_bf16(**{**args, **override})
+
+
 def _silu(**override: object) -> torch.Tensor:
     return _cpu_kernels.silu_and_mul(**{"x": torch.randn(3, 10), **override})
 
@@ -185,6 +194,24 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
         "weight must",
     ),
     "gemm x on meta": (lambda: _gemm(x=torch.empty(2, 16, device="meta")), "x must"),
+    "gemm_bf16 weight float32": (
+        lambda: _gemm_bf16(weight=torch.randn(5, 16)),
+        "skinny_gemm_bf16: weight must be a contiguous bfloat16",
+    ),
+    "gemm_bf16 K differs": (lambda: _gemm_bf16(weight=_bf16(5, 15)), "weight .* has K = 15"),
+    "gemm_bf16 bias of other size": (lambda: _gemm_bf16(bias=_bf16(4)), r"bias must .* = \[5\]"),
+    "attention v_cache dtype differs from k_cache's": (
+        lambda: _attention(k_cache=CACHE.bfloat16()),
+        "v_cache must be a contiguous bfloat16",
+    ),
+    "attention query bfloat16": (
+        lambda: _attention(query=_bf16(B, HEADS, D)),
+        "query must be a contiguous float32",
+    ),
+    "cache write value dtype differs from key's": (
+        lambda: _cache_write(key=_bf16(3, KV, D)),
+        "value must be a row-dense bfloat16",
+    ),
     "silu odd width": (lambda: _silu(x=torch.randn(3, 9)), "last dim must be even"),
     "silu x strided": (lambda: _silu(x=torch.randn(10, 3).t()), "x must be a contiguous"),
 }
@@ -205,6 +232,10 @@ def test_the_valid_calls_above_run() -> None:
     assert _rms_norm().shape == (3, 16)
     assert [t.shape for t in _fused_norm()] == [(3, 16), (3, 16)]
     assert _gemm().shape == (2, 5)
+    assert _gemm_bf16().shape == (2, 5)
+    bf16_cache = CACHE.bfloat16()
+    assert _attention(k_cache=bf16_cache, v_cache=bf16_cache).shape == (B, HEADS, D)
+    _cache_write(k_cache=bf16_cache.clone(), v_cache=bf16_cache.clone())
     assert _silu().shape == (3, 5)
 
 

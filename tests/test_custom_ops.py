@@ -51,7 +51,7 @@ def test_linear_keeps_leading_dims_and_reads_strided_input() -> None:
 
 
 @pytest.mark.parametrize(
-    "dtype,requires_grad", [(torch.float32, True), (torch.float64, False), (torch.bfloat16, False)]
+    "dtype,requires_grad", [(torch.float32, True), (torch.float64, False), (torch.float16, False)]
 )
 def test_linear_falls_back_to_torch_where_the_kernel_does_not_apply(
     dtype: torch.dtype, requires_grad: bool
@@ -119,6 +119,8 @@ def test_kernels_apply_only_to_cpu_float32_without_autograd(
     assert _custom_ops.cpu_kernels_apply(x, None, torch.zeros(8))
     assert not _custom_ops.cpu_kernels_apply(x, x.double())
     assert not _custom_ops.cpu_kernels_apply(x, x.to(torch.bfloat16))
+    bf16 = (torch.float32, torch.bfloat16)
+    assert _custom_ops.cpu_kernels_apply(x, x.to(torch.bfloat16), dtypes=bf16)
     assert not _custom_ops.cpu_kernels_apply(x, torch.zeros(8, requires_grad=True))
     with torch.no_grad():
         assert _custom_ops.cpu_kernels_apply(x, torch.zeros(8, requires_grad=True))

@@ -46,7 +46,9 @@ def test_perplexity_within_one_percent_of_the_dequantized_model(llm: LLM) -> Non
         token_ids = llm.get_tokenizer().encode(f.read())
     assert len(token_ids) >= 2000
     native = perplexity(llm, token_ids, window=1024)
-    with LLM(quantization="none", num_kv_blocks=160, max_model_len=2560) as dequantized:
+    with LLM(
+        quantization="none", dtype="float32", num_kv_blocks=160, max_model_len=2560
+    ) as dequantized:
         reference = perplexity(dequantized, token_ids, window=1024)
     assert 1 < reference < 100, "a model this size should predict English text"
     assert abs(native / reference - 1) <= 0.01, (native, reference)

@@ -17,7 +17,7 @@ ONE_WORD = [{"role": "user", "content": "What is the capital of France? Answer i
 
 @pytest.fixture(scope="module")
 def default_llm() -> LLM:
-    return LLM(num_kv_blocks=48, max_model_len=512, quantization="none")  # batch-invariant
+    return LLM(num_kv_blocks=48, max_model_len=512, quantization="none", dtype="float32")
 
 
 def greedy(max_tokens: int = 16, **kwargs: object) -> SamplingParams:

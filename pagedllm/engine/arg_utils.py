@@ -32,6 +32,7 @@ class EngineArgs:
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    kv_cache_dtype: str = "auto"
     seed: int = 0
     skip_tokenizer_init: bool = False
     device: str = "auto"
@@ -51,6 +52,7 @@ class EngineArgs:
                 self.num_kv_blocks,
                 self.kv_cache_memory_bytes,
                 self.enable_prefix_caching,
+                self.kv_cache_dtype,
             ),
             scheduler_config=SchedulerConfig(
                 self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill

@@ -40,6 +40,7 @@ class ModelRunner:
         self.config = config
         self.device = torch.device(config.device)
         self.block_size = config.cache_config.block_size
+        self.kv_cache_dtype = config.cache_config.kv_dtype(config.model_config.dtype)
         self.model = get_model(config.model_config, self.device)
         self.vocab_size = config.model_config.vocab_size
         self.sampler = Sampler(
@@ -52,11 +53,11 @@ class ModelRunner:
 
     @property
     def kv_cache_bytes_per_token(self) -> int:
-        return kv_cache_bytes_per_token(self.model, self.config.model_config.dtype)
+        return kv_cache_bytes_per_token(self.model, self.kv_cache_dtype)
 
     def init_kv_cache(self, num_blocks: int) -> None:
         self.kv_cache = bind_kv_cache(
-            self.model, num_blocks, self.block_size, self.config.model_config.dtype, self.device
+            self.model, num_blocks, self.block_size, self.kv_cache_dtype, self.device
         )
 
     def _copy_blocks(self, blocks_to_copy: list[tuple[int, int]]) -> None:

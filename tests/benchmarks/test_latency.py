@@ -61,7 +61,7 @@ def test_latency_on_a_q8_0_copy_bounds_by_the_file_bytes(
     monkeypatch.setenv("XDG_CACHE_HOME", f"{tmp_path}/cache")
     argv = ["latency", "--model", tiny_gguf_path, "--gguf-type", "q8_0", "--backend", "pagedllm,hf"]
     argv += ["--input-len", "8", "--output-len", "3", "--num-iters", "1", "--num-warmup", "0"]
-    argv += ["--bandwidth-mb", "8", *TINY_ENGINE_FLAGS]
+    argv += ["--bandwidth-mb", "8", "--dtype", "float32", *TINY_ENGINE_FLAGS]
     copy = f"{tmp_path}/cache/pagedllm/tiny-llama.Q8_0.gguf"
     reports = {}
     for quantization in ("gguf", "none"):

@@ -44,7 +44,9 @@ def test_perplexity_matches_transformers(
     tiny_model_path: Callable[[str], str], hf_model: Callable[[str], nn.Module]
 ) -> None:
     token_ids = torch.randint(3, 320, (300,)).tolist()
-    with LLM(tiny_model_path(TINY_MODEL), skip_tokenizer_init=True, num_kv_blocks=64) as llm:
+    with LLM(
+        tiny_model_path(TINY_MODEL), skip_tokenizer_init=True, num_kv_blocks=64, dtype="float32"
+    ) as llm:
         nlls = token_nlls(llm, token_ids, 128)
         result = perplexity(llm, token_ids, 128)
     reference = _reference_nlls(hf_model(TINY_MODEL), token_ids, 128)

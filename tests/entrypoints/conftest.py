@@ -12,4 +12,4 @@ def offline_llm() -> LLM:
     """The reference: the default model, run offline in this process, dequantized like the
     test server's (remote_server.py): these tests compare texts across batch compositions,
     which float32 keeps and 8-bit activations do not, bit for bit."""
-    return LLM(num_kv_blocks=256, max_model_len=MAX_MODEL_LEN, quantization="none")
+    return LLM(num_kv_blocks=256, max_model_len=MAX_MODEL_LEN, quantization="none", dtype="float32")

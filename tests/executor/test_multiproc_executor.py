@@ -69,9 +69,9 @@ def test_default_model_tp_same_greedy_text() -> None:
     to float32, 3 ranks give the same 16 tokens as one."""
     params = SamplingParams(temperature=0, max_tokens=16)
     prompts = ["The capital of France is", "List three prime numbers:"]
-    one = LLM(num_kv_blocks=600, quantization="none")
+    one = LLM(num_kv_blocks=600, quantization="none", dtype="float32")
     expected = [o.outputs[0].text for o in one.generate(prompts, params)]
-    with LLM(num_kv_blocks=600, tensor_parallel_size=3, quantization="none") as tp:
+    with LLM(num_kv_blocks=600, tensor_parallel_size=3, quantization="none", dtype="float32") as tp:
         assert [o.outputs[0].text for o in tp.generate(prompts, params)] == expected
     with pytest.raises(ValueError, match="attention heads 9 is not divisible by tensor parallel"):
         LLM(num_kv_blocks=600, tensor_parallel_size=2)

@@ -56,7 +56,7 @@ def test_torchrun_launch_matches_single_process(tiny_model_path) -> None:
     """`torchrun --nproc-per-node 2 script.py`: ranks join through the env:// variables."""
     path, prompt = tiny_model_path("llama-gqa4"), list(range(3, 20))
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    single = LLM(path, skip_tokenizer_init=True, num_kv_blocks=256)
+    single = LLM(path, skip_tokenizer_init=True, num_kv_blocks=256, dtype="float32")
     expected = single.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
     script = Path(__file__).with_name("torchrun_generate.py")
     torchrun = Path(sys.executable).with_name("torchrun")

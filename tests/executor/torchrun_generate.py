@@ -8,7 +8,9 @@ from pagedllm import LLM, SamplingParams
 
 if __name__ == "__main__":
     model, prompt = sys.argv[1], json.loads(sys.argv[2])
-    llm = LLM(model, tensor_parallel_size=2, skip_tokenizer_init=True, num_kv_blocks=256)
+    llm = LLM(
+        model, tensor_parallel_size=2, skip_tokenizer_init=True, num_kv_blocks=256, dtype="float32"
+    )
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     output = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
     print("TOKENS", json.dumps(output.outputs[0].token_ids))

@@ -17,4 +17,8 @@ class CpuAttentionBackend(TorchSdpaBackend):
 
     @staticmethod
     def supports(device: torch.device, dtype: torch.dtype) -> bool:
-        return device.type == "cpu" and dtype == torch.float32 and _custom_ops.has_cpu_kernels()
+        return (
+            device.type == "cpu"
+            and dtype in (torch.float32, torch.bfloat16)
+            and _custom_ops.has_cpu_kernels()
+        )

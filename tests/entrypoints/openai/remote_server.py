@@ -59,7 +59,7 @@ def remote_server(*flags: str, model: str | None = None) -> Iterator[Server]:
     command += [model] if model else []
     command += ["--port", str(port)]
     command += ["--num-kv-blocks", str(NUM_KV_BLOCKS), "--max-model-len", str(MAX_MODEL_LEN)]
-    command += ["--quantization", "none"]  # float32: greedy texts independent of batching
+    command += ["--quantization", "none", "--dtype", "float32"]  # greedy texts batch-invariant
     command += ["--uvicorn-log-level", "warning", *flags]
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     server = Server(f"http://127.0.0.1:{port}", process, log.name)

@@ -1,5 +1,5 @@
-"""get_attn_backend: pagedllm._C's CPU backend for float32 on the CPU when the extension is
-built, the torch reference for everything else."""
+"""get_attn_backend: pagedllm._C's CPU backend for float32 and bfloat16 on the CPU when the
+extension is built, the torch reference for everything else."""
 
 import pytest
 import torch
@@ -16,12 +16,13 @@ def test_float32_cpu_with_the_extension_gets_the_cpu_backend() -> None:
     backend = get_attn_backend(torch.device("cpu"), torch.float32)
     assert isinstance(backend, CpuAttentionBackend)
     assert isinstance(get_attn_backend("cpu", torch.float32), CpuAttentionBackend)
+    assert isinstance(get_attn_backend("cpu", torch.bfloat16), CpuAttentionBackend)
 
 
 @pytest.mark.parametrize(
     "device,dtype",
     [
-        ("cpu", torch.bfloat16),
+        ("cpu", torch.float16),
         ("cpu", torch.float64),
         ("meta", torch.float32),
         ("cuda", torch.float32),
@@ -40,12 +41,12 @@ def test_without_the_extension_float32_cpu_gets_the_torch_reference(
     assert type(get_attn_backend(torch.device("cpu"), torch.float32)) is TorchSdpaBackend
 
 
-def test_attention_built_on_meta_or_in_bfloat16_selects_the_reference() -> None:
+def test_attention_built_on_meta_or_in_float16_selects_the_reference() -> None:
     """The layer asks for the loader's default device and dtype (model_loader.build_model)."""
     with torch.device("meta"):
         assert Attention(4, 8, 0.5, 2).backend.name == "torch_sdpa"
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(torch.float16)
     try:
         assert Attention(4, 8, 0.5, 2).backend.name == "torch_sdpa"
     finally:

@@ -26,7 +26,7 @@ from tests.layers.quantization.quantized_gguf import write_quantized_gguf
 
 ARCHS = ("llama", "qwen3moe")
 VOCAB = 64
-ENGINE = dict(skip_tokenizer_init=True, num_kv_blocks=32, max_logprobs=VOCAB)
+ENGINE = dict(skip_tokenizer_init=True, num_kv_blocks=32, max_logprobs=VOCAB, dtype="float32")
 PROMPT = {"prompt_token_ids": [1, 5, 9, 33, 17, 60, 2, 41, 8, 8, 23]}
 
 
@@ -58,7 +58,7 @@ def test_native_equals_dequantized_with_the_reference_ops(
     arch: str, quantized_files: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(ops, "has_cpu_kernels", lambda: False)
-    monkeypatch.setattr(ops, "cpu_kernels_apply", lambda *tensors: False)
+    monkeypatch.setattr(ops, "cpu_kernels_apply", lambda *tensors, **dtypes: False)
     reference = run(quantized_files[arch], "none")
     assert reference.std() > 0.1, "reference logprobs too flat to test anything"
     torch.testing.assert_close(run(quantized_files[arch], None), reference, atol=1e-4, rtol=0)
@@ -96,5 +96,6 @@ def test_tensor_parallel_shard_that_cuts_a_block_is_named(quantized_files: dict[
 
 
 def test_quantization_none_dequantizes_everything(quantized_files: dict[str, str]) -> None:
-    model = build_model(ModelConfig.create(quantized_files["llama"], quantization="none"), "meta")
+    config = ModelConfig.create(quantized_files["llama"], "float32", quantization="none")
+    model = build_model(config, "meta")
     assert all(p.dtype == torch.float32 for p in model.parameters())

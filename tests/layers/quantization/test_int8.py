@@ -11,7 +11,7 @@ from pagedllm.config import ModelConfig
 from pagedllm.layers.quantization.int8 import Int8Config, Int8LinearMethod
 from pagedllm.model_loader.loader import get_model, weight_bytes
 
-ENGINE = dict(skip_tokenizer_init=True, num_kv_blocks=32, max_logprobs=20)
+ENGINE = dict(skip_tokenizer_init=True, num_kv_blocks=32, max_logprobs=20, dtype="float32")
 PROMPT = {"prompt_token_ids": [1, 17, 250, 33, 9, 120, 64, 5, 301, 77]}
 
 
@@ -47,7 +47,7 @@ def test_int8_weights_are_q8_0_blocks_except_the_router(
     assert layer.mlp.experts.w2_weight.shape == (8, 64, 32 // 32 * 34)
     assert layer.mlp.gate.weight.dtype == torch.float32  # the router stays float
     assert model.model.embed_tokens.weight.dtype == torch.uint8
-    float_bytes = weight_bytes(get_model(ModelConfig.create(path)))
+    float_bytes = weight_bytes(get_model(ModelConfig.create(path, "float32")))
     # 34 bytes per 32 weights instead of 128 (0.27), plus float norms, router, rotary cache
     assert weight_bytes(model) < 0.35 * float_bytes
 

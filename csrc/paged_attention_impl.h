@@ -1,0 +1,163 @@
+/* The body of csrc/paged_attention.c for one KV-cache element type, included once per type
+ * with KV_T (the element), KV_LOAD16 / KV_LOAD1 (16 elements / one as float32) and KV_NAME(name)
+ * (the type's suffix on every name) defined. Queries, scores and outputs are float32. */
+
+/* A vector whose lanes sum to sum_i a[i] * b[i], i < n. */
+INLINE vec16 KV_NAME(dot_lanes)(const float *a, const KV_T *b, int64_t n) {
+  vec16 acc = {0};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) acc += load16(a + i) * KV_LOAD16(b + i);
+  for (; i < n; i++) acc[0] += a[i] * KV_LOAD1(b + i);
+  return acc;
+}
+
+/* One sequence's keys or values in the cache: token t's row [KV, D] through its block. */
+typedef struct {
+  const KV_T *cache;
+  const int32_t *block_table;
+  int64_t block_size, row_size;
+} KV_NAME(PagedRows);
+
+/* Pointers to the rows of tokens t0 .. t0 + n - 1 (one division per call, not per token). */
+INLINE void KV_NAME(token_rows)(const KV_NAME(PagedRows) *r, int64_t t0, int64_t n, const KV_T **rows) {
+  int64_t block = t0 / r->block_size, offset = t0 % r->block_size;
+  const KV_T *base = r->cache + (int64_t)r->block_table[block] * r->block_size * r->row_size;
+  for (int64_t i = 0; i < n; i++) {
+    rows[i] = base + offset * r->row_size;
+    if (++offset == r->block_size && i + 1 < n) {
+      offset = 0;
+      base = r->cache + (int64_t)r->block_table[++block] * r->block_size * r->row_size;
+    }
+  }
+}
+
+/* Asks for the rows of tokens t0 .. t0 + n - 1 ahead of use: each block is a separate
+ * stretch of memory that the hardware prefetcher would only find after a few misses. */
+INLINE void KV_NAME(prefetch_rows)(const KV_NAME(PagedRows) *r, int64_t t0, int64_t n) {
+  const KV_T *rows[16];
+  KV_NAME(token_rows)(r, t0, n, rows);
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < r->row_size; j += 64 / sizeof(KV_T)) __builtin_prefetch(rows[i] + j, 0, 1);
+}
+
+/* The work of one task: query heads [h0, h1) of one sequence, which read kv heads h / G. */
+typedef struct {
+  const float *q;
+  float *out;
+  KV_NAME(PagedRows) keys, values;
+  int64_t seq_len, h0, h1, G, D;
+  float scale;
+} KV_NAME(HeadRange);
+
+/* Scores of one chunk, scale * q . k_i for the n <= 16 key rows; lanes >= n are -FLT_MAX. */
+INLINE vec16 KV_NAME(score_chunk)(const float *q, const KV_T *const *rows, int64_t n, int64_t kv_offset,
+                         float scale, const int64_t D) {
+  vec16 partial[16] = {0};
+  for (int64_t i = 0; i < n; i++) partial[i] = KV_NAME(dot_lanes)(q, rows[i] + kv_offset, D);
+  return select16(lanes_below(n), transpose_sum16(partial) * scale, splat16(-__FLT_MAX__));
+}
+
+/* out = out * correction + sum_i p[i] v_i over n value rows. */
+INLINE void KV_NAME(accumulate_values)(const float *p, const KV_T *const *rows, int64_t n,
+                              int64_t kv_offset, float correction, float *out,
+                              const int64_t D) {
+  if (D % 16 != 0 || D > 16 * VEC_MAX) {
+    for (int64_t d = 0; d < D; d++) out[d] *= correction;
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t d = 0; d < D; d++) out[d] += p[i] * KV_LOAD1(rows[i] + kv_offset + d);
+    return;
+  }
+  vec16 acc[VEC_MAX];
+  for (int64_t j = 0; j < D / 16; j++) acc[j] = load16(out + 16 * j) * correction;
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < D / 16; j++) acc[j] += p[i] * KV_LOAD16(rows[i] + kv_offset + 16 * j);
+  for (int64_t j = 0; j < D / 16; j++) store16(out + 16 * j, acc[j]);
+}
+
+/* One chunk of n key and value rows for head h: the online softmax update (running max,
+ * rescaled sum and output), so keys and values are read in one pass. */
+INLINE void KV_NAME(attend_chunk)(const KV_NAME(HeadRange) *w, int64_t h, const KV_T *const *keys,
+                         const KV_T *const *values, int64_t n, RunningSoftmax *state,
+                         const int64_t D) {
+  const int64_t kv_offset = h / w->G * D;
+  vec16 scores = KV_NAME(score_chunk)(w->q + h * D, keys, n, kv_offset, w->scale, D);
+  const float chunk_max = hmax16(scores);
+  const float max = chunk_max > state->max ? chunk_max : state->max;
+  const float correction = exp16(splat16(state->max - max))[0];
+  vec16 p = select16(lanes_below(n), exp16(scores - max), splat16(0.0f));
+  float probs[16];
+  store16(probs, p);
+  state->sum = state->sum * correction + hsum16(p);
+  state->max = max;
+  KV_NAME(accumulate_values)(probs, values, n, kv_offset, correction, w->out + h * D, D);
+}
+
+/* D is a parameter so that the common head sizes, passed as constants, get loops the
+ * compiler unrolls. state: [h1 - h0] scratch. */
+INLINE void KV_NAME(attend_heads)(const KV_NAME(HeadRange) *w, RunningSoftmax *state, const int64_t D) {
+  const int64_t L = w->seq_len, heads = w->h1 - w->h0;
+  for (int64_t h = 0; h < heads; h++) state[h] = (RunningSoftmax){-__FLT_MAX__, 0.0f};
+  memset(w->out + w->h0 * D, 0, (size_t)(heads * D) * sizeof(float));
+  for (int64_t t0 = 0; t0 < L; t0 += 16) {
+    int64_t n = L - t0 < 16 ? L - t0 : 16;
+    const KV_T *keys[16], *values[16];
+    KV_NAME(token_rows)(&w->keys, t0, n, keys);
+    KV_NAME(token_rows)(&w->values, t0, n, values);
+    if (t0 + 16 < L) {
+      int64_t next = L - t0 - 16 < 16 ? L - t0 - 16 : 16;
+      KV_NAME(prefetch_rows)(&w->keys, t0 + 16, next);
+      KV_NAME(prefetch_rows)(&w->values, t0 + 16, next);
+    }
+    for (int64_t h = w->h0; h < w->h1; h++)
+      KV_NAME(attend_chunk)(w, h, keys, values, n, &state[h - w->h0], D);
+  }
+  for (int64_t h = w->h0; h < w->h1; h++) {
+    float inv = 1.0f / state[h - w->h0].sum;
+    for (int64_t d = 0; d < D; d++) w->out[h * D + d] *= inv;
+  }
+}
+
+CPU_DISPATCH
+static void KV_NAME(attend)(const KV_NAME(HeadRange) *w, RunningSoftmax *state) {
+  if (w->D == 64)
+    KV_NAME(attend_heads)(w, state, 64);
+  else if (w->D == 128)
+    KV_NAME(attend_heads)(w, state, 128);
+  else
+    KV_NAME(attend_heads)(w, state, w->D);
+}
+
+static int KV_NAME(run)(float *out, const float *q, const KV_T *k_cache, const KV_T *v_cache,
+                   const int32_t *block_tables, const int32_t *seq_lens, int64_t B, int64_t H,
+                   int64_t KV, int64_t D, int64_t block_size, int64_t max_blocks, float scale,
+                   int num_threads) {
+  const int64_t G = H / KV;
+  /* A task is a whole sequence (its key and value rows stream in order) when there are
+   * enough sequences to keep every thread busy, else one kv head's query heads. */
+  const int64_t kv_per_task = B >= 2 * num_threads ? KV : 1;
+  const int64_t tasks_per_seq = KV / kv_per_task;
+  RunningSoftmax *scratch = malloc((size_t)(num_threads * H) * sizeof(RunningSoftmax));
+  if (scratch == NULL) return -1;
+#pragma omp parallel num_threads(num_threads)
+  {
+    RunningSoftmax *state = scratch + omp_get_thread_num() * H;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * tasks_per_seq; task++) {
+      const int64_t b = task / tasks_per_seq, kv0 = task % tasks_per_seq * kv_per_task;
+      const int32_t *table = block_tables + b * max_blocks;
+      const KV_NAME(HeadRange) w = {q + b * H * D,
+                               out + b * H * D,
+                               {k_cache, table, block_size, KV * D},
+                               {v_cache, table, block_size, KV * D},
+                               seq_lens[b],
+                               kv0 * G,
+                               (kv0 + kv_per_task) * G,
+                               G,
+                               D,
+                               scale};
+      KV_NAME(attend)(&w, state);
+    }
+  }
+  free(scratch);
+  return 0;
+}
