@@ -12,6 +12,12 @@ from pagedllm.benchmarks.throughput import (
     format_throughput,
     run_throughput,
 )
+from pagedllm.benchmarks.vllm_backend import (
+    DEFAULT_KV_CACHE_GIB,
+    KV_CACHE_ENV,
+    check_vllm_python,
+    vllm_peer,
+)
 from pagedllm.config import default_model_path
 from pagedllm.engine.arg_utils import EngineArgs
 
@@ -51,6 +57,20 @@ def _add_backend(parser: argparse.ArgumentParser, choices: tuple[str, ...], defa
         "--backend",
         default=default,
         help=f"one of {', '.join(choices)}, a comma-separated list, or all (default {default})",
+    )
+    parser.add_argument(
+        "--vllm-python",
+        metavar="PATH",
+        default=None,
+        help="the python of a virtualenv with vLLM's CPU build, for --backend vllm "
+        "(see BENCHMARKS.md; without it 'all' skips vllm)",
+    )
+    parser.add_argument(
+        "--vllm-kv-cache-gib",
+        type=int,
+        default=None,
+        help=f"vLLM's KV cache in GiB, passed as {KV_CACHE_ENV} "
+        f"(default: ${KV_CACHE_ENV}, else {DEFAULT_KV_CACHE_GIB})",
     )
 
 
@@ -144,6 +164,15 @@ def parse_backends(text: str, choices: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def backends_of(args: argparse.Namespace, choices: tuple[str, ...]) -> list[str]:
+    """parse_backends of --backend, with vLLM's flags checked before any backend runs."""
+    backends = parse_backends(args.backend, choices)
+    if "vllm" in backends:
+        vllm_peer(args)
+        check_vllm_python(args.vllm_python, named=args.backend != "all")
+    return backends
+
+
 def _emit(report: dict, text: str, json_path: str | None) -> None:
     print(text)
     if json_path:
@@ -165,13 +194,13 @@ def on_gguf_copy(args: argparse.Namespace) -> argparse.Namespace:
 
 def _run_throughput(args: argparse.Namespace) -> None:
     args = on_gguf_copy(args)
-    report = run_throughput(args, parse_backends(args.backend, THROUGHPUT_BACKENDS))
+    report = run_throughput(args, backends_of(args, THROUGHPUT_BACKENDS))
     _emit(report, format_throughput(report), args.json)
 
 
 def _run_latency(args: argparse.Namespace) -> None:
     args = on_gguf_copy(args)
-    report = run_latency(args, parse_backends(args.backend, LATENCY_BACKENDS))
+    report = run_latency(args, backends_of(args, LATENCY_BACKENDS))
     _emit(report, format_latency(report), args.json)
 
 

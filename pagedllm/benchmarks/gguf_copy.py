@@ -54,15 +54,16 @@ def gguf_copy_path(source: str, qtype: GGMLQuantizationType) -> str:
     if all(t.qtype == copy_type(t.name, t.shape, qtype) for t in tensors):
         return source
     stem = os.path.splitext(os.path.basename(source))[0]
-    target = os.path.join(_cache_dir(), f"{stem}.{qtype.name}.gguf")
+    target = os.path.join(cache_dir(), f"{stem}.{qtype.name}.gguf")
     if not os.path.isfile(target) or os.path.getmtime(target) < os.path.getmtime(source):
-        os.makedirs(_cache_dir(), exist_ok=True)
+        os.makedirs(cache_dir(), exist_ok=True)
         write_gguf_copy(GGUFReader(source), target + ".tmp", qtype)
         os.replace(target + ".tmp", target)
     return target
 
 
-def _cache_dir() -> str:
+def cache_dir() -> str:
+    """$XDG_CACHE_HOME/pagedllm (default ~/.cache/pagedllm): the benchmarks' converted models."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "pagedllm")
 

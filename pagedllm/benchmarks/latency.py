@@ -26,13 +26,14 @@ from pagedllm.benchmarks.metrics import (
     latency_sample,
     summarize,
 )
+from pagedllm.benchmarks.vllm_backend import run_vllm_latency, vllm_peer
 from pagedllm.config import ModelConfig
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
 Runner = Callable[[list[BenchRequest]], LatencySample]
-LATENCY_BACKENDS = ("pagedllm", "hf", "llama.cpp")
+LATENCY_BACKENDS = ("pagedllm", "hf", "llama.cpp", "vllm")
 
 
 def pagedllm_latency_sample(
@@ -81,6 +82,24 @@ def _llamacpp_runner(args: argparse.Namespace, model_config: ModelConfig) -> Run
 _RUNNERS = {"pagedllm": _pagedllm_runner, "hf": _hf_runner, "llama.cpp": _llamacpp_runner}
 
 
+def _timed_runs(
+    backend: str,
+    args: argparse.Namespace,
+    model_config: ModelConfig,
+    batches: list[list[BenchRequest]],
+) -> tuple[dict, list[LatencySample]]:
+    """({"startup_s": loading time, maybe "detail"}, one sample per batch)."""
+    if backend == "vllm":
+        return run_vllm_latency(vllm_peer(args), model_config, batches)
+    start = time.perf_counter()
+    runner = _RUNNERS[backend](args, model_config)
+    startup = time.perf_counter() - start
+    samples = [runner(batch) for batch in batches]
+    del runner
+    gc.collect()
+    return {"startup_s": startup}, samples
+
+
 def run_backend(
     backend: str,
     args: argparse.Namespace,
@@ -88,14 +107,9 @@ def run_backend(
     batches: list[list[BenchRequest]],
 ) -> dict:
     """Load the backend (timed as start-up), run every batch, keep those after warm-up."""
-    start = time.perf_counter()
-    runner = _RUNNERS[backend](args, model_config)
-    startup = time.perf_counter() - start
-    samples = [runner(batch) for batch in batches][args.num_warmup :]
-    del runner
-    gc.collect()
-    return {
-        "startup_s": startup,
+    loaded, samples = _timed_runs(backend, args, model_config, batches)
+    samples = samples[args.num_warmup :]
+    return loaded | {
         "ttft_s": summarize([s.ttft_s for s in samples]),
         "tpot_s": summarize([s.tpot_s for s in samples]),
         "e2e_s": summarize([s.e2e_s for s in samples]),
@@ -179,4 +193,4 @@ def _format_result(result: dict) -> list[str]:
         f"{result['percent_of_bound']:.1f}% of the bandwidth bound; "
         f"start-up {result['startup_s']:.2f} s"
     )
-    return lines
+    return lines + ([result["detail"]] if "detail" in result else [])

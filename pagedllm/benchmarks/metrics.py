@@ -15,7 +15,8 @@ class BackendUnavailable(Exception):
 @dataclass
 class ThroughputResult:
     """One backend's run over all requests. Tokens are those the requests asked for, counted
-    from what the backend returned; elapsed_s excludes start-up (loading weights)."""
+    from what the backend returned; elapsed_s excludes start-up (loading weights). detail says
+    what the backend ran where the report's config line does not (e.g. a peer's own dtype)."""
 
     backend: str
     num_requests: int
@@ -23,6 +24,7 @@ class ThroughputResult:
     output_tokens: int
     elapsed_s: float
     startup_s: float
+    detail: str = ""
 
     @property
     def requests_per_s(self) -> float:

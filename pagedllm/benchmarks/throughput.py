@@ -19,12 +19,13 @@ from pagedllm.benchmarks.metrics import (
     ThroughputResult,
     ratios,
 )
+from pagedllm.benchmarks.vllm_backend import run_vllm_throughput, vllm_peer
 from pagedllm.config import ModelConfig
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.llm import LLM
 from pagedllm.sampling_params import SamplingParams
 
-THROUGHPUT_BACKENDS = ("pagedllm", "hf", "llama.cpp")
+THROUGHPUT_BACKENDS = ("pagedllm", "hf", "llama.cpp", "vllm")
 
 
 def run_pagedllm_throughput(
@@ -58,6 +59,8 @@ def _run_backend(
         return run_pagedllm_throughput(EngineArgs.from_cli_args(args), requests, args.temperature)
     if backend == "hf":
         return run_hf_throughput(model_config, requests, args.hf_batch_size, args.temperature)
+    if backend == "vllm":
+        return run_vllm_throughput(vllm_peer(args), model_config, requests, args.temperature)
     require_llama_cpp()
     return run_llamacpp_throughput(
         model_config, requests, args.temperature, torch.get_num_threads()
@@ -118,4 +121,5 @@ def format_throughput(report: dict) -> str:
     for peer, peer_ratios in report["ratios"].items():
         cells = "".join(f"{peer_ratios[k]:>13.3f}x" for k in THROUGHPUT_RATES)
         lines.append(f"{'pagedllm/' + peer:<20}{cells}")
-    return "\n".join(lines)
+    details = [f"{b}: {r['detail']}" for b, r in report["results"].items() if r.get("detail")]
+    return "\n".join(lines + details)

@@ -18,6 +18,7 @@ def test_defaults_follow_the_issue() -> None:
     t = _parse(["bench", "throughput"])
     assert (t.num_prompts, t.input_len, t.output_len, t.temperature) == (256, "32:512", "32:256", 0)
     assert (t.backend, t.hf_batch_size, t.model, t.json) == ("all", 16, None, None)
+    assert (t.vllm_python, t.vllm_kv_cache_gib, t.dtype) == (None, None, "auto")
     lat = _parse(["bench", "latency"])
     assert (lat.batch_size, lat.input_len, lat.output_len) == (1, 32, 128)
     assert (lat.num_iters, lat.num_warmup, lat.backend) == (5, 1, "pagedllm")
@@ -34,8 +35,8 @@ def test_parse_backends() -> None:
     choices = ("pagedllm", "hf", "llama.cpp")
     assert parse_backends("all", choices) == list(choices)
     assert parse_backends("hf, pagedllm,hf", choices) == ["hf", "pagedllm"]
-    with pytest.raises(ValueError, match="--backend 'vllm'"):
-        parse_backends("vllm", choices)
+    with pytest.raises(ValueError, match="--backend 'sglang'"):
+        parse_backends("sglang", choices)
 
 
 def test_perplexity_and_gguf_type_defaults() -> None:

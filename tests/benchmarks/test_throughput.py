@@ -43,6 +43,7 @@ def test_throughput_accounting_ratios_and_json(
         assert ratio == pytest.approx(o / p, rel=2e-3)
     if importlib.util.find_spec("llama_cpp") is None:
         assert "llama.cpp           skipped: pip install llama-cpp-python" in out
+    assert "vllm                skipped: give --vllm-python PATH" in out
 
     report = json.load(open(json_path))
     assert set(report) == {"benchmark", "config", "results", "ratios"}
@@ -59,5 +60,5 @@ def test_throughput_accounting_ratios_and_json(
 def test_throughput_rejects_unknown_backend(
     run_bench: Callable[[list[str]], str], tiny_model_path: Callable[[str], str]
 ) -> None:
-    with pytest.raises(ValueError, match="--backend 'vllm'"):
-        run_bench(["throughput", "--model", tiny_model_path(TINY_MODEL), "--backend", "vllm"])
+    with pytest.raises(ValueError, match="--backend 'sglang'"):
+        run_bench(["throughput", "--model", tiny_model_path(TINY_MODEL), "--backend", "sglang"])
