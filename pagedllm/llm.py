@@ -68,8 +68,12 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         chat_template_kwargs: dict | None = None,
+        continue_final_message: bool = False,
+        tools: list[dict] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to each conversation, then generate."""
+        """Apply the tokenizer's chat template to each conversation, then generate.
+        `tools` (OpenAI's tool definitions) and `continue_final_message` go to the
+        template, as in vLLM's `LLM.chat`."""
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("chat needs a tokenizer (skip_tokenizer_init is set)")
@@ -80,6 +84,8 @@ class LLM:
                 conversation,
                 chat_template=chat_template,
                 add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tools=tools,
                 tokenize=True,
                 return_dict=False,
                 **(chat_template_kwargs or {}),

@@ -7,6 +7,7 @@ the engine calls when the request is added.
 """
 
 import copy
+import json
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any, Protocol
@@ -18,6 +19,7 @@ from pagedllm.value_checks import (
     as_logit_bias,
     as_str_list,
     check_ids_in_vocab,
+    check_text,
     fail,
 )
 
@@ -37,6 +39,83 @@ class SamplingType(IntEnum):
     GREEDY = 0
     RANDOM = 1
     RANDOM_SEED = 2
+
+
+@dataclass
+class StructuredOutputsParams:
+    """One constraint on a request's output text (vLLM's fields): a JSON schema (`json`, a
+    dict or its JSON text), a `regex`, a `choice` of strings, a Lark or llama.cpp GBNF
+    `grammar`, or any JSON object (`json_object=True`). `whitespace_pattern` (a regex)
+    sets the whitespace JSON may hold between tokens; without it JSON is compact, with
+    `, ` and `: ` as separators.
+
+    The fields' shapes are checked here; the schema, regex or grammar itself when the
+    engine compiles it (a ValueError naming it when the request is added).
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        kinds = [name for name in _CONSTRAINT_KINDS if getattr(self, name) not in (None, False)]
+        if len(kinds) != 1:
+            fail("structured_outputs", kinds, f"exactly one of {list(_CONSTRAINT_KINDS)} set")
+        self._check_json()
+        self._check_texts()
+        if self.choice is not None:
+            if not isinstance(self.choice, list | tuple) or not self.choice:
+                fail("structured_outputs.choice", self.choice, "a non-empty list of str")
+            self.choice = as_str_list("structured_outputs.choice", self.choice, strip=False)
+        if self.json_object is not None and not isinstance(self.json_object, bool):
+            fail("structured_outputs.json_object", self.json_object, "a bool or None")
+
+    def _check_texts(self) -> None:
+        """regex, grammar and whitespace_pattern: non-empty valid Unicode when set; a
+        whitespace_pattern only for JSON."""
+        for name in ("regex", "grammar", "whitespace_pattern"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, str) or not value:
+                fail(f"structured_outputs.{name}", value, "a non-empty str or None")
+            check_text(f"structured_outputs.{name}", value)
+        if self.whitespace_pattern is not None and self.kind not in ("json", "json_object"):
+            name, value = "structured_outputs.whitespace_pattern", self.whitespace_pattern
+            fail(name, value, f"None with {self.kind} (it applies to JSON only)")
+
+    def _check_json(self) -> None:
+        """A schema: a dict, or the JSON text of one; valid Unicode either way."""
+        if self.json is None:
+            return
+        if isinstance(self.json, str):
+            text = self.json
+            try:
+                schema = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+        elif isinstance(self.json, dict):
+            schema = self.json
+            try:
+                text = json.dumps(schema, ensure_ascii=False)
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"structured_outputs.json is not JSON-serializable: {e}") from None
+        else:
+            raise TypeError(f"structured_outputs.json must be a dict or a str, got {self.json!r}")
+        if not isinstance(schema, dict):
+            fail("structured_outputs.json", self.json, "a JSON object (a schema)")
+        check_text("structured_outputs.json", text)
+
+    @property
+    def kind(self) -> str:
+        """The name of the constraint set: json, regex, choice, grammar or json_object."""
+        return next(name for name in _CONSTRAINT_KINDS if getattr(self, name) not in (None, False))
+
+
+_CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
 class Tokenizer(Protocol):
@@ -77,6 +156,7 @@ class SamplingParams:
     bad_words: list[str] | None = None
     extra_args: dict[str, Any] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine: `update_from_tokenizer` and `update_from_generation_config`.
     bad_words_token_ids: list[list[int]] | None = field(default=None, init=False, repr=False)
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
@@ -156,6 +236,9 @@ class SamplingParams:
             raise TypeError(f"extra_args must be a dict or None, got {type(self.extra_args)}")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise TypeError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise TypeError(f"structured_outputs must be a StructuredOutputsParams, got {so!r}")
 
     def verify(self, vocab_size: int, max_logprobs: int, max_n: int = DEFAULT_MAX_N) -> None:
         """Checks that need the engine: token ids in [0, vocab_size), logprobs within the

@@ -1,6 +1,7 @@
 """LLM (pagedllm/llm.py) end to end on tiny random checkpoints: greedy generations equal
 transformers' `generate(do_sample=False)` run prompt by prompt, bad input raises ValueError
-and leaves the engine serving, and the progress bar obeys use_tqdm."""
+and leaves the engine serving, the progress bar obeys use_tqdm, and chat gives the template
+its tools and options."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from pagedllm import LLM, SamplingParams
+from tests.entrypoints.openai.scripted_model import save_scripted_model
 
 GREEDY_MODELS = ["llama-gqa-llama3", "qwen3", "qwen3-moe"]
 MAX_TOKENS = 32
@@ -164,3 +166,24 @@ def test_missing_weight_names_it(tiny_model_path, tmp_path) -> None:
         ValueError, match=r"no weights for 1 parameters: model\.layers\.1\.mlp\.down"
     ):
         LLM(folder, num_kv_blocks=32, max_model_len=256, **ENGINE_KWARGS)
+
+
+def test_chat_passes_tools_and_template_options(tmp_path) -> None:
+    """LLM.chat as vLLM's: tools, chat_template_kwargs and continue_final_message reach the
+    template (the scripted model's; reference: its greedy chain of words)."""
+    save_scripted_model(str(tmp_path))
+    llm = LLM(str(tmp_path), num_kv_blocks=16, max_model_len=64)
+    params = SamplingParams(temperature=0, max_tokens=8)
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    user = [{"role": "user", "content": "Weather?"}]
+    (called,) = llm.chat(user, params, use_tqdm=False, tools=tools)
+    expected = llm.get_tokenizer().encode("user Weather? tools get_weather assistant")
+    assert called.prompt_token_ids == expected
+    kwargs = {"enable_thinking": False}
+    (plain,) = llm.chat(user, params, use_tqdm=False, chat_template_kwargs=kwargs)
+    assert plain.outputs[0].text.split()[0] == "<tool_call>"  # after the closed think part
+    started = [*user, {"role": "assistant", "content": "It"}]
+    (continued,) = llm.chat(
+        started, params, use_tqdm=False, add_generation_prompt=False, continue_final_message=True
+    )
+    assert continued.outputs[0].text == " is sunny"

@@ -2,7 +2,12 @@
 
 import pytest
 
-from pagedllm.sampling_params import RequestOutputKind, SamplingParams, SamplingType
+from pagedllm.sampling_params import (
+    RequestOutputKind,
+    SamplingParams,
+    SamplingType,
+    StructuredOutputsParams,
+)
 
 
 def test_defaults_are_vllms() -> None:
@@ -192,3 +197,50 @@ def test_clone_is_deep_and_buffer_length() -> None:
     assert (
         SamplingParams(stop="abc", include_stop_str_in_output=True).output_text_buffer_length == 0
     )
+
+
+@pytest.mark.parametrize(
+    "kwargs, kind",
+    [
+        ({"json": {"type": "object"}}, "json"),
+        ({"json": '{"type": "integer"}'}, "json"),
+        ({"regex": "[a-z]+"}, "regex"),
+        ({"choice": ["yes", "no"]}, "choice"),
+        ({"grammar": 'start: "a"'}, "grammar"),
+        ({"json_object": True}, "json_object"),
+        ({"json_object": True, "whitespace_pattern": " ?"}, "json_object"),
+    ],
+)
+def test_structured_outputs_one_kind(kwargs: dict, kind: str) -> None:
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(**kwargs))
+    assert params.structured_outputs.kind == kind
+    assert params.clone().structured_outputs == params.structured_outputs
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"json": {"type": "object"}, "regex": "a"}, r"exactly one of .* got \['json', 'regex'\]"),
+        ({"choice": ["a"], "grammar": "start: x"}, r"got \['choice', 'grammar'\]"),
+        ({}, r"structured_outputs must be exactly one of .* got \[\]"),
+        ({"json": '{"type": '}, "structured_outputs.json is not valid JSON"),
+        ({"json": "[1, 2]"}, "structured_outputs.json must be a JSON object"),
+        ({"regex": ""}, "structured_outputs.regex must be a non-empty str"),
+        ({"choice": []}, "structured_outputs.choice must be a non-empty list"),
+        ({"regex": "a", "whitespace_pattern": " "}, "whitespace_pattern must be None with regex"),
+        ({"grammar": "start: \ud800"}, "structured_outputs.grammar is not valid Unicode"),
+        ({"json": {"enum": ["\ud800"]}}, "structured_outputs.json is not valid Unicode"),
+    ],
+)
+def test_structured_outputs_bad_shapes_name_the_field(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        StructuredOutputsParams(**kwargs)
+
+
+def test_structured_outputs_types() -> None:
+    with pytest.raises(TypeError, match="structured_outputs must be a StructuredOutputsParams"):
+        SamplingParams(structured_outputs={"regex": "a"})
+    with pytest.raises(TypeError, match="structured_outputs.json must be a dict or a str"):
+        StructuredOutputsParams(json=3)
+    with pytest.raises(TypeError, match="structured_outputs.json is not JSON-serializable"):
+        StructuredOutputsParams(json={"const": object()})

@@ -2,9 +2,9 @@
 
 The only place requests are checked against the engine: the sampling parameters against
 the model (vocabulary, logprobs cap, max_n, the logits processors' own checks), the prompt
-(tokenized here when it is text) against the vocabulary and max_model_len, and the
-fan-out against the KV cache. A bad request raises ValueError/TypeError and changes
-nothing.
+(tokenized here when it is text) against the vocabulary and max_model_len, the fan-out
+against the KV cache, and the structured-output constraint (compiled here, one matcher
+per completion). A bad request raises ValueError/TypeError and changes nothing.
 """
 
 from collections.abc import Callable, Sequence
@@ -18,6 +18,7 @@ from pagedllm.core.sequence import new_seq_id
 from pagedllm.engine.detokenizer import make_detokenizer
 from pagedllm.engine.request import Completion, Request
 from pagedllm.sampling_params import SamplingParams
+from pagedllm.structured_output import GrammarMatcher, StructuredOutputManager
 
 PromptType = str | list[int] | dict
 
@@ -42,14 +43,17 @@ class InputProcessor:
         generation_config: dict,
         validate_params: Callable[[SamplingParams], None],
         num_kv_blocks: int,
+        structured_output: StructuredOutputManager | None = None,
     ) -> None:
-        """`validate_params`: the logits processors' checks of a request's params."""
+        """`validate_params`: the logits processors' checks of a request's params;
+        `structured_output` compiles the requests' constraints (None: none accepted)."""
         self.config = config
         self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
         self.generation_config = generation_config
         self.validate_params = validate_params
         self.num_kv_blocks = num_kv_blocks
+        self.structured_output = structured_output
 
     def process(
         self,
@@ -69,6 +73,7 @@ class InputProcessor:
         detokenizer = make_detokenizer(self.tokenizer, token_ids, params)
         request.completions.append(Completion(0, seq, detokenizer))
         request.generators = [self._generator(params, k) for k in range(params.n)]
+        request.matchers = self._matchers(params)
         return request
 
     def _prepare_params(self, params: SamplingParams | None) -> SamplingParams:
@@ -128,6 +133,15 @@ class InputProcessor:
                 f"{params.n * max_new} tokens, more than the KV cache holds ({capacity} "
                 "tokens); lower n or max_tokens"
             )
+
+    def _matchers(self, params: SamplingParams) -> list[GrammarMatcher]:
+        """One grammar matcher per completion; compiling checks the schema, regex or
+        grammar (ValueError naming it)."""
+        if params.structured_outputs is None:
+            return []
+        if self.structured_output is None:
+            raise ValueError("structured_outputs are not supported by this engine")
+        return self.structured_output.new_matchers(params.structured_outputs, params.n)
 
     def _generator(self, params: SamplingParams, index: int) -> torch.Generator | None:
         """Completion `index` of a seeded request draws from its own generator."""

@@ -18,12 +18,18 @@ from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.request import Request
 from pagedllm.engine.stats import EngineStats
 from pagedllm.engine.step_plan import plan_step
-from pagedllm.engine.tokenizer import generation_config_dict, get_tokenizer, model_eos_token_id
+from pagedllm.engine.tokenizer import (
+    eos_token_ids,
+    generation_config_dict,
+    get_tokenizer,
+    model_eos_token_id,
+)
 from pagedllm.executor.factory import make_executor
 from pagedllm.executor.kv_cache import num_kv_blocks
 from pagedllm.executor.torchrun_executor import run_torchrun_worker, torchrun_rank
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
+from pagedllm.structured_output import StructuredOutputManager
 
 __all__ = ["LLMEngine", "PromptType"]
 
@@ -48,13 +54,18 @@ class LLMEngine:
             sched.enable_chunked_prefill,
             self.block_manager,
         )
+        generation_config = generation_config_dict(self.model_config)
+        self.structured_output = StructuredOutputManager(
+            self.tokenizer, eos_token_ids(eos_token_id, generation_config)
+        )
         self.input_processor = InputProcessor(
             config,
             self.tokenizer,
             eos_token_id,
-            generation_config_dict(self.model_config),
+            generation_config,
             self.executor.validate_params,
             self.num_blocks,
+            self.structured_output,
         )
         self.output_processor = OutputProcessor(
             self.scheduler, self.tokenizer, eos_token_id, self.model_config.max_model_len
@@ -98,7 +109,7 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
-        plan = plan_step(out, self.requests)
+        plan = plan_step(out, self.requests, self.structured_output)
         result = self.executor.execute(plan.step_input, plan.rows)
         self.scheduler.update_after_step(out.scheduled)
         return self.output_processor.process(out, result, plan.owners)

@@ -1,8 +1,9 @@
 """OutputProcessor: a step's results -> each request's completions and RequestOutputs.
 
 It owns the requests in flight. Per sampled token: fork the n completions at a request's
-first token (sharing the parent's KV blocks), append, detokenize incrementally, turn the
-logprob tensors into dicts, check the stop conditions and finish sequences in the
+first token (sharing the parent's KV blocks), advance the completion's structured-output
+matcher, append, detokenize incrementally, turn the logprob tensors into dicts, check the
+stop conditions (a completed constraint stops with "stop") and finish sequences in the
 scheduler; per prefill chunk with prompt_logprobs: extend them. A failure that belongs to
 one request (no token could be sampled under its parameters, its detokenization or stop
 check raising) ends that request alone with `RequestOutput.error`; the batch goes on.
@@ -117,6 +118,9 @@ class OutputProcessor:
         logprobs: dict[int, Logprob] | None,
     ) -> None:
         seq, params = completion.seq, request.params
+        matcher = request.matchers[completion.index] if request.matchers else None
+        if matcher is not None:
+            matcher.accept_token(token)
         seq.append_token(token)
         self.num_generation_tokens += 1
         if request.first_token_time is None:
@@ -127,8 +131,15 @@ class OutputProcessor:
             completion.logprobs = (completion.logprobs or []) + [logprobs]
             completion.cumulative_logprob += logprobs[token].logprob
         new_chars = completion.add_text(token)
+        terminated = matcher is not None and matcher.is_terminated
         decision = check_stop(
-            seq, params, self.eos_token_id, self.max_model_len, completion.text, new_chars
+            seq,
+            params,
+            self.eos_token_id,
+            self.max_model_len,
+            completion.text,
+            new_chars,
+            terminated,
         )
         if decision is not None:
             completion.apply_stop(decision)

@@ -10,6 +10,7 @@ from pagedllm.engine.detokenizer import IncrementalDetokenizer
 from pagedllm.engine.stop_checker import StopDecision
 from pagedllm.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+from pagedllm.structured_output import GrammarMatcher
 
 
 class Completion:
@@ -57,6 +58,8 @@ class Request:
         self.first_token_time: float | None = None
         self.completions: list[Completion] = []
         self.generators: list[torch.Generator | None] = []
+        # One per completion under structured_outputs, else empty.
+        self.matchers: list[GrammarMatcher] = []
         self.prompt_logprobs: PromptLogprobs | None = None
         self.num_cached_tokens = 0
         self.num_sent_prompt_logprobs = 0

@@ -2,7 +2,9 @@
 
 Each scheduled sequence contributes its chunk of new tokens; each one that produces a
 token this step contributes sampler rows: one normally, n for a request's first token
-(its n completions are sampled from the parent's logits, then fork).
+(its n completions are sampled from the parent's logits, then fork). A row under a
+structured-output constraint carries its completion's token bitmask, built for all such
+rows at once; free rows add nothing.
 """
 
 from dataclasses import dataclass
@@ -13,6 +15,7 @@ from pagedllm.engine.request import Request
 from pagedllm.executor.batch import SeqChunk
 from pagedllm.executor.model_runner import StepInput
 from pagedllm.sample.metadata import SamplingRow
+from pagedllm.structured_output import GrammarMatcher, StructuredOutputManager
 
 
 @dataclass
@@ -22,9 +25,14 @@ class StepPlan:
     owners: list[tuple[int, int]]  # per sampler row: (batch index, completion index)
 
 
-def plan_step(out: SchedulerOutput, requests: dict[str, Request]) -> StepPlan:
+def plan_step(
+    out: SchedulerOutput,
+    requests: dict[str, Request],
+    structured_output: StructuredOutputManager | None = None,
+) -> StepPlan:
+    """`structured_output` builds the bitmasks of constrained rows (needed when any)."""
     chunks, sample_indices, prompt_indices = [], [], []
-    rows, owners = [], []
+    rows, owners, constrained = [], [], []
     for i, s in enumerate(out.scheduled):
         seq, start = s.seq, s.seq.num_computed_tokens
         chunks.append(
@@ -37,11 +45,27 @@ def plan_step(out: SchedulerOutput, requests: dict[str, Request]) -> StepPlan:
             continue
         prompt_ids, output_ids = seq.token_ids[: seq.num_prompt_tokens], seq.output_token_ids
         for k in _completion_indices(request, seq):
+            if request.matchers:
+                constrained.append((len(rows), request.matchers[k]))
             rows.append(SamplingRow(request.params, prompt_ids, output_ids, request.generators[k]))
             sample_indices.append(i)
             owners.append((i, k))
+    if constrained:
+        _add_token_bitmasks(rows, constrained, structured_output)
     step_input = StepInput(chunks, out.blocks_to_copy, sample_indices, prompt_indices)
     return StepPlan(step_input, rows, owners)
+
+
+def _add_token_bitmasks(
+    rows: list[SamplingRow],
+    constrained: list[tuple[int, GrammarMatcher]],
+    structured_output: StructuredOutputManager | None,
+) -> None:
+    """Give each constrained row (row index, its matcher) its bitmask [W]."""
+    assert structured_output is not None, "constrained rows need the StructuredOutputManager"
+    bitmask = structured_output.grammar_bitmask([m for _, m in constrained])
+    for (row, _), mask in zip(constrained, bitmask, strict=True):
+        rows[row].token_bitmask = mask
 
 
 def _completion_indices(request: Request, seq: Sequence) -> list[int]:

@@ -1,4 +1,5 @@
-"""When a sequence stops: EOS, stop token ids, stop strings, max_tokens, max_model_len."""
+"""When a sequence stops: EOS, stop token ids, stop strings, a completed structured-output
+constraint, max_tokens, max_model_len."""
 
 from dataclasses import dataclass
 
@@ -20,8 +21,11 @@ def check_stop(
     max_model_len: int,
     output_text: str,
     new_text_len: int,
+    grammar_terminated: bool = False,
 ) -> StopDecision | None:
-    """Decide after `seq` got its newest token and `new_text_len` characters of text."""
+    """Decide after `seq` got its newest token and `new_text_len` characters of text.
+    `grammar_terminated`: its structured-output constraint is complete (only EOS could
+    follow), which stops it even before min_tokens, since nothing else can be sampled."""
     token = seq.last_token_id
     if seq.num_output_tokens >= params.min_tokens:
         if not params.ignore_eos and token == eos_token_id:
@@ -31,6 +35,8 @@ def check_stop(
         found = find_stop_string(output_text, new_text_len, params)
         if found is not None:
             return found
+    if grammar_terminated:
+        return StopDecision(SequenceStatus.FINISHED_STOPPED)
     if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
         return StopDecision(SequenceStatus.FINISHED_LENGTH)
     if seq.num_tokens >= max_model_len:

@@ -30,6 +30,14 @@ def generation_config_dict(model_config: ModelConfig) -> dict:
     return GenerationConfig.from_pretrained(model_config.model).to_dict()
 
 
+def eos_token_ids(eos_token_id: int | None, generation_config: dict) -> list[int]:
+    """Every id that ends an answer: the model's EOS and generation_config.json's."""
+    extra = generation_config.get("eos_token_id")
+    extra = [] if extra is None else [extra] if isinstance(extra, int) else list(extra)
+    ids = [] if eos_token_id is None else [eos_token_id]
+    return ids + [i for i in extra if i not in ids]
+
+
 def model_eos_token_id(
     model_config: ModelConfig, tokenizer: PreTrainedTokenizerBase | None
 ) -> int | None:

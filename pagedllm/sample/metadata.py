@@ -18,13 +18,16 @@ class SamplingRow:
 
     `generator` is required for a seeded random request: the engine creates it once per
     request (`torch.Generator(device).manual_seed(seed)`) and passes the same one each step,
-    so the request's tokens do not depend on the rest of the batch.
+    so the request's tokens do not depend on the rest of the batch. `token_bitmask` [W]
+    int32 is the tokens its structured-output grammar allows next (see
+    ops/token_bitmask.py); None for an unconstrained row.
     """
 
     params: SamplingParams
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     generator: torch.Generator | None = None
+    token_bitmask: torch.Tensor | None = None
 
 
 @dataclass
@@ -44,6 +47,9 @@ class SamplingMetadata:
     allowed_token_ids_mask: [B, V] bool, True where a token is NOT allowed; None if unused.
     bad_words_token_ids: row -> token id lists of its bad words (rows with bad words only).
     max_num_logprobs:   largest `logprobs` asked in the batch (-1 = whole vocab), or None.
+    token_bitmask:      [C, W] int32, the grammar bitmasks of the C constrained rows;
+                        None if no row is constrained.
+    token_bitmask_rows: [C] int64, the rows those bitmasks belong to.
     """
 
     rows: list[SamplingRow]
@@ -63,6 +69,8 @@ class SamplingMetadata:
     allowed_token_ids_mask: torch.Tensor | None = None
     bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)
     max_num_logprobs: int | None = None
+    token_bitmask: torch.Tensor | None = None
+    token_bitmask_rows: torch.Tensor | None = None
 
     @property
     def output_token_ids(self) -> list[list[int]]:
@@ -84,6 +92,7 @@ class SamplingMetadata:
             allowed_token_ids_mask=_allowed_token_ids_mask(params, vocab_size, device),
             bad_words_token_ids=_bad_words(params),
             max_num_logprobs=_max_num_logprobs(params),
+            **_token_bitmask_fields(rows, device),
         )
 
 
@@ -147,6 +156,17 @@ def _allowed_token_ids_mask(
     rows, tokens = torch.tensor(pairs, dtype=torch.long, device=device).T
     mask[rows, tokens] = False
     return mask
+
+
+def _token_bitmask_fields(rows: list[SamplingRow], device: torch.device) -> dict:
+    constrained = [i for i, row in enumerate(rows) if row.token_bitmask is not None]
+    if not constrained:
+        return {}
+    bitmask = torch.stack([rows[i].token_bitmask for i in constrained])
+    return dict(
+        token_bitmask=bitmask.to(device, non_blocking=True),
+        token_bitmask_rows=torch.tensor(constrained, dtype=torch.long, device=device),
+    )
 
 
 def _bad_words(params: list[SamplingParams]) -> dict[int, list[list[int]]]:

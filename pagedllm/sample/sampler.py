@@ -1,9 +1,10 @@
 """The sampling pipeline: logits [B, V] -> one token per row, plus the logprobs asked for.
 
-Order (vLLM v1): raw logprobs (raw modes) -> float32 -> allowed_token_ids mask -> bad
-words -> non-argmax-invariant processors (min_tokens, logit_bias, custom) -> penalties ->
-greedy rows: argmax; random rows: temperature -> argmax-invariant processors (min_p,
-custom) -> top-k / top-p -> sample -> gather logprobs (processed modes: the final logits).
+Order (vLLM v1): structured-output bitmask (constrained rows) -> raw logprobs (raw modes)
+-> float32 -> allowed_token_ids mask -> bad words -> non-argmax-invariant processors
+(min_tokens, logit_bias, custom) -> penalties -> greedy rows: argmax; random rows:
+temperature -> argmax-invariant processors (min_p, custom) -> top-k / top-p -> sample ->
+gather logprobs (processed modes: the final logits).
 
 Logits processors keep per-row state; see pagedllm/sample/logits_processors.py for how the
 Sampler keeps them in step with the batch.
@@ -25,6 +26,7 @@ from pagedllm.sample.metadata import SamplingMetadata
 from pagedllm.sample.ops.bad_words import apply_bad_words
 from pagedllm.sample.ops.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
 from pagedllm.sample.ops.penalties import apply_penalties
+from pagedllm.sample.ops.token_bitmask import apply_token_bitmask
 from pagedllm.sample.ops.top_k_top_p import apply_top_k_top_p
 
 LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
@@ -81,6 +83,8 @@ class Sampler(nn.Module):
 
     def _sample_batch(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         self._refresh_logitsprocs(metadata)
+        if metadata.token_bitmask is not None:
+            apply_token_bitmask(logits, metadata.token_bitmask_rows, metadata.token_bitmask)
         num_logprobs = metadata.max_num_logprobs
         raw = None
         if num_logprobs is not None and self.logprobs_mode == "raw_logprobs":
@@ -203,8 +207,9 @@ def _reject_unsampleable(
     if not rows:
         return sampled, {}
     message = (
-        "no token can be sampled for this request: after allowed_token_ids, bad_words, "
-        "logit_bias, min_tokens, penalties and temperature every logit is -inf or NaN"
+        "no token can be sampled for this request: after structured_outputs, "
+        "allowed_token_ids, bad_words, logit_bias, min_tokens, penalties and temperature "
+        "every logit is -inf or NaN"
     )
     return sampled.masked_fill(bad, 0), {row: ValueError(message) for row in rows}
 

@@ -93,3 +93,35 @@ def test_a_prefill_chunk_that_does_not_reach_the_end_samples_nothing() -> None:
     plan = plan_step(SchedulerOutput([ScheduledSequence(a.completions[0].seq, 4)]), {"a": a})
     assert plan.rows == [] and plan.owners == [] and plan.step_input.sample_indices == []
     assert plan.step_input.prompt_logprob_indices == []
+
+
+class FakeMatcher:
+    """A completion's grammar state as plan_step sees it: something to build a mask from."""
+
+
+class FakeManager:
+    """Hands out row i of the bitmask as [i], recording which matchers it was asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[FakeMatcher]] = []
+
+    def grammar_bitmask(self, matchers: list[FakeMatcher]) -> torch.Tensor:
+        self.asked.append(matchers)
+        return torch.arange(len(matchers), dtype=torch.int32).unsqueeze(1)
+
+
+def test_only_constrained_rows_get_a_bitmask_built_once_per_step() -> None:
+    """Request a (n=2, constrained) samples its first token next to free request b: one
+    bitmask call with a's two matchers; b's row carries none and costs nothing."""
+    a = make_request("a", [5, 6, 7], n=2)
+    a.matchers = [FakeMatcher(), FakeMatcher()]
+    b = make_request("b", [8, 9])
+    a0, b0 = a.completions[0].seq, b.completions[0].seq
+    out = SchedulerOutput([ScheduledSequence(a0, 3), ScheduledSequence(b0, 2)])
+    manager = FakeManager()
+    plan = plan_step(out, {"a": a, "b": b}, manager)
+    assert manager.asked == [a.matchers]
+    assert [r.token_bitmask.tolist() for r in plan.rows[:2]] == [[0], [1]]
+    assert plan.rows[2].token_bitmask is None
+    free_only = plan_step(SchedulerOutput([ScheduledSequence(b0, 2)]), {"b": b}, manager)
+    assert len(manager.asked) == 1 and free_only.rows[0].token_bitmask is None

@@ -1,6 +1,7 @@
 """check_stop (pagedllm/engine/stop_checker.py) against vLLM's stop rules: EOS unless
 ignore_eos, stop_token_ids, stop strings (cut from the text unless include_stop_str_in_output),
-all only after min_tokens; then max_tokens and max_model_len."""
+all only after min_tokens; then a completed structured-output constraint (any time), then
+max_tokens and max_model_len."""
 
 import pytest
 
@@ -92,3 +93,15 @@ def test_max_model_len_is_length(num_outputs: int, stops: bool) -> None:
     assert (decision is not None) == stops
     if stops:
         assert decision.status is SequenceStatus.FINISHED_LENGTH
+
+
+def test_a_completed_constraint_stops_and_an_unfinished_one_hits_max_tokens() -> None:
+    """A grammar with nothing left but EOS ends the answer as "stop", even at max_tokens or
+    before min_tokens (nothing else can be sampled); an unfinished one at max_tokens is
+    "length"."""
+    seq = seq_with_outputs([5, 6])
+    for params in (SamplingParams(max_tokens=2), SamplingParams(min_tokens=5)):
+        decision = check_stop(seq, params, EOS, MAX_MODEL_LEN, "", 0, grammar_terminated=True)
+        assert decision.status is SequenceStatus.FINISHED_STOPPED
+    decision = check_stop(seq, SamplingParams(max_tokens=2), EOS, MAX_MODEL_LEN, "", 0)
+    assert decision.status is SequenceStatus.FINISHED_LENGTH

@@ -12,7 +12,12 @@ import torch
 import transformers
 
 from pagedllm.config import ModelConfig
-from pagedllm.engine.tokenizer import generation_config_dict, get_tokenizer, model_eos_token_id
+from pagedllm.engine.tokenizer import (
+    eos_token_ids,
+    generation_config_dict,
+    get_tokenizer,
+    model_eos_token_id,
+)
 from tests.engine.engine_helpers import LLAMA
 
 
@@ -66,3 +71,17 @@ def test_folder_without_a_tokenizer_raises_with_advice(tiny_model_path, tmp_path
         ValueError, match="(?s)cannot load a tokenizer from .*skip_tokenizer_init=True"
     ):
         get_tokenizer(model_config)
+
+
+@pytest.mark.parametrize(
+    "eos, generation_config, expected",
+    [
+        (2, {}, [2]),
+        (2, {"eos_token_id": 7}, [2, 7]),
+        (2, {"eos_token_id": [7, 2]}, [2, 7]),
+        (None, {"eos_token_id": [7, 2]}, [7, 2]),
+        (None, {}, []),
+    ],
+)
+def test_eos_token_ids_put_the_models_first(eos, generation_config, expected) -> None:
+    assert eos_token_ids(eos, generation_config) == expected

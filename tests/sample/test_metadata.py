@@ -26,6 +26,7 @@ def test_all_greedy_batch_builds_nothing_to_skip() -> None:
     assert all(f is None for f in fields)
     assert md.allowed_token_ids_mask is None and md.bad_words_token_ids == {}
     assert md.generators == {} and md.max_num_logprobs is None
+    assert md.token_bitmask is None and md.token_bitmask_rows is None
 
 
 def test_mixed_batch_tensors() -> None:
@@ -72,3 +73,12 @@ def test_bad_words_need_the_tokenizer_pass() -> None:
     params.bad_words_token_ids = [[4]]
     md = build(row(), SamplingRow(params, [], [1]))
     assert md.bad_words_token_ids == {1: [[4]]} and md.output_token_ids == [[], [1]]
+
+
+def test_token_bitmasks_stack_only_the_constrained_rows() -> None:
+    constrained = [row(), row(), row()]
+    constrained[0].token_bitmask = torch.tensor([5], dtype=torch.int32)
+    constrained[2].token_bitmask = torch.tensor([-1], dtype=torch.int32)
+    md = build(*constrained)
+    assert md.token_bitmask_rows.tolist() == [0, 2]
+    assert md.token_bitmask.tolist() == [[5], [-1]] and md.token_bitmask.dtype == torch.int32

@@ -15,6 +15,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
+from typing import TypeVar
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
@@ -36,6 +37,7 @@ from pagedllm.entrypoints.openai.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from pagedllm.entrypoints.openai.reasoning import REASONING_PARSERS
 from pagedllm.entrypoints.openai.request_size import (
     DEFAULT_MAX_REQUEST_BYTES,
     RequestSizeLimitMiddleware,
@@ -53,6 +55,7 @@ from pagedllm.entrypoints.openai.responses import (
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from pagedllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from pagedllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -62,6 +65,7 @@ _ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 5
 _SSE = {200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE if stream"}}
 
 router = APIRouter()
+T = TypeVar("T")
 
 
 @router.get("/health", responses={503: {"model": ErrorResponse}})
@@ -162,18 +166,39 @@ async def _stop_when_engine_dies(app: FastAPI) -> None:
         server.should_exit = True
 
 
+def registered(flag: str, name: str | None, registry: dict[str, T]) -> T | None:
+    """The class registered as `name` (None for None); ValueError naming the known ones."""
+    if name is not None and name not in registry:
+        raise ValueError(f"{flag} {name!r} is not one of {sorted(registry)}")
+    return None if name is None else registry[name]
+
+
+def check_tool_flags(tool_call_parser: str | None, enable_auto_tool_choice: bool) -> None:
+    if enable_auto_tool_choice and tool_call_parser is None:
+        raise ValueError(
+            f"--enable-auto-tool-choice needs --tool-call-parser (one of {sorted(TOOL_PARSERS)})"
+        )
+
+
 def build_app(
     engine: EngineClient,
     served_model_names: list[str],
     api_key: str | None = None,
     chat_template: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    reasoning_parser: str | None = None,
+    tool_call_parser: str | None = None,
+    enable_auto_tool_choice: bool = False,
 ) -> FastAPI:
-    """The app over a (not yet started) engine; its lifespan starts and stops the engine."""
+    """The app over a (not yet started) engine; its lifespan starts and stops the engine.
+    The parsers are named as in vLLM's --reasoning-parser and --tool-call-parser."""
     if engine.tokenizer is None:
         raise ValueError("the OpenAI server needs a tokenizer, but skip_tokenizer_init is set")
     if not served_model_names:
         raise ValueError("served_model_names must name at least one model")
+    check_tool_flags(tool_call_parser, enable_auto_tool_choice)
+    reasoning = registered("--reasoning-parser", reasoning_parser, REASONING_PARSERS)
+    tools = registered("--tool-call-parser", tool_call_parser, TOOL_PARSERS)
     app = FastAPI(
         title="pagedllm OpenAI-compatible API",
         version=importlib.metadata.version("pagedllm"),
@@ -191,7 +216,12 @@ def build_app(
     app.state.tokenizer = tokenizer
     app.state.metrics = metrics
     app.state.serving_completion = OpenAIServingCompletion(*shared, chat_template)
-    app.state.serving_chat = OpenAIServingChat(*shared, chat_template)
+    app.state.serving_chat = OpenAIServingChat(
+        *shared,
+        chat_template,
+        reasoning_parser=reasoning,
+        tool_parser=tools if enable_auto_tool_choice else None,
+    )
     app.state.serving_tokenization = OpenAIServingTokenization(*shared, chat_template)
     return app
 
@@ -219,6 +249,26 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--chat-template", default=None, help="a Jinja chat template file (default: the model's)"
+    )
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='parse tool calls out of the answers of requests with tools and tool_choice "auto" '
+        "(needs --tool-call-parser)",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_PARSERS),
+        default=None,
+        help="the model's tool-call format: hermes (Qwen2.5/3, Hermes: <tool_call>{...}"
+        "</tool_call>), llama3_json (Llama 3.1/3.2 JSON calls)",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        default=None,
+        help="split <think>...</think> off the answer into reasoning_content: deepseek_r1 "
+        "(DeepSeek-R1 and its distills), qwen3",
     )
     parser.add_argument(
         "--max-request-bytes",
@@ -263,9 +313,19 @@ def run(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     chat_template = read_chat_template(args.chat_template)
+    check_tool_flags(args.tool_call_parser, args.enable_auto_tool_choice)
     names = args.served_model_name or [args.model or DEFAULT_SERVED_MODEL_NAME]
     engine = AsyncLLM.from_engine_args(EngineArgs.from_cli_args(args))
-    app = build_app(engine, names, args.api_key, chat_template, args.max_request_bytes)
+    app = build_app(
+        engine,
+        names,
+        args.api_key,
+        chat_template,
+        args.max_request_bytes,
+        reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+    )
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
     app.state.uvicorn_server = server = uvicorn.Server(config)
     logger.info("serving %s at http://%s:%d/v1", names[0], args.host, args.port)

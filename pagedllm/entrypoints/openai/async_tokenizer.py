@@ -50,17 +50,16 @@ class AsyncTokenizer:
         return await self._run(lambda t: t.decode(token_ids))
 
     async def apply_chat_template(
-        self, conversation: list[dict], chat_template: str | None, add_generation_prompt: bool
-    ) -> list[int]:
-        def render(t: PreTrainedTokenizerBase) -> list[int]:
-            token_ids = t.apply_chat_template(
-                conversation,
-                chat_template=chat_template,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=True,
-                return_dict=False,
+        self, conversation: list[dict], chat_template: str | None, template_kwargs: dict
+    ) -> tuple[str, list[int]]:
+        """(the rendered text, its token ids), tokenized as transformers' own
+        `apply_chat_template(tokenize=True)` does: the template places special tokens."""
+
+        def render(t: PreTrainedTokenizerBase) -> tuple[str, list[int]]:
+            text = t.apply_chat_template(
+                conversation, chat_template=chat_template, tokenize=False, **template_kwargs
             )
-            return list(token_ids)
+            return text, t.encode(text, add_special_tokens=False)
 
         return await self._run(render)
 

@@ -6,16 +6,19 @@ place owns each rule and its message.
 """
 
 import dataclasses
+import json
 import typing
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
+from pagedllm.entrypoints.openai.response_format import ResponseFormat, structured_outputs_of
 from pagedllm.sampling_params import (
     REQUEST_FIELDS,
     RequestOutputKind,
     SamplingParams,
+    StructuredOutputsParams,
 )
 from pagedllm.value_checks import check_text
 
@@ -78,12 +81,17 @@ _SamplingParamsFields = create_model(
 
 class SamplingFields(_SamplingParamsFields):
     """Fields shared by completions and chat: SamplingParams' request fields (OpenAI's
-    and vLLM's extras), plus OpenAI's request plumbing."""
+    and vLLM's extras), plus OpenAI's request plumbing. Undeclared fields are kept in
+    `model_extra`, for the server to refuse or log (unsupported_fields.py)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     @field_validator(
         "n",
@@ -110,6 +118,7 @@ class SamplingFields(_SamplingParamsFields):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             output_kind=RequestOutputKind.DELTA,
+            structured_outputs=structured_outputs_of(self.response_format, self.structured_outputs),
         )
 
     @property
@@ -135,28 +144,137 @@ class ContentPart(OpenAIRequestModel):
     text: str
 
 
+class FunctionCallParam(OpenAIRequestModel):
+    name: str
+    arguments: str  # JSON text, as the assistant's answer gave it
+
+
+class ToolCallParam(OpenAIRequestModel):
+    """A call of an earlier assistant answer, sent back in the conversation."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallParam
+
+    def as_template_call(self) -> dict[str, Any]:
+        """Arguments that parse as JSON go to the template as an object, as vLLM gives
+        them (templates write `arguments | tojson`); others as the text they are."""
+        try:
+            arguments = json.loads(self.function.arguments)
+        except json.JSONDecodeError:
+            arguments = self.function.arguments
+        function = {"name": self.function.name, "arguments": arguments}
+        return {"id": self.id, "type": self.type, "function": function}
+
+
 class ChatMessage(OpenAIRequestModel):
+    """A message of any role: `tool_calls` (assistant), `tool_call_id` (tool) and
+    `reasoning_content` (assistant, for templates that render it) pass to the template."""
+
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallParam] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
-    def as_template_message(self) -> dict[str, str]:
+    def as_template_message(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
-        message = {"role": self.role, "content": content or ""}
-        if self.name is not None:
-            message["name"] = self.name
+        message: dict[str, Any] = {"role": self.role, "content": content or ""}
+        for name in ("name", "tool_call_id", "reasoning_content"):
+            if getattr(self, name) is not None:
+                message[name] = getattr(self, name)
+        if self.tool_calls is not None:
+            message["tool_calls"] = [call.as_template_call() for call in self.tool_calls]
         return message
 
 
-class ChatCompletionRequest(SamplingFields):
+class FunctionDefinition(OpenAIRequestModel):
+    """`strict` is accepted: forced calls (tool_choice required or named) always follow
+    `parameters`; calls parsed from free text ("auto") are not checked against it."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatCompletionToolsParam(OpenAIRequestModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class ChatCompletionNamedFunction(OpenAIRequestModel):
+    name: str
+
+
+class ChatCompletionNamedToolChoiceParam(OpenAIRequestModel):
+    type: Literal["function"] = "function"
+    function: ChatCompletionNamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam
+
+# apply_chat_template's own arguments, which chat_template_kwargs must not override.
+_TEMPLATE_ARGUMENTS = {
+    "conversation",
+    "tools",
+    "documents",
+    "chat_template",
+    "add_generation_prompt",
+    "continue_final_message",
+    "tokenize",
+    "padding",
+    "truncation",
+    "max_length",
+    "return_tensors",
+    "return_dict",
+    "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
+}
+
+
+class ChatTemplateFields(OpenAIRequestModel):
+    """What reaches the chat template besides the messages (vLLM's fields)."""
+
+    tools: list[ChatCompletionToolsParam] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_template_arguments(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        reserved = sorted(_TEMPLATE_ARGUMENTS.intersection(value or ()))
+        if reserved:
+            raise ValueError(
+                f"{reserved} are set by the server or by their own request fields, not "
+                "through chat_template_kwargs"
+            )
+        return value
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """apply_chat_template's keyword arguments besides the conversation."""
+        tools = self.tools and [tool.model_dump(exclude_none=True) for tool in self.tools]
+        return {
+            **(self.chat_template_kwargs or {}),
+            "tools": tools,
+            "add_generation_prompt": self.add_generation_prompt,
+            "continue_final_message": self.continue_final_message,
+        }
+
+
+class ChatCompletionRequest(ChatTemplateFields, SamplingFields):  # SamplingFields' config
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
-    add_generation_prompt: bool = True
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = True
+    include_reasoning: bool = True
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -169,14 +287,13 @@ class ChatCompletionRequest(SamplingFields):
 # /v1/models, /tokenize, /detokenize, /version
 
 
-class TokenizeRequest(OpenAIRequestModel):
+class TokenizeRequest(ChatTemplateFields):
     """Give `prompt` (plain text) or `messages` (run through the chat template)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
-    add_generation_prompt: bool = True
 
 
 class DetokenizeRequest(OpenAIRequestModel):

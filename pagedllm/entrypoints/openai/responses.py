@@ -4,7 +4,7 @@ OpenAI's API; request bodies are in protocol.py)."""
 import time
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from pagedllm.entrypoints.openai.protocol import OpenAIBaseModel, TokenIds, random_id
 
@@ -20,16 +20,23 @@ class ErrorResponse(OpenAIBaseModel):
     error: ErrorInfo
 
 
+class PromptTokenUsageInfo(OpenAIBaseModel):
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+
+
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> "UsageInfo":
-        total = prompt_tokens + completion_tokens
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> "UsageInfo":
         return cls(
-            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=total
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=cached_tokens),
         )
 
 
@@ -75,9 +82,24 @@ class ChatCompletionLogProbs(OpenAIBaseModel):
     content: list[ChatCompletionLogProbsContent] | None = None
 
 
+class FunctionCall(OpenAIBaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(OpenAIBaseModel):
+    id: str = Field(default_factory=lambda: random_id("chatcmpl-tool"))
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(OpenAIBaseModel):
+    """`content` is None when the answer is all reasoning or tool calls."""
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatCompletionResponseChoice(OpenAIBaseModel):
@@ -97,9 +119,34 @@ class ChatCompletionResponse(OpenAIBaseModel):
     usage: UsageInfo | None = None
 
 
+class _NoneLeftOut(OpenAIBaseModel):
+    """Fields that are None are left out, as OpenAI's streams leave them: its clients merge
+    a tool call's pieces key by key, and a null `type` would overwrite the first piece's."""
+
+    @model_serializer(mode="wrap")
+    def _leave_out_none(self, handler: SerializerFunctionWrapHandler) -> dict:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class DeltaFunctionCall(_NoneLeftOut):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_NoneLeftOut):
+    """A piece of call `index`: its first carries id, type and name."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
 class DeltaMessage(OpenAIBaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatCompletionResponseStreamChoice(OpenAIBaseModel):

@@ -1,19 +1,31 @@
-"""POST /v1/chat/completions: messages through the chat template (the tokenizer's, or the
-server's --chat-template), n choices, streamed as SSE deltas or answered at once."""
+"""POST /v1/chat/completions: messages (and tools) through the chat template (the
+tokenizer's, or the server's --chat-template), n choices, streamed as SSE deltas or answered
+at once. Each choice's text goes through the server's reasoning parser and the request's
+tool parser (chat_choice_parser.py); a forced tool choice constrains the answer with
+structured outputs (tool_choice.py)."""
 
+import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from pagedllm.entrypoints.openai.chat_choice_parser import (
+    ChoiceDelta,
+    ChoiceParser,
+    choice_parser_factory,
+)
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.logprobs import chat_logprobs
 from pagedllm.entrypoints.openai.protocol import (
+    ChatCompletionNamedToolChoiceParam,
     ChatCompletionRequest,
     random_id,
 )
+from pagedllm.entrypoints.openai.reasoning import ReasoningParser
 from pagedllm.entrypoints.openai.responses import (
     AssistantMessage,
     ChatCompletionLogProbs,
@@ -21,51 +33,118 @@ from pagedllm.entrypoints.openai.responses import (
     ChatCompletionResponseChoice,
     ChatCompletionResponseStreamChoice,
     ChatCompletionStreamResponse,
+    DeltaFunctionCall,
     DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
     UsageInfo,
 )
 from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
 from pagedllm.entrypoints.openai.streaming import merge_streams, sse_response, until_disconnected
+from pagedllm.entrypoints.openai.tool_choice import (
+    tool_choice_of,
+    tool_choice_schema,
+    tool_parser_factory,
+)
+from pagedllm.entrypoints.openai.tool_parsers import (
+    ToolCallDelta,
+    ToolParser,
+    join_tool_call_deltas,
+)
+from pagedllm.entrypoints.openai.unsupported_fields import check_unsupported_fields
 from pagedllm.outputs import CompletionOutput, RequestOutput
+from pagedllm.sampling_params import SamplingParams, StructuredOutputsParams
+
+Parsers = Callable[[], ChoiceParser] | None  # a new parser per choice, or None: plain content
 
 
 class OpenAIServingChat(OpenAIServing):
+    def __init__(
+        self,
+        *args: Any,
+        reasoning_parser: type[ReasoningParser] | None = None,
+        tool_parser: type[ToolParser] | None = None,
+    ) -> None:
+        """`args`: OpenAIServing's; `reasoning_parser`: the server's --reasoning-parser;
+        `tool_parser`: its --tool-call-parser when --enable-auto-tool-choice is set (what
+        "auto" needs)."""
+        super().__init__(*args)
+        self.reasoning_parser = reasoning_parser
+        self.tool_parser = tool_parser
+
     async def create_chat_completion(
         self, request: ChatCompletionRequest, raw_request: Request
     ) -> ChatCompletionResponse | StreamingResponse:
         arrival_time = time.monotonic()
         model = self.check_model(request.model)
+        check_unsupported_fields(request.model_extra, "chat")
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
-        prompt_ids = await self.apply_chat_template(request.messages, request.add_generation_prompt)
+        tool_choice = tool_choice_of(request)
+        tool_parser = tool_parser_factory(tool_choice, self.tool_parser)
+        prompt_text, prompt_ids = await self.apply_chat_template(request)
         max_tokens = self.max_tokens(request.requested_max_tokens, len(prompt_ids), "messages")
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
         params = self.sampling_params(request, max_tokens, logprobs)
+        parallel = request.parallel_tool_calls is not False
+        schema = tool_choice_schema(request.tools or [], tool_choice, parallel)
+        if schema is not None:
+            params = _forced_call(params, schema)
+        # Structured outputs constrain an answer from its first token, so a constrained
+        # answer has no reasoning part to split off.
+        reasoning = self.reasoning_parser if params.structured_outputs is None else None
+        parsers = choice_parser_factory(reasoning, tool_parser, prompt_text, parallel)
         request_id = random_id("chatcmpl")
         stream = self.generate({"prompt_token_ids": prompt_ids}, params, request_id, arrival_time)
         outputs = merge_streams([stream])
         if request.stream:
             outputs = await self.prime(outputs, raw_request)
-            return sse_response(self._chunks(request, request_id, model, outputs))
+            return sse_response(self._chunks(request, request_id, model, outputs, parsers))
         (final,) = await until_disconnected(self.collect(outputs, 1), raw_request)
-        return self._response(request, request_id, model, final)
+        return self._response(request, request_id, model, final, parsers)
 
     def _response(
-        self, request: ChatCompletionRequest, request_id: str, model: str, final: RequestOutput
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        model: str,
+        final: RequestOutput,
+        parsers: Parsers,
     ) -> ChatCompletionResponse:
-        choices = [
-            ChatCompletionResponseChoice(
+        choices = []
+        for c in final.outputs:
+            message, finish_reason = self._message(request, c, parsers)
+            choice = ChatCompletionResponseChoice(
                 index=c.index,
-                message=AssistantMessage(content=c.text),
+                message=message,
                 logprobs=self._logprobs(request, c),
-                finish_reason=c.finish_reason,
+                finish_reason=finish_reason,
                 stop_reason=c.stop_reason,
             )
-            for c in final.outputs
-        ]
+            choices.append(choice)
         num_generated = sum(len(c.token_ids) for c in final.outputs)
-        usage = UsageInfo.of(len(final.prompt_token_ids), num_generated)
+        usage = UsageInfo.of(len(final.prompt_token_ids), num_generated, final.num_cached_tokens)
         return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+
+    def _message(
+        self, request: ChatCompletionRequest, c: CompletionOutput, parsers: Parsers
+    ) -> tuple[AssistantMessage, str | None]:
+        """A whole choice's message and finish reason."""
+        if parsers is None:
+            return AssistantMessage(content=c.text), c.finish_reason
+        parser = parsers()
+        parsed = parser.parse(c.text)
+        calls = [
+            ToolCall(function=FunctionCall(name=call.name, arguments=call.arguments))
+            for call in join_tool_call_deltas(parsed.tool_calls)
+        ]
+        message = AssistantMessage(
+            content=parsed.content or None,
+            reasoning_content=_reasoning(request, parsed),
+            tool_calls=calls or None,
+        )
+        return message, _finish_reason(request, c, parser)
 
     async def _chunks(
         self,
@@ -73,35 +152,66 @@ class OpenAIServingChat(OpenAIServing):
         request_id: str,
         model: str,
         outputs: AsyncIterator[tuple[int, RequestOutput]],
+        parsers: Parsers,
     ) -> AsyncIterator[ChatCompletionStreamResponse]:
-        """Per choice a first delta with the role, then content deltas, the finish reason
-        once; then the usage chunk if asked."""
-        started, finished, prompt_tokens, num_generated = set(), set(), 0, 0
+        """Per choice a first delta with the role, then content (reasoning, tool call)
+        deltas, the finish reason once; then the usage chunk if asked. A parser may hold
+        text back: a chunk with nothing to say yet is not sent."""
+        started, finished, prompt_tokens, num_generated, cached = set(), set(), 0, 0, 0
+        choice_parsers: dict[int, ChoiceParser] = {}
         async with aclosing(outputs):
             async for _, output in outputs:
                 prompt_tokens = len(output.prompt_token_ids)
+                cached = output.num_cached_tokens
                 for c in output.outputs:
                     num_generated += len(c.token_ids)
                     if not (c.token_ids or (c.finish_reason and c.index not in finished)):
                         continue
-                    role = None if c.index in started else "assistant"
-                    started.add(c.index)
                     if c.finish_reason is not None:
                         finished.add(c.index)
-                    choice = self._stream_choice(request, c, role)
+                    if parsers is not None and c.index not in choice_parsers:
+                        choice_parsers[c.index] = parsers()
+                    parser = choice_parsers.get(c.index)
+                    choice = self._stream_choice(request, c, parser, c.index not in started)
+                    if choice is None:
+                        continue
+                    started.add(c.index)
                     yield ChatCompletionStreamResponse(id=request_id, model=model, choices=[choice])
         if request.include_usage:
-            usage = UsageInfo.of(prompt_tokens, num_generated)
+            usage = UsageInfo.of(prompt_tokens, num_generated, cached)
             yield ChatCompletionStreamResponse(id=request_id, model=model, choices=[], usage=usage)
 
     def _stream_choice(
-        self, request: ChatCompletionRequest, c: CompletionOutput, role: str | None
-    ) -> ChatCompletionResponseStreamChoice:
+        self,
+        request: ChatCompletionRequest,
+        c: CompletionOutput,
+        parser: ChoiceParser | None,
+        first: bool,
+    ) -> ChatCompletionResponseStreamChoice | None:
+        """The chunk of a choice's new output, or None if a parser holds it all back."""
+        logprobs = self._logprobs(request, c)
+        finish_reason = c.finish_reason
+        if parser is None:
+            delta = DeltaMessage(content=c.text)
+        else:
+            parsed = parser.feed(c.text)
+            if c.finish_reason is not None:
+                parsed = parsed + parser.finish()
+                finish_reason = _finish_reason(request, c, parser)
+            delta = DeltaMessage(
+                content=parsed.content or None,
+                reasoning_content=_reasoning(request, parsed),
+                tool_calls=[_delta_tool_call(d) for d in parsed.tool_calls] or None,
+            )
+            said = delta.content or delta.reasoning_content or delta.tool_calls
+            if not (said or logprobs or finish_reason):
+                return None
+        delta.role = "assistant" if first else None
         return ChatCompletionResponseStreamChoice(
             index=c.index,
-            delta=DeltaMessage(role=role, content=c.text),
-            logprobs=self._logprobs(request, c),
-            finish_reason=c.finish_reason,
+            delta=delta,
+            logprobs=logprobs,
+            finish_reason=finish_reason,
             stop_reason=c.stop_reason,
         )
 
@@ -111,3 +221,44 @@ class OpenAIServingChat(OpenAIServing):
         if not request.logprobs or c.logprobs is None:
             return None
         return chat_logprobs(self.tokenizer, c.token_ids, c.logprobs, request.top_logprobs or 0)
+
+
+def _forced_call(params: SamplingParams, schema: dict) -> SamplingParams:
+    """`params` whose answer must follow `schema` (a forced tool choice's)."""
+    if params.structured_outputs is not None:
+        raise OpenAIError(
+            'tool_choice "required" or a named function constrains the answer itself; it '
+            "cannot be combined with response_format or structured_outputs",
+            param="tool_choice",
+        )
+    try:
+        constraint = StructuredOutputsParams(json=schema)
+        return dataclasses.replace(params, structured_outputs=constraint)
+    except (ValueError, TypeError) as e:
+        raise OpenAIError(f"tools cannot force a call: {e}", param="tools") from e
+
+
+def _reasoning(request: ChatCompletionRequest, parsed: ChoiceDelta) -> str | None:
+    return (parsed.reasoning or None) if request.include_reasoning else None
+
+
+def _finish_reason(
+    request: ChatCompletionRequest, c: CompletionOutput, parser: ChoiceParser
+) -> str | None:
+    """The finish reason is "tool_calls" for an answer that stopped after making calls; a
+    named tool choice keeps "stop", as in OpenAI's API and vLLM."""
+    named = isinstance(request.tool_choice, ChatCompletionNamedToolChoiceParam)
+    if parser.tools_called and c.finish_reason == "stop" and not named:
+        return "tool_calls"
+    return c.finish_reason
+
+
+def _delta_tool_call(delta: ToolCallDelta) -> DeltaToolCall:
+    """A call's first piece (its name) carries a new id and the type."""
+    first = delta.name is not None
+    return DeltaToolCall(
+        index=delta.index,
+        id=random_id("chatcmpl-tool") if first else None,
+        type="function" if first else None,
+        function=DeltaFunctionCall(name=delta.name, arguments=delta.arguments),
+    )

@@ -28,6 +28,7 @@ from pagedllm.entrypoints.openai.streaming import (
     sse_response,
     until_disconnected,
 )
+from pagedllm.entrypoints.openai.unsupported_fields import check_unsupported_fields
 from pagedllm.outputs import CompletionOutput, RequestOutput
 
 Prompt = tuple[str, TokenIds]  # (text, token ids)
@@ -39,6 +40,7 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> CompletionResponse | StreamingResponse:
         arrival_time = time.monotonic()
         model = self.check_model(request.model)
+        check_unsupported_fields(request.model_extra, "completion")
         prompts = await self._prompts(request.prompt)
         echo_logprobs = request.logprobs if request.echo else None
         params = [
@@ -124,9 +126,9 @@ class OpenAIServingCompletion(OpenAIServing):
                     self.choice(request, index, prompt, output.prompt_logprobs, c, request.echo)
                 )
         completion_tokens = sum(len(c.token_ids) for o in finals for c in o.outputs)
-        return CompletionResponse(
-            id=request_id, model=model, choices=choices, usage=_usage(prompts, completion_tokens)
-        )
+        cached_tokens = sum(o.num_cached_tokens for o in finals)
+        usage = _usage(prompts, completion_tokens, cached_tokens)
+        return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
 
     async def _chunks(
         self,
@@ -144,7 +146,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 for choice in state.choices(i, output):
                     yield CompletionStreamResponse(id=request_id, model=model, choices=[choice])
         if request.include_usage:
-            usage = _usage(prompts, state.completion_tokens)
+            usage = _usage(prompts, state.completion_tokens, sum(state.cached_tokens.values()))
             yield CompletionStreamResponse(id=request_id, model=model, choices=[], usage=usage)
 
 
@@ -160,6 +162,7 @@ class _StreamState:
         self.offsets: dict[int, int] = {}
         self.finished: set[int] = set()
         self.completion_tokens = 0
+        self.cached_tokens: dict[int, int] = {}  # per prompt
 
     def choices(self, prompt_index: int, output: RequestOutput) -> list[CompletionResponseChoice]:
         """What to send of one DELTA output: the choices with new tokens or a finish.
@@ -168,6 +171,7 @@ class _StreamState:
         self.prompt_logprobs[prompt_index] = join_prompt_logprobs(
             self.prompt_logprobs.get(prompt_index), output.prompt_logprobs
         )
+        self.cached_tokens[prompt_index] = output.num_cached_tokens
         choices = []
         for c in output.outputs:
             index = prompt_index * self.request.n + c.index
@@ -191,5 +195,5 @@ class _StreamState:
         return choice
 
 
-def _usage(prompts: list[Prompt], completion_tokens: int) -> UsageInfo:
-    return UsageInfo.of(sum(len(ids) for _, ids in prompts), completion_tokens)
+def _usage(prompts: list[Prompt], completion_tokens: int, cached_tokens: int) -> UsageInfo:
+    return UsageInfo.of(sum(len(ids) for _, ids in prompts), completion_tokens, cached_tokens)

@@ -19,8 +19,9 @@ from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
 from pagedllm.entrypoints.openai.errors import OpenAIError, engine_error, invalid_value_error
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
 from pagedllm.entrypoints.openai.protocol import (
-    ChatMessage,
+    ChatCompletionRequest,
     SamplingFields,
+    TokenizeRequest,
 )
 from pagedllm.entrypoints.openai.streaming import accumulate, prepend, until_disconnected
 from pagedllm.outputs import RequestOutput
@@ -77,14 +78,21 @@ class OpenAIServing:
         return list(token_ids)
 
     async def apply_chat_template(
-        self, messages: list[ChatMessage], add_generation_prompt: bool = True
-    ) -> list[int]:
-        """Any failure of the template (it may raise on roles or orders it does not
-        support) is the messages' fault: a 400."""
-        conversation = [m.as_template_message() for m in messages]
+        self, request: ChatCompletionRequest | TokenizeRequest
+    ) -> tuple[str, list[int]]:
+        """The prompt's text and token ids: the messages, tools and template options
+        through the chat template. Any failure of the template (it may raise on roles or
+        orders it does not support) is the request's fault: a 400."""
+        if request.add_generation_prompt and request.continue_final_message:
+            raise OpenAIError(
+                "continue_final_message needs add_generation_prompt=false (the answer "
+                "continues the last message instead of starting a new one)",
+                param="continue_final_message",
+            )
+        conversation = [m.as_template_message() for m in request.messages]
         try:
             return await self.async_tokenizer.apply_chat_template(
-                conversation, self.chat_template, add_generation_prompt
+                conversation, self.chat_template, request.template_kwargs()
             )
         except Exception as e:  # noqa: BLE001 - templates raise anything
             raise OpenAIError(f"cannot apply the chat template: {e}", param="messages") from e

@@ -18,7 +18,7 @@ class OpenAIServingTokenization(OpenAIServing):
         if (request.prompt is None) == (request.messages is None):
             raise OpenAIError("give exactly one of prompt and messages", param="prompt")
         if request.messages is not None:
-            tokens = await self.apply_chat_template(request.messages, request.add_generation_prompt)
+            _, tokens = await self.apply_chat_template(request)
         else:
             tokens = await self.encode(request.prompt, request.add_special_tokens)
         return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=tokens)

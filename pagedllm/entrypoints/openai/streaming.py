@@ -27,6 +27,7 @@ def accumulate(total: RequestOutput | None, delta: RequestOutput) -> RequestOutp
     total = copy.copy(total)
     total.outputs = [by_index[i] for i in sorted(by_index)]
     total.finished = delta.finished
+    total.num_cached_tokens = delta.num_cached_tokens  # known from the first token on
     total.prompt_logprobs = join_prompt_logprobs(total.prompt_logprobs, delta.prompt_logprobs)
     return total
 

@@ -42,12 +42,15 @@ def test_chat_template_matches(tokenizer: PreTrainedTokenizerBase) -> None:
     expected = tokenizer.apply_chat_template(
         conversation, add_generation_prompt=True, tokenize=True, return_dict=False
     )
+    text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
 
-    async def main() -> list[int]:
+    async def main() -> tuple[str, list[int]]:
         tok = AsyncTokenizer(tokenizer)
         try:
-            return await tok.apply_chat_template(conversation, None, True)
+            return await tok.apply_chat_template(
+                conversation, None, {"add_generation_prompt": True}
+            )
         finally:
             tok.shutdown()
 
-    assert asyncio.run(main()) == list(expected)
+    assert asyncio.run(main()) == (text, list(expected))

@@ -1,6 +1,6 @@
 """pagedllm/entrypoints/openai/protocol.py, the request bodies. References: SamplingParams
 (its REQUEST_FIELDS, their defaults, and the object it builds from the same values),
-OpenAI's API (null means the default; unknown fields are ignored; max_completion_tokens wins
+OpenAI's API (null means the default; unknown fields are kept aside; max_completion_tokens wins
 over max_tokens; content parts), and JSON/Unicode validity (no NaN, Infinity or lone
 surrogates reach the engine)."""
 
@@ -151,10 +151,12 @@ def test_null_is_not_accepted_for_other_required_types() -> None:
         CompletionRequest(prompt="a", top_k=None)
 
 
-def test_unknown_fields_are_ignored() -> None:
-    """OpenAI's clients may send fields newer than this server."""
+def test_unknown_fields_are_kept_aside() -> None:
+    """OpenAI's clients may send fields newer than this server: the request bodies accept
+    them into model_extra, for the server to refuse or log (unsupported_fields.py)."""
     request = CompletionRequest.model_validate({"prompt": "a", "service_tier": "auto"})
-    assert "service_tier" not in request.model_dump()
+    assert request.model_extra == {"service_tier": "auto"}
+    assert "service_tier" not in CompletionRequest.model_fields
 
 
 def test_chat_message_as_template_message() -> None:
@@ -165,6 +167,26 @@ def test_chat_message_as_template_message() -> None:
     assert parts.as_template_message() == {"role": "user", "content": "Hello"}
     empty = ChatMessage(role="assistant", content=None, name="bot")
     assert empty.as_template_message() == {"role": "assistant", "content": "", "name": "bot"}
+
+
+def test_tool_calls_and_results_as_template_messages() -> None:
+    """As vLLM gives them to templates: a call's arguments as an object (templates write
+    `arguments | tojson`) when they parse, a tool result with its tool_call_id."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    assistant = ChatMessage(role="assistant", tool_calls=[call]).as_template_message()
+    expected = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}
+    assert assistant == {"role": "assistant", "content": "", "tool_calls": [expected]}
+    text = {**call, "function": {"name": "f", "arguments": "not json"}}
+    message = ChatMessage(role="assistant", tool_calls=[text]).as_template_message()
+    assert message["tool_calls"][0]["function"]["arguments"] == "not json"
+    tool = ChatMessage(role="tool", tool_call_id="c1", content="4")
+    assert tool.as_template_message() == {"role": "tool", "content": "4", "tool_call_id": "c1"}
+
+
+def test_chat_template_kwargs_cannot_set_apply_chat_template_arguments() -> None:
+    kwargs = {"tools": [], "tokenize": False, "enable_thinking": False}
+    with pytest.raises(ValidationError, match=r"\['tokenize', 'tools'\] are set by the server"):
+        ChatCompletionRequest(**REQUESTS["chat"][1], chat_template_kwargs=kwargs)
 
 
 def test_chat_message_refuses_non_text_parts() -> None:

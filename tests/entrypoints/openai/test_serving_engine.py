@@ -12,7 +12,7 @@ import pytest
 from pagedllm.engine.stats import EngineStats
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
-from pagedllm.entrypoints.openai.protocol import ChatMessage, CompletionRequest
+from pagedllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
 from pagedllm.outputs import CompletionOutput, RequestOutput
 from pagedllm.sampling_params import RequestOutputKind
@@ -30,12 +30,12 @@ class FakeTokenizer:
         self.fail, self.calls = fail, []
 
     async def apply_chat_template(
-        self, conversation: list[dict], chat_template: str | None, add_generation_prompt: bool
-    ) -> list[int]:
-        self.calls.append((conversation, chat_template, add_generation_prompt))
+        self, conversation: list[dict], chat_template: str | None, template_kwargs: dict
+    ) -> tuple[str, list[int]]:
+        self.calls.append((conversation, chat_template, template_kwargs))
         if self.fail:
             raise RuntimeError("Conversation roles must alternate user/assistant")
-        return [1, 2, 3]
+        return "text", [1, 2, 3]
 
 
 def make_serving(tokenizer: FakeTokenizer | None = None) -> OpenAIServing:
@@ -102,18 +102,34 @@ def test_check_token_ids_against_the_vocabulary() -> None:
         assert "outside the vocabulary [0, 50)" in info.value.message
 
 
-def test_apply_chat_template_passes_template_messages_and_flag() -> None:
+def test_apply_chat_template_passes_template_messages_and_options() -> None:
+    """vLLM's template options: tools, add_generation_prompt, continue_final_message and
+    chat_template_kwargs reach the template; the last two flags exclude each other."""
     tokenizer = FakeTokenizer()
     serving = make_serving(tokenizer)
-    messages = [ChatMessage(role="user", content=[{"type": "text", "text": "Hi"}])]
-    assert asyncio.run(serving.apply_chat_template(messages, False)) == [1, 2, 3]
-    assert tokenizer.calls == [([{"role": "user", "content": "Hi"}], "TEMPLATE", False)]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    request = ChatCompletionRequest(
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        add_generation_prompt=False,
+        continue_final_message=True,
+        chat_template_kwargs={"enable_thinking": False},
+        tools=tools,
+    )
+    assert asyncio.run(serving.apply_chat_template(request)) == ("text", [1, 2, 3])
+    options = {"enable_thinking": False, "tools": tools, "add_generation_prompt": False}
+    options["continue_final_message"] = True
+    assert tokenizer.calls == [([{"role": "user", "content": "Hi"}], "TEMPLATE", options)]
+    both = request.model_copy(update={"add_generation_prompt": True})
+    with pytest.raises(OpenAIError, match="needs add_generation_prompt=false") as info:
+        asyncio.run(serving.apply_chat_template(both))
+    assert info.value.param == "continue_final_message"
 
 
 def test_a_failing_chat_template_is_the_messages_400() -> None:
     serving = make_serving(FakeTokenizer(fail=True))
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": "a"}])
     with pytest.raises(OpenAIError) as info:
-        asyncio.run(serving.apply_chat_template([ChatMessage(role="user", content="a")]))
+        asyncio.run(serving.apply_chat_template(request))
     assert (info.value.status_code, info.value.param) == (400, "messages")
     assert "must alternate" in info.value.message
 

@@ -1,0 +1,77 @@
+"""ReasoningParser: a chat answer's `<think>...</think>` part split from its content, from
+the whole text or piece by piece (vLLM's `--reasoning-parser`).
+
+The parsers differ only in how an answer starts. A model that always thinks first
+(DeepSeek-R1: `thinks_first`) is in its reasoning from its first token, whether or not it
+writes `<think>` itself (R1-Distill's chat template already opens `<think>` in the
+prompt, so the output has only the closing tag). Otherwise (Qwen3) the answer is reasoning
+only if it opens with `<think>`, or if the prompt ends inside an open `<think>` (Qwen3's
+thinking-only templates); `enable_thinking=False` templates close the empty think part in
+the prompt, so the answer is all content. A reasoning part the answer never closes (it ran
+out of tokens) is all reasoning, in both parsers and both modes.
+"""
+
+from dataclasses import dataclass
+
+from pagedllm.entrypoints.openai.reasoning.tag_scanner import TagScanner
+
+# Where the parser is in the answer.
+_OPENING = "opening"  # before the first non-space text: a `<think>` may open reasoning
+_REASONING = "reasoning"
+_CONTENT = "content"
+
+
+@dataclass
+class ReasoningDelta:
+    reasoning: str = ""
+    content: str = ""
+
+
+class ReasoningParser:
+    start_token = "<think>"
+    end_token = "</think>"
+    thinks_first = False
+
+    def __init__(self, prompt: str = "") -> None:
+        """`prompt`: the rendered prompt text, whose end may already open `<think>`."""
+        opened = prompt.rfind(self.start_token) > prompt.rfind(self.end_token)
+        self.in_reasoning = self.thinks_first or opened
+        self.state = _OPENING
+        self.scanner = TagScanner()
+
+    def feed(self, text: str) -> ReasoningDelta:
+        """The reasoning and content that `text`, the answer's next piece, settles."""
+        self.scanner.add(text)
+        delta = ReasoningDelta()
+        if self.state == _OPENING:
+            self._open()
+        if self.state == _REASONING:
+            released, closed = self.scanner.take_until(self.end_token)
+            delta.reasoning = released
+            if closed:
+                self.state = _CONTENT
+        if self.state == _CONTENT:
+            delta.content = self.scanner.take_all()
+        return delta
+
+    def finish(self) -> ReasoningDelta:
+        """What is held back once the answer has ended."""
+        rest = self.scanner.take_all()
+        if self.state == _CONTENT or (self.state == _OPENING and not self.in_reasoning):
+            return ReasoningDelta(content=rest)
+        return ReasoningDelta(reasoning=rest)
+
+    def extract_reasoning_content(self, model_output: str) -> tuple[str | None, str | None]:
+        """(reasoning, content) of a whole answer, None for an empty part."""
+        first, last = self.feed(model_output), self.finish()
+        reasoning, content = first.reasoning + last.reasoning, first.content + last.content
+        return reasoning or None, content or None
+
+    def _open(self) -> None:
+        """Leave _OPENING once the answer's start shows whether it opens with `<think>`."""
+        start = self.scanner.buffer.lstrip()
+        if start.startswith(self.start_token):
+            self.scanner.buffer = start[len(self.start_token) :]
+            self.state = _REASONING
+        elif not self.start_token.startswith(start):
+            self.state = _REASONING if self.in_reasoning else _CONTENT

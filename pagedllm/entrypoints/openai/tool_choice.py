@@ -1,0 +1,126 @@
+"""What a chat request's `tools` and `tool_choice` ask for, by vLLM's rules: the checks (a
+400 naming the field), the JSON schema that structured outputs follow to force a call
+(`"required"`, a named function), and the parser that reads the calls out of the answer.
+
+Without `tool_choice`, a request with tools means "auto" and one without means "none"
+(OpenAI's defaults). "none" still shows the tools to the template; "auto" parses the
+answer with the server's `--tool-call-parser`, so it needs `--enable-auto-tool-choice`.
+"""
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from pagedllm.entrypoints.openai.errors import OpenAIError
+from pagedllm.entrypoints.openai.protocol import (
+    ChatCompletionNamedToolChoiceParam,
+    ChatCompletionRequest,
+    ChatCompletionToolsParam,
+)
+from pagedllm.entrypoints.openai.tool_parsers import NamedToolParser, RequiredToolParser, ToolParser
+
+EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+AUTO_NEEDS_FLAGS = (
+    '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+)
+
+
+def tool_choice_of(request: ChatCompletionRequest) -> str | ChatCompletionNamedToolChoiceParam:
+    """The request's tool choice with OpenAI's default filled in; raises a 400 for a
+    choice the tools cannot meet."""
+    choice = request.tool_choice
+    if choice is None:
+        return "auto" if request.tools else "none"
+    if choice != "none" and not request.tools:
+        raise OpenAIError(f"tool_choice {_shown(choice)} needs tools", param="tool_choice")
+    if isinstance(choice, ChatCompletionNamedToolChoiceParam):
+        names = [tool.function.name for tool in request.tools]
+        if choice.function.name not in names:
+            raise OpenAIError(
+                f"tool_choice names the function {choice.function.name!r}, which is not one "
+                f"of the tools: {names}",
+                param="tool_choice",
+            )
+    return choice
+
+
+def tool_choice_schema(
+    tools: list[ChatCompletionToolsParam],
+    choice: str | ChatCompletionNamedToolChoiceParam,
+    parallel_tool_calls: bool = True,
+) -> dict[str, Any] | None:
+    """The JSON schema a forced choice's answer follows (vLLM's): a named function's
+    parameters; for "required", an array of at least one `{"name", "parameters"}`, any of
+    the tools (at most one with parallel_tool_calls false), with the tools' `$defs`
+    gathered at the top so their `#/$defs/...` references resolve. None otherwise."""
+    if isinstance(choice, ChatCompletionNamedToolChoiceParam):
+        tool = next(t for t in tools if t.function.name == choice.function.name)
+        return tool.function.parameters or copy.deepcopy(EMPTY_PARAMETERS)
+    if choice != "required":
+        return None
+    schema: dict[str, Any] = {
+        "type": "array",
+        "minItems": 1,
+        "items": {"type": "object", "anyOf": [_call_schema(tool) for tool in tools]},
+    }
+    if not parallel_tool_calls:
+        schema["maxItems"] = 1
+    defs = _gathered_defs(tools)
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+def _call_schema(tool: ChatCompletionToolsParam) -> dict[str, Any]:
+    parameters = copy.deepcopy(tool.function.parameters or EMPTY_PARAMETERS)
+    parameters.pop("$defs", None)
+    return {
+        "properties": {
+            "name": {"type": "string", "enum": [tool.function.name]},
+            "parameters": parameters,
+        },
+        "required": ["name", "parameters"],
+    }
+
+
+def _gathered_defs(tools: list[ChatCompletionToolsParam]) -> dict[str, Any]:
+    """The union of the tools' `$defs`; a 400 if two tools define one name differently."""
+    defs: dict[str, Any] = {}
+    for tool in tools:
+        own = (tool.function.parameters or {}).get("$defs") or {}
+        if not isinstance(own, dict):
+            raise OpenAIError(
+                f"the $defs of tool {tool.function.name!r} must be an object, got {own!r:.80}",
+                param="tools",
+            )
+        for name, schema in own.items():
+            if name in defs and defs[name] != schema:
+                raise OpenAIError(
+                    f'tools define $defs {name!r} differently; with tool_choice "required" '
+                    "the tools' $defs share one namespace",
+                    param="tools",
+                )
+            defs[name] = schema
+    return defs
+
+
+def tool_parser_factory(
+    choice: str | ChatCompletionNamedToolChoiceParam, auto_parser: type[ToolParser] | None
+) -> Callable[[], ToolParser] | None:
+    """A new parser for each of the request's answers, or None when the answer is all
+    content. `auto_parser` is the server's --tool-call-parser when
+    --enable-auto-tool-choice is set; "auto" without one is a 400."""
+    if isinstance(choice, ChatCompletionNamedToolChoiceParam):
+        name = choice.function.name
+        return lambda: NamedToolParser(name)
+    if choice == "required":
+        return RequiredToolParser
+    if choice == "auto":
+        if auto_parser is None:
+            raise OpenAIError(AUTO_NEEDS_FLAGS, param="tool_choice")
+        return auto_parser
+    return None
+
+
+def _shown(choice: str | ChatCompletionNamedToolChoiceParam) -> str:
+    return repr(choice) if isinstance(choice, str) else repr(choice.model_dump())

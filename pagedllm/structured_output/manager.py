@@ -1,0 +1,93 @@
+"""StructuredOutputManager: compiles each distinct constraint once, gives every completion
+its own matcher, and builds the step's token bitmask for the constrained rows.
+
+The engine calls `new_matchers` when a request is added (so a bad schema fails there, and
+a grammar is compiled before the request's first step) and `grammar_bitmask` once per step
+with the matchers of the rows that sample under a constraint; free rows never reach it.
+The llguidance tokenizer (about a second to build from the HF tokenizer) is built at the
+first constrained request, so engines that never see one do not pay for it.
+"""
+
+from collections import OrderedDict
+
+import llguidance.hf
+import torch
+from llguidance import LLExecutor, LLMatcher, LLTokenizer
+from llguidance.torch import fill_next_token_bitmask_par
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from pagedllm.sampling_params import StructuredOutputsParams
+from pagedllm.structured_output.grammar_text import grammar_text, invalid_grammar
+from pagedllm.structured_output.matcher import GrammarMatcher
+
+_MAX_CACHED_GRAMMARS = 256
+
+
+class StructuredOutputManager:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase | None,
+        eos_token_ids: list[int],
+        max_cached_grammars: int = _MAX_CACHED_GRAMMARS,
+    ) -> None:
+        """`eos_token_ids`: the ids that may end an answer where its grammar accepts (the
+        model's EOS first; empty: the tokenizer's)."""
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.max_cached_grammars = max_cached_grammars
+        self._ll_tokenizer: LLTokenizer | None = None
+        self._executor: LLExecutor | None = None
+        self._compiled: OrderedDict[str, LLMatcher] = OrderedDict()  # grammar text -> start
+
+    @property
+    def ll_tokenizer(self) -> LLTokenizer:
+        """The model's tokenizer as llguidance sees it, with the engine's EOS ids as its end."""
+        if self._ll_tokenizer is None:
+            if self.tokenizer is None:
+                raise ValueError("structured_outputs need a tokenizer (skip_tokenizer_init is set)")
+            if not isinstance(self.tokenizer, PreTrainedTokenizerFast):
+                raise ValueError(
+                    "structured_outputs need the model's fast (HF tokenizers) tokenizer, "
+                    f"got {type(self.tokenizer).__name__}"
+                )
+            self._ll_tokenizer = llguidance.hf.from_tokenizer(
+                self.tokenizer, eos_token=self.eos_token_ids or None
+            )
+        return self._ll_tokenizer
+
+    @property
+    def bitmask_words(self) -> int:
+        """32-bit words per row of the bitmask: one bit per token of the tokenizer."""
+        return (self.ll_tokenizer.vocab_size + 31) // 32
+
+    def new_matchers(self, params: StructuredOutputsParams, n: int) -> list[GrammarMatcher]:
+        """n matchers at the start of `params`' grammar, one per completion. ValueError
+        naming the schema, regex or grammar when it does not compile."""
+        start = self._compile(params)
+        return [GrammarMatcher(start.deep_copy()) for _ in range(n)]
+
+    def _compile(self, params: StructuredOutputsParams) -> LLMatcher:
+        """The compiled grammar of `params`, from the cache (by grammar text) when seen."""
+        text = grammar_text(params)
+        start = self._compiled.get(text)
+        if start is not None:
+            self._compiled.move_to_end(text)
+            return start
+        start = LLMatcher(self.ll_tokenizer, text, log_level=0)
+        if start.is_error():
+            raise invalid_grammar("structured_outputs", params.kind, start.get_error())
+        self._compiled[text] = start
+        while len(self._compiled) > self.max_cached_grammars:
+            self._compiled.popitem(last=False)
+        return start
+
+    def grammar_bitmask(self, matchers: list[GrammarMatcher]) -> torch.Tensor:
+        """[len(matchers), bitmask_words] int32 on the CPU: bit t % 32 of word t // 32 of
+        row i is set where matchers[i] allows token t next. The rows are filled in
+        parallel on llguidance's threads, which run without the GIL."""
+        if self._executor is None:
+            self._executor = LLExecutor()
+        bitmask = torch.empty(len(matchers), self.bitmask_words, dtype=torch.int32)
+        pairs = [(m.ll_matcher, i) for i, m in enumerate(matchers)]
+        fill_next_token_bitmask_par(self._executor, pairs, bitmask)
+        return bitmask

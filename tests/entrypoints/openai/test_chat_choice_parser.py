@@ -1,0 +1,175 @@
+"""pagedllm/entrypoints/openai/chat_choice_parser.py, alone and through the server. The
+reference answers come from a scripted model (scripted_model.py: a tiny Llama whose greedy
+answer is a known chain of words that thinks and calls a tool), run by the real engine and
+read with the official `openai` client: reasoning and calls split as vLLM's parsers split
+them, and a streamed answer accumulates to the non-streamed one."""
+
+import argparse
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from pagedllm import LLM
+from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.entrypoints.openai import api_server
+from pagedllm.entrypoints.openai.chat_choice_parser import ChoiceParser
+from pagedllm.entrypoints.openai.reasoning import REASONING_PARSERS
+from pagedllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from tests.entrypoints.openai.scripted_model import (
+    ANSWER_CALL,
+    ANSWER_REASONING,
+    save_scripted_model,
+)
+
+MESSAGES = [{"role": "user", "content": "Weather?"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+CALL = '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
+
+
+def test_reasoning_first_then_calls_in_the_content() -> None:
+    parser = ChoiceParser(REASONING_PARSERS["qwen3"](), TOOL_PARSERS["hermes"]())
+    parsed = parser.parse(f"<think>why</think>\n\n{CALL}{CALL}")
+    assert (parsed.reasoning, parsed.content) == ("why", "")
+    assert [(c.index, c.name, c.arguments) for c in parsed.tool_calls] == [
+        (0, "f", '{"x": 1}'),
+        (1, "f", '{"x": 1}'),
+    ]
+    assert parser.tools_called
+    inside = ChoiceParser(REASONING_PARSERS["qwen3"](), TOOL_PARSERS["hermes"]())
+    assert inside.parse(f"<think>{CALL}</think>ok").reasoning == CALL
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
+    parser = ChoiceParser(None, TOOL_PARSERS["hermes"](), parallel_tool_calls=False)
+    streamed = [parser.feed(CALL), parser.feed(CALL), parser.finish()]
+    assert [c.index for d in streamed for c in d.tool_calls] == [0]
+
+
+# Through the server: the scripted model behind in-process apps, one per parser setting.
+
+
+@pytest.fixture(scope="module")
+def scripted_llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
+    folder = tmp_path_factory.mktemp("scripted")
+    save_scripted_model(str(folder))
+    return LLM(model=str(folder), num_kv_blocks=64, max_model_len=256)
+
+
+@pytest.fixture
+def serve(scripted_llm: LLM) -> Callable:
+    """serve(**build_app options) -> a context giving (openai client, test client)."""
+
+    @contextmanager
+    def start(**options: object) -> Iterator[tuple[openai.OpenAI, TestClient]]:
+        app = api_server.build_app(AsyncLLM(scripted_llm.llm_engine), ["scripted"], **options)
+        with TestClient(app) as http:
+            client = openai.OpenAI(
+                base_url="http://testserver/v1", api_key="unused", http_client=http
+            )
+            yield client, http
+
+    return start
+
+
+def ask(client: openai.OpenAI, **fields: object) -> openai.types.chat.ChatCompletion:
+    return client.chat.completions.create(
+        model="scripted", messages=MESSAGES, temperature=0, max_tokens=30, **fields
+    )
+
+
+def test_auto_tool_calls_after_reasoning_streamed_and_whole(serve: Callable) -> None:
+    options = dict(reasoning_parser="qwen3", tool_call_parser="hermes")
+    with serve(**options, enable_auto_tool_choice=True) as (client, _):
+        whole = ask(client, tools=TOOLS)
+        with client.chat.completions.stream(
+            model="scripted", messages=MESSAGES, temperature=0, max_tokens=30, tools=TOOLS
+        ) as stream:
+            chunks = list(stream)
+            streamed = stream.get_final_completion()
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert choice.message.reasoning_content.strip() == ANSWER_REASONING
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("chatcmpl-tool-")
+    assert call.function.model_dump() == ANSWER_CALL
+    assert streamed.choices[0].finish_reason == "tool_calls"
+    (streamed_call,) = streamed.choices[0].message.tool_calls
+    assert (streamed_call.function.name, streamed_call.function.arguments) == tuple(
+        ANSWER_CALL.values()
+    )
+    deltas = [c.chunk.choices[0].delta for c in chunks if c.type == "chunk" and c.chunk.choices]
+    reasoning = "".join(d.model_extra.get("reasoning_content") or "" for d in deltas)
+    assert reasoning == choice.message.reasoning_content
+
+
+def test_reasoning_parsers_and_the_template_options(serve: Callable) -> None:
+    with serve(reasoning_parser="qwen3") as (client, _):
+        thinking = ask(client).choices[0].message
+        plain = ask(client, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        hidden = ask(client, extra_body={"include_reasoning": False}).choices[0].message
+    assert thinking.reasoning_content.strip() == ANSWER_REASONING
+    assert thinking.content.strip().startswith("<tool_call>")  # no tools asked: content
+    assert plain.choices[0].message.reasoning_content is None
+    assert plain.choices[0].message.content == thinking.content
+    assert hidden.reasoning_content is None and hidden.content == thinking.content
+    with serve(reasoning_parser="deepseek_r1") as (client, _):
+        opened = ask(client, extra_body={"chat_template_kwargs": {"think_in_prompt": True}})
+    assert opened.choices[0].message.reasoning_content.strip() == ANSWER_REASONING
+    assert opened.choices[0].message.content == thinking.content
+
+
+def test_tool_round_trip_renders_calls_and_results(serve: Callable, scripted_llm: LLM) -> None:
+    """The assistant's call and the tool's result reach the template (the scripted model
+    answers "It is sunny" after a tool result)."""
+    options = dict(reasoning_parser="qwen3", tool_call_parser="hermes")
+    with serve(**options, enable_auto_tool_choice=True) as (client, http):
+        call = ask(client, tools=TOOLS).choices[0].message.tool_calls[0]
+        messages = [
+            *MESSAGES,
+            {"role": "assistant", "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        ]
+        answer = client.chat.completions.create(
+            model="scripted", messages=messages, tools=TOOLS, temperature=0, max_tokens=30
+        )
+        body = {"messages": messages, "tools": TOOLS}
+        tokens = http.post("/tokenize", json=body).json()["tokens"]
+    assert answer.choices[0].message.content.strip() == "It is sunny"
+    assert (
+        answer.choices[0].finish_reason == "stop" and answer.choices[0].message.tool_calls is None
+    )
+    prompt = (
+        "user Weather? assistant call get_weather Paris tool call_1 sunny tools get_weather answer"
+    )
+    assert tokens == scripted_llm.get_tokenizer().encode(prompt)
+    assert scripted_llm.get_tokenizer().unk_token_id not in tokens
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+def test_auto_needs_the_server_flags_and_named_tools_must_exist(serve: Callable) -> None:
+    with serve() as (client, _):
+        with pytest.raises(openai.BadRequestError, match="--enable-auto-tool-choice") as error:
+            ask(client, tools=TOOLS)
+        assert error.value.body["param"] == "tool_choice"
+        named = {"type": "function", "function": {"name": "get_time"}}
+        with pytest.raises(openai.BadRequestError, match="'get_time', which is not one"):
+            ask(client, tools=TOOLS, tool_choice=named)
+        none = ask(client, tools=TOOLS, tool_choice="none").choices[0].message
+        assert none.tool_calls is None and "<tool_call>" in none.content
+    flags = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    args = api_server.make_arg_parser(argparse.ArgumentParser()).parse_args(
+        [*flags, "--reasoning-parser", "deepseek_r1"]
+    )
+    assert (args.enable_auto_tool_choice, args.tool_call_parser) == (True, "hermes")
+    assert args.reasoning_parser == "deepseek_r1"
+    with pytest.raises(ValueError, match="--enable-auto-tool-choice needs --tool-call-parser"):
+        api_server.check_tool_flags(None, True)
+    flag, name = "--tool-call-parser", "mistral"
+    with pytest.raises(ValueError, match=r"'mistral' is not one of \['hermes', 'llama3_json'\]"):
+        api_server.registered(flag, name, TOOL_PARSERS)
+    with pytest.raises(ValueError, match=r"'r2' is not one of \['deepseek_r1', 'qwen3'\]"):
+        api_server.registered("--reasoning-parser", "r2", REASONING_PARSERS)
