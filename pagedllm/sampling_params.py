@@ -118,6 +118,37 @@ class StructuredOutputsParams:
 _CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
+@dataclass
+class ReasoningTokens:
+    """Where an answer's reasoning part is, as token ids, so that `structured_outputs`
+    constrain only what follows it (the server sets this from its `--reasoning-parser`).
+
+    `in_reasoning`: the answer starts inside the reasoning part (the model thinks first, or
+    the prompt opened it); otherwise `start_token_id` (when set) may open one as the
+    answer's first token, and any other first token is the constrained answer's. The
+    reasoning part ends where the output holds `end_token_ids` (e.g. `</think>`'s).
+    Before that a completion is free: no mask, its grammar does not advance, EOS may end it.
+    """
+
+    end_token_ids: list[int]
+    in_reasoning: bool = True
+    start_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        ids = as_int_list("reasoning_tokens.end_token_ids", self.end_token_ids)
+        if not ids:
+            fail("reasoning_tokens.end_token_ids", ids, "a non-empty list of token ids")
+        self.end_token_ids = ids
+        if not isinstance(self.in_reasoning, bool):
+            raise TypeError(
+                f"reasoning_tokens.in_reasoning must be a bool, got {self.in_reasoning!r}"
+            )
+        if self.start_token_id is not None:
+            self.start_token_id = as_int(
+                "reasoning_tokens.start_token_id", self.start_token_id, "a token id or None"
+            )
+
+
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
@@ -157,6 +188,7 @@ class SamplingParams:
     extra_args: dict[str, Any] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None
+    reasoning_tokens: ReasoningTokens | None = None  # structured_outputs start after them
     # Filled by the engine: `update_from_tokenizer` and `update_from_generation_config`.
     bad_words_token_ids: list[list[int]] | None = field(default=None, init=False, repr=False)
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
@@ -239,6 +271,9 @@ class SamplingParams:
         so = self.structured_outputs
         if so is not None and not isinstance(so, StructuredOutputsParams):
             raise TypeError(f"structured_outputs must be a StructuredOutputsParams, got {so!r}")
+        rt = self.reasoning_tokens
+        if rt is not None and not isinstance(rt, ReasoningTokens):
+            raise TypeError(f"reasoning_tokens must be a ReasoningTokens or None, got {rt!r}")
 
     def verify(self, vocab_size: int, max_logprobs: int, max_n: int = DEFAULT_MAX_N) -> None:
         """Checks that need the engine: token ids in [0, vocab_size), logprobs within the
@@ -252,6 +287,10 @@ class SamplingParams:
         check_ids_in_vocab("stop_token_ids", self.stop_token_ids, vocab_size)
         check_ids_in_vocab("logit_bias keys", list(self.logit_bias or ()), vocab_size)
         check_ids_in_vocab("allowed_token_ids", self.allowed_token_ids or [], vocab_size)
+        if self.reasoning_tokens is not None:
+            start = self.reasoning_tokens.start_token_id
+            ids = self.reasoning_tokens.end_token_ids + ([] if start is None else [start])
+            check_ids_in_vocab("reasoning_tokens", ids, vocab_size)
         for word in self.bad_words_token_ids or []:
             check_ids_in_vocab("bad_words token ids", word, vocab_size)
         cap = vocab_size if max_logprobs == -1 else max_logprobs

@@ -181,7 +181,7 @@ def test_chat_passes_tools_and_template_options(tmp_path) -> None:
     assert called.prompt_token_ids == expected
     kwargs = {"enable_thinking": False}
     (plain,) = llm.chat(user, params, use_tqdm=False, chat_template_kwargs=kwargs)
-    assert plain.outputs[0].text.split()[0] == "<tool_call>"  # after the closed think part
+    assert plain.outputs[0].text.startswith("<tool_call>")  # after the closed think part
     started = [*user, {"role": "assistant", "content": "It"}]
     (continued,) = llm.chat(
         started, params, use_tqdm=False, add_generation_prompt=False, continue_final_message=True

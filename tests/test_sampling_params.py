@@ -3,6 +3,7 @@
 import pytest
 
 from pagedllm.sampling_params import (
+    ReasoningTokens,
     RequestOutputKind,
     SamplingParams,
     SamplingType,
@@ -108,6 +109,7 @@ def test_wrong_types_raise_type_error_naming_field(kwargs: dict) -> None:
         ({"allowed_token_ids": [0, 12]}, "allowed_token_ids"),
         ({"logprobs": 6}, "logprobs"),
         ({"prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"reasoning_tokens": ReasoningTokens([3], False, start_token_id=10)}, "reasoning_tokens"),
     ],
 )
 def test_verify_checks_vocab_and_logprobs_cap(kwargs: dict, field: str) -> None:
@@ -244,3 +246,14 @@ def test_structured_outputs_types() -> None:
         StructuredOutputsParams(json=3)
     with pytest.raises(TypeError, match="structured_outputs.json is not JSON-serializable"):
         StructuredOutputsParams(json={"const": object()})
+
+
+def test_reasoning_tokens_shapes_name_the_field() -> None:
+    with pytest.raises(ValueError, match=r"reasoning_tokens.end_token_ids must be a non-empty"):
+        ReasoningTokens([])
+    with pytest.raises(TypeError, match="reasoning_tokens.end_token_ids must be a list of ints"):
+        ReasoningTokens(5)
+    with pytest.raises(TypeError, match="reasoning_tokens.in_reasoning must be a bool"):
+        ReasoningTokens([5], in_reasoning="yes")
+    with pytest.raises(TypeError, match="reasoning_tokens must be a ReasoningTokens or None"):
+        SamplingParams(reasoning_tokens=[5])

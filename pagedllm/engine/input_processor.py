@@ -141,7 +141,8 @@ class InputProcessor:
             return []
         if self.structured_output is None:
             raise ValueError("structured_outputs are not supported by this engine")
-        return self.structured_output.new_matchers(params.structured_outputs, params.n)
+        so, n = params.structured_outputs, params.n
+        return self.structured_output.new_matchers(so, n, params.reasoning_tokens)
 
     def _generator(self, params: SamplingParams, index: int) -> torch.Generator | None:
         """Completion `index` of a seeded request draws from its own generator."""

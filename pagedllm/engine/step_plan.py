@@ -4,7 +4,7 @@ Each scheduled sequence contributes its chunk of new tokens; each one that produ
 token this step contributes sampler rows: one normally, n for a request's first token
 (its n completions are sampled from the parent's logits, then fork). A row under a
 structured-output constraint carries its completion's token bitmask, built for all such
-rows at once; free rows add nothing.
+rows at once; free rows, and constrained ones still in their reasoning part, add nothing.
 """
 
 from dataclasses import dataclass
@@ -45,7 +45,7 @@ def plan_step(
             continue
         prompt_ids, output_ids = seq.token_ids[: seq.num_prompt_tokens], seq.output_token_ids
         for k in _completion_indices(request, seq):
-            if request.matchers:
+            if request.matchers and request.matchers[k].is_active:
                 constrained.append((len(rows), request.matchers[k]))
             rows.append(SamplingRow(request.params, prompt_ids, output_ids, request.generators[k]))
             sample_indices.append(i)

@@ -3,7 +3,8 @@ its own matcher, and builds the step's token bitmask for the constrained rows.
 
 The engine calls `new_matchers` when a request is added (so a bad schema fails there, and
 a grammar is compiled before the request's first step) and `grammar_bitmask` once per step
-with the matchers of the rows that sample under a constraint; free rows never reach it.
+with the matchers of the rows that sample under a constraint; free rows, and constrained
+ones still in their reasoning part, never reach it.
 The llguidance tokenizer (about a second to build from the HF tokenizer) is built at the
 first constrained request, so engines that never see one do not pay for it.
 """
@@ -16,7 +17,7 @@ from llguidance import LLExecutor, LLMatcher, LLTokenizer
 from llguidance.torch import fill_next_token_bitmask_par
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from pagedllm.sampling_params import StructuredOutputsParams
+from pagedllm.sampling_params import ReasoningTokens, StructuredOutputsParams
 from pagedllm.structured_output.grammar_text import grammar_text, invalid_grammar
 from pagedllm.structured_output.matcher import GrammarMatcher
 
@@ -60,11 +61,14 @@ class StructuredOutputManager:
         """32-bit words per row of the bitmask: one bit per token of the tokenizer."""
         return (self.ll_tokenizer.vocab_size + 31) // 32
 
-    def new_matchers(self, params: StructuredOutputsParams, n: int) -> list[GrammarMatcher]:
-        """n matchers at the start of `params`' grammar, one per completion. ValueError
-        naming the schema, regex or grammar when it does not compile."""
+    def new_matchers(
+        self, params: StructuredOutputsParams, n: int, reasoning: ReasoningTokens | None = None
+    ) -> list[GrammarMatcher]:
+        """n matchers at the start of `params`' grammar, one per completion, applying after
+        the `reasoning` part when given. ValueError naming the schema, regex or grammar
+        when it does not compile."""
         start = self._compile(params)
-        return [GrammarMatcher(start.deep_copy()) for _ in range(n)]
+        return [GrammarMatcher(start.deep_copy(), reasoning) for _ in range(n)]
 
     def _compile(self, params: StructuredOutputsParams) -> LLMatcher:
         """The compiled grammar of `params`, from the cache (by grammar text) when seen."""
@@ -83,11 +87,21 @@ class StructuredOutputManager:
 
     def grammar_bitmask(self, matchers: list[GrammarMatcher]) -> torch.Tensor:
         """[len(matchers), bitmask_words] int32 on the CPU: bit t % 32 of word t // 32 of
-        row i is set where matchers[i] allows token t next. The rows are filled in
-        parallel on llguidance's threads, which run without the GIL."""
+        row i is set where matchers[i] allows token t next (its grammar's tokens, plus the
+        token that may open a reasoning part before the first token). The rows are filled
+        in parallel on llguidance's threads, which run without the GIL."""
         if self._executor is None:
             self._executor = LLExecutor()
         bitmask = torch.empty(len(matchers), self.bitmask_words, dtype=torch.int32)
         pairs = [(m.ll_matcher, i) for i, m in enumerate(matchers)]
         fill_next_token_bitmask_par(self._executor, pairs, bitmask)
+        for i, m in enumerate(matchers):
+            if m.open_token_id is not None:
+                _allow(bitmask[i], m.open_token_id)
         return bitmask
+
+
+def _allow(row: torch.Tensor, token: int) -> None:
+    """Set token's bit in a bitmask row [W] int32 (bit 31 is the sign bit)."""
+    bit = 1 << (token % 32)
+    row[token // 32] |= bit - (1 << 32) if bit >= 1 << 31 else bit

@@ -1,11 +1,13 @@
 """LLMEngine (pagedllm/engine/llm_engine.py) driven step by step on tiny random checkpoints.
 Reference: transformers' `generate(do_sample=False)` prompt by prompt, which preemption,
 chunked prefill and prefix caching must not change; the block manager's invariants after
-every step, and every block free once requests finish or are aborted."""
+every step, and every block free once requests finish or are aborted; structured outputs
+after a reasoning part against a scripted model's known greedy chain."""
 
 import pytest
 
-from pagedllm.sampling_params import SamplingParams
+from pagedllm import LLM
+from pagedllm.sampling_params import ReasoningTokens, SamplingParams, StructuredOutputsParams
 from tests.engine.engine_helpers import (
     LLAMA,
     MAX_TOKENS,
@@ -18,6 +20,7 @@ from tests.engine.engine_helpers import (
     run_all,
     step_once,
 )
+from tests.entrypoints.openai.scripted_model import ANSWER_JSON, WEATHER, save_scripted_model
 
 
 @pytest.mark.parametrize("name", [LLAMA, "qwen3", "qwen3-moe"])
@@ -166,3 +169,35 @@ def test_n_seeded_samples_survive_preemption(tiny_model_path, spread_prompts) ->
         assert (engine.scheduler.num_preemptions > 0) == (kwargs["num_kv_blocks"] == 17)
     assert results[0] == results[1]
     assert all(len({tuple(c) for c in completions}) == 3 for completions in results[0])
+
+
+@pytest.fixture(scope="module")
+def scripted_llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
+    folder = tmp_path_factory.mktemp("scripted")
+    save_scripted_model(str(folder))
+    return LLM(model=str(folder), num_kv_blocks=64, max_model_len=256)
+
+
+@pytest.mark.parametrize("in_reasoning", [True, False])
+def test_structured_outputs_start_after_the_reasoning_end_token(
+    scripted_llm: LLM, in_reasoning: bool
+) -> None:
+    """Reference: the scripted model's greedy chain `<think> hmm </think> <tool_call> ...`
+    (tests/entrypoints/openai/scripted_model.py). With reasoning_tokens the chain runs free
+    up to `</think>` (the schema would refuse `<think>`: no mask), then the schema forces its
+    only answer; each of n completions on its own. Without, the schema applies at once.
+    `in_reasoning` False: `<think>` as the first token opens the reasoning part (qwen3)."""
+    tokenizer = scripted_llm.get_tokenizer()
+    think, end = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+    start = None if in_reasoning else think
+    reasoning = ReasoningTokens([end], in_reasoning=in_reasoning, start_token_id=start)
+    constraint = StructuredOutputsParams(json=WEATHER)
+    outputs = {}
+    for name, tokens in (("after", reasoning), ("at once", None)):
+        fields = dict(structured_outputs=constraint, reasoning_tokens=tokens)
+        params = SamplingParams(temperature=0, max_tokens=10, n=2, **fields)
+        (out,) = scripted_llm.generate("user Weather? assistant", params, use_tqdm=False)
+        outputs[name] = [(c.token_ids, c.finish_reason) for c in out.outputs]
+    thought = tokenizer.convert_tokens_to_ids(["<think>", "hmm", "</think>", ANSWER_JSON])
+    assert outputs["after"] == [(thought, "stop")] * 2
+    assert outputs["at once"] == [(thought[-1:], "stop")] * 2

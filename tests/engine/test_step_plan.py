@@ -96,7 +96,11 @@ def test_a_prefill_chunk_that_does_not_reach_the_end_samples_nothing() -> None:
 
 
 class FakeMatcher:
-    """A completion's grammar state as plan_step sees it: something to build a mask from."""
+    """A completion's grammar state as plan_step sees it: something to build a mask from,
+    active unless its completion is still in its reasoning part."""
+
+    def __init__(self, is_active: bool = True) -> None:
+        self.is_active = is_active
 
 
 class FakeManager:
@@ -125,3 +129,21 @@ def test_only_constrained_rows_get_a_bitmask_built_once_per_step() -> None:
     assert plan.rows[2].token_bitmask is None
     free_only = plan_step(SchedulerOutput([ScheduledSequence(b0, 2)]), {"b": b}, manager)
     assert len(manager.asked) == 1 and free_only.rows[0].token_bitmask is None
+
+
+def test_a_completion_in_its_reasoning_part_samples_free_then_under_its_mask() -> None:
+    """Reasoning before structured outputs (vLLM's reasoner gate): the mask is not built or
+    applied while the completion's matcher waits for the end of its reasoning, and is from
+    the step after it has ended; the other completion's row is masked throughout."""
+    request = make_request("a", [5, 6, 7], n=2)
+    thinking, answering = FakeMatcher(is_active=False), FakeMatcher()
+    request.matchers = [thinking, answering]
+    manager = FakeManager()
+    seq = request.completions[0].seq
+    before = plan_step(SchedulerOutput([ScheduledSequence(seq, 3)]), {"a": request}, manager)
+    assert manager.asked == [[answering]]
+    assert before.rows[0].token_bitmask is None and before.rows[1].token_bitmask is not None
+    thinking.is_active = True  # its output now holds the end of the reasoning part
+    after = plan_step(SchedulerOutput([ScheduledSequence(seq, 3)]), {"a": request}, manager)
+    assert manager.asked[-1] == [thinking, answering]
+    assert all(row.token_bitmask is not None for row in after.rows)

@@ -9,7 +9,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from pagedllm.sample.ops.token_bitmask import unpack_token_bitmask
-from pagedllm.sampling_params import StructuredOutputsParams
+from pagedllm.sampling_params import ReasoningTokens, StructuredOutputsParams
 from pagedllm.structured_output import GrammarMatcher, StructuredOutputManager
 from pagedllm.structured_output import manager as mod
 
@@ -75,6 +75,22 @@ def test_each_completion_gets_its_own_matcher(
     assert first.is_terminated and not second.is_terminated
     bitmask = manager.grammar_bitmask([first, second])
     assert not torch.equal(bitmask[0], bitmask[1])
+
+
+@pytest.mark.parametrize("bit", [5, 31])  # 31: the sign bit of the int32 word
+def test_the_token_that_may_open_reasoning_is_allowed_at_the_first_token_only(
+    manager: StructuredOutputManager, tokenizer: PreTrainedTokenizerBase, bit: int
+) -> None:
+    """The grammar's tokens plus the open token; once the answer has a token, the grammar's."""
+    start = 32 * 100 + bit
+    reasoning = ReasoningTokens([1, 2], in_reasoning=False, start_token_id=start)
+    choice = StructuredOutputsParams(choice=["yes", "no"])
+    (plain,) = manager.new_matchers(choice, 1)
+    first, later = manager.new_matchers(choice, 2, reasoning)
+    assert allowed_tokens(manager, first) == sorted([start, *allowed_tokens(manager, plain)])
+    for matcher in (later, plain):
+        matcher.accept_token(encode(tokenizer, "no")[0])
+    assert allowed_tokens(manager, later) == allowed_tokens(manager, plain)
 
 
 def test_each_distinct_constraint_compiles_once(

@@ -2,7 +2,8 @@
 tokenizer's, or the server's --chat-template), n choices, streamed as SSE deltas or answered
 at once. Each choice's text goes through the server's reasoning parser and the request's
 tool parser (chat_choice_parser.py); a forced tool choice constrains the answer with
-structured outputs (tool_choice.py)."""
+structured outputs (tool_choice.py), which with a reasoning parser start after the
+reasoning part."""
 
 import dataclasses
 import time
@@ -91,10 +92,11 @@ class OpenAIServingChat(OpenAIServing):
         schema = tool_choice_schema(request.tools or [], tool_choice, parallel)
         if schema is not None:
             params = _forced_call(params, schema)
-        # Structured outputs constrain an answer from its first token, so a constrained
-        # answer has no reasoning part to split off.
-        reasoning = self.reasoning_parser if params.structured_outputs is None else None
-        parsers = choice_parser_factory(reasoning, tool_parser, prompt_text, parallel)
+        if params.structured_outputs is not None and self.reasoning_parser is not None:
+            # The constraint applies to the content after the reasoning part, as in vLLM.
+            reasoning = self.reasoning_parser.reasoning_tokens(prompt_text, self.tokenizer)
+            params = dataclasses.replace(params, reasoning_tokens=reasoning)
+        parsers = choice_parser_factory(self.reasoning_parser, tool_parser, prompt_text, parallel)
         request_id = random_id("chatcmpl")
         stream = self.generate({"prompt_token_ids": prompt_ids}, params, request_id, arrival_time)
         outputs = merge_streams([stream])

@@ -8,8 +8,10 @@ import argparse
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Literal
 
 import openai
+import pydantic
 import pytest
 from fastapi.testclient import TestClient
 
@@ -22,6 +24,7 @@ from pagedllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from tests.entrypoints.openai.scripted_model import (
     ANSWER_CALL,
     ANSWER_REASONING,
+    WEATHER,
     save_scripted_model,
 )
 
@@ -120,6 +123,47 @@ def test_reasoning_parsers_and_the_template_options(serve: Callable) -> None:
         opened = ask(client, extra_body={"chat_template_kwargs": {"think_in_prompt": True}})
     assert opened.choices[0].message.reasoning_content.strip() == ANSWER_REASONING
     assert opened.choices[0].message.content == thinking.content
+
+
+class Weather(pydantic.BaseModel):
+    weather: Literal["sunny"]
+
+
+def test_structured_outputs_apply_after_the_reasoning(serve: Callable) -> None:
+    """vLLM's reasoning-aware structured outputs: the reasoning part is the model's own (the
+    schema would refuse it), the content after it is the schema's (the scripted model would
+    write a tool call there), for the client's `parse` with n=2, a named tool, and a
+    stream; a prompt that closed its think part (enable_thinking false) is constrained from
+    the first token, and deepseek_r1's answers start inside their reasoning."""
+    weather = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER}}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    with serve(reasoning_parser="qwen3") as (client, _):
+        parsed = client.chat.completions.parse(
+            model="scripted", messages=MESSAGES, temperature=0, max_tokens=30, n=2,
+            response_format=Weather,
+        )  # fmt: skip
+        called = ask(client, tools=tools, tool_choice=named).choices[0].message
+        chunks = ask(client, response_format=weather, stream=True)
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        closed = {"chat_template_kwargs": {"enable_thinking": False}}
+        plain = ask(client, response_format=weather, extra_body=closed).choices[0].message
+    with serve(reasoning_parser="deepseek_r1") as (client, _):
+        opened = {"chat_template_kwargs": {"think_in_prompt": True}}
+        r1 = ask(client, response_format=weather, extra_body=opened).choices[0].message
+    for choice in parsed.choices:
+        assert choice.message.parsed == Weather(weather="sunny")
+        assert choice.message.reasoning_content.strip() == ANSWER_REASONING
+        assert choice.finish_reason == "stop"
+    (call,) = called.tool_calls
+    assert json.loads(call.function.arguments) == {"weather": "sunny"}
+    assert called.reasoning_content.strip() == ANSWER_REASONING and called.content is None
+    streamed_reasoning = "".join(d.model_extra.get("reasoning_content") or "" for d in deltas)
+    assert streamed_reasoning.strip() == ANSWER_REASONING
+    assert json.loads("".join(d.content or "" for d in deltas)) == {"weather": "sunny"}
+    assert plain.reasoning_content is None and json.loads(plain.content) == {"weather": "sunny"}
+    assert r1.reasoning_content.strip() == ANSWER_REASONING
+    assert json.loads(r1.content) == {"weather": "sunny"}
 
 
 def test_tool_round_trip_renders_calls_and_results(serve: Callable, scripted_llm: LLM) -> None:

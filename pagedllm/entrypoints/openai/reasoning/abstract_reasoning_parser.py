@@ -9,11 +9,15 @@ only if it opens with `<think>`, or if the prompt ends inside an open `<think>` 
 thinking-only templates); `enable_thinking=False` templates close the empty think part in
 the prompt, so the answer is all content. A reasoning part the answer never closes (it ran
 out of tokens) is all reasoning, in both parsers and both modes.
+
+`reasoning_tokens` tells the engine the same in token ids, so that structured outputs
+constrain only the content after the reasoning part.
 """
 
 from dataclasses import dataclass
 
 from pagedllm.entrypoints.openai.reasoning.tag_scanner import TagScanner
+from pagedllm.sampling_params import ReasoningTokens, Tokenizer
 
 # Where the parser is in the answer.
 _OPENING = "opening"  # before the first non-space text: a `<think>` may open reasoning
@@ -38,6 +42,20 @@ class ReasoningParser:
         self.in_reasoning = self.thinks_first or opened
         self.state = _OPENING
         self.scanner = TagScanner()
+
+    @classmethod
+    def reasoning_tokens(cls, prompt: str, tokenizer: Tokenizer) -> ReasoningTokens | None:
+        """Where the answer to `prompt` has its reasoning part, as the parser reads it: from
+        the first token (thinking first, or the prompt opened `<think>`), or where the
+        answer opens with `<think>`; None when the prompt closed it (`enable_thinking`
+        false), so a constraint applies from the first token."""
+        end_ids = tokenizer.encode(cls.end_token, add_special_tokens=False)
+        if cls(prompt).in_reasoning:
+            return ReasoningTokens(end_ids, in_reasoning=True)
+        start_ids = tokenizer.encode(cls.start_token, add_special_tokens=False)
+        if prompt.rstrip().endswith(cls.end_token) or len(start_ids) != 1:
+            return None
+        return ReasoningTokens(end_ids, in_reasoning=False, start_token_id=start_ids[0])
 
     def feed(self, text: str) -> ReasoningDelta:
         """The reasoning and content that `text`, the answer's next piece, settles."""

@@ -6,7 +6,10 @@ and streamed alike."""
 import pytest
 
 from pagedllm.entrypoints.openai.reasoning import REASONING_PARSERS
-from tests.entrypoints.openai.reasoning.parser_checks import check_streaming_matches_whole
+from tests.entrypoints.openai.reasoning.parser_checks import (
+    TagTokenizer,
+    check_streaming_matches_whole,
+)
 
 QWEN3 = REASONING_PARSERS["qwen3"]
 PROMPT = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
@@ -28,3 +31,18 @@ THINKING_ONLY = PROMPT + "<think>\n"
 )
 def test_reasoning_only_when_opened(prompt: str, text: str, expected: tuple) -> None:
     check_streaming_matches_whole(QWEN3, prompt, text, expected)
+
+
+def test_reasoning_tokens_say_where_the_parser_finds_reasoning() -> None:
+    """An answer to a thinking prompt may open `<think>` (its first token), a thinking-only
+    prompt starts the answer inside it, and `enable_thinking=False`'s closed part leaves
+    none: the constraint applies from the first token."""
+    may_open = QWEN3.reasoning_tokens(PROMPT, TagTokenizer())
+    assert (may_open.end_token_ids, may_open.in_reasoning, may_open.start_token_id) == (
+        [8],
+        False,
+        7,
+    )
+    inside = QWEN3.reasoning_tokens(THINKING_ONLY, TagTokenizer())
+    assert (inside.end_token_ids, inside.in_reasoning, inside.start_token_id) == ([8], True, None)
+    assert QWEN3.reasoning_tokens(NO_THINKING, TagTokenizer()) is None
