@@ -1,61 +1,90 @@
-/* RMSNorm, alone and fused with the residual add, in one pass over each row.
+/* RMSNorm, alone and fused with the residual add, in one pass over each row, on float32 or
+ * bfloat16 tensors.
  *
  * torch spends ~10 small ops per norm (square, mean, add, rsqrt, two muls, dtype casts); at
- * decode sizes each costs more in dispatch than in arithmetic, twice per layer.
+ * decode sizes each costs more in dispatch than in arithmetic, twice per layer. In bfloat16
+ * the kernels round where torch's definition (_torch_ops.rms_norm) rounds: x + residual,
+ * x * rsqrt(...) before the weight, and the product.
  */
+#include "bf16.h"
 #include "ops.h"
-#include "vec.h"
 
-/* out = x * rsqrt(mean(x^2) + eps) * weight for one row of n. */
-INLINE void norm_row(const float *x, const float *weight, float eps, int64_t n, float *out) {
+/* Row r of out [rows, n] = x * rsqrt(mean(x^2) + eps) * weight, for one row of n. */
+INLINE void norm_row(void *out, const void *x, const void *weight, float eps, int64_t n,
+                     int64_t r, int bf16) {
+  const void *row = element_at(x, r * n, bf16);
+  void *out_row = element_at(out, r * n, bf16);
   vec16 acc = {0};
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) acc += load16(x + i) * load16(x + i);
+  for (; i + 16 <= n; i += 16) acc += load16_as(row, i, bf16) * load16_as(row, i, bf16);
   float sum = hsum16(acc);
-  for (; i < n; i++) sum += x[i] * x[i];
+  for (; i < n; i++) sum += load1_as(row, i, bf16) * load1_as(row, i, bf16);
   float inv_rms = 1.0f / __builtin_sqrtf(sum / (float)n + eps);
-  for (i = 0; i + 16 <= n; i += 16)
-    store16(out + i, load16(x + i) * inv_rms * load16(weight + i));
-  for (; i < n; i++) out[i] = x[i] * inv_rms * weight[i];
+  for (i = 0; i + 16 <= n; i += 16) {
+    vec16 normed = load16_as(row, i, bf16) * inv_rms;
+    if (bf16) normed = round16_bf16(normed);
+    store16_as(out_row, i, normed * load16_as(weight, i, bf16), bf16);
+  }
+  for (; i < n; i++) {
+    float normed = load1_as(row, i, bf16) * inv_rms;
+    if (bf16) normed = round_bf16(normed);
+    store1_as(out_row, i, normed * load1_as(weight, i, bf16), bf16);
+  }
+}
+
+/* Row r of sum = x + residual, all [rows, n]. */
+INLINE void add_row(void *sum, const void *x, const void *residual, int64_t n, int64_t r,
+                    int bf16) {
+  const int64_t end = (r + 1) * n;
+  int64_t i = r * n;
+  for (; i + 16 <= end; i += 16)
+    store16_as(sum, i, load16_as(x, i, bf16) + load16_as(residual, i, bf16), bf16);
+  for (; i < end; i++) store1_as(sum, i, load1_as(x, i, bf16) + load1_as(residual, i, bf16), bf16);
 }
 
 CPU_DISPATCH
-static void rms_norm_rows(float *out, const float *x, const float *weight, float eps,
+static void rms_norm_rows(void *out, const void *x, const void *weight, int bf16, float eps,
                           int64_t n, int64_t first, int64_t last) {
-  for (int64_t r = first; r < last; r++) norm_row(x + r * n, weight, eps, n, out + r * n);
+  for (int64_t r = first; r < last; r++) {
+    if (bf16)
+      norm_row(out, x, weight, eps, n, r, 1);
+    else
+      norm_row(out, x, weight, eps, n, r, 0);
+  }
 }
 
 CPU_DISPATCH
-static void fused_add_rms_norm_rows(float *out, float *residual_out, const float *x,
-                                    const float *residual, const float *weight, float eps,
-                                    int64_t n, int64_t first, int64_t last) {
+static void fused_add_rms_norm_rows(void *out, void *residual_out, const void *x,
+                                    const void *residual, const void *weight, int bf16,
+                                    float eps, int64_t n, int64_t first, int64_t last) {
   for (int64_t r = first; r < last; r++) {
-    float *sum = residual_out + r * n;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-      store16(sum + i, load16(x + r * n + i) + load16(residual + r * n + i));
-    for (; i < n; i++) sum[i] = x[r * n + i] + residual[r * n + i];
-    norm_row(sum, weight, eps, n, out + r * n);
+    if (bf16) {
+      add_row(residual_out, x, residual, n, r, 1);
+      norm_row(out, residual_out, weight, eps, n, r, 1);
+    } else {
+      add_row(residual_out, x, residual, n, r, 0);
+      norm_row(out, residual_out, weight, eps, n, r, 0);
+    }
   }
 }
 
 /* Rows per task: enough work that a thread is worth waking. */
 #define ROWS_PER_TASK(n) (1 + 16384 / (n))
 
-void rms_norm(float *out, const float *x, const float *weight, float eps, int64_t rows,
+void rms_norm(void *out, const void *x, const void *weight, int bf16, float eps, int64_t rows,
               int64_t n, int num_threads) {
   const int64_t step = ROWS_PER_TASK(n);
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (rows > step)
   for (int64_t r = 0; r < rows; r += step)
-    rms_norm_rows(out, x, weight, eps, n, r, r + step < rows ? r + step : rows);
+    rms_norm_rows(out, x, weight, bf16, eps, n, r, r + step < rows ? r + step : rows);
 }
 
-void fused_add_rms_norm(float *out, float *residual_out, const float *x, const float *residual,
-                        const float *weight, float eps, int64_t rows, int64_t n,
+void fused_add_rms_norm(void *out, void *residual_out, const void *x, const void *residual,
+                        const void *weight, int bf16, float eps, int64_t rows, int64_t n,
                         int num_threads) {
   const int64_t step = ROWS_PER_TASK(n);
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (rows > step)
   for (int64_t r = 0; r < rows; r += step)
-    fused_add_rms_norm_rows(out, residual_out, x, residual, weight, eps, n, r,
+    fused_add_rms_norm_rows(out, residual_out, x, residual, weight, bf16, eps, n, r,
                             r + step < rows ? r + step : rows);
 }

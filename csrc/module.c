@@ -13,7 +13,7 @@
 #include "gguf.h"
 #include "ops.h"
 
-#define MAX_ARGS 16
+#define MAX_ARGS 20
 
 /* Parses args by fmt: 'i' an int (pointers too) into ints[], 'f' a float into floats[], in
  * order. Returns 0, or -1 with a Python error set. */
@@ -111,19 +111,21 @@ BINDING(reshape_and_cache, "iiiiiiiiiiii",
         reshape_and_cache(PTR(a[0]), PTR(a[1]), (int)a[2], PTR(a[3]), PTR(a[4]), (int)a[5],
                           PTR(a[6]), a[7], a[8], a[9], a[10]))
 
-BINDING(rms_norm, "iiiiiif", 0,
-        rms_norm(PTR(a[0]), PTR(a[1]), PTR(a[2]), (float)f[0], a[3], a[4], (int)a[5]))
+BINDING(rms_norm, "iiiiiiif", 0,
+        rms_norm(PTR(a[0]), PTR(a[1]), PTR(a[2]), (int)a[3], (float)f[0], a[4], a[5], (int)a[6]))
 
-BINDING(fused_add_rms_norm, "iiiiiiiif", 0,
-        fused_add_rms_norm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]), (float)f[0],
-                           a[5], a[6], (int)a[7]))
+BINDING(fused_add_rms_norm, "iiiiiiiiif", 0,
+        fused_add_rms_norm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]), (int)a[5],
+                           (float)f[0], a[6], a[7], (int)a[8]))
 
-BINDING(rotary_embedding, "iiiiiiiiiiiiiiii",
-        check_indices("rotary_embedding", "positions", PTR(a[0]), a[7], a[13]),
-        rotary_embedding(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]), a[5], a[6], a[7],
-                         a[8], a[9], a[10], a[11], PTR(a[12]), (int)a[14], (int)a[15]))
+BINDING(rotary_embedding, "iiiiiiiiiiiiiiiii",
+        check_indices("rotary_embedding", "positions", PTR(a[0]), a[8], a[14]),
+        rotary_embedding(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]), (int)a[5], a[6],
+                         a[7], a[8], a[9], a[10], a[11], a[12], PTR(a[13]), (int)a[15],
+                         (int)a[16]))
 
-BINDING(silu_and_mul, "iiiii", 0, silu_and_mul(PTR(a[0]), PTR(a[1]), a[2], a[3], (int)a[4]))
+BINDING(silu_and_mul, "iiiiii", 0,
+        silu_and_mul(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
 
 /* 0 when isa names an instruction set gguf_gemm has and the CPU supports (or is -1, the
  * best), else -1 with a ValueError; qtype, a supported type, is checked by the caller. */
@@ -185,15 +187,15 @@ static PyMethodDef methods[] = {
     METHOD(reshape_and_cache,
            "reshape_and_cache(key, value, kv_bf16, k_cache, v_cache, cache_bf16, slot_mapping, "
            "num_tokens, key_stride, value_stride, row_size, num_slots)"),
-    METHOD(rms_norm, "rms_norm(out, x, weight, rows, n, num_threads, eps)"),
+    METHOD(rms_norm, "rms_norm(out, x, weight, bf16, rows, n, num_threads, eps)"),
     METHOD(fused_add_rms_norm,
-           "fused_add_rms_norm(out, residual_out, x, residual, weight, rows, n, num_threads, "
-           "eps)"),
+           "fused_add_rms_norm(out, residual_out, x, residual, weight, bf16, rows, n, "
+           "num_threads, eps)"),
     METHOD(rotary_embedding,
-           "rotary_embedding(positions, query, key, query_out, key_out, q_stride, k_stride, "
-           "num_tokens, num_heads, num_kv_heads, head_size, rot_dim, cos_sin_cache, "
+           "rotary_embedding(positions, query, key, query_out, key_out, bf16, q_stride, "
+           "k_stride, num_tokens, num_heads, num_kv_heads, head_size, rot_dim, cos_sin_cache, "
            "num_positions, is_neox, num_threads)"),
-    METHOD(silu_and_mul, "silu_and_mul(out, x, num_tokens, d, num_threads)"),
+    METHOD(silu_and_mul, "silu_and_mul(out, x, bf16, num_tokens, d, num_threads)"),
     {NULL, NULL, 0, NULL},
 };
 

@@ -32,25 +32,30 @@ void reshape_and_cache(const void *key, const void *value, int kv_bf16, void *k_
                        int64_t num_tokens, int64_t key_stride, int64_t value_stride,
                        int64_t row_size);
 
-/* out [rows, n] = x * rsqrt(mean(x^2) + eps) * weight [n], row by row. */
-void rms_norm(float *out, const float *x, const float *weight, float eps, int64_t rows,
+/* out [rows, n] = x * rsqrt(mean(x^2) + eps) * weight [n], row by row. x, weight and out are
+ * bfloat16 when bf16 (x * rsqrt(...) rounded to bfloat16 before the weight), else float32. */
+void rms_norm(void *out, const void *x, const void *weight, int bf16, float eps, int64_t rows,
               int64_t n, int num_threads);
 
-/* residual_out = x + residual; out = rms_norm(residual_out); all [rows, n]. */
-void fused_add_rms_norm(float *out, float *residual_out, const float *x, const float *residual,
-                        const float *weight, float eps, int64_t rows, int64_t n,
+/* residual_out = x + residual; out = rms_norm(residual_out); all [rows, n], bfloat16 when
+ * bf16 (residual_out rounded first), else float32. */
+void fused_add_rms_norm(void *out, void *residual_out, const void *x, const void *residual,
+                        const void *weight, int bf16, float eps, int64_t rows, int64_t n,
                         int num_threads);
 
 /* query_out [T, H * D], key_out [T, KV * D] = query, key rows (strides q_stride, k_stride)
- * rotated by their positions (see pos_encoding.c). */
-void rotary_embedding(const int64_t *positions, const float *query, const float *key,
-                      float *query_out, float *key_out, int64_t q_stride, int64_t k_stride,
-                      int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
-                      int64_t head_size, int64_t rot_dim, const float *cos_sin_cache,
-                      int is_neox, int num_threads);
+ * rotated by their positions (see pos_encoding.c); the four bfloat16 when bf16, else float32;
+ * cos_sin_cache float32. */
+void rotary_embedding(const int64_t *positions, const void *query, const void *key,
+                      void *query_out, void *key_out, int bf16, int64_t q_stride,
+                      int64_t k_stride, int64_t num_tokens, int64_t num_heads,
+                      int64_t num_kv_heads, int64_t head_size, int64_t rot_dim,
+                      const float *cos_sin_cache, int is_neox, int num_threads);
 
-/* out [T, d] = silu(x[:, :d]) * x[:, d:] for x [T, 2d]. */
-void silu_and_mul(float *out, const float *x, int64_t num_tokens, int64_t d, int num_threads);
+/* out [T, d] = silu(x[:, :d]) * x[:, d:] for x [T, 2d]; bfloat16 when bf16 (silu rounded to
+ * bfloat16 before the product), else float32. */
+void silu_and_mul(void *out, const void *x, int bf16, int64_t num_tokens, int64_t d,
+                  int num_threads);
 
 /* y [M, N] = x [M, K] @ dequant(w)^T (+ b [N]); w [N, K / block_size * type_size] holds GGUF
  * blocks of qtype (gguf.h), K whole blocks. Each x row is quantized to 8-bit blocks of 32

@@ -143,21 +143,24 @@ def skinny_gemm_bf16(
     return y
 
 
-def _check_norm_args(op: str, x: object, weight: object) -> tuple[int, int]:
-    """x [..., n] and weight [n] -> (rows, n)."""
-    _check(op, "x", x, _ANY_DIMS, "[..., n]")
+def _check_norm_args(op: str, x: object, weight: object) -> tuple[torch.dtype, int, int]:
+    """x [..., n] and weight [n], both float32 or both bfloat16 -> (dtype, rows, n)."""
+    dtype = _float_dtype(x)
+    _check(op, "x", x, _ANY_DIMS, "[..., n]", dtype)
     n = x.shape[-1]
-    _check(op, "weight", weight, (n,), "[n], n = x's last dim")
-    return (x.numel() // n if n else 0), n
+    _check(op, "weight", weight, (n,), "[n], n = x's last dim", dtype)
+    return dtype, (x.numel() // n if n else 0), n
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [..., n] * rsqrt(mean(x^2) + eps) * weight [n]."""
-    rows, n = _check_norm_args("rms_norm", x, weight)
+    """x [..., n] * rsqrt(mean(x^2) + eps) * weight [n]; in bfloat16 rounded as
+    _torch_ops.rms_norm rounds."""
+    dtype, rows, n = _check_norm_args("rms_norm", x, weight)
     out = torch.empty_like(x)
     _C.rms_norm(
-        out.data_ptr(), x.data_ptr(), weight.data_ptr(), rows, n, torch.get_num_threads(), eps
-    )
+        out.data_ptr(), x.data_ptr(), weight.data_ptr(), dtype is _BF16, rows, n,
+        torch.get_num_threads(), eps,
+    )  # fmt: skip
     return out
 
 
@@ -166,26 +169,27 @@ def fused_add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual), in one pass."""
     op = "fused_add_rms_norm"
-    rows, n = _check_norm_args(op, x, weight)
-    _check(op, "residual", residual, x.shape, "[..., n] like x")
+    dtype, rows, n = _check_norm_args(op, x, weight)
+    _check(op, "residual", residual, x.shape, "[..., n] like x", dtype)
     out, residual_out = torch.empty_like(x), torch.empty_like(x)
     _C.fused_add_rms_norm(
         out.data_ptr(), residual_out.data_ptr(), x.data_ptr(), residual.data_ptr(),
-        weight.data_ptr(), rows, n, torch.get_num_threads(), eps,
+        weight.data_ptr(), dtype is _BF16, rows, n, torch.get_num_threads(), eps,
     )  # fmt: skip
     return out, residual_out
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """x [..., 2d] -> silu(x[..., :d]) * x[..., d:]."""
+    """x [..., 2d] -> silu(x[..., :d]) * x[..., d:], float32 or bfloat16."""
     op = "silu_and_mul"
-    _check(op, "x", x, _ANY_DIMS, "[..., 2d]")
+    dtype = _float_dtype(x)
+    _check(op, "x", x, _ANY_DIMS, "[..., 2d]", dtype)
     width = x.shape[-1]
     _require(op, width % 2 == 0, "x's last dim must be even, got shape {}", list(x.shape))
     d = width // 2
     out = x.new_empty(*x.shape[:-1], d)
     rows = x.numel() // width if width else 0
-    _C.silu_and_mul(out.data_ptr(), x.data_ptr(), rows, d, torch.get_num_threads())
+    _C.silu_and_mul(out.data_ptr(), x.data_ptr(), dtype is _BF16, rows, d, torch.get_num_threads())
     return out
 
 
@@ -197,12 +201,14 @@ def rotary_embedding(
     cos_sin_cache: torch.Tensor,
     is_neox_style: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """query [T, H * head_size], key [T, KV * head_size] (rows may be strided) rotated by
-    cos_sin_cache [max_pos, rotary_dim] at positions [T] -> new contiguous tensors."""
+    """query [T, H * head_size], key [T, KV * head_size] (rows may be strided; both float32 or
+    both bfloat16) rotated by cos_sin_cache [max_pos, rotary_dim] (float32) at positions [T]
+    -> new contiguous tensors of their dtype."""
     op = "rotary_embedding"
+    dtype = _float_dtype(query)
     _check(op, "positions", positions, 1, "[T]", _I64)
-    _check(op, "query", query, 2, "[T, num_heads * head_size]", rows=True)
-    _check(op, "key", key, 2, "[T, num_kv_heads * head_size]", rows=True)
+    _check(op, "query", query, 2, "[T, num_heads * head_size]", dtype, rows=True)
+    _check(op, "key", key, 2, "[T, num_kv_heads * head_size]", dtype, rows=True)
     _check(op, "cos_sin_cache", cos_sin_cache, 2, "[max_position, rotary_dim]")
     (t,), (q_rows, q_width), (k_rows, k_width) = positions.shape, query.shape, key.shape
     num_positions, rotary_dim = cos_sin_cache.shape
@@ -221,9 +227,9 @@ def rotary_embedding(
     query_out, key_out = query.new_empty(t, q_width), key.new_empty(t, k_width)
     _C.rotary_embedding(
         positions.data_ptr(), query.data_ptr(), key.data_ptr(), query_out.data_ptr(),
-        key_out.data_ptr(), query.stride(0), key.stride(0), t, q_width // head_size,
-        k_width // head_size, head_size, rotary_dim, cos_sin_cache.data_ptr(), num_positions,
-        int(is_neox_style), torch.get_num_threads(),
+        key_out.data_ptr(), dtype is _BF16, query.stride(0), key.stride(0), t,
+        q_width // head_size, k_width // head_size, head_size, rotary_dim,
+        cos_sin_cache.data_ptr(), num_positions, int(is_neox_style), torch.get_num_threads(),
     )  # fmt: skip
     return query_out, key_out
 

@@ -75,6 +75,12 @@ def cpu_kernels_apply(
     return True
 
 
+def _one_float_dtype(x: torch.Tensor) -> tuple[torch.dtype, ...]:
+    """The `dtypes` of cpu_kernels_apply for an op whose tensors all share x's dtype, float32
+    or bfloat16 (its kernel takes either, not a mix)."""
+    return (x.dtype,) if x.dtype in _FLOAT32_OR_BF16 else ()
+
+
 def _as_dense(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x as a contiguous tensor of dtype; the runner's index tensors already are, and are
     passed as they are (a no-op .to().contiguous() still costs microseconds per layer)."""
@@ -91,7 +97,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """F.linear(x, weight, bias): [..., K] x [N, K] -> [..., N], float32 or bfloat16."""
     bf16 = x.dtype is torch.bfloat16
     max_rows = SKINNY_GEMM_BF16_MAX_ROWS if bf16 else SKINNY_GEMM_MAX_ROWS
-    dtypes = (x.dtype,) if bf16 else _FLOAT32
+    dtypes = _one_float_dtype(x)
     few_rows = x.numel() <= max_rows * x.shape[-1]
     if not (few_rows and weight.dim() == 2 and cpu_kernels_apply(x, weight, bias, dtypes=dtypes)):
         return F.linear(x, weight, bias)
@@ -105,7 +111,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., n] * rsqrt(mean(x^2) + eps) * weight [n]."""
-    if cpu_kernels_apply(x, weight):
+    if cpu_kernels_apply(x, weight, dtypes=_one_float_dtype(x)):
         return _cpu_kernels.rms_norm(x.contiguous(), weight.contiguous(), eps)
     return _torch_ops.rms_norm(x, weight, eps)
 
@@ -114,7 +120,7 @@ def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual); the kernel does both in one pass."""
-    if cpu_kernels_apply(x, residual, weight):
+    if cpu_kernels_apply(x, residual, weight, dtypes=_one_float_dtype(x)):
         return _cpu_kernels.fused_add_rms_norm(
             x.contiguous(), residual.contiguous(), weight.contiguous(), eps
         )
@@ -123,7 +129,7 @@ def fused_add_rms_norm(
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [..., 2d] -> silu(x[..., :d]) * x[..., d:]."""
-    if cpu_kernels_apply(x):
+    if cpu_kernels_apply(x, dtypes=_one_float_dtype(x)):
         return _cpu_kernels.silu_and_mul(x.contiguous())
     return _torch_ops.silu_and_mul(x)
 
@@ -138,8 +144,13 @@ def rotary_embedding(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """query [T, H * head_size] and key [T, KV * head_size], rotated; their rows may be
     strided (column slices of a fused qkv). cos_sin_cache [max_pos, rotary_dim] must cover
-    every position (the kernel raises ValueError, torch IndexError, if not)."""
-    if not (query.dim() == key.dim() == 2 and cpu_kernels_apply(query, key, cos_sin_cache)):
+    every position (the kernel raises ValueError, torch IndexError, if not). query and key
+    share a dtype; the cache is float32."""
+    if not (
+        query.dim() == key.dim() == 2
+        and cpu_kernels_apply(query, key, dtypes=_one_float_dtype(query))
+        and cpu_kernels_apply(cos_sin_cache)
+    ):
         return _torch_ops.rotary_embedding(
             positions, query, key, head_size, cos_sin_cache, is_neox_style
         )

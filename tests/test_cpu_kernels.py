@@ -212,6 +212,22 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
         lambda: _cache_write(key=_bf16(3, KV, D)),
         "value must be a row-dense bfloat16",
     ),
+    "rms_norm weight float32 with bfloat16 x": (
+        lambda: _rms_norm(x=_bf16(3, 16)),
+        "rms_norm: weight must be a contiguous bfloat16",
+    ),
+    "fused norm residual float32 with bfloat16 x": (
+        lambda: _fused_norm(x=_bf16(3, 16), weight=_bf16(16)),
+        "fused_add_rms_norm: residual must be a contiguous bfloat16",
+    ),
+    "rotary key float32 with a bfloat16 query": (
+        lambda: _rotary(query=_bf16(3, HEADS * D)),
+        "rotary_embedding: key must be a row-dense bfloat16",
+    ),
+    "rotary cache bfloat16": (
+        lambda: _rotary(query=_bf16(3, HEADS * D), key=_bf16(3, KV * D), cos_sin_cache=_bf16(8, D)),
+        "cos_sin_cache must be a contiguous float32",
+    ),
     "silu odd width": (lambda: _silu(x=torch.randn(3, 9)), "last dim must be even"),
     "silu x strided": (lambda: _silu(x=torch.randn(10, 3).t()), "x must be a contiguous"),
 }
@@ -237,6 +253,12 @@ def test_the_valid_calls_above_run() -> None:
     assert _attention(k_cache=bf16_cache, v_cache=bf16_cache).shape == (B, HEADS, D)
     _cache_write(k_cache=bf16_cache.clone(), v_cache=bf16_cache.clone())
     assert _silu().shape == (3, 5)
+    assert _silu(x=_bf16(3, 10)).dtype == torch.bfloat16
+    assert _rms_norm(x=_bf16(3, 16), weight=_bf16(16)).dtype == torch.bfloat16
+    bf16_norm = _fused_norm(x=_bf16(3, 16), residual=_bf16(3, 16), weight=_bf16(16))
+    assert [t.dtype for t in bf16_norm] == [torch.bfloat16] * 2
+    bf16_rope = _rotary(query=_bf16(3, HEADS * D), key=_bf16(3, KV * D))
+    assert [t.dtype for t in bf16_rope] == [torch.bfloat16] * 2
 
 
 def test_a_wrong_scalar_is_a_type_error() -> None:

@@ -1,13 +1,15 @@
 """_custom_ops on bfloat16 tensors: skinny_gemm_bf16 for decode-sized matmuls, KV-cache
-writes and decode attention on a bfloat16 cache. References: F.linear in float64 rounded
-once to bfloat16, torch's own conversions (bit for bit), and the float64 torch definition of
-paged attention on the same bfloat16 values."""
+writes and decode attention on a bfloat16 cache, RMSNorm, SiluAndMul and RoPE on bfloat16
+activations. References: F.linear in float64 rounded once to bfloat16, torch's own
+conversions (bit for bit), the float64 torch definition of paged attention on the same
+bfloat16 values, and _torch_ops' norms, activation and rotation on bfloat16 (bit for bit,
+or within the bf16 steps that a last float bit of e^x or of a sum can move)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from pagedllm import _custom_ops, _torch_ops
+from pagedllm import _cpu_kernels, _custom_ops, _torch_ops
 
 BF16 = torch.bfloat16
 needs_kernels = pytest.mark.skipif(not _custom_ops.has_cpu_kernels(), reason="no pagedllm._C")
@@ -125,3 +127,144 @@ def test_torch_paths_convert_between_the_cache_and_the_model_dtype() -> None:
     tables, lens = torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
     out = _custom_ops.paged_decode_attention(query, k_cache, k_cache, tables, lens, 3, 0.3)
     assert out.dtype == torch.float64
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names pagedllm._C is asked for during the test: proof the kernel ran (a torch
+    fallback would equal its own reference trivially)."""
+    asked: list[str] = []
+    c_module = _cpu_kernels._C
+
+    class Counting:
+        def __getattr__(self, name: str) -> object:
+            asked.append(name)
+            return getattr(c_module, name)
+
+    monkeypatch.setattr(_cpu_kernels, "_C", Counting())
+    return asked
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.view(torch.int16)
+
+
+def _bf16_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How many bfloat16 values lie between a and b, elementwise (0 when equal, -0 == 0)."""
+
+    def ordered(x: torch.Tensor) -> torch.Tensor:
+        i = x.view(torch.int16).int()
+        return torch.where(i < 0, -(i & 0x7FFF), i)
+
+    return (ordered(a) - ordered(b)).abs()
+
+
+def _exactly_summed(*shape: int) -> torch.Tensor:
+    """bf16 multiples of 1/8 up to 1.5: their squares, and every partial sum of them, are exact
+    in float32, so the mean of squares is the same in any summation order."""
+    return (torch.randint(-12, 13, shape) / 8).to(BF16)
+
+
+NORM_SIZES = [(1, 576), (3, 20), (200, 100), (2, 7)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows,hidden", NORM_SIZES)
+def test_rms_norm_bf16_is_the_torch_definition_bit_for_bit(
+    rows: int, hidden: int, kernel_calls: list[str]
+) -> None:
+    """Reference: _torch_ops.rms_norm and fused_add_rms_norm on the same bf16 tensors, bit
+    for bit: x + residual rounded, x * rsqrt(...) rounded before the weight, the product
+    rounded. Sums of squares exact in any order (see _exactly_summed), so the kernel's
+    summation order cannot show; 200 rows spread over threads, 20, 100, 7 leave tails."""
+    x, residual = _exactly_summed(rows, hidden), _exactly_summed(rows, hidden)
+    weight = torch.randn(hidden).to(BF16)
+    out = _custom_ops.rms_norm(x, weight, 1e-6)
+    assert out.dtype == BF16
+    assert torch.equal(_bits(out), _bits(_torch_ops.rms_norm(x, weight, 1e-6)))
+    fused = _custom_ops.fused_add_rms_norm(x, residual, weight, 1e-5)
+    expected = _torch_ops.fused_add_rms_norm(x, residual, weight, 1e-5)
+    for actual, want in zip(fused, expected, strict=True):
+        assert torch.equal(_bits(actual), _bits(want))
+    assert kernel_calls == ["rms_norm", "fused_add_rms_norm"]
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows,hidden", NORM_SIZES)
+def test_rms_norm_bf16_on_random_rows_is_torch_up_to_its_summation_order(
+    rows: int, hidden: int
+) -> None:
+    """On random rows the kernel sums squares in another order than torch's reduction, so
+    rsqrt(mean) may differ in its last float bits and move a rounding of x * rsqrt(...) by one
+    bf16 step (two after the weight's product; measured: 12 of 131k outputs at n = 2048, none
+    at 576); the new residual stays bit for bit."""
+    x, residual = torch.randn(rows, hidden).to(BF16), torch.randn(rows, hidden).to(BF16)
+    weight = torch.randn(hidden).to(BF16)
+    assert (_bf16_steps(_custom_ops.rms_norm(x, weight, 1e-6),
+                        _torch_ops.rms_norm(x, weight, 1e-6)) <= 2).all()  # fmt: skip
+    out, residual_out = _custom_ops.fused_add_rms_norm(x, residual, weight, 1e-5)
+    expected, expected_residual = _torch_ops.fused_add_rms_norm(x, residual, weight, 1e-5)
+    assert torch.equal(_bits(residual_out), _bits(expected_residual))
+    assert (_bf16_steps(out, expected) <= 2).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("num_tokens,d", [(1, 1536), (3, 7), (70, 1000)])
+def test_silu_and_mul_bf16_is_the_torch_definition_up_to_exp(
+    num_tokens: int, d: int, kernel_calls: list[str]
+) -> None:
+    """Reference: _torch_ops.silu_and_mul on bf16 (F.silu rounds silu(gate) to bf16, the
+    product rounds again). The kernel's e^x may differ from torch's in the last float bit,
+    which can move silu's rounding by one bf16 step (two after the product; measured: none of
+    460k outputs differ); gates within +-80, inside the kernel's e^x range."""
+    x = (torch.randn(num_tokens, 2 * d) * 8).clamp(-80, 80).to(BF16)
+    out = _custom_ops.silu_and_mul(x)
+    expected = _torch_ops.silu_and_mul(x)
+    assert out.dtype == BF16 and out.shape == expected.shape
+    assert (_bf16_steps(out, expected) <= 2).all()
+    assert kernel_calls == ["silu_and_mul"]
+
+
+@needs_kernels
+@pytest.mark.parametrize("is_neox_style", [True, False])
+@pytest.mark.parametrize("head_size,rotary_dim", [(64, 64), (80, 40), (8, 8), (72, 72)])
+@pytest.mark.parametrize("num_tokens", [1, 40])
+def test_rotary_embedding_bf16_is_the_torch_definition_bit_for_bit(
+    is_neox_style: bool, head_size: int, rotary_dim: int, num_tokens: int,
+    kernel_calls: list[str],
+) -> None:  # fmt: skip
+    """Reference: _torch_ops.rotary_embedding on the same bf16 column slices of one fused qkv
+    row (strided rows, as the attention layer passes them), bit for bit: each product
+    rounded to float32, the sum rounded to bf16, lanes past rotary_dim copied. 72 leaves a
+    NeoX half (36) past the 16-lane loop; 40 tokens spread over threads."""
+    num_heads, num_kv_heads = 4, 2
+    q_size, kv_size = num_heads * head_size, num_kv_heads * head_size
+    qkv = torch.randn(num_tokens, q_size + 2 * kv_size).to(BF16)
+    before = qkv.clone()
+    q, k, _ = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    cos_sin = torch.randn(1000, rotary_dim)
+    positions = torch.randint(0, 1000, (num_tokens,))
+    args = (positions, q, k, head_size, cos_sin, is_neox_style)
+    out = _custom_ops.rotary_embedding(*args)
+    for actual, want in zip(out, _torch_ops.rotary_embedding(*args), strict=True):
+        assert actual.dtype == BF16 and actual.is_contiguous()
+        assert torch.equal(_bits(actual), _bits(want))
+    assert torch.equal(_bits(qkv), _bits(before))
+    assert kernel_calls == ["rotary_embedding"]
+
+
+@needs_kernels
+def test_bf16_ops_with_a_float32_tensor_run_the_torch_definition(
+    kernel_calls: list[str],
+) -> None:
+    """A norm weight or a rope query in another dtype than x's is no kernel call: torch's
+    own type promotion decides the result."""
+    x, weight = torch.randn(3, 16).to(BF16), torch.randn(16)
+    assert torch.equal(_custom_ops.rms_norm(x, weight, 1e-6), _torch_ops.rms_norm(x, weight, 1e-6))
+    q, k, cos_sin = torch.randn(2, 16), torch.randn(2, 8).to(BF16), torch.randn(8, 8)
+    args = (torch.tensor([0, 5]), q, k, 8, cos_sin, True)
+    for actual, want in zip(
+        _custom_ops.rotary_embedding(*args), _torch_ops.rotary_embedding(*args), strict=True
+    ):
+        assert torch.equal(actual, want)
+    assert kernel_calls == []

@@ -1,7 +1,7 @@
 """RMSNorm with an optional fused residual add, computed in float32 like transformers.
 
 The arithmetic is `_custom_ops.rms_norm` / `fused_add_rms_norm`: one pagedllm._C kernel on
-CPU in float32, torch elsewhere.
+CPU in float32 or bfloat16, torch elsewhere.
 """
 
 import torch
