@@ -107,37 +107,30 @@ def _require(op: str, ok: bool, message: str, *args: object) -> None:
 
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [M, K] @ weight [N, K]^T (+ bias [N]) -> [M, N]."""
-    op = "skinny_gemm"
-    _check(op, "x", x, 2, "[M, K]")
-    _check(op, "weight", weight, 2, "[N, K]")
-    m, k = x.shape
-    n, weight_k = weight.shape
-    _require(op, weight_k == k, "weight [N, K] has K = {}, x [M, K] has K = {}", weight_k, k)
-    if bias is not None:
-        _check(op, "bias", bias, (n,), "[N]")
-    y = x.new_empty(m, n)
-    bias_ptr = 0 if bias is None else bias.data_ptr()
-    _C.skinny_gemm(
-        x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, torch.get_num_threads()
-    )
-    return y
+    return _skinny_gemm("skinny_gemm", _F32, x, weight, bias)
 
 
 def skinny_gemm_bf16(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """skinny_gemm on bfloat16 tensors (float32 products and sums) -> bfloat16 [M, N]."""
-    op = "skinny_gemm_bf16"
-    _check(op, "x", x, 2, "[M, K]", _BF16)
-    _check(op, "weight", weight, 2, "[N, K]", _BF16)
+    return _skinny_gemm("skinny_gemm_bf16", _BF16, x, weight, bias)
+
+
+def _skinny_gemm(
+    op: str, dtype: torch.dtype, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """The checks and call of _C.<op>, whose tensors are all of `dtype`."""
+    _check(op, "x", x, 2, "[M, K]", dtype)
+    _check(op, "weight", weight, 2, "[N, K]", dtype)
     m, k = x.shape
     n, weight_k = weight.shape
     _require(op, weight_k == k, "weight [N, K] has K = {}, x [M, K] has K = {}", weight_k, k)
     if bias is not None:
-        _check(op, "bias", bias, (n,), "[N]", _BF16)
+        _check(op, "bias", bias, (n,), "[N]", dtype)
     y = x.new_empty(m, n)
     bias_ptr = 0 if bias is None else bias.data_ptr()
-    _C.skinny_gemm_bf16(
+    getattr(_C, op)(
         x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, torch.get_num_threads()
     )
     return y

@@ -6,8 +6,7 @@ tensors are CPU float32 (or bfloat16 where the kernel has that variant) without 
 the kernel needs (contiguous, int32 tables) and calls it through `_cpu_kernels`, the checked
 boundary to the C code. Everywhere else (GPUs, other dtypes, no compiler at install) it runs
 the torch definition in `_torch_ops`, which is also the reference the kernels are tested
-against. Layers call these functions and never
-ask which path ran.
+against. Layers call these functions and never ask which path ran.
 """
 
 import torch
