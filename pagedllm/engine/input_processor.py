@@ -3,11 +3,12 @@
 The only place requests are checked against the engine: the sampling parameters against
 the model (vocabulary, logprobs cap, max_n, the logits processors' own checks), the prompt
 (tokenized here when it is text) against the vocabulary and max_model_len, the fan-out
-against the KV cache, and the structured-output constraint (compiled here, one matcher
-per completion). A bad request raises ValueError/TypeError and changes nothing.
+against the KV cache, and the structured-output constraint (checked here, then compiled
+off the engine thread). A bad request raises ValueError/TypeError and changes nothing.
 """
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -73,7 +74,7 @@ class InputProcessor:
         detokenizer = make_detokenizer(self.tokenizer, token_ids, params)
         request.completions.append(Completion(0, seq, detokenizer))
         request.generators = [self._generator(params, k) for k in range(params.n)]
-        request.matchers = self._matchers(params)
+        request.compiling_matchers = self._compile(params)
         return request
 
     def _prepare_params(self, params: SamplingParams | None) -> SamplingParams:
@@ -134,15 +135,15 @@ class InputProcessor:
                 "tokens); lower n or max_tokens"
             )
 
-    def _matchers(self, params: SamplingParams) -> list[GrammarMatcher]:
-        """One grammar matcher per completion; compiling checks the schema, regex or
-        grammar (ValueError naming it)."""
+    def _compile(self, params: SamplingParams) -> "Future[list[GrammarMatcher]] | None":
+        """The compile of one grammar matcher per completion, started after checking the
+        schema, regex or grammar (ValueError naming it); None without a constraint."""
         if params.structured_outputs is None:
-            return []
+            return None
         if self.structured_output is None:
             raise ValueError("structured_outputs are not supported by this engine")
         so, n = params.structured_outputs, params.n
-        return self.structured_output.new_matchers(so, n, params.reasoning_tokens)
+        return self.structured_output.submit(so, n, params.reasoning_tokens)
 
     def _generator(self, params: SamplingParams, index: int) -> torch.Generator | None:
         """Completion `index` of a seeded request draws from its own generator."""

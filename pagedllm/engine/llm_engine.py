@@ -1,6 +1,7 @@
 """LLMEngine: add_request / step / abort_request, composed of vLLM v1's parts.
 
 add_request: InputProcessor (validate, tokenize) -> Request -> Scheduler's waiting queue
+             (a request with structured outputs waits in WaitingForGrammar until compiled)
 step:        Scheduler.schedule -> plan_step -> Executor.execute (model runner, sampler)
              -> OutputProcessor (tokens, text, logprobs, stops) -> RequestOutputs
 """
@@ -13,6 +14,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.grammar_wait import WaitingForGrammar
 from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.request import Request
@@ -32,6 +34,9 @@ from pagedllm.sampling_params import SamplingParams
 from pagedllm.structured_output import StructuredOutputManager
 
 __all__ = ["LLMEngine", "PromptType"]
+
+# How long a step with nothing to run waits for a grammar to finish compiling.
+GRAMMAR_WAIT_S = 0.05
 
 
 class LLMEngine:
@@ -70,6 +75,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(
             self.scheduler, self.tokenizer, eos_token_id, self.model_config.max_model_len
         )
+        self.waiting_for_grammar = WaitingForGrammar()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -96,23 +102,42 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         request = self.input_processor.process(request_id, prompt, params, arrival_time)
-        self.scheduler.add_seq(request.completions[0].seq)
         self.requests[request_id] = request
+        if request.compiling_matchers is None:
+            self.scheduler.add_seq(request.completions[0].seq)
+        else:
+            self.waiting_for_grammar.add(request, request.compiling_matchers)
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         for rid in ids:
             if self.requests.pop(rid, None) is not None:
+                self.waiting_for_grammar.discard(rid)
                 self.scheduler.abort_seq(rid)
 
     def step(self) -> list[RequestOutput]:
+        failed = self._admit_compiled()
         out = self.scheduler.schedule()
         if out.is_empty:
-            return []
+            return failed
         plan = plan_step(out, self.requests, self.structured_output)
         result = self.executor.execute(plan.step_input, plan.rows)
         self.scheduler.update_after_step(out.scheduled)
-        return self.output_processor.process(out, result, plan.owners)
+        return failed + self.output_processor.process(out, result, plan.owners)
+
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Requests whose grammar has compiled join the scheduler; those whose grammar
+        failed to compile end here, with their error (the outputs returned). With nothing
+        else to run, wait a little for a compile rather than spin."""
+        idle = not self.scheduler.has_unfinished_seqs()
+        failed = []
+        for request in self.waiting_for_grammar.pop_ready(GRAMMAR_WAIT_S if idle else 0.0):
+            if request.error is None:
+                self.scheduler.add_seq(request.completions[0].seq)
+                continue
+            del self.requests[request.request_id]
+            failed.append(request.make_output())
+        return failed
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -124,7 +149,10 @@ class LLMEngine:
         """The current load, and counters since the engine started."""
         processor = self.output_processor
         return EngineStats.of(
-            self.scheduler, processor.num_prompt_tokens, processor.num_generation_tokens
+            self.scheduler,
+            processor.num_prompt_tokens,
+            processor.num_generation_tokens,
+            len(self.waiting_for_grammar),
         )
 
     def is_healthy(self) -> bool:
@@ -133,4 +161,5 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop tensor-parallel workers; the engine is unusable afterwards."""
+        self.structured_output.shutdown()
         self.executor.shutdown()

@@ -2,6 +2,7 @@
 RequestOutput it shows according to output_kind."""
 
 import time
+from concurrent.futures import Future
 
 import torch
 
@@ -58,8 +59,10 @@ class Request:
         self.first_token_time: float | None = None
         self.completions: list[Completion] = []
         self.generators: list[torch.Generator | None] = []
-        # One per completion under structured_outputs, else empty.
+        # One per completion under structured_outputs, else empty; until they are set, the
+        # compile that makes them (the request waits outside the scheduler meanwhile).
         self.matchers: list[GrammarMatcher] = []
+        self.compiling_matchers: Future[list[GrammarMatcher]] | None = None
         self.prompt_logprobs: PromptLogprobs | None = None
         self.num_cached_tokens = 0
         self.num_sent_prompt_logprobs = 0

@@ -8,7 +8,8 @@ from pagedllm.core.scheduler import Scheduler
 @dataclass
 class EngineStats:
     """Token counts: prompt tokens of requests that got their first token, and every
-    generated token (each of n completions)."""
+    generated token (each of n completions). Waiting counts the requests whose grammar is
+    still compiling too."""
 
     num_running: int
     num_waiting: int
@@ -23,12 +24,16 @@ class EngineStats:
 
     @classmethod
     def of(
-        cls, scheduler: Scheduler, num_prompt_tokens: int, num_generation_tokens: int
+        cls,
+        scheduler: Scheduler,
+        num_prompt_tokens: int,
+        num_generation_tokens: int,
+        num_waiting_for_grammar: int = 0,
     ) -> "EngineStats":
         blocks = scheduler.block_manager
         return cls(
             num_running=scheduler.num_running,
-            num_waiting=scheduler.num_waiting,
+            num_waiting=scheduler.num_waiting + num_waiting_for_grammar,
             num_preemptions=scheduler.num_preemptions,
             kv_cache_usage=blocks.usage,
             num_free_blocks=blocks.num_free_blocks,

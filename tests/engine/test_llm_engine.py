@@ -2,12 +2,17 @@
 Reference: transformers' `generate(do_sample=False)` prompt by prompt, which preemption,
 chunked prefill and prefix caching must not change; the block manager's invariants after
 every step, and every block free once requests finish or are aborted; structured outputs
-after a reasoning part against a scripted model's known greedy chain."""
+after a reasoning part against a scripted model's known greedy chain, and requests waiting
+for their grammar to compile while others run."""
+
+from collections.abc import Iterator
+from concurrent.futures import Future
 
 import pytest
 
-from pagedllm import LLM
+from pagedllm import LLM, LLMEngine
 from pagedllm.sampling_params import ReasoningTokens, SamplingParams, StructuredOutputsParams
+from pagedllm.structured_output import check_grammar
 from tests.engine.engine_helpers import (
     LLAMA,
     MAX_TOKENS,
@@ -201,3 +206,73 @@ def test_structured_outputs_start_after_the_reasoning_end_token(
     thought = tokenizer.convert_tokens_to_ids(["<think>", "hmm", "</think>", ANSWER_JSON])
     assert outputs["after"] == [(thought, "stop")] * 2
     assert outputs["at once"] == [(thought[-1:], "stop")] * 2
+
+
+@pytest.fixture
+def held_compile(scripted_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> Iterator[Future]:
+    """The engine's grammar compiles are held: each submit returns this future, which the
+    test completes (the constraint is still checked when the request is added)."""
+    manager = scripted_llm.llm_engine.structured_output
+    held: Future = Future()
+
+    def submit(params: StructuredOutputsParams, *args: object) -> Future:
+        check_grammar(params)
+        return held
+
+    monkeypatch.setattr(manager, "submit", submit)
+    yield held
+    scripted_llm.llm_engine.abort_request(list(scripted_llm.llm_engine.requests))
+
+
+def _add_free_and_constrained(engine: LLMEngine) -> None:
+    free = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    constraint = StructuredOutputsParams(json=WEATHER)
+    engine.add_request("free", "user Weather? assistant", free)
+    engine.add_request(
+        "json",
+        "user Weather? assistant",
+        SamplingParams(temperature=0, max_tokens=4, structured_outputs=constraint),
+    )
+
+
+def test_a_compiling_grammar_holds_up_only_its_own_request(
+    scripted_llm: LLM, held_compile: Future
+) -> None:
+    """While its grammar compiles, the constrained request waits outside the scheduler
+    (counted as waiting) and the free one runs to its end; then it joins and is answered."""
+    engine = scripted_llm.llm_engine
+    _add_free_and_constrained(engine)
+    finished = {}
+    while "free" not in finished:
+        finished |= {o.request_id: o for o in engine.step() if o.finished}
+        assert engine.get_stats().num_waiting == 1
+    held_compile.set_result(
+        engine.structured_output.new_matchers(StructuredOutputsParams(json=WEATHER), 1)
+    )
+    while engine.has_unfinished_requests():
+        finished |= {o.request_id: o for o in engine.step() if o.finished}
+    (answer,) = finished["json"].outputs
+    assert (answer.text, answer.finish_reason) == (ANSWER_JSON, "stop")
+    assert len(finished["free"].outputs[0].token_ids) == 4
+
+
+def test_a_grammar_that_fails_to_compile_ends_its_request_alone(
+    scripted_llm: LLM, held_compile: Future
+) -> None:
+    engine = scripted_llm.llm_engine
+    _add_free_and_constrained(engine)
+    engine.step()
+    held_compile.set_exception(ValueError("structured_outputs has an invalid JSON schema: x"))
+    (failed,) = [o for o in engine.step() if o.request_id == "json"]
+    assert failed.finished and isinstance(failed.error, ValueError)
+    assert failed.outputs[0].finish_reason == "error"
+    assert set(engine.requests) == {"free"}
+
+
+def test_abort_while_compiling_forgets_the_request(scripted_llm: LLM, held_compile: Future) -> None:
+    engine = scripted_llm.llm_engine
+    _add_free_and_constrained(engine)
+    engine.abort_request(["json", "free"])
+    assert not engine.has_unfinished_requests() and len(engine.waiting_for_grammar) == 0
+    assert held_compile.cancelled()
+    assert engine.step() == []

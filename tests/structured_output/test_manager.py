@@ -4,6 +4,8 @@ definition (token t allowed iff the matcher would accept it: llguidance's
 token), EOS only where the grammar accepts, one compile per distinct constraint,
 independent matchers per completion."""
 
+import threading
+
 import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -113,3 +115,29 @@ def test_errors_name_the_constraint(manager: StructuredOutputManager) -> None:
     without = StructuredOutputManager(None, [])
     with pytest.raises(ValueError, match="structured_outputs need a tokenizer"):
         without.new_matchers(StructuredOutputsParams(regex="a"), 1)
+
+
+def test_submit_checks_now_and_compiles_on_its_thread(
+    manager: StructuredOutputManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bad constraint (or no tokenizer) fails the submit itself; a good one compiles on
+    the manager's compile thread, not the caller's, into the same matchers."""
+    with pytest.raises(ValueError, match="^structured_outputs has an unsupported or invalid regex"):
+        manager.submit(StructuredOutputsParams(regex="(a"), 1)
+    with pytest.raises(ValueError, match="structured_outputs need a tokenizer"):
+        StructuredOutputManager(None, []).submit(StructuredOutputsParams(regex="a"), 1)
+    threads = []
+    real = mod.LLMatcher
+
+    def compile_on(*args: object, **kwargs: object) -> object:
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mod, "LLMatcher", compile_on)
+    params = StructuredOutputsParams(regex="ab+")
+    first, second = manager.submit(params, 2).result(timeout=60)
+    assert threads == ["pagedllm-grammar_0"]
+    (direct,) = manager.new_matchers(params, 1)
+    assert allowed_tokens(manager, first) == allowed_tokens(manager, direct)
+    first.accept_token(allowed_tokens(manager, first)[0])
+    assert allowed_tokens(manager, second) == allowed_tokens(manager, direct)

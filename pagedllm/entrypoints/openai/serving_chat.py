@@ -22,7 +22,6 @@ from pagedllm.entrypoints.openai.chat_choice_parser import (
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.logprobs import chat_logprobs
 from pagedllm.entrypoints.openai.protocol import (
-    ChatCompletionNamedToolChoiceParam,
     ChatCompletionRequest,
     random_id,
 )
@@ -247,10 +246,10 @@ def _reasoning(request: ChatCompletionRequest, parsed: ChoiceDelta) -> str | Non
 def _finish_reason(
     request: ChatCompletionRequest, c: CompletionOutput, parser: ChoiceParser
 ) -> str | None:
-    """The finish reason is "tool_calls" for an answer that stopped after making calls; a
-    named tool choice keeps "stop", as in OpenAI's API and vLLM."""
-    named = isinstance(request.tool_choice, ChatCompletionNamedToolChoiceParam)
-    if parser.tools_called and c.finish_reason == "stop" and not named:
+    """The finish reason is "tool_calls" for an answer that stopped after making calls,
+    named tool choice included (OpenAI's API says "stop" there; agent loops that look for
+    "tool_calls" see it for every kind of choice)."""
+    if parser.tools_called and c.finish_reason == "stop":
         return "tool_calls"
     return c.finish_reason
 
