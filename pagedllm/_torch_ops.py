@@ -95,11 +95,14 @@ def reshape_and_cache(
     v_cache.view(-1, num_kv_heads, head_size).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
-def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """cache [num_blocks, block_size, KV, D], block_tables [B, N] -> [B, N * block_size, KV, D]:
-    each sequence's tokens in order, copied out of its blocks."""
+def gather_blocks(
+    cache: torch.Tensor, block_tables: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """cache [num_blocks, block_size, KV, D], block_tables [B, N] -> [B, N * block_size, KV, D]
+    of `dtype`: each sequence's tokens in order, copied out of its blocks (and converted when
+    the cache holds a kv_cache_dtype of its own)."""
     num_seqs, num_blocks = block_tables.shape
-    gathered = cache.index_select(0, block_tables.flatten())
+    gathered = cache.index_select(0, block_tables.flatten()).to(dtype)
     return gathered.view(num_seqs, num_blocks * cache.shape[1], *cache.shape[2:])
 
 
@@ -123,8 +126,9 @@ def paged_decode_attention(
     num_seqs, num_heads, head_size = query.shape
     block_size, num_kv_heads = k_cache.shape[1:3]
     num_blocks = -(-max_seq_len // block_size)
-    key = gather_blocks(k_cache, block_tables[:, :num_blocks]).transpose(1, 2).to(query.dtype)
-    value = gather_blocks(v_cache, block_tables[:, :num_blocks]).transpose(1, 2).to(query.dtype)
+    tables = block_tables[:, :num_blocks]
+    key = gather_blocks(k_cache, tables, query.dtype).transpose(1, 2)
+    value = gather_blocks(v_cache, tables, query.dtype).transpose(1, 2)
     positions = torch.arange(key.shape[2], device=query.device)
     mask = (positions < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
     grouped = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_size)

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedllm import _cpu_kernels, _custom_ops, _torch_ops
+from pagedllm.cpu_features import native_bf16_matmul
 
 BF16 = torch.bfloat16
 needs_kernels = pytest.mark.skipif(not _custom_ops.has_cpu_kernels(), reason="no pagedllm._C")
@@ -56,6 +57,42 @@ def test_linear_bf16_past_the_kernel_rows_and_with_autograd_is_f_linear() -> Non
     assert torch.equal(_custom_ops.linear(x, w), F.linear(x, w))
     w_grad = w.clone().requires_grad_()
     assert torch.equal(_custom_ops.linear(x[:2], w_grad), F.linear(x[:2], w_grad))
+
+
+needs_native_bf16 = pytest.mark.skipif(
+    native_bf16_matmul() is None, reason="this CPU has no native bf16 matmul"
+)
+
+
+@needs_native_bf16
+def test_prepacked_linear_is_rounded_once_and_batch_invariant_at_every_size() -> None:
+    """A prepacked weight (oneDNN's layout): within one bf16 rounding of the float64 product,
+    with and without bias, and each row the same bits alone and in batches of 2 to 300 rows
+    (oneDNN's plain F.linear changes kernels, and bits, with the row count)."""
+    w, b = torch.randn(1000, 576).to(BF16), torch.randn(1000).to(BF16)
+    x = torch.randn(300, 576).to(BF16)
+    packed = _custom_ops.prepack_linear_weight(w)
+    assert packed.is_mkldnn and packed.shape == w.shape
+    ref = F.linear(x.double(), w.double(), b.double())
+    out = _custom_ops.linear(x, packed, b)
+    assert out.dtype == BF16 and ((out.double() - ref).abs() <= _bf16_linear_bound(x, w, ref)).all()
+    alone = torch.cat([_custom_ops.linear(x[i : i + 1], packed, b) for i in range(0, 300, 7)])
+    assert torch.equal(alone, out[::7])
+    for rows in (2, 9, 16, 17, 32, 33, 64):
+        assert torch.equal(_custom_ops.linear(x[:rows], packed, b), out[:rows])
+    x3 = x[:6].view(2, 3, 576)
+    assert torch.equal(
+        _custom_ops.linear(x3, packed), _custom_ops.linear(x[:6], packed).view(2, 3, -1)
+    )
+
+
+def test_prepack_keeps_weights_it_cannot_pack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32, or a CPU without native bf16 matmuls: the weight itself."""
+    w32 = torch.randn(8, 16)
+    assert _custom_ops.prepack_linear_weight(w32) is w32
+    monkeypatch.setattr(_custom_ops, "native_bf16_matmul", lambda: None)
+    w16 = w32.to(BF16)
+    assert _custom_ops.prepack_linear_weight(w16) is w16
 
 
 def _special_values(shape: tuple[int, ...]) -> torch.Tensor:

@@ -7,7 +7,8 @@ same code runs, only slower)."""
 import pytest
 import torch
 
-from pagedllm import LLM, SamplingParams
+from pagedllm import LLM, SamplingParams, _custom_ops
+from pagedllm.cpu_features import native_bf16_matmul
 
 PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
@@ -27,10 +28,10 @@ def bf16() -> LLM:
     return LLM(dtype="bfloat16", **ENGINE)
 
 
-def _answers(llm: LLM, max_tokens: int = 32) -> list[list[int]]:
+def _answers(llm: LLM, max_tokens: int = 32, logprobs: int | None = None) -> list:
     chats = [[{"role": "user", "content": p}] for p in PROMPTS]
-    outputs = llm.chat(chats, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outputs]
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=logprobs)
+    return [o.outputs[0] for o in llm.chat(chats, params, use_tqdm=False)]
 
 
 def test_bf16_weights_and_cache_are_bf16_and_half_the_float32_bytes(bf16: LLM) -> None:
@@ -39,25 +40,51 @@ def test_bf16_weights_and_cache_are_bf16_and_half_the_float32_bytes(bf16: LLM) -
     assert runner.kv_cache.dtype == torch.bfloat16
 
 
+def test_bf16_lm_head_is_packed_where_native_and_the_tied_embedding_is_not(bf16: LLM) -> None:
+    """The default model ties its LM head to the embedding: the head gets a packed copy on
+    CPUs with native bf16 matmuls, the embedding keeps its rows (and the same values)."""
+    model = bf16.llm_engine.executor.runner.model
+    head, embed = model.lm_head.weight, model.model.embed_tokens.weight
+    assert not embed.is_mkldnn
+    assert head.is_mkldnn == (native_bf16_matmul() is not None)
+    if head.is_mkldnn:
+        identity = torch.eye(head.shape[1], dtype=torch.bfloat16)[:5]
+        assert torch.equal(_custom_ops.linear(identity, head), embed[:, :5].T)
+
+
 def test_bf16_greedy_answer_knows_paris(bf16: LLM) -> None:
     chat = [[{"role": "user", "content": PROMPTS[0]}]]
     (output,) = bf16.chat(chat, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
     assert "Paris" in output.outputs[0].text
 
 
+NEAR_TIE_NATS = 0.1
+"""A float32 top-2 gap below this is within bf16's reach: logits of magnitude 16-32 carry
+bf16 rounding errors of ~0.1, so greedy may take either token there."""
+
+
 def test_bf16_greedy_tokens_follow_float32(bf16: LLM) -> None:
-    """The first 32 greedy tokens of 8 chat prompts, bf16 vs float32 (issue #14 asks for 6 of
-    8; measured 4-7 of 8 here, as bf16 logits of magnitude 16-32 are rounded to steps of
-    0.125 and tie). Where they differ, they agree on the first few tokens."""
+    """The first 32 greedy tokens of 8 chat prompts, bf16 vs float32. Issue #14 asks for 6
+    of 8 identical; where they differ, the first difference must be at a float32 near-tie
+    (bf16 took float32's runner-up, less than NEAR_TIE_NATS behind), the criterion of vLLM's
+    `check_logprobs_close`. Measured: 4-5 of 8 identical, the rest diverging where float32's
+    own top-2 gap is 0.003-0.03 nats (float32 with bf16-rounded weights already flips one of
+    them); see BENCHMARKS.md."""
     with LLM(dtype="float32", **ENGINE) as fp32:
-        reference = _answers(fp32)
-    answers = _answers(bf16)
-    same = sum(a == r for a, r in zip(answers, reference, strict=True))
-    agree = [next((i for i, (a, r) in enumerate(zip(x, y)) if a != r), 32) for x, y in
-             zip(answers, reference, strict=True)]  # fmt: skip
-    print(f"bf16 == float32 on {same} of 8 prompts; first differences at {agree}")
+        reference = _answers(fp32, logprobs=2)
+    answers = [a.token_ids for a in _answers(bf16)]
+    same, gaps = 0, []
+    for answer, ref in zip(answers, reference, strict=True):
+        i = next((i for i, (a, r) in enumerate(zip(answer, ref.token_ids)) if a != r), None)
+        if i is None:
+            same += 1
+            continue
+        top = ref.logprobs[i]
+        assert answer[i] in top, f"bf16 token {answer[i]} at {i} is not in float32's top 2"
+        gaps.append(round(top[ref.token_ids[i]].logprob - top[answer[i]].logprob, 3))
+    print(f"bf16 == float32 on {same} of 8 prompts; the others at float32 top-2 gaps {gaps}")
     assert same >= 4
-    assert min(agree) >= 8
+    assert all(gap < NEAR_TIE_NATS for gap in gaps)
 
 
 def test_bf16_decode_batches_are_batch_invariant(bf16: LLM) -> None:

@@ -53,8 +53,9 @@ def test_reshape_and_cache_writes_only_the_given_slots() -> None:
     assert flat_k.abs().sum() == key.abs().sum()
 
 
-def test_gather_blocks_lists_each_sequence_in_token_order() -> None:
-    cache = torch.arange(4 * 2).view(4, 2, 1, 1)  # token t of block b holds 2b + t
+def test_gather_blocks_lists_each_sequence_in_token_order_in_the_dtype() -> None:
+    cache = torch.arange(4 * 2).view(4, 2, 1, 1).bfloat16()  # token t of block b holds 2b + t
     tables = torch.tensor([[3, 0], [1, 2]])
-    gathered = _torch_ops.gather_blocks(cache, tables).flatten(1)
+    gathered = _torch_ops.gather_blocks(cache, tables, torch.float32).flatten(1)
+    assert gathered.dtype == torch.float32
     assert gathered.tolist() == [[6, 7, 0, 1], [2, 3, 4, 5]]

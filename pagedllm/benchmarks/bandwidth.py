@@ -10,10 +10,9 @@ in its dtype.
 import time
 
 import torch
-from torch import nn
 
 from pagedllm.config import ModelConfig
-from pagedllm.model_loader.loader import build_model
+from pagedllm.model_loader.loader import build_model, weight_bytes
 
 
 def measure_read_bandwidth(num_bytes: int = 512 * 1024**2, repeats: int = 10) -> float:
@@ -30,16 +29,11 @@ def measure_read_bandwidth(num_bytes: int = 512 * 1024**2, repeats: int = 10) ->
     return data.numel() * 4 / best
 
 
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of the model's parameters (a tied embedding counts once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
 def model_weight_bytes(model_config: ModelConfig) -> int:
     """The bytes one decode step must read: the model's parameters as it holds them, built
     on the meta device (no memory) with each layer's quant method, so a GGUF run as stored
     counts its blocks and anything dequantized counts in its dtype."""
-    return weight_bytes(build_model(model_config, "meta"))
+    return weight_bytes(build_model(model_config, "meta"), buffers=False)
 
 
 def decode_bound_tokens_per_s(bandwidth: float, model_bytes: int, batch_size: int = 1) -> float:

@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from pagedllm.config import ModelConfig
+from pagedllm.config import KV_CACHE_DTYPES, CacheConfig, ModelConfig
 from pagedllm.distributed.parallel_state import override_tensor_parallel
 from pagedllm.entrypoints.quantized_weights import quantized_weight_bytes
 from pagedllm.executor.kv_cache import kv_cache_bytes_per_token
@@ -37,9 +37,16 @@ def inactive_expert_params(model: nn.Module) -> int:
     return total
 
 
-def inspect_model(model_config: ModelConfig, tp: int = 1, quantization: str | None = None) -> dict:
+def inspect_model(
+    model_config: ModelConfig,
+    tp: int = 1,
+    quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
+) -> dict:
     """Sizes in the model's dtype, or under `quantization` (one of FILE_TYPES): then also
-    "bytes_per_rank_by_type", GGUF type name -> bytes."""
+    "bytes_per_rank_by_type", GGUF type name -> bytes. The KV cache holds `kv_cache_dtype`
+    (one of KV_CACHE_DTYPES; "auto": the model's dtype), as the engine's would."""
+    kv_dtype = CacheConfig(cache_dtype=kv_cache_dtype).kv_dtype(model_config.dtype)
     model_config = replace(model_config, quantization=None)  # float weights, even from a GGUF
     full = build_model(model_config, "meta")
     with override_tensor_parallel(0, tp):
@@ -55,7 +62,8 @@ def inspect_model(model_config: ModelConfig, tp: int = 1, quantization: str | No
         "active_params": total - inactive_expert_params(full),
         "bytes_per_rank": count_params(shard) * element,
         "total_weight_bytes": total * element,
-        "kv_cache_bytes_per_token": kv_cache_bytes_per_token(shard, model_config.dtype),
+        "kv_cache_dtype": str(kv_dtype).removeprefix("torch."),
+        "kv_cache_bytes_per_token": kv_cache_bytes_per_token(shard, kv_dtype),
         "max_model_len": model_config.max_model_len,
     }
     if quantization is not None:
@@ -76,7 +84,10 @@ def format_report(report: dict) -> str:
         ("weight bytes per rank", _size(report["bytes_per_rank"])),
         *((f"  {name}", _size(size)) for name, size in by_type.items()),
         ("total weight bytes", _size(report["total_weight_bytes"])),
-        ("KV cache / token / rank", f"{report['kv_cache_bytes_per_token']:,} bytes"),
+        (
+            "KV cache / token / rank",
+            f"{report['kv_cache_bytes_per_token']:,} bytes ({report['kv_cache_dtype']})",
+        ),  # fmt: skip
         ("max model len", f"{report['max_model_len']:,}"),
     ]
     return "\n".join(f"{name:<24}{value}" for name, value in rows)
@@ -105,6 +116,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="weight bytes under a llama.cpp file type (q4_k_m, q8_0: its per-tensor types) "
         "or pagedllm's int8 (Q8_0 linears, embedding and LM head); default: the dtype",
     )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default="auto",
+        help="KV cache element type (default auto: the weight dtype)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
 
@@ -115,7 +132,7 @@ def run(args: argparse.Namespace) -> None:
     model_config = ModelConfig.create(args.model, dtype=args.dtype or "float32")
     if args.dtype is None:
         model_config.dtype = checkpoint_dtype(model_config)
-    report = inspect_model(model_config, args.tp, args.quantization)
+    report = inspect_model(model_config, args.tp, args.quantization, args.kv_cache_dtype)
     print(json.dumps(report) if args.json else format_report(report))
 
 

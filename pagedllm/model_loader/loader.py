@@ -68,9 +68,10 @@ def iterate_weights(
     return iterate_safetensors_weights(model_config.model, model_config.dtype)
 
 
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of the model's parameters and buffers (a tied weight once)."""
-    tensors = [*model.parameters(), *model.buffers()]
+def weight_bytes(model: nn.Module, buffers: bool = True) -> int:
+    """Bytes of the model's parameters, and of its buffers (RoPE tables) unless told not
+    to; a tied weight counts once."""
+    tensors = [*model.parameters(), *(model.buffers() if buffers else ())]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 

@@ -40,6 +40,17 @@ def test_llama_70b_sizes_bf16() -> None:
     assert report["active_params"] == total
     assert report["bytes_per_rank"] == 2 * total
     assert report["kv_cache_bytes_per_token"] == 2 * 80 * 8 * 128 * 2
+    assert report["kv_cache_dtype"] == "bfloat16"
+
+
+def test_kv_cache_dtype_sets_the_kv_bytes_not_the_weights() -> None:
+    config = ModelConfig.create(LLAMA_70B, dtype="bfloat16")
+    report = inspect_model(config, tp=1, kv_cache_dtype="float32")
+    assert report["kv_cache_dtype"] == "float32"
+    assert report["kv_cache_bytes_per_token"] == 2 * 80 * 8 * 128 * 4
+    assert report["bytes_per_rank"] == inspect_model(config)["bytes_per_rank"]
+    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8' is not supported"):
+        inspect_model(config, kv_cache_dtype="fp8")
 
 
 def test_llama_70b_tp8_shards_everything_but_norms() -> None:
@@ -84,8 +95,9 @@ def test_cli_json_and_text(capsys: pytest.CaptureFixture) -> None:
         report
     )
     assert report["dtype"] == "bfloat16"  # the checkpoint's dtype by default
-    main(["inspect", LLAMA_70B, "--tp", "2", "--dtype", "float32"])
-    assert "70,553,706,496" in capsys.readouterr().out
+    main(["inspect", LLAMA_70B, "--tp", "2", "--dtype", "float32", "--kv-cache-dtype", "bfloat16"])
+    text = capsys.readouterr().out
+    assert "70,553,706,496" in text and "163,840 bytes (bfloat16)" in text
 
 
 def test_cli_rejects_a_tp_that_does_not_divide_heads(capsys: pytest.CaptureFixture) -> None:

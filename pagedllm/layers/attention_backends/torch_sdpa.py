@@ -110,9 +110,9 @@ def _prefill_attention(
     group = num_heads // num_kv_heads
     num_blocks = -(-seq_len // block_size)
     shape = (num_kv_heads, group, seq_len, head_size)
-    key = _torch_ops.gather_blocks(k_cache, block_table[None, :num_blocks])[0, :seq_len]
-    value = _torch_ops.gather_blocks(v_cache, block_table[None, :num_blocks])[0, :seq_len]
-    key, value = key.to(query.dtype), value.to(query.dtype)  # a kv_cache_dtype of its own
+    table = block_table[None, :num_blocks]
+    key = _torch_ops.gather_blocks(k_cache, table, query.dtype)[0, :seq_len]
+    value = _torch_ops.gather_blocks(v_cache, table, query.dtype)[0, :seq_len]
     key = key.transpose(0, 1)[:, None].expand(shape)  # [KV, G, L, D]
     value = value.transpose(0, 1)[:, None].expand(shape)
     grouped = query.view(num_queries, num_kv_heads, group, head_size).permute(1, 2, 0, 3)

@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm._custom_ops import linear
+from pagedllm._custom_ops import linear, prepack_linear_weight
 from pagedllm.layers.quantization.base_config import (
     EmbeddingMethodBase,
     FusedMoEMethodBase,
+    LayerKind,
     LinearMethodBase,
     new_weight,
 )
@@ -39,6 +40,16 @@ class UnquantizedLinearMethod(LinearMethodBase):
 
 
 class UnquantizedEmbeddingMethod(UnquantizedLinearMethod, EmbeddingMethodBase):
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """A bf16 LM head on a CPU with native bf16 matmuls takes oneDNN's packed layout
+        (prepack_linear_weight); an embedding keeps its rows to look up. A tied LM head then
+        holds a packed copy of the embedding's weight: vocab x hidden more bytes, counted in
+        the resident size."""
+        if layer.quant_kind is LayerKind.LM_HEAD:
+            packed = prepack_linear_weight(layer.weight)
+            if packed is not layer.weight:
+                layer.weight = nn.Parameter(packed, requires_grad=False)
+
     def embedding(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, layer.weight)
 
