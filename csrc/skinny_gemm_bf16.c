@@ -3,60 +3,73 @@
  *
  * At decode sizes the product is bound by reading w, and stock torch's bf16 matmul reads it
  * slowly (oneDNN uses AMX tiles only from about 16 rows; below, half the float32 speed on
- * the development machine). Here x is widened to float32 once, each weight row is streamed
- * once per ROW_TILE rows of x and widened (a shift) as it is read. Every y element is one
- * dot product summed in the same order whatever M is, so a row's result does not depend on
- * the rows batched with it.
+ * the development machine). Here x is widened to float32 once; tiles of 4 x rows by 4 weight
+ * rows keep 16 accumulators in registers, each weight vector widened (a shift) once and fed
+ * to four FMAs. Every y element is one dot product summed in the same order whatever M is
+ * and whichever tile computes it, so a row's result does not depend on the rows batched
+ * with it.
  */
 #include <stdlib.h>
 
 #include "bf16.h"
 #include "ops.h"
 
-#define ROW_TILE 4
+#define TILE 4
 
-/* out[m] = x[m, :] . w_row for m < rows: one weight row read once for `rows` rows of x. Two
- * accumulators per row (even and odd 16-lane chunks) halve the chain of dependent FMAs that
- * bounds a single row; every row count sums in this same order. */
-INLINE void dot_rows(const float *x, const uint16_t *w_row, float *out, const int rows,
+/* out[TILE * i + j] = x[i, :] . w[j, :] for i < xr x rows (float32) and j < wr weight rows
+ * (bfloat16), rows K apart. Each output has one accumulator over steps of 16 along K, summed
+ * across its lanes by one fixed tree (transpose_sum16's lane j is hsum16 of vector j), then
+ * the K % 16 tail in order: the same arithmetic for an output whatever xr and wr are, so
+ * tiles of any shape give its bits. xr, wr: constants at each call. */
+INLINE void dot_tile(const float *x, const uint16_t *w, float *out, const int xr, const int wr,
                      int64_t K) {
-  vec16 even[ROW_TILE] = {0}, odd[ROW_TILE] = {0};
+  vec16 acc[TILE * TILE] = {0};
   int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    const vec16 w0 = load16_bf16(w_row + k), w1 = load16_bf16(w_row + k + 16);
-    for (int m = 0; m < rows; m++) {
-      even[m] += w0 * load16(x + m * K + k);
-      odd[m] += w1 * load16(x + m * K + k + 16);
+  for (; k + 16 <= K; k += 16) {
+    vec16 wv[TILE];
+    for (int j = 0; j < wr; j++) wv[j] = load16_bf16(w + j * K + k);
+    for (int i = 0; i < xr; i++) {
+      const vec16 xv = load16(x + i * K + k);
+      for (int j = 0; j < wr; j++) acc[TILE * i + j] += xv * wv[j];
     }
   }
-  if (k + 16 <= K) {
-    const vec16 w0 = load16_bf16(w_row + k);
-    for (int m = 0; m < rows; m++) even[m] += w0 * load16(x + m * K + k);
-    k += 16;
-  }
-  for (int m = 0; m < rows; m++) {
-    float s = hsum16(even[m] + odd[m]);
-    for (int64_t j = k; j < K; j++) s += bf16_to_float(w_row[j]) * x[m * K + j];
-    out[m] = s;
-  }
+  store16(out, transpose_sum16(acc));
+  for (int i = 0; i < xr; i++)
+    for (int j = 0; j < wr; j++)
+      for (int64_t t = k; t < K; t++) out[TILE * i + j] += x[i * K + t] * bf16_to_float(w[j * K + t]);
 }
 
+/* dot_tile for xr < 5 x rows and wr = TILE or 1 weight rows, as constants. */
+INLINE void dot_tile_any(const float *x, const uint16_t *w, float *out, int xr, int wr,
+                         int64_t K) {
+#define CASE(r, c) \
+  case r: dot_tile(x, w, out, r, c, K); return;
+  if (wr == TILE) {
+    switch (xr) { CASE(1, TILE) CASE(2, TILE) CASE(3, TILE) default: dot_tile(x, w, out, 4, TILE, K); }
+    return;
+  }
+  switch (xr) { CASE(1, 1) CASE(2, 1) CASE(3, 1) default: dot_tile(x, w, out, 4, 1, K); }
+#undef CASE
+}
+
+/* y[:, n0:n1] (+ bias): TILE weight rows at a time against TILE x rows at a time (a tail of
+ * weight rows one by one). */
 CPU_DISPATCH
 static void weight_rows_bf16(const float *x, const uint16_t *w, const uint16_t *b, uint16_t *y,
                              int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
-  float out[ROW_TILE];
-  for (int64_t n = n0; n < n1; n++) {
-    const float bias = b ? bf16_to_float(b[n]) : 0.0f;
-    for (int64_t m = 0; m < M; m += ROW_TILE) {
-      const int rows = M - m < ROW_TILE ? (int)(M - m) : ROW_TILE;
-      switch (rows) { /* constant trip counts, so the accumulators stay in registers */
-        case 1: dot_rows(x + m * K, w + n * K, out, 1, K); break;
-        case 2: dot_rows(x + m * K, w + n * K, out, 2, K); break;
-        case 3: dot_rows(x + m * K, w + n * K, out, 3, K); break;
-        default: dot_rows(x + m * K, w + n * K, out, 4, K);
-      }
-      for (int i = 0; i < rows; i++) y[(m + i) * N + n] = float_to_bf16(out[i] + bias);
+  float out[TILE * TILE];
+  for (int64_t n = n0; n < n1;) {
+    const int wr = n1 - n >= TILE ? TILE : 1;
+    for (int64_t m = 0; m < M; m += TILE) {
+      const int xr = M - m < TILE ? (int)(M - m) : TILE;
+      dot_tile_any(x + m * K, w + n * K, out, xr, wr, K);
+      for (int i = 0; i < xr; i++)
+        for (int j = 0; j < wr; j++) {
+          const float bias = b ? bf16_to_float(b[n + j]) : 0.0f;
+          y[(m + i) * N + n + j] = float_to_bf16(out[TILE * i + j] + bias);
+        }
     }
+    n += wr;
   }
 }
 

@@ -23,11 +23,12 @@ few-row case takes it there."""
 
 
 SKINNY_GEMM_BF16_MAX_ROWS = 16
-"""Up to this many rows of bfloat16 x, linear() uses skinny_gemm_bf16 (the weight streamed
-once per 4 rows, float32 sums; a row's result independent of the others, so decode batches
-up to this size are batch-invariant); past it F.linear, whose oneDNN matmul runs on AMX tiles
-where the CPU has them. On the AMX development machine the kernel read the weights 1.3-1.7x
-faster than F.linear at 1-4 rows, and ran at half its speed at 8-16 rows."""
+"""Up to this many rows of bfloat16 x, linear() uses skinny_gemm_bf16 (4 x 4 tiles of x and
+weight rows, float32 sums; a row's result independent of the others, so decode batches up to
+this size are batch-invariant); past it F.linear, whose oneDNN matmul runs on AMX tiles where
+the CPU has them. On the AMX development machine the kernel read the weights 1.1-1.3x faster
+than F.linear at 1-2 rows, as fast at 4, and at half its speed at 8-16 rows: the bound is
+kept at 16 for batch invariance."""
 
 
 GGUF_DECODE_MAX_ROWS = 24
