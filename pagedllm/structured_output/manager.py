@@ -47,7 +47,10 @@ class StructuredOutputManager:
 
     @property
     def ll_tokenizer(self) -> LLTokenizer:
-        """The model's tokenizer as llguidance sees it, with the engine's EOS ids as its end."""
+        """The model's tokenizer as llguidance sees it, with the engine's EOS ids as its end.
+        Once built it is read without the lock, so a step never waits on a compile."""
+        if self._ll_tokenizer is not None:
+            return self._ll_tokenizer
         with self._lock:
             if self._ll_tokenizer is None:
                 self._check_tokenizer()
