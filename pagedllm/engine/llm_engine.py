@@ -106,7 +106,7 @@ class LLMEngine:
         if request.compiling_matchers is None:
             self.scheduler.add_seq(request.completions[0].seq)
         else:
-            self.waiting_for_grammar.add(request, request.compiling_matchers)
+            self.waiting_for_grammar.add(request)
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
