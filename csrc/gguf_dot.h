@@ -23,12 +23,9 @@
  * dot has 8 int32 lanes per block, lane l summing the block's elements 4l .. 4l + 3.
  */
 #include "gguf.h"
+#include "prefetch.h"
 
 #define ROW_TILE 4 /* x rows per pass over a weight row */
-/* Weight bytes prefetched ahead of the one being read: the hardware prefetchers alone keep
- * too few lines in flight at this rate of use (one core streaming 100 MB of Q4_1: 7 GB/s
- * without, 13 with, about its speed from L2). */
-#define PREFETCH 8192
 #define STEP_LANES (LANES * STEP)
 
 #include "gguf_codes.h"
@@ -184,7 +181,7 @@ INLINE void row_tile(int qt, const gguf_problem *p, int64_t n, int64_t m0, int r
   int64_t b0 = 0;
   for (; b0 + 8 <= nb; b0 += 8) {
     const uint8_t *g = w + b0 / 8 * group_bytes;
-    for (int64_t line = 0; line < group_bytes; line += 64) __builtin_prefetch(g + PREFETCH + line);
+    prefetch_ahead(g, group_bytes);
     group_dot(qt, g, 8, a, m0, rows, b0, acc);
   }
   if (!is_k_quant(qt) && b0 < nb) { /* fewer than 8 blocks of 32 left */

@@ -8,16 +8,20 @@
  * pagedllm/_custom_ops.py uses this kernel for more than 4 rows only on AVX-512 CPUs.
  */
 #include "ops.h"
+#include "prefetch.h"
 #include "vec.h"
 
 #define ROW_TILE 4
 
-/* out[m] = x[m, :] . w_row for m < rows (rows <= ROW_TILE): one weight row streamed once. */
+/* out[m] = x[m, :] . w_row for m < rows (rows <= ROW_TILE): one weight row streamed once
+ * (prefetch_ahead of it with prefetch). */
 CPU_DISPATCH
-static void dot_tile(const float *x, const float *w_row, float *out, int64_t rows, int64_t K) {
+static void dot_tile(const float *x, const float *w_row, float *out, int64_t rows, int64_t K,
+                     int prefetch) {
   vec16 acc[ROW_TILE] = {0};
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
+    if (prefetch) prefetch_ahead(w_row + k, 64);
     vec16 w = load16(w_row + k);
     for (int64_t m = 0; m < rows; m++) acc[m] += w * load16(x + m * K + k);
   }
@@ -28,11 +32,13 @@ static void dot_tile(const float *x, const float *w_row, float *out, int64_t row
   }
 }
 
-/* out[4 i + j] = x[i, :] . w[j, :] for the 4 x rows and 4 w rows given; K % 16 == 0. */
+/* out[4 i + j] = x[i, :] . w[j, :] for the 4 x rows and 4 w rows given (one stretch of
+ * memory, prefetch_ahead of it with prefetch); K % 16 == 0. */
 CPU_DISPATCH
-static void tile_4x4(const float *x, const float *w, float *out, int64_t K) {
+static void tile_4x4(const float *x, const float *w, float *out, int64_t K, int prefetch) {
   vec16 acc[16] = {0};
   for (int64_t k = 0; k < K; k += 16) {
+    if (prefetch) prefetch_ahead(w + 4 * k, 4 * 64);
     vec16 xv[4], wv[4];
     for (int i = 0; i < 4; i++) xv[i] = load16(x + i * K + k);
     for (int j = 0; j < 4; j++) wv[j] = load16(w + j * K + k);
@@ -50,7 +56,7 @@ static void weight_rows(const float *x, const float *w, const float *b, float *y
   int64_t m0 = 0;
   if (cols == 4 && K % 16 == 0 && M > ROW_TILE) {
     for (; m0 + 4 <= M; m0 += 4) {
-      tile_4x4(x + m0 * K, w + n0 * K, out, K);
+      tile_4x4(x + m0 * K, w + n0 * K, out, K, m0 == 0);
       for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++)
           y[(m0 + i) * N + n0 + j] = b ? out[4 * i + j] + b[n0 + j] : out[4 * i + j];
@@ -59,7 +65,7 @@ static void weight_rows(const float *x, const float *w, const float *b, float *y
   for (int64_t n = n0; n < n0 + cols; n++) {
     for (int64_t m = m0; m < M; m += ROW_TILE) {
       int64_t rows = M - m < ROW_TILE ? M - m : ROW_TILE;
-      dot_tile(x + m * K, w + n * K, out, rows, K);
+      dot_tile(x + m * K, w + n * K, out, rows, K, m == 0);
       for (int64_t i = 0; i < rows; i++) y[(m + i) * N + n] = b ? out[i] + b[n] : out[i];
     }
   }

@@ -13,19 +13,22 @@
 
 #include "bf16.h"
 #include "ops.h"
+#include "prefetch.h"
 
 #define TILE 4
 
 /* out[TILE * i + j] = x[i, :] . w[j, :] for i < xr x rows (float32) and j < wr weight rows
- * (bfloat16), rows K apart. Each output has one accumulator over steps of 16 along K, summed
+ * (bfloat16), rows K apart; with prefetch, prefetch_ahead of the bytes read (the wr rows
+ * are one stretch of memory, read at wr * 32 bytes per step). Each output has one accumulator over steps of 16 along K, summed
  * across its lanes by one fixed tree (transpose_sum16's lane j is hsum16 of vector j), then
  * the K % 16 tail in order: the same arithmetic for an output whatever xr and wr are, so
  * tiles of any shape give its bits. xr, wr: constants at each call. */
 INLINE void dot_tile(const float *x, const uint16_t *w, float *out, const int xr, const int wr,
-                     int64_t K) {
+                     int64_t K, int prefetch) {
   vec16 acc[TILE * TILE] = {0};
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
+    if (prefetch) prefetch_ahead(w + wr * k, wr * 32);
     vec16 wv[TILE];
     for (int j = 0; j < wr; j++) wv[j] = load16_bf16(w + j * K + k);
     for (int i = 0; i < xr; i++) {
@@ -41,19 +44,21 @@ INLINE void dot_tile(const float *x, const uint16_t *w, float *out, const int xr
 
 /* dot_tile for xr < 5 x rows and wr = TILE or 1 weight rows, as constants. */
 INLINE void dot_tile_any(const float *x, const uint16_t *w, float *out, int xr, int wr,
-                         int64_t K) {
+                         int64_t K, int prefetch) {
 #define CASE(r, c) \
-  case r: dot_tile(x, w, out, r, c, K); return;
+  case r: dot_tile(x, w, out, r, c, K, prefetch); return;
   if (wr == TILE) {
-    switch (xr) { CASE(1, TILE) CASE(2, TILE) CASE(3, TILE) default: dot_tile(x, w, out, 4, TILE, K); }
+    switch (xr) {
+      CASE(1, TILE) CASE(2, TILE) CASE(3, TILE) default: dot_tile(x, w, out, 4, TILE, K, prefetch);
+    }
     return;
   }
-  switch (xr) { CASE(1, 1) CASE(2, 1) CASE(3, 1) default: dot_tile(x, w, out, 4, 1, K); }
+  switch (xr) { CASE(1, 1) CASE(2, 1) CASE(3, 1) default: dot_tile(x, w, out, 4, 1, K, prefetch); }
 #undef CASE
 }
 
 /* y[:, n0:n1] (+ bias): TILE weight rows at a time against TILE x rows at a time (a tail of
- * weight rows one by one). */
+ * weight rows one by one), prefetching on the first pass over each weight tile. */
 CPU_DISPATCH
 static void weight_rows_bf16(const float *x, const uint16_t *w, const uint16_t *b, uint16_t *y,
                              int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
@@ -62,7 +67,7 @@ static void weight_rows_bf16(const float *x, const uint16_t *w, const uint16_t *
     const int wr = n1 - n >= TILE ? TILE : 1;
     for (int64_t m = 0; m < M; m += TILE) {
       const int xr = M - m < TILE ? (int)(M - m) : TILE;
-      dot_tile_any(x + m * K, w + n * K, out, xr, wr, K);
+      dot_tile_any(x + m * K, w + n * K, out, xr, wr, K, m == 0);
       for (int i = 0; i < xr; i++)
         for (int j = 0; j < wr; j++) {
           const float bias = b ? bf16_to_float(b[n + j]) : 0.0f;
