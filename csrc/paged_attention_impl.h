@@ -31,13 +31,16 @@ INLINE void KV_NAME(token_rows)(const KV_NAME(PagedRows) *r, int64_t t0, int64_t
   }
 }
 
+INLINE void KV_NAME(prefetch_row)(const KV_T *row, int64_t row_size) {
+  for (int64_t j = 0; j < row_size; j += 64 / sizeof(KV_T)) __builtin_prefetch(row + j, 0, 1);
+}
+
 /* Asks for the rows of tokens t0 .. t0 + n - 1 ahead of use: each block is a separate
  * stretch of memory that the hardware prefetcher would only find after a few misses. */
 INLINE void KV_NAME(prefetch_rows)(const KV_NAME(PagedRows) *r, int64_t t0, int64_t n) {
   const KV_T *rows[16];
   KV_NAME(token_rows)(r, t0, n, rows);
-  for (int64_t i = 0; i < n; i++)
-    for (int64_t j = 0; j < r->row_size; j += 64 / sizeof(KV_T)) __builtin_prefetch(rows[i] + j, 0, 1);
+  for (int64_t i = 0; i < n; i++) KV_NAME(prefetch_row)(rows[i], r->row_size);
 }
 
 /* The work of one task: query heads [h0, h1) of one sequence, which read kv heads h / G. */
@@ -81,15 +84,125 @@ INLINE void KV_NAME(attend_chunk)(const KV_NAME(HeadRange) *w, int64_t h, const 
                          const int64_t D) {
   const int64_t kv_offset = h / w->G * D;
   vec16 scores = KV_NAME(score_chunk)(w->q + h * D, keys, n, kv_offset, w->scale, D);
-  const float chunk_max = hmax16(scores);
-  const float max = chunk_max > state->max ? chunk_max : state->max;
-  const float correction = exp16(splat16(state->max - max))[0];
-  vec16 p = select16(lanes_below(n), exp16(scores - max), splat16(0.0f));
   float probs[16];
-  store16(probs, p);
-  state->sum = state->sum * correction + hsum16(p);
-  state->max = max;
+  const float correction = softmax_update(scores, n, state, probs);
   KV_NAME(accumulate_values)(probs, values, n, kv_offset, correction, w->out + h * D, D);
+}
+
+/* A row of D cache elements (D % 32 == 0) as D / 16 float32 vectors in KV_ELEMENT_OF order. */
+INLINE void KV_NAME(widen_row)(const KV_T *row, vec16 *out, const int64_t D) {
+  for (int64_t j = 0; j < D / 32; j++) KV_WIDEN32(row + 32 * j, out[2 * j], out[2 * j + 1]);
+}
+
+/* One chunk of n rows for the gn query heads [h, h + gn) of kv head kvh (gn <= HEAD_GROUP, a
+ * constant at each call): each key and value row is widened once for all of them. qp: their
+ * queries, acc: their outputs so far, [gn, D] each in KV_ELEMENT_OF order; state: theirs. A
+ * head's arithmetic does not depend on gn or on the other heads, so the split of heads into
+ * tasks and groups never changes its result. */
+INLINE void KV_NAME(attend_group)(const KV_NAME(HeadRange) *w, int64_t kvh, const int gn,
+                                  const float *qp, float *acc, const KV_T *const *keys,
+                                  const KV_T *const *values, int64_t n, RunningSoftmax *state,
+                                  const KV_T *const *next_keys, const KV_T *const *next_values,
+                                  int64_t next_n, const int64_t D) {
+  const int64_t off = kvh * D;
+  vec16 partial[HEAD_GROUP][16];
+  for (int64_t i = 0; i < 16; i++) {
+    if (i < next_n) {
+      KV_NAME(prefetch_row)(next_keys[i], w->keys.row_size);
+      KV_NAME(prefetch_row)(next_values[i], w->values.row_size);
+    }
+    vec16 k[VEC_MAX];
+    if (i < n) KV_NAME(widen_row)(keys[i] + off, k, D);
+    for (int g = 0; g < gn; g++) {
+      if (i >= n) {
+        partial[g][i] = splat16(0.0f);
+        continue;
+      }
+      const float *q = qp + g * D;
+      vec16 a = k[0] * load16(q), b = k[1] * load16(q + 16);
+      for (int64_t j = 2; j < D / 16; j += 2) {
+        a += k[j] * load16(q + 16 * j);
+        b += k[j + 1] * load16(q + 16 * j + 16);
+      }
+      partial[g][i] = a + b;
+    }
+  }
+  float probs[HEAD_GROUP][16];
+  vec16 out[HEAD_GROUP][VEC_MAX];
+  for (int g = 0; g < gn; g++) {
+    const vec16 scores = select16(lanes_below(n), transpose_sum16(partial[g]) * w->scale,
+                                  splat16(-__FLT_MAX__));
+    const float correction = softmax_update(scores, n, &state[g], probs[g]);
+    for (int64_t j = 0; j < D / 16; j++) out[g][j] = load16(acc + g * D + 16 * j) * correction;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    vec16 v[VEC_MAX];
+    KV_NAME(widen_row)(values[i] + off, v, D);
+    for (int g = 0; g < gn; g++) {
+      const vec16 p = splat16(probs[g][i]);
+      for (int64_t j = 0; j < D / 16; j++) out[g][j] += p * v[j];
+    }
+  }
+  for (int g = 0; g < gn; g++)
+    for (int64_t j = 0; j < D / 16; j++) store16(acc + g * D + 16 * j, out[g][j]);
+}
+
+/* attend_group with gn as a constant. */
+INLINE void KV_NAME(attend_group_any)(const KV_NAME(HeadRange) *w, int64_t kvh, int gn,
+                                      const float *qp, float *acc, const KV_T *const *keys,
+                                      const KV_T *const *values, int64_t n,
+                                      RunningSoftmax *state, const KV_T *const *next_keys,
+                                      const KV_T *const *next_values, int64_t next_n,
+                                      const int64_t D) {
+#define CASE(c)                                                                              \
+  case c:                                                                                    \
+    KV_NAME(attend_group)(w, kvh, c, qp, acc, keys, values, n, state, next_keys, next_values, \
+                          next_n, D);                                                        \
+    return;
+  switch (gn) { CASE(1) CASE(2) CASE(3) default: CASE(HEAD_GROUP) }
+#undef CASE
+}
+
+/* attend_heads for D % 32 == 0 (and D <= 16 * VEC_MAX): the heads of each kv head in groups
+ * of up to HEAD_GROUP. scratch: 2 * (h1 - h0) * D floats. */
+INLINE void KV_NAME(attend_grouped)(const KV_NAME(HeadRange) *w, RunningSoftmax *state,
+                                    float *scratch, const int64_t D) {
+  const int64_t L = w->seq_len, heads = w->h1 - w->h0;
+  float *qp = scratch, *acc = scratch + heads * D;
+  for (int64_t h = 0; h < heads; h++) {
+    state[h] = (RunningSoftmax){-__FLT_MAX__, 0.0f};
+    for (int64_t e = 0; e < D; e++)
+      qp[h * D + e] = w->q[(w->h0 + h) * D + e - e % 32 + KV_ELEMENT_OF(e % 32)];
+  }
+  memset(acc, 0, (size_t)(heads * D) * sizeof(float));
+  const KV_T *rows[2][2][16]; /* [chunk % 2][keys, values][token] */
+  if (L > 0) {
+    KV_NAME(token_rows)(&w->keys, 0, L < 16 ? L : 16, rows[0][0]);
+    KV_NAME(token_rows)(&w->values, 0, L < 16 ? L : 16, rows[0][1]);
+  }
+  for (int64_t t0 = 0; t0 < L; t0 += 16) {
+    const KV_T *const *keys = rows[t0 / 16 % 2][0], *const *values = rows[t0 / 16 % 2][1];
+    const KV_T **next_keys = rows[t0 / 16 % 2 ^ 1][0], **next_values = rows[t0 / 16 % 2 ^ 1][1];
+    const int64_t n = L - t0 < 16 ? L - t0 : 16;
+    const int64_t next_n = L - t0 - 16 < 0 ? 0 : L - t0 - 16 < 16 ? L - t0 - 16 : 16;
+    if (next_n > 0) { /* prefetched a row at a time by the first group */
+      KV_NAME(token_rows)(&w->keys, t0 + 16, next_n, next_keys);
+      KV_NAME(token_rows)(&w->values, t0 + 16, next_n, next_values);
+    }
+    for (int64_t h = w->h0; h < w->h1;) {
+      const int64_t kvh = h / w->G, left = (kvh + 1) * w->G - h;
+      const int gn = left < HEAD_GROUP ? (int)left : HEAD_GROUP;
+      const int64_t i = h - w->h0;
+      KV_NAME(attend_group_any)(w, kvh, gn, qp + i * D, acc + i * D, keys, values, n,
+                                state + i, next_keys, next_values, h == w->h0 ? next_n : 0, D);
+      h += gn;
+    }
+  }
+  for (int64_t h = 0; h < heads; h++) {
+    const float inv = 1.0f / state[h].sum;
+    for (int64_t e = 0; e < D; e++)
+      w->out[(w->h0 + h) * D + e - e % 32 + KV_ELEMENT_OF(e % 32)] = acc[h * D + e] * inv;
+  }
 }
 
 /* D is a parameter so that the common head sizes, passed as constants, get loops the
@@ -117,12 +230,15 @@ INLINE void KV_NAME(attend_heads)(const KV_NAME(HeadRange) *w, RunningSoftmax *s
   }
 }
 
+/* scratch: 2 * (h1 - h0) * D floats. */
 CPU_DISPATCH
-static void KV_NAME(attend)(const KV_NAME(HeadRange) *w, RunningSoftmax *state) {
+static void KV_NAME(attend)(const KV_NAME(HeadRange) *w, RunningSoftmax *state, float *scratch) {
   if (w->D == 64)
-    KV_NAME(attend_heads)(w, state, 64);
+    KV_NAME(attend_grouped)(w, state, scratch, 64);
   else if (w->D == 128)
-    KV_NAME(attend_heads)(w, state, 128);
+    KV_NAME(attend_grouped)(w, state, scratch, 128);
+  else if (w->D % 32 == 0 && w->D <= 16 * VEC_MAX)
+    KV_NAME(attend_grouped)(w, state, scratch, w->D);
   else
     KV_NAME(attend_heads)(w, state, w->D);
 }
@@ -136,11 +252,17 @@ static int KV_NAME(run)(float *out, const float *q, const KV_T *k_cache, const K
    * enough sequences to keep every thread busy, else one kv head's query heads. */
   const int64_t kv_per_task = B >= 2 * num_threads ? KV : 1;
   const int64_t tasks_per_seq = KV / kv_per_task;
-  RunningSoftmax *scratch = malloc((size_t)(num_threads * H) * sizeof(RunningSoftmax));
-  if (scratch == NULL) return -1;
+  RunningSoftmax *states = malloc((size_t)(num_threads * H) * sizeof(RunningSoftmax));
+  float *scratch = malloc((size_t)(num_threads * 2 * H * D) * sizeof(float));
+  if (states == NULL || scratch == NULL) {
+    free(states);
+    free(scratch);
+    return -1;
+  }
 #pragma omp parallel num_threads(num_threads)
   {
-    RunningSoftmax *state = scratch + omp_get_thread_num() * H;
+    RunningSoftmax *state = states + omp_get_thread_num() * H;
+    float *thread_scratch = scratch + omp_get_thread_num() * 2 * H * D;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * tasks_per_seq; task++) {
       const int64_t b = task / tasks_per_seq, kv0 = task % tasks_per_seq * kv_per_task;
@@ -155,9 +277,10 @@ static int KV_NAME(run)(float *out, const float *q, const KV_T *k_cache, const K
                                G,
                                D,
                                scale};
-      KV_NAME(attend)(&w, state);
+      KV_NAME(attend)(&w, state, thread_scratch);
     }
   }
+  free(states);
   free(scratch);
   return 0;
 }

@@ -84,7 +84,16 @@ def _torch_decode(query, k_cache, v_cache, block_tables, seq_lens, scale):
 
 @pytest.mark.parametrize(
     "num_heads,num_kv_heads,head_size,block_size",
-    [(9, 3, 64, 16), (8, 8, 24, 4), (4, 1, 80, 1), (16, 2, 128, 16), (2, 2, 8, 5)],
+    [
+        (9, 3, 64, 16),
+        (8, 8, 24, 4),
+        (4, 1, 80, 1),
+        (16, 2, 128, 16),
+        (2, 2, 8, 5),
+        (12, 2, 96, 16),
+        (5, 1, 256, 8),
+        (4, 2, 32, 16),
+    ],
 )
 @pytest.mark.parametrize("scale", [0.125, 4.0])
 def test_paged_decode_attention_matches_torch_backend(
@@ -95,7 +104,9 @@ def test_paged_decode_attention_matches_torch_backend(
     scale: float,
 ) -> None:
     """Scattered block tables, lengths from 1 to 700 (partial last blocks, the 16-key
-    chunks' tails); scale 4 makes the softmax peaked, so e^x meets inputs far below -87."""
+    chunks' tails); scale 4 makes the softmax peaked, so e^x meets inputs far below -87.
+    Head sizes that are multiples of 32 take the kernel's grouped path (query heads per kv
+    head 1-8: groups of 4, 2 and 1 left over), the others its per-head path."""
     num_blocks = 1000 // block_size + 60
     cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
     k_cache, v_cache = torch.randn(cache_shape), torch.randn(cache_shape)

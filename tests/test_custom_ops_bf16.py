@@ -130,7 +130,9 @@ def test_reshape_and_cache_converts_like_torch(
 
 @needs_kernels
 @pytest.mark.parametrize("query_dtype", [torch.float32, BF16])
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_size", [(9, 3, 64), (4, 1, 80)])
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_size", [(9, 3, 64), (4, 1, 80), (16, 2, 128), (10, 2, 96)]
+)
 def test_paged_decode_attention_on_a_bf16_cache(
     query_dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_size: int
 ) -> None:

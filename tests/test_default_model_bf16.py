@@ -58,33 +58,49 @@ def test_bf16_greedy_answer_knows_paris(bf16: LLM) -> None:
     assert "Paris" in output.outputs[0].text
 
 
-NEAR_TIE_NATS = 0.1
-"""A float32 top-2 gap below this is within bf16's reach: logits of magnitude 16-32 carry
-bf16 rounding errors of ~0.1, so greedy may take either token there."""
+NEAR_TIE_NATS = 0.5
+"""Past bf16's error on a logprob, measured on the 8 prompts' common prefixes (session 7):
+the tokens both dtypes pick differ in logprob by a median 0.011-0.015 nats, p90 ~0.05, at
+most 0.18-0.32 across runs (logits of magnitude 16-32 carry bf16 rounding errors of that
+size). Where float32's top two are closer than this, greedy may take either."""
 
 
 def test_bf16_greedy_tokens_follow_float32(bf16: LLM) -> None:
     """The first 32 greedy tokens of 8 chat prompts, bf16 vs float32. Issue #14 asks for 6
     of 8 identical; where they differ, the first difference must be at a float32 near-tie
     (bf16 took float32's runner-up, less than NEAR_TIE_NATS behind), the criterion of vLLM's
-    `check_logprobs_close`. Measured: 4-5 of 8 identical, the rest diverging where float32's
-    own top-2 gap is 0.003-0.03 nats (float32 with bf16-rounded weights already flips one of
-    them); see BENCHMARKS.md."""
+    `check_logprobs_close` with a bound on the gap; before it, the chosen tokens' logprobs
+    agree within bf16's error. Measured: 4-5 of 8 identical, the rest diverging where
+    float32's own top-2 gap is 0.003-0.22 nats (float32 with bf16-rounded weights already
+    flips one of them); see BENCHMARKS.md."""
     with LLM(dtype="float32", **ENGINE) as fp32:
         reference = _answers(fp32, logprobs=2)
-    answers = [a.token_ids for a in _answers(bf16)]
-    same, gaps = 0, []
+    answers = _answers(bf16, logprobs=2)
+    same, gaps, errors = 0, [], []
     for answer, ref in zip(answers, reference, strict=True):
-        i = next((i for i, (a, r) in enumerate(zip(answer, ref.token_ids)) if a != r), None)
+        tokens = answer.token_ids
+        i = next((i for i, (a, r) in enumerate(zip(tokens, ref.token_ids)) if a != r), None)
+        common = len(tokens) if i is None else i
+        errors += [
+            abs(answer.logprobs[j][t].logprob - ref.logprobs[j][t].logprob)
+            for j, t in enumerate(tokens[:common])
+        ]
         if i is None:
             same += 1
             continue
         top = ref.logprobs[i]
-        assert answer[i] in top, f"bf16 token {answer[i]} at {i} is not in float32's top 2"
-        gaps.append(round(top[ref.token_ids[i]].logprob - top[answer[i]].logprob, 3))
-    print(f"bf16 == float32 on {same} of 8 prompts; the others at float32 top-2 gaps {gaps}")
+        assert tokens[i] in top, f"bf16 token {tokens[i]} at {i} is not in float32's top 2"
+        gaps.append(round(top[ref.token_ids[i]].logprob - top[tokens[i]].logprob, 3))
+    errors.sort()
+    median, p90 = errors[len(errors) // 2], errors[len(errors) * 9 // 10]
+    print(
+        f"bf16 == float32 on {same} of 8 prompts; the others at float32 top-2 gaps {gaps}; "
+        f"logprob error on {len(errors)} common tokens: median {median:.4f}, p90 {p90:.4f}, "
+        f"max {errors[-1]:.4f}"
+    )
     assert same >= 4
     assert all(gap < NEAR_TIE_NATS for gap in gaps)
+    assert median < 0.05 and p90 < 0.15 and errors[-1] < NEAR_TIE_NATS
 
 
 def test_bf16_decode_batches_are_batch_invariant(bf16: LLM) -> None:
