@@ -19,10 +19,11 @@
 
 /* out[TILE * i + j] = x[i, :] . w[j, :] for i < xr x rows (float32) and j < wr weight rows
  * (bfloat16), rows K apart; with prefetch, prefetch_ahead of the bytes read (the wr rows
- * are one stretch of memory, read at wr * 32 bytes per step). Each output has one accumulator over steps of 16 along K, summed
- * across its lanes by one fixed tree (transpose_sum16's lane j is hsum16 of vector j), then
- * the K % 16 tail in order: the same arithmetic for an output whatever xr and wr are, so
- * tiles of any shape give its bits. xr, wr: constants at each call. */
+ * are one stretch of memory, read at wr * 32 bytes per step). Each output has one
+ * accumulator over steps of 16 along K, summed across its lanes by one fixed tree
+ * (transpose_sum16's lane j is hsum16 of vector j), then the K % 16 tail in order: the same
+ * arithmetic for an output whatever xr and wr are, so tiles of any shape give its bits. xr,
+ * wr: constants at each call. */
 INLINE void dot_tile(const float *x, const uint16_t *w, float *out, const int xr, const int wr,
                      int64_t K, int prefetch) {
   vec16 acc[TILE * TILE] = {0};
