@@ -89,6 +89,9 @@ INLINE void KV_NAME(attend_chunk)(const KV_NAME(HeadRange) *w, int64_t h, const 
   KV_NAME(accumulate_values)(probs, values, n, kv_offset, correction, w->out + h * D, D);
 }
 
+/* The element of a row (D % 32 == 0) that lane position e of its widened vectors holds. */
+INLINE int64_t KV_NAME(lane_element)(int64_t e) { return e - e % 32 + KV_ELEMENT_OF(e % 32); }
+
 /* A row of D cache elements (D % 32 == 0) as D / 16 float32 vectors in KV_ELEMENT_OF order. */
 INLINE void KV_NAME(widen_row)(const KV_T *row, vec16 *out, const int64_t D) {
   for (int64_t j = 0; j < D / 32; j++) KV_WIDEN32(row + 32 * j, out[2 * j], out[2 * j + 1]);
@@ -106,18 +109,14 @@ INLINE void KV_NAME(attend_group)(const KV_NAME(HeadRange) *w, int64_t kvh, cons
                                   int64_t next_n, const int64_t D) {
   const int64_t off = kvh * D;
   vec16 partial[HEAD_GROUP][16];
-  for (int64_t i = 0; i < 16; i++) {
+  for (int64_t i = 0; i < n; i++) { /* next_n > 0 only when this chunk is full */
     if (i < next_n) {
       KV_NAME(prefetch_row)(next_keys[i], w->keys.row_size);
       KV_NAME(prefetch_row)(next_values[i], w->values.row_size);
     }
     vec16 k[VEC_MAX];
-    if (i < n) KV_NAME(widen_row)(keys[i] + off, k, D);
+    KV_NAME(widen_row)(keys[i] + off, k, D);
     for (int g = 0; g < gn; g++) {
-      if (i >= n) {
-        partial[g][i] = splat16(0.0f);
-        continue;
-      }
       const float *q = qp + g * D;
       vec16 a = k[0] * load16(q), b = k[1] * load16(q + 16);
       for (int64_t j = 2; j < D / 16; j += 2) {
@@ -127,6 +126,8 @@ INLINE void KV_NAME(attend_group)(const KV_NAME(HeadRange) *w, int64_t kvh, cons
       partial[g][i] = a + b;
     }
   }
+  for (int64_t i = n; i < 16; i++) /* a last chunk's missing rows add nothing */
+    for (int g = 0; g < gn; g++) partial[g][i] = splat16(0.0f);
   float probs[HEAD_GROUP][16];
   vec16 out[HEAD_GROUP][VEC_MAX];
   for (int g = 0; g < gn; g++) {
@@ -172,7 +173,7 @@ INLINE void KV_NAME(attend_grouped)(const KV_NAME(HeadRange) *w, RunningSoftmax 
   for (int64_t h = 0; h < heads; h++) {
     state[h] = (RunningSoftmax){-__FLT_MAX__, 0.0f};
     for (int64_t e = 0; e < D; e++)
-      qp[h * D + e] = w->q[(w->h0 + h) * D + e - e % 32 + KV_ELEMENT_OF(e % 32)];
+      qp[h * D + e] = w->q[(w->h0 + h) * D + KV_NAME(lane_element)(e)];
   }
   memset(acc, 0, (size_t)(heads * D) * sizeof(float));
   const KV_T *rows[2][2][16]; /* [chunk % 2][keys, values][token] */
@@ -201,7 +202,7 @@ INLINE void KV_NAME(attend_grouped)(const KV_NAME(HeadRange) *w, RunningSoftmax 
   for (int64_t h = 0; h < heads; h++) {
     const float inv = 1.0f / state[h].sum;
     for (int64_t e = 0; e < D; e++)
-      w->out[(w->h0 + h) * D + e - e % 32 + KV_ELEMENT_OF(e % 32)] = acc[h * D + e] * inv;
+      w->out[(w->h0 + h) * D + KV_NAME(lane_element)(e)] = acc[h * D + e] * inv;
   }
 }
 
