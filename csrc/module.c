@@ -38,14 +38,14 @@ static int parse(const char *name, const char *fmt, PyObject *const *args, Py_ss
 
 #define PTR(v) ((void *)(intptr_t)(v))
 
-/* 0 when every values[i] lies in [0, end), else -1 with a ValueError naming the first that
- * does not. */
+/* 0 when every values[i] lies in [lowest, end), else -1 with a ValueError naming the first
+ * that does not. */
 static int check_indices(const char *op, const char *name, const int64_t *values, int64_t n,
-                         int64_t end) {
+                         int64_t lowest, int64_t end) {
   for (int64_t i = 0; i < n; i++) {
-    if (values[i] < 0 || values[i] >= end) {
-      PyErr_Format(PyExc_ValueError, "%s: %s[%lld] = %lld is outside [0, %lld)", op, name,
-                   (long long)i, (long long)values[i], (long long)end);
+    if (values[i] < lowest || values[i] >= end) {
+      PyErr_Format(PyExc_ValueError, "%s: %s[%lld] = %lld is outside [%lld, %lld)", op, name,
+                   (long long)i, (long long)values[i], (long long)lowest, (long long)end);
       return -1;
     }
   }
@@ -107,7 +107,7 @@ BINDING(paged_decode_attention, "iiiiiiiiiiiiiiif",
                                     (float)f[0], (int)a[14]))
 
 BINDING(reshape_and_cache, "iiiiiiiiiiii",
-        check_indices("reshape_and_cache", "slot_mapping", PTR(a[6]), a[7], a[11]),
+        check_indices("reshape_and_cache", "slot_mapping", PTR(a[6]), a[7], -1, a[11]),
         reshape_and_cache(PTR(a[0]), PTR(a[1]), (int)a[2], PTR(a[3]), PTR(a[4]), (int)a[5],
                           PTR(a[6]), a[7], a[8], a[9], a[10]))
 
@@ -119,10 +119,12 @@ BINDING(fused_add_rms_norm, "iiiiiiiiif", 0,
                            (float)f[0], a[6], a[7], (int)a[8]))
 
 BINDING(rotary_embedding, "iiiiiiiiiiiiiiiii",
-        check_indices("rotary_embedding", "positions", PTR(a[0]), a[8], a[14]),
+        check_indices("rotary_embedding", "positions", PTR(a[0]), a[8], 0, a[14]),
         rotary_embedding(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]), (int)a[5], a[6],
                          a[7], a[8], a[9], a[10], a[11], a[12], PTR(a[13]), (int)a[15],
                          (int)a[16]))
+
+BINDING(convert, "iiiii", 0, convert(PTR(a[0]), (int)a[1], PTR(a[2]), (int)a[3], a[4]))
 
 BINDING(silu_and_mul, "iiiiii", 0,
         silu_and_mul(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
@@ -196,6 +198,7 @@ static PyMethodDef methods[] = {
            "k_stride, num_tokens, num_heads, num_kv_heads, head_size, rot_dim, cos_sin_cache, "
            "num_positions, is_neox, num_threads)"),
     METHOD(silu_and_mul, "silu_and_mul(out, x, bf16, num_tokens, d, num_threads)"),
+    METHOD(convert, "convert(dst, dst_bf16, src, src_bf16, n)"),
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,11 +26,15 @@ int paged_decode_attention(float *out, const float *q, const void *k_cache, cons
 
 /* k_cache, v_cache [num_slots, row_size] at slot_mapping[t] = key, value row t (row strides
  * key_stride, value_stride): the new tokens' keys and values stored for later steps. key and
- * value are bfloat16 when kv_bf16, the caches when cache_bf16, else float32 (converted). */
+ * value are bfloat16 when kv_bf16, the caches when cache_bf16, else float32 (converted). A
+ * slot of -1 marks a padding token, which is skipped (vLLM's PAD_SLOT_ID). */
 void reshape_and_cache(const void *key, const void *value, int kv_bf16, void *k_cache,
                        void *v_cache, int cache_bf16, const int64_t *slot_mapping,
                        int64_t num_tokens, int64_t key_stride, int64_t value_stride,
                        int64_t row_size);
+
+/* dst [n] = src [n], each bfloat16 when its flag is set, else float32 (convert.c). */
+void convert(void *dst, int dst_bf16, const void *src, int src_bf16, int64_t n);
 
 /* out [rows, n] = x * rsqrt(mean(x^2) + eps) * weight [n], row by row. x, weight and out are
  * bfloat16 when bf16 (x * rsqrt(...) rounded to bfloat16 before the weight), else float32. */

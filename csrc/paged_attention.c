@@ -85,31 +85,17 @@ int paged_decode_attention(float *out, const float *q, const void *k_cache, cons
                  max_blocks, scale, num_threads);
 }
 
-/* n elements from src (bf16 when src_bf16, else float32) to dst (likewise). */
-CPU_DISPATCH
-static void copy_row(void *dst, int dst_bf16, const void *src, int src_bf16, int64_t n) {
-  int64_t i = 0;
-  if (dst_bf16 == src_bf16) {
-    memcpy(dst, src, (size_t)n * (src_bf16 ? sizeof(uint16_t) : sizeof(float)));
-  } else if (dst_bf16) {
-    for (; i + 16 <= n; i += 16) store16_bf16((uint16_t *)dst + i, load16((const float *)src + i));
-    for (; i < n; i++) ((uint16_t *)dst)[i] = float_to_bf16(((const float *)src)[i]);
-  } else {
-    for (; i + 16 <= n; i += 16) store16((float *)dst + i, load16_bf16((const uint16_t *)src + i));
-    for (; i < n; i++) ((float *)dst)[i] = bf16_to_float(((const uint16_t *)src)[i]);
-  }
-}
-
 void reshape_and_cache(const void *key, const void *value, int kv_bf16, void *k_cache,
                        void *v_cache, int cache_bf16, const int64_t *slot_mapping,
                        int64_t num_tokens, int64_t key_stride, int64_t value_stride,
                        int64_t row_size) {
   const int64_t in = kv_bf16 ? 2 : 4, out = cache_bf16 ? 2 : 4; /* element bytes */
   for (int64_t t = 0; t < num_tokens; t++) {
+    if (slot_mapping[t] < 0) continue; /* a padding token */
     const int64_t slot = slot_mapping[t] * row_size * out;
-    copy_row((char *)k_cache + slot, cache_bf16, (const char *)key + t * key_stride * in, kv_bf16,
-             row_size);
-    copy_row((char *)v_cache + slot, cache_bf16, (const char *)value + t * value_stride * in,
-             kv_bf16, row_size);
+    convert((char *)k_cache + slot, cache_bf16, (const char *)key + t * key_stride * in, kv_bf16,
+            row_size);
+    convert((char *)v_cache + slot, cache_bf16, (const char *)value + t * value_stride * in,
+            kv_bf16, row_size);
   }
 }

@@ -11,7 +11,16 @@ positions) are checked by csrc/module.c, which reads them anyway.
 The checks are attribute reads only, no tensor ops: they run ~300 times per decode step.
 Callers (`_custom_ops`) pick the kernel only when `available()`; _C is None without the
 extension.
+
+Every kernel call is a launch: a kernel and its arguments, all ints and floats. Within
+`record_launches()` this thread's launches are also listed, and `replay_launches` runs such a
+list again: the same kernels on the same memory, without the Python that produced them
+(executor/cpu_graph.py captures decode steps that way).
 """
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -28,6 +37,43 @@ _ANY_DIMS = -1  # a `shape` for _check: one dimension or more, any sizes
 
 def available() -> bool:
     return _C is not None
+
+
+Launch = tuple[Callable[..., None], tuple[int | float, ...]]
+
+
+class _Recording(threading.local):
+    launches: list[Launch] | None = None
+
+
+_recording = _Recording()
+
+
+def _launch(kernel: Callable[..., None], *args: int | float) -> None:
+    launches = _recording.launches
+    if launches is not None:
+        launches.append((kernel, args))
+    kernel(*args)
+
+
+@contextmanager
+def record_launches() -> Iterator[list[Launch]]:
+    """Yields a list to which this thread's kernel launches are appended until the block
+    ends (they still run). Not nested."""
+    if _recording.launches is not None:
+        raise RuntimeError("record_launches() is already active in this thread")
+    _recording.launches = launches = []
+    try:
+        yield launches
+    finally:
+        _recording.launches = None
+
+
+def replay_launches(launches: list[Launch]) -> None:
+    """Runs recorded launches again, in order. Their pointers must still be valid: the caller
+    keeps every tensor they point into alive. The bindings' index checks run as before."""
+    for kernel, args in launches:
+        kernel(*args)
 
 
 def cpu_has_avx512() -> bool:
@@ -130,9 +176,10 @@ def _skinny_gemm(
         _check(op, "bias", bias, (n,), "[N]", dtype)
     y = x.new_empty(m, n)
     bias_ptr = 0 if bias is None else bias.data_ptr()
-    getattr(_C, op)(
-        x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, torch.get_num_threads()
-    )
+    _launch(
+        getattr(_C, op), x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k,
+        torch.get_num_threads(),
+    )  # fmt: skip
     return y
 
 
@@ -150,8 +197,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _torch_ops.rms_norm rounds."""
     dtype, rows, n = _check_norm_args("rms_norm", x, weight)
     out = torch.empty_like(x)
-    _C.rms_norm(
-        out.data_ptr(), x.data_ptr(), weight.data_ptr(), dtype is _BF16, rows, n,
+    _launch(
+        _C.rms_norm, out.data_ptr(), x.data_ptr(), weight.data_ptr(), dtype is _BF16, rows, n,
         torch.get_num_threads(), eps,
     )  # fmt: skip
     return out
@@ -165,9 +212,10 @@ def fused_add_rms_norm(
     dtype, rows, n = _check_norm_args(op, x, weight)
     _check(op, "residual", residual, x.shape, "[..., n] like x", dtype)
     out, residual_out = torch.empty_like(x), torch.empty_like(x)
-    _C.fused_add_rms_norm(
-        out.data_ptr(), residual_out.data_ptr(), x.data_ptr(), residual.data_ptr(),
-        weight.data_ptr(), dtype is _BF16, rows, n, torch.get_num_threads(), eps,
+    _launch(
+        _C.fused_add_rms_norm, out.data_ptr(), residual_out.data_ptr(), x.data_ptr(),
+        residual.data_ptr(), weight.data_ptr(), dtype is _BF16, rows, n,
+        torch.get_num_threads(), eps,
     )  # fmt: skip
     return out, residual_out
 
@@ -182,7 +230,21 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     d = width // 2
     out = x.new_empty(*x.shape[:-1], d)
     rows = x.numel() // width if width else 0
-    _C.silu_and_mul(out.data_ptr(), x.data_ptr(), dtype is _BF16, rows, d, torch.get_num_threads())
+    _launch(
+        _C.silu_and_mul, out.data_ptr(), x.data_ptr(), dtype is _BF16, rows, d,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
+def convert(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x (float32 or bfloat16, contiguous) as a new contiguous tensor of dtype (float32 or
+    bfloat16), rounded as torch's .to(dtype) rounds."""
+    op = "convert"
+    _check(op, "x", x, _ANY_DIMS, "[...]", _float_dtype(x))
+    _require(op, dtype in (_F32, _BF16), "dtype must be float32 or bfloat16, got {}", dtype)
+    out = torch.empty(x.shape, dtype=dtype)
+    _launch(_C.convert, out.data_ptr(), dtype is _BF16, x.data_ptr(), x.dtype is _BF16, x.numel())
     return out
 
 
@@ -218,9 +280,9 @@ def rotary_embedding(
              "query width {} and key width {} must be multiples of head_size {}",
              q_width, k_width, head_size)  # fmt: skip
     query_out, key_out = query.new_empty(t, q_width), key.new_empty(t, k_width)
-    _C.rotary_embedding(
-        positions.data_ptr(), query.data_ptr(), key.data_ptr(), query_out.data_ptr(),
-        key_out.data_ptr(), dtype is _BF16, query.stride(0), key.stride(0), t,
+    _launch(
+        _C.rotary_embedding, positions.data_ptr(), query.data_ptr(), key.data_ptr(),
+        query_out.data_ptr(), key_out.data_ptr(), dtype is _BF16, query.stride(0), key.stride(0), t,
         q_width // head_size, k_width // head_size, head_size, rotary_dim,
         cos_sin_cache.data_ptr(), num_positions, int(is_neox_style), torch.get_num_threads(),
     )  # fmt: skip
@@ -235,7 +297,8 @@ def reshape_and_cache(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Stores key/value [T, KV, D] (rows may be strided) in the caches [num_blocks,
-    block_size, KV, D] at slot_mapping [T]; each side float32 or bfloat16 (converted)."""
+    block_size, KV, D] at slot_mapping [T] (-1: a padding token, skipped); each side float32
+    or bfloat16 (converted)."""
     op = "reshape_and_cache"
     kv_dtype, cache_dtype = _float_dtype(key), _float_dtype(k_cache)
     _check(op, "key", key, 3, "[T, num_kv_heads, head_dim]", kv_dtype, rows=True)
@@ -248,10 +311,10 @@ def reshape_and_cache(
     _require(op, (cache_kv, cache_d) == (kv, d), "k_cache has {} kv heads of size {}, key has "
              "{} of size {}", cache_kv, cache_d, kv, d)  # fmt: skip
     _check(op, "slot_mapping", slot_mapping, (t,), "[T]", _I64)
-    _C.reshape_and_cache(
-        key.data_ptr(), value.data_ptr(), kv_dtype is _BF16, k_cache.data_ptr(),
-        v_cache.data_ptr(), cache_dtype is _BF16, slot_mapping.data_ptr(), t, key.stride(0),
-        value.stride(0), kv * d, num_blocks * block_size,
+    _launch(
+        _C.reshape_and_cache, key.data_ptr(), value.data_ptr(), kv_dtype is _BF16,
+        k_cache.data_ptr(), v_cache.data_ptr(), cache_dtype is _BF16, slot_mapping.data_ptr(),
+        t, key.stride(0), value.stride(0), kv * d, num_blocks * block_size,
     )  # fmt: skip
 
 
@@ -280,10 +343,10 @@ def paged_decode_attention(
     _require(op, block_tables.shape[0] == b, "block_tables has {} rows for {} sequences",
              block_tables.shape[0], b)  # fmt: skip
     out = torch.empty_like(query)
-    _C.paged_decode_attention(
-        out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-        cache_dtype is _BF16, block_tables.data_ptr(), seq_lens.data_ptr(), b, h, kv, d,
-        block_size, block_tables.shape[1], num_blocks, torch.get_num_threads(), scale,
+    _launch(
+        _C.paged_decode_attention, out.data_ptr(), query.data_ptr(), k_cache.data_ptr(),
+        v_cache.data_ptr(), cache_dtype is _BF16, block_tables.data_ptr(), seq_lens.data_ptr(),
+        b, h, kv, d, block_size, block_tables.shape[1], num_blocks, torch.get_num_threads(), scale,
     )  # fmt: skip
     return out
 
@@ -330,9 +393,10 @@ def gguf_gemm(
         isa_index = [name for name, _ in _GGUF_ISAS].index(isa)
     y = torch.empty(m, n)
     if m and n:
-        _C.gguf_gemm(
-            x.data_ptr(), qweight.data_ptr(), 0 if bias is None else bias.data_ptr(),
-            y.data_ptr(), int(qtype), m, n, k, isa_index, torch.get_num_threads(),
+        _launch(
+            _C.gguf_gemm, x.data_ptr(), qweight.data_ptr(),
+            0 if bias is None else bias.data_ptr(), y.data_ptr(), int(qtype), m, n, k,
+            isa_index, torch.get_num_threads(),
         )  # fmt: skip
     return y
 
@@ -348,7 +412,8 @@ def gguf_dequantize(
         out = torch.empty(n, k, dtype=_F32)
     else:
         _check(op, "out", out, (n, k), "[N, K]")
-    _C.gguf_dequantize(
-        qweight.data_ptr(), out.data_ptr(), int(qtype), n, k, torch.get_num_threads()
-    )
+    _launch(
+        _C.gguf_dequantize, qweight.data_ptr(), out.data_ptr(), int(qtype), n, k,
+        torch.get_num_threads(),
+    )  # fmt: skip
     return out

@@ -32,6 +32,13 @@ GB/s at 1-4 rows against 9-11 for F.linear, about as fast at 8, and at 0.6x its 
 the bound is kept at 16 for batch invariance."""
 
 
+SKINNY_OVER_PACKED_MAX_ROWS = 4
+"""Where linear() has a weight both plain and prepacked (a tied bf16 LM head), up to this
+many rows go to skinny_gemm_bf16 on the plain weight, more to oneDNN on the packed one. On
+the default model's 49152 x 576 head (AMX development machine) the kernel took 2.1 / 2.8 ms
+at 1 / 4 rows against 3.0 / 4.0 ms packed, but 5.7 / 12.2 ms at 8 / 16 against 3.6 / 3.7:
+past 4 rows its float32 FMAs, not the weight read, bound it, and AMX wins."""
+
 GGUF_DECODE_MAX_ROWS = 24
 """Up to this many rows of x, gguf_linear multiplies the GGUF blocks as they are (gguf_gemm:
 x quantized to 8 bits, integer dot products), which streams the weight once per 4 rows; past
@@ -117,16 +124,26 @@ def prepack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    packed_weight: torch.Tensor | None = None,
+) -> torch.Tensor:
     """F.linear(x, weight, bias): [..., K] x [N, K] -> [..., N], float32 or bfloat16; weight
-    may be prepack_linear_weight's."""
+    may be prepack_linear_weight's. packed_weight, prepack_linear_weight(weight) if given,
+    is multiplied instead of weight past SKINNY_OVER_PACKED_MAX_ROWS rows."""
     if weight.is_mkldnn:
         return _prepacked_linear(x, weight, bias)
     bf16 = x.dtype is torch.bfloat16
     max_rows = SKINNY_GEMM_BF16_MAX_ROWS if bf16 else SKINNY_GEMM_MAX_ROWS
+    if packed_weight is not None:
+        max_rows = min(max_rows, SKINNY_OVER_PACKED_MAX_ROWS)
     dtypes = _one_float_dtype(x)
     few_rows = x.numel() <= max_rows * x.shape[-1]
     if not (few_rows and weight.dim() == 2 and cpu_kernels_apply(x, weight, bias, dtypes=dtypes)):
+        if packed_weight is not None:
+            return _prepacked_linear(x, packed_weight, bias)
         return F.linear(x, weight, bias)
     k = x.shape[-1]
     x2 = (x if x.dim() == 2 else x.reshape(-1, k)).contiguous()
@@ -209,7 +226,8 @@ def reshape_and_cache(
 ) -> None:
     """Stores key/value [T, KV, D] (rows may be strided) in the caches [num_blocks,
     block_size, KV, D] at slot_mapping [T] (slot = block_id * block_size + offset), converted
-    to the caches' dtype."""
+    to the caches' dtype. The kernel also skips slots of -1 (padding rows of a captured decode
+    step, executor/cpu_graph.py); the torch path takes real slots only."""
     if not cpu_kernels_apply(key, value, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16):
         _torch_ops.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping)
         return
@@ -241,14 +259,20 @@ def paged_decode_attention(
             query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale
         )
     out = _cpu_kernels.paged_decode_attention(
-        query.to(torch.float32).contiguous(),
+        _as_float32(query.contiguous()),
         k_cache,
         v_cache,
         _as_dense(block_tables, torch.int32),
         _as_dense(seq_lens, torch.int32),
         scale,
     )
-    return out.to(query.dtype)
+    return out if query.dtype is torch.float32 else _cpu_kernels.convert(out, query.dtype)
+
+
+def _as_float32(x: torch.Tensor) -> torch.Tensor:
+    """A contiguous float32 or bfloat16 x in float32, converted by the kernel (a launch that
+    record_launches sees, unlike torch's .to)."""
+    return x if x.dtype is torch.float32 else _cpu_kernels.convert(x, torch.float32)
 
 
 def _gguf_kernels_apply(qweight: torch.Tensor, qtype: int) -> bool:

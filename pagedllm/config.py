@@ -252,6 +252,9 @@ class EngineConfig:
     max_n: int = DEFAULT_MAX_N
     logprobs_mode: str = "raw_logprobs"
     logits_processors: tuple = ()
+    enforce_eager: bool = False
+    """vLLM's name: never replay captured decode steps (executor/cpu_graph.py); every step
+    runs the model's Python forward."""
 
     def __post_init__(self) -> None:
         if self.max_n < 1:

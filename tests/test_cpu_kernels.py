@@ -129,11 +129,19 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
     ),
     "cache write slot past the cache": (
         lambda: _cache_write(slot_mapping=torch.tensor([0, 24, 1])),
-        r"reshape_and_cache: slot_mapping\[1\] = 24 is outside \[0, 24\)",
+        r"reshape_and_cache: slot_mapping\[1\] = 24 is outside \[-1, 24\)",
     ),
     "cache write negative slot": (
-        lambda: _cache_write(slot_mapping=torch.tensor([-1, 2, 1])),
-        r"slot_mapping\[0\] = -1",
+        lambda: _cache_write(slot_mapping=torch.tensor([-2, 2, 1])),
+        r"slot_mapping\[0\] = -2 is outside \[-1, 24\)",
+    ),
+    "convert to float16": (
+        lambda: _cpu_kernels.convert(torch.randn(3), torch.float16),
+        "dtype must be float32 or bfloat16",
+    ),
+    "convert a strided x": (
+        lambda: _cpu_kernels.convert(torch.randn(4, 3).t(), torch.bfloat16),
+        "x must be a contiguous",
     ),
     "cache write key and cache swapped": (
         lambda: _cache_write(key=CACHE, k_cache=torch.randn(3, KV, D)),
@@ -254,11 +262,45 @@ def test_the_valid_calls_above_run() -> None:
     _cache_write(k_cache=bf16_cache.clone(), v_cache=bf16_cache.clone())
     assert _silu().shape == (3, 5)
     assert _silu(x=_bf16(3, 10)).dtype == torch.bfloat16
+    assert _cpu_kernels.convert(_bf16(3, 10), torch.float32).dtype == torch.float32
     assert _rms_norm(x=_bf16(3, 16), weight=_bf16(16)).dtype == torch.bfloat16
     bf16_norm = _fused_norm(x=_bf16(3, 16), residual=_bf16(3, 16), weight=_bf16(16))
     assert [t.dtype for t in bf16_norm] == [torch.bfloat16] * 2
     bf16_rope = _rotary(query=_bf16(3, HEADS * D), key=_bf16(3, KV * D))
     assert [t.dtype for t in bf16_rope] == [torch.bfloat16] * 2
+
+
+def test_a_padding_slot_is_not_written() -> None:
+    """slot_mapping -1 (a padded row of a captured decode step) skips that row; the others
+    land in their slots."""
+    key, value = torch.randn(3, KV, D), torch.randn(3, KV, D)
+    k_cache, v_cache = (
+        torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, D),
+        torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, D),
+    )
+    _cache_write(key=key, value=value, k_cache=k_cache, v_cache=v_cache,
+                 slot_mapping=torch.tensor([5, -1, 23]))  # fmt: skip
+    for cache, rows in ((k_cache, key), (v_cache, value)):
+        flat = cache.view(-1, KV, D)
+        assert torch.equal(flat[[5, 23]], rows[[0, 2]])
+        assert flat.count_nonzero() == 2 * KV * D
+
+
+def test_recorded_launches_replay_the_same_kernels_on_the_same_memory() -> None:
+    """record_launches lists the launches of its block (which still run); replaying them
+    reruns the kernels on the memory they pointed at, reading its new contents."""
+    x, weight = torch.randn(3, 16), torch.randn(16)
+    with _cpu_kernels.record_launches() as launches:
+        out = _cpu_kernels.rms_norm(x, weight, 1e-6)
+    assert len(launches) == 1 and torch.equal(out, _cpu_kernels.rms_norm(x, weight, 1e-6))
+    x.copy_(torch.randn(3, 16))
+    _cpu_kernels.replay_launches(launches)
+    assert torch.equal(out, _cpu_kernels.rms_norm(x, weight, 1e-6))
+    _rms_norm()
+    assert len(launches) == 1  # nothing is recorded after the block
+    with pytest.raises(RuntimeError, match="already active"):
+        with _cpu_kernels.record_launches(), _cpu_kernels.record_launches():
+            pass
 
 
 def test_a_wrong_scalar_is_a_type_error() -> None:

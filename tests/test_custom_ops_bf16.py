@@ -86,6 +86,38 @@ def test_prepacked_linear_is_rounded_once_and_batch_invariant_at_every_size() ->
     )
 
 
+@needs_native_bf16
+def test_linear_with_a_packed_copy_runs_the_kernel_on_few_rows_and_onednn_past_them() -> None:
+    """linear(x, w, packed_weight=...) (a tied LM head): up to SKINNY_OVER_PACKED_MAX_ROWS
+    rows the bits of the kernel on w, more rows the bits of the packed matmul."""
+    w = torch.randn(300, 576).to(BF16)
+    packed = _custom_ops.prepack_linear_weight(w)
+    limit = _custom_ops.SKINNY_OVER_PACKED_MAX_ROWS
+    for rows in (1, limit, limit + 1, 16):
+        x = torch.randn(rows, 576).to(BF16)
+        expected = _custom_ops.linear(x, w) if rows <= limit else _custom_ops.linear(x, packed)
+        assert torch.equal(_custom_ops.linear(x, w, packed_weight=packed), expected)
+    x = torch.randn(16, 576).to(BF16)
+    assert not torch.equal(_custom_ops.linear(x, w), _custom_ops.linear(x, packed))
+
+
+@needs_kernels
+def test_convert_rounds_like_torch() -> None:
+    """float32 -> bfloat16 -> float32 through the kernel: torch's .to() bit for bit (ties to
+    even, infinities, overflow, denormals) and NaN for NaN (torch's vectorized narrowing
+    gives 0xffff, its scalar one and the kernel 0x7fc0), odd lengths past the 16-wide loop."""
+    x = _special_values((37,))
+    narrowed = _cpu_kernels.convert(x, BF16)
+    nan = x.isnan()
+    assert torch.equal(narrowed.isnan(), nan)
+    assert torch.equal(narrowed[~nan].view(torch.int16), x[~nan].to(BF16).view(torch.int16))
+    widened = _cpu_kernels.convert(narrowed, torch.float32)
+    assert torch.equal(widened.view(torch.int32), narrowed.float().view(torch.int32))
+    assert torch.equal(
+        _cpu_kernels.convert(x, torch.float32).view(torch.int32), x.view(torch.int32)
+    )
+
+
 def test_prepack_keeps_weights_it_cannot_pack(monkeypatch: pytest.MonkeyPatch) -> None:
     """float32, or a CPU without native bf16 matmuls: the weight itself."""
     w32 = torch.randn(8, 16)

@@ -1,7 +1,7 @@
 """The default model dequantized to bfloat16 (dtype="bfloat16": weights, activations and KV
 cache in bf16, float32 sums in the kernels) against the float32 reference dtype: it still
-knows Paris, its greedy answers mostly follow float32's, and decode steps within
-skinny_gemm_bf16's row range are batch-invariant. Runs on every CPU (without native bf16 the
+knows Paris, its greedy answers mostly follow float32's, and decode steps of up to 4 rows
+are batch-invariant. Runs on every CPU (without native bf16 the
 same code runs, only slower)."""
 
 import pytest
@@ -40,16 +40,18 @@ def test_bf16_weights_and_cache_are_bf16_and_half_the_float32_bytes(bf16: LLM) -
     assert runner.kv_cache.dtype == torch.bfloat16
 
 
-def test_bf16_lm_head_is_packed_where_native_and_the_tied_embedding_is_not(bf16: LLM) -> None:
-    """The default model ties its LM head to the embedding: the head gets a packed copy on
-    CPUs with native bf16 matmuls, the embedding keeps its rows (and the same values)."""
+def test_bf16_tied_lm_head_adds_a_packed_copy_where_native(bf16: LLM) -> None:
+    """The default model ties its LM head to the embedding: the head keeps the embedding's
+    rows as its weight (skinny_gemm_bf16 for decode steps of a few rows) and, on CPUs with
+    native bf16 matmuls, a packed copy of them for more rows (the same values)."""
     model = bf16.llm_engine.executor.runner.model
-    head, embed = model.lm_head.weight, model.model.embed_tokens.weight
-    assert not embed.is_mkldnn
-    assert head.is_mkldnn == (native_bf16_matmul() is not None)
-    if head.is_mkldnn:
-        identity = torch.eye(head.shape[1], dtype=torch.bfloat16)[:5]
-        assert torch.equal(_custom_ops.linear(identity, head), embed[:, :5].T)
+    head, embed = model.lm_head, model.model.embed_tokens.weight
+    assert head.weight is embed and not embed.is_mkldnn
+    packed = getattr(head, "packed_weight", None)
+    assert (packed is not None) == (native_bf16_matmul() is not None)
+    if packed is not None:
+        identity = torch.eye(embed.shape[1], dtype=torch.bfloat16)[:5]
+        assert torch.equal(_custom_ops.linear(identity, packed), embed[:, :5].T)
 
 
 def test_bf16_greedy_answer_knows_paris(bf16: LLM) -> None:
@@ -104,9 +106,10 @@ def test_bf16_greedy_tokens_follow_float32(bf16: LLM) -> None:
 
 
 def test_bf16_decode_batches_are_batch_invariant(bf16: LLM) -> None:
-    """Four 4-token prompts together (16 rows: every matmul in skinny_gemm_bf16, whose rows
-    do not depend on each other) give each request the tokens it gets alone, bit for bit in
-    the logprobs."""
+    """Four 4-token prompts together (16 prefill rows, then 4-row decode steps: every
+    decoder matmul in skinny_gemm_bf16, whose rows do not depend on each other, and the tied
+    LM head too, up to SKINNY_OVER_PACKED_MAX_ROWS = 4 rows) give each request the tokens it
+    gets alone, bit for bit in the logprobs."""
     prompts = [{"prompt_token_ids": list(range(100 * i + 5, 100 * i + 9))} for i in range(4)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)
     together = bf16.generate(prompts, params, use_tqdm=False)

@@ -40,6 +40,7 @@ class EngineArgs:
     max_n: int = DEFAULT_MAX_N
     logprobs_mode: str = "raw_logprobs"
     logits_processors: tuple = ()
+    enforce_eager: bool = False
 
     def create_engine_config(self) -> EngineConfig:
         device = resolve_device(self.device)
@@ -65,6 +66,7 @@ class EngineArgs:
             max_n=self.max_n,
             logprobs_mode=self.logprobs_mode,
             logits_processors=tuple(self.logits_processors or ()),
+            enforce_eager=self.enforce_eager,
         )
 
     @staticmethod

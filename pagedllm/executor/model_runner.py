@@ -6,7 +6,8 @@ from dataclasses import dataclass
 import torch
 
 from pagedllm.config import EngineConfig
-from pagedllm.executor.batch import SeqChunk, prepare_batch
+from pagedllm.executor.batch import BatchInputs, SeqChunk, prepare_batch
+from pagedllm.executor.cpu_graph import CpuGraphRunner
 from pagedllm.executor.kv_cache import bind_kv_cache, kv_cache_bytes_per_token
 from pagedllm.forward_context import set_forward_context
 from pagedllm.model_loader.loader import get_model
@@ -50,6 +51,7 @@ class ModelRunner:
             logits_processors=config.logits_processors,
         )
         self.kv_cache: torch.Tensor | None = None
+        self.graph_runner: CpuGraphRunner | None = None
 
     @property
     def kv_cache_bytes_per_token(self) -> int:
@@ -59,6 +61,12 @@ class ModelRunner:
         self.kv_cache = bind_kv_cache(
             self.model, num_blocks, self.block_size, self.kv_cache_dtype, self.device
         )
+        config = self.config
+        if CpuGraphRunner.applies(
+            self.device, config.parallel_config.tensor_parallel_size, config.enforce_eager
+        ):
+            max_blocks = -(-config.model_config.max_model_len // self.block_size)
+            self.graph_runner = CpuGraphRunner(self.model, max_blocks, [self.kv_cache])
 
     def _copy_blocks(self, blocks_to_copy: list[tuple[int, int]]) -> None:
         if not blocks_to_copy:
@@ -71,8 +79,7 @@ class ModelRunner:
         """-> (logits [len(sample_indices), V], prompt logits by batch index)."""
         self._copy_blocks(step.blocks_to_copy)
         batch = prepare_batch(step.chunks, self.block_size, self.device)
-        with set_forward_context(batch.attn_metadata):
-            hidden = self.model(batch.input_ids, batch.positions)
+        hidden = self._run_model(batch)
         sample_indices = torch.tensor(step.sample_indices, dtype=torch.long, device=self.device)
         index = batch.last_token_indices[sample_indices]
         logits = self.model.compute_logits(hidden[index])
@@ -82,6 +89,15 @@ class ModelRunner:
             rows = hidden[starts[i] : starts[i + 1]]
             prompt_logits[i] = self.model.compute_logits(rows).float()
         return logits, prompt_logits
+
+    def _run_model(self, batch: BatchInputs) -> torch.Tensor:
+        """Hidden states [T, hidden]: replayed when the graph runner can, else eager."""
+        if self.graph_runner is not None:
+            hidden = self.graph_runner.run(batch)
+            if hidden is not None:
+                return hidden
+        with set_forward_context(batch.attn_metadata):
+            return self.model(batch.input_ids, batch.positions)
 
     @torch.inference_mode()
     def execute(self, step: StepInput, rows: list[SamplingRow]) -> StepOutput:

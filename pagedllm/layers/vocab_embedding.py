@@ -110,11 +110,13 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.bias = None
         if bias:
             self.bias = new_parameter((self.num_embeddings_per_partition,), self.weight_loader)
+        self.tied = False
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> None:
         """Share the embedding's weight, and so its format and quant method."""
         self.weight = embed_tokens.weight
         self.quant_method = embed_tokens.quant_method
+        self.tied = True
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("ParallelLMHead is applied through LogitsProcessor")

@@ -45,7 +45,7 @@ def test_flags_round_trip_with_their_types() -> None:
         "--no-enable-prefix-caching", "--no-enable-chunked-prefill", "--skip-tokenizer-init",
         "--device", "cpu", "--max-logprobs", "4", "--max-n", "5",
         "--logprobs-mode", "processed_logprobs", "--quantization", "int8",
-        "--kv-cache-dtype", "bfloat16",
+        "--kv-cache-dtype", "bfloat16", "--enforce-eager",
     ]  # fmt: skip
     args = EngineArgs.from_cli_args(parser_with_flags().parse_args(argv))
     assert args == EngineArgs(
@@ -67,6 +67,7 @@ def test_flags_round_trip_with_their_types() -> None:
         logprobs_mode="processed_logprobs",
         quantization="int8",
         kv_cache_dtype="bfloat16",
+        enforce_eager=True,
     )
     assert {f.name for f in fields(EngineArgs) if f.name not in NOT_CLI} == {
         name for name, value in vars(args).items() if value != getattr(EngineArgs(), name)

@@ -42,13 +42,25 @@ class UnquantizedLinearMethod(LinearMethodBase):
 class UnquantizedEmbeddingMethod(UnquantizedLinearMethod, EmbeddingMethodBase):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """A bf16 LM head on a CPU with native bf16 matmuls takes oneDNN's packed layout
-        (prepack_linear_weight); an embedding keeps its rows to look up. A tied LM head then
-        holds a packed copy of the embedding's weight: vocab x hidden more bytes, counted in
-        the resident size."""
+        (prepack_linear_weight); an embedding keeps its rows to look up. A tied LM head keeps
+        the embedding's rows as its weight too, for the decode steps whose few rows
+        skinny_gemm_bf16 multiplies faster (the packed matmul ran at ~10 GB/s at one row, the
+        kernel at ~20), and holds the packed copy as packed_weight: vocab x hidden more bytes,
+        counted in the resident size. An untied one keeps only the packed weight."""
         if layer.quant_kind is LayerKind.LM_HEAD:
             packed = prepack_linear_weight(layer.weight)
-            if packed is not layer.weight:
-                layer.weight = nn.Parameter(packed, requires_grad=False)
+            if packed is layer.weight:
+                return
+            packed = nn.Parameter(packed, requires_grad=False)
+            if layer.tied:
+                layer.packed_weight = packed
+            else:
+                layer.weight = packed
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return linear(x, layer.weight, bias, getattr(layer, "packed_weight", None))
 
     def embedding(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, layer.weight)

@@ -1,0 +1,164 @@
+"""Captured decode steps (pagedllm/executor/cpu_graph.py). Reference: the same engine with
+enforce_eager=True, whose every step runs the model's Python forward: replayed steps must
+give the same tokens and the same logprobs, bit for bit, for every batch size the scheduler
+makes (padded to a captured size or not), and anything capture cannot replay must run
+eagerly instead."""
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from pagedllm import LLM, SamplingParams, _cpu_kernels
+from pagedllm.config import default_model_path
+from pagedllm.executor.batch import SeqChunk
+from pagedllm.executor.cpu_graph import (
+    CAPTURE_SIZES,
+    CaptureUnsupported,
+    CpuGraphRunner,
+    _CaptureMode,
+)
+from pagedllm.executor.model_runner import ModelRunner, StepInput
+
+needs_kernels = pytest.mark.skipif(not _cpu_kernels.available(), reason="no pagedllm._C")
+
+# Five requests ending after 4, 8, ..., 20 tokens: decode steps of 5, 4, 3, 2 and 1 rows.
+PROMPTS = [{"prompt_token_ids": [3 + i, 40, 7 * i + 9, 11, 60 + i][: 2 + i]} for i in range(5)]
+
+
+def _generate(llm: LLM) -> list[tuple[list[int], list]]:
+    """One request alone, then the five together."""
+    params = [SamplingParams(temperature=0, max_tokens=4 * (i + 1), logprobs=2) for i in range(5)]
+    outputs = llm.generate(PROMPTS[:1], params[:1], use_tqdm=False)
+    outputs += llm.generate(PROMPTS, params, use_tqdm=False)
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outputs]
+
+
+def _runner(llm: LLM) -> ModelRunner:
+    return llm.llm_engine.executor.runner
+
+
+def _both(model: str, **kwargs: object) -> tuple[LLM, list, list]:
+    """(the replaying engine, its outputs, the eager engine's outputs)."""
+    kwargs = {"num_kv_blocks": 64, "max_model_len": 256, "skip_tokenizer_init": True, **kwargs}
+    eager = _generate(LLM(model, enforce_eager=True, **kwargs))
+    llm = LLM(model, **kwargs)
+    return llm, _generate(llm), eager
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    "name,dtype",
+    [
+        ("llama-gqa-llama3", "float32"),
+        ("llama-gqa-llama3", "bfloat16"),
+        ("llama-tied-mqa", "bfloat16"),
+        ("qwen2", "float32"),
+        ("mistral", "bfloat16"),
+    ],
+)
+def test_replayed_decode_steps_equal_eager_ones(
+    tiny_model_path: Callable[[str], str], name: str, dtype: str
+) -> None:
+    llm, replayed, eager = _both(tiny_model_path(name), dtype=dtype)
+    assert replayed == eager
+    graphs = _runner(llm).graph_runner.graphs
+    assert sorted(graphs) == [1, 2, 4, 8] and all(graphs.values())
+
+
+@needs_kernels
+def test_the_default_models_gguf_blocks_replay_like_eager() -> None:
+    """Q4_1 linears and a Q8_0 LM head (gguf_gemm launches). gguf_gemm sums a row in an order
+    that depends on the row count, so padding changes its bits: the steps here are of
+    captured sizes (1, then 4 and 2 rows), where replay equals eager exactly."""
+    params = [
+        SamplingParams(temperature=0, max_tokens=n, logprobs=2, ignore_eos=True)
+        for n in (4, 4, 8, 8)
+    ]
+
+    def generate(llm: LLM) -> list:
+        outputs = llm.generate(PROMPTS[:1], params[:1], use_tqdm=False)
+        outputs += llm.generate(PROMPTS[:4], params, use_tqdm=False)
+        return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outputs]
+
+    kwargs = {"num_kv_blocks": 64, "max_model_len": 256}
+    llm = LLM(default_model_path(), **kwargs)
+    assert generate(llm) == generate(LLM(default_model_path(), enforce_eager=True, **kwargs))
+    assert sorted(_runner(llm).graph_runner.graphs) == [1, 2, 4]
+
+
+@needs_kernels
+def test_a_model_with_torch_compute_in_its_forward_runs_eagerly(
+    tiny_model_path: Callable[[str], str],
+) -> None:
+    """Qwen3-MoE routes its experts in torch: no size is captured, the outputs are eager's."""
+    llm, replayed, eager = _both(tiny_model_path("qwen3-moe"), dtype="float32")
+    assert replayed == eager
+    graphs = _runner(llm).graph_runner.graphs
+    assert graphs and not any(graphs.values())
+
+
+@needs_kernels
+def test_qk_norm_models_replay_what_they_can(tiny_model_path: Callable[[str], str]) -> None:
+    """Qwen3 normalizes q and k per head: a one-row step's q slice is contiguous and
+    captured, wider steps copy it first (torch) and run eagerly; all equal eager's."""
+    llm, replayed, eager = _both(tiny_model_path("qwen3"), dtype="float32")
+    assert replayed == eager
+    graphs = _runner(llm).graph_runner.graphs
+    assert graphs[1] is not None and graphs[2] is None
+
+
+def test_enforce_eager_and_tensor_parallel_take_no_graph_runner(
+    tiny_model_path: Callable[[str], str],
+) -> None:
+    llm = LLM(
+        tiny_model_path("llama-tied-mqa"), num_kv_blocks=8, max_model_len=64,
+        enforce_eager=True, skip_tokenizer_init=True,
+    )  # fmt: skip
+    assert _runner(llm).graph_runner is None
+    cpu = torch.device("cpu")
+    assert not CpuGraphRunner.applies(cpu, tensor_parallel_size=2, enforce_eager=False)
+    assert not CpuGraphRunner.applies(torch.device("meta"), 1, False)
+
+
+@needs_kernels
+def test_a_bad_index_in_a_replayed_step_raises_and_drops_the_graphs(
+    tiny_model_path: Callable[[str], str],
+) -> None:
+    """A slot past the cache fails the replay's index check: the graphs are dropped and the
+    eager forward raises the same ValueError, with the process and cache intact."""
+    llm = LLM(
+        tiny_model_path("llama-tied-mqa"), num_kv_blocks=8, max_model_len=64,
+        skip_tokenizer_init=True,
+    )  # fmt: skip
+    runner = _runner(llm)
+    runner.forward(StepInput([SeqChunk([5], 3, [1])], [], [0], []))
+    assert runner.graph_runner.graphs[1] is not None
+    with pytest.raises(ValueError, match="slot_mapping"):
+        runner.forward(StepInput([SeqChunk([5], 3, [8])], [], [0], []))
+    assert runner.graph_runner.graphs == {}
+
+
+def test_capture_mode_lets_allocations_and_views_through_and_nothing_else() -> None:
+    x = torch.randn(4, 6)
+    with _CaptureMode() as mode:
+        y = x.new_empty(4, 6)
+        torch.empty_like(x).view(24)
+        x[:, :3].reshape(4, 3)
+        x.split([2, 4], dim=-1)
+    assert len(mode.tensors) >= 4 and y.shape == (4, 6)
+    computes = [
+        lambda: x + 1,
+        lambda: x.add_(1),
+        lambda: x[:, :3].contiguous(),
+        lambda: x.to(torch.bfloat16),
+        lambda: torch.zeros(3),
+        lambda: y.copy_(x),
+    ]
+    for op in computes:
+        with pytest.raises(CaptureUnsupported), _CaptureMode():
+            op()
+
+
+def test_capture_sizes_are_increasing_from_one() -> None:
+    assert CAPTURE_SIZES[0] == 1 and list(CAPTURE_SIZES) == sorted(set(CAPTURE_SIZES))
