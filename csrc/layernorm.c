@@ -9,11 +9,9 @@
 #include "bf16.h"
 #include "ops.h"
 
-/* Row r of out [rows, n] = x * rsqrt(mean(x^2) + eps) * weight, for one row of n. */
-INLINE void norm_row(void *out, const void *x, const void *weight, float eps, int64_t n,
-                     int64_t r, int bf16) {
-  const void *row = element_at(x, r * n, bf16);
-  void *out_row = element_at(out, r * n, bf16);
+/* out_row = row * rsqrt(mean(row^2) + eps) * weight, rows of n. */
+INLINE void norm_row(void *out_row, const void *row, const void *weight, float eps, int64_t n,
+                     int bf16) {
   vec16 acc = {0};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) acc += load16_as(row, i, bf16) * load16_as(row, i, bf16);
@@ -42,14 +40,18 @@ INLINE void add_row(void *sum, const void *x, const void *residual, int64_t n, i
   for (; i < end; i++) store1_as(sum, i, load1_as(x, i, bf16) + load1_as(residual, i, bf16), bf16);
 }
 
+/* Rows [first, last) of out; x's row r starts at element (r / group) * group_stride +
+ * (r % group) * n. */
 CPU_DISPATCH
 static void rms_norm_rows(void *out, const void *x, const void *weight, int bf16, float eps,
-                          int64_t n, int64_t first, int64_t last) {
+                          int64_t n, int64_t group, int64_t group_stride, int64_t first,
+                          int64_t last) {
   for (int64_t r = first; r < last; r++) {
+    const int64_t at = r / group * group_stride + r % group * n;
     if (bf16)
-      norm_row(out, x, weight, eps, n, r, 1);
+      norm_row(element_at(out, r * n, 1), element_at(x, at, 1), weight, eps, n, 1);
     else
-      norm_row(out, x, weight, eps, n, r, 0);
+      norm_row(element_at(out, r * n, 0), element_at(x, at, 0), weight, eps, n, 0);
   }
 }
 
@@ -60,10 +62,10 @@ static void fused_add_rms_norm_rows(void *out, void *residual_out, const void *x
   for (int64_t r = first; r < last; r++) {
     if (bf16) {
       add_row(residual_out, x, residual, n, r, 1);
-      norm_row(out, residual_out, weight, eps, n, r, 1);
+      norm_row(element_at(out, r * n, 1), element_at(residual_out, r * n, 1), weight, eps, n, 1);
     } else {
       add_row(residual_out, x, residual, n, r, 0);
-      norm_row(out, residual_out, weight, eps, n, r, 0);
+      norm_row(element_at(out, r * n, 0), element_at(residual_out, r * n, 0), weight, eps, n, 0);
     }
   }
 }
@@ -72,11 +74,12 @@ static void fused_add_rms_norm_rows(void *out, void *residual_out, const void *x
 #define ROWS_PER_TASK(n) (1 + 16384 / (n))
 
 void rms_norm(void *out, const void *x, const void *weight, int bf16, float eps, int64_t rows,
-              int64_t n, int num_threads) {
+              int64_t n, int64_t group, int64_t group_stride, int num_threads) {
   const int64_t step = ROWS_PER_TASK(n);
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (rows > step)
   for (int64_t r = 0; r < rows; r += step)
-    rms_norm_rows(out, x, weight, bf16, eps, n, r, r + step < rows ? r + step : rows);
+    rms_norm_rows(out, x, weight, bf16, eps, n, group, group_stride, r,
+                  r + step < rows ? r + step : rows);
 }
 
 void fused_add_rms_norm(void *out, void *residual_out, const void *x, const void *residual,

@@ -111,8 +111,9 @@ BINDING(reshape_and_cache, "iiiiiiiiiiii",
         reshape_and_cache(PTR(a[0]), PTR(a[1]), (int)a[2], PTR(a[3]), PTR(a[4]), (int)a[5],
                           PTR(a[6]), a[7], a[8], a[9], a[10]))
 
-BINDING(rms_norm, "iiiiiiif", 0,
-        rms_norm(PTR(a[0]), PTR(a[1]), PTR(a[2]), (int)a[3], (float)f[0], a[4], a[5], (int)a[6]))
+BINDING(rms_norm, "iiiiiiiiif", 0,
+        rms_norm(PTR(a[0]), PTR(a[1]), PTR(a[2]), (int)a[3], (float)f[0], a[4], a[5], a[6], a[7],
+                 (int)a[8]))
 
 BINDING(fused_add_rms_norm, "iiiiiiiiif", 0,
         fused_add_rms_norm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]), (int)a[5],
@@ -189,7 +190,8 @@ static PyMethodDef methods[] = {
     METHOD(reshape_and_cache,
            "reshape_and_cache(key, value, kv_bf16, k_cache, v_cache, cache_bf16, slot_mapping, "
            "num_tokens, key_stride, value_stride, row_size, num_slots)"),
-    METHOD(rms_norm, "rms_norm(out, x, weight, bf16, rows, n, num_threads, eps)"),
+    METHOD(rms_norm,
+           "rms_norm(out, x, weight, bf16, rows, n, group, group_stride, num_threads, eps)"),
     METHOD(fused_add_rms_norm,
            "fused_add_rms_norm(out, residual_out, x, residual, weight, bf16, rows, n, "
            "num_threads, eps)"),

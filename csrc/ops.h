@@ -37,9 +37,12 @@ void reshape_and_cache(const void *key, const void *value, int kv_bf16, void *k_
 void convert(void *dst, int dst_bf16, const void *src, int src_bf16, int64_t n);
 
 /* out [rows, n] = x * rsqrt(mean(x^2) + eps) * weight [n], row by row. x, weight and out are
- * bfloat16 when bf16 (x * rsqrt(...) rounded to bfloat16 before the weight), else float32. */
+ * bfloat16 when bf16 (x * rsqrt(...) rounded to bfloat16 before the weight), else float32.
+ * x's rows come in groups of `group` adjacent rows, group_stride elements apart (per-head
+ * rows of a column slice of a fused qkv: group = heads, group_stride = the qkv width; dense
+ * x: group = rows). */
 void rms_norm(void *out, const void *x, const void *weight, int bf16, float eps, int64_t rows,
-              int64_t n, int num_threads);
+              int64_t n, int64_t group, int64_t group_stride, int num_threads);
 
 /* residual_out = x + residual; out = rms_norm(residual_out); all [rows, n], bfloat16 when
  * bf16 (residual_out rounded first), else float32. */

@@ -18,6 +18,7 @@ list again: the same kernels on the same memory, without the Python that produce
 (executor/cpu_graph.py captures decode steps that way).
 """
 
+import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -183,23 +184,29 @@ def _skinny_gemm(
     return y
 
 
-def _check_norm_args(op: str, x: object, weight: object) -> tuple[torch.dtype, int, int]:
-    """x [..., n] and weight [n], both float32 or both bfloat16 -> (dtype, rows, n)."""
+def _check_norm_args(
+    op: str, x: object, weight: object, rows: bool = False
+) -> tuple[torch.dtype, int, int]:
+    """x [..., n] (contiguous, or with rows dense row by row) and weight [n], both float32
+    or both bfloat16 -> (dtype, rows, n)."""
     dtype = _float_dtype(x)
-    _check(op, "x", x, _ANY_DIMS, "[..., n]", dtype)
+    _check(op, "x", x, _ANY_DIMS, "[..., n]", dtype, rows=rows)
     n = x.shape[-1]
     _check(op, "weight", weight, (n,), "[n], n = x's last dim", dtype)
     return dtype, (x.numel() // n if n else 0), n
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [..., n] * rsqrt(mean(x^2) + eps) * weight [n]; in bfloat16 rounded as
-    _torch_ops.rms_norm rounds."""
-    dtype, rows, n = _check_norm_args("rms_norm", x, weight)
-    out = torch.empty_like(x)
+    """x [..., n] * rsqrt(mean(x^2) + eps) * weight [n] -> a new contiguous tensor; in
+    bfloat16 rounded as _torch_ops.rms_norm rounds. x up to 3-D may have its rows strided
+    (x[i] one dense block: the per-head view [T, heads, n] of a fused qkv's column slice)."""
+    strided = isinstance(x, torch.Tensor) and 1 <= x.dim() <= 3 and rows_dense(x)
+    dtype, rows, n = _check_norm_args("rms_norm", x, weight, rows=strided)
+    group, group_stride = (math.prod(x.shape[1:-1]), x.stride(0)) if strided else (rows, 0)
+    out = torch.empty(x.shape, dtype=dtype)
     _launch(
         _C.rms_norm, out.data_ptr(), x.data_ptr(), weight.data_ptr(), dtype is _BF16, rows, n,
-        torch.get_num_threads(), eps,
+        max(group, 1), group_stride, torch.get_num_threads(), eps,
     )  # fmt: skip
     return out
 

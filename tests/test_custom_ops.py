@@ -38,6 +38,29 @@ def test_linear_matches_f_linear(
     torch.testing.assert_close(_custom_ops.linear(x, w, b), expected.float(), rtol=1e-5, atol=5e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 2, 5])
+def test_rms_norm_reads_per_head_rows_of_a_qkv_slice_in_place(
+    dtype: torch.dtype, tokens: int
+) -> None:
+    """Qwen3's q/k norm: [T, heads, D] views of a fused qkv's column slices (rows D apart
+    within a token, the qkv width between tokens) normalize to the bits of their contiguous
+    copies, and the kernel reads them in place (no copy is made: a launch, no torch op)."""
+    qkv = torch.randn(tokens, 4 * 32 + 2 * 2 * 32).to(dtype)
+    weight = torch.randn(32).to(dtype)
+    for view in (qkv[:, :128].view(tokens, 4, 32), qkv[:, 128:192].view(tokens, 2, 32)):
+        expected = _custom_ops.rms_norm(view.contiguous(), weight, 1e-6)
+        with _cpu_kernels.record_launches() as launches:
+            out = _custom_ops.rms_norm(view, weight, 1e-6)
+        assert torch.equal(out, expected) and out.is_contiguous()
+        assert [args[1] for _, args in launches] == [view.data_ptr()]
+    strided = torch.randn(3, 8, 32).to(dtype).transpose(0, 1)  # rows not dense: copied first
+    assert torch.equal(
+        _custom_ops.rms_norm(strided, weight, 1e-6),
+        _custom_ops.rms_norm(strided.contiguous(), weight, 1e-6),
+    )
+
+
 def test_linear_keeps_leading_dims_and_reads_strided_input() -> None:
     """Reference: F.linear on a 1-D input and on a transposed (non-contiguous) 3-D input."""
     w = torch.randn(24, 40)
