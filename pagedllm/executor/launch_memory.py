@@ -30,9 +30,6 @@ class Buffer:
         self.first = self.last = -1  # launch indices using it
         self.offset = -1
 
-    def __repr__(self) -> str:
-        return f"Buffer({self.start:#x}, {self.nbytes}, uses {self.first}..{self.last})"
-
 
 def _find(buffers: list[Buffer], starts: list[int], value: object) -> Buffer | None:
     if type(value) is not int:
@@ -69,8 +66,9 @@ def plan(
                 buffer.first = i if buffer.first < 0 else buffer.first
                 buffer.last = i
     out_buffer = _find(buffers, starts, output.untyped_storage().data_ptr())
-    out_buffer.first = 0 if out_buffer.first < 0 else out_buffer.first
-    out_buffer.last = len(launches)
+    if out_buffer is not None:  # else the output is memory capture did not allocate
+        out_buffer.first = max(out_buffer.first, 0)
+        out_buffer.last = len(launches)
     used = sorted((b for b in buffers if b.first >= 0), key=lambda b: b.first)
     placed: list[Buffer] = []
     for buffer in used:
@@ -86,6 +84,8 @@ def plan(
         return arg if buffer is None else base + buffer.offset + (arg - buffer.start)
 
     planned = [(kernel, tuple(moved(a) for a in args)) for kernel, args in launches]
+    if out_buffer is None:
+        return planned, arena, output
     offset = out_buffer.offset + output.data_ptr() - out_buffer.start
     moved_output = torch.empty(0, dtype=output.dtype).set_(
         arena.untyped_storage(), offset // output.element_size(), output.shape, output.stride()

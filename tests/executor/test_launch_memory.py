@@ -52,3 +52,11 @@ def test_buffers_live_at_once_do_not_share_bytes() -> None:
     final.zero_()
     _cpu_kernels.replay_launches(planned)
     assert torch.equal(output, eager)
+
+
+@needs_kernels
+def test_an_output_capture_did_not_allocate_stays_where_it_is() -> None:
+    x, weight = torch.randn(2, 16), torch.randn(16)
+    launches, outputs, _ = _chain(x, weight, steps=2)
+    planned, _, output = launch_memory.plan(launches, outputs, x)
+    assert output is x and len(planned) == 2
