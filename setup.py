@@ -16,6 +16,7 @@ setup(
                 "csrc/skinny_gemm_bf16.c",
                 "csrc/paged_attention.c",
                 "csrc/convert.c",
+                "csrc/argmax.c",
                 "csrc/layernorm.c",
                 "csrc/pos_encoding.c",
                 "csrc/activation.c",

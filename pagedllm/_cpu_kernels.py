@@ -255,6 +255,18 @@ def convert(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, n] float32, n >= 1 -> int64 [rows]: torch.argmax(x, dim=-1) (the first
+    largest value's index, or the first NaN's)."""
+    op = "argmax"
+    _check(op, "x", x, 2, "[rows, n]")
+    rows, n = x.shape
+    _require(op, n > 0, "x must have at least one column, got shape {}", list(x.shape))
+    out = torch.empty(rows, dtype=_I64)
+    _launch(_C.argmax, out.data_ptr(), x.data_ptr(), rows, n, torch.get_num_threads())
+    return out
+
+
 def rotary_embedding(
     positions: torch.Tensor,
     query: torch.Tensor,

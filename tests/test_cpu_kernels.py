@@ -135,6 +135,15 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
         lambda: _cache_write(slot_mapping=torch.tensor([-2, 2, 1])),
         r"slot_mapping\[0\] = -2 is outside \[-1, 24\)",
     ),
+    "argmax x 1-D": (lambda: _cpu_kernels.argmax(torch.randn(5)), r"x must .* \[rows, n\]"),
+    "argmax x bfloat16": (
+        lambda: _cpu_kernels.argmax(_bf16(2, 5)),
+        "x must be a contiguous float32",
+    ),
+    "argmax no columns": (
+        lambda: _cpu_kernels.argmax(torch.randn(2, 0)),
+        "at least one column",
+    ),
     "convert to float16": (
         lambda: _cpu_kernels.convert(torch.randn(3), torch.float16),
         "dtype must be float32 or bfloat16",
@@ -263,6 +272,7 @@ def test_the_valid_calls_above_run() -> None:
     assert _silu().shape == (3, 5)
     assert _silu(x=_bf16(3, 10)).dtype == torch.bfloat16
     assert _cpu_kernels.convert(_bf16(3, 10), torch.float32).dtype == torch.float32
+    assert _cpu_kernels.argmax(torch.randn(2, 5)).dtype == torch.int64
     assert _rms_norm(x=_bf16(3, 16), weight=_bf16(16)).dtype == torch.bfloat16
     bf16_norm = _fused_norm(x=_bf16(3, 16), residual=_bf16(3, 16), weight=_bf16(16))
     assert [t.dtype for t in bf16_norm] == [torch.bfloat16] * 2

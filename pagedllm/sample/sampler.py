@@ -17,6 +17,7 @@ from typing import Literal, get_args
 import torch
 from torch import nn
 
+from pagedllm import _custom_ops
 from pagedllm.sample.logits_processors import (
     BatchUpdate,
     LogitsProcessor,
@@ -171,7 +172,7 @@ class Sampler(nn.Module):
         self, logits: torch.Tensor, metadata: SamplingMetadata
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (sampled [B] int64, the final logits [B, V] the tokens were drawn from)."""
-        greedy = None if metadata.all_random else logits.argmax(dim=-1)
+        greedy = None if metadata.all_random else _custom_ops.argmax(logits)
         if metadata.all_greedy:
             return greedy, logits
         logits.div_(metadata.temperature.unsqueeze(1))
