@@ -44,9 +44,9 @@ class UnquantizedEmbeddingMethod(UnquantizedLinearMethod, EmbeddingMethodBase):
         """A bf16 LM head on a CPU with native bf16 matmuls takes oneDNN's packed layout
         (prepack_linear_weight); an embedding keeps its rows to look up. A tied LM head keeps
         the embedding's rows as its weight too, for the decode steps whose few rows
-        skinny_gemm_bf16 multiplies faster (the packed matmul ran at ~10 GB/s at one row, the
-        kernel at ~20), and holds the packed copy as packed_weight: vocab x hidden more bytes,
-        counted in the resident size. An untied one keeps only the packed weight."""
+        skinny_gemm_bf16 multiplies faster (SKINNY_OVER_PACKED_MAX_ROWS), and holds the packed
+        copy as packed_weight: vocab x hidden more bytes, counted in the resident size. An
+        untied one keeps only the packed weight."""
         if layer.quant_kind is LayerKind.LM_HEAD:
             packed = prepack_linear_weight(layer.weight)
             if packed is layer.weight:
