@@ -43,8 +43,7 @@ void argmax(int64_t *out, const float *x, int64_t rows, int64_t n, int num_threa
 /* out [rows, n] = x * rsqrt(mean(x^2) + eps) * weight [n], row by row. x, weight and out are
  * bfloat16 when bf16 (x * rsqrt(...) rounded to bfloat16 before the weight), else float32.
  * x's rows come in groups of `group` adjacent rows, group_stride elements apart (per-head
- * rows of a column slice of a fused qkv: group = heads, group_stride = the qkv width; dense
- * x: group = rows). */
+ * rows of a column slice of a fused qkv: group = heads, group_stride = the qkv width). */
 void rms_norm(void *out, const void *x, const void *weight, int bf16, float eps, int64_t rows,
               int64_t n, int64_t group, int64_t group_stride, int num_threads);
 

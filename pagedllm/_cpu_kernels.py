@@ -94,10 +94,17 @@ def gguf_isas() -> tuple[str, ...]:
 
 
 def rows_dense(t: torch.Tensor) -> bool:
-    """Each row t[i] of a 2-D or 3-D tensor is one dense block; rows may be further apart
-    (column slices of a fused qkv projection)."""
+    """Each row t[i] of a tensor of 1 or more dimensions is one dense block; rows may be
+    further apart (column slices of a fused qkv projection, their per-head views)."""
     stride, shape = t.stride(), t.shape
-    return stride[-1] == 1 and (len(stride) < 3 or shape[-2] == 1 or stride[-2] == shape[-1])
+    if not stride or stride[-1] != 1:
+        return False
+    size = shape[-1]
+    for i in range(len(shape) - 2, 0, -1):
+        if shape[i] != 1 and stride[i] != size:
+            return False
+        size *= shape[i]
+    return True
 
 
 def _check(
@@ -198,15 +205,15 @@ def _check_norm_args(
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., n] * rsqrt(mean(x^2) + eps) * weight [n] -> a new contiguous tensor; in
-    bfloat16 rounded as _torch_ops.rms_norm rounds. x up to 3-D may have its rows strided
-    (x[i] one dense block: the per-head view [T, heads, n] of a fused qkv's column slice)."""
-    strided = isinstance(x, torch.Tensor) and 1 <= x.dim() <= 3 and rows_dense(x)
-    dtype, rows, n = _check_norm_args("rms_norm", x, weight, rows=strided)
-    group, group_stride = (math.prod(x.shape[1:-1]), x.stride(0)) if strided else (rows, 0)
+    bfloat16 rounded as _torch_ops.rms_norm rounds. x's rows x[i] must each be one dense
+    block, x[i] and x[i + 1] may be further apart (the per-head view [T, heads, n] of a fused
+    qkv's column slice)."""
+    dtype, rows, n = _check_norm_args("rms_norm", x, weight, rows=True)
+    group = max(math.prod(x.shape[1:-1]), 1)  # norm rows per x[i], x.stride(0) apart
     out = torch.empty(x.shape, dtype=dtype)
     _launch(
         _C.rms_norm, out.data_ptr(), x.data_ptr(), weight.data_ptr(), dtype is _BF16, rows, n,
-        max(group, 1), group_stride, torch.get_num_threads(), eps,
+        group, x.stride(0), torch.get_num_threads(), eps,
     )  # fmt: skip
     return out
 

@@ -165,9 +165,7 @@ def _prepacked_linear(
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., n] * rsqrt(mean(x^2) + eps) * weight [n]."""
     if cpu_kernels_apply(x, weight, dtypes=_one_float_dtype(x)):
-        if not (1 <= x.dim() <= 3 and _cpu_kernels.rows_dense(x)):
-            x = x.contiguous()
-        return _cpu_kernels.rms_norm(x, weight.contiguous(), eps)
+        return _cpu_kernels.rms_norm(_with_dense_rows(x), weight.contiguous(), eps)
     return _torch_ops.rms_norm(x, weight, eps)
 
 

@@ -48,17 +48,25 @@ def test_rms_norm_reads_per_head_rows_of_a_qkv_slice_in_place(
     copies, and the kernel reads them in place (no copy is made: a launch, no torch op)."""
     qkv = torch.randn(tokens, 4 * 32 + 2 * 2 * 32).to(dtype)
     weight = torch.randn(32).to(dtype)
-    for view in (qkv[:, :128].view(tokens, 4, 32), qkv[:, 128:192].view(tokens, 2, 32)):
+    views = (
+        qkv[:, :128].view(tokens, 4, 32),
+        qkv[:, 128:192].view(tokens, 2, 32),
+        qkv[:, :128].view(tokens, 2, 2, 32),  # rows dense within each token at any depth
+    )
+    for view in views:
         expected = _custom_ops.rms_norm(view.contiguous(), weight, 1e-6)
         with _cpu_kernels.record_launches() as launches:
             out = _custom_ops.rms_norm(view, weight, 1e-6)
         assert torch.equal(out, expected) and out.is_contiguous()
         assert [args[1] for _, args in launches] == [view.data_ptr()]
-    strided = torch.randn(3, 8, 32).to(dtype).transpose(0, 1)  # rows not dense: copied first
-    assert torch.equal(
-        _custom_ops.rms_norm(strided, weight, 1e-6),
-        _custom_ops.rms_norm(strided.contiguous(), weight, 1e-6),
-    )
+    for strided in (  # rows not dense: copied first
+        torch.randn(3, 8, 32).to(dtype).transpose(0, 1),
+        torch.randn(3, 2, 4, 32).to(dtype).transpose(0, 1),  # last two dims dense, not dim 1
+    ):
+        assert torch.equal(
+            _custom_ops.rms_norm(strided, weight, 1e-6),
+            _custom_ops.rms_norm(strided.contiguous(), weight, 1e-6),
+        )
 
 
 @pytest.mark.parametrize("width", [1, 15, 16, 17, 100, 49152])
