@@ -210,7 +210,8 @@ class CpuGraphRunner:
         logger.info(
             "Captured decode steps of %d sequences: %d kernel launches, %.2f MB of buffers "
             "(%.1f MB before packing)",
-            size, len(launches), arena.numel() / 1e6, _storage_bytes(mode.allocations) / 1e6,
+            size, len(launches), arena.numel() / 1e6,
+            sum(launch_memory.storages(mode.allocations).values()) / 1e6,
         )  # fmt: skip
         return eager
 
@@ -219,13 +220,3 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(
         a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
     )
-
-
-def _storage_bytes(tensors: list[object]) -> int:
-    """Bytes of the distinct memory the tensors among `tensors` hold."""
-    storages = {
-        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-        for t in tensors
-        if isinstance(t, torch.Tensor)
-    }
-    return sum(storages.values())

@@ -50,14 +50,18 @@ def _place(live: list[Buffer], buffer: Buffer) -> int:
     return offset
 
 
+def storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
+    """Start address -> bytes of each distinct memory the tensors hold."""
+    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+
+
 def plan(
     launches: list[Launch], allocations: Iterable[torch.Tensor], output: torch.Tensor
 ) -> tuple[list[Launch], torch.Tensor, torch.Tensor]:
     """-> (the launches pointing into the arena, the arena [bytes] uint8, output in it).
 
     allocations: the tensors capture allocated (output among them), all still alive."""
-    by_start = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in allocations}
-    buffers = [Buffer(start, n) for start, n in sorted(by_start.items()) if n > 0]
+    buffers = [Buffer(start, n) for start, n in sorted(storages(allocations).items()) if n > 0]
     starts = [b.start for b in buffers]
     for i, (_, args) in enumerate(launches):
         for arg in args:
