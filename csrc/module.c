@@ -100,6 +100,45 @@ BINDING(skinny_gemm_bf16, "iiiiiiii", 0,
         rc = skinny_gemm_bf16(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6],
                               (int)a[7]))
 
+/* 0 when the CPU runs the AMX kernels, else -1 with a RuntimeError naming op. */
+static int check_amx(const char *op) {
+  if (amx_gemm_supported()) return 0;
+  PyErr_Format(PyExc_RuntimeError, "%s: this CPU has no AMX bf16 tiles", op);
+  return -1;
+}
+
+BINDING(amx_gemm_bf16, "iiiiiiii", check_amx("amx_gemm_bf16"),
+        amx_gemm_bf16(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6], (int)a[7]))
+
+/* 0 when the first ceil(seq_len / block_size) block ids of one sequence's table lie in
+ * [0, num_blocks) and 1 <= n <= seq_len <= max_blocks * block_size, else -1 with a
+ * ValueError. */
+static int check_prefill(const int32_t *block_table, int64_t n, int64_t seq_len,
+                         int64_t max_blocks, int64_t block_size, int64_t num_blocks) {
+  const char *op = "amx_prefill_attention";
+  if (n < 1 || seq_len < n || seq_len > max_blocks * block_size) {
+    PyErr_Format(PyExc_ValueError, "%s: need 1 <= queries (%lld) <= seq_len (%lld) <= "
+                 "max_blocks x block_size (%lld)", op, (long long)n, (long long)seq_len,
+                 (long long)(max_blocks * block_size));
+    return -1;
+  }
+  for (int64_t i = 0; i < (seq_len + block_size - 1) / block_size; i++) {
+    if (block_table[i] < 0 || block_table[i] >= num_blocks) {
+      PyErr_Format(PyExc_ValueError, "%s: block_table[%lld] = %d is outside [0, %lld)", op,
+                   (long long)i, block_table[i], (long long)num_blocks);
+      return -1;
+    }
+  }
+  return check_amx(op);
+}
+
+BINDING(amx_prefill_attention, "iiiiiiiiiiiiiif",
+        check_prefill(PTR(a[4]), a[5], a[6], a[11], a[10], a[12]),
+        rc = amx_prefill_attention(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]), a[5],
+                                   a[6], a[7], a[8], a[9], a[10], (float)f[0], (int)a[13]))
+
+BINDING(amx_pack_bf16, "iiii", 0, amx_pack_bf16(PTR(a[0]), PTR(a[1]), a[2], a[3]))
+
 BINDING(paged_decode_attention, "iiiiiiiiiiiiiiif",
         check_block_tables(PTR(a[5]), PTR(a[6]), a[7], a[12], a[11], a[13]),
         rc = paged_decode_attention(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), (int)a[4],
@@ -173,6 +212,10 @@ int cpu_has_avx512(void) {
 #endif
 }
 
+static PyObject *py_amx_gemm_supported(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return PyBool_FromLong(amx_gemm_supported());
+}
+
 static PyObject *py_cpu_has_avx512(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   return PyBool_FromLong(cpu_has_avx512());
 }
@@ -184,6 +227,12 @@ static PyMethodDef methods[] = {
     METHOD(gguf_isas, "gguf_isas() -> ((name, supported), ...), best first"),
     METHOD(gguf_gemm, "gguf_gemm(x, w, b, y, qtype, M, N, K, isa, num_threads)"),
     METHOD(gguf_dequantize, "gguf_dequantize(w, out, qtype, rows, K, num_threads)"),
+    METHOD(amx_gemm_supported, "amx_gemm_supported() -> bool"),
+    METHOD(amx_gemm_bf16, "amx_gemm_bf16(x, packed_w, b, y, M, N, K, num_threads), bfloat16"),
+    METHOD(amx_prefill_attention,
+           "amx_prefill_attention(out, q, k_cache, v_cache, block_table, n, seq_len, H, KV, D, "
+           "block_size, max_blocks, num_blocks, num_threads, scale), bfloat16"),
+    METHOD(amx_pack_bf16, "amx_pack_bf16(packed_w, w, N, K), bfloat16"),
     METHOD(skinny_gemm, "skinny_gemm(x, w, b, y, M, N, K, num_threads)"),
     METHOD(skinny_gemm_bf16, "skinny_gemm_bf16(x, w, b, y, M, N, K, num_threads), bfloat16"),
     METHOD(paged_decode_attention,

@@ -15,6 +15,25 @@ void skinny_gemm(const float *x, const float *w, const float *b, float *y, int64
 int skinny_gemm_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y,
                      int64_t M, int64_t N, int64_t K, int num_threads);
 
+/* bfloat16 matmul on AMX tiles (amx_gemm.c): y [M, N] = x [M, K] @ w^T (+ b [N]) for a
+ * weight w [N, K] that amx_pack_bf16 packed (N % 16 == 0, K % 32 == 0), float32 sums.
+ * amx_gemm_supported: whether this CPU and kernel can run it (else amx_gemm_bf16 returns -1
+ * and does nothing). */
+int amx_gemm_supported(void);
+void amx_pack_bf16(uint16_t *packed, const uint16_t *w, int64_t N, int64_t K);
+int amx_gemm_bf16(const uint16_t *x, const uint16_t *packed, const uint16_t *b, uint16_t *y,
+                  int64_t M, int64_t N, int64_t K, int num_threads);
+
+/* Causal attention of one sequence's prefill chunk on AMX tiles (amx_prefill_attention.c):
+ * out, q [n, H, D] bfloat16, queries at positions seq_len - n .. seq_len - 1, against the
+ * keys and values of positions up to each one's own in k_cache, v_cache [num_blocks,
+ * block_size, KV, D] (bfloat16) through block_table. D % 32 == 0, D <= 256, and
+ * amx_gemm_supported(). Returns 0, or -1 when its scratch memory cannot be allocated. */
+int amx_prefill_attention(uint16_t *out, const uint16_t *q, const uint16_t *k_cache,
+                          const uint16_t *v_cache, const int32_t *block_table, int64_t n,
+                          int64_t seq_len, int64_t H, int64_t KV, int64_t D, int64_t block_size,
+                          float scale, int num_threads);
+
 /* One new query token per sequence against its paged keys and values:
  * out, q [B, H, D]; k_cache, v_cache [num_blocks, block_size, KV, D];
  * block_tables [B, max_blocks]; seq_lens [B] (>= 1). Query head h reads kv head h / (H / KV).

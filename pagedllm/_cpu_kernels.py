@@ -171,15 +171,100 @@ def skinny_gemm_bf16(
     return _skinny_gemm("skinny_gemm_bf16", _BF16, x, weight, bias)
 
 
+def amx_available() -> bool:
+    """Whether amx_gemm_bf16 runs here: the CPU has AMX bf16 tiles and Linux granted them."""
+    return _C is not None and _C.amx_gemm_supported()
+
+
+def amx_pack_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] bfloat16 (N % 16 == 0, K % 32 == 0) -> [N / 16, K / 32, 16, 32]: per
+    16 output columns and 32 of K, the tile whose row r holds each column's elements 2r and
+    2r + 1 (csrc/amx_gemm.c)."""
+    op = "amx_pack_bf16"
+    _check(op, "weight", weight, 2, "[N, K]", _BF16)
+    n, k = weight.shape
+    _require(op, n % 16 == 0 and k % 32 == 0 and n > 0 and k > 0,
+             "weight [N, K] = [{}, {}] needs N % 16 == 0 and K % 32 == 0", n, k)  # fmt: skip
+    packed = weight.new_empty(n // 16, k // 32, 16, 32)
+    _launch(_C.amx_pack_bf16, packed.data_ptr(), weight.data_ptr(), n, k)
+    return packed
+
+
+def amx_gemm_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] @ weight^T (+ bias [N]) -> bfloat16 [M, N] on AMX tiles, for packed =
+    amx_pack_bf16(weight); float32 sums, each row's the same bits whatever M is. Raises
+    RuntimeError where not amx_available()."""
+    op = "amx_gemm_bf16"
+    _check(op, "packed", packed, 4, _AMX_PACKED, _BF16)
+    n, k = _amx_packed_size(op, packed)
+    return _gemm(op, _BF16, x, packed, "packed weight", n, k, bias)
+
+
+def amx_prefill_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """query [n, H, D] bfloat16 at positions seq_len - n .. seq_len - 1 of one sequence;
+    caches [num_blocks, block_size, KV, D] bfloat16; block_table [max_blocks] int32 ->
+    bfloat16 [n, H, D], causal. D % 32 == 0, D <= 256. RuntimeError where not
+    amx_available()."""
+    op = "amx_prefill_attention"
+    _check(op, "query", query, 3, "[num_queries, num_heads, head_dim]", _BF16)
+    _check(op, "k_cache", k_cache, 4, _CACHE, _BF16)
+    _check(op, "v_cache", v_cache, k_cache.shape, _CACHE + " like k_cache", _BF16)
+    _check(op, "block_table", block_table, 1, "[max_blocks]", _I32)
+    n, h, d = query.shape
+    num_blocks, block_size, kv, cache_d = k_cache.shape
+    _require(op, cache_d == d, "k_cache head_dim {} differs from query's {}", cache_d, d)
+    _require(op, kv > 0 and h % kv == 0, "num_kv_heads {} must divide num_heads {}", kv, h)
+    _require(op, d % 32 == 0 and 0 < d <= 256, "head_dim {} must be a multiple of 32 up to 256", d)
+    out = torch.empty_like(query)
+    _launch(
+        _C.amx_prefill_attention, out.data_ptr(), query.data_ptr(), k_cache.data_ptr(),
+        v_cache.data_ptr(), block_table.data_ptr(), n, seq_len, h, kv, d, block_size,
+        block_table.shape[0], num_blocks, torch.get_num_threads(), scale,
+    )  # fmt: skip
+    return out
+
+
+_AMX_PACKED = "[N / 16, K / 32, 16, 32]"
+
+
+def _amx_packed_size(op: str, packed: torch.Tensor) -> tuple[int, int]:
+    """(N, K) of an amx_pack_bf16 weight, whose last two dimensions must be [16, 32]."""
+    blocks_n, blocks_k, rows, cols = packed.shape
+    _require(op, (rows, cols) == (16, 32) and blocks_n > 0 and blocks_k > 0,
+             "packed weight {} is not {}", tuple(packed.shape), _AMX_PACKED)  # fmt: skip
+    return blocks_n * 16, blocks_k * 32
+
+
 def _skinny_gemm(
     op: str, dtype: torch.dtype, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """The checks and call of _C.<op>, whose tensors are all of `dtype`."""
-    _check(op, "x", x, 2, "[M, K]", dtype)
     _check(op, "weight", weight, 2, "[N, K]", dtype)
+    return _gemm(op, dtype, x, weight, "weight [N, K]", *weight.shape, bias)
+
+
+def _gemm(
+    op: str,
+    dtype: torch.dtype,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_name: str,
+    n: int,
+    weight_k: int,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """The checks of x and bias and the call of matmul kernel _C.<op> on a weight of n
+    outputs and weight_k inputs, itself checked by the caller."""
+    _check(op, "x", x, 2, "[M, K]", dtype)
     m, k = x.shape
-    n, weight_k = weight.shape
-    _require(op, weight_k == k, "weight [N, K] has K = {}, x [M, K] has K = {}", weight_k, k)
+    _require(op, weight_k == k, "{} has K = {}, x [M, K] has K = {}", weight_name, weight_k, k)
     if bias is not None:
         _check(op, "bias", bias, (n,), "[N]", dtype)
     y = x.new_empty(m, n)

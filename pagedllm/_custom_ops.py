@@ -23,7 +23,8 @@ few-row case takes it there."""
 
 
 SKINNY_GEMM_BF16_MAX_ROWS = 16
-"""Up to this many rows of bfloat16 x, linear() uses skinny_gemm_bf16 (4 x 4 tiles of x and
+"""Up to this many rows of bfloat16 x and a plain weight (AMX tiles take every row count,
+see prepack_linear_weight), linear() uses skinny_gemm_bf16 (4 x 4 tiles of x and
 weight rows, float32 sums; a row's result independent of the others, so decode batches up to
 this size are batch-invariant); past it F.linear, whose oneDNN matmul runs on AMX tiles where
 the CPU has them. On the AMX development machine, over the default model's decoder
@@ -33,7 +34,8 @@ the bound is kept at 16 for batch invariance."""
 
 
 SKINNY_OVER_PACKED_MAX_ROWS = 4
-"""Where linear() has a weight both plain and prepacked (a tied bf16 LM head), up to this
+"""Where linear() has a weight both plain and in oneDNN's layout (a tied bf16 LM head on a
+CPU with AVX-512 BF16 but no AMX), up to this
 many rows go to skinny_gemm_bf16 on the plain weight, more to oneDNN on the packed one. On
 the default model's 49152 x 576 head (AMX development machine) the kernel took 2.1 / 2.8 ms
 at 1 / 4 rows against 3.0 / 4.0 ms packed, but 5.7 / 12.2 ms at 8 / 16 against 3.6 / 3.7:
@@ -102,26 +104,34 @@ def _with_dense_rows(x: torch.Tensor) -> torch.Tensor:
     return x if _cpu_kernels.rows_dense(x) else x.contiguous()
 
 
-def prepack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
-    """A bfloat16 CPU weight [N, K] in oneDNN's blocked layout, where the CPU has native bf16
-    matmuls (AMX, AVX-512 BF16); `weight` itself anywhere else. linear() on it runs oneDNN
-    without repacking the weight each call. Packed for a batch of one row, each row's result
-    is the same bits whatever the batch's row count (batch-invariant at every size).
+def prepack_linear_weight(weight: torch.Tensor, onednn: bool = False) -> torch.Tensor:
+    """A bfloat16 CPU weight [N, K] in the layout of this CPU's fastest bf16 matmul, packed
+    once at load: AMX tiles (`_cpu_kernels.amx_pack_bf16`, [N / 16, K / 32, 16, 32]) where
+    the CPU has them and N % 16 == 0, K % 32 == 0; else, with `onednn` (the LM head), oneDNN's
+    blocked layout on other CPUs with native bf16 matmuls (AVX-512 BF16); else `weight`
+    itself. linear() takes any of them.
 
-    Used for the LM head: on the AMX development machine, packed matmuls ran 1.1-1.9x
-    F.linear's speed from 17 to 256 rows, and the default model's 64-prompt job 1-14% faster
-    end to end (batch-1 decode unchanged within the VM's noise). The decoder's smaller
-    matrices ran slower packed than skinny_gemm_bf16 at batch 1 (a quarter off the default
-    model's decode speed when everything was packed), so they stay unpacked."""
+    AMX tiles against the plain weight, on the AMX development machine (default model's
+    decoder matrices, 2 threads): 1-4 rows as fast as skinny_gemm_bf16 (both at the VM's read
+    bandwidth), 16 rows 3.5x faster than it, 1.3-1.9x oneDNN's F.linear from 16 to 256 rows
+    and level with it or ahead up to 2048; the 49152 x 576 LM head 1.6-1.8 ms at 1-16 rows
+    against 2.0-10.7 (skinny) and 5-6 (oneDNN packed), level from 256. Every row's result is
+    the same bits whatever the batch's row count. oneDNN's layout: packed for a batch of one
+    row, batch-invariant too; on the AMX machine 1.1-1.9x F.linear for the LM head from 17 to
+    256 rows, slower than skinny_gemm_bf16 for decoder matrices at batch 1."""
     if (
         weight.dtype is not torch.bfloat16
         or not weight.is_cpu
         or weight.dim() != 2
-        or not torch.backends.mkldnn.is_available()
-        or native_bf16_matmul() is None
+        or weight.requires_grad
     ):
         return weight
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+    n, k = weight.shape
+    if has_cpu_kernels() and _cpu_kernels.amx_available() and n % 16 == 0 and k % 32 == 0:
+        return _cpu_kernels.amx_pack_bf16(weight.detach().contiguous())
+    if onednn and torch.backends.mkldnn.is_available() and native_bf16_matmul() is not None:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+    return weight
 
 
 def linear(
@@ -131,8 +141,13 @@ def linear(
     packed_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias): [..., K] x [N, K] -> [..., N], float32 or bfloat16; weight
-    may be prepack_linear_weight's. packed_weight, prepack_linear_weight(weight) if given,
-    is multiplied instead of weight past SKINNY_OVER_PACKED_MAX_ROWS rows."""
+    may be prepack_linear_weight's. packed_weight, prepack_linear_weight(weight) if given:
+    in AMX tiles it is multiplied for every x, in oneDNN's layout past
+    SKINNY_OVER_PACKED_MAX_ROWS rows."""
+    if weight.dim() == 4:
+        return _amx_linear(x, weight, bias)
+    if packed_weight is not None and packed_weight.dim() == 4:
+        return _amx_linear(x, packed_weight, bias)
     if weight.is_mkldnn:
         return _prepacked_linear(x, weight, bias)
     bf16 = x.dtype is torch.bfloat16
@@ -151,6 +166,14 @@ def linear(
     gemm = _cpu_kernels.skinny_gemm_bf16 if bf16 else _cpu_kernels.skinny_gemm
     y = gemm(x2, weight.contiguous(), bias)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[1])
+
+
+def _amx_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k).to(torch.bfloat16).contiguous()
+    bias = None if bias is None else bias.to(torch.bfloat16).contiguous()
+    y = _cpu_kernels.amx_gemm_bf16(x2, packed, bias)
+    return y.view(*x.shape[:-1], y.shape[-1])
 
 
 def _prepacked_linear(
@@ -267,6 +290,45 @@ def paged_decode_attention(
         scale,
     )
     return out if query.dtype is torch.float32 else _cpu_kernels.convert(out, query.dtype)
+
+
+def prefill_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """query [n, H, D] at positions seq_len - n .. seq_len - 1 of one sequence, whose keys
+    and values are in the caches through block_table -> [n, H, D], causal.
+
+    bf16 on a CPU with AMX (head sizes multiples of 32 up to 256): pagedllm._C's tile kernel
+    (csrc/amx_prefill_attention.c), whose second product takes the softmax's weights in
+    bf16 as flash attention does; a row's result depends only on its own query and the
+    sequence's keys and values, whatever chunk it comes in. On the AMX development machine,
+    the default model's shapes (9 heads, 3 kv heads, D 64): 2.5-3x sdpa for chunks of up to
+    40 tokens, 1.5-1.9x for 100-512; in the 256-prompt offline job 5.2 s against sdpa's 14.9
+    (sdpa's path also gathers the keys and builds a mask for chunks after cached context).
+    Elsewhere the torch definition (sdpa).
+    """
+    if (
+        query.dtype is torch.bfloat16
+        and k_cache.dtype is torch.bfloat16
+        and query.shape[-1] % 32 == 0
+        and query.shape[-1] <= 256
+        and cpu_kernels_apply(query, k_cache, v_cache, dtypes=(torch.bfloat16,))
+        and _cpu_kernels.amx_available()
+    ):
+        return _cpu_kernels.amx_prefill_attention(
+            query.contiguous(),
+            k_cache,
+            v_cache,
+            _as_dense(block_table, torch.int32),
+            seq_len,
+            scale,
+        )
+    return _torch_ops.prefill_attention(query, k_cache, v_cache, block_table, seq_len, scale)
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:

@@ -74,6 +74,28 @@ def _gemm_bf16(**override: object) -> torch.Tensor:
     return _cpu_kernels.skinny_gemm_bf16(**{**args, **override})
 
 
+def _amx(**override: object) -> torch.Tensor:
+    args = {
+        "x": _bf16(2, 32),
+        "packed": _cpu_kernels.amx_pack_bf16(_bf16(16, 32)),
+        "bias": _bf16(16),
+    }
+    return _cpu_kernels.amx_gemm_bf16(**{**args, **override})
+
+
+def _prefill(**override: object) -> torch.Tensor:
+    cache = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, 32, dtype=torch.bfloat16)
+    args = {
+        "query": _bf16(3, HEADS, 32),
+        "k_cache": cache,
+        "v_cache": cache,
+        "block_table": torch.tensor([4, 1], dtype=torch.int32),
+        "seq_len": 5,
+        "scale": 0.5,
+    }
+    return _cpu_kernels.amx_prefill_attention(**{**args, **override})
+
+
 def _silu(**override: object) -> torch.Tensor:
     return _cpu_kernels.silu_and_mul(**{"x": torch.randn(3, 10), **override})
 
@@ -245,6 +267,40 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
         lambda: _rotary(query=_bf16(3, HEADS * D), key=_bf16(3, KV * D), cos_sin_cache=_bf16(8, D)),
         "cos_sin_cache must be a contiguous float32",
     ),
+    "amx pack float32": (
+        lambda: _cpu_kernels.amx_pack_bf16(torch.randn(16, 32)),
+        "amx_pack_bf16: weight must be a contiguous bfloat16",
+    ),
+    "amx pack N not whole tiles": (
+        lambda: _cpu_kernels.amx_pack_bf16(_bf16(24, 32)),
+        r"\[24, 32\] needs N % 16 == 0 and K % 32 == 0",
+    ),
+    "amx pack K not whole tiles": (lambda: _cpu_kernels.amx_pack_bf16(_bf16(16, 48)), "K % 32"),
+    "amx weight not packed": (
+        lambda: _amx(packed=_bf16(16, 32)),
+        r"packed must .* of shape \[N / 16, K / 32, 16, 32\], got .* \[16, 32\]",
+    ),
+    "amx packed not tiles": (
+        lambda: _amx(packed=_bf16(1, 1, 16, 16)),
+        r"packed weight \(1, 1, 16, 16\) is not \[N / 16, K / 32, 16, 32\]",
+    ),
+    "amx K differs": (lambda: _amx(x=_bf16(2, 64)), "packed weight has K = 32, x .* has K = 64"),
+    "amx x float32": (lambda: _amx(x=torch.randn(2, 32)), "x must be a contiguous bfloat16"),
+    "amx bias of other size": (lambda: _amx(bias=_bf16(8)), r"bias must .* = \[16\]"),
+    "prefill query float32": (
+        lambda: _prefill(query=torch.randn(3, HEADS, 32)),
+        "amx_prefill_attention: query must be a contiguous bfloat16",
+    ),
+    "prefill head_dim not a multiple of 32": (
+        lambda: _prefill(
+            query=_bf16(3, HEADS, 8), k_cache=CACHE.bfloat16(), v_cache=CACHE.bfloat16()
+        ),
+        "head_dim 8 must be a multiple of 32 up to 256",
+    ),
+    "prefill block_table 2-D": (
+        lambda: _prefill(block_table=TABLES),
+        r"block_table must .* \[max_blocks\]",
+    ),
     "silu odd width": (lambda: _silu(x=torch.randn(3, 9)), "last dim must be even"),
     "silu x strided": (lambda: _silu(x=torch.randn(10, 3).t()), "x must be a contiguous"),
 }
@@ -270,6 +326,9 @@ def test_the_valid_calls_above_run() -> None:
     assert _attention(k_cache=bf16_cache, v_cache=bf16_cache).shape == (B, HEADS, D)
     _cache_write(k_cache=bf16_cache.clone(), v_cache=bf16_cache.clone())
     assert _silu().shape == (3, 5)
+    if _cpu_kernels.amx_available():
+        assert _amx().shape == (2, 16)
+        assert _prefill().shape == (3, HEADS, 32)
     assert _silu(x=_bf16(3, 10)).dtype == torch.bfloat16
     assert _cpu_kernels.convert(_bf16(3, 10), torch.float32).dtype == torch.float32
     assert _cpu_kernels.argmax(torch.randn(2, 5)).dtype == torch.int64
@@ -311,6 +370,31 @@ def test_recorded_launches_replay_the_same_kernels_on_the_same_memory() -> None:
     with pytest.raises(RuntimeError, match="already active"):
         with _cpu_kernels.record_launches(), _cpu_kernels.record_launches():
             pass
+
+
+PREFILL_INDEX_ERRORS = {
+    "more queries than positions": (dict(seq_len=2), r"1 <= queries \(3\) <= seq_len \(2\)"),
+    "past the table": (dict(seq_len=9), r"seq_len \(9\) <= max_blocks x block_size \(8\)"),
+    "block id out of range": (
+        dict(block_table=torch.tensor([4, 6], dtype=torch.int32)),
+        r"block_table\[1\] = 6 is outside \[0, 6\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PREFILL_INDEX_ERRORS)
+def test_prefill_indices_are_checked_before_any_read(case: str) -> None:
+    """Checked by the binding before the kernel runs (and before it asks for AMX)."""
+    override, message = PREFILL_INDEX_ERRORS[case]
+    with pytest.raises(ValueError, match=message):
+        _prefill(**override)
+
+
+@pytest.mark.skipif(_cpu_kernels.amx_available(), reason="this CPU has AMX tiles")
+def test_amx_kernels_without_amx_are_a_runtime_error() -> None:
+    for call in (_amx, _prefill):
+        with pytest.raises(RuntimeError, match="no AMX bf16 tiles"):
+            call()
 
 
 def test_a_wrong_scalar_is_a_type_error() -> None:

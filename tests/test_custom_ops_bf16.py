@@ -64,34 +64,92 @@ needs_native_bf16 = pytest.mark.skipif(
 )
 
 
-@needs_native_bf16
-def test_prepacked_linear_is_rounded_once_and_batch_invariant_at_every_size() -> None:
-    """A prepacked weight (oneDNN's layout): within one bf16 rounding of the float64 product,
-    with and without bias, and each row the same bits alone and in batches of 2 to 300 rows
-    (oneDNN's plain F.linear changes kernels, and bits, with the row count)."""
-    w, b = torch.randn(1000, 576).to(BF16), torch.randn(1000).to(BF16)
-    x = torch.randn(300, 576).to(BF16)
-    packed = _custom_ops.prepack_linear_weight(w)
-    assert packed.is_mkldnn and packed.shape == w.shape
+needs_amx = pytest.mark.skipif(
+    not (_custom_ops.has_cpu_kernels() and _cpu_kernels.amx_available()),
+    reason="this CPU has no AMX tiles",
+)
+
+
+@pytest.fixture
+def without_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    """prepack_linear_weight as on a CPU with native bf16 matmuls but no AMX tiles."""
+    monkeypatch.setattr(_cpu_kernels, "amx_available", lambda: False)
+
+
+def _check_packed_linear(packed: torch.Tensor, w: torch.Tensor) -> None:
+    """linear() on a packed weight: within one bf16 rounding of the float64 product, with
+    and without bias, and each row the same bits alone and in batches of 2 to 300 rows."""
+    b, x = torch.randn(w.shape[0]).to(BF16), torch.randn(300, w.shape[1]).to(BF16)
     ref = F.linear(x.double(), w.double(), b.double())
     out = _custom_ops.linear(x, packed, b)
     assert out.dtype == BF16 and ((out.double() - ref).abs() <= _bf16_linear_bound(x, w, ref)).all()
     alone = torch.cat([_custom_ops.linear(x[i : i + 1], packed, b) for i in range(0, 300, 7)])
     assert torch.equal(alone, out[::7])
-    for rows in (2, 9, 16, 17, 32, 33, 64):
+    for rows in (2, 9, 15, 16, 17, 31, 32, 33, 64, 257):
         assert torch.equal(_custom_ops.linear(x[:rows], packed, b), out[:rows])
-    x3 = x[:6].view(2, 3, 576)
+    x3 = x[:6].view(2, 3, -1)
     assert torch.equal(
         _custom_ops.linear(x3, packed), _custom_ops.linear(x[:6], packed).view(2, 3, -1)
     )
 
 
+@needs_kernels
+def test_amx_packing_is_the_tiles_of_element_pairs() -> None:
+    """amx_pack_bf16 (plain C, any CPU): per 16 columns and 32 of K, row r of the tile holds
+    each column's elements 2r and 2r + 1, the pairs TDPBF16PS multiplies."""
+    w = torch.randn(48, 96).to(BF16)
+    tiles = w.view(3, 16, 3, 16, 2).permute(0, 2, 3, 1, 4).reshape(3, 3, 16, 32)
+    assert torch.equal(_cpu_kernels.amx_pack_bf16(w), tiles)
+
+
+@needs_amx
+@pytest.mark.parametrize("shape", [(1008, 576), (48, 1536), (16, 32)])
+def test_amx_linear_is_rounded_once_and_batch_invariant_at_every_size(
+    shape: tuple[int, int],
+) -> None:
+    """AMX tiles (prepack_linear_weight here): 4-D, and every row count runs the kernel,
+    whose float32 sums take each row in one order whatever the batch (an odd number of
+    16-column blocks, 48, included)."""
+    w = torch.randn(shape).to(BF16)
+    packed = _custom_ops.prepack_linear_weight(w)
+    assert packed.shape == (shape[0] // 16, shape[1] // 32, 16, 32)
+    _check_packed_linear(packed, w)
+
+
+@needs_amx
+def test_amx_packed_copy_of_a_tied_head_runs_for_every_row_count() -> None:
+    """linear(x, w, packed_weight=tiles) (a tied LM head) multiplies the tiles for any number
+    of rows: one kernel, so decode steps of every size give a row the same bits."""
+    w = torch.randn(320, 576).to(BF16)
+    packed = _custom_ops.prepack_linear_weight(w, onednn=True)
+    assert packed.dim() == 4
+    for rows in (1, 4, 5, 16, 17):
+        x = torch.randn(rows, 576).to(BF16)
+        assert torch.equal(
+            _custom_ops.linear(x, w, packed_weight=packed), _custom_ops.linear(x, packed)
+        )
+
+
 @needs_native_bf16
-def test_linear_with_a_packed_copy_runs_the_kernel_on_few_rows_and_onednn_past_them() -> None:
+def test_onednn_prepacked_linear_is_rounded_once_and_batch_invariant(without_amx: None) -> None:
+    """oneDNN's layout (CPUs with AVX-512 BF16 and no AMX, asked with onednn=True): packed
+    for a batch of one row, each row the same bits at every size (oneDNN's plain F.linear
+    changes kernels, and bits, with the row count)."""
+    w = torch.randn(1000, 576).to(BF16)
+    assert _custom_ops.prepack_linear_weight(w) is w  # decoder weights stay plain there
+    packed = _custom_ops.prepack_linear_weight(w, onednn=True)
+    assert packed.is_mkldnn and packed.shape == w.shape
+    _check_packed_linear(packed, w)
+
+
+@needs_native_bf16
+def test_linear_with_a_onednn_copy_runs_the_kernel_on_few_rows_and_onednn_past_them(
+    without_amx: None,
+) -> None:
     """linear(x, w, packed_weight=...) (a tied LM head): up to SKINNY_OVER_PACKED_MAX_ROWS
     rows the bits of the kernel on w, more rows the bits of the packed matmul."""
     w = torch.randn(300, 576).to(BF16)
-    packed = _custom_ops.prepack_linear_weight(w)
+    packed = _custom_ops.prepack_linear_weight(w, onednn=True)
     limit = _custom_ops.SKINNY_OVER_PACKED_MAX_ROWS
     for rows in (1, limit, limit + 1, 16):
         x = torch.randn(rows, 576).to(BF16)
@@ -119,12 +177,18 @@ def test_convert_rounds_like_torch() -> None:
 
 
 def test_prepack_keeps_weights_it_cannot_pack(monkeypatch: pytest.MonkeyPatch) -> None:
-    """float32, or a CPU without native bf16 matmuls: the weight itself."""
-    w32 = torch.randn(8, 16)
-    assert _custom_ops.prepack_linear_weight(w32) is w32
+    """float32, autograd, a shape that is not whole AMX tiles on a CPU without oneDNN's
+    native bf16 (or without onednn=True), or no native bf16 matmuls at all: the weight."""
+    w32 = torch.randn(16, 32)
+    assert _custom_ops.prepack_linear_weight(w32, onednn=True) is w32
+    grad = w32.to(BF16).requires_grad_()
+    assert _custom_ops.prepack_linear_weight(grad, onednn=True) is grad
+    odd = torch.randn(24, 32).to(BF16)
+    assert _custom_ops.prepack_linear_weight(odd) is odd
     monkeypatch.setattr(_custom_ops, "native_bf16_matmul", lambda: None)
+    monkeypatch.setattr(_cpu_kernels, "amx_available", lambda: False)
     w16 = w32.to(BF16)
-    assert _custom_ops.prepack_linear_weight(w16) is w16
+    assert _custom_ops.prepack_linear_weight(w16, onednn=True) is w16
 
 
 def _special_values(shape: tuple[int, ...]) -> torch.Tensor:
@@ -185,6 +249,72 @@ def test_paged_decode_attention_on_a_bf16_cache(
         {"rtol": 2.0**-8, "atol": 1e-5} if query_dtype == BF16 else {"rtol": 1e-5, "atol": 2e-5}
     )
     torch.testing.assert_close(out.double(), expected.to(query_dtype).double(), **tolerance)
+
+
+def _prefill_case(
+    num_heads: int, num_kv_heads: int, head_size: int, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(queries for all seq_len positions, k_cache, v_cache, block_table) on scattered
+    blocks of 16, bf16."""
+    num_blocks = 64
+    shape = (num_blocks, 16, num_kv_heads, head_size)
+    k_cache, v_cache = torch.randn(shape).to(BF16), torch.randn(shape).to(BF16)
+    table = torch.randperm(num_blocks)[: -(-seq_len // 16) + 1].to(torch.int32)
+    query = torch.randn(seq_len, num_heads, head_size).to(BF16)
+    return query, k_cache, v_cache, table
+
+
+@needs_amx
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_size", [(9, 3, 64), (4, 4, 32), (16, 2, 128)])
+@pytest.mark.parametrize("num_queries,seq_len", [(1, 1), (7, 7), (33, 33), (20, 45), (1, 70)])
+def test_amx_prefill_attention_is_the_causal_definition(
+    num_heads: int, num_kv_heads: int, head_size: int, num_queries: int, seq_len: int
+) -> None:
+    """Reference: the float64 torch definition (causal, bottom-right aligned after cached
+    context) on the same bf16 values. The kernel rounds the softmax's weights to bf16 for
+    its second product (relative error 2^-8 each) and its output to bf16: within 2^-7 of the
+    values' scale."""
+    query, k_cache, v_cache, table = _prefill_case(num_heads, num_kv_heads, head_size, seq_len)
+    query = query[seq_len - num_queries :]
+    out = _custom_ops.prefill_attention(query, k_cache, v_cache, table, seq_len, 0.2)
+    expected = _torch_ops.prefill_attention(
+        query.double(), k_cache.double(), v_cache.double(), table, seq_len, 0.2
+    )
+    assert out.dtype == BF16 and out.shape == query.shape
+    scale = v_cache.double().abs().max()
+    assert ((out.double() - expected).abs() <= 2.0**-7 * scale).all()
+
+
+@needs_amx
+def test_amx_prefill_rows_do_not_depend_on_their_chunk() -> None:
+    """A 45-token prompt in one chunk, or as 16 + 29 (the second after cached context), or
+    token by token: each position's output is the same bits (a row depends only on its own
+    query and the sequence's keys and values)."""
+    query, k_cache, v_cache, table = _prefill_case(9, 3, 64, 45)
+    whole = _custom_ops.prefill_attention(query, k_cache, v_cache, table, 45, 0.125)
+    chunks = torch.cat([
+        _custom_ops.prefill_attention(query[:16], k_cache, v_cache, table, 16, 0.125),
+        _custom_ops.prefill_attention(query[16:], k_cache, v_cache, table, 45, 0.125),
+    ])  # fmt: skip
+    assert torch.equal(chunks, whole)
+    for t in (0, 15, 16, 44):
+        row = _custom_ops.prefill_attention(query[t : t + 1], k_cache, v_cache, table, t + 1, 0.125)
+        assert torch.equal(row[0], whole[t])
+
+
+def test_prefill_attention_elsewhere_is_the_torch_definition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """float32, or bf16 without AMX: _torch_ops' sdpa, bit for bit."""
+    query, k_cache, v_cache, table = _prefill_case(9, 3, 64, 20)
+    cases = (
+        (query.float(), k_cache.float(), v_cache.float(), True),
+        (query, k_cache, v_cache, False),
+    )
+    for q, k, v, amx in cases:
+        monkeypatch.setattr(_cpu_kernels, "amx_available", lambda amx=amx: amx)
+        out = _custom_ops.prefill_attention(q[5:], k, v, table, 20, 0.125)
+        assert torch.equal(out, _torch_ops.prefill_attention(q[5:], k, v, table, 20, 0.125))
 
 
 def test_torch_paths_convert_between_the_cache_and_the_model_dtype() -> None:

@@ -1,13 +1,13 @@
 """The default model dequantized to bfloat16 (dtype="bfloat16": weights, activations and KV
 cache in bf16, float32 sums in the kernels) against the float32 reference dtype: it still
 knows Paris, its greedy answers mostly follow float32's, and decode steps of up to 4 rows
-are batch-invariant. Runs on every CPU (without native bf16 the
+are batch-invariant (on AMX, whole batches). Runs on every CPU (without native bf16 the
 same code runs, only slower)."""
 
 import pytest
 import torch
 
-from pagedllm import LLM, SamplingParams, _custom_ops
+from pagedllm import LLM, SamplingParams, _cpu_kernels, _custom_ops
 from pagedllm.cpu_features import native_bf16_matmul
 
 PROMPTS = [
@@ -34,16 +34,22 @@ def _answers(llm: LLM, max_tokens: int = 32, logprobs: int | None = None) -> lis
     return [o.outputs[0] for o in llm.chat(chats, params, use_tqdm=False)]
 
 
+AMX = _custom_ops.has_cpu_kernels() and _cpu_kernels.amx_available()
+
+
 def test_bf16_weights_and_cache_are_bf16_and_half_the_float32_bytes(bf16: LLM) -> None:
+    """...and the decoder's matmul weights are packed into AMX tiles where the CPU has them."""
     runner = bf16.llm_engine.executor.runner
     assert {p.dtype for p in runner.model.parameters()} == {torch.bfloat16}
     assert runner.kv_cache.dtype == torch.bfloat16
+    qkv = runner.model.model.layers[0].self_attn.qkv_proj.weight
+    assert qkv.shape == ((960 // 16, 576 // 32, 16, 32) if AMX else (960, 576))
 
 
 def test_bf16_tied_lm_head_adds_a_packed_copy_where_native(bf16: LLM) -> None:
     """The default model ties its LM head to the embedding: the head keeps the embedding's
-    rows as its weight (skinny_gemm_bf16 for decode steps of a few rows) and, on CPUs with
-    native bf16 matmuls, a packed copy of them for more rows (the same values)."""
+    rows as its weight and, on CPUs with native bf16 matmuls, a packed copy of them (AMX
+    tiles for every step, or oneDNN's layout for more than a few rows; the same values)."""
     model = bf16.llm_engine.executor.runner.model
     head, embed = model.lm_head, model.model.embed_tokens.weight
     assert head.weight is embed and not embed.is_mkldnn
@@ -115,5 +121,20 @@ def test_bf16_decode_batches_are_batch_invariant(bf16: LLM) -> None:
     together = bf16.generate(prompts, params, use_tqdm=False)
     for prompt, batched in zip(prompts, together, strict=True):
         (alone,) = bf16.generate([prompt], params, use_tqdm=False)
+        assert alone.outputs[0].token_ids == batched.outputs[0].token_ids
+        assert alone.outputs[0].logprobs == batched.outputs[0].logprobs
+
+
+@pytest.mark.skipif(not AMX, reason="this CPU has no AMX tiles")
+def test_bf16_on_amx_batches_are_batch_invariant_end_to_end(bf16: LLM) -> None:
+    """On AMX every matmul, prefill and decode, LM head included, runs on the tiles, whose
+    rows do not depend on each other; attention, norms and sampling are per row or per
+    sequence. So the 8 chat prompts together give each the tokens and logprobs it gets
+    alone, bit for bit (elsewhere oneDNN's row-count-dependent kernels make it 6 of 8)."""
+    chats = [[{"role": "user", "content": p}] for p in PROMPTS]
+    params = SamplingParams(temperature=0, max_tokens=32, logprobs=1)
+    together = bf16.chat(chats, params, use_tqdm=False)
+    for chat, batched in zip(chats, together, strict=True):
+        (alone,) = bf16.chat([chat], params, use_tqdm=False)
         assert alone.outputs[0].token_ids == batched.outputs[0].token_ids
         assert alone.outputs[0].logprobs == batched.outputs[0].logprobs

@@ -2,7 +2,8 @@
 
 Decodes read each sequence's blocks in place (one pass over keys and values, online softmax)
 instead of gathering padded copies, and the cache write is one call instead of two
-index_copy_. Prefill chunks have no kernel and run the reference's torch code.
+index_copy_. Prefill chunks of a bf16 model on a CPU with AMX run a tile kernel; others run
+the reference's torch code (_custom_ops.prefill_attention decides).
 """
 
 import torch

@@ -33,6 +33,12 @@ class UnquantizedLinearMethod(LinearMethodBase):
         shape = (sum(output_partition_sizes), input_size_per_partition)
         layer.weight = new_weight(shape, params_dtype, **extra_weight_attrs)
 
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """A bf16 weight on a CPU with AMX takes the tiles' layout (prepack_linear_weight)."""
+        packed = prepack_linear_weight(layer.weight)
+        if packed is not layer.weight:
+            layer.weight = nn.Parameter(packed, requires_grad=False)
+
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -41,14 +47,15 @@ class UnquantizedLinearMethod(LinearMethodBase):
 
 class UnquantizedEmbeddingMethod(UnquantizedLinearMethod, EmbeddingMethodBase):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """A bf16 LM head on a CPU with native bf16 matmuls takes oneDNN's packed layout
-        (prepack_linear_weight); an embedding keeps its rows to look up. A tied LM head keeps
-        the embedding's rows as its weight too, for the decode steps whose few rows
-        skinny_gemm_bf16 multiplies faster (SKINNY_OVER_PACKED_MAX_ROWS), and holds the packed
-        copy as packed_weight: vocab x hidden more bytes, counted in the resident size. An
-        untied one keeps only the packed weight."""
+        """A bf16 LM head on a CPU with native bf16 matmuls takes AMX tiles, or elsewhere
+        oneDNN's packed layout (prepack_linear_weight); an embedding keeps its rows to look
+        up. A tied LM head keeps the embedding's rows as its weight and holds the packed copy
+        as packed_weight (vocab x hidden more bytes, counted in the resident size); linear()
+        multiplies AMX tiles for every step and oneDNN's copy past the few rows that
+        skinny_gemm_bf16 multiplies faster (SKINNY_OVER_PACKED_MAX_ROWS). An untied head keeps
+        only the packed weight."""
         if layer.quant_kind is LayerKind.LM_HEAD:
-            packed = prepack_linear_weight(layer.weight)
+            packed = prepack_linear_weight(layer.weight, onednn=True)
             if packed is layer.weight:
                 return
             packed = nn.Parameter(packed, requires_grad=False)
