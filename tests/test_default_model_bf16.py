@@ -78,7 +78,9 @@ def test_bf16_greedy_tokens_follow_float32(bf16: LLM) -> None:
     of 8 identical; where they differ, the first difference must be at a float32 near-tie
     (bf16 took float32's runner-up, less than NEAR_TIE_NATS behind), the criterion of vLLM's
     `check_logprobs_close` with a bound on the gap; before it, the chosen tokens' logprobs
-    agree within bf16's error. Measured: 4-5 of 8 identical, the rest diverging where
+    agree within bf16's error. Measured: 6 of 8 identical on AMX, where every bf16 kernel's
+    rows are independent of the batch and the figure is the same each run (the issue's
+    target, asserted there); 4-7 of 8 across runs elsewhere; the rest diverging where
     float32's own top-2 gap is 0.003-0.22 nats (float32 with bf16-rounded weights already
     flips one of them); see BENCHMARKS.md."""
     with LLM(dtype="float32", **ENGINE) as fp32:
@@ -106,7 +108,7 @@ def test_bf16_greedy_tokens_follow_float32(bf16: LLM) -> None:
         f"logprob error on {len(errors)} common tokens: median {median:.4f}, p90 {p90:.4f}, "
         f"max {errors[-1]:.4f}"
     )
-    assert same >= 4
+    assert same >= (6 if AMX else 4)
     assert all(gap < NEAR_TIE_NATS for gap in gaps)
     assert median < 0.05 and p90 < 0.15 and errors[-1] < NEAR_TIE_NATS
 
