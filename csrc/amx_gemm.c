@@ -94,7 +94,8 @@ static void store_block(uint16_t *y, int64_t N, const float *c, const uint16_t *
   for (int j = 0; j < cols / 16; j++)
     if (b != NULL) bias[j] = load16_bf16(b + 16 * j);
   for (int r = 0; r < rows; r++)
-    for (int j = 0; j < cols / 16; j++) store16_bf16(y + r * N + 16 * j, load16(c + r * 32 + 16 * j) + bias[j]);
+    for (int j = 0; j < cols / 16; j++)
+      store16_bf16(y + r * N + 16 * j, load16(c + r * 32 + 16 * j) + bias[j]);
 }
 
 /* The output block of x rows [0, rows0 + rows1) (rows1 > 0 only when rows0 = 16) and the
@@ -112,7 +113,8 @@ static void multiply_block(const uint16_t *x, const uint16_t *w0, const uint16_t
     _tile_zero(3);
   }
   for (int64_t kb = 0; kb < steps; kb++) {
-    const uint16_t *a = x + kb * 32, *t0 = w0 + kb * (TILE_BYTES / 2), *t1 = w1 + kb * (TILE_BYTES / 2);
+    const uint16_t *a = x + kb * 32;
+    const uint16_t *t0 = w0 + kb * (TILE_BYTES / 2), *t1 = w1 + kb * (TILE_BYTES / 2);
     if (stream) {
       prefetch_ahead(t0, TILE_BYTES);
       if (pair) prefetch_ahead(t1, TILE_BYTES);
@@ -139,9 +141,9 @@ static void multiply_block(const uint16_t *x, const uint16_t *w0, const uint16_t
   store_block(y, N, c, b, rows0 + rows1, pair ? 32 : 16);
 }
 
-/* Output blocks of rows [m0, m1) (32 at a time, the last one possibly fewer: all the same
- * count but for the last) and this thread's column pairs [p0, p1), ROW_CHUNK rows at a time:
- * the chunk's x stays in L2 while each pair's weight tiles (in L1) go over its rows. */
+/* Output rows [m0, m1), whole blocks of 32 (or one block of fewer, m1 - m0 < 32: one tile
+ * configuration per call), for this thread's column pairs [p0, p1), ROW_CHUNK rows at a
+ * time: the chunk's x stays in L2 while each pair's weight tiles go over its rows. */
 static void multiply_rows(const uint16_t *x, const uint16_t *packed, const uint16_t *b,
                           uint16_t *y, int64_t m0, int64_t m1, int64_t p0, int64_t p1,
                           int64_t blocks, int64_t N, int64_t K) {

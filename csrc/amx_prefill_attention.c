@@ -52,7 +52,8 @@ static void configure_tiles(void) {
 static inline const uint16_t *cache_row(const uint16_t *cache, const int32_t *block_table,
                                         int64_t t, int64_t h, int64_t KV, int64_t D,
                                         int64_t block_size) {
-  return cache + (((int64_t)block_table[t / block_size] * block_size + t % block_size) * KV + h) * D;
+  const int64_t slot = (int64_t)block_table[t / block_size] * block_size + t % block_size;
+  return cache + (slot * KV + h) * D;
 }
 
 /* keys of kv head h, tokens [0, L): [L16 / 16][D / 32] tiles, tile (tb, kb) row r = for
@@ -126,9 +127,9 @@ static float softmax_row(const float *s, uint16_t *p, int64_t visible, int64_t k
   const vec16 m = splat16(hmax16(vmax));
   vec16 sum = splat16(0.0f);
   for (int64_t t = 0; t < kv32; t += 16) {
-    const vec16 e = t < visible ? select16(lanes_below(visible - t), exp16(load16(s + t) * scale - m),
-                                           splat16(0.0f))
-                                : splat16(0.0f);
+    vec16 e = splat16(0.0f);
+    if (t < visible)
+      e = select16(lanes_below(visible - t), exp16(load16(s + t) * scale - m), e);
     sum += e;
     store16_bf16(p + t, e);
   }
