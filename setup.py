@@ -34,6 +34,7 @@ setup(
                 "csrc/bf16.h",
                 "csrc/paged_attention_impl.h",
                 "csrc/prefetch.h",
+                "csrc/amx.h",
                 "csrc/gguf_vec.h",
                 "csrc/fp16.h",
                 "csrc/gguf.h",

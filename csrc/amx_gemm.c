@@ -19,10 +19,10 @@
  * state); packing is plain C that any CPU runs. Other compilers and architectures get stubs
  * that report AMX unsupported.
  */
+#include "amx.h"
 #include "ops.h"
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
-    __GNUC__ >= 11
+#ifdef PAGEDLLM_AMX
 #include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
@@ -65,27 +65,6 @@ void amx_pack_bf16(uint16_t *packed, const uint16_t *w, int64_t N, int64_t K) {
 
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")
-
-/* ldtilecfg's 64-byte operand: palette 1, each tile register's rows and bytes per row. */
-typedef struct {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} TileConfig;
-
-/* Tiles 0-3: accumulators (x rows 0-15 | 16-31) x (columns 0-15 | 16-31); 4, 5: x rows
- * 0-15 and 16-31; 6, 7: weight tiles of columns 0-15 and 16-31. */
-static void configure_tiles(int rows0, int rows1) {
-  TileConfig c;
-  memset(&c, 0, sizeof c);
-  c.palette = 1;
-  const int rows[8] = {rows0, rows0, rows1, rows1, rows0, rows1, 16, 16};
-  for (int i = 0; i < 8; i++) {
-    c.rows[i] = (uint8_t)rows[i];
-    c.colsb[i] = rows[i] ? 64 : 0;
-  }
-  _tile_loadconfig(&c);
-}
 
 /* y rows [0, rows) x columns [0, cols) = c (float32 [32, 32]) + b, rounded to bfloat16. */
 static void store_block(uint16_t *y, int64_t N, const float *c, const uint16_t *b, int rows,

@@ -15,10 +15,10 @@
  * Replaces torch's sdpa (flash attention on bf16) for the prefill chunks of a bf16 model on
  * AMX; see pagedllm/_custom_ops.py, prefill_attention, for the measured speed.
  */
+#include "amx.h"
 #include "ops.h"
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
-    __GNUC__ >= 11
+#ifdef PAGEDLLM_AMX
 #include <immintrin.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -26,27 +26,8 @@
 
 #include "bf16.h"
 
-#define MAX_D 256 /* head sizes up to this many (multiples of 32) */
-
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")
-
-/* Every tile register 16 rows of 64 bytes: queries, scores, P, outputs and the packed
- * keys and values all come in such tiles. */
-static void configure_tiles(void) {
-  struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-  } c;
-  memset(&c, 0, sizeof c);
-  c.palette = 1;
-  for (int i = 0; i < 8; i++) {
-    c.rows[i] = 16;
-    c.colsb[i] = 64;
-  }
-  _tile_loadconfig(&c);
-}
 
 /* The row of token t of kv head h in the paged cache. */
 static inline const uint16_t *cache_row(const uint16_t *cache, const int32_t *block_table,
@@ -192,8 +173,9 @@ static int run(uint16_t *out, const uint16_t *q, const uint16_t *k_cache,
                const uint16_t *v_cache, const int32_t *block_table, int64_t n, int64_t seq_len,
                int64_t H, int64_t KV, int64_t D, int64_t block_size, float scale,
                int num_threads) {
-  const int64_t L32 = (seq_len + 31) / 32 * 32, ls = L32, G = H / KV, blocks = (n + 15) / 16;
-  const int64_t kv_elems = L32 * D; /* one kv head's packed keys, or values */
+  /* ls: the keys rounded up to 32, the row length of the scores and of P */
+  const int64_t ls = (seq_len + 31) / 32 * 32, G = H / KV, blocks = (n + 15) / 16;
+  const int64_t kv_elems = ls * D; /* one kv head's packed keys, or values */
   uint16_t *packed = malloc((size_t)(2 * KV * kv_elems) * sizeof(uint16_t));
   const size_t per_thread = 16 * ls * sizeof(float) + 16 * ls * sizeof(uint16_t) +
                             16 * D * sizeof(uint16_t) + 16 * D * sizeof(float) + 64;
@@ -209,11 +191,11 @@ static int run(uint16_t *out, const uint16_t *q, const uint16_t *k_cache,
     for (int64_t job = 0; job < 2 * KV; job++) {
       uint16_t *dst = packed + job * kv_elems;
       if (job < KV)
-        pack_keys(dst, k_cache, block_table, seq_len, L32, job, KV, D, block_size);
+        pack_keys(dst, k_cache, block_table, seq_len, ls, job, KV, D, block_size);
       else
-        pack_values(dst, v_cache, block_table, seq_len, L32, job - KV, KV, D, block_size);
+        pack_values(dst, v_cache, block_table, seq_len, ls, job - KV, KV, D, block_size);
     }
-    configure_tiles();
+    configure_tiles(16, 16); /* every tile 16 rows of 64 bytes */
     char *mine = scratch + omp_get_thread_num() * per_thread;
     float *s = (float *)mine;
     uint16_t *p = (uint16_t *)(s + 16 * ls);
@@ -238,7 +220,7 @@ int amx_prefill_attention(uint16_t *out, const uint16_t *q, const uint16_t *k_ca
                           const uint16_t *v_cache, const int32_t *block_table, int64_t n,
                           int64_t seq_len, int64_t H, int64_t KV, int64_t D, int64_t block_size,
                           float scale, int num_threads) {
-  if (!amx_gemm_supported() || D % 32 != 0 || D > MAX_D) return -1;
+  if (!amx_gemm_supported()) return -1;
   return run(out, q, k_cache, v_cache, block_table, n, seq_len, H, KV, D, block_size, scale,
              num_threads);
 }

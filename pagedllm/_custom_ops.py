@@ -313,9 +313,7 @@ def prefill_attention(
     Elsewhere the torch definition (sdpa).
     """
     if (
-        query.dtype is torch.bfloat16
-        and k_cache.dtype is torch.bfloat16
-        and query.shape[-1] % 32 == 0
+        query.shape[-1] % 32 == 0
         and query.shape[-1] <= 256
         and cpu_kernels_apply(query, k_cache, v_cache, dtypes=(torch.bfloat16,))
         and _cpu_kernels.amx_available()
