@@ -1,8 +1,8 @@
 """The paged KV cache: one tensor per model, a [k, v] pair of views per Attention layer."""
 
 import math
+import mmap
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -23,16 +23,28 @@ def kv_cache_bytes_per_token(model: nn.Module, dtype: torch.dtype) -> int:
     return sum(per_layer) * torch.empty((), dtype=dtype).element_size()
 
 
+HUGE_PAGE_BYTES = 2 * 1024 * 1024
+
+
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Zeros; on CPU from calloc'd memory (numpy), whose pages the OS maps on first write.
+    """Zeros; on CPU from an anonymous map, whose pages the OS maps on first write.
 
     A multi-GiB cache then costs nothing at start-up and only the memory it uses. It must
     be zeros, not empty: attention reads (and masks) unwritten slots, and 0 * NaN is NaN.
+    Where Linux has transparent huge pages the map asks for them (and starts on a 2 MiB
+    boundary): every first write to a cache page is a fault, and on a VM whose memory the
+    host has not backed yet 4 KiB faults made prefill's cache writes 3.5x slower
+    (BENCHMARKS.md, session 10).
     """
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+    region = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        region.madvise(mmap.MADV_HUGEPAGE)
+    memory = torch.frombuffer(region, dtype=torch.uint8)  # keeps the map alive
+    start = -memory.data_ptr() % HUGE_PAGE_BYTES
+    return memory[start : start + nbytes].view(dtype).view(shape)
 
 
 def bind_kv_cache(

@@ -4,6 +4,7 @@ else budget // (bytes_per_token x block_size), the budget being kv_cache_memory_
 of free memory capped at what max_num_seqs sequences of max_model_len could use; the cache must
 hold one max_model_len sequence."""
 
+import mmap
 from collections.abc import Callable
 
 import pytest
@@ -97,3 +98,19 @@ def test_bind_kv_cache_needs_attention_layers_of_one_shape() -> None:
         bind_kv_cache(nn.Linear(2, 2), 4, 4, torch.float32, "cpu")
     with pytest.raises(AssertionError, match="layers differ in kv shape"):
         bind_kv_cache(TinyAttentionModel((2, 1, 2)), 4, 4, torch.float32, "cpu")
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no madvise(MADV_HUGEPAGE)")
+def test_cpu_cache_is_zeros_on_a_huge_page_boundary_mapped_on_first_write() -> None:
+    before = resident_bytes()
+    cache = kv_cache.zeros((2, 4, 1024, 16, 4, 64), torch.bfloat16, torch.device("cpu"))
+    assert cache.data_ptr() % kv_cache.HUGE_PAGE_BYTES == 0
+    assert cache.shape == (2, 4, 1024, 16, 4, 64) and cache.is_contiguous()
+    assert resident_bytes() - before < 16 * 2**20  # 64 MiB asked for, not yet written
+    cache[1, 3, 1023] = 2.0  # the last element is inside the map
+    assert cache.count_nonzero() == 16 * 4 * 64
