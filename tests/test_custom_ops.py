@@ -174,6 +174,31 @@ def test_paged_decode_attention_matches_torch_backend(
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("rise_per_key", [0.05, 0.7, 3.0, -3.0])
+def test_paged_decode_attention_stays_exact_as_scores_climb(rise_per_key: float) -> None:
+    """Head 0's scores climb (or fall) steadily along 300 keys: 0.8 to 48 per 16-key chunk.
+    The kernel takes its exponentials against an offset it raises only when a chunk's max
+    passes it by more than 16, so some chunks rescale what came before and some do not; the
+    softmax must come out the same as the float64 definition's either way."""
+    head_size, seq_len, block_size = 64, 300, 16
+    query = torch.randn(1, 2, head_size)
+    direction = query[0, 0] / query[0, 0].square().sum()  # query . direction = 1
+    positions = torch.arange(seq_len, dtype=torch.float32)[:, None]
+    keys = rise_per_key * positions * direction + 0.01 * torch.randn(seq_len, head_size)
+    num_blocks = seq_len // block_size + 1
+    k_cache = torch.zeros(num_blocks * block_size, 1, head_size)
+    k_cache[:seq_len, 0] = keys
+    k_cache = k_cache.view(num_blocks, block_size, 1, head_size)
+    v_cache = torch.randn(num_blocks, block_size, 1, head_size)
+    block_tables = torch.arange(num_blocks, dtype=torch.int32)[None]
+    seq_lens = torch.tensor([seq_len], dtype=torch.int32)
+    out = _custom_ops.paged_decode_attention(
+        query, k_cache, v_cache, block_tables, seq_lens, seq_len, 1.0
+    )
+    expected = _torch_decode(query, k_cache, v_cache, block_tables, seq_lens, 1.0)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-5)
+
+
 def test_kernels_apply_only_to_cpu_float32_without_autograd(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
