@@ -1,5 +1,6 @@
 """The paged KV cache: one tensor per model, a [k, v] pair of views per Attention layer."""
 
+import contextlib
 import math
 import mmap
 
@@ -23,28 +24,25 @@ def kv_cache_bytes_per_token(model: nn.Module, dtype: torch.dtype) -> int:
     return sum(per_layer) * torch.empty((), dtype=dtype).element_size()
 
 
-HUGE_PAGE_BYTES = 2 * 1024 * 1024
-
-
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Zeros; on CPU from an anonymous map, whose pages the OS maps on first write.
+    """Zeros; on CPU a private anonymous map, whose pages the OS maps on first write.
 
     A multi-GiB cache then costs nothing at start-up and only the memory it uses. It must
     be zeros, not empty: attention reads (and masks) unwritten slots, and 0 * NaN is NaN.
-    Where Linux has transparent huge pages the map asks for them (and starts on a 2 MiB
-    boundary): every first write to a cache page is a fault, and on a VM whose memory the
-    host has not backed yet 4 KiB faults made prefill's cache writes 3.5x slower
-    (BENCHMARKS.md, session 10).
+    The map opts out of transparent huge pages: numpy's zeros (used before) asks for them,
+    and on the AMX development VM the first write to each 2 MiB page stalled for ~10 ms,
+    making prefill's cache writes 8-10x slower than with 4 KiB pages (BENCHMARKS.md,
+    session 10).
     """
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    region = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        region.madvise(mmap.MADV_HUGEPAGE)
+    region = mmap.mmap(-1, max(nbytes, 1), mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        with contextlib.suppress(OSError):  # EINVAL: a kernel built without huge pages
+            region.madvise(mmap.MADV_NOHUGEPAGE)
     memory = torch.frombuffer(region, dtype=torch.uint8)  # keeps the map alive
-    start = -memory.data_ptr() % HUGE_PAGE_BYTES
-    return memory[start : start + nbytes].view(dtype).view(shape)
+    return memory[:nbytes].view(dtype).view(shape)
 
 
 def bind_kv_cache(

@@ -4,7 +4,7 @@ else budget // (bytes_per_token x block_size), the budget being kv_cache_memory_
 of free memory capped at what max_num_seqs sequences of max_model_len could use; the cache must
 hold one max_model_len sequence."""
 
-import mmap
+import pathlib
 from collections.abc import Callable
 
 import pytest
@@ -105,12 +105,32 @@ def resident_bytes() -> int:
         return int(f.read().split()[1]) * 4096
 
 
-@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no madvise(MADV_HUGEPAGE)")
-def test_cpu_cache_is_zeros_on_a_huge_page_boundary_mapped_on_first_write() -> None:
+def mapping_of(address: int) -> tuple[str, str]:
+    """(permissions, VmFlags) of the mapping in /proc/self/smaps that holds address."""
+    found = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                found = fields[1] if start <= address < end else None
+            elif found is not None and fields[0] == "VmFlags:":
+                return found, line
+    raise AssertionError(f"{address:#x} is in no mapping")
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
+def test_cpu_cache_is_private_zeros_mapped_on_first_write() -> None:
+    """Private, not shared memory (a fork must not share it; shmem is counted apart), out of
+    transparent huge pages, and no memory until written: 64 MiB asked for, < 16 MiB
+    resident."""
     before = resident_bytes()
     cache = kv_cache.zeros((2, 4, 1024, 16, 4, 64), torch.bfloat16, torch.device("cpu"))
-    assert cache.data_ptr() % kv_cache.HUGE_PAGE_BYTES == 0
     assert cache.shape == (2, 4, 1024, 16, 4, 64) and cache.is_contiguous()
-    assert resident_bytes() - before < 16 * 2**20  # 64 MiB asked for, not yet written
+    assert resident_bytes() - before < 16 * 2**20
+    permissions, flags = mapping_of(cache.data_ptr())
+    assert permissions == "rw-p"
+    if pathlib.Path("/sys/kernel/mm/transparent_hugepage").exists():
+        assert " nh" in flags  # MADV_NOHUGEPAGE
     cache[1, 3, 1023] = 2.0  # the last element is inside the map
     assert cache.count_nonzero() == 16 * 4 * 64
