@@ -22,34 +22,24 @@
 #define VEC_MAX 16 /* head sizes up to 256 keep their output row in registers */
 #define HEAD_GROUP 4 /* query heads of one kv head that share each widened key and value row */
 
-/* Exponentials are taken against an offset that is raised only when a chunk's max exceeds
- * it by more than this: e^16 per key cannot overflow a float32 sum, and most chunks then
- * skip the rescale (an exp, a horizontal sum and the outputs' multiply per head). */
-#define LAZY_RESCALE 16.0f
-
-/* A head's running softmax over the chunks seen so far: the offset (the max of some chunk,
- * within LAZY_RESCALE of the max so far) and sum of e^(s - offset). */
+/* A head's running softmax over the chunks seen so far: max score and sum of e^(s - max). */
 typedef struct {
-  float offset, sum;
+  float max, sum;
 } RunningSoftmax;
 
-/* Folds one chunk's scores (lanes >= n: -FLT_MAX) into state: probs[i] = e^(scores[i] -
- * offset); returns the factor that rescales what was summed before (1 while the offset
- * stays). Any offset gives the same softmax; where it moves depends on the sequence's own
- * scores, so a head's result still does not depend on the batch. */
+/* Folds one chunk's scores (lanes >= n: -FLT_MAX) into state: probs[i] = e^(scores[i] - max)
+ * for the new running max; returns the factor that rescales what was summed before. */
 INLINE float softmax_update(vec16 scores, int64_t n, RunningSoftmax *state, float *probs) {
   const float chunk_max = hmax16(scores);
-  float correction = 1.0f;
-  if (chunk_max > state->offset + LAZY_RESCALE) {
-    correction = exp16(splat16(state->offset - chunk_max))[0];
-    state->sum *= correction;
-    state->offset = chunk_max;
-  }
-  const vec16 p = select16(lanes_below(n), exp16(scores - state->offset), splat16(0.0f));
+  const float max = chunk_max > state->max ? chunk_max : state->max;
+  const float correction = exp16(splat16(state->max - max))[0];
+  const vec16 p = select16(lanes_below(n), exp16(scores - max), splat16(0.0f));
   store16(probs, p);
-  state->sum += hsum16(p);
+  state->sum = state->sum * correction + hsum16(p);
+  state->max = max;
   return correction;
 }
+
 
 /* KV_WIDEN32(p, lo, hi): 32 cache elements from p as two float32 vectors, in the lane order
  * KV_ELEMENT_OF gives (lane -> element of the 32). A float32 cache keeps its order; a bf16

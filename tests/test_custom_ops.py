@@ -176,10 +176,9 @@ def test_paged_decode_attention_matches_torch_backend(
 
 @pytest.mark.parametrize("rise_per_key", [0.05, 0.7, 3.0, -3.0])
 def test_paged_decode_attention_stays_exact_as_scores_climb(rise_per_key: float) -> None:
-    """Head 0's scores climb (or fall) steadily along 300 keys: 0.8 to 48 per 16-key chunk.
-    The kernel takes its exponentials against an offset it raises only when a chunk's max
-    passes it by more than 16, so some chunks rescale what came before and some do not; the
-    softmax must come out the same as the float64 definition's either way."""
+    """Head 0's scores climb (or fall) steadily along 300 keys: 0.8 to 48 per 16-key chunk,
+    so the kernel's online softmax raises its running max chunk after chunk (or never) and
+    rescales what it summed before; the result must equal the float64 definition's."""
     head_size, seq_len, block_size = 64, 300, 16
     query = torch.randn(1, 2, head_size)
     direction = query[0, 0] / query[0, 0].square().sum()  # query . direction = 1
