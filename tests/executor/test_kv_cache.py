@@ -4,6 +4,7 @@ else budget // (bytes_per_token x block_size), the budget being kv_cache_memory_
 of free memory capped at what max_num_seqs sequences of max_model_len could use; the cache must
 hold one max_model_len sequence."""
 
+import mmap
 import pathlib
 from collections.abc import Callable
 
@@ -102,7 +103,7 @@ def test_bind_kv_cache_needs_attention_layers_of_one_shape() -> None:
 
 def resident_bytes() -> int:
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
+        return int(f.read().split()[1]) * mmap.PAGESIZE
 
 
 def mapping_of(address: int) -> tuple[str, str]:
