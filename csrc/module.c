@@ -166,7 +166,7 @@ BINDING(rotary_embedding, "iiiiiiiiiiiiiiiii",
 
 BINDING(convert, "iiiii", 0, convert(PTR(a[0]), (int)a[1], PTR(a[2]), (int)a[3], a[4]))
 
-BINDING(argmax, "iiiii", 0, argmax(PTR(a[0]), PTR(a[1]), a[2], a[3], (int)a[4]))
+BINDING(argmax, "iiiiii", 0, argmax(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
 
 BINDING(silu_and_mul, "iiiiii", 0,
         silu_and_mul(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
@@ -252,7 +252,7 @@ static PyMethodDef methods[] = {
            "num_positions, is_neox, num_threads)"),
     METHOD(silu_and_mul, "silu_and_mul(out, x, bf16, num_tokens, d, num_threads)"),
     METHOD(convert, "convert(dst, dst_bf16, src, src_bf16, n)"),
-    METHOD(argmax, "argmax(out, x, rows, n, num_threads)"),
+    METHOD(argmax, "argmax(out, x, bf16, rows, n, num_threads)"),
     {NULL, NULL, 0, NULL},
 };
 

@@ -55,9 +55,9 @@ void reshape_and_cache(const void *key, const void *value, int kv_bf16, void *k_
 /* dst [n] = src [n], each bfloat16 when its flag is set, else float32 (convert.c). */
 void convert(void *dst, int dst_bf16, const void *src, int src_bf16, int64_t n);
 
-/* out [rows] = torch.argmax of each row of x [rows, n]: the first index of its largest
- * value, or of its first NaN (argmax.c). */
-void argmax(int64_t *out, const float *x, int64_t rows, int64_t n, int num_threads);
+/* out [rows] = torch.argmax of each row of x [rows, n] (float32, or bfloat16 if bf16): the
+ * first index of its largest value, or of its first NaN (argmax.c). */
+void argmax(int64_t *out, const void *x, int bf16, int64_t rows, int64_t n, int num_threads);
 
 /* out [rows, n] = x * rsqrt(mean(x^2) + eps) * weight [n], row by row. x, weight and out are
  * bfloat16 when bf16 (x * rsqrt(...) rounded to bfloat16 before the weight), else float32.

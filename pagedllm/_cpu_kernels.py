@@ -348,14 +348,16 @@ def convert(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
-    """x [rows, n] float32, n >= 1 -> int64 [rows]: torch.argmax(x, dim=-1) (the first
-    largest value's index, or the first NaN's)."""
+    """x [rows, n] float32 or bfloat16, n >= 1 -> int64 [rows]: torch.argmax(x, dim=-1) (the
+    first largest value's index, or the first NaN's)."""
     op = "argmax"
-    _check(op, "x", x, 2, "[rows, n]")
+    _check(op, "x", x, 2, "[rows, n]", _float_dtype(x))
     rows, n = x.shape
     _require(op, n > 0, "x must have at least one column, got shape {}", list(x.shape))
     out = torch.empty(rows, dtype=_I64)
-    _launch(_C.argmax, out.data_ptr(), x.data_ptr(), rows, n, torch.get_num_threads())
+    _launch(
+        _C.argmax, out.data_ptr(), x.data_ptr(), x.dtype is _BF16, rows, n, torch.get_num_threads()
+    )
     return out
 
 

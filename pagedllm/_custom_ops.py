@@ -331,13 +331,14 @@ def prefill_attention(
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """logits [rows, n].argmax(dim=-1), the greedy tokens: pagedllm._C's kernel for
-    contiguous CPU float32 rows (torch.argmax took ~100 us a row of a 49k vocabulary, 15 ms
-    for 256 rows on the AMX development machine; the kernel 22 us and 2.9 ms)."""
+    contiguous CPU float32 or bfloat16 rows (torch.argmax took ~100 us a row of a 49k
+    vocabulary, 15 ms for 256 rows on the AMX development machine; the kernel 22 us and 2.9
+    ms)."""
     if (
         logits.dim() == 2
         and logits.shape[1] > 0
         and logits.is_contiguous()
-        and cpu_kernels_apply(logits)
+        and cpu_kernels_apply(logits, dtypes=_FLOAT32_OR_BF16)
     ):
         return _cpu_kernels.argmax(logits)
     return logits.argmax(dim=-1)

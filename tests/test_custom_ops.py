@@ -69,12 +69,15 @@ def test_rms_norm_reads_per_head_rows_of_a_qkv_slice_in_place(
         )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("width", [1, 15, 16, 17, 100, 49152])
-def test_argmax_is_torch_argmax_ties_nan_and_infinities_included(width: int) -> None:
+def test_argmax_is_torch_argmax_ties_nan_and_infinities_included(
+    width: int, dtype: torch.dtype
+) -> None:
     """The first largest index, the first NaN's where a row holds one, -inf rows; rows of
     every width around the 16-element vector and a 49k vocabulary; a strided view falls
-    back to torch."""
-    rows = torch.randn(9, width)
+    back to torch. bfloat16 rows give the argmax of their float32 values."""
+    rows = torch.randn(9, width).to(dtype)
     rows[1] = 3.0  # all tied: index 0
     rows[2, width // 2 :] = rows[2].max() + 1  # tied maxima: the first of them
     rows[3] = -float("inf")
@@ -83,9 +86,9 @@ def test_argmax_is_torch_argmax_ties_nan_and_infinities_included(width: int) -> 
     rows[6, 0] = float("inf")
     rows[7, -1] = float("inf")
     rows[8] = torch.arange(width, dtype=torch.float32)  # the maximum last
-    assert torch.equal(_custom_ops.argmax(rows), rows.argmax(dim=-1))
+    assert torch.equal(_custom_ops.argmax(rows), rows.float().argmax(dim=-1))
     assert torch.equal(_custom_ops.argmax(rows[:0]), rows[:0].argmax(dim=-1))
-    strided = torch.randn(width, 3).t()
+    strided = torch.randn(width, 3).to(dtype).t()
     assert torch.equal(_custom_ops.argmax(strided), strided.argmax(dim=-1))
 
 

@@ -8,6 +8,7 @@ import torch
 from pagedllm.config import EngineConfig
 from pagedllm.executor.batch import BatchInputs, SeqChunk, prepare_batch
 from pagedllm.executor.cpu_graph import CpuGraphRunner
+from pagedllm.executor.cpu_malloc import keep_freed_memory
 from pagedllm.executor.kv_cache import bind_kv_cache, kv_cache_bytes_per_token
 from pagedllm.forward_context import set_forward_context
 from pagedllm.model_loader.loader import get_model
@@ -40,6 +41,8 @@ class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = torch.device(config.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.block_size = config.cache_config.block_size
         self.kv_cache_dtype = config.cache_config.kv_dtype(config.model_config.dtype)
         self.model = get_model(config.model_config, self.device)

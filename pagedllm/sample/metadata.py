@@ -50,6 +50,8 @@ class SamplingMetadata:
     token_bitmask:      [C, W] int32, the grammar bitmasks of the C constrained rows;
                         None if no row is constrained.
     token_bitmask_rows: [C] int64, the rows those bitmasks belong to.
+    argmax_only:        every row is greedy and nothing changes or reports its logits (no
+                        mask, bad words, logit_bias, min_tokens, penalties or logprobs).
     """
 
     rows: list[SamplingRow]
@@ -71,6 +73,7 @@ class SamplingMetadata:
     max_num_logprobs: int | None = None
     token_bitmask: torch.Tensor | None = None
     token_bitmask_rows: torch.Tensor | None = None
+    argmax_only: bool = False
 
     @property
     def output_token_ids(self) -> list[list[int]]:
@@ -85,14 +88,23 @@ class SamplingMetadata:
         params = [row.params for row in rows]
         sampling = _sampling_fields(rows, vocab_size, device)
         penalties = {} if sampling["no_penalties"] else _penalty_fields(rows, vocab_size, device)
+        allowed_token_ids_mask = _allowed_token_ids_mask(params, vocab_size, device)
+        bad_words_token_ids = _bad_words(params)
+        max_num_logprobs = _max_num_logprobs(params)
         return cls(
             rows=rows,
             **sampling,
             **penalties,
-            allowed_token_ids_mask=_allowed_token_ids_mask(params, vocab_size, device),
-            bad_words_token_ids=_bad_words(params),
-            max_num_logprobs=_max_num_logprobs(params),
+            allowed_token_ids_mask=allowed_token_ids_mask,
+            bad_words_token_ids=bad_words_token_ids,
+            max_num_logprobs=max_num_logprobs,
             **_token_bitmask_fields(rows, device),
+            argmax_only=sampling["all_greedy"]
+            and sampling["no_penalties"]
+            and allowed_token_ids_mask is None
+            and not bad_words_token_ids
+            and max_num_logprobs is None
+            and not any(p.logit_bias or p.min_tokens for p in params),
         )
 
 

@@ -1,10 +1,11 @@
 """The sampling pipeline: logits [B, V] -> one token per row, plus the logprobs asked for.
 
 Order (vLLM v1): structured-output bitmask (constrained rows) -> raw logprobs (raw modes)
--> float32 -> allowed_token_ids mask -> bad words -> non-argmax-invariant processors
-(min_tokens, logit_bias, custom) -> penalties -> greedy rows: argmax; random rows:
-temperature -> argmax-invariant processors (min_p, custom) -> top-k / top-p -> sample ->
-gather logprobs (processed modes: the final logits).
+-> float32 (skipped when the batch only takes an argmax: `argmax_only`, no custom
+processors; a bf16 row's argmax is its float32 one) -> allowed_token_ids mask -> bad
+words -> non-argmax-invariant processors (min_tokens, logit_bias, custom) -> penalties ->
+greedy rows: argmax; random rows: temperature -> argmax-invariant processors (min_p,
+custom) -> top-k / top-p -> sample -> gather logprobs (processed modes: the final logits).
 
 Logits processors keep per-row state; see pagedllm/sample/logits_processors.py for how the
 Sampler keeps them in step with the batch.
@@ -92,7 +93,8 @@ class Sampler(nn.Module):
             raw = compute_logprobs(logits)
         elif num_logprobs is not None and self.logprobs_mode == "raw_logits":
             raw = logits.to(torch.float32, copy=True)
-        logits = self.apply_logits_processors(logits.to(torch.float32), metadata)
+        if not (metadata.argmax_only and not self.has_custom_processors):
+            logits = self.apply_logits_processors(logits.to(torch.float32), metadata)
         sampled, final_logits = self.sample(logits, metadata)
         sampled, errors = _reject_unsampleable(sampled, final_logits)
         processed = self._processed(final_logits, metadata)

@@ -27,6 +27,24 @@ def test_all_greedy_batch_builds_nothing_to_skip() -> None:
     assert md.allowed_token_ids_mask is None and md.bad_words_token_ids == {}
     assert md.generators == {} and md.max_num_logprobs is None
     assert md.token_bitmask is None and md.token_bitmask_rows is None
+    assert md.argmax_only
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(temperature=0.5),
+        dict(repetition_penalty=1.2),
+        dict(presence_penalty=0.5),
+        dict(allowed_token_ids=[1, 2]),
+        dict(logit_bias={3: 1.0}),
+        dict(min_tokens=2),
+        dict(logprobs=0),
+    ],
+)
+def test_argmax_only_is_off_when_any_row_changes_or_reports_its_logits(kw: dict) -> None:
+    """Each feature on one row of an otherwise plain greedy batch turns argmax_only off."""
+    assert not build(row(temperature=0), row(**{"temperature": 0, **kw})).argmax_only
 
 
 def test_mixed_batch_tensors() -> None:

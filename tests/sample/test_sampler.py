@@ -224,3 +224,17 @@ def test_sampled_frequencies_match_the_filtered_distribution(kw: dict) -> None:
     probs = torch.softmax(reference_logits(logits, rows[0]), dim=-1)
     assert counts[probs == 0].sum() == 0
     assert chi_square_p_value(counts, probs) > 1e-3
+
+
+def test_plain_greedy_bf16_logits_give_the_float32_argmax_and_bias_stays_float32() -> None:
+    """A plain greedy batch takes the argmax of bf16 logits as they come (no float32 copy):
+    the same tokens as after .float(), ties to the first index; a logit_bias row still goes
+    through float32, where a bias of 1/512 separates a tie that bf16 rounding would keep."""
+    logits = (torch.randn(5, V) * 4).bfloat16()
+    logits[1] = 2.0  # all tied
+    rows = [row([1], [2], temperature=0) for _ in range(5)]
+    out = sample(Sampler(V), logits, rows)
+    assert out.sampled_token_ids.tolist() == logits.float().argmax(-1).tolist()
+    tied = torch.full((1, V), 100.0).bfloat16()  # bf16 spacing at 100 is 0.5
+    biased = sample(Sampler(V), tied, [row([1], [], temperature=0, logit_bias={7: 1 / 512})])
+    assert biased.sampled_token_ids.tolist() == [7]
