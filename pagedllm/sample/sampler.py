@@ -31,6 +31,8 @@ from pagedllm.sample.ops.penalties import apply_penalties
 from pagedllm.sample.ops.token_bitmask import apply_token_bitmask
 from pagedllm.sample.ops.top_k_top_p import apply_top_k_top_p
 
+SAMPLE_ROWS = 16  # random_sample's rows at a time: a float64 CDF of 6 MB at a 49k vocabulary
+
 LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
 
 
@@ -65,6 +67,7 @@ class Sampler(nn.Module):
         self.logitsprocs = build_logitsprocs(vocab_size, self.device, custom=logits_processors)
         self.has_custom_processors = bool(logits_processors)
         self._num_rows = 0  # rows the processors currently hold state for
+        self._float32_logits = torch.empty(0, device=self.device)  # see _as_float32
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """logits [B, V] -> SamplerOutput with sampled_token_ids [B].
@@ -94,7 +97,7 @@ class Sampler(nn.Module):
         elif num_logprobs is not None and self.logprobs_mode == "raw_logits":
             raw = logits.to(torch.float32, copy=True)
         if not (metadata.argmax_only and not self.has_custom_processors):
-            logits = self.apply_logits_processors(logits.to(torch.float32), metadata)
+            logits = self.apply_logits_processors(self._as_float32(logits), metadata)
         sampled, final_logits = self.sample(logits, metadata)
         sampled, errors = _reject_unsampleable(sampled, final_logits)
         processed = self._processed(final_logits, metadata)
@@ -102,6 +105,17 @@ class Sampler(nn.Module):
             return SamplerOutput(sampled, None, errors)
         reported = raw if processed is None else processed
         return SamplerOutput(sampled, gather_logprobs(reported, num_logprobs, sampled), errors)
+
+    def _as_float32(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits in float32; other dtypes are converted into a buffer kept across steps:
+        a new one (50 MB at 256 rows of a 49k vocabulary) is above glibc's largest mmap
+        threshold, so every step would fault its pages in again. Nothing returned from a
+        step refers to it (logprobs are gathered into new tensors)."""
+        if logits.dtype is torch.float32:
+            return logits
+        if self._float32_logits.numel() < logits.numel():
+            self._float32_logits = torch.empty(logits.numel(), device=self.device)
+        return self._float32_logits[: logits.numel()].view(logits.shape).copy_(logits)
 
     def _sample_rows_alone(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Each row as a batch of one, with the batch's logprobs count so the rows stack."""
@@ -225,11 +239,18 @@ def random_sample(logits: torch.Tensor, generators: dict[int, torch.Generator]) 
     for 64 rows of 152k tokens). The CDF is float64 so even flat rows of a large vocabulary
     keep each token's share exact. Seeded rows draw from their own generator, so their
     token does not depend on the other rows. Since u < 1, u * total < total and the first
-    CDF entry above it belongs to a token of nonzero probability.
+    CDF entry above it belongs to a token of nonzero probability. Rows go SAMPLE_ROWS at a
+    time: every step is row by row, and the whole batch's CDF (100 MB for 256 rows of a
+    49k vocabulary) was mapped afresh and faulted in each step (~4x slower on the AMX
+    development VM).
     """
-    weights = (logits - logits.amax(dim=-1, keepdim=True)).exp_()
-    cdf = weights.cumsum(dim=-1, dtype=torch.float64)
     u = torch.rand(logits.shape[0], 1, dtype=torch.float64, device=logits.device)
     for row, generator in generators.items():
         u[row] = torch.rand(1, dtype=torch.float64, device=logits.device, generator=generator)
-    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
+    sampled = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    for start in range(0, logits.shape[0], SAMPLE_ROWS):
+        rows = slice(start, start + SAMPLE_ROWS)
+        weights = (logits[rows] - logits[rows].amax(dim=-1, keepdim=True)).exp_()
+        cdf = weights.cumsum(dim=-1, dtype=torch.float64)
+        sampled[rows] = torch.searchsorted(cdf, u[rows] * cdf[:, -1:], right=True).squeeze(1)
+    return sampled

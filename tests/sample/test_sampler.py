@@ -74,14 +74,15 @@ def test_greedy_rows_are_the_argmax_whatever_the_seed() -> None:
 
 
 def test_seeded_row_gives_the_same_tokens_alone_and_in_a_batch() -> None:
-    """A seeded request's tokens over 12 steps do not depend on the other rows."""
-    logits = torch.randn(12, 3, V)
+    """A seeded request's tokens over 12 steps do not depend on the other rows (20 of
+    them: the seeded row is past the first SAMPLE_ROWS)."""
+    logits = torch.randn(12, 21, V)
 
     def run(batch: bool) -> list[int]:
         sampler, seeded, tokens = Sampler(V), row([1], [], top_k=8, seed=1234), []
         for step in range(12):
-            others = [row([2], [5]), row([3], [], temperature=0)] if batch else []
-            batch_logits = logits[step, 2 - len(others) :]  # the seeded row's logits last
+            others = [row([2], [5]), row([3], [], temperature=0)] * 10 if batch else []
+            batch_logits = logits[step, 20 - len(others) :]  # the seeded row's logits last
             out = sample(sampler, batch_logits, others + [seeded])
             seeded.output_token_ids.append(int(out.sampled_token_ids[-1]))
             tokens.append(seeded.output_token_ids[-1])
@@ -229,12 +230,17 @@ def test_sampled_frequencies_match_the_filtered_distribution(kw: dict) -> None:
 def test_plain_greedy_bf16_logits_give_the_float32_argmax_and_bias_stays_float32() -> None:
     """A plain greedy batch takes the argmax of bf16 logits as they come (no float32 copy):
     the same tokens as after .float(), ties to the first index; a logit_bias row still goes
-    through float32, where a bias of 1/512 separates a tie that bf16 rounding would keep."""
+    through float32, where a bias of 1/512 separates a tie that bf16 rounding would keep.
+    One sampler throughout: its float32 buffer grows and is reused at other batch sizes."""
+    sampler = Sampler(V)
+    tied = torch.full((1, V), 100.0).bfloat16()  # bf16 spacing at 100 is 0.5
+    biased_row = row([1], [], temperature=0, logit_bias={7: 1 / 512})
+    assert sample(sampler, tied, [biased_row]).sampled_token_ids.tolist() == [7]
     logits = (torch.randn(5, V) * 4).bfloat16()
     logits[1] = 2.0  # all tied
-    rows = [row([1], [2], temperature=0) for _ in range(5)]
-    out = sample(Sampler(V), logits, rows)
-    assert out.sampled_token_ids.tolist() == logits.float().argmax(-1).tolist()
-    tied = torch.full((1, V), 100.0).bfloat16()  # bf16 spacing at 100 is 0.5
-    biased = sample(Sampler(V), tied, [row([1], [], temperature=0, logit_bias={7: 1 / 512})])
-    assert biased.sampled_token_ids.tolist() == [7]
+    plain = [row([1], [2], temperature=0) for _ in range(5)]
+    unbiased = [row([1], [2], temperature=0, logit_bias={3: 0.0}) for _ in range(5)]
+    for rows in (plain, unbiased):
+        out = sample(sampler, logits, rows)
+        assert out.sampled_token_ids.tolist() == logits.float().argmax(-1).tolist()
+    assert sample(sampler, tied, [biased_row]).sampled_token_ids.tolist() == [7]

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
-from pagedllm.sample.ops.top_k_top_p import apply_top_k_top_p
+from pagedllm.sample.ops.top_k_top_p import ROWS, apply_top_k_top_p
 
 V = 32
 
@@ -36,6 +36,17 @@ def test_matches_transformers_warpers(ks: list[int] | None, ps: list[float] | No
     ours = apply_top_k_top_p(logits.clone(), k, p)
     expected = reference(logits, ks or [V] * 4, ps or [1.0] * 4)
     torch.testing.assert_close(ours, expected)
+
+
+def test_batches_longer_than_a_row_chunk_match_row_by_row() -> None:
+    """40 rows (2.5 chunks of ROWS), each with its own k and p."""
+    assert 40 > 2 * ROWS
+    torch.manual_seed(0)
+    logits = torch.randn(40, V) * 2
+    ks = torch.randint(1, V + 1, (40,)).tolist()
+    ps = torch.rand(40).clamp(0.05, 1.0).tolist()
+    ours = apply_top_k_top_p(logits.clone(), torch.tensor(ks), torch.tensor(ps))
+    torch.testing.assert_close(ours, reference(logits, ks, ps))
 
 
 def test_top_p_nucleus_larger_than_the_candidates_falls_back_to_a_sort() -> None:
