@@ -31,8 +31,10 @@ INLINE void KV_NAME(token_rows)(const KV_NAME(PagedRows) *r, int64_t t0, int64_t
   }
 }
 
+/* Into L1 (prefetcht0): on the AMX development VM 7-10% faster per layer than into L2
+ * (prefetcht1/t2), and prefetchnta 2.3x slower (BENCHMARKS.md, session 11). */
 INLINE void KV_NAME(prefetch_row)(const KV_T *row, int64_t row_size) {
-  for (int64_t j = 0; j < row_size; j += 64 / sizeof(KV_T)) __builtin_prefetch(row + j, 0, 1);
+  for (int64_t j = 0; j < row_size; j += 64 / sizeof(KV_T)) __builtin_prefetch(row + j, 0, 3);
 }
 
 /* Asks for the rows of tokens t0 .. t0 + n - 1 ahead of use: each block is a separate
