@@ -40,7 +40,6 @@ INLINE float softmax_update(vec16 scores, int64_t n, RunningSoftmax *state, floa
   return correction;
 }
 
-
 /* KV_WIDEN32(p, lo, hi): 32 cache elements from p as two float32 vectors, in the lane order
  * KV_ELEMENT_OF gives (lane -> element of the 32). A float32 cache keeps its order; a bf16
  * cache is widened 32 at a time by two bit operations on 32-bit lanes (even elements are the

@@ -28,10 +28,9 @@ from pagedllm.sample.metadata import SamplingMetadata
 from pagedllm.sample.ops.bad_words import apply_bad_words
 from pagedllm.sample.ops.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
 from pagedllm.sample.ops.penalties import apply_penalties
+from pagedllm.sample.ops.row_chunks import row_chunks
 from pagedllm.sample.ops.token_bitmask import apply_token_bitmask
 from pagedllm.sample.ops.top_k_top_p import apply_top_k_top_p
-
-SAMPLE_ROWS = 16  # random_sample's rows at a time: a float64 CDF of 6 MB at a 49k vocabulary
 
 LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
 
@@ -239,17 +238,14 @@ def random_sample(logits: torch.Tensor, generators: dict[int, torch.Generator]) 
     for 64 rows of 152k tokens). The CDF is float64 so even flat rows of a large vocabulary
     keep each token's share exact. Seeded rows draw from their own generator, so their
     token does not depend on the other rows. Since u < 1, u * total < total and the first
-    CDF entry above it belongs to a token of nonzero probability. Rows go SAMPLE_ROWS at a
-    time: every step is row by row, and the whole batch's CDF (100 MB for 256 rows of a
-    49k vocabulary) was mapped afresh and faulted in each step (~4x slower on the AMX
-    development VM).
+    CDF entry above it belongs to a token of nonzero probability. A few rows at a time
+    (ops/row_chunks.py): the whole batch's CDF is 100 MB for 256 rows of a 49k vocabulary.
     """
     u = torch.rand(logits.shape[0], 1, dtype=torch.float64, device=logits.device)
     for row, generator in generators.items():
         u[row] = torch.rand(1, dtype=torch.float64, device=logits.device, generator=generator)
     sampled = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-    for start in range(0, logits.shape[0], SAMPLE_ROWS):
-        rows = slice(start, start + SAMPLE_ROWS)
+    for rows in row_chunks(logits.shape[0]):
         weights = (logits[rows] - logits[rows].amax(dim=-1, keepdim=True)).exp_()
         cdf = weights.cumsum(dim=-1, dtype=torch.float64)
         sampled[rows] = torch.searchsorted(cdf, u[rows] * cdf[:, -1:], right=True).squeeze(1)

@@ -75,7 +75,7 @@ def test_greedy_rows_are_the_argmax_whatever_the_seed() -> None:
 
 def test_seeded_row_gives_the_same_tokens_alone_and_in_a_batch() -> None:
     """A seeded request's tokens over 12 steps do not depend on the other rows (20 of
-    them: the seeded row is past the first SAMPLE_ROWS)."""
+    them: the seeded row is past the first ROW_CHUNK)."""
     logits = torch.randn(12, 21, V)
 
     def run(batch: bool) -> list[int]:

@@ -13,19 +13,17 @@ the rows whose nucleus is larger than that.
 
 import torch
 
+from pagedllm.sample.ops.row_chunks import row_chunks
+
 _TOP_P_CANDIDATES = 1024
-ROWS = 16
 
 
 def apply_top_k_top_p(
     logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None
 ) -> torch.Tensor:
     """Set filtered logits [B, V] to -inf in place. k [B] int64 (V = off), p [B] float32
-    (1 = off); None when no row uses it. Rows go ROWS at a time (every step is row by row):
-    a whole batch's temporaries (probabilities, sorted rows: 50 MB and more at 256 rows of a
-    49k vocabulary) were mapped afresh and faulted in each step."""
-    for start in range(0, logits.shape[0], ROWS):
-        rows = slice(start, start + ROWS)
+    (1 = off); None when no row uses it. A few rows at a time (ops/row_chunks.py)."""
+    for rows in row_chunks(logits.shape[0]):
         if k is not None:
             apply_top_k_only(logits[rows], k[rows])
         if p is not None:

@@ -4,7 +4,8 @@ import pytest
 import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
-from pagedllm.sample.ops.top_k_top_p import ROWS, apply_top_k_top_p
+from pagedllm.sample.ops.row_chunks import ROW_CHUNK
+from pagedllm.sample.ops.top_k_top_p import apply_top_k_top_p
 
 V = 32
 
@@ -39,8 +40,8 @@ def test_matches_transformers_warpers(ks: list[int] | None, ps: list[float] | No
 
 
 def test_batches_longer_than_a_row_chunk_match_row_by_row() -> None:
-    """40 rows (2.5 chunks of ROWS), each with its own k and p."""
-    assert 40 > 2 * ROWS
+    """40 rows (2.5 chunks of ROW_CHUNK), each with its own k and p."""
+    assert 40 > 2 * ROW_CHUNK
     torch.manual_seed(0)
     logits = torch.randn(40, V) * 2
     ks = torch.randint(1, V + 1, (40,)).tolist()
