@@ -15,6 +15,7 @@
  */
 #include <omp.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "bf16.h"
 #include "ops.h"
@@ -38,6 +39,21 @@ INLINE float softmax_update(vec16 scores, int64_t n, RunningSoftmax *state, floa
   state->sum = state->sum * correction + hsum16(p);
   state->max = max;
   return correction;
+}
+
+/* Whether the next chunk's key and value rows are prefetched into L1 (else into L2): only
+ * where L1 holds them beside the chunk being read (~24 KB for the default model) with room
+ * to spare. Measured per layer, 256 sequences of ~300 tokens: on the AMX Xeon (48 KiB L1)
+ * L1 was 7-10% faster than L2; on Zen 4 (32 KiB L1) L2 was 1.4-1.6x faster than L1, which
+ * evicted rows before their use (BENCHMARKS.md, sessions 11 and 12). */
+static int prefetch_into_l1(void) {
+  static int known = -1; /* sysconf once; threads that race here all store the same value */
+  int into_l1 = __atomic_load_n(&known, __ATOMIC_RELAXED);
+  if (into_l1 < 0) {
+    into_l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE) >= 48 * 1024;
+    __atomic_store_n(&known, into_l1, __ATOMIC_RELAXED);
+  }
+  return into_l1;
 }
 
 /* KV_WIDEN32(p, lo, hi): 32 cache elements from p as two float32 vectors, in the lane order

@@ -31,18 +31,23 @@ INLINE void KV_NAME(token_rows)(const KV_NAME(PagedRows) *r, int64_t t0, int64_t
   }
 }
 
-/* Into L1 (prefetcht0): on the AMX development VM 7-10% faster per layer than into L2
- * (prefetcht1/t2), and prefetchnta 2.3x slower (BENCHMARKS.md, session 11). */
-INLINE void KV_NAME(prefetch_row)(const KV_T *row, int64_t row_size) {
-  for (int64_t j = 0; j < row_size; j += 64 / sizeof(KV_T)) __builtin_prefetch(row + j, 0, 3);
+/* Into L1 (prefetcht0) where into_l1 (prefetch_into_l1()), else into L2 (prefetcht1). */
+INLINE void KV_NAME(prefetch_row)(const KV_T *row, int64_t row_size, int into_l1) {
+  for (int64_t j = 0; j < row_size; j += 64 / sizeof(KV_T)) {
+    if (into_l1)
+      __builtin_prefetch(row + j, 0, 3);
+    else
+      __builtin_prefetch(row + j, 0, 2);
+  }
 }
 
 /* Asks for the rows of tokens t0 .. t0 + n - 1 ahead of use: each block is a separate
  * stretch of memory that the hardware prefetcher would only find after a few misses. */
-INLINE void KV_NAME(prefetch_rows)(const KV_NAME(PagedRows) *r, int64_t t0, int64_t n) {
+INLINE void KV_NAME(prefetch_rows)(const KV_NAME(PagedRows) *r, int64_t t0, int64_t n,
+                                   int into_l1) {
   const KV_T *rows[16];
   KV_NAME(token_rows)(r, t0, n, rows);
-  for (int64_t i = 0; i < n; i++) KV_NAME(prefetch_row)(rows[i], r->row_size);
+  for (int64_t i = 0; i < n; i++) KV_NAME(prefetch_row)(rows[i], r->row_size, into_l1);
 }
 
 /* The work of one task: query heads [h0, h1) of one sequence, which read kv heads h / G. */
@@ -52,6 +57,7 @@ typedef struct {
   KV_NAME(PagedRows) keys, values;
   int64_t seq_len, h0, h1, G, D;
   float scale;
+  int prefetch_l1;
 } KV_NAME(HeadRange);
 
 /* Scores of one chunk, scale * q . k_i for the n <= 16 key rows; lanes >= n are -FLT_MAX. */
@@ -113,8 +119,8 @@ INLINE void KV_NAME(attend_group)(const KV_NAME(HeadRange) *w, int64_t kvh, cons
   vec16 partial[HEAD_GROUP][16];
   for (int64_t i = 0; i < n; i++) { /* next_n > 0 only when this chunk is full */
     if (i < next_n) {
-      KV_NAME(prefetch_row)(next_keys[i], w->keys.row_size);
-      KV_NAME(prefetch_row)(next_values[i], w->values.row_size);
+      KV_NAME(prefetch_row)(next_keys[i], w->keys.row_size, w->prefetch_l1);
+      KV_NAME(prefetch_row)(next_values[i], w->values.row_size, w->prefetch_l1);
     }
     vec16 k[VEC_MAX];
     KV_NAME(widen_row)(keys[i] + off, k, D);
@@ -221,8 +227,8 @@ INLINE void KV_NAME(attend_heads)(const KV_NAME(HeadRange) *w, RunningSoftmax *s
     KV_NAME(token_rows)(&w->values, t0, n, values);
     if (t0 + 16 < L) {
       int64_t next = L - t0 - 16 < 16 ? L - t0 - 16 : 16;
-      KV_NAME(prefetch_rows)(&w->keys, t0 + 16, next);
-      KV_NAME(prefetch_rows)(&w->values, t0 + 16, next);
+      KV_NAME(prefetch_rows)(&w->keys, t0 + 16, next, w->prefetch_l1);
+      KV_NAME(prefetch_rows)(&w->values, t0 + 16, next, w->prefetch_l1);
     }
     for (int64_t h = w->h0; h < w->h1; h++)
       KV_NAME(attend_chunk)(w, h, keys, values, n, &state[h - w->h0], D);
@@ -255,6 +261,7 @@ static int KV_NAME(run)(float *out, const float *q, const KV_T *k_cache, const K
    * enough sequences to keep every thread busy, else one kv head's query heads. */
   const int64_t kv_per_task = B >= 2 * num_threads ? KV : 1;
   const int64_t tasks_per_seq = KV / kv_per_task;
+  const int into_l1 = prefetch_into_l1();
   RunningSoftmax *states = malloc((size_t)(num_threads * H) * sizeof(RunningSoftmax));
   float *scratch = malloc((size_t)(num_threads * 2 * H * D) * sizeof(float));
   if (states == NULL || scratch == NULL) {
@@ -279,7 +286,8 @@ static int KV_NAME(run)(float *out, const float *q, const KV_T *k_cache, const K
                                (kv0 + kv_per_task) * G,
                                G,
                                D,
-                               scale};
+                               scale,
+                               into_l1};
       KV_NAME(attend)(&w, state, thread_scratch);
     }
   }
