@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "gguf.h"
+#include "isa_table.h"
 #include "ops.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -25,39 +26,19 @@ static int has_avx2(void) {
 }
 #endif
 
-static int always(void) { return 1; }
-
 static const struct {
-  const char *name;
-  int (*supported)(void);
+  isa_entry isa;
   gguf_quantize_fn quantize;
   gguf_rows_fn rows;
 } ISAS[] = {
 #if defined(__x86_64__) && defined(__GNUC__)
-    {"avx512_vnni", has_avx512_vnni, gguf_quantize_rows_avx512_vnni, gguf_dot_rows_avx512_vnni},
-    {"avx2", has_avx2, gguf_quantize_rows_avx2, gguf_dot_rows_avx2},
+    {{"avx512_vnni", has_avx512_vnni}, gguf_quantize_rows_avx512_vnni, gguf_dot_rows_avx512_vnni},
+    {{"avx2", has_avx2}, gguf_quantize_rows_avx2, gguf_dot_rows_avx2},
 #endif
-    {"portable", always, gguf_quantize_rows_portable, gguf_dot_rows_portable},
+    {{"portable", isa_always}, gguf_quantize_rows_portable, gguf_dot_rows_portable},
 };
 
-int gguf_isa_count(void) { return (int)(sizeof ISAS / sizeof ISAS[0]); }
-
-const char *gguf_isa_name(int isa) { return ISAS[isa].name; }
-
-int gguf_isa_supported(int isa) {
-  return isa >= 0 && isa < gguf_isa_count() && ISAS[isa].supported();
-}
-
-/* The first supported ISA, the best. */
-static int best_isa(void) {
-  static int best = -1;
-  if (best < 0) {
-    int i = 0;
-    while (!ISAS[i].supported()) i++;
-    best = i;
-  }
-  return best;
-}
+ISA_TABLE(gguf, ISAS)
 
 /* q8_act for M rows of K in one allocation (*buffer, to free), its pads zeroed. */
 static int alloc_act(q8_act *a, void **buffer, int64_t M, int64_t K) {

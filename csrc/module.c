@@ -52,6 +52,30 @@ static int check_indices(const char *op, const char *name, const int64_t *values
   return 0;
 }
 
+/* 0 when isa is -1 (the best) or the index of one of a kernel's instruction sets (count,
+ * supported) that this CPU supports, else -1 with a ValueError naming op. */
+static int check_isa(const char *op, int64_t isa, int (*count)(void), int (*supported)(int)) {
+  if (isa == -1 || (isa >= 0 && isa < count() && supported((int)isa))) return 0;
+  PyErr_Format(PyExc_ValueError, "%s: isa %lld is not one this CPU supports", op,
+               (long long)isa);
+  return -1;
+}
+
+/* ((name, supported), ...) of a kernel's instruction sets, best first; the index of one is
+ * its isa argument. */
+static PyObject *isa_table(int (*count)(void), const char *(*name)(int), int (*supported)(int)) {
+  PyObject *isas = PyTuple_New(count());
+  for (int i = 0; isas && i < count(); i++) {
+    PyObject *item = Py_BuildValue("(sO)", name(i), supported(i) ? Py_True : Py_False);
+    if (!item) {
+      Py_DECREF(isas);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(isas, i, item);
+  }
+  return isas;
+}
+
 /* 0 when every sequence length lies in [1, max_blocks * block_size] and every block id the
  * kernel will read (the first ceil(seq_len / block_size) of a row) lies in [0, num_blocks). */
 static int check_block_tables(const int32_t *block_tables, const int32_t *seq_lens, int64_t B,
@@ -93,8 +117,10 @@ static int check_block_tables(const int32_t *block_tables, const int32_t *seq_le
     Py_RETURN_NONE;                                                                 \
   }
 
-BINDING(skinny_gemm, "iiiiiiii", 0,
-        skinny_gemm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6], (int)a[7]))
+BINDING(skinny_gemm, "iiiiiiiii",
+        check_isa("skinny_gemm", a[7], skinny_gemm_isa_count, skinny_gemm_isa_supported),
+        skinny_gemm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6], (int)a[7],
+                    (int)a[8]))
 
 BINDING(skinny_gemm_bf16, "iiiiiiii", 0,
         rc = skinny_gemm_bf16(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6],
@@ -139,11 +165,15 @@ BINDING(amx_prefill_attention, "iiiiiiiiiiiiiif",
 
 BINDING(amx_pack_bf16, "iiii", 0, amx_pack_bf16(PTR(a[0]), PTR(a[1]), a[2], a[3]))
 
-BINDING(paged_decode_attention, "iiiiiiiiiiiiiiif",
-        check_block_tables(PTR(a[5]), PTR(a[6]), a[7], a[12], a[11], a[13]),
+BINDING(paged_decode_attention, "iiiiiiiiiiiiiiiif",
+        (check_block_tables(PTR(a[5]), PTR(a[6]), a[7], a[12], a[11], a[13]) < 0 ||
+         check_isa("paged_decode_attention", a[14], paged_attention_isa_count,
+                   paged_attention_isa_supported) < 0)
+            ? -1
+            : 0,
         rc = paged_decode_attention(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), (int)a[4],
                                     PTR(a[5]), PTR(a[6]), a[7], a[8], a[9], a[10], a[11], a[12],
-                                    (float)f[0], (int)a[14]))
+                                    (float)f[0], (int)a[14], (int)a[15]))
 
 BINDING(reshape_and_cache, "iiiiiiiiiiii",
         check_indices("reshape_and_cache", "slot_mapping", PTR(a[6]), a[7], -1, a[11]),
@@ -171,59 +201,34 @@ BINDING(argmax, "iiiiii", 0, argmax(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4],
 BINDING(silu_and_mul, "iiiiii", 0,
         silu_and_mul(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
 
-/* 0 when isa names an instruction set gguf_gemm has and the CPU supports (or is -1, the
- * best), else -1 with a ValueError; qtype, a supported type, is checked by the caller. */
-static int check_isa(int64_t isa) {
-  if (isa == -1 || (isa >= 0 && isa < gguf_isa_count() && gguf_isa_supported((int)isa)))
-    return 0;
-  PyErr_Format(PyExc_ValueError, "gguf_gemm: isa %lld is not one this CPU supports",
-               (long long)isa);
-  return -1;
-}
-
-BINDING(gguf_gemm, "iiiiiiiiii", check_isa(a[8]),
+BINDING(gguf_gemm, "iiiiiiiiii",
+        check_isa("gguf_gemm", a[8], gguf_isa_count, gguf_isa_supported),
         rc = gguf_gemm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), (int)a[4], a[5], a[6], a[7],
                        (int)a[8], (int)a[9]))
 
 BINDING(gguf_dequantize, "iiiiii", 0,
         gguf_dequantize(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
 
-/* ((name, supported), ...) of gguf_gemm's instruction sets, best first; the index of one is
- * its isa argument. */
 static PyObject *py_gguf_isas(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  PyObject *isas = PyTuple_New(gguf_isa_count());
-  for (int i = 0; isas && i < gguf_isa_count(); i++) {
-    PyObject *item = Py_BuildValue("(sO)", gguf_isa_name(i),
-                                   gguf_isa_supported(i) ? Py_True : Py_False);
-    if (!item) {
-      Py_DECREF(isas);
-      return NULL;
-    }
-    PyTuple_SET_ITEM(isas, i, item);
-  }
-  return isas;
+  return isa_table(gguf_isa_count, gguf_isa_name, gguf_isa_supported);
 }
 
-int cpu_has_avx512(void) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_supports("avx512f");
-#else
-  return 0;
-#endif
+static PyObject *py_skinny_gemm_isas(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return isa_table(skinny_gemm_isa_count, skinny_gemm_isa_name, skinny_gemm_isa_supported);
+}
+
+static PyObject *py_paged_attention_isas(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return isa_table(paged_attention_isa_count, paged_attention_isa_name,
+                   paged_attention_isa_supported);
 }
 
 static PyObject *py_amx_gemm_supported(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   return PyBool_FromLong(amx_gemm_supported());
 }
 
-static PyObject *py_cpu_has_avx512(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  return PyBool_FromLong(cpu_has_avx512());
-}
-
 #define METHOD(name, doc) {#name, (PyCFunction)(void (*)(void))py_##name, METH_FASTCALL, doc}
 
 static PyMethodDef methods[] = {
-    METHOD(cpu_has_avx512, "cpu_has_avx512() -> bool"),
     METHOD(gguf_isas, "gguf_isas() -> ((name, supported), ...), best first"),
     METHOD(gguf_gemm, "gguf_gemm(x, w, b, y, qtype, M, N, K, isa, num_threads)"),
     METHOD(gguf_dequantize, "gguf_dequantize(w, out, qtype, rows, K, num_threads)"),
@@ -233,11 +238,14 @@ static PyMethodDef methods[] = {
            "amx_prefill_attention(out, q, k_cache, v_cache, block_table, n, seq_len, H, KV, D, "
            "block_size, max_blocks, num_blocks, num_threads, scale), bfloat16"),
     METHOD(amx_pack_bf16, "amx_pack_bf16(packed_w, w, N, K), bfloat16"),
-    METHOD(skinny_gemm, "skinny_gemm(x, w, b, y, M, N, K, num_threads)"),
+    METHOD(skinny_gemm, "skinny_gemm(x, w, b, y, M, N, K, isa, num_threads)"),
+    METHOD(skinny_gemm_isas, "skinny_gemm_isas() -> ((name, supported), ...), best first"),
     METHOD(skinny_gemm_bf16, "skinny_gemm_bf16(x, w, b, y, M, N, K, num_threads), bfloat16"),
     METHOD(paged_decode_attention,
            "paged_decode_attention(out, q, k_cache, v_cache, kv_bf16, block_tables, seq_lens, B, "
-           "H, KV, D, block_size, max_blocks, num_blocks, num_threads, scale)"),
+           "H, KV, D, block_size, max_blocks, num_blocks, isa, num_threads, scale)"),
+    METHOD(paged_attention_isas,
+           "paged_attention_isas() -> ((name, supported), ...), best first"),
     METHOD(reshape_and_cache,
            "reshape_and_cache(key, value, kv_bf16, k_cache, v_cache, cache_bf16, slot_mapping, "
            "num_tokens, key_stride, value_stride, row_size, num_slots)"),

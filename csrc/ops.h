@@ -6,9 +6,13 @@
 
 #include <stdint.h>
 
-/* y [M, N] = x [M, K] @ w [N, K]^T (+ b [N]); b may be NULL. For small M (skinny_gemm.c). */
+/* y [M, N] = x [M, K] @ w [N, K]^T (+ b [N]); b may be NULL. For small M (skinny_gemm.c).
+ * isa: an index of skinny_gemm_isa_name that skinny_gemm_isa_supported, or -1 for the best. */
 void skinny_gemm(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N,
-          int64_t K, int num_threads);
+                 int64_t K, int isa, int num_threads);
+int skinny_gemm_isa_count(void);
+const char *skinny_gemm_isa_name(int isa);
+int skinny_gemm_isa_supported(int isa);
 
 /* skinny_gemm on bfloat16 x, w, b and y, in float32 inside (skinny_gemm_bf16.c). Returns 0, or
  * -1 when its scratch memory cannot be allocated. */
@@ -37,11 +41,16 @@ int amx_prefill_attention(uint16_t *out, const uint16_t *q, const uint16_t *k_ca
 /* One new query token per sequence against its paged keys and values:
  * out, q [B, H, D]; k_cache, v_cache [num_blocks, block_size, KV, D];
  * block_tables [B, max_blocks]; seq_lens [B] (>= 1). Query head h reads kv head h / (H / KV).
- * The caches hold bfloat16 when kv_bf16, else float32. Returns 0, or -1 when its scratch memory cannot be allocated. */
+ * The caches hold bfloat16 when kv_bf16, else float32. isa: an index of
+ * paged_attention_isa_name that paged_attention_isa_supported, or -1 for the best. Returns 0,
+ * or -1 when its scratch memory cannot be allocated (paged_attention.c). */
 int paged_decode_attention(float *out, const float *q, const void *k_cache, const void *v_cache,
                            int kv_bf16, const int32_t *block_tables, const int32_t *seq_lens,
                            int64_t B, int64_t H, int64_t KV, int64_t D, int64_t block_size,
-                           int64_t max_blocks, float scale, int num_threads);
+                           int64_t max_blocks, float scale, int isa, int num_threads);
+int paged_attention_isa_count(void);
+const char *paged_attention_isa_name(int isa);
+int paged_attention_isa_supported(int isa);
 
 /* k_cache, v_cache [num_slots, row_size] at slot_mapping[t] = key, value row t (row strides
  * key_stride, value_stride): the new tokens' keys and values stored for later steps. key and
@@ -103,8 +112,5 @@ int gguf_isa_supported(int isa);
  * bit-equal to gguf.quants.dequantize (gguf_dequant.c). */
 void gguf_dequantize(const uint8_t *w, float *out, int qtype, int64_t rows, int64_t K,
                      int num_threads);
-
-/* 1 when the running CPU has AVX-512F (the kernels' widest build), else 0. */
-int cpu_has_avx512(void);
 
 #endif

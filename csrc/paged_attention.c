@@ -4,42 +4,27 @@
  * table, never copied into a padded batch), takes a softmax and sums the values. The torch
  * reference (attention_backends/torch_sdpa.py) gathers all keys into a [B, max_seq_len]
  * copy first, which dominated large decode steps. Keys and values are read as whole token
- * rows [KV, D], in order, sixteen tokens at a time for all heads of a task.
+ * rows [KV, D], in order, a vector's width of tokens at a time (16 on AVX-512) for all heads
+ * of a task.
  *
- * Head sizes that are multiples of 32 (all common ones) take the grouped path: the query
- * heads of one kv head (up to HEAD_GROUP at a time) share each key and value row, widened
+ * Head sizes that are multiples of 32 (all common ones; 16 on AVX2) take the grouped path:
+ * the query heads of one kv head (up to HEAD_GROUP at a time) share each key and value row, widened
  * once, and the next chunk's rows are prefetched a token at a time rather than in one burst
  * (whose prefetches stalled on the line fill buffers). On the default model's shapes (9
  * heads, 3 kv heads, D 64, bf16 cache, 32 sequences of 400 tokens) that is 1.65x the
  * per-head path (0.97 vs 1.6 ms per layer). Other head sizes keep the per-head path.
+ *
+ * The kernel (paged_attention_kernel.h) is built once per instruction set at its register
+ * width, 16 lanes on AVX-512, 8 on AVX2, 4 elsewhere, and this file picks the best the CPU
+ * has, or the one the caller names (the tests run each). With 16-lane vectors everywhere
+ * (CPU_DISPATCH), GCC's AVX2 copy ran at a quarter of the AVX-512 copy's speed on the same
+ * cores (BENCHMARKS.md, session 13).
  */
-#include <omp.h>
-#include <stdlib.h>
 #include <unistd.h>
 
-#include "bf16.h"
+#include "isa_table.h"
 #include "ops.h"
-
-#define VEC_MAX 16 /* head sizes up to 256 keep their output row in registers */
-#define HEAD_GROUP 4 /* query heads of one kv head that share each widened key and value row */
-
-/* A head's running softmax over the chunks seen so far: max score and sum of e^(s - max). */
-typedef struct {
-  float max, sum;
-} RunningSoftmax;
-
-/* Folds one chunk's scores (lanes >= n: -FLT_MAX) into state: probs[i] = e^(scores[i] - max)
- * for the new running max; returns the factor that rescales what was summed before. */
-INLINE float softmax_update(vec16 scores, int64_t n, RunningSoftmax *state, float *probs) {
-  const float chunk_max = hmax16(scores);
-  const float max = chunk_max > state->max ? chunk_max : state->max;
-  const float correction = exp16(splat16(state->max - max))[0];
-  const vec16 p = select16(lanes_below(n), exp16(scores - max), splat16(0.0f));
-  store16(probs, p);
-  state->sum = state->sum * correction + hsum16(p);
-  state->max = max;
-  return correction;
-}
+#include "paged_attention.h"
 
 /* Whether the next chunk's key and value rows are prefetched into L1 (else into L2): only
  * where L1 holds them beside the chunk being read (~24 KB for the default model) with room
@@ -56,48 +41,21 @@ static int prefetch_into_l1(void) {
   return into_l1;
 }
 
-/* KV_WIDEN32(p, lo, hi): 32 cache elements from p as two float32 vectors, in the lane order
- * KV_ELEMENT_OF gives (lane -> element of the 32). A float32 cache keeps its order; a bf16
- * cache is widened 32 at a time by two bit operations on 32-bit lanes (even elements are the
- * low halves, odd ones the high), so queries and outputs are put in that order instead. */
-#define KV_T float
-#define KV_LOAD16 load16
-#define KV_LOAD1(p) (*(p))
-#define KV_WIDEN32(p, lo, hi) (lo = load16(p), hi = load16((p) + 16))
-#define KV_ELEMENT_OF(lane) (lane)
-#define KV_NAME(name) name##_f32
-#include "paged_attention_impl.h"
-#undef KV_T
-#undef KV_LOAD16
-#undef KV_LOAD1
-#undef KV_WIDEN32
-#undef KV_ELEMENT_OF
-#undef KV_NAME
+static const struct {
+  isa_entry isa;
+  paged_attention_fn run;
+} ISAS[] = {VECTOR_BUILDS(paged_attention_run)};
 
-INLINE void widen32_bf16(const uint16_t *p, vec16 *lo, vec16 *hi) {
-  uvec16 u;
-  memcpy(&u, p, sizeof u);
-  *lo = (vec16)(u << 16);
-  *hi = (vec16)(u & 0xffff0000u);
-}
-
-#define KV_T uint16_t
-#define KV_LOAD16 load16_bf16
-#define KV_LOAD1(p) bf16_to_float(*(p))
-#define KV_WIDEN32(p, lo, hi) widen32_bf16(p, &(lo), &(hi))
-#define KV_ELEMENT_OF(lane) ((lane) < 16 ? 2 * (lane) : 2 * ((lane) - 16) + 1)
-#define KV_NAME(name) name##_bf16
-#include "paged_attention_impl.h"
+ISA_TABLE(paged_attention, ISAS)
 
 int paged_decode_attention(float *out, const float *q, const void *k_cache, const void *v_cache,
                            int kv_bf16, const int32_t *block_tables, const int32_t *seq_lens,
                            int64_t B, int64_t H, int64_t KV, int64_t D, int64_t block_size,
-                           int64_t max_blocks, float scale, int num_threads) {
-  if (kv_bf16)
-    return run_bf16(out, q, k_cache, v_cache, block_tables, seq_lens, B, H, KV, D, block_size,
-                    max_blocks, scale, num_threads);
-  return run_f32(out, q, k_cache, v_cache, block_tables, seq_lens, B, H, KV, D, block_size,
-                 max_blocks, scale, num_threads);
+                           int64_t max_blocks, float scale, int isa, int num_threads) {
+  const paged_attention_args a = {
+      out, q, k_cache, v_cache, kv_bf16, block_tables, seq_lens, B, H, KV, D, block_size,
+      max_blocks, scale, prefetch_into_l1(), num_threads};
+  return ISAS[isa < 0 ? best_isa() : isa].run(&a);
 }
 
 void reshape_and_cache(const void *key, const void *value, int kv_bf16, void *k_cache,

@@ -77,20 +77,41 @@ def replay_launches(launches: list[Launch]) -> None:
         kernel(*args)
 
 
-def cpu_has_avx512() -> bool:
-    return _C is not None and _C.cpu_has_avx512()
-
-
 _Q = GGMLQuantizationType
 GGUF_TYPES = (_Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1, _Q.Q8_0, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K)
 """The GGUF block types gguf_gemm and gguf_dequantize take (csrc/gguf.h)."""
 _GGUF_SIZES = {int(t): GGML_QUANT_SIZES[t] for t in GGUF_TYPES}  # (block_size, type_size)
 _GGUF_ISAS: tuple[tuple[str, bool], ...] = _C.gguf_isas() if _C is not None else ()
+_ATTENTION_ISAS: tuple[tuple[str, bool], ...] = _C.paged_attention_isas() if _C is not None else ()
+_SKINNY_ISAS: tuple[tuple[str, bool], ...] = _C.skinny_gemm_isas() if _C is not None else ()
+
+
+def _supported(table: tuple[tuple[str, bool], ...]) -> tuple[str, ...]:
+    return tuple(name for name, supported in table if supported)
 
 
 def gguf_isas() -> tuple[str, ...]:
     """The instruction sets gguf_gemm can use on this CPU, best first (empty without _C)."""
-    return tuple(name for name, supported in _GGUF_ISAS if supported)
+    return _supported(_GGUF_ISAS)
+
+
+def skinny_gemm_isas() -> tuple[str, ...]:
+    """The builds of skinny_gemm this CPU runs, best first (empty without _C)."""
+    return _supported(_SKINNY_ISAS)
+
+
+def paged_attention_isas() -> tuple[str, ...]:
+    """The builds of paged_decode_attention this CPU runs, best first (empty without _C)."""
+    return _supported(_ATTENTION_ISAS)
+
+
+def _isa_index(op: str, isa: str | None, table: tuple[tuple[str, bool], ...]) -> int:
+    """The kernel's index of isa, a name its table marks supported; -1 (the best) for None."""
+    if isa is None:
+        return -1
+    supported = _supported(table)
+    _require(op, isa in supported, "isa {!r} is not one of this CPU's {}", isa, supported)
+    return [name for name, _ in table].index(isa)
 
 
 def rows_dense(t: torch.Tensor) -> bool:
@@ -159,9 +180,13 @@ def _require(op: str, ok: bool, message: str, *args: object) -> None:
         raise ValueError(f"{op}: " + message.format(*args))
 
 
-def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [M, K] @ weight [N, K]^T (+ bias [N]) -> [M, N]."""
-    return _skinny_gemm("skinny_gemm", _F32, x, weight, bias)
+def skinny_gemm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: str | None = None
+) -> torch.Tensor:
+    """x [M, K] @ weight [N, K]^T (+ bias [N]) -> [M, N]. isa: one of skinny_gemm_isas(), or
+    None for the best."""
+    isa_index = _isa_index("skinny_gemm", isa, _SKINNY_ISAS)
+    return _skinny_gemm("skinny_gemm", _F32, x, weight, bias, isa_index)
 
 
 def skinny_gemm_bf16(
@@ -243,11 +268,17 @@ def _amx_packed_size(op: str, packed: torch.Tensor) -> tuple[int, int]:
 
 
 def _skinny_gemm(
-    op: str, dtype: torch.dtype, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    op: str,
+    dtype: torch.dtype,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *isa: int,
 ) -> torch.Tensor:
-    """The checks and call of _C.<op>, whose tensors are all of `dtype`."""
+    """The checks and call of _C.<op>, whose tensors are all of `dtype` (isa: the index of a
+    build, for kernels that take one)."""
     _check(op, "weight", weight, 2, "[N, K]", dtype)
-    return _gemm(op, dtype, x, weight, "weight [N, K]", *weight.shape, bias)
+    return _gemm(op, dtype, x, weight, "weight [N, K]", *weight.shape, bias, *isa)
 
 
 def _gemm(
@@ -259,9 +290,10 @@ def _gemm(
     n: int,
     weight_k: int,
     bias: torch.Tensor | None,
+    *isa: int,
 ) -> torch.Tensor:
     """The checks of x and bias and the call of matmul kernel _C.<op> on a weight of n
-    outputs and weight_k inputs, itself checked by the caller."""
+    outputs and weight_k inputs, itself checked by the caller (isa: as in _skinny_gemm)."""
     _check(op, "x", x, 2, "[M, K]", dtype)
     m, k = x.shape
     _require(op, weight_k == k, "{} has K = {}, x [M, K] has K = {}", weight_name, weight_k, k)
@@ -270,7 +302,7 @@ def _gemm(
     y = x.new_empty(m, n)
     bias_ptr = 0 if bias is None else bias.data_ptr()
     _launch(
-        getattr(_C, op), x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k,
+        getattr(_C, op), x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, *isa,
         torch.get_num_threads(),
     )  # fmt: skip
     return y
@@ -438,10 +470,11 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    isa: str | None = None,
 ) -> torch.Tensor:
     """query [B, H, D] float32, one new token per sequence; caches [num_blocks, block_size,
     KV, D], float32 or bfloat16; block_tables [B, max_blocks] and seq_lens [B], int32 ->
-    float32 [B, H, D]."""
+    float32 [B, H, D]. isa: one of paged_attention_isas(), or None for the best."""
     op = "paged_decode_attention"
     cache_dtype = _float_dtype(k_cache)
     _check(op, "query", query, 3, "[num_seqs, num_heads, head_dim]")
@@ -455,11 +488,13 @@ def paged_decode_attention(
     _require(op, kv > 0 and h % kv == 0, "num_kv_heads {} must divide num_heads {}", kv, h)
     _require(op, block_tables.shape[0] == b, "block_tables has {} rows for {} sequences",
              block_tables.shape[0], b)  # fmt: skip
+    isa_index = _isa_index(op, isa, _ATTENTION_ISAS)
     out = torch.empty_like(query)
     _launch(
         _C.paged_decode_attention, out.data_ptr(), query.data_ptr(), k_cache.data_ptr(),
         v_cache.data_ptr(), cache_dtype is _BF16, block_tables.data_ptr(), seq_lens.data_ptr(),
-        b, h, kv, d, block_size, block_tables.shape[1], num_blocks, torch.get_num_threads(), scale,
+        b, h, kv, d, block_size, block_tables.shape[1], num_blocks, isa_index,
+        torch.get_num_threads(), scale,
     )  # fmt: skip
     return out
 
@@ -499,11 +534,7 @@ def gguf_gemm(
         raise ValueError(f"{op}: x [M, K] has K = {x_k}, qweight's rows hold {k} elements")
     if bias is not None:
         _check(op, "bias", bias, (n,), "[N]")
-    isa_index = -1
-    if isa is not None:
-        _require(op, isa in gguf_isas(), "isa {!r} is not one of this CPU's {}", isa,
-                 gguf_isas())  # fmt: skip
-        isa_index = [name for name, _ in _GGUF_ISAS].index(isa)
+    isa_index = _isa_index(op, isa, _GGUF_ISAS)
     y = torch.empty(m, n)
     if m and n:
         _launch(

@@ -15,11 +15,14 @@ import torch.nn.functional as F
 from pagedllm import _cpu_kernels, _torch_ops, _torch_quant
 from pagedllm.cpu_features import native_bf16_matmul
 
-SKINNY_GEMM_MAX_ROWS = 256 if _cpu_kernels.cpu_has_avx512() else 4
-"""Up to this many rows of x, linear() uses pagedllm._C's skinny_gemm. On the AVX-512
-development machine it beat MKL from 1 row (2.5-4x, bandwidth bound) to 256 rows (1.1-2x)
-and lost from ~512; on AVX2 its 4 x 4 register tile spills, so only the bandwidth-bound
-few-row case takes it there."""
+SKINNY_GEMM_MAX_ROWS = {"avx512": 256, "avx2": 32}.get(
+    next(iter(_cpu_kernels.skinny_gemm_isas()), ""), 4
+)
+"""Up to this many rows of x, linear() uses pagedllm._C's skinny_gemm, by the build the CPU
+runs. Against MKL on the default model's shapes, the AVX-512 build was faster from 1 row (up
+to 2.5-4x, bandwidth bound) to 256 rows (1.1-2x) and lost from ~512; the AVX2 build (4 x 2
+tiles; on Zen 4 against MKL held to AVX2) 1.3-2.9x from 1 to 32 rows, 0.8-1.4x at 64 to 256
+(BENCHMARKS.md, session 13)."""
 
 
 SKINNY_GEMM_BF16_MAX_ROWS = 16

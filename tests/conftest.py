@@ -1,6 +1,7 @@
 """Fixtures shared by the whole suite: a fixed seed, per-rank layer construction, tiny random
 checkpoints, and transformers' greedy generations on them (the engine's reference)."""
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +25,36 @@ def cpu_kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     if request.param == "torch":
         monkeypatch.setattr(_cpu_kernels, "_C", None)
     return request.param
+
+
+BUILDS = ["avx512", "avx2", "portable"]
+"""The builds of the kernels built once per instruction set, best first."""
+
+
+def _on_build(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, kernel: str, builds: tuple
+) -> str:
+    """Makes every call to _cpu_kernels.<kernel> name build request.param (skipped where the
+    CPU cannot run it)."""
+    isa = request.param
+    if isa not in builds:
+        pytest.skip(f"{kernel} has no {isa} build for this CPU")
+    partial = functools.partial(getattr(_cpu_kernels, kernel), isa=isa)
+    monkeypatch.setattr(_cpu_kernels, kernel, partial)
+    return isa
+
+
+@pytest.fixture(params=BUILDS)
+def attention_isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test on each build of the decode attention kernel this CPU runs."""
+    builds = _cpu_kernels.paged_attention_isas()
+    return _on_build(request, monkeypatch, "paged_decode_attention", builds)
+
+
+@pytest.fixture(params=BUILDS)
+def skinny_gemm_isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test on each build of the float32 skinny_gemm kernel this CPU runs."""
+    return _on_build(request, monkeypatch, "skinny_gemm", _cpu_kernels.skinny_gemm_isas())
 
 
 @pytest.fixture(autouse=True)

@@ -145,6 +145,14 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
         lambda: _attention(seq_lens=torch.tensor([5, 9], dtype=torch.int32)),
         r"seq_lens\[1\] = 9 is outside \[1, 8\]",
     ),
+    "skinny_gemm unknown isa": (
+        lambda: _gemm(isa="avx10"),
+        r"skinny_gemm: isa 'avx10' is not one of this CPU's \(.*'portable'\)",
+    ),
+    "attention unknown isa": (
+        lambda: _attention(isa="neon"),
+        r"paged_decode_attention: isa 'neon' is not one of this CPU's \(.*'portable'\)",
+    ),
     "cache write slot_mapping int32": (
         lambda: _cache_write(slot_mapping=torch.tensor([0, 1, 2], dtype=torch.int32)),
         "slot_mapping must be a contiguous int64",
@@ -316,11 +324,13 @@ def test_a_wrong_call_raises_value_error_naming_the_argument(case: str) -> None:
 def test_the_valid_calls_above_run() -> None:
     """The cases differ from these calls by the one argument they break."""
     assert _attention().shape == (B, HEADS, D)
+    assert _attention(isa="portable").shape == (B, HEADS, D)
     _cache_write()
     assert [t.shape for t in _rotary()] == [(3, HEADS * D), (3, KV * D)]
     assert _rms_norm().shape == (3, 16)
     assert [t.shape for t in _fused_norm()] == [(3, 16), (3, 16)]
     assert _gemm().shape == (2, 5)
+    assert _gemm(isa="portable").shape == (2, 5)
     assert _gemm_bf16().shape == (2, 5)
     bf16_cache = CACHE.bfloat16()
     assert _attention(k_cache=bf16_cache, v_cache=bf16_cache).shape == (B, HEADS, D)
@@ -337,6 +347,18 @@ def test_the_valid_calls_above_run() -> None:
     assert [t.dtype for t in bf16_norm] == [torch.bfloat16] * 2
     bf16_rope = _rotary(query=_bf16(3, HEADS * D), key=_bf16(3, KV * D))
     assert [t.dtype for t in bf16_rope] == [torch.bfloat16] * 2
+
+
+@pytest.mark.parametrize(
+    "builds", [_cpu_kernels.paged_attention_isas, _cpu_kernels.skinny_gemm_isas]
+)
+def test_builds_are_the_supported_ones_best_first(builds: Callable[[], tuple[str, ...]]) -> None:
+    """The portable build runs everywhere; an x86-64 CPU with AVX-512 runs AVX2 too."""
+    isas = builds()
+    assert isas[-1] == "portable"
+    assert list(isas) == [name for name in ("avx512", "avx2", "portable") if name in isas]
+    if "avx512" in isas:
+        assert "avx2" in isas
 
 
 def test_a_padding_slot_is_not_written() -> None:

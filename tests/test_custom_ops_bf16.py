@@ -236,7 +236,7 @@ def test_reshape_and_cache_converts_like_torch(
     "num_heads,num_kv_heads,head_size", [(9, 3, 64), (4, 1, 80), (16, 2, 128), (10, 2, 96)]
 )
 def test_paged_decode_attention_on_a_bf16_cache(
-    query_dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_size: int
+    query_dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_size: int, attention_isa: str
 ) -> None:
     """Reference: the float64 torch definition on the same (bf16-valued) cache and query,
     rounded to the query's dtype; lengths 1 to 300 over scattered blocks."""
@@ -251,8 +251,9 @@ def test_paged_decode_attention_on_a_bf16_cache(
         query.double(), k_cache.double(), v_cache.double(), tables, seq_lens, 300, 0.1
     )
     assert out.dtype == query_dtype
+    # a bf16 output may round to the other neighbour: one bf16 ulp, 2^-8 to 2^-7 of the value
     tolerance = (
-        {"rtol": 2.0**-8, "atol": 1e-5} if query_dtype == BF16 else {"rtol": 1e-5, "atol": 2e-5}
+        {"rtol": 2.0**-7, "atol": 1e-5} if query_dtype == BF16 else {"rtol": 1e-5, "atol": 2e-5}
     )
     torch.testing.assert_close(out.double(), expected.to(query_dtype).double(), **tolerance)
 

@@ -1,0 +1,99 @@
+/* skinny_gemm for one instruction set: included by skinny_gemm_avx512.c, _avx2.c and
+ * _portable.c after their target pragma, with VEC_LANES (the register width in floats) and
+ * ISA(name) (the instruction set's suffix) defined. skinny_gemm.c picks one at run time.
+ *
+ * Tiles of up to 4 x rows by TILE_COLS = VEC_LANES / 4 weight rows keep their
+ * VEC_LANES accumulators in registers (16 on AVX-512 and on AVX2: half of AVX-512's 32
+ * registers, all of AVX2's 16 with the loaded vectors beside them), each loaded weight vector
+ * feeding four FMAs, and one transpose_sumn gives the tile's VEC_LANES results.
+ */
+#include <omp.h>
+
+#include "prefetch.h"
+#include "vecn.h"
+
+#define ROW_TILE 4
+#define TILE_COLS (VEC_LANES / 4)
+
+/* out[m] = x[m, :] . w_row for m < rows (rows <= ROW_TILE): one weight row streamed once
+ * (prefetch_ahead of it with prefetch). For weight rows outside whole tiles, or K not a
+ * multiple of VEC_LANES. */
+INLINE void dot_tile(const float *x, const float *w_row, float *out, int64_t rows, int64_t K,
+                     int prefetch) {
+  vecn acc[ROW_TILE] = {0};
+  int64_t k = 0;
+  for (; k + VEC_LANES <= K; k += VEC_LANES) {
+    if (prefetch) prefetch_ahead(w_row + k, 4 * VEC_LANES);
+    vecn w = loadn(w_row + k);
+    for (int64_t m = 0; m < rows; m++) acc[m] += w * loadn(x + m * K + k);
+  }
+  for (int64_t m = 0; m < rows; m++) {
+    float s = hsumn(acc[m]);
+    for (int64_t j = k; j < K; j++) s += w_row[j] * x[m * K + j];
+    out[m] = s;
+  }
+}
+
+/* out[TILE_COLS * i + j] = x[i, :] . w[j, :] for the rows <= ROW_TILE x rows (a constant at
+ * each call) and TILE_COLS w rows given (one stretch of memory, prefetch_ahead of it with
+ * prefetch); K % VEC_LANES == 0. Each output is summed in the same order whatever rows is,
+ * so a row's results do not depend on the batch around it (captured decode steps, run with
+ * padding rows, equal eager ones bit for bit). */
+INLINE void tile(const float *x, const float *w, float *out, const int rows, int64_t K,
+                 int prefetch) {
+  vecn acc[VEC_LANES] = {0};
+  for (int64_t k = 0; k < K; k += VEC_LANES) {
+    if (prefetch) prefetch_ahead(w + TILE_COLS * k, TILE_COLS * 4 * VEC_LANES);
+    vecn wv[TILE_COLS];
+    for (int j = 0; j < TILE_COLS; j++) wv[j] = loadn(w + j * K + k);
+    for (int i = 0; i < rows; i++) {
+      const vecn xv = loadn(x + i * K + k);
+      for (int j = 0; j < TILE_COLS; j++) acc[TILE_COLS * i + j] += xv * wv[j];
+    }
+  }
+  storen(out, transpose_sumn(acc));
+}
+
+/* tile with rows as a constant. */
+INLINE void tile_any(const float *x, const float *w, float *out, int64_t rows, int64_t K,
+                     int prefetch) {
+  switch (rows) {
+    case 1: tile(x, w, out, 1, K, prefetch); return;
+    case 2: tile(x, w, out, 2, K, prefetch); return;
+    case 3: tile(x, w, out, 3, K, prefetch); return;
+    default: tile(x, w, out, ROW_TILE, K, prefetch);
+  }
+}
+
+/* Weight rows [n0, n0 + cols) against every x row: tiles of up to ROW_TILE x rows by
+ * TILE_COLS weight rows, else (the last cols < TILE_COLS rows of w, or K not a multiple of
+ * VEC_LANES) one weight row at a time. */
+INLINE void weight_rows(const float *x, const float *w, const float *b, float *y, int64_t M,
+                        int64_t N, int64_t K, int64_t n0, int64_t cols) {
+  float out[VEC_LANES];
+  const int tiled = cols == TILE_COLS && K % VEC_LANES == 0;
+  for (int64_t m = 0; m < M; m += ROW_TILE) {
+    const int64_t rows = M - m < ROW_TILE ? M - m : ROW_TILE;
+    for (int64_t n = n0; n < n0 + cols; n += tiled ? TILE_COLS : 1) {
+      if (tiled) {
+        tile_any(x + m * K, w + n * K, out, rows, K, m == 0);
+      } else {
+        dot_tile(x + m * K, w + n * K, out, rows, K, m == 0);
+      }
+      for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < (tiled ? TILE_COLS : 1); j++) {
+          const float v = out[tiled ? TILE_COLS * i + j : i];
+          y[(m + i) * N + n + j] = b ? v + b[n + j] : v;
+        }
+    }
+  }
+}
+
+void ISA(skinny_gemm_run)(const float *x, const float *w, const float *b, float *y, int64_t M,
+                          int64_t N, int64_t K, int num_threads) {
+  const int64_t tiles = (N + TILE_COLS - 1) / TILE_COLS;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t t = 0; t < tiles; t++)
+    weight_rows(x, w, b, y, M, N, K, TILE_COLS * t,
+                N - TILE_COLS * t < TILE_COLS ? N - TILE_COLS * t : TILE_COLS);
+}
