@@ -1,7 +1,8 @@
-/* What the kernels built once per instruction set share (gguf_gemm.c, paged_attention.c): a
- * table of their builds, best first, each entry starting with an isa_entry.
- * ISA_TABLE(prefix, table) defines prefix_isa_count / _name / _supported (declared in ops.h)
- * and a static best_isa(), the first build the CPU supports, asked once. */
+/* What the kernels built once per instruction set share (gguf_gemm.c, skinny_gemm.c,
+ * paged_attention.c): a table of their builds, best first, each entry starting with an
+ * isa_entry. ISA_TABLE(prefix, table) defines prefix_isa_count / _name / _supported
+ * (declared in ops.h) and a static best_isa(), the first build the CPU supports, asked once.
+ */
 #ifndef PAGEDLLM_ISA_TABLE_H
 #define PAGEDLLM_ISA_TABLE_H
 
