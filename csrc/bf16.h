@@ -1,28 +1,14 @@
 /* bfloat16 <-> float32 for the kernels: a bfloat16 is the top half of a float32's bits.
  *
- * Widening is exact (a shift); narrowing rounds to nearest even and gives torch's quiet NaN
- * 0x7fc0 for any NaN, as c10::BFloat16 does, so a kernel's bf16 output equals torch's
- * rounding of the same float32 value. */
+ * Widening is exact (a shift: vecn.h's loadn_bf16, bf16_to_float); narrowing rounds to
+ * nearest even and gives torch's quiet NaN 0x7fc0 for any NaN, as c10::BFloat16 does, so a
+ * kernel's bf16 output equals torch's rounding of the same float32 value. */
 #ifndef PAGEDLLM_BF16_H
 #define PAGEDLLM_BF16_H
 
 #include "vec.h"
 
-typedef uint16_t bf16x16 __attribute__((vector_size(32)));
-typedef uint32_t uvec16 __attribute__((vector_size(64)));
-
-INLINE vec16 load16_bf16(const uint16_t *p) {
-  bf16x16 h;
-  memcpy(&h, p, sizeof h);
-  return (vec16)(__builtin_convertvector(h, uvec16) << 16);
-}
-
-INLINE float bf16_to_float(uint16_t h) {
-  const uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
+INLINE vec16 load16_bf16(const uint16_t *p) { return loadn_bf16(p); }
 
 INLINE uint16_t float_to_bf16(float f) {
   uint32_t u;
@@ -41,7 +27,7 @@ INLINE uvec16 to_bf16_bits16(vec16 v) {
 }
 
 INLINE void store16_bf16(uint16_t *p, vec16 v) {
-  const bf16x16 h = __builtin_convertvector(to_bf16_bits16(v), bf16x16);
+  const bf16xn h = __builtin_convertvector(to_bf16_bits16(v), bf16xn);
   memcpy(p, &h, sizeof h);
 }
 

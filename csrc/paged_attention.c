@@ -17,7 +17,7 @@
  * The kernel (paged_attention_kernel.h) is built once per instruction set at its register
  * width, 16 lanes on AVX-512, 8 on AVX2, 4 elsewhere, and this file picks the best the CPU
  * has, or the one the caller names (the tests run each). With 16-lane vectors everywhere
- * (CPU_DISPATCH), GCC's AVX2 copy ran at a quarter of the AVX-512 copy's speed on the same
+ * (CPU_DISPATCH), GCC's AVX2 copy ran at a third of the AVX-512 copy's speed on the same
  * cores (BENCHMARKS.md, session 13).
  */
 #include <unistd.h>

@@ -49,21 +49,6 @@ INLINE float softmax_update(vecn scores, int64_t n, RunningSoftmax *state, float
 #undef KV_ELEMENT_OF
 #undef KV_NAME
 
-typedef uint16_t bf16xn __attribute__((vector_size(2 * VEC_LANES)));
-
-INLINE vecn loadn_bf16(const uint16_t *p) {
-  bf16xn h;
-  memcpy(&h, p, sizeof h);
-  return (vecn)(__builtin_convertvector(h, uvecn) << 16);
-}
-
-INLINE float load1_bf16(const uint16_t *p) {
-  const uint32_t u = (uint32_t)*p << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 INLINE void widen2n_bf16(const uint16_t *p, vecn *lo, vecn *hi) {
   uvecn u;
   memcpy(&u, p, sizeof u);
@@ -73,7 +58,7 @@ INLINE void widen2n_bf16(const uint16_t *p, vecn *lo, vecn *hi) {
 
 #define KV_T uint16_t
 #define KV_LOADN loadn_bf16
-#define KV_LOAD1 load1_bf16
+#define KV_LOAD1(p) bf16_to_float(*(p))
 #define KV_WIDEN2N(p, lo, hi) widen2n_bf16(p, &(lo), &(hi))
 #define KV_ELEMENT_OF(lane) ((lane) < VEC_LANES ? 2 * (lane) : 2 * ((lane) - VEC_LANES) + 1)
 #define KV_NAME(name) name##_bf16

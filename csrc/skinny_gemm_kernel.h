@@ -72,19 +72,17 @@ INLINE void weight_rows(const float *x, const float *w, const float *b, float *y
                         int64_t N, int64_t K, int64_t n0, int64_t cols) {
   float out[VEC_LANES];
   const int tiled = cols == TILE_COLS && K % VEC_LANES == 0;
+  const int64_t step = tiled ? TILE_COLS : 1; /* weight rows per call, out[step * i + j] */
   for (int64_t m = 0; m < M; m += ROW_TILE) {
     const int64_t rows = M - m < ROW_TILE ? M - m : ROW_TILE;
-    for (int64_t n = n0; n < n0 + cols; n += tiled ? TILE_COLS : 1) {
-      if (tiled) {
+    for (int64_t n = n0; n < n0 + cols; n += step) {
+      if (tiled)
         tile_any(x + m * K, w + n * K, out, rows, K, m == 0);
-      } else {
+      else
         dot_tile(x + m * K, w + n * K, out, rows, K, m == 0);
-      }
       for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < (tiled ? TILE_COLS : 1); j++) {
-          const float v = out[tiled ? TILE_COLS * i + j : i];
-          y[(m + i) * N + n + j] = b ? v + b[n + j] : v;
-        }
+        for (int64_t j = 0; j < step; j++)
+          y[(m + i) * N + n + j] = b ? out[step * i + j] + b[n + j] : out[step * i + j];
     }
   }
 }

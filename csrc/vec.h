@@ -15,6 +15,7 @@
 
 typedef vecn vec16;
 typedef ivecn ivec16;
+typedef uvecn uvec16;
 
 #if defined(__x86_64__) && defined(__linux__) && !defined(PAGEDLLM_NO_DISPATCH)
 #define CPU_DISPATCH __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))

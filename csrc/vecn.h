@@ -3,7 +3,7 @@
  * A kernel compiled once per instruction set sets VEC_LANES to its register width (16 for
  * AVX-512, 8 for AVX2, 4 for SSE2) before including this. Wider vectors than the registers
  * work for arithmetic, but GCC lowers their compares and shuffles one lane at a time through
- * the stack: decode attention's AVX2 build with 16-lane vectors ran at a quarter of the
+ * the stack: decode attention's AVX2 build with 16-lane vectors ran at a third of the
  * AVX-512 build's speed (BENCHMARKS.md, session 13). Shuffle masks are written as formulas of
  * the lane index (EACH_LANE), so each helper is one definition for every width.
  */
@@ -49,6 +49,23 @@ INLINE vecn loadn(const float *p) {
 INLINE void storen(float *p, vecn v) { memcpy(p, &v, sizeof v); }
 
 INLINE vecn splatn(float a) { return (vecn){0} + a; }
+
+/* A bfloat16 is the top half of a float32's bits: widening one is exact (a shift). bf16.h
+ * has the narrowing, rounded as torch rounds. */
+typedef uint16_t bf16xn __attribute__((vector_size(2 * VEC_LANES)));
+
+INLINE vecn loadn_bf16(const uint16_t *p) {
+  bf16xn h;
+  memcpy(&h, p, sizeof h);
+  return (vecn)(__builtin_convertvector(h, uvecn) << 16);
+}
+
+INLINE float bf16_to_float(uint16_t h) {
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
 
 /* Lane i of a where mask lane i is set (all ones), else of b. */
 INLINE vecn selectn(ivecn mask, vecn a, vecn b) {
