@@ -34,9 +34,10 @@ INLINE void KV_NAME(token_rows)(const KV_NAME(PagedRows) *r, int64_t t0, int64_t
   }
 }
 
-/* Into L1 (prefetcht0) where into_l1 (prefetch_into_l1()), else into L2 (prefetcht1). */
-INLINE void KV_NAME(prefetch_row)(const KV_T *row, int64_t row_size, int into_l1) {
-  for (int64_t j = 0; j < row_size; j += 64 / sizeof(KV_T)) {
+/* The n elements from row, into L1 (prefetcht0) where into_l1 (prefetch_into_l1()), else
+ * into L2 (prefetcht1). */
+INLINE void KV_NAME(prefetch_row)(const KV_T *row, int64_t n, int into_l1) {
+  for (int64_t j = 0; j < n; j += 64 / sizeof(KV_T)) {
     if (into_l1)
       __builtin_prefetch(row + j, 0, 3);
     else
@@ -44,21 +45,25 @@ INLINE void KV_NAME(prefetch_row)(const KV_T *row, int64_t row_size, int into_l1
   }
 }
 
-/* Asks for the rows of tokens t0 .. t0 + n - 1 ahead of use: each block is a separate
- * stretch of memory that the hardware prefetcher would only find after a few misses. */
+/* Asks for elements [offset, offset + span) of the rows of tokens t0 .. t0 + n - 1 ahead of
+ * use: each block is a separate stretch of memory that the hardware prefetcher would only
+ * find after a few misses. */
 INLINE void KV_NAME(prefetch_rows)(const KV_NAME(PagedRows) *r, int64_t t0, int64_t n,
-                                   int into_l1) {
+                                   int64_t offset, int64_t span, int into_l1) {
   const KV_T *rows[VEC_LANES];
   KV_NAME(token_rows)(r, t0, n, rows);
-  for (int64_t i = 0; i < n; i++) KV_NAME(prefetch_row)(rows[i], r->row_size, into_l1);
+  for (int64_t i = 0; i < n; i++) KV_NAME(prefetch_row)(rows[i] + offset, span, into_l1);
 }
 
-/* The work of one task: query heads [h0, h1) of one sequence, which read kv heads h / G. */
+/* The work of one task: query heads [h0, h1) of one sequence, which read kv heads h / G, the
+ * elements [row_offset, row_offset + row_span) of each key and value row (a task of one kv
+ * head prefetches only its third of the default model's rows: 1.3-1.9x faster at 1-2
+ * sequences than with whole rows). */
 typedef struct {
   const float *q;
   float *out;
   KV_NAME(PagedRows) keys, values;
-  int64_t seq_len, h0, h1, G, D;
+  int64_t seq_len, h0, h1, G, D, row_offset, row_span;
   float scale;
   int prefetch_l1;
 } KV_NAME(HeadRange);
@@ -129,8 +134,8 @@ INLINE void KV_NAME(attend_group)(const KV_NAME(HeadRange) *w, int64_t kvh, cons
   vecn partial[HEAD_GROUP][VEC_LANES];
   for (int64_t i = 0; i < n; i++) { /* next_n > 0 only when this chunk is full */
     if (i < next_n) {
-      KV_NAME(prefetch_row)(next_keys[i], w->keys.row_size, w->prefetch_l1);
-      KV_NAME(prefetch_row)(next_values[i], w->values.row_size, w->prefetch_l1);
+      KV_NAME(prefetch_row)(next_keys[i] + w->row_offset, w->row_span, w->prefetch_l1);
+      KV_NAME(prefetch_row)(next_values[i] + w->row_offset, w->row_span, w->prefetch_l1);
     }
     vecn k[VEC_MAX];
     KV_NAME(widen_row)(keys[i] + off, k, D);
@@ -240,8 +245,10 @@ INLINE void KV_NAME(attend_heads)(const KV_NAME(HeadRange) *w, RunningSoftmax *s
     KV_NAME(token_rows)(&w->values, t0, n, values);
     if (t0 + VEC_LANES < L) {
       int64_t next = L - t0 - VEC_LANES < VEC_LANES ? L - t0 - VEC_LANES : VEC_LANES;
-      KV_NAME(prefetch_rows)(&w->keys, t0 + VEC_LANES, next, w->prefetch_l1);
-      KV_NAME(prefetch_rows)(&w->values, t0 + VEC_LANES, next, w->prefetch_l1);
+      KV_NAME(prefetch_rows)(&w->keys, t0 + VEC_LANES, next, w->row_offset, w->row_span,
+                             w->prefetch_l1);
+      KV_NAME(prefetch_rows)(&w->values, t0 + VEC_LANES, next, w->row_offset, w->row_span,
+                             w->prefetch_l1);
     }
     for (int64_t h = w->h0; h < w->h1; h++)
       KV_NAME(attend_chunk)(w, h, keys, values, n, &state[h - w->h0], D);
@@ -299,6 +306,8 @@ static int KV_NAME(run)(const paged_attention_args *a) {
                                (kv0 + kv_per_task) * G,
                                G,
                                D,
+                               kv0 * D,
+                               kv_per_task * D,
                                a->scale,
                                a->into_l1};
       KV_NAME(attend)(&w, state, thread_scratch);
