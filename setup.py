@@ -16,7 +16,6 @@ setup(
                 "csrc/skinny_gemm_avx512.c",
                 "csrc/skinny_gemm_avx2.c",
                 "csrc/skinny_gemm_portable.c",
-                "csrc/skinny_gemm_bf16.c",
                 "csrc/amx_gemm.c",
                 "csrc/amx_prefill_attention.c",
                 "csrc/paged_attention.c",

@@ -122,9 +122,10 @@ BINDING(skinny_gemm, "iiiiiiiii",
         skinny_gemm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6], (int)a[7],
                     (int)a[8]))
 
-BINDING(skinny_gemm_bf16, "iiiiiiii", 0,
+BINDING(skinny_gemm_bf16, "iiiiiiiii",
+        check_isa("skinny_gemm_bf16", a[7], skinny_gemm_isa_count, skinny_gemm_isa_supported),
         rc = skinny_gemm_bf16(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6],
-                              (int)a[7]))
+                              (int)a[7], (int)a[8]))
 
 /* 0 when the CPU runs the AMX kernels, else -1 with a RuntimeError naming op. */
 static int check_amx(const char *op) {
@@ -240,7 +241,7 @@ static PyMethodDef methods[] = {
     METHOD(amx_pack_bf16, "amx_pack_bf16(packed_w, w, N, K), bfloat16"),
     METHOD(skinny_gemm, "skinny_gemm(x, w, b, y, M, N, K, isa, num_threads)"),
     METHOD(skinny_gemm_isas, "skinny_gemm_isas() -> ((name, supported), ...), best first"),
-    METHOD(skinny_gemm_bf16, "skinny_gemm_bf16(x, w, b, y, M, N, K, num_threads), bfloat16"),
+    METHOD(skinny_gemm_bf16, "skinny_gemm_bf16(x, w, b, y, M, N, K, isa, num_threads), bf16"),
     METHOD(paged_decode_attention,
            "paged_decode_attention(out, q, k_cache, v_cache, kv_bf16, block_tables, seq_lens, B, "
            "H, KV, D, block_size, max_blocks, num_blocks, isa, num_threads, scale)"),

@@ -14,10 +14,10 @@ int skinny_gemm_isa_count(void);
 const char *skinny_gemm_isa_name(int isa);
 int skinny_gemm_isa_supported(int isa);
 
-/* skinny_gemm on bfloat16 x, w, b and y, in float32 inside (skinny_gemm_bf16.c). Returns 0, or
- * -1 when its scratch memory cannot be allocated. */
+/* skinny_gemm on bfloat16 x, w, b and y, in float32 inside (skinny_gemm.c too; same isa).
+ * Returns 0, or -1 when its scratch memory cannot be allocated. */
 int skinny_gemm_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y,
-                     int64_t M, int64_t N, int64_t K, int num_threads);
+                     int64_t M, int64_t N, int64_t K, int isa, int num_threads);
 
 /* bfloat16 matmul on AMX tiles (amx_gemm.c): y [M, N] = x [M, K] @ w^T (+ b [N]) for a
  * weight w [N, K] that amx_pack_bf16 packed (N % 16 == 0, K % 32 == 0), float32 sums.

@@ -1,13 +1,19 @@
-/* skinny_gemm for one instruction set: included by skinny_gemm_avx512.c, _avx2.c and
- * _portable.c after their target pragma, with VEC_LANES (the register width in floats) and
- * ISA(name) (the instruction set's suffix) defined. skinny_gemm.c picks one at run time.
+/* skinny_gemm and skinny_gemm_bf16 for one instruction set: included by skinny_gemm_avx512.c,
+ * _avx2.c and _portable.c after their target pragma, with VEC_LANES (the register width in
+ * floats) and ISA(name) (the instruction set's suffix) defined. skinny_gemm.c picks one at run
+ * time.
  *
  * Tiles of up to 4 x rows by TILE_COLS = VEC_LANES / 4 weight rows keep their
  * VEC_LANES accumulators in registers (16 on AVX-512 and on AVX2: half of AVX-512's 32
  * registers, all of AVX2's 16 with the loaded vectors beside them), each loaded weight vector
  * feeding four FMAs, and one transpose_sumn gives the tile's VEC_LANES results.
+ *
+ * Weights, bias and y are float32 or bfloat16 (`bf16`, a constant at each call, as in
+ * vecn.h's loadn_as); x is float32 either way (bfloat16 x is widened once first), the
+ * products and sums float32, a bfloat16 y rounded as torch rounds.
  */
 #include <omp.h>
+#include <stdlib.h>
 
 #include "prefetch.h"
 #include "vecn.h"
@@ -18,18 +24,18 @@
 /* out[m] = x[m, :] . w_row for m < rows (rows <= ROW_TILE): one weight row streamed once
  * (prefetch_ahead of it with prefetch). For weight rows outside whole tiles, or K not a
  * multiple of VEC_LANES. */
-INLINE void dot_tile(const float *x, const float *w_row, float *out, int64_t rows, int64_t K,
-                     int prefetch) {
+INLINE void dot_tile(const float *x, const void *w_row, float *out, int64_t rows, int64_t K,
+                     int prefetch, const int bf16) {
   vecn acc[ROW_TILE] = {0};
   int64_t k = 0;
   for (; k + VEC_LANES <= K; k += VEC_LANES) {
-    if (prefetch) prefetch_ahead(w_row + k, 4 * VEC_LANES);
-    vecn w = loadn(w_row + k);
+    if (prefetch) prefetch_ahead(element_at(w_row, k, bf16), VEC_LANES * element_size(bf16));
+    vecn w = loadn_as(w_row, k, bf16);
     for (int64_t m = 0; m < rows; m++) acc[m] += w * loadn(x + m * K + k);
   }
   for (int64_t m = 0; m < rows; m++) {
     float s = hsumn(acc[m]);
-    for (int64_t j = k; j < K; j++) s += w_row[j] * x[m * K + j];
+    for (int64_t j = k; j < K; j++) s += load1_as(w_row, j, bf16) * x[m * K + j];
     out[m] = s;
   }
 }
@@ -38,14 +44,16 @@ INLINE void dot_tile(const float *x, const float *w_row, float *out, int64_t row
  * each call) and TILE_COLS w rows given (one stretch of memory, prefetch_ahead of it with
  * prefetch); K % VEC_LANES == 0. Each output is summed in the same order whatever rows is,
  * so a row's results do not depend on the batch around it (captured decode steps, run with
- * padding rows, equal eager ones bit for bit). */
-INLINE void tile(const float *x, const float *w, float *out, const int rows, int64_t K,
-                 int prefetch) {
+ * padding rows, equal eager ones bit for bit), and in the order dot_tile sums it. */
+INLINE void tile(const float *x, const void *w, float *out, const int rows, int64_t K,
+                 int prefetch, const int bf16) {
   vecn acc[VEC_LANES] = {0};
   for (int64_t k = 0; k < K; k += VEC_LANES) {
-    if (prefetch) prefetch_ahead(w + TILE_COLS * k, TILE_COLS * 4 * VEC_LANES);
+    if (prefetch)
+      prefetch_ahead(element_at(w, TILE_COLS * k, bf16),
+                     TILE_COLS * VEC_LANES * element_size(bf16));
     vecn wv[TILE_COLS];
-    for (int j = 0; j < TILE_COLS; j++) wv[j] = loadn(w + j * K + k);
+    for (int j = 0; j < TILE_COLS; j++) wv[j] = loadn_as(w, j * K + k, bf16);
     for (int i = 0; i < rows; i++) {
       const vecn xv = loadn(x + i * K + k);
       for (int j = 0; j < TILE_COLS; j++) acc[TILE_COLS * i + j] += xv * wv[j];
@@ -55,43 +63,68 @@ INLINE void tile(const float *x, const float *w, float *out, const int rows, int
 }
 
 /* tile with rows as a constant. */
-INLINE void tile_any(const float *x, const float *w, float *out, int64_t rows, int64_t K,
-                     int prefetch) {
+INLINE void tile_any(const float *x, const void *w, float *out, int64_t rows, int64_t K,
+                     int prefetch, const int bf16) {
   switch (rows) {
-    case 1: tile(x, w, out, 1, K, prefetch); return;
-    case 2: tile(x, w, out, 2, K, prefetch); return;
-    case 3: tile(x, w, out, 3, K, prefetch); return;
-    default: tile(x, w, out, ROW_TILE, K, prefetch);
+    case 1: tile(x, w, out, 1, K, prefetch, bf16); return;
+    case 2: tile(x, w, out, 2, K, prefetch, bf16); return;
+    case 3: tile(x, w, out, 3, K, prefetch, bf16); return;
+    default: tile(x, w, out, ROW_TILE, K, prefetch, bf16);
   }
 }
 
 /* Weight rows [n0, n0 + cols) against every x row: tiles of up to ROW_TILE x rows by
  * TILE_COLS weight rows, else (the last cols < TILE_COLS rows of w, or K not a multiple of
  * VEC_LANES) one weight row at a time. */
-INLINE void weight_rows(const float *x, const float *w, const float *b, float *y, int64_t M,
-                        int64_t N, int64_t K, int64_t n0, int64_t cols) {
+INLINE void weight_rows(const float *x, const void *w, const void *b, void *y, int64_t M,
+                        int64_t N, int64_t K, int64_t n0, int64_t cols, const int bf16) {
   float out[VEC_LANES];
   const int tiled = cols == TILE_COLS && K % VEC_LANES == 0;
   const int64_t step = tiled ? TILE_COLS : 1; /* weight rows per call, out[step * i + j] */
   for (int64_t m = 0; m < M; m += ROW_TILE) {
     const int64_t rows = M - m < ROW_TILE ? M - m : ROW_TILE;
     for (int64_t n = n0; n < n0 + cols; n += step) {
+      const void *w_rows = element_at(w, n * K, bf16);
       if (tiled)
-        tile_any(x + m * K, w + n * K, out, rows, K, m == 0);
+        tile_any(x + m * K, w_rows, out, rows, K, m == 0, bf16);
       else
-        dot_tile(x + m * K, w + n * K, out, rows, K, m == 0);
+        dot_tile(x + m * K, w_rows, out, rows, K, m == 0, bf16);
       for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < step; j++)
-          y[(m + i) * N + n + j] = b ? out[step * i + j] + b[n + j] : out[step * i + j];
+        for (int64_t j = 0; j < step; j++) {
+          const float sum = out[step * i + j];
+          store1_as(y, (m + i) * N + n + j, b ? sum + load1_as(b, n + j, bf16) : sum, bf16);
+        }
     }
   }
 }
 
-void ISA(skinny_gemm_run)(const float *x, const float *w, const float *b, float *y, int64_t M,
-                          int64_t N, int64_t K, int num_threads) {
+/* The weight type is chosen inside the loop: OpenMP outlines the loop's body before inlining,
+ * so a bf16 passed into it would not be a constant there. */
+static void run(const float *x, const void *w, const void *b, void *y, int64_t M, int64_t N,
+                int64_t K, int bf16, int num_threads) {
   const int64_t tiles = (N + TILE_COLS - 1) / TILE_COLS;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
-  for (int64_t t = 0; t < tiles; t++)
-    weight_rows(x, w, b, y, M, N, K, TILE_COLS * t,
-                N - TILE_COLS * t < TILE_COLS ? N - TILE_COLS * t : TILE_COLS);
+  for (int64_t t = 0; t < tiles; t++) {
+    const int64_t n0 = TILE_COLS * t, cols = N - n0 < TILE_COLS ? N - n0 : TILE_COLS;
+    if (bf16)
+      weight_rows(x, w, b, y, M, N, K, n0, cols, 1);
+    else
+      weight_rows(x, w, b, y, M, N, K, n0, cols, 0);
+  }
+}
+
+int ISA(skinny_gemm_run)(const void *x, const void *w, const void *b, void *y, int64_t M,
+                         int64_t N, int64_t K, int bf16, int num_threads) {
+  if (!bf16) {
+    run(x, w, b, y, M, N, K, 0, num_threads);
+    return 0;
+  }
+  float *xf = malloc((size_t)(M * K) * sizeof(float));
+  if (xf == NULL) return -1;
+  int64_t i = 0;
+  for (; i + VEC_LANES <= M * K; i += VEC_LANES) storen(xf + i, loadn_as(x, i, 1));
+  for (; i < M * K; i++) xf[i] = load1_as(x, i, 1);
+  run(xf, w, b, y, M, N, K, 1, num_threads);
+  free(xf);
+  return 0;
 }

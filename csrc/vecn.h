@@ -50,8 +50,10 @@ INLINE void storen(float *p, vecn v) { memcpy(p, &v, sizeof v); }
 
 INLINE vecn splatn(float a) { return (vecn){0} + a; }
 
-/* A bfloat16 is the top half of a float32's bits: widening one is exact (a shift). bf16.h
- * has the narrowing, rounded as torch rounds. */
+/* A bfloat16 is the top half of a float32's bits: widening one is exact (a shift); narrowing
+ * rounds to nearest even and gives torch's quiet NaN 0x7fc0 for any NaN, as c10::BFloat16
+ * does, so a kernel's bf16 output equals torch's rounding of the same float32 value (bf16.h
+ * has the 16-lane vector narrowing). */
 typedef uint16_t bf16xn __attribute__((vector_size(2 * VEC_LANES)));
 
 INLINE vecn loadn_bf16(const uint16_t *p) {
@@ -65,6 +67,37 @@ INLINE float bf16_to_float(uint16_t h) {
   float f;
   memcpy(&f, &u, sizeof f);
   return f;
+}
+
+INLINE uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Element i of an array of float32 (bf16 = 0) or bfloat16 (bf16 = 1) elements, read or
+ * written as float32 (rounded to nearest even when stored as bfloat16). Kernels that take
+ * either call these with a constant bf16, so each copy keeps one branch. */
+INLINE int64_t element_size(int bf16) { return bf16 ? 2 : 4; }
+
+INLINE void *element_at(const void *p, int64_t i, int bf16) {
+  return (char *)p + i * element_size(bf16);
+}
+
+INLINE vecn loadn_as(const void *p, int64_t i, int bf16) {
+  return bf16 ? loadn_bf16(element_at(p, i, 1)) : loadn(element_at(p, i, 0));
+}
+
+INLINE float load1_as(const void *p, int64_t i, int bf16) {
+  return bf16 ? bf16_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+INLINE void store1_as(void *p, int64_t i, float v, int bf16) {
+  if (bf16)
+    ((uint16_t *)p)[i] = float_to_bf16(v);
+  else
+    ((float *)p)[i] = v;
 }
 
 /* Lane i of a where mask lane i is set (all ones), else of b. */

@@ -190,10 +190,12 @@ def skinny_gemm(
 
 
 def skinny_gemm_bf16(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: str | None = None
 ) -> torch.Tensor:
-    """skinny_gemm on bfloat16 tensors (float32 products and sums) -> bfloat16 [M, N]."""
-    return _skinny_gemm("skinny_gemm_bf16", _BF16, x, weight, bias)
+    """skinny_gemm on bfloat16 tensors (float32 products and sums) -> bfloat16 [M, N]. isa:
+    as in skinny_gemm (the same builds)."""
+    isa_index = _isa_index("skinny_gemm_bf16", isa, _SKINNY_ISAS)
+    return _skinny_gemm("skinny_gemm_bf16", _BF16, x, weight, bias, isa_index)
 
 
 def amx_available() -> bool:
@@ -273,12 +275,12 @@ def _skinny_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    *isa: int,
+    isa: int,
 ) -> torch.Tensor:
     """The checks and call of _C.<op>, whose tensors are all of `dtype` (isa: the index of a
-    build, for kernels that take one)."""
+    build, -1 for the best)."""
     _check(op, "weight", weight, 2, "[N, K]", dtype)
-    return _gemm(op, dtype, x, weight, "weight [N, K]", *weight.shape, bias, *isa)
+    return _gemm(op, dtype, x, weight, "weight [N, K]", *weight.shape, bias, isa)
 
 
 def _gemm(
@@ -293,7 +295,8 @@ def _gemm(
     *isa: int,
 ) -> torch.Tensor:
     """The checks of x and bias and the call of matmul kernel _C.<op> on a weight of n
-    outputs and weight_k inputs, itself checked by the caller (isa: as in _skinny_gemm)."""
+    outputs and weight_k inputs, itself checked by the caller (isa: for the kernels that take
+    one, as in _skinny_gemm)."""
     _check(op, "x", x, 2, "[M, K]", dtype)
     m, k = x.shape
     _require(op, weight_k == k, "{} has K = {}, x [M, K] has K = {}", weight_name, weight_k, k)

@@ -27,8 +27,8 @@ tiles; on Zen 4 against MKL held to AVX2) 1.3-2.9x from 1 to 32 rows, 0.8-1.4x a
 
 SKINNY_GEMM_BF16_MAX_ROWS = 16
 """Up to this many rows of bfloat16 x and a plain weight (AMX tiles take every row count,
-see prepack_linear_weight), linear() uses skinny_gemm_bf16 (4 x 4 tiles of x and
-weight rows, float32 sums; a row's result independent of the others, so decode batches up to
+see prepack_linear_weight), linear() uses skinny_gemm_bf16 (skinny_gemm's per-build tiles
+on bf16 weights, float32 sums; a row's result independent of the others, so decode batches up to
 this size are batch-invariant); past it F.linear, whose oneDNN matmul runs on AMX tiles where
 the CPU has them. On the AMX development machine, over the default model's decoder
 matrices (with the kernel's weight prefetch, session 7), the kernel read the weights at 17-19

@@ -32,15 +32,16 @@ BUILDS = ["avx512", "avx2", "portable"]
 
 
 def _on_build(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, kernel: str, builds: tuple
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, builds: tuple, *kernels: str
 ) -> str:
-    """Makes every call to _cpu_kernels.<kernel> name build request.param (skipped where the
-    CPU cannot run it)."""
+    """Makes every call to each _cpu_kernels.<kernel> name build request.param (skipped where
+    the CPU cannot run it)."""
     isa = request.param
     if isa not in builds:
-        pytest.skip(f"{kernel} has no {isa} build for this CPU")
-    partial = functools.partial(getattr(_cpu_kernels, kernel), isa=isa)
-    monkeypatch.setattr(_cpu_kernels, kernel, partial)
+        pytest.skip(f"{kernels[0]} has no {isa} build for this CPU")
+    for kernel in kernels:
+        partial = functools.partial(getattr(_cpu_kernels, kernel), isa=isa)
+        monkeypatch.setattr(_cpu_kernels, kernel, partial)
     return isa
 
 
@@ -48,13 +49,14 @@ def _on_build(
 def attention_isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs a test on each build of the decode attention kernel this CPU runs."""
     builds = _cpu_kernels.paged_attention_isas()
-    return _on_build(request, monkeypatch, "paged_decode_attention", builds)
+    return _on_build(request, monkeypatch, builds, "paged_decode_attention")
 
 
 @pytest.fixture(params=BUILDS)
 def skinny_gemm_isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Runs a test on each build of the float32 skinny_gemm kernel this CPU runs."""
-    return _on_build(request, monkeypatch, "skinny_gemm", _cpu_kernels.skinny_gemm_isas())
+    """Runs a test on each build of the skinny_gemm kernel this CPU runs (float32 and bf16)."""
+    builds = _cpu_kernels.skinny_gemm_isas()
+    return _on_build(request, monkeypatch, builds, "skinny_gemm", "skinny_gemm_bf16")
 
 
 @pytest.fixture(autouse=True)

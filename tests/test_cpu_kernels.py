@@ -149,6 +149,10 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
         lambda: _gemm(isa="avx10"),
         r"skinny_gemm: isa 'avx10' is not one of this CPU's \(.*'portable'\)",
     ),
+    "skinny_gemm_bf16 unknown isa": (
+        lambda: _gemm_bf16(isa="sve"),
+        r"skinny_gemm_bf16: isa 'sve' is not one of this CPU's \(.*'portable'\)",
+    ),
     "attention unknown isa": (
         lambda: _attention(isa="neon"),
         r"paged_decode_attention: isa 'neon' is not one of this CPU's \(.*'portable'\)",
@@ -332,6 +336,7 @@ def test_the_valid_calls_above_run() -> None:
     assert _gemm().shape == (2, 5)
     assert _gemm(isa="portable").shape == (2, 5)
     assert _gemm_bf16().shape == (2, 5)
+    assert _gemm_bf16(isa="portable").shape == (2, 5)
     bf16_cache = CACHE.bfloat16()
     assert _attention(k_cache=bf16_cache, v_cache=bf16_cache).shape == (B, HEADS, D)
     _cache_write(k_cache=bf16_cache.clone(), v_cache=bf16_cache.clone())
