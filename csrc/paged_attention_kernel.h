@@ -31,6 +31,99 @@ INLINE float softmax_update(vecn scores, int64_t n, RunningSoftmax *state, float
   return correction;
 }
 
+/* A sequence longer than this is attended in tasks of this many tokens (a multiple of every
+ * VEC_LANES) whose partial results are merged, so that one long sequence is spread over the
+ * threads (as vLLM's paged attention v2). A sequence's split depends on its length alone, so
+ * its result does not depend on the batch around it or on the thread count. */
+#define PARTITION_TOKENS 512
+
+INLINE int64_t partitions(int64_t seq_len) {
+  return (seq_len + PARTITION_TOKENS - 1) / PARTITION_TOKENS;
+}
+
+/* Where each sequence's tasks and partial results start, [B + 1] each: first_task[b]
+ * (tasks_per_seq tasks per partition), first_slot[b] (one slot per partition of a sequence of
+ * several; a slot holds every head's unnormalized output, [H, D] in partial_out, and its
+ * softmax state, [H] in partial_state). */
+typedef struct {
+  int64_t *first_task, *first_slot;
+  float *partial_out;
+  RunningSoftmax *partial_state;
+} Partitions;
+
+static void free_partitions(Partitions *p) {
+  free(p->first_task);
+  free(p->first_slot);
+  free(p->partial_out);
+  free(p->partial_state);
+}
+
+/* Returns 0, or -1 (nothing allocated) when memory runs out. */
+static int plan_partitions(Partitions *p, const paged_attention_args *a, int64_t tasks_per_seq) {
+  *p = (Partitions){malloc((size_t)(a->B + 1) * sizeof(int64_t)),
+                    malloc((size_t)(a->B + 1) * sizeof(int64_t)), NULL, NULL};
+  if (p->first_task == NULL || p->first_slot == NULL) {
+    free_partitions(p);
+    return -1;
+  }
+  p->first_task[0] = p->first_slot[0] = 0;
+  for (int64_t b = 0; b < a->B; b++) {
+    const int64_t parts = partitions(a->seq_lens[b]);
+    p->first_task[b + 1] = p->first_task[b] + parts * tasks_per_seq;
+    p->first_slot[b + 1] = p->first_slot[b] + (parts > 1 ? parts : 0);
+  }
+  const int64_t slots = p->first_slot[a->B];
+  if (slots == 0) return 0;
+  p->partial_out = malloc((size_t)(slots * a->H * a->D) * sizeof(float));
+  p->partial_state = malloc((size_t)(slots * a->H) * sizeof(RunningSoftmax));
+  if (p->partial_out == NULL || p->partial_state == NULL) {
+    free_partitions(p);
+    return -1;
+  }
+  return 0;
+}
+
+/* The sequence b whose tasks [first_task[b], first_task[b + 1]) hold task. */
+INLINE int64_t task_sequence(const int64_t *first_task, int64_t B, int64_t task) {
+  int64_t lo = 0, hi = B - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (first_task[mid] <= task)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+/* The factor that finishes a head's output: 1 / its softmax sum; or, where the task is one
+ * partition of a longer sequence (saved: its slot's states), 1, the output left unnormalized
+ * and the state kept in saved[h] for merge_head. */
+INLINE float finish_head(const RunningSoftmax *state, RunningSoftmax *saved, int64_t h) {
+  if (saved == NULL) return 1.0f / state->sum;
+  saved[h] = *state;
+  return 1.0f;
+}
+
+/* out [D] of one head from its sequence's parts: unnormalized outputs part_out (out_stride
+ * apart) and their softmax states part_state (state_stride apart), each rescaled to the
+ * largest max. */
+INLINE void merge_head(float *out, const float *part_out, const RunningSoftmax *part_state,
+                       int64_t parts, int64_t out_stride, int64_t state_stride, int64_t D) {
+  float max = -__FLT_MAX__, sum = 0.0f;
+  for (int64_t p = 0; p < parts; p++)
+    if (part_state[p * state_stride].max > max) max = part_state[p * state_stride].max;
+  for (int64_t p = 0; p < parts; p++) {
+    const RunningSoftmax *s = &part_state[p * state_stride];
+    sum += s->sum * expn(splatn(s->max - max))[0];
+  }
+  for (int64_t d = 0; d < D; d++) out[d] = 0.0f;
+  for (int64_t p = 0; p < parts; p++) {
+    const float weight = expn(splatn(part_state[p * state_stride].max - max))[0] / sum;
+    for (int64_t d = 0; d < D; d++) out[d] += weight * part_out[p * out_stride + d];
+  }
+}
+
 /* KV_WIDEN2N(p, lo, hi): 2 * VEC_LANES cache elements from p as two float32 vectors, in the
  * lane order KV_ELEMENT_OF gives (lane -> element of the 2 * VEC_LANES). A float32 cache keeps
  * its order; a bf16 cache is widened by two bit operations on 32-bit lanes (even elements are

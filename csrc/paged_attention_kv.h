@@ -13,17 +13,18 @@ INLINE vecn KV_NAME(dot_lanes)(const float *a, const KV_T *b, int64_t n) {
   return acc;
 }
 
-/* One sequence's keys or values in the cache: token t's row [KV, D] through its block. */
+/* One sequence's keys or values in the cache from token `start` on: token t's row [KV, D]
+ * (t counted from start) through its block. */
 typedef struct {
   const KV_T *cache;
   const int32_t *block_table;
-  int64_t block_size, row_size;
+  int64_t block_size, row_size, start;
 } KV_NAME(PagedRows);
 
 /* Pointers to the rows of tokens t0 .. t0 + n - 1 (one division per call, not per token). */
 INLINE void KV_NAME(token_rows)(const KV_NAME(PagedRows) *r, int64_t t0, int64_t n,
                                  const KV_T **rows) {
-  int64_t block = t0 / r->block_size, offset = t0 % r->block_size;
+  int64_t block = (r->start + t0) / r->block_size, offset = (r->start + t0) % r->block_size;
   const KV_T *base = r->cache + (int64_t)r->block_table[block] * r->block_size * r->row_size;
   for (int64_t i = 0; i < n; i++) {
     rows[i] = base + offset * r->row_size;
@@ -58,14 +59,17 @@ INLINE void KV_NAME(prefetch_rows)(const KV_NAME(PagedRows) *r, int64_t t0, int6
 /* The work of one task: query heads [h0, h1) of one sequence, which read kv heads h / G, the
  * elements [row_offset, row_offset + row_span) of each key and value row (a task of one kv
  * head prefetches only its third of the default model's rows: 1.3-1.9x faster at 1-2
- * sequences than with whole rows). */
+ * sequences than with whole rows), over its num_tokens tokens from keys.start (the whole
+ * sequence, or one partition of it: then saved is its slot's softmax states, see
+ * finish_head, and out its slot's outputs). */
 typedef struct {
   const float *q;
   float *out;
   KV_NAME(PagedRows) keys, values;
-  int64_t seq_len, h0, h1, G, D, row_offset, row_span;
+  int64_t num_tokens, h0, h1, G, D, row_offset, row_span;
   float scale;
   int prefetch_l1;
+  RunningSoftmax *saved;
 } KV_NAME(HeadRange);
 
 /* Scores of one chunk, scale * q . k_i for the n <= VEC_LANES key rows; lanes >= n are
@@ -192,7 +196,7 @@ INLINE void KV_NAME(attend_group_any)(const KV_NAME(HeadRange) *w, int64_t kvh, 
  * head in groups of up to HEAD_GROUP. scratch: 2 * (h1 - h0) * D floats. */
 INLINE void KV_NAME(attend_grouped)(const KV_NAME(HeadRange) *w, RunningSoftmax *state,
                                     float *scratch, const int64_t D) {
-  const int64_t L = w->seq_len, heads = w->h1 - w->h0;
+  const int64_t L = w->num_tokens, heads = w->h1 - w->h0;
   float *qp = scratch, *acc = scratch + heads * D;
   for (int64_t h = 0; h < heads; h++) {
     state[h] = (RunningSoftmax){-__FLT_MAX__, 0.0f};
@@ -225,7 +229,7 @@ INLINE void KV_NAME(attend_grouped)(const KV_NAME(HeadRange) *w, RunningSoftmax 
     }
   }
   for (int64_t h = 0; h < heads; h++) {
-    const float inv = 1.0f / state[h].sum;
+    const float inv = finish_head(&state[h], w->saved, w->h0 + h);
     for (int64_t e = 0; e < D; e++)
       w->out[(w->h0 + h) * D + KV_NAME(lane_element)(e)] = acc[h * D + e] * inv;
   }
@@ -235,7 +239,7 @@ INLINE void KV_NAME(attend_grouped)(const KV_NAME(HeadRange) *w, RunningSoftmax 
  * compiler unrolls. state: [h1 - h0] scratch. */
 INLINE void KV_NAME(attend_heads)(const KV_NAME(HeadRange) *w, RunningSoftmax *state,
                                   const int64_t D) {
-  const int64_t L = w->seq_len, heads = w->h1 - w->h0;
+  const int64_t L = w->num_tokens, heads = w->h1 - w->h0;
   for (int64_t h = 0; h < heads; h++) state[h] = (RunningSoftmax){-__FLT_MAX__, 0.0f};
   memset(w->out + w->h0 * D, 0, (size_t)(heads * D) * sizeof(float));
   for (int64_t t0 = 0; t0 < L; t0 += VEC_LANES) {
@@ -254,7 +258,7 @@ INLINE void KV_NAME(attend_heads)(const KV_NAME(HeadRange) *w, RunningSoftmax *s
       KV_NAME(attend_chunk)(w, h, keys, values, n, &state[h - w->h0], D);
   }
   for (int64_t h = w->h0; h < w->h1; h++) {
-    float inv = 1.0f / state[h - w->h0].sum;
+    const float inv = finish_head(&state[h - w->h0], w->saved, h);
     for (int64_t d = 0; d < D; d++) w->out[h * D + d] *= inv;
   }
 }
@@ -271,20 +275,21 @@ static void KV_NAME(attend)(const KV_NAME(HeadRange) *w, RunningSoftmax *state, 
     KV_NAME(attend_heads)(w, state, w->D);
 }
 
+/* Tasks: each partition of each sequence (partitions()), for kv_per_task kv heads at a time;
+ * then the heads of split sequences merged. */
 static int KV_NAME(run)(const paged_attention_args *a) {
-  float *out = a->out;
-  const float *q = a->q;
   const KV_T *k_cache = a->k_cache, *v_cache = a->v_cache;
-  const int64_t B = a->B, H = a->H, KV = a->KV, D = a->D, max_blocks = a->max_blocks;
+  const int64_t B = a->B, H = a->H, KV = a->KV, D = a->D;
   const int num_threads = a->num_threads;
   const int64_t G = H / KV;
-  /* A task is a whole sequence (its key and value rows stream in order) when there are
+  /* A task covers all kv heads (its key and value rows stream in order) when there are
    * enough sequences to keep every thread busy, else one kv head's query heads. */
   const int64_t kv_per_task = B >= 2 * num_threads ? KV : 1;
   const int64_t tasks_per_seq = KV / kv_per_task;
+  Partitions p;
   RunningSoftmax *states = malloc((size_t)(num_threads * H) * sizeof(RunningSoftmax));
   float *scratch = malloc((size_t)(num_threads * 2 * H * D) * sizeof(float));
-  if (states == NULL || scratch == NULL) {
+  if (states == NULL || scratch == NULL || plan_partitions(&p, a, tasks_per_seq) < 0) {
     free(states);
     free(scratch);
     return -1;
@@ -294,25 +299,38 @@ static int KV_NAME(run)(const paged_attention_args *a) {
     RunningSoftmax *state = states + omp_get_thread_num() * H;
     float *thread_scratch = scratch + omp_get_thread_num() * 2 * H * D;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < B * tasks_per_seq; task++) {
-      const int64_t b = task / tasks_per_seq, kv0 = task % tasks_per_seq * kv_per_task;
-      const int32_t *table = a->block_tables + b * max_blocks;
-      const KV_NAME(HeadRange) w = {q + b * H * D,
-                               out + b * H * D,
-                               {k_cache, table, a->block_size, KV * D},
-                               {v_cache, table, a->block_size, KV * D},
-                               a->seq_lens[b],
-                               kv0 * G,
-                               (kv0 + kv_per_task) * G,
-                               G,
-                               D,
-                               kv0 * D,
-                               kv_per_task * D,
-                               a->scale,
-                               a->into_l1};
+    for (int64_t task = 0; task < p.first_task[B]; task++) {
+      const int64_t b = task_sequence(p.first_task, B, task), local = task - p.first_task[b];
+      const int64_t part = local / tasks_per_seq, kv0 = local % tasks_per_seq * kv_per_task;
+      const int64_t start = part * PARTITION_TOKENS, slot = p.first_slot[b] + part;
+      const int64_t left = a->seq_lens[b] - start;
+      const int split = partitions(a->seq_lens[b]) > 1;
+      const int32_t *table = a->block_tables + b * a->max_blocks;
+      const KV_NAME(HeadRange) w = {a->q + b * H * D,
+                                    split ? p.partial_out + slot * H * D : a->out + b * H * D,
+                                    {k_cache, table, a->block_size, KV * D, start},
+                                    {v_cache, table, a->block_size, KV * D, start},
+                                    left < PARTITION_TOKENS ? left : PARTITION_TOKENS,
+                                    kv0 * G,
+                                    (kv0 + kv_per_task) * G,
+                                    G,
+                                    D,
+                                    kv0 * D,
+                                    kv_per_task * D,
+                                    a->scale,
+                                    a->into_l1,
+                                    split ? p.partial_state + slot * H : NULL};
       KV_NAME(attend)(&w, state, thread_scratch);
     }
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < B * H; bh++) {
+      const int64_t b = bh / H, h = bh % H, parts = partitions(a->seq_lens[b]);
+      if (parts > 1)
+        merge_head(a->out + bh * D, p.partial_out + p.first_slot[b] * H * D + h * D,
+                   p.partial_state + p.first_slot[b] * H + h, parts, H * D, H, D);
+    }
   }
+  free_partitions(&p);
   free(states);
   free(scratch);
   return 0;

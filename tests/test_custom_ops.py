@@ -160,22 +160,24 @@ def test_paged_decode_attention_matches_torch_backend(
     scale: float,
     attention_isa: str,
 ) -> None:
-    """Scattered block tables, lengths from 1 to 700 (partial last blocks, the 4-, 8- or
-    16-key chunks' tails); scale 4 makes the softmax peaked, so e^x meets inputs far below
-    -87. Head sizes that are multiples of twice the build's vector width (32 on AVX-512, 16
-    on AVX2, 8 portable) take the kernel's grouped path (query heads per kv head 1-8:
-    groups of 4, 2 and 1 left over), the others its per-head path."""
-    num_blocks = 1000 // block_size + 60
+    """Scattered block tables, lengths from 1 to 1,300 (partial last blocks, the 4-, 8- or
+    16-key chunks' tails; past 512 tokens a sequence is attended in partitions of 512 and
+    merged: 513, 700 and 1,300 are 2, 2 and 3 of them, the last one short); scale 4 makes
+    the softmax peaked, so e^x meets inputs far below -87. Head sizes that are multiples of
+    twice the build's vector width (32 on AVX-512, 16 on AVX2, 8 portable) take the kernel's
+    grouped path (query heads per kv head 1-8: groups of 4, 2 and 1 left over), the others
+    its per-head path."""
+    num_blocks = 1400 // block_size + 60
     cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
     k_cache, v_cache = torch.randn(cache_shape), torch.randn(cache_shape)
-    seq_lens = torch.tensor([1, 17, 700, 33, 250], dtype=torch.int32)
-    max_blocks = -(-700 // block_size) + 2
+    seq_lens = torch.tensor([1, 17, 700, 33, 1300, 512, 513], dtype=torch.int32)
+    max_blocks = -(-1300 // block_size) + 2
     block_tables = torch.stack([torch.randperm(num_blocks)[:max_blocks] for _ in seq_lens]).to(
         torch.int32
     )
     query = torch.randn(len(seq_lens), num_heads, head_size)
     out = _custom_ops.paged_decode_attention(
-        query, k_cache, v_cache, block_tables, seq_lens, 700, scale
+        query, k_cache, v_cache, block_tables, seq_lens, 1300, scale
     )
     expected = _torch_decode(query, k_cache, v_cache, block_tables, seq_lens, scale)
     # A float32 score's rounding grows with scale * |q| |k| (~ scale * sqrt(D) here), and the
@@ -184,14 +186,19 @@ def test_paged_decode_attention_matches_torch_backend(
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=atol)
 
 
-@pytest.mark.parametrize("rise_per_key", [0.05, 0.7, 3.0, -3.0])
+@pytest.mark.parametrize(
+    "seq_len,rise_per_key",
+    [(300, 0.05), (300, 0.7), (300, 3.0), (300, -3.0), (1100, 0.05), (1100, 0.3), (1100, -0.3)],
+)
 def test_paged_decode_attention_stays_exact_as_scores_climb(
-    rise_per_key: float, attention_isa: str
+    seq_len: int, rise_per_key: float, attention_isa: str
 ) -> None:
     """Head 0's scores climb (or fall) steadily along 300 keys: 0.05 to 3 per key,
     so the kernel's online softmax raises its running max chunk after chunk (or never) and
-    rescales what it summed before; the result must equal the float64 definition's."""
-    head_size, seq_len, block_size = 64, 300, 16
+    rescales what it summed before; along 1,100 keys (three partitions, merged) the last
+    (or the first) partition outweighs the others, by scores up to 330 (a float32 score's
+    rounding grows with it); the result must equal the float64 definition's."""
+    head_size, block_size = 64, 16
     query = torch.randn(1, 2, head_size)
     direction = query[0, 0] / query[0, 0].square().sum()  # query . direction = 1
     positions = torch.arange(seq_len, dtype=torch.float32)[:, None]
@@ -208,6 +215,29 @@ def test_paged_decode_attention_stays_exact_as_scores_climb(
     )
     expected = _torch_decode(query, k_cache, v_cache, block_tables, seq_lens, 1.0)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_paged_decode_attention_rows_do_not_depend_on_their_batch(
+    cache_dtype: torch.dtype, attention_isa: str
+) -> None:
+    """A sequence's output is the same bits alone (its kv heads in separate tasks, 1,300
+    tokens in three partitions) as among five others (all kv heads in one task): captured
+    decode steps pad batches and must equal eager ones."""
+    num_blocks, block_size = 120, 16
+    shape = (num_blocks, block_size, 3, 64)
+    k_cache, v_cache = torch.randn(shape).to(cache_dtype), torch.randn(shape).to(cache_dtype)
+    seq_lens = torch.tensor([1300, 5, 600, 64, 1, 200], dtype=torch.int32)
+    tables = torch.stack([torch.randperm(num_blocks)[:83] for _ in seq_lens]).to(torch.int32)
+    query = torch.randn(len(seq_lens), 9, 64)
+    batch = _custom_ops.paged_decode_attention(
+        query, k_cache, v_cache, tables, seq_lens, 1300, 0.125
+    )
+    for i in (0, 2):
+        alone = _custom_ops.paged_decode_attention(
+            query[i : i + 1], k_cache, v_cache, tables[i : i + 1], seq_lens[i : i + 1], 1300, 0.125
+        )
+        assert torch.equal(alone[0], batch[i])
 
 
 def test_kernels_apply_only_to_cpu_float32_without_autograd(

@@ -244,16 +244,17 @@ def test_paged_decode_attention_on_a_bf16_cache(
     query_dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_size: int, attention_isa: str
 ) -> None:
     """Reference: the float64 torch definition on the same (bf16-valued) cache and query,
-    rounded to the query's dtype; lengths 1 to 300 over scattered blocks."""
-    block_size, num_blocks = 16, 40
+    rounded to the query's dtype; lengths 1 to 1,100 (three partitions) over scattered
+    blocks."""
+    block_size, num_blocks = 16, 100
     shape = (num_blocks, block_size, num_kv_heads, head_size)
     k_cache, v_cache = torch.randn(shape).to(BF16), torch.randn(shape).to(BF16)
-    seq_lens = torch.tensor([1, 17, 300, 33], dtype=torch.int32)
-    tables = torch.stack([torch.randperm(num_blocks)[:20] for _ in seq_lens]).to(torch.int32)
+    seq_lens = torch.tensor([1, 17, 1100, 33], dtype=torch.int32)
+    tables = torch.stack([torch.randperm(num_blocks)[:70] for _ in seq_lens]).to(torch.int32)
     query = torch.randn(len(seq_lens), num_heads, head_size).to(query_dtype)
-    out = _custom_ops.paged_decode_attention(query, k_cache, v_cache, tables, seq_lens, 300, 0.1)
+    out = _custom_ops.paged_decode_attention(query, k_cache, v_cache, tables, seq_lens, 1100, 0.1)
     expected = _torch_ops.paged_decode_attention(
-        query.double(), k_cache.double(), v_cache.double(), tables, seq_lens, 300, 0.1
+        query.double(), k_cache.double(), v_cache.double(), tables, seq_lens, 1100, 0.1
     )
     assert out.dtype == query_dtype
     # a bf16 output may round to the other neighbour: one bf16 ulp, 2^-8 to 2^-7 of the value
