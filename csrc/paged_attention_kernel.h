@@ -43,8 +43,9 @@ INLINE int64_t partitions(int64_t seq_len) {
 
 /* Where each sequence's tasks and partial results start, [B + 1] each: first_task[b]
  * (tasks_per_seq tasks per partition), first_slot[b] (one slot per partition of a sequence of
- * several; a slot holds every head's unnormalized output, [H, D] in partial_out, and its
- * softmax state, [H] in partial_state). */
+ * several, so first_slot[b + 1] - first_slot[b] is 0 for a sequence attended whole; a slot
+ * holds every head's unnormalized output, [H, D] in partial_out, and its softmax state, [H]
+ * in partial_state). */
 typedef struct {
   int64_t *first_task, *first_slot;
   float *partial_out;
@@ -107,21 +108,21 @@ INLINE float finish_head(const RunningSoftmax *state, RunningSoftmax *saved, int
 
 /* out [D] of one head from its sequence's parts: unnormalized outputs part_out (out_stride
  * apart) and their softmax states part_state (state_stride apart), each rescaled to the
- * largest max. */
+ * largest max, summed, and divided by the rescaled sums' total. */
 INLINE void merge_head(float *out, const float *part_out, const RunningSoftmax *part_state,
                        int64_t parts, int64_t out_stride, int64_t state_stride, int64_t D) {
   float max = -__FLT_MAX__, sum = 0.0f;
   for (int64_t p = 0; p < parts; p++)
     if (part_state[p * state_stride].max > max) max = part_state[p * state_stride].max;
-  for (int64_t p = 0; p < parts; p++) {
-    const RunningSoftmax *s = &part_state[p * state_stride];
-    sum += s->sum * expn(splatn(s->max - max))[0];
-  }
   for (int64_t d = 0; d < D; d++) out[d] = 0.0f;
   for (int64_t p = 0; p < parts; p++) {
-    const float weight = expn(splatn(part_state[p * state_stride].max - max))[0] / sum;
-    for (int64_t d = 0; d < D; d++) out[d] += weight * part_out[p * out_stride + d];
+    const RunningSoftmax *s = &part_state[p * state_stride];
+    const float rescale = expn(splatn(s->max - max))[0];
+    sum += s->sum * rescale;
+    for (int64_t d = 0; d < D; d++) out[d] += rescale * part_out[p * out_stride + d];
   }
+  const float inv = 1.0f / sum;
+  for (int64_t d = 0; d < D; d++) out[d] *= inv;
 }
 
 /* KV_WIDEN2N(p, lo, hi): 2 * VEC_LANES cache elements from p as two float32 vectors, in the

@@ -304,7 +304,7 @@ static int KV_NAME(run)(const paged_attention_args *a) {
       const int64_t part = local / tasks_per_seq, kv0 = local % tasks_per_seq * kv_per_task;
       const int64_t start = part * PARTITION_TOKENS, slot = p.first_slot[b] + part;
       const int64_t left = a->seq_lens[b] - start;
-      const int split = partitions(a->seq_lens[b]) > 1;
+      const int split = p.first_slot[b + 1] > p.first_slot[b];
       const int32_t *table = a->block_tables + b * a->max_blocks;
       const KV_NAME(HeadRange) w = {a->q + b * H * D,
                                     split ? p.partial_out + slot * H * D : a->out + b * H * D,
@@ -324,8 +324,8 @@ static int KV_NAME(run)(const paged_attention_args *a) {
     }
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * H; bh++) {
-      const int64_t b = bh / H, h = bh % H, parts = partitions(a->seq_lens[b]);
-      if (parts > 1)
+      const int64_t b = bh / H, h = bh % H, parts = p.first_slot[b + 1] - p.first_slot[b];
+      if (parts > 0)
         merge_head(a->out + bh * D, p.partial_out + p.first_slot[b] * H * D + h * D,
                    p.partial_state + p.first_slot[b] * H + h, parts, H * D, H, D);
     }

@@ -15,6 +15,7 @@
 #include <omp.h>
 #include <stdlib.h>
 
+#include "ops.h"
 #include "prefetch.h"
 #include "vecn.h"
 
@@ -121,9 +122,7 @@ int ISA(skinny_gemm_run)(const void *x, const void *w, const void *b, void *y, i
   }
   float *xf = malloc((size_t)(M * K) * sizeof(float));
   if (xf == NULL) return -1;
-  int64_t i = 0;
-  for (; i + VEC_LANES <= M * K; i += VEC_LANES) storen(xf + i, loadn_as(x, i, 1));
-  for (; i < M * K; i++) xf[i] = load1_as(x, i, 1);
+  convert(xf, 0, x, 1, M * K);
   run(xf, w, b, y, M, N, K, 1, num_threads);
   free(xf);
   return 0;
