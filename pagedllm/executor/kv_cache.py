@@ -1,13 +1,12 @@
 """The paged KV cache: one tensor per model, a [k, v] pair of views per Attention layer."""
 
-import contextlib
 import math
-import mmap
 
 import torch
 from torch import nn
 
 from pagedllm.config import EngineConfig
+from pagedllm.cpu_memory import anonymous_map
 from pagedllm.layers.attention import Attention
 from pagedllm.logger import init_logger
 
@@ -37,12 +36,8 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    region = mmap.mmap(-1, max(nbytes, 1), mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):
-        with contextlib.suppress(OSError):  # EINVAL: a kernel built without huge pages
-            region.madvise(mmap.MADV_NOHUGEPAGE)
-    memory = torch.frombuffer(region, dtype=torch.uint8)  # keeps the map alive
-    return memory[:nbytes].view(dtype).view(shape)
+    memory = anonymous_map(nbytes, huge_pages=False)
+    return memory.view(dtype).view(shape)
 
 
 def bind_kv_cache(

@@ -83,15 +83,23 @@ class ModelRunner:
         self._copy_blocks(step.blocks_to_copy)
         batch = prepare_batch(step.chunks, self.block_size, self.device)
         hidden = self._run_model(batch)
-        sample_indices = torch.tensor(step.sample_indices, dtype=torch.long, device=self.device)
-        index = batch.last_token_indices[sample_indices]
-        logits = self.model.compute_logits(hidden[index])
-        prompt_logits = {}
         starts = [0, *itertools.accumulate(batch.attn_metadata.query_lens_cpu)]
+        logits = self.model.compute_logits(self._sampled_rows(hidden, starts, step.sample_indices))
+        prompt_logits = {}
         for i in step.prompt_logprob_indices:
             rows = hidden[starts[i] : starts[i + 1]]
             prompt_logits[i] = self.model.compute_logits(rows).float()
         return logits, prompt_logits
+
+    def _sampled_rows(
+        self, hidden: torch.Tensor, starts: list[int], sample_indices: list[int]
+    ) -> torch.Tensor:
+        """The hidden row of each sampled sequence's last new token: all of hidden, as it is,
+        when every sequence decodes one token and is sampled (a decode step)."""
+        if hidden.shape[0] == len(starts) - 1 and sample_indices == list(range(len(hidden))):
+            return hidden
+        rows = [starts[i + 1] - 1 for i in sample_indices]
+        return hidden[torch.tensor(rows, dtype=torch.long, device=self.device)]
 
     def _run_model(self, batch: BatchInputs) -> torch.Tensor:
         """Hidden states [T, hidden]: replayed when the graph runner can, else eager."""

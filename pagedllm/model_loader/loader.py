@@ -10,6 +10,7 @@ from pagedllm.config import ModelConfig
 from pagedllm.layers.quantization import get_quantization_config
 from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.logger import init_logger
+from pagedllm.model_loader.weight_arena import move_weights_to_arena
 from pagedllm.models.registry import ModelRegistry
 
 logger = init_logger(__name__)
@@ -85,6 +86,22 @@ def get_model(model_config: ModelConfig, device: str | torch.device = "cpu") -> 
             if method is not None:
                 method.process_weights_after_loading(module)
     model.eval()
+    if torch.device(device).type == "cpu":
+        _weights_in_huge_pages(model)
     scheme = model_config.quantization or str(model_config.dtype).removeprefix("torch.")
     logger.info("weights: %.1f MB resident (%s)", weight_bytes(model) / 1e6, scheme)
     return model
+
+
+def _weights_in_huge_pages(model: nn.Module) -> None:
+    moved = move_weights_to_arena(model)
+    if moved is None:
+        logger.info("weights: in 4 KiB pages (the OS grants no transparent huge pages)")
+        return
+    _, stats = moved
+    logger.info(
+        "weights: %.1f of %.1f MB moved into memory that asks for 2 MiB pages (%.2f s)",
+        stats.moved_bytes / 1e6,
+        stats.total_bytes / 1e6,
+        stats.seconds,
+    )

@@ -4,7 +4,6 @@ else budget // (bytes_per_token x block_size), the budget being kv_cache_memory_
 of free memory capped at what max_num_seqs sequences of max_model_len could use; the cache must
 hold one max_model_len sequence."""
 
-import mmap
 import pathlib
 from collections.abc import Callable
 
@@ -17,6 +16,7 @@ from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.executor import kv_cache
 from pagedllm.executor.kv_cache import bind_kv_cache, kv_cache_bytes_per_token, num_kv_blocks
 from pagedllm.layers.attention import Attention
+from tests.memory_maps import mapping_of, resident_bytes
 
 BYTES_PER_TOKEN = 512
 BLOCK_BYTES = BYTES_PER_TOKEN * 16
@@ -99,25 +99,6 @@ def test_bind_kv_cache_needs_attention_layers_of_one_shape() -> None:
         bind_kv_cache(nn.Linear(2, 2), 4, 4, torch.float32, "cpu")
     with pytest.raises(AssertionError, match="layers differ in kv shape"):
         bind_kv_cache(TinyAttentionModel((2, 1, 2)), 4, 4, torch.float32, "cpu")
-
-
-def resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * mmap.PAGESIZE
-
-
-def mapping_of(address: int) -> tuple[str, str]:
-    """(permissions, VmFlags) of the mapping in /proc/self/smaps that holds address."""
-    found = None
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            fields = line.split()
-            if "-" in fields[0] and len(fields) >= 5:
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                found = fields[1] if start <= address < end else None
-            elif found is not None and fields[0] == "VmFlags:":
-                return found, line
-    raise AssertionError(f"{address:#x} is in no mapping")
 
 
 @pytest.mark.skipif(not pathlib.Path("/proc/self/smaps").exists(), reason="needs Linux /proc")

@@ -57,6 +57,19 @@ def test_decode_step_reads_the_cache_the_prefill_wrote(runner, hf_model) -> None
     )
 
 
+@pytest.mark.parametrize("sample_indices", [[0, 1], [1, 1], [1], [1, 0]])
+def test_decode_step_samples_the_rows_asked_for(runner, hf_model, sample_indices) -> None:
+    """One token per sequence: all rows in order (returned as computed), a fork of the second
+    with the first not sampled (as a prompt chunk that ends before its prompt does), one row,
+    rows out of order."""
+    runner.forward(prefill([0, 1]))
+    chunks = [SeqChunk([42], len(PROMPTS[0]), [0]), SeqChunk([43], len(PROMPTS[1]), [1, 2])]
+    logits, _ = runner.forward(StepInput(chunks, [], sample_indices, []))
+    ref = [hf_logits(hf_model, p + [t])[-1] for p, t in zip(PROMPTS, (42, 43))]
+    expected = torch.stack([ref[i] for i in sample_indices])
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+
+
 def test_execute_samples_greedy_rows_as_the_argmax(runner, hf_model) -> None:
     greedy = SamplingParams(temperature=0)
     rows = [SamplingRow(greedy, p, []) for p in PROMPTS]

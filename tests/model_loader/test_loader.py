@@ -1,9 +1,16 @@
-"""pagedllm/model_loader/loader.py: weight_bytes counts what the model holds."""
+"""pagedllm/model_loader/loader.py: weight_bytes counts what the model holds; a CPU model's
+weights end in one map."""
 
+import itertools
+
+import pytest
 import torch
 from torch import nn
 
-from pagedllm.model_loader.loader import weight_bytes
+from pagedllm.config import ModelConfig
+from pagedllm.cpu_memory import huge_page_size
+from pagedllm.model_loader import weight_arena
+from pagedllm.model_loader.loader import get_model, weight_bytes
 
 
 def test_weight_bytes_counts_tied_weights_once_and_buffers_on_request() -> None:
@@ -15,3 +22,17 @@ def test_weight_bytes_counts_tied_weights_once_and_buffers_on_request() -> None:
     params = 10 * 4 * 4 + (16 + 4) * 2
     assert weight_bytes(model, buffers=False) == params
     assert weight_bytes(model) == params + 3 * 8
+
+
+@pytest.mark.skipif(huge_page_size() is None, reason="no transparent huge pages")
+def test_cpu_model_weights_are_moved_into_one_map(tiny_model_path, monkeypatch) -> None:
+    """Every parameter and buffer a view of one storage (the map), with the values of the
+    weights left where loading put them (the arena off)."""
+    config = ModelConfig.create(tiny_model_path("qwen3-moe"), dtype="float32")
+    model = get_model(config)
+    monkeypatch.setattr(weight_arena, "huge_page_size", lambda: None)
+    reference = get_model(config)
+    tensors = dict(itertools.chain(model.named_parameters(), model.named_buffers()))
+    assert len({t.untyped_storage().data_ptr() for t in tensors.values()}) == 1
+    for name, tensor in itertools.chain(reference.named_parameters(), reference.named_buffers()):
+        torch.testing.assert_close(tensors[name], tensor, rtol=0, atol=0)

@@ -1,0 +1,105 @@
+"""pagedllm/model_loader/weight_arena.py: the model's CPU parameters and buffers move into one
+map with the same values, shapes, strides and sharing; the map asks for huge pages until the
+copy's time budget is spent. Reference: a deep copy of the model taken before the move."""
+
+import copy
+import itertools
+import pathlib
+
+import pytest
+import torch
+from torch import nn
+
+from pagedllm.cpu_memory import huge_page_size
+from pagedllm.model_loader import weight_arena
+from pagedllm.model_loader.weight_arena import ALIGNMENT, move_weights_to_arena
+from tests.memory_maps import mapping_of
+
+PAGE = 2 << 20
+
+
+class Mixed(nn.Module):
+    """Tied embedding and head, a bf16 layer, a transposed weight, two parameters viewing one
+    storage, a buffer held by two modules, an empty parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(1000, 64)
+        self.head = nn.Linear(64, 1000, bias=False)
+        self.head.weight = self.embed.weight
+        self.bf16 = nn.Linear(64, 48, dtype=torch.bfloat16)
+        self.transposed = nn.Parameter(torch.randn(96, 64).t())
+        joint = torch.randn(10, 64)
+        self.upper, self.lower = nn.Parameter(joint[:4]), nn.Parameter(joint[4:])
+        self.empty = nn.Parameter(torch.empty(0))
+        table = torch.randn(32, 8, dtype=torch.float64)
+        self.a, self.b = nn.Module(), nn.Module()
+        self.a.register_buffer("table", table)
+        self.b.register_buffer("table", table)
+
+
+@pytest.fixture
+def thp(monkeypatch) -> None:
+    """A 2 MiB huge page size whatever this machine's THP mode (the advice is a request)."""
+    monkeypatch.setattr(weight_arena, "huge_page_size", lambda: PAGE)
+
+
+def test_values_shapes_strides_and_sharing_survive_the_move(thp) -> None:
+    """A generous budget: every storage moves."""
+    model = Mixed()
+    reference = copy.deepcopy(model)
+    arena, stats = move_weights_to_arena(model, budget_s=60.0)
+    assert arena.data_ptr() % PAGE == 0
+    assert stats.moved_bytes == stats.total_bytes == arena.numel()
+    inside = range(arena.data_ptr(), arena.data_ptr() + arena.numel())
+    moved = dict(itertools.chain(model.named_parameters(), model.named_buffers()))
+    expected = dict(itertools.chain(reference.named_parameters(), reference.named_buffers()))
+    assert moved.keys() == expected.keys()
+    for name, tensor in moved.items():
+        torch.testing.assert_close(tensor, expected[name], rtol=0, atol=0)
+        assert tensor.stride() == expected[name].stride(), name
+        assert tensor.numel() == 0 or tensor.data_ptr() in inside, name
+    assert model.head.weight is model.embed.weight and isinstance(model.upper, nn.Parameter)
+    assert model.lower.data_ptr() - model.upper.data_ptr() == 4 * 64 * 4
+    assert model.a.table is model.b.table
+    assert model.bf16.weight.data_ptr() % ALIGNMENT == 0
+    if huge_page_size() is not None and pathlib.Path("/proc/self/smaps").exists():
+        assert " hg" in mapping_of(arena.data_ptr())[1]  # MADV_HUGEPAGE
+
+
+def test_storages_past_the_budget_stay_where_they_are(thp, monkeypatch) -> None:
+    """The clock passes the budget after the first storage (a 4 MiB weight): that one moves,
+    the others keep their memory and values."""
+    ticks = iter([0.0, 0.0] + [1.0] * 100)
+    monkeypatch.setattr(weight_arena.time, "perf_counter", lambda: next(ticks))
+    model = nn.Sequential(*(nn.Linear(1024, 1024) for _ in range(3)))
+    reference = copy.deepcopy(model)
+    before = [p.data_ptr() for p in model.parameters()]
+    arena, stats = move_weights_to_arena(model, budget_s=0.5)
+    assert stats.moved_bytes == 4 << 20 and stats.total_bytes > 12 << 20
+    assert model[0].weight.data_ptr() == arena.data_ptr()
+    assert [p.data_ptr() for p in model.parameters()][1:] == before[1:]
+    for moved, expected in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(moved, expected, rtol=0, atol=0)
+
+
+def test_budget_zero_moves_nothing(thp) -> None:
+    model = nn.Linear(64, 64)
+    before = model.weight.data_ptr()
+    _, stats = move_weights_to_arena(model, budget_s=0.0)
+    assert stats.moved_bytes == 0 and model.weight.data_ptr() == before
+
+
+def test_nothing_moves_without_huge_pages(monkeypatch) -> None:
+    monkeypatch.setattr(weight_arena, "huge_page_size", lambda: None)
+    model = Mixed()
+    before = model.bf16.weight.data_ptr()
+    assert move_weights_to_arena(model) is None
+    assert model.bf16.weight.data_ptr() == before
+
+
+def test_meta_tensors_stay_where_they_are(thp) -> None:
+    with torch.device("meta"):
+        model = nn.Linear(4, 4)
+    assert move_weights_to_arena(model) is None
+    assert model.weight.device.type == "meta"
