@@ -13,6 +13,7 @@ setup(
             sources=[
                 "csrc/module.c",
                 "csrc/skinny_gemm.c",
+                "csrc/skinny_gemm_avx512_bf16.c",
                 "csrc/skinny_gemm_avx512.c",
                 "csrc/skinny_gemm_avx2.c",
                 "csrc/skinny_gemm_portable.c",
@@ -40,6 +41,7 @@ setup(
                 "csrc/vecn.h",
                 "csrc/isa_table.h",
                 "csrc/skinny_gemm_kernel.h",
+                "csrc/skinny_gemm_dpbf16.h",
                 "csrc/paged_attention.h",
                 "csrc/paged_attention_kernel.h",
                 "csrc/paged_attention_kv.h",

@@ -20,6 +20,11 @@ static inline int isa_x86_64_v4(void) {
   return __builtin_cpu_supports("x86-64-v4");
 }
 
+/* x86-64-v4 and AVX-512 BF16's dot products (Cooper Lake, Sapphire Rapids on; Zen 4 on). */
+static inline int isa_x86_64_v4_bf16(void) {
+  return isa_x86_64_v4() && __builtin_cpu_supports("avx512bf16");
+}
+
 /* AVX2, FMA, F16C, BMI1/2 (Haswell, Zen 1 on). */
 static inline int isa_x86_64_v3(void) {
   __builtin_cpu_init();

@@ -9,7 +9,8 @@
  * loaded vector feeding four FMAs, were 1.1-2x faster than MKL on AVX-512
  * (pagedllm/_custom_ops.py's SKINNY_GEMM_MAX_ROWS says up to how many rows, per build). The
  * kernel (skinny_gemm_kernel.h) is built once per instruction set at its register width and
- * tile shape; this file picks the best the CPU has, or the one the caller names.
+ * tile shape, and once more for AVX-512 BF16, whose dot products multiply bf16 x and weights
+ * as they are; this file picks the best the CPU has, or the one the caller names.
  */
 #include "isa_table.h"
 #include "ops.h"
@@ -17,6 +18,8 @@
 typedef int (*skinny_gemm_fn)(const void *x, const void *w, const void *b, void *y, int64_t M,
                               int64_t N, int64_t K, int bf16, int num_threads);
 
+int skinny_gemm_run_avx512_bf16(const void *x, const void *w, const void *b, void *y, int64_t M,
+                                int64_t N, int64_t K, int bf16, int num_threads);
 int skinny_gemm_run_avx512(const void *x, const void *w, const void *b, void *y, int64_t M,
                            int64_t N, int64_t K, int bf16, int num_threads);
 int skinny_gemm_run_avx2(const void *x, const void *w, const void *b, void *y, int64_t M,
@@ -27,7 +30,11 @@ int skinny_gemm_run_portable(const void *x, const void *w, const void *b, void *
 static const struct {
   isa_entry isa;
   skinny_gemm_fn run;
-} ISAS[] = {VECTOR_BUILDS(skinny_gemm_run)};
+} ISAS[] = {
+#if defined(__x86_64__) && defined(__GNUC__)
+    {{"avx512_bf16", isa_x86_64_v4_bf16}, skinny_gemm_run_avx512_bf16},
+#endif
+    VECTOR_BUILDS(skinny_gemm_run)};
 
 ISA_TABLE(skinny_gemm, ISAS)
 

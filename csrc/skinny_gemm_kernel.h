@@ -10,7 +10,9 @@
  *
  * Weights, bias and y are float32 or bfloat16 (`bf16`, a constant at each call, as in
  * vecn.h's loadn_as); x is float32 either way (bfloat16 x is widened once first), the
- * products and sums float32, a bfloat16 y rounded as torch rounds.
+ * products and sums float32, a bfloat16 y rounded as torch rounds. The avx512_bf16 build
+ * (SKINNY_DPBF16) multiplies bf16 x and weights as they are, by dot products
+ * (skinny_gemm_dpbf16.h), where K is a multiple of DP_STEP.
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -74,22 +76,36 @@ INLINE void tile_any(const float *x, const void *w, float *out, int64_t rows, in
   }
 }
 
+#ifdef SKINNY_DPBF16
+#include "skinny_gemm_dpbf16.h"
+#endif
+
 /* Weight rows [n0, n0 + cols) against every x row: tiles of up to ROW_TILE x rows by
  * TILE_COLS weight rows, else (the last cols < TILE_COLS rows of w, or K not a multiple of
- * VEC_LANES) one weight row at a time. */
-INLINE void weight_rows(const float *x, const void *w, const void *b, void *y, int64_t M,
-                        int64_t N, int64_t K, int64_t n0, int64_t cols, const int bf16) {
+ * VEC_LANES) one weight row at a time. dp: bf16 x and weights on dot-product tiles (x is
+ * float32 otherwise). */
+INLINE void weight_rows(const void *x, const void *w, const void *b, void *y, int64_t M,
+                        int64_t N, int64_t K, int64_t n0, int64_t cols, const int bf16,
+                        const int dp) {
   float out[VEC_LANES];
   const int tiled = cols == TILE_COLS && K % VEC_LANES == 0;
   const int64_t step = tiled ? TILE_COLS : 1; /* weight rows per call, out[step * i + j] */
   for (int64_t m = 0; m < M; m += ROW_TILE) {
     const int64_t rows = M - m < ROW_TILE ? M - m : ROW_TILE;
+    const void *x_rows = element_at(x, m * K, dp);
     for (int64_t n = n0; n < n0 + cols; n += step) {
       const void *w_rows = element_at(w, n * K, bf16);
-      if (tiled)
-        tile_any(x + m * K, w_rows, out, rows, K, m == 0, bf16);
+#ifdef SKINNY_DPBF16
+      if (dp && tiled)
+        dp_tile_any(x_rows, w_rows, out, rows, K, m == 0);
+      else if (dp)
+        dp_row(x_rows, w_rows, out, rows, K, m == 0);
       else
-        dot_tile(x + m * K, w_rows, out, rows, K, m == 0, bf16);
+#endif
+          if (tiled)
+        tile_any(x_rows, w_rows, out, rows, K, m == 0, bf16);
+      else
+        dot_tile(x_rows, w_rows, out, rows, K, m == 0, bf16);
       for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < step; j++) {
           const float sum = out[step * i + j];
@@ -101,29 +117,37 @@ INLINE void weight_rows(const float *x, const void *w, const void *b, void *y, i
 
 /* The weight type is chosen inside the loop: OpenMP outlines the loop's body before inlining,
  * so a bf16 passed into it would not be a constant there. */
-static void run(const float *x, const void *w, const void *b, void *y, int64_t M, int64_t N,
-                int64_t K, int bf16, int num_threads) {
+static void run(const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N,
+                int64_t K, int bf16, int dp, int num_threads) {
   const int64_t tiles = (N + TILE_COLS - 1) / TILE_COLS;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
   for (int64_t t = 0; t < tiles; t++) {
     const int64_t n0 = TILE_COLS * t, cols = N - n0 < TILE_COLS ? N - n0 : TILE_COLS;
-    if (bf16)
-      weight_rows(x, w, b, y, M, N, K, n0, cols, 1);
+    if (dp)
+      weight_rows(x, w, b, y, M, N, K, n0, cols, 1, 1);
+    else if (bf16)
+      weight_rows(x, w, b, y, M, N, K, n0, cols, 1, 0);
     else
-      weight_rows(x, w, b, y, M, N, K, n0, cols, 0);
+      weight_rows(x, w, b, y, M, N, K, n0, cols, 0, 0);
   }
 }
 
 int ISA(skinny_gemm_run)(const void *x, const void *w, const void *b, void *y, int64_t M,
                          int64_t N, int64_t K, int bf16, int num_threads) {
   if (!bf16) {
-    run(x, w, b, y, M, N, K, 0, num_threads);
+    run(x, w, b, y, M, N, K, 0, 0, num_threads);
     return 0;
   }
+#ifdef SKINNY_DPBF16
+  if (K % DP_STEP == 0) {
+    run(x, w, b, y, M, N, K, 1, 1, num_threads);
+    return 0;
+  }
+#endif
   float *xf = malloc((size_t)(M * K) * sizeof(float));
   if (xf == NULL) return -1;
   convert(xf, 0, x, 1, M * K);
-  run(xf, w, b, y, M, N, K, 1, num_threads);
+  run(xf, w, b, y, M, N, K, 1, 0, num_threads);
   free(xf);
   return 0;
 }

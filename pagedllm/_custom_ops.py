@@ -15,25 +15,27 @@ import torch.nn.functional as F
 from pagedllm import _cpu_kernels, _torch_ops, _torch_quant
 from pagedllm.cpu_features import native_bf16_matmul
 
-SKINNY_GEMM_MAX_ROWS = {"avx512": 256, "avx2": 32}.get(
-    next(iter(_cpu_kernels.skinny_gemm_isas()), ""), 4
-)
+_SKINNY_BUILD = next(iter(_cpu_kernels.skinny_gemm_isas()), "")
+
+SKINNY_GEMM_MAX_ROWS = {"avx512_bf16": 256, "avx512": 256, "avx2": 32}.get(_SKINNY_BUILD, 4)
 """Up to this many rows of x, linear() uses pagedllm._C's skinny_gemm, by the build the CPU
-runs. Against MKL on the default model's shapes, the AVX-512 build was faster from 1 row (up
-to 2.5-4x, bandwidth bound) to 256 rows (1.1-2x) and lost from ~512; the AVX2 build (4 x 2
-tiles; on Zen 4 against MKL held to AVX2) 1.3-2.9x from 1 to 32 rows, 0.8-1.4x at 64 to 256
-(BENCHMARKS.md, session 13)."""
+runs. Against MKL on the default model's shapes, the AVX-512 build (whose float32 kernel the
+avx512_bf16 build shares) was faster from 1 row (up to 2.5-4x, bandwidth bound) to 256 rows
+(1.1-2x) and lost from ~512; the AVX2 build (4 x 2 tiles; on Zen 4 against MKL held to AVX2)
+1.3-2.9x from 1 to 32 rows, 0.8-1.4x at 64 to 256 (BENCHMARKS.md, session 13)."""
 
 
-SKINNY_GEMM_BF16_MAX_ROWS = 16
+SKINNY_GEMM_BF16_MAX_ROWS = 64 if _SKINNY_BUILD == "avx512_bf16" else 16
 """Up to this many rows of bfloat16 x and a plain weight (AMX tiles take every row count,
 see prepack_linear_weight), linear() uses skinny_gemm_bf16 (skinny_gemm's per-build tiles
 on bf16 weights, float32 sums; a row's result independent of the others, so decode batches up to
 this size are batch-invariant); past it F.linear, whose oneDNN matmul runs on AMX tiles where
 the CPU has them. On the AMX development machine, over the default model's decoder
-matrices (with the kernel's weight prefetch, session 7), the kernel read the weights at 17-19
-GB/s at 1-4 rows against 9-11 for F.linear, about as fast at 8, and at 0.6x its speed at 16:
-the bound is kept at 16 for batch invariance."""
+matrices (with the kernel's weight prefetch, session 7), the float32-FMA kernel read the
+weights at 17-19 GB/s at 1-4 rows against 9-11 for F.linear, about as fast at 8, and at 0.6x
+its speed at 16: the bound is kept at 16 for batch invariance. The avx512_bf16 build's dot
+products (Zen 4, session 16) were 1.1x F.linear at 16 rows, 1.15x at 32 and 64, level at
+128: 64 there."""
 
 
 SKINNY_OVER_PACKED_MAX_ROWS = 4

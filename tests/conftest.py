@@ -52,9 +52,10 @@ def attention_isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     return _on_build(request, monkeypatch, builds, "paged_decode_attention")
 
 
-@pytest.fixture(params=BUILDS)
+@pytest.fixture(params=["avx512_bf16", *BUILDS])
 def skinny_gemm_isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Runs a test on each build of the skinny_gemm kernel this CPU runs (float32 and bf16)."""
+    """Runs a test on each build of the skinny_gemm kernel this CPU runs (float32 and bf16;
+    avx512_bf16 multiplies bf16 by AVX-512 BF16 dot products)."""
     builds = _cpu_kernels.skinny_gemm_isas()
     return _on_build(request, monkeypatch, builds, "skinny_gemm", "skinny_gemm_bf16")
 

@@ -358,12 +358,16 @@ def test_the_valid_calls_above_run() -> None:
     "builds", [_cpu_kernels.paged_attention_isas, _cpu_kernels.skinny_gemm_isas]
 )
 def test_builds_are_the_supported_ones_best_first(builds: Callable[[], tuple[str, ...]]) -> None:
-    """The portable build runs everywhere; an x86-64 CPU with AVX-512 runs AVX2 too."""
+    """The portable build runs everywhere; an x86-64 CPU with AVX-512 runs AVX2 too, one with
+    AVX-512 BF16 (skinny_gemm's avx512_bf16 build) AVX-512 too, as torch's probe says."""
     isas = builds()
+    order = ("avx512_bf16", "avx512", "avx2", "portable")
     assert isas[-1] == "portable"
-    assert list(isas) == [name for name in ("avx512", "avx2", "portable") if name in isas]
+    assert list(isas) == [name for name in order if name in isas]
     if "avx512" in isas:
         assert "avx2" in isas
+    if "avx512_bf16" in isas:
+        assert "avx512" in isas and torch.cpu._is_avx512_bf16_supported()
 
 
 def test_a_padding_slot_is_not_written() -> None:

@@ -23,15 +23,16 @@ def _bf16_linear_bound(x: torch.Tensor, w: torch.Tensor, ref: torch.Tensor) -> t
 
 
 @needs_kernels
-@pytest.mark.parametrize("num_rows", [0, 1, 2, 3, 4, 5, 9, 16])
+@pytest.mark.parametrize("num_rows", [0, 1, 2, 3, 4, 5, 9, 16, 17, 64])
 @pytest.mark.parametrize("in_features", [5, 16, 100, 576])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_bf16_is_f_linear_rounded_once(
     num_rows: int, in_features: int, with_bias: bool, skinny_gemm_isa: str
 ) -> None:
-    """Up to SKINNY_GEMM_BF16_MAX_ROWS rows (16) the kernel runs, on each build: within one
-    bf16 rounding of the float64 product (37 outputs, past the last whole tile; K of 5 and
-    100 not a multiple of the vector width, but 100 on the portable build)."""
+    """Up to SKINNY_GEMM_BF16_MAX_ROWS rows (16, or 64 where the best build is avx512_bf16)
+    the kernel runs, on each build, F.linear past them: within one bf16 rounding of the
+    float64 product (37 outputs, past the last whole tile; K of 5 and 100 not a multiple of
+    the vector width, but 100 on the portable build; 576 a multiple of avx512_bf16's 32)."""
     w = torch.randn(37, in_features).to(BF16)
     b = torch.randn(37).to(BF16) if with_bias else None
     x = torch.randn(num_rows, in_features).to(BF16)
@@ -46,12 +47,13 @@ def test_linear_bf16_is_f_linear_rounded_once(
 def test_linear_bf16_rows_do_not_depend_on_their_batch(
     in_features: int, skinny_gemm_isa: str
 ) -> None:
-    """Each row's result is bit-identical whether it runs alone or among 15 others: the
-    kernel sums each dot product in one order whatever M is (batch invariance), in tiles
-    and one weight row at a time (K of 100, 302 outputs)."""
-    w, x = torch.randn(302, in_features).to(BF16), torch.randn(16, in_features).to(BF16)
+    """Each row's result is bit-identical whether it runs alone or among the most rows the
+    kernel takes: it sums each dot product in one order whatever M is (batch invariance), in
+    tiles and one weight row at a time (K of 100, 302 outputs)."""
+    rows = _custom_ops.SKINNY_GEMM_BF16_MAX_ROWS
+    w, x = torch.randn(302, in_features).to(BF16), torch.randn(rows, in_features).to(BF16)
     batch = _custom_ops.linear(x, w)
-    for i in range(16):
+    for i in range(rows):
         assert torch.equal(_custom_ops.linear(x[i : i + 1], w)[0], batch[i])
 
 
