@@ -3,13 +3,14 @@
 Every decode step streams all the weights from memory, and torch allocates each in 4 KiB
 pages: a 135M-parameter bf16 model is ~66,000 pages, more than the TLB holds, so the stream
 walks page tables as it goes. The same matrices in 2 MiB pages streamed 6-17% faster in
-skinny_gemm_bf16 and decode took ~10% less time a token on the Zen 4 development VM
-(BENCHMARKS.md, session 16). The cost is at start-up: the OS zeroes each huge page on first
+skinny_gemm_bf16, and batch-1 decode took ~5% less time a token on the Zen 4 development VM
+(BENCHMARKS.md, sessions 15-16). The cost is at start-up: the OS zeroes each huge page on first
 write, 1-5 ms per page there and up to ~10 ms on the AMX VM. So the copy stops once it has
 taken HUGE_PAGE_BUDGET_S, and the weights not yet copied stay in their 4 KiB pages.
 """
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -76,10 +77,11 @@ def move_weights_to_arena(
     memory = anonymous_map(total + page, huge_pages=True)
     start = -memory.data_ptr() % page
     arena, moved = memory[start : start + total], 0
+    pending = deque(slots)  # a moved slot is dropped, and with it the old storage
+    del slots
     began = time.perf_counter()
-    for slot in slots:
-        if time.perf_counter() - began > budget_s:
-            break
+    while pending and time.perf_counter() - began <= budget_s:
+        slot = pending.popleft()
         end = slot.offset + slot.storage.nbytes()
         _move(slot, arena[slot.offset : end])
         moved = -(-end // ALIGNMENT) * ALIGNMENT

@@ -5,6 +5,7 @@ copy's time budget is spent. Reference: a deep copy of the model taken before th
 import copy
 import itertools
 import pathlib
+import weakref
 
 import pytest
 import torch
@@ -103,3 +104,20 @@ def test_meta_tensors_stay_where_they_are(thp) -> None:
         model = nn.Linear(4, 4)
     assert move_weights_to_arena(model) is None
     assert model.weight.device.type == "meta"
+
+
+def test_each_old_storage_is_freed_once_copied(thp, monkeypatch) -> None:
+    """Memory at its peak holds the map and the weights not yet copied, not two copies."""
+    model = nn.Sequential(*(nn.Linear(64, 64, bias=False) for _ in range(3)))
+    old = [weakref.ref(p.untyped_storage()) for p in model.parameters()]
+    alive = []
+    real_move = weight_arena._move
+
+    def move(slot, dest) -> None:
+        alive.append([ref() is not None for ref in old])
+        real_move(slot, dest)
+
+    monkeypatch.setattr(weight_arena, "_move", move)
+    move_weights_to_arena(model, budget_s=60.0)
+    assert alive == [[True, True, True], [False, True, True], [False, False, True]]
+    assert old[2]() is None
