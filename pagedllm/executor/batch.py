@@ -21,7 +21,6 @@ class BatchInputs:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     attn_metadata: AttentionMetadata
-    last_token_indices: torch.Tensor  # [B], row of each sequence's last new token in T
 
 
 def prepare_batch(
@@ -59,5 +58,4 @@ def prepare_batch(
         input_ids=as_tensor(input_ids, torch.int64),
         positions=as_tensor(positions, torch.int64),
         attn_metadata=metadata,
-        last_token_indices=as_tensor([s - 1 for s in starts[1:]], torch.int64),
     )

@@ -23,7 +23,7 @@ def run_step(model, chunks: list[SeqChunk], all_positions: bool) -> torch.Tensor
     with torch.no_grad(), set_forward_context(batch.attn_metadata):
         hidden = model(batch.input_ids, batch.positions)
         if not all_positions:
-            hidden = hidden[batch.last_token_indices]
+            hidden = hidden[batch.attn_metadata.query_start_loc[1:].long() - 1]
         return model.compute_logits(hidden)
 
 
