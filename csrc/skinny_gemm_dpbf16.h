@@ -13,11 +13,11 @@
 
 #define DP_STEP 32 /* bf16 values in a vector */
 
-INLINE vecn dot_pairs(vecn acc, const uint16_t *x, __m512bh w) {
-  return (vecn)_mm512_dpbf16_ps((__m512)acc, (__m512bh)_mm512_loadu_si512(x), w);
-}
-
 INLINE __m512bh load_pairs(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512(p); }
+
+INLINE vecn dot_pairs(vecn acc, const uint16_t *x, __m512bh w) {
+  return (vecn)_mm512_dpbf16_ps((__m512)acc, load_pairs(x), w);
+}
 
 /* out[TILE_COLS * i + j] = x[i, :] . w[j, :] for rows (a constant at each call) x rows and
  * the TILE_COLS weight rows at w, one stretch of memory. */

@@ -40,18 +40,14 @@ class _Slot:
 
 def _slots(model: nn.Module) -> list[_Slot]:
     """The CPU storages behind the model's parameters and buffers, each once, with the
-    module entries that hold them; a Parameter shared by two modules (a tied LM head) is
-    one entry, moved once."""
+    module entries that hold them (a tensor two modules hold, as a tied LM head, twice:
+    _move gives both entries one copy)."""
     slots: dict[int, _Slot] = {}
-    seen: set[int] = set()
     for module in model.modules():
         for kind in ("_parameters", "_buffers"):
             for name, tensor in getattr(module, kind).items():
                 if tensor is None or tensor.device.type != "cpu" or tensor.layout != torch.strided:
                     continue
-                if kind == "_parameters" and id(tensor) in seen:
-                    continue
-                seen.add(id(tensor))
                 storage = tensor.untyped_storage()
                 slot = slots.setdefault(storage.data_ptr(), _Slot(storage))
                 slot.views.append((module, kind, name, tensor))
@@ -90,7 +86,7 @@ def move_weights_to_arena(
 
 def _move(slot: _Slot, dest: torch.Tensor) -> None:
     dest.copy_(torch.empty(0, dtype=torch.uint8).set_(slot.storage))
-    moved: dict[int, torch.Tensor] = {}  # a buffer two modules hold stays one tensor
+    moved: dict[int, torch.Tensor] = {}  # a tensor two modules hold gets one copy
     for module, kind, name, tensor in slot.views:
         if id(tensor) not in moved:
             elements = dest.view(tensor.dtype)
