@@ -3,14 +3,19 @@ transformers' `generate(do_sample=False)` run prompt by prompt, bad input raises
 and leaves the engine serving, the progress bar obeys use_tqdm, and chat gives the template
 its tools and options."""
 
+import gc
 import json
 import os
 import shutil
+import weakref
+from collections.abc import Callable
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.sampling_params import StructuredOutputsParams
 from tests.entrypoints.openai.scripted_model import save_scripted_model
 
 GREEDY_MODELS = ["llama-gqa-llama3", "qwen3", "qwen3-moe"]
@@ -43,6 +48,60 @@ def llm_for(tiny_model_path):
         return llms[name]
 
     return get
+
+
+def _left_for_the_cyclic_collector(build_and_use: Callable[[], LLM]) -> list[str]:
+    """Checks that the LLM `build_and_use()` returns is freed once it is dropped; -> the
+    pagedllm objects and tensors it left in reference cycles: what only Python's cyclic
+    collector would free."""
+    gc.collect()
+    gc.disable()
+    try:
+        llm = weakref.ref(build_and_use())
+        assert llm() is None, "something outside the LLM still holds it"
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        kinds = [
+            f"{type(o).__module__}.{type(o).__qualname__}"
+            for o in gc.garbage
+            if type(o).__module__.startswith("pagedllm") or isinstance(o, torch.Tensor)
+        ]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    return kinds
+
+
+@pytest.mark.parametrize("name", ["llama-gqa-llama3", "qwen3-moe"])
+def test_a_dropped_llm_is_freed_without_the_cyclic_collector(name, tiny_model_path) -> None:
+    """An LLM's memory goes when its last reference does: nothing in it (weights, whose
+    views share one arena, KV cache, sampler) sits in a reference cycle, which Python frees
+    only on a full collection, at a time of its choosing; a process that builds one LLM
+    after another (a test suite, a notebook) would hold several models meanwhile."""
+
+    def build_and_use() -> LLM:
+        path = tiny_model_path(name)
+        with LLM(path, num_kv_blocks=16, max_model_len=128, **ENGINE_KWARGS) as llm:
+            params = SamplingParams(n=2, seed=1, max_tokens=4, logprobs=1, ignore_eos=True)
+            llm.generate(as_prompts([[5, 6, 7]]), params, use_tqdm=False)
+        return llm
+
+    assert _left_for_the_cyclic_collector(build_and_use) == []
+
+
+def test_a_dropped_default_model_llm_with_structured_output_is_freed() -> None:
+    """The same on the default model (a GGUF file, its tokenizer, detokenizing, a chat
+    template and a grammar)."""
+
+    def build_and_use() -> LLM:
+        llm = LLM(num_kv_blocks=16, max_model_len=128)
+        so = StructuredOutputsParams(choice=["yes", "no"])
+        chat = [[{"role": "user", "content": "Yes or no?"}]]
+        llm.chat(chat, SamplingParams(max_tokens=4, structured_outputs=so), use_tqdm=False)
+        return llm
+
+    assert _left_for_the_cyclic_collector(build_and_use) == []
 
 
 @pytest.mark.parametrize("name", GREEDY_MODELS)

@@ -196,7 +196,9 @@ class CpuGraphRunner:
             ):
                 eager = self.model(None, graph.positions, graph.inputs_embeds)
         except CaptureUnsupported as e:
-            logger.info("Decode steps of %d sequences run eagerly: %s", size, e)
+            # str(e): a log record holding e would hold its traceback's frames, the whole
+            # engine among them, for as long as a handler keeps records
+            logger.info("Decode steps of %d sequences run eagerly: %s", size, str(e))
             self.graphs[size] = None
             return None
         graph.launches, arena, graph.output = launch_memory.plan(launches, mode.allocations, eager)

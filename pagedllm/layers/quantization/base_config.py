@@ -6,7 +6,10 @@ here, so this package never imports the layers built on it.
 """
 
 import enum
+import inspect
+import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,8 +21,27 @@ def new_weight(shape: tuple[int, ...], dtype: torch.dtype, **attrs: Any) -> nn.P
     weight_loader, a block format, ...)."""
     param = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
     for name, value in attrs.items():
-        setattr(param, name, value)
+        setattr(param, name, _weakly_bound(value) if inspect.ismethod(value) else value)
     return param
+
+
+def _weakly_bound(method: Callable[..., Any]) -> Callable[..., Any]:
+    """`method`, holding its object by a weak reference.
+
+    A layer's weight_loader is a method of the layer that owns the parameter; held as it
+    is, layer -> parameter -> method -> layer is a reference cycle, which only Python's
+    cyclic collector frees, whenever it next runs a full pass. Until then a dropped
+    model's weights stay in memory, and since they are views of one weight arena, one
+    such layer keeps all of them."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        bound = ref()
+        if bound is None:
+            raise RuntimeError("the layer this parameter's loader belongs to no longer exists")
+        return bound(*args, **kwargs)
+
+    return call
 
 
 class LayerKind(enum.Enum):
