@@ -3,20 +3,17 @@ transformers' `generate(do_sample=False)` run prompt by prompt, bad input raises
 and leaves the engine serving, the progress bar obeys use_tqdm, and chat gives the template
 its tools and options."""
 
-import gc
 import json
 import os
 import shutil
-import weakref
-from collections.abc import Callable
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.sampling_params import StructuredOutputsParams
 from tests.entrypoints.openai.scripted_model import save_scripted_model
+from tests.reference_cycles import left_for_the_cyclic_collector
 
 GREEDY_MODELS = ["llama-gqa-llama3", "qwen3", "qwen3-moe"]
 MAX_TOKENS = 32
@@ -50,29 +47,6 @@ def llm_for(tiny_model_path):
     return get
 
 
-def _left_for_the_cyclic_collector(build_and_use: Callable[[], LLM]) -> list[str]:
-    """Checks that the LLM `build_and_use()` returns is freed once it is dropped; -> the
-    pagedllm objects and tensors it left in reference cycles: what only Python's cyclic
-    collector would free."""
-    gc.collect()
-    gc.disable()
-    try:
-        llm = weakref.ref(build_and_use())
-        assert llm() is None, "something outside the LLM still holds it"
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        gc.collect()
-        kinds = [
-            f"{type(o).__module__}.{type(o).__qualname__}"
-            for o in gc.garbage
-            if type(o).__module__.startswith("pagedllm") or isinstance(o, torch.Tensor)
-        ]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
-    return kinds
-
-
 @pytest.mark.parametrize("name", ["llama-gqa-llama3", "qwen3-moe"])
 def test_a_dropped_llm_is_freed_without_the_cyclic_collector(name, tiny_model_path) -> None:
     """An LLM's memory goes when its last reference does: nothing in it (weights, whose
@@ -87,7 +61,7 @@ def test_a_dropped_llm_is_freed_without_the_cyclic_collector(name, tiny_model_pa
             llm.generate(as_prompts([[5, 6, 7]]), params, use_tqdm=False)
         return llm
 
-    assert _left_for_the_cyclic_collector(build_and_use) == []
+    assert left_for_the_cyclic_collector(build_and_use) == []
 
 
 def test_a_dropped_default_model_llm_with_structured_output_is_freed() -> None:
@@ -101,7 +75,7 @@ def test_a_dropped_default_model_llm_with_structured_output_is_freed() -> None:
         llm.chat(chat, SamplingParams(max_tokens=4, structured_outputs=so), use_tqdm=False)
         return llm
 
-    assert _left_for_the_cyclic_collector(build_and_use) == []
+    assert left_for_the_cyclic_collector(build_and_use) == []
 
 
 @pytest.mark.parametrize("name", GREEDY_MODELS)

@@ -9,7 +9,9 @@ one request (no token could be sampled under its parameters, its detokenization 
 check raising) ends that request alone with `RequestOutput.error`; the batch goes on.
 """
 
+import logging
 import time
+import traceback
 
 from transformers import PreTrainedTokenizerBase
 
@@ -146,7 +148,15 @@ class OutputProcessor:
             self.scheduler.finish_seq(seq, decision.status)
 
     def _fail_request(self, request: Request, error: Exception) -> None:
-        """End `request` with `error` (its output says so); the batch goes on."""
+        """End `request` with `error` (its output says so); the batch goes on.
+
+        The error is kept without its traceback, which is logged at debug level: the frames
+        it raised through hold this processor and the batch's requests, so through
+        `request.error` they would form a reference cycle holding the whole engine (model
+        and cache) until Python's cyclic collector ran."""
         logger.warning("request %s failed: %r", request.request_id, error)
-        request.error = error
+        if logger.isEnabledFor(logging.DEBUG):
+            where = "".join(traceback.format_tb(error.__traceback__))
+            logger.debug("request %s failed at:\n%s", request.request_id, where)
+        request.error = error.with_traceback(None)
         self.scheduler.abort_seq(request.request_id)

@@ -11,6 +11,7 @@ from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.scheduler import Scheduler, SchedulerOutput
 from pagedllm.core.sequence import Sequence, new_seq_id
 from pagedllm.engine import output_processor
+from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.request import Completion, Request
 from pagedllm.executor.model_runner import StepOutput
@@ -24,6 +25,7 @@ from tests.engine.engine_helpers import (
     make_engine,
     run_all,
 )
+from tests.reference_cycles import left_for_the_cyclic_collector
 
 EOS = 2
 
@@ -128,10 +130,27 @@ def test_request_that_cannot_sample_fails_alone(tiny_model_path, spread_prompts)
     assert all(run.outputs[rid].error is None for rid in ids)
 
 
-def test_stop_check_that_raises_fails_only_its_request(
-    tiny_model_path, spread_prompts, monkeypatch
+def test_an_engine_that_failed_a_request_is_freed_without_the_cyclic_collector(
+    tiny_model_path,
 ) -> None:
-    """A failure in one request's output processing (here its stop check) ends it alone."""
+    """The failed request's error, raised in the output processor, is kept without the
+    frames it went through (they hold the processor, and through it the whole engine)."""
+
+    def build_and_use() -> LLMEngine:
+        engine = make_engine(tiny_model_path(LLAMA), num_kv_blocks=16)
+        doomed = SamplingParams(allowed_token_ids=[5], stop_token_ids=[5], min_tokens=2)
+        engine.add_request("doomed", {"prompt_token_ids": [5, 6]}, doomed)
+        assert "no token can be sampled" in str(run_all(engine).outputs["doomed"].error)
+        return engine
+
+    assert left_for_the_cyclic_collector(build_and_use) == []
+
+
+def test_stop_check_that_raises_fails_only_its_request(
+    tiny_model_path, spread_prompts, monkeypatch, caplog
+) -> None:
+    """A failure in one request's output processing (here its stop check) ends it alone;
+    its traceback is logged at debug level."""
     real_check_stop = output_processor.check_stop
 
     def check_stop(seq, params, *args):  # noqa: ANN001, ANN202
@@ -144,7 +163,9 @@ def test_stop_check_that_raises_fails_only_its_request(
     ids = add_prompts(engine, spread_prompts[1:3], greedy(8))
     boom = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, extra_args={"boom": 1})
     engine.add_request("boom", {"prompt_token_ids": spread_prompts[3]}, boom)
-    run = run_all(engine)
+    with caplog.at_level("DEBUG", logger="pagedllm.engine.output_processor"):
+        run = run_all(engine)
     assert "stop check exploded" in str(run.outputs["boom"].error)
+    assert "request boom failed at:" in caplog.text and "in check_stop" in caplog.text
     assert len(run.outputs["boom"].outputs[0].token_ids) == 3
     assert [len(t) for t in greedy_tokens(run, ids)] == [8, 8]
