@@ -1,6 +1,6 @@
-/* bfloat16 <-> float32 for the 16-lane (vec.h) kernels: the vector narrowing, rounded as
- * vecn.h's float_to_bf16 rounds (to nearest even, torch's quiet NaN for any NaN), and 16-lane
- * names for vecn.h's widening and element access. */
+/* bfloat16 <-> float32 for the 16-lane (vec.h) kernels: 16-lane names for vecn.h's widening,
+ * narrowing (rounded as its float_to_bf16 rounds: to nearest even, torch's quiet NaN for any
+ * NaN) and element access. */
 #ifndef PAGEDLLM_BF16_H
 #define PAGEDLLM_BF16_H
 
@@ -8,14 +8,7 @@
 
 INLINE vec16 load16_bf16(const uint16_t *p) { return loadn_bf16(p); }
 
-/* Each lane of v as the bits of a bfloat16 (in the low half of a 32-bit lane), rounded. */
-INLINE uvec16 to_bf16_bits16(vec16 v) {
-  const uvec16 u = (uvec16)v;
-  const uvec16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const ivec16 nan = (ivec16)((u & 0x7fffffffu) > 0x7f800000u);
-  const vec16 quiet_nan = (vec16)((uvec16){0} + 0x7fc0u);
-  return (uvec16)select16(nan, quiet_nan, (vec16)rounded);
-}
+INLINE uvec16 to_bf16_bits16(vec16 v) { return to_bf16_bitsn(v); }
 
 INLINE void store16_bf16(uint16_t *p, vec16 v) {
   const bf16xn h = __builtin_convertvector(to_bf16_bits16(v), bf16xn);

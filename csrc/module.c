@@ -4,8 +4,9 @@
  * pagedllm/_cpu_kernels.py check dtypes, devices, layouts and shapes and take the sizes from
  * the tensors. Index values (cache slots, block ids, sequence lengths, positions) are checked
  * here, with the GIL held, before the kernel reads through them: a bad one raises ValueError
- * rather than touching memory outside the tensors. The GIL is released while a kernel runs. Threads come from OpenMP: the same libgomp (soname
- * libgomp.so.1) torch loads, so these kernels and torch's ops share one thread pool.
+ * rather than touching memory outside the tensors. The GIL is released while a kernel runs.
+ * Threads come from OpenMP: the same libgomp (soname libgomp.so.1) torch loads, so these
+ * kernels and torch's ops share one thread pool.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -80,6 +80,28 @@ INLINE void tile_any(const float *x, const void *w, float *out, int64_t rows, in
 #include "skinny_gemm_dpbf16.h"
 #endif
 
+/* y[m + i, n + j] = sums[TILE_COLS * i + j] (+ b[n + j]) for i < rows, j < TILE_COLS: a
+ * tile's results, rounded as store1_as rounds, in one vector conversion and a store of
+ * TILE_COLS values per row. */
+INLINE void store_tile(void *y, int64_t N, int64_t m, int64_t n, vecn sums, int64_t rows,
+                       const void *b, const int bf16) {
+  if (b) {
+    float bias[VEC_LANES];
+    for (int j = 0; j < VEC_LANES; j++) bias[j] = load1_as(b, n + j % TILE_COLS, bf16);
+    sums += loadn(bias);
+  }
+  if (bf16) {
+    const bf16xn h = __builtin_convertvector(to_bf16_bitsn(sums), bf16xn);
+    for (int64_t i = 0; i < rows; i++)
+      memcpy(element_at(y, (m + i) * N + n, 1), (const uint16_t *)&h + TILE_COLS * i,
+             TILE_COLS * sizeof(uint16_t));
+  } else {
+    for (int64_t i = 0; i < rows; i++)
+      memcpy(element_at(y, (m + i) * N + n, 0), (const float *)&sums + TILE_COLS * i,
+             TILE_COLS * sizeof(float));
+  }
+}
+
 /* Weight rows [n0, n0 + cols) against every x row: tiles of up to ROW_TILE x rows by
  * TILE_COLS weight rows, else (the last cols < TILE_COLS rows of w, or K not a multiple of
  * VEC_LANES) one weight row at a time. dp: bf16 x and weights on dot-product tiles (x is
@@ -89,7 +111,7 @@ INLINE void weight_rows(const void *x, const void *w, const void *b, void *y, in
                         const int dp) {
   float out[VEC_LANES];
   const int tiled = cols == TILE_COLS && K % VEC_LANES == 0;
-  const int64_t step = tiled ? TILE_COLS : 1; /* weight rows per call, out[step * i + j] */
+  const int64_t step = tiled ? TILE_COLS : 1; /* weight rows per call */
   for (int64_t m = 0; m < M; m += ROW_TILE) {
     const int64_t rows = M - m < ROW_TILE ? M - m : ROW_TILE;
     const void *x_rows = element_at(x, m * K, dp);
@@ -106,11 +128,11 @@ INLINE void weight_rows(const void *x, const void *w, const void *b, void *y, in
         tile_any(x_rows, w_rows, out, rows, K, m == 0, bf16);
       else
         dot_tile(x_rows, w_rows, out, rows, K, m == 0, bf16);
-      for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < step; j++) {
-          const float sum = out[step * i + j];
-          store1_as(y, (m + i) * N + n + j, b ? sum + load1_as(b, n + j, bf16) : sum, bf16);
-        }
+      if (tiled)
+        store_tile(y, N, m, n, loadn(out), rows, b, bf16);
+      else /* one weight row: out[i] for x row m + i */
+        for (int64_t i = 0; i < rows; i++)
+          store1_as(y, (m + i) * N + n, b ? out[i] + load1_as(b, n, bf16) : out[i], bf16);
     }
   }
 }

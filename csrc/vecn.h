@@ -52,8 +52,8 @@ INLINE vecn splatn(float a) { return (vecn){0} + a; }
 
 /* A bfloat16 is the top half of a float32's bits: widening one is exact (a shift); narrowing
  * rounds to nearest even and gives torch's quiet NaN 0x7fc0 for any NaN, as c10::BFloat16
- * does, so a kernel's bf16 output equals torch's rounding of the same float32 value (bf16.h
- * has the 16-lane vector narrowing). */
+ * does, so a kernel's bf16 output equals torch's rounding of the same float32 value
+ * (to_bf16_bitsn narrows a vector). */
 typedef uint16_t bf16xn __attribute__((vector_size(2 * VEC_LANES)));
 
 INLINE vecn loadn_bf16(const uint16_t *p) {
@@ -103,6 +103,15 @@ INLINE void store1_as(void *p, int64_t i, float v, int bf16) {
 /* Lane i of a where mask lane i is set (all ones), else of b. */
 INLINE vecn selectn(ivecn mask, vecn a, vecn b) {
   return (vecn)(((ivecn)a & mask) | ((ivecn)b & ~mask));
+}
+
+/* Each lane of v as the bits of a bfloat16 (in the low half of a 32-bit lane), rounded as
+ * float_to_bf16 rounds. */
+INLINE uvecn to_bf16_bitsn(vecn v) {
+  const uvecn u = (uvecn)v;
+  const uvecn rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const ivecn nan = (ivecn)((u & 0x7fffffffu) > 0x7f800000u);
+  return (uvecn)selectn(nan, (vecn)((uvecn){0} + 0x7fc0u), (vecn)rounded);
 }
 
 /* A mask of lanes 0 .. n - 1. */

@@ -25,7 +25,7 @@ avx512_bf16 build shares) was faster from 1 row (up to 2.5-4x, bandwidth bound) 
 1.3-2.9x from 1 to 32 rows, 0.8-1.4x at 64 to 256 (BENCHMARKS.md, session 13)."""
 
 
-SKINNY_GEMM_BF16_MAX_ROWS = 64 if _SKINNY_BUILD == "avx512_bf16" else 16
+SKINNY_GEMM_BF16_MAX_ROWS = 128 if _SKINNY_BUILD == "avx512_bf16" else 16
 """Up to this many rows of bfloat16 x and a plain weight (AMX tiles take every row count,
 see prepack_linear_weight), linear() uses skinny_gemm_bf16 (skinny_gemm's per-build tiles
 on bf16 weights, float32 sums; a row's result independent of the others, so decode batches up to
@@ -34,8 +34,8 @@ the CPU has them. On the AMX development machine, over the default model's decod
 matrices (with the kernel's weight prefetch, session 7), the float32-FMA kernel read the
 weights at 17-19 GB/s at 1-4 rows against 9-11 for F.linear, about as fast at 8, and at 0.6x
 its speed at 16: the bound is kept at 16 for batch invariance. The avx512_bf16 build's dot
-products (Zen 4, session 16) were 1.1x F.linear at 16 rows, 1.15x at 32 and 64, level at
-128: 64 there."""
+products (Zen 4, session 17, each tile's outputs stored as one vector) were 1.6x F.linear at
+16 rows, 1.2x at 32 and 64, 1.1x at 96, 1.0-1.1x at 128 and 0.9x from 160: 128 there."""
 
 
 SKINNY_OVER_PACKED_MAX_ROWS = 4

@@ -23,13 +23,13 @@ def _bf16_linear_bound(x: torch.Tensor, w: torch.Tensor, ref: torch.Tensor) -> t
 
 
 @needs_kernels
-@pytest.mark.parametrize("num_rows", [0, 1, 2, 3, 4, 5, 9, 16, 17, 64])
+@pytest.mark.parametrize("num_rows", [0, 1, 2, 3, 4, 5, 9, 16, 17, 64, 128])
 @pytest.mark.parametrize("in_features", [5, 16, 100, 576])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_bf16_is_f_linear_rounded_once(
     num_rows: int, in_features: int, with_bias: bool, skinny_gemm_isa: str
 ) -> None:
-    """Up to SKINNY_GEMM_BF16_MAX_ROWS rows (16, or 64 where the best build is avx512_bf16)
+    """Up to SKINNY_GEMM_BF16_MAX_ROWS rows (16, or 128 where the best build is avx512_bf16)
     the kernel runs, on each build, F.linear past them: within one bf16 rounding of the
     float64 product (37 outputs, past the last whole tile; K of 5 and 100 not a multiple of
     the vector width, but 100 on the portable build; 576 a multiple of avx512_bf16's 32)."""
@@ -40,6 +40,24 @@ def test_linear_bf16_is_f_linear_rounded_once(
     out = _custom_ops.linear(x, w, b)
     assert out.dtype == BF16 and out.shape == (num_rows, 37)
     assert ((out.double() - ref).abs() <= _bf16_linear_bound(x, w, ref)).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_skinny_gemm_bf16_is_the_float32_kernel_rounded_as_torch_rounds(
+    with_bias: bool, skinny_gemm_isa: str
+) -> None:
+    """Where skinny_gemm_bf16 widens its inputs (every build at K = 48, which is no multiple
+    of avx512_bf16's 32 values a dot-product step), its sums are the float32 kernel's on the
+    widened values, and its outputs (tiles stored as vectors, the last weight row alone)
+    those sums rounded as torch rounds them, exactly, a NaN column staying NaN."""
+    w, x = torch.randn(37, 48).to(BF16), torch.randn(9, 48).to(BF16)
+    w[3, 5] = float("nan")
+    b = torch.randn(37).to(BF16) if with_bias else None
+    out = _cpu_kernels.skinny_gemm_bf16(x, w, b)
+    ref = _cpu_kernels.skinny_gemm(x.float(), w.float(), None if b is None else b.float())
+    assert out[:, 3].isnan().all()
+    torch.testing.assert_close(out, ref.to(BF16), rtol=0, atol=0, equal_nan=True)
 
 
 @needs_kernels
