@@ -11,6 +11,7 @@ Logits processors keep per-row state; see pagedllm/sample/logits_processors.py f
 Sampler keeps them in step with the batch.
 """
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
@@ -214,12 +215,16 @@ def _reject_unsampleable(
 ) -> tuple[torch.Tensor, dict[int, Exception]]:
     """Rows whose token is no real choice (its logit -inf or NaN, or out of range: every
     token was masked, or the request's parameters overflowed float32) -> their errors, and
-    the tokens with 0 in their place. O(B): one gathered logit per row."""
+    the tokens with 0 in their place. O(B): one gathered logit per row, checked in Python
+    (a handful of tensor ops a step, which at batch 1 cost more than the check itself)."""
     vocab_size = logits.shape[1]
-    in_range = (sampled >= 0) & (sampled < vocab_size)
-    chosen = logits.gather(1, sampled.clamp(0, vocab_size - 1).unsqueeze(1)).squeeze(1)
-    bad = ~in_range | chosen.isnan() | (chosen == float("-inf"))
-    rows = bad.nonzero().squeeze(1).tolist()
+    index = sampled.clamp(0, vocab_size - 1).unsqueeze(1)
+    chosen = logits.gather(1, index).squeeze(1).tolist()
+    rows = [
+        i
+        for i, (token, logit) in enumerate(zip(sampled.tolist(), chosen, strict=True))
+        if not (0 <= token < vocab_size and logit > -math.inf)  # False for NaN too
+    ]
     if not rows:
         return sampled, {}
     message = (
@@ -227,7 +232,9 @@ def _reject_unsampleable(
         "allowed_token_ids, bad_words, logit_bias, min_tokens, penalties and temperature "
         "every logit is -inf or NaN"
     )
-    return sampled.masked_fill(bad, 0), {row: ValueError(message) for row in rows}
+    sampled = sampled.clone()
+    sampled[rows] = 0
+    return sampled, {row: ValueError(message) for row in rows}
 
 
 def random_sample(logits: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pagedllm.sample.logits_processors import BatchUpdate, LogitsProcessor, process_dict_updates
-from pagedllm.sample.sampler import Sampler
+from pagedllm.sample.sampler import Sampler, _reject_unsampleable
 from tests.sample.sampler_rows import V, row, sample
 
 
@@ -44,6 +44,16 @@ def test_unsampleable_rows_fail_alone() -> None:
     expected = logits[[0, 2]].argmax(dim=-1).tolist()
     assert out.sampled_token_ids[[0, 2]].tolist() == expected
     assert out.logprobs.logprob_token_ids.shape == (4, 3)
+
+
+def test_a_token_outside_the_vocabulary_is_rejected() -> None:
+    """A draw that landed outside [0, V) (no sampler here should make one) is an error for
+    that row, never an index into the logits or the vocabulary."""
+    logits = torch.randn(4, V)
+    sampled = torch.tensor([2, V, -1, 7])
+    tokens, errors = _reject_unsampleable(sampled, logits)
+    assert sorted(errors) == [1, 2] and tokens.tolist() == [2, 0, 0, 7]
+    assert sampled.tolist() == [2, V, -1, 7]  # the caller's tensor is left as it was
 
 
 def test_random_row_overflowing_to_nan_fails_alone() -> None:
