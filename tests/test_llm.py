@@ -6,6 +6,7 @@ its tools and options."""
 import json
 import os
 import shutil
+import weakref
 
 import pytest
 from safetensors.torch import load_file, save_file
@@ -51,17 +52,23 @@ def llm_for(tiny_model_path):
 def test_a_dropped_llm_is_freed_without_the_cyclic_collector(name, tiny_model_path) -> None:
     """An LLM's memory goes when its last reference does: nothing in it (weights, whose
     views share one arena, KV cache, sampler) sits in a reference cycle, which Python frees
-    only on a full collection, at a time of its choosing; a process that builds one LLM
+    only on a full collection, at a time of its choosing, and nothing outside it (the rotary
+    module get_rope shares between models) holds its weights; a process that builds one LLM
     after another (a test suite, a notebook) would hold several models meanwhile."""
+
+    weights = []
 
     def build_and_use() -> LLM:
         path = tiny_model_path(name)
         with LLM(path, num_kv_blocks=16, max_model_len=128, **ENGINE_KWARGS) as llm:
             params = SamplingParams(n=2, seed=1, max_tokens=4, logprobs=1, ignore_eos=True)
             llm.generate(as_prompts([[5, 6, 7]]), params, use_tqdm=False)
+        model = llm.llm_engine.executor.runner.model
+        weights.extend(weakref.ref(p.untyped_storage()) for p in model.parameters())
         return llm
 
     assert left_for_the_cyclic_collector(build_and_use) == []
+    assert all(w() is None for w in weights), "its weights outlived it (held from outside)"
 
 
 def test_a_dropped_default_model_llm_with_structured_output_is_freed() -> None:

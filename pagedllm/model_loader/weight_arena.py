@@ -7,6 +7,11 @@ skinny_gemm_bf16, and batch-1 decode took ~5% less time a token on the Zen 4 dev
 (BENCHMARKS.md, sessions 15-16). The cost is at start-up: the OS zeroes each huge page on first
 write, 1-5 ms per page there and up to ~10 ms on the AMX VM. So the copy stops once it has
 taken HUGE_PAGE_BUDGET_S, and the weights not yet copied stay in their 4 KiB pages.
+
+Only parameters move. Buffers are caches that models may share: get_rope hands every model
+with the same rope settings one RotaryEmbedding, as in vLLM, so its cos/sin table moved into
+one model's map would keep that whole map alive after the model is gone, and the next model
+would copy the old map into its own.
 """
 
 import time
@@ -25,41 +30,36 @@ ALIGNMENT = 64  # bytes: a cache line, and oneDNN's and the AMX kernels' alignme
 @dataclass(frozen=True)
 class ArenaStats:
     moved_bytes: int  # of the map: the leading storages, copied before the budget ran out
-    total_bytes: int  # of the map: all the CPU storages behind parameters and buffers
+    total_bytes: int  # of the map: all the CPU storages behind the parameters
     seconds: float
 
 
 @dataclass
 class _Slot:
-    """One storage's bytes and the tensors (parameters, buffers) that view them."""
+    """One storage's bytes and the parameters that view them."""
 
     storage: torch.UntypedStorage
     offset: int = 0
-    views: list[tuple[nn.Module, str, str, torch.Tensor]] = field(default_factory=list)
+    views: list[nn.Parameter] = field(default_factory=list)
 
 
 def _slots(model: nn.Module) -> list[_Slot]:
-    """The CPU storages behind the model's parameters and buffers, each once, with the
-    module entries that hold them (a tensor two modules hold, as a tied LM head, twice:
-    _move gives both entries one copy)."""
+    """The CPU storages behind the model's parameters, each once, with the parameters that
+    view them (a parameter two modules hold, as a tied LM head, once)."""
     slots: dict[int, _Slot] = {}
-    for module in model.modules():
-        for kind in ("_parameters", "_buffers"):
-            for name, tensor in getattr(module, kind).items():
-                if tensor is None or tensor.device.type != "cpu" or tensor.layout != torch.strided:
-                    continue
-                storage = tensor.untyped_storage()
-                slot = slots.setdefault(storage.data_ptr(), _Slot(storage))
-                slot.views.append((module, kind, name, tensor))
+    for param in model.parameters():
+        if param.device.type == "cpu" and param.layout == torch.strided:
+            storage = param.untyped_storage()
+            slots.setdefault(storage.data_ptr(), _Slot(storage)).views.append(param)
     return [slot for slot in slots.values() if slot.storage.nbytes() > 0]
 
 
 def move_weights_to_arena(
     model: nn.Module, budget_s: float = HUGE_PAGE_BUDGET_S
 ) -> tuple[torch.Tensor, ArenaStats] | None:
-    """Copy the model's CPU parameters and buffers, storage by storage, into one 2 MiB-aligned
-    map that asks for huge pages, and point each at its copy (same shapes, strides, values
-    and sharing), until the copy has taken budget_s: the storages left keep their 4 KiB pages
+    """Copy the model's CPU parameters, storage by storage, into one 2 MiB-aligned map that
+    asks for huge pages, and point each at its copy (same shapes, strides, values and
+    sharing), until the copy has taken budget_s: the storages left keep their 4 KiB pages
     (moving them into 4 KiB pages of the map gained nothing). Returns the map and what was
     moved, or None where the OS has no transparent huge pages to ask for."""
     page = huge_page_size()
@@ -86,13 +86,7 @@ def move_weights_to_arena(
 
 def _move(slot: _Slot, dest: torch.Tensor) -> None:
     dest.copy_(torch.empty(0, dtype=torch.uint8).set_(slot.storage))
-    moved: dict[int, torch.Tensor] = {}  # a tensor two modules hold gets one copy
-    for module, kind, name, tensor in slot.views:
-        if id(tensor) not in moved:
-            elements = dest.view(tensor.dtype)
-            offset = elements.storage_offset() + tensor.storage_offset()
-            moved[id(tensor)] = elements.as_strided(tensor.shape, tensor.stride(), offset)
-        if kind == "_parameters":
-            tensor.data = moved[id(tensor)]
-        else:
-            module._buffers[name] = moved[id(tensor)]
+    for param in slot.views:
+        elements = dest.view(param.dtype)
+        offset = elements.storage_offset() + param.storage_offset()
+        param.data = elements.as_strided(param.shape, param.stride(), offset)

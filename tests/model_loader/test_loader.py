@@ -26,13 +26,18 @@ def test_weight_bytes_counts_tied_weights_once_and_buffers_on_request() -> None:
 
 @pytest.mark.skipif(huge_page_size() is None, reason="no transparent huge pages")
 def test_cpu_model_weights_are_moved_into_one_map(tiny_model_path, monkeypatch) -> None:
-    """Every parameter and buffer a view of one storage (the map), with the values of the
-    weights left where loading put them (the arena off)."""
+    """Every parameter a view of one storage (the map), with the values of the weights left
+    where loading put them (the arena off); a second model of the same settings, which
+    shares the first's rotary table (get_rope), gets a map of its own weights only."""
     config = ModelConfig.create(tiny_model_path("qwen3-moe"), dtype="float32")
-    model = get_model(config)
+    model, second = get_model(config), get_model(config)
     monkeypatch.setattr(weight_arena, "huge_page_size", lambda: None)
     reference = get_model(config)
+    maps = [
+        {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in m.parameters()}
+        for m in (model, second)
+    ]
+    assert [len(m) for m in maps] == [1, 1] and [*maps[0].values()] == [*maps[1].values()]
     tensors = dict(itertools.chain(model.named_parameters(), model.named_buffers()))
-    assert len({t.untyped_storage().data_ptr() for t in tensors.values()}) == 1
     for name, tensor in itertools.chain(reference.named_parameters(), reference.named_buffers()):
         torch.testing.assert_close(tensors[name], tensor, rtol=0, atol=0)

@@ -1,9 +1,9 @@
-"""pagedllm/model_loader/weight_arena.py: the model's CPU parameters and buffers move into one
-map with the same values, shapes, strides and sharing; the map asks for huge pages until the
-copy's time budget is spent. Reference: a deep copy of the model taken before the move."""
+"""pagedllm/model_loader/weight_arena.py: the model's CPU parameters move into one map with
+the same values, shapes, strides and sharing, buffers stay where they are; the map asks for
+huge pages until the copy's time budget is spent. Reference: a deep copy of the model taken
+before the move."""
 
 import copy
-import itertools
 import pathlib
 import weakref
 
@@ -46,15 +46,14 @@ def thp(monkeypatch) -> None:
 
 
 def test_values_shapes_strides_and_sharing_survive_the_move(thp) -> None:
-    """A generous budget: every storage moves."""
+    """A generous budget: every parameter's storage moves; the buffer stays."""
     model = Mixed()
-    reference = copy.deepcopy(model)
+    reference, table = copy.deepcopy(model), model.a.table.data_ptr()
     arena, stats = move_weights_to_arena(model, budget_s=60.0)
     assert arena.data_ptr() % PAGE == 0
     assert stats.moved_bytes == stats.total_bytes == arena.numel()
     inside = range(arena.data_ptr(), arena.data_ptr() + arena.numel())
-    moved = dict(itertools.chain(model.named_parameters(), model.named_buffers()))
-    expected = dict(itertools.chain(reference.named_parameters(), reference.named_buffers()))
+    moved, expected = dict(model.named_parameters()), dict(reference.named_parameters())
     assert moved.keys() == expected.keys()
     for name, tensor in moved.items():
         torch.testing.assert_close(tensor, expected[name], rtol=0, atol=0)
@@ -62,10 +61,24 @@ def test_values_shapes_strides_and_sharing_survive_the_move(thp) -> None:
         assert tensor.numel() == 0 or tensor.data_ptr() in inside, name
     assert model.head.weight is model.embed.weight and isinstance(model.upper, nn.Parameter)
     assert model.lower.data_ptr() - model.upper.data_ptr() == 4 * 64 * 4
-    assert model.a.table is model.b.table
+    assert model.a.table is model.b.table and model.a.table.data_ptr() == table
+    torch.testing.assert_close(model.a.table, reference.a.table, rtol=0, atol=0)
     assert model.bf16.weight.data_ptr() % ALIGNMENT == 0
     if huge_page_size() is not None and pathlib.Path("/proc/self/smaps").exists():
         assert " hg" in mapping_of(arena.data_ptr())[1]  # MADV_HUGEPAGE
+
+
+def test_a_buffer_two_models_share_ties_neither_to_the_other(thp) -> None:
+    """get_rope gives models with the same rope settings one RotaryEmbedding, as vLLM does:
+    had its table moved with the first model's weights, it would keep that whole map alive
+    after the model is gone, and the second model would copy the first's map into its own."""
+    shared = nn.Module()
+    shared.register_buffer("table", torch.randn(16, 8))
+    table = shared.table.data_ptr()
+    first_arena, _ = move_weights_to_arena(nn.Sequential(nn.Linear(256, 256), shared), 60.0)
+    _, second = move_weights_to_arena(nn.Sequential(nn.Linear(256, 256), shared), 60.0)
+    assert shared.table.data_ptr() == table
+    assert second.total_bytes == first_arena.numel()
 
 
 def test_storages_past_the_budget_stay_where_they_are(thp, monkeypatch) -> None:
