@@ -6,7 +6,9 @@ step:        Scheduler.schedule -> plan_step -> Executor.execute (model runner, 
              -> OutputProcessor (tokens, text, logprobs, stops) -> RequestOutputs
 """
 
-from collections.abc import Iterable
+import gc
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -37,6 +39,21 @@ __all__ = ["LLMEngine", "PromptType"]
 
 # How long a step with nothing to run waits for a grammar to finish compiling.
 GRAMMAR_WAIT_S = 0.05
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Start-up makes hundreds of thousands of long-lived objects (modules, tokenizer, KV
+    blocks), and their allocation triggers full collections that walk them all: 0.2-0.3 s
+    of a ~1 s start-up on the default model. The cyclic collector waits until the engine is
+    built; cycles made meanwhile are collected at its next pass, as usual."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class LLMEngine:
@@ -84,7 +101,8 @@ class LLMEngine:
         config = engine_args.create_engine_config()
         if torchrun_rank():
             run_torchrun_worker(config)
-        return cls(config)
+        with _cyclic_gc_paused():
+            return cls(config)
 
     @property
     def requests(self) -> dict[str, Request]:
