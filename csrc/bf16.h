@@ -11,7 +11,7 @@ INLINE vec16 load16_bf16(const uint16_t *p) { return loadn_bf16(p); }
 INLINE uvec16 to_bf16_bits16(vec16 v) { return to_bf16_bitsn(v); }
 
 INLINE void store16_bf16(uint16_t *p, vec16 v) {
-  const bf16xn h = __builtin_convertvector(to_bf16_bits16(v), bf16xn);
+  const bf16xn h = to_bf16n(v);
   memcpy(p, &h, sizeof h);
 }
 

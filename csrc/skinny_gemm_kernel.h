@@ -91,7 +91,7 @@ INLINE void store_tile(void *y, int64_t N, int64_t m, int64_t n, vecn sums, int6
     sums += loadn(bias);
   }
   if (bf16) {
-    const bf16xn h = __builtin_convertvector(to_bf16_bitsn(sums), bf16xn);
+    const bf16xn h = to_bf16n(sums);
     for (int64_t i = 0; i < rows; i++)
       memcpy(element_at(y, (m + i) * N + n, 1), (const uint16_t *)&h + TILE_COLS * i,
              TILE_COLS * sizeof(uint16_t));

@@ -114,6 +114,9 @@ INLINE uvecn to_bf16_bitsn(vecn v) {
   return (uvecn)selectn(nan, (vecn)((uvecn){0} + 0x7fc0u), (vecn)rounded);
 }
 
+/* v rounded to bfloat16, as VEC_LANES bfloat16 values (to store). */
+INLINE bf16xn to_bf16n(vecn v) { return __builtin_convertvector(to_bf16_bitsn(v), bf16xn); }
+
 /* A mask of lanes 0 .. n - 1. */
 INLINE ivecn lanes_below_n(int64_t n) {
   const ivecn lane = {EACH_LANE(LANE_INDEX, 0)};
