@@ -5,13 +5,16 @@ transformers' own GGUF path needs `accelerate`) with sdpa attention; a quantized
 are dequantized to the dtype (transformers has no GGUF kernels). Batches are left-padded,
 and min_new_tokens = max_new_tokens makes every row generate the asked length, as ignore_eos
 does for pagedllm.
+
+transformers' modeling stack is imported when the peer is loaded: importing it pulls in
+torch.compile's (1.9 s), which every `pagedllm` command would otherwise pay at start.
 """
 
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.generation.streamers import BaseStreamer
 
 from pagedllm.benchmarks.datasets import BenchRequest
@@ -19,8 +22,13 @@ from pagedllm.benchmarks.metrics import LatencySample, ThroughputResult, latency
 from pagedllm.config import ModelConfig
 from pagedllm.model_loader.loader import iterate_weights
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def load_hf_model(model_config: ModelConfig) -> PreTrainedModel:
+
+def load_hf_model(model_config: ModelConfig) -> "PreTrainedModel":
+    from transformers import AutoModelForCausalLM
+
     hf_config = model_config.hf_config
     model = AutoModelForCausalLM.from_config(
         hf_config, dtype=model_config.dtype, attn_implementation="sdpa"
@@ -36,7 +44,7 @@ def load_hf_model(model_config: ModelConfig) -> PreTrainedModel:
     return model.eval()
 
 
-def _pad_token_id(model: PreTrainedModel) -> int:
+def _pad_token_id(model: "PreTrainedModel") -> int:
     config = model.config
     for candidate in (config.pad_token_id, config.eos_token_id, 0):
         candidate = candidate[0] if isinstance(candidate, list) else candidate
@@ -58,7 +66,7 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 
 @torch.inference_mode()
 def generate_batch(
-    model: PreTrainedModel,
+    model: "PreTrainedModel",
     batch: list[BenchRequest],
     num_tokens: int,
     temperature: float,
@@ -122,7 +130,7 @@ class _TimingStreamer(BaseStreamer):
         self.times.append(time.perf_counter())
 
 
-def hf_latency_sample(model: PreTrainedModel, batch: list[BenchRequest]) -> LatencySample:
+def hf_latency_sample(model: "PreTrainedModel", batch: list[BenchRequest]) -> LatencySample:
     """One greedy run of the batch; every row gets its first token at the same time."""
     output_len = batch[0].output_len
     streamer = _TimingStreamer()

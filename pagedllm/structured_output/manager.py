@@ -8,6 +8,8 @@ it calls `grammar_bitmask` with the matchers of the rows that sample under a con
 free rows, and constrained ones still in their reasoning part, never reach it.
 The llguidance tokenizer (half a second to build from the HF tokenizer) is built on that
 thread with the first constrained request, so engines that never see one do not pay for it.
+The bitmask is filled through llguidance.numpy on the tensor's shared memory: importing
+llguidance.torch imports torch.compile's stack (2.2 s, half of `import pagedllm`).
 """
 
 import threading
@@ -17,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import llguidance.hf
 import torch
 from llguidance import LLExecutor, LLMatcher, LLTokenizer
-from llguidance.torch import fill_next_token_bitmask_par
+from llguidance.numpy import fill_next_token_bitmask_par
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from pagedllm.sampling_params import ReasoningTokens, StructuredOutputsParams
@@ -129,7 +131,7 @@ class StructuredOutputManager:
             self._executor = LLExecutor()
         bitmask = torch.empty(len(matchers), self.bitmask_words, dtype=torch.int32)
         pairs = [(m.ll_matcher, i) for i, m in enumerate(matchers)]
-        fill_next_token_bitmask_par(self._executor, pairs, bitmask)
+        fill_next_token_bitmask_par(self._executor, pairs, bitmask.numpy())
         for i, m in enumerate(matchers):
             if m.open_token_id is not None:
                 _allow(bitmask[i], m.open_token_id)

@@ -4,6 +4,8 @@ dispatch, and exit statuses. Reference: argparse's and the shell's conventions (
 Ctrl-C); a bug (any other exception) is not hidden behind a status."""
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
@@ -87,3 +89,17 @@ def test_a_bug_is_not_turned_into_an_exit_status(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(chat, "run", run)
     with pytest.raises(RuntimeError, match="a bug"):
         cli.main(["chat"])
+
+
+def test_the_command_does_not_import_torch_compile() -> None:
+    """torch.compile's stack (torch._dynamo, imported by llguidance.torch's decorators and by
+    transformers' modeling classes) took 2-4 s of every command's start; only the transformers
+    bench peer needs it, when loaded. Checked in a fresh interpreter: this one has run the
+    other tests."""
+    code = (
+        "import sys, pagedllm.entrypoints.cli; "
+        "print(sorted({'torch._dynamo', 'transformers.modeling_utils'} & set(sys.modules)))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
