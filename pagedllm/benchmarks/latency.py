@@ -7,14 +7,15 @@ Each run gets fresh random prompts, so prefix caching cannot skip a prefill.
 import argparse
 import gc
 import itertools
+import statistics
 import time
 from collections.abc import Callable
 
 import torch
 
 from pagedllm.benchmarks.bandwidth import (
+    ReadBandwidthProbe,
     decode_bound_tokens_per_s,
-    measure_read_bandwidth,
     model_weight_bytes,
 )
 from pagedllm.benchmarks.datasets import BenchRequest, random_requests
@@ -87,17 +88,25 @@ def _timed_runs(
     args: argparse.Namespace,
     model_config: ModelConfig,
     batches: list[list[BenchRequest]],
-) -> tuple[dict, list[LatencySample]]:
-    """({"startup_s": loading time, maybe "detail"}, one sample per batch)."""
+    probe: Callable[[], float],
+) -> tuple[dict, list[LatencySample], list[float]]:
+    """({"startup_s": loading time, maybe "detail"}, one sample per batch, the read bandwidth
+    each ran at: the best of the probes just before and just after it; vLLM runs every batch
+    in its own process, so its samples get the best of the probes before and after that)."""
     if backend == "vllm":
-        return run_vllm_latency(vllm_peer(args), model_config, batches)
+        before = probe()
+        loaded, samples = run_vllm_latency(vllm_peer(args), model_config, batches)
+        return loaded, samples, [max(before, probe())] * len(samples)
     start = time.perf_counter()
     runner = _RUNNERS[backend](args, model_config)
     startup = time.perf_counter() - start
-    samples = [runner(batch) for batch in batches]
+    probes, samples = [probe()], []
+    for batch in batches:
+        samples.append(runner(batch))
+        probes.append(probe())
     del runner
     gc.collect()
-    return {"startup_s": startup}, samples
+    return {"startup_s": startup}, samples, [max(a, b) for a, b in itertools.pairwise(probes)]
 
 
 def run_backend(
@@ -105,15 +114,25 @@ def run_backend(
     args: argparse.Namespace,
     model_config: ModelConfig,
     batches: list[list[BenchRequest]],
+    probe: Callable[[], float],
+    model_bytes: int,
 ) -> dict:
-    """Load the backend (timed as start-up), run every batch, keep those after warm-up."""
-    loaded, samples = _timed_runs(backend, args, model_config, batches)
-    samples = samples[args.num_warmup :]
+    """Load the backend (timed as start-up), run every batch, keep those after warm-up.
+    percent_of_bound is the median over the runs of each run's decode speed against the
+    bound at the bandwidth probed around it."""
+    loaded, samples, bandwidths = _timed_runs(backend, args, model_config, batches, probe)
+    samples, bandwidths = samples[args.num_warmup :], bandwidths[args.num_warmup :]
+    bounds = [decode_bound_tokens_per_s(bw, model_bytes, args.batch_size) for bw in bandwidths]
+    percents = [
+        100 * args.batch_size / s.tpot_s / bound for s, bound in zip(samples, bounds, strict=True)
+    ]
     return loaded | {
         "ttft_s": summarize([s.ttft_s for s in samples]),
         "tpot_s": summarize([s.tpot_s for s in samples]),
         "e2e_s": summarize([s.e2e_s for s in samples]),
         "decode_tokens_per_s": args.batch_size / summarize([s.tpot_s for s in samples])["mean"],
+        "bandwidths_bytes_per_s": bandwidths,
+        "percent_of_bound": statistics.median(percents),
     }
 
 
@@ -135,18 +154,20 @@ def run_latency(args: argparse.Namespace, backends: list[str]) -> dict:
         random_requests(args.batch_size, *lens, model_config.vocab_size, args.seed + i)
         for i in range(args.num_warmup + args.num_iters)
     ]
-    bandwidth = measure_read_bandwidth(args.bandwidth_mb * 1024**2)
     model_bytes = model_weight_bytes(model_config)
-    bound = decode_bound_tokens_per_s(bandwidth, model_bytes, args.batch_size)
+    read_bandwidth, probed = ReadBandwidthProbe(args.bandwidth_mb * 1024**2), []
+
+    def probe() -> float:
+        probed.append(read_bandwidth())
+        return probed[-1]
+
     results = {}
     for backend in backends:
         try:
-            result = run_backend(backend, args, model_config, batches)
+            results[backend] = run_backend(backend, args, model_config, batches, probe, model_bytes)
         except BackendUnavailable as e:
             results[backend] = {"skipped": str(e)}
-            continue
-        result["percent_of_bound"] = 100 * result["decode_tokens_per_s"] / bound
-        results[backend] = result
+    bandwidth = statistics.median(probed or [probe()])
     config = {
         "model": model_config.model,
         "dtype": str(model_config.dtype).removeprefix("torch."),
@@ -159,20 +180,23 @@ def run_latency(args: argparse.Namespace, backends: list[str]) -> dict:
         "benchmark": "latency",
         "config": config,
         "bandwidth_bytes_per_s": bandwidth,
+        "bandwidth_probes_bytes_per_s": probed,
         "weight_bytes": model_bytes,
-        "bound_tokens_per_s": bound,
+        "bound_tokens_per_s": decode_bound_tokens_per_s(bandwidth, model_bytes, args.batch_size),
         "results": results,
     }
 
 
 def format_latency(report: dict) -> str:
     c = report["config"]
+    probes = report["bandwidth_probes_bytes_per_s"]
     lines = [
         f"model {c['model']} ({c['dtype']}, quantization {c['quantization']}, "
         f"{c['threads']} threads), batch {c['batch_size']}, "
         f"input {c['input_len']}, output {c['output_len']}: "
         f"{c['num_iters']} runs after {c['num_warmup']} warm-up",
-        f"memory read bandwidth {report['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, "
+        f"memory read bandwidth {report['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s (median of "
+        f"{len(probes)} probes around the runs, {min(probes) / 1e9:.2f}-{max(probes) / 1e9:.2f}), "
         f"weights {report['weight_bytes'] / 1e6:.1f} MB -> bandwidth bound "
         f"{report['bound_tokens_per_s']:.2f} tok/s at batch {c['batch_size']}",
     ]
@@ -189,8 +213,9 @@ def _format_result(result: dict) -> list[str]:
         stats = result[key]
         lines.append(f"{name:<10}" + "".join(f"{1000 * stats[k]:>10.2f}" for k in stats))
     lines.append(
-        f"decode {result['decode_tokens_per_s']:.2f} tok/s = "
-        f"{result['percent_of_bound']:.1f}% of the bandwidth bound; "
+        f"decode {result['decode_tokens_per_s']:.2f} tok/s; "
+        f"{result['percent_of_bound']:.1f}% of the bandwidth bound (median over the runs, "
+        "each against the bandwidth probed around it); "
         f"start-up {result['startup_s']:.2f} s"
     )
     return lines + ([result["detail"]] if "detail" in result else [])
