@@ -123,10 +123,31 @@ BINDING(skinny_gemm, "iiiiiiiii",
         skinny_gemm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6], (int)a[7],
                     (int)a[8]))
 
-BINDING(skinny_gemm_bf16, "iiiiiiiii",
-        check_isa("skinny_gemm_bf16", a[7], skinny_gemm_isa_count, skinny_gemm_isa_supported),
+/* 0 unless a packed weight (packed != 0) goes to a build that does not read one, or its N
+ * or K is not a multiple of the packed tiles' sizes: -1 with a ValueError. */
+static int check_packed(int64_t packed, int64_t isa, int64_t N, int64_t K) {
+  if (!packed) return 0;
+  if (!skinny_gemm_reads_packed((int)isa)) {
+    PyErr_Format(PyExc_ValueError, "skinny_gemm_bf16: isa %lld does not read packed weights "
+                 "(only the avx512_bf16 build does)", (long long)isa);
+    return -1;
+  }
+  if (N % SKINNY_PACK_ROWS == 0 && K % SKINNY_PACK_K == 0) return 0;
+  PyErr_Format(PyExc_ValueError, "skinny_gemm_bf16: packed weights need N %% %d == 0 and K %% "
+               "%d == 0, got N %lld, K %lld", SKINNY_PACK_ROWS, SKINNY_PACK_K, (long long)N,
+               (long long)K);
+  return -1;
+}
+
+BINDING(skinny_gemm_bf16, "iiiiiiiiii",
+        check_isa("skinny_gemm_bf16", a[8], skinny_gemm_isa_count, skinny_gemm_isa_supported) < 0
+            ? -1
+            : check_packed(a[7], a[8], a[5], a[6]),
         rc = skinny_gemm_bf16(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6],
-                              (int)a[7], (int)a[8]))
+                              (int)a[7], (int)a[8], (int)a[9]))
+
+BINDING(skinny_unpack_bf16, "iiiii", 0,
+        skinny_unpack_bf16(PTR(a[0]), PTR(a[1]), a[2], a[3], (int)a[4]))
 
 /* 0 when the CPU runs the AMX kernels, else -1 with a RuntimeError naming op. */
 static int check_amx(const char *op) {
@@ -242,7 +263,9 @@ static PyMethodDef methods[] = {
     METHOD(amx_pack_bf16, "amx_pack_bf16(packed_w, w, N, K), bfloat16"),
     METHOD(skinny_gemm, "skinny_gemm(x, w, b, y, M, N, K, isa, num_threads)"),
     METHOD(skinny_gemm_isas, "skinny_gemm_isas() -> ((name, supported), ...), best first"),
-    METHOD(skinny_gemm_bf16, "skinny_gemm_bf16(x, w, b, y, M, N, K, isa, num_threads), bf16"),
+    METHOD(skinny_gemm_bf16,
+           "skinny_gemm_bf16(x, w, b, y, M, N, K, packed, isa, num_threads), bf16"),
+    METHOD(skinny_unpack_bf16, "skinny_unpack_bf16(w, packed_w, N, K, num_threads), bf16"),
     METHOD(paged_decode_attention,
            "paged_decode_attention(out, q, k_cache, v_cache, kv_bf16, block_tables, seq_lens, B, "
            "H, KV, D, block_size, max_blocks, num_blocks, isa, num_threads, scale)"),

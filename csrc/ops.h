@@ -15,9 +15,18 @@ const char *skinny_gemm_isa_name(int isa);
 int skinny_gemm_isa_supported(int isa);
 
 /* skinny_gemm on bfloat16 x, w, b and y, in float32 inside (skinny_gemm.c too; same isa).
- * Returns 0, or -1 when its scratch memory cannot be allocated. */
+ * packed: w in the order [N / SKINNY_PACK_ROWS, K / SKINNY_PACK_K, SKINNY_PACK_ROWS,
+ * SKINNY_PACK_K] (each step's values of a tile's weight rows side by side), which only the
+ * builds that skinny_gemm_reads_packed read, for N and K multiples of those sizes. Returns
+ * 0, or -1 when its scratch memory cannot be allocated. */
+#define SKINNY_PACK_ROWS 4
+#define SKINNY_PACK_K 32
 int skinny_gemm_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y,
-                     int64_t M, int64_t N, int64_t K, int isa, int num_threads);
+                     int64_t M, int64_t N, int64_t K, int packed, int isa, int num_threads);
+int skinny_gemm_reads_packed(int isa); /* isa: an index, or -1 for the best */
+/* w [N, K] from the packed order (N, K multiples of the packed tiles' sizes). */
+void skinny_unpack_bf16(uint16_t *w, const uint16_t *packed, int64_t N, int64_t K,
+                        int num_threads);
 
 /* bfloat16 matmul on AMX tiles (amx_gemm.c): y [M, N] = x [M, K] @ w^T (+ b [N]) for a
  * weight w [N, K] that amx_pack_bf16 packed (N % 16 == 0, K % 32 == 0), float32 sums.

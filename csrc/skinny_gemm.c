@@ -12,38 +12,59 @@
  * tile shape, and once more for AVX-512 BF16, whose dot products multiply bf16 x and weights
  * as they are; this file picks the best the CPU has, or the one the caller names.
  */
+#include <string.h>
+
 #include "isa_table.h"
 #include "ops.h"
 
 typedef int (*skinny_gemm_fn)(const void *x, const void *w, const void *b, void *y, int64_t M,
-                              int64_t N, int64_t K, int bf16, int num_threads);
+                              int64_t N, int64_t K, int bf16, int packed, int num_threads);
 
 int skinny_gemm_run_avx512_bf16(const void *x, const void *w, const void *b, void *y, int64_t M,
-                                int64_t N, int64_t K, int bf16, int num_threads);
+                                int64_t N, int64_t K, int bf16, int packed, int num_threads);
 int skinny_gemm_run_avx512(const void *x, const void *w, const void *b, void *y, int64_t M,
-                           int64_t N, int64_t K, int bf16, int num_threads);
+                           int64_t N, int64_t K, int bf16, int packed, int num_threads);
 int skinny_gemm_run_avx2(const void *x, const void *w, const void *b, void *y, int64_t M,
-                         int64_t N, int64_t K, int bf16, int num_threads);
+                         int64_t N, int64_t K, int bf16, int packed, int num_threads);
 int skinny_gemm_run_portable(const void *x, const void *w, const void *b, void *y, int64_t M,
-                             int64_t N, int64_t K, int bf16, int num_threads);
+                             int64_t N, int64_t K, int bf16, int packed, int num_threads);
 
 static const struct {
   isa_entry isa;
   skinny_gemm_fn run;
+  int reads_packed; /* skinny_gemm_bf16's packed weights */
 } ISAS[] = {
 #if defined(__x86_64__) && defined(__GNUC__)
-    {{"avx512_bf16", isa_x86_64_v4_bf16}, skinny_gemm_run_avx512_bf16},
+    {{"avx512_bf16", isa_x86_64_v4_bf16}, skinny_gemm_run_avx512_bf16, 1},
 #endif
     VECTOR_BUILDS(skinny_gemm_run)};
 
 ISA_TABLE(skinny_gemm, ISAS)
 
+int skinny_gemm_reads_packed(int isa) { return ISAS[isa < 0 ? best_isa() : isa].reads_packed; }
+
 void skinny_gemm(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N,
                  int64_t K, int isa, int num_threads) {
-  ISAS[isa < 0 ? best_isa() : isa].run(x, w, b, y, M, N, K, 0, num_threads);
+  ISAS[isa < 0 ? best_isa() : isa].run(x, w, b, y, M, N, K, 0, 0, num_threads);
 }
 
 int skinny_gemm_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y,
-                     int64_t M, int64_t N, int64_t K, int isa, int num_threads) {
-  return ISAS[isa < 0 ? best_isa() : isa].run(x, w, b, y, M, N, K, 1, num_threads);
+                     int64_t M, int64_t N, int64_t K, int packed, int isa, int num_threads) {
+  return ISAS[isa < 0 ? best_isa() : isa].run(x, w, b, y, M, N, K, 1, packed, num_threads);
+}
+
+/* w [N, K] from its packed order, on num_threads threads: each reads its tiles front to back
+ * and writes a row's run of SKINNY_PACK_K values at a time (torch's permuted copy of the
+ * same moved the default model's 212 MB of decoder weights at ~9 GB/s). */
+void skinny_unpack_bf16(uint16_t *w, const uint16_t *packed, int64_t N, int64_t K,
+                        int num_threads) {
+  const int64_t steps = K / SKINNY_PACK_K, run = SKINNY_PACK_K * sizeof(uint16_t);
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t t = 0; t < N / SKINNY_PACK_ROWS; t++) {
+    const uint16_t *tile = packed + t * SKINNY_PACK_ROWS * K;
+    for (int64_t s = 0; s < steps; s++)
+      for (int64_t r = 0; r < SKINNY_PACK_ROWS; r++)
+        memcpy(w + (t * SKINNY_PACK_ROWS + r) * K + s * SKINNY_PACK_K,
+               tile + (s * SKINNY_PACK_ROWS + r) * SKINNY_PACK_K, run);
+  }
 }

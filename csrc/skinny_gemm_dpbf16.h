@@ -12,6 +12,8 @@
 #include <immintrin.h>
 
 #define DP_STEP 32 /* bf16 values in a vector */
+_Static_assert(TILE_COLS == SKINNY_PACK_ROWS && DP_STEP == SKINNY_PACK_K,
+               "skinny_gemm_bf16's packed order is this build's tile by step");
 
 INLINE __m512bh load_pairs(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512(p); }
 
@@ -20,14 +22,18 @@ INLINE vecn dot_pairs(vecn acc, const uint16_t *x, __m512bh w) {
 }
 
 /* out[TILE_COLS * i + j] = x[i, :] . w[j, :] for rows (a constant at each call) x rows and
- * the TILE_COLS weight rows at w, one stretch of memory. */
+ * the TILE_COLS weight rows at w, one stretch of memory: row after row, or, `packed` (a
+ * constant at each call), in skinny_pack_bf16's order, whose DP_STEP values of each row for
+ * one step lie side by side, so the tile is read front to back. Same products and sums in
+ * the same order either way. */
 INLINE void dp_tile(const uint16_t *x, const uint16_t *w, float *out, const int rows,
-                    int64_t K, int prefetch) {
+                    int64_t K, int prefetch, const int packed) {
   vecn acc[VEC_LANES] = {0};
   for (int64_t k = 0; k < K; k += DP_STEP) {
     if (prefetch) prefetch_ahead(w + TILE_COLS * k, TILE_COLS * DP_STEP * 2);
     __m512bh wv[TILE_COLS];
-    for (int j = 0; j < TILE_COLS; j++) wv[j] = load_pairs(w + j * K + k);
+    for (int j = 0; j < TILE_COLS; j++)
+      wv[j] = load_pairs(packed ? w + TILE_COLS * k + j * DP_STEP : w + j * K + k);
     for (int i = 0; i < rows; i++)
       for (int j = 0; j < TILE_COLS; j++)
         acc[TILE_COLS * i + j] = dot_pairs(acc[TILE_COLS * i + j], x + i * K + k, wv[j]);
@@ -36,12 +42,12 @@ INLINE void dp_tile(const uint16_t *x, const uint16_t *w, float *out, const int 
 }
 
 INLINE void dp_tile_any(const uint16_t *x, const uint16_t *w, float *out, int64_t rows,
-                        int64_t K, int prefetch) {
+                        int64_t K, int prefetch, const int packed) {
   switch (rows) {
-    case 1: dp_tile(x, w, out, 1, K, prefetch); return;
-    case 2: dp_tile(x, w, out, 2, K, prefetch); return;
-    case 3: dp_tile(x, w, out, 3, K, prefetch); return;
-    default: dp_tile(x, w, out, ROW_TILE, K, prefetch);
+    case 1: dp_tile(x, w, out, 1, K, prefetch, packed); return;
+    case 2: dp_tile(x, w, out, 2, K, prefetch, packed); return;
+    case 3: dp_tile(x, w, out, 3, K, prefetch, packed); return;
+    default: dp_tile(x, w, out, ROW_TILE, K, prefetch, packed);
   }
 }
 

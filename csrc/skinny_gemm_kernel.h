@@ -105,10 +105,10 @@ INLINE void store_tile(void *y, int64_t N, int64_t m, int64_t n, vecn sums, int6
 /* Weight rows [n0, n0 + cols) against every x row: tiles of up to ROW_TILE x rows by
  * TILE_COLS weight rows, else (the last cols < TILE_COLS rows of w, or K not a multiple of
  * VEC_LANES) one weight row at a time. dp: bf16 x and weights on dot-product tiles (x is
- * float32 otherwise). */
+ * float32 otherwise); packed: w in skinny_pack_bf16's order (dp, whole tiles only). */
 INLINE void weight_rows(const void *x, const void *w, const void *b, void *y, int64_t M,
                         int64_t N, int64_t K, int64_t n0, int64_t cols, const int bf16,
-                        const int dp) {
+                        const int dp, const int packed) {
   float out[VEC_LANES];
   const int tiled = cols == TILE_COLS && K % VEC_LANES == 0;
   const int64_t step = tiled ? TILE_COLS : 1; /* weight rows per call */
@@ -119,7 +119,7 @@ INLINE void weight_rows(const void *x, const void *w, const void *b, void *y, in
       const void *w_rows = element_at(w, n * K, bf16);
 #ifdef SKINNY_DPBF16
       if (dp && tiled)
-        dp_tile_any(x_rows, w_rows, out, rows, K, m == 0);
+        dp_tile_any(x_rows, w_rows, out, rows, K, m == 0, packed);
       else if (dp)
         dp_row(x_rows, w_rows, out, rows, K, m == 0);
       else
@@ -140,36 +140,48 @@ INLINE void weight_rows(const void *x, const void *w, const void *b, void *y, in
 /* The weight type is chosen inside the loop: OpenMP outlines the loop's body before inlining,
  * so a bf16 passed into it would not be a constant there. */
 static void run(const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N,
-                int64_t K, int bf16, int dp, int num_threads) {
+                int64_t K, int bf16, int dp, int packed, int num_threads) {
   const int64_t tiles = (N + TILE_COLS - 1) / TILE_COLS;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
   for (int64_t t = 0; t < tiles; t++) {
     const int64_t n0 = TILE_COLS * t, cols = N - n0 < TILE_COLS ? N - n0 : TILE_COLS;
-    if (dp)
-      weight_rows(x, w, b, y, M, N, K, n0, cols, 1, 1);
+    if (packed)
+      weight_rows(x, w, b, y, M, N, K, n0, cols, 1, 1, 1);
+    else if (dp)
+      weight_rows(x, w, b, y, M, N, K, n0, cols, 1, 1, 0);
     else if (bf16)
-      weight_rows(x, w, b, y, M, N, K, n0, cols, 1, 0);
+      weight_rows(x, w, b, y, M, N, K, n0, cols, 1, 0, 0);
     else
-      weight_rows(x, w, b, y, M, N, K, n0, cols, 0, 0);
+      weight_rows(x, w, b, y, M, N, K, n0, cols, 0, 0, 0);
   }
 }
 
+/* Returns 0; -1 when x's float32 copy cannot be allocated; -2 for a packed weight that this
+ * build does not read (skinny_pack_bf16's order is the avx512_bf16 build's, for bf16 and
+ * K % DP_STEP == 0, N % TILE_COLS == 0). */
 int ISA(skinny_gemm_run)(const void *x, const void *w, const void *b, void *y, int64_t M,
-                         int64_t N, int64_t K, int bf16, int num_threads) {
+                         int64_t N, int64_t K, int bf16, int packed, int num_threads) {
+#ifdef SKINNY_DPBF16
+  if (packed && bf16 && K % DP_STEP == 0 && N % TILE_COLS == 0) {
+    run(x, w, b, y, M, N, K, 1, 1, 1, num_threads);
+    return 0;
+  }
+#endif
+  if (packed) return -2;
   if (!bf16) {
-    run(x, w, b, y, M, N, K, 0, 0, num_threads);
+    run(x, w, b, y, M, N, K, 0, 0, 0, num_threads);
     return 0;
   }
 #ifdef SKINNY_DPBF16
   if (K % DP_STEP == 0) {
-    run(x, w, b, y, M, N, K, 1, 1, num_threads);
+    run(x, w, b, y, M, N, K, 1, 1, 0, num_threads);
     return 0;
   }
 #endif
   float *xf = malloc((size_t)(M * K) * sizeof(float));
   if (xf == NULL) return -1;
   convert(xf, 0, x, 1, M * K);
-  run(xf, w, b, y, M, N, K, 1, 0, num_threads);
+  run(xf, w, b, y, M, N, K, 1, 0, 0, num_threads);
   free(xf);
   return 0;
 }

@@ -192,10 +192,53 @@ def skinny_gemm(
 def skinny_gemm_bf16(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: str | None = None
 ) -> torch.Tensor:
-    """skinny_gemm on bfloat16 tensors (float32 products and sums) -> bfloat16 [M, N]. isa:
-    as in skinny_gemm (the same builds)."""
-    isa_index = _isa_index("skinny_gemm_bf16", isa, _SKINNY_ISAS)
-    return _skinny_gemm("skinny_gemm_bf16", _BF16, x, weight, bias, isa_index)
+    """skinny_gemm on bfloat16 tensors (float32 products and sums) -> bfloat16 [M, N]; weight
+    [N, K] or skinny_pack_bf16's [N / 4, K / 32, 4, 32] (read by the avx512_bf16 build only:
+    ValueError elsewhere; the same bits as the plain weight's). isa: as in skinny_gemm (the
+    same builds)."""
+    op = "skinny_gemm_bf16"
+    isa_index = _isa_index(op, isa, _SKINNY_ISAS)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
+        return _skinny_gemm(op, _BF16, x, weight, bias, 0, isa_index)
+    _check(op, "weight", weight, 4, _SKINNY_PACKED, _BF16)
+    blocks_n, blocks_k, rows, cols = weight.shape
+    _require(op, (rows, cols) == (SKINNY_PACK_ROWS, SKINNY_PACK_K),
+             "packed weight {} is not {}", tuple(weight.shape), _SKINNY_PACKED)  # fmt: skip
+    n, k = blocks_n * rows, blocks_k * cols
+    return _gemm(op, _BF16, x, weight, "packed weight", n, k, bias, 1, isa_index)
+
+
+SKINNY_PACK_ROWS, SKINNY_PACK_K = 4, 32  # csrc/ops.h's
+_SKINNY_PACKED = "[N / 4, K / 32, 4, 32]"
+
+
+def skinny_pack_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] bfloat16 (N % 4 == 0, K % 32 == 0) -> [N / 4, K / 32, 4, 32]: per 4
+    weight rows (one skinny_gemm tile) and 32 of K (one dot-product step), the 4 rows' 32
+    values side by side, so that a tile is read front to back (csrc/skinny_gemm_dpbf16.h).
+    skinny_unpack_bf16 gives the weight back."""
+    op = "skinny_pack_bf16"
+    _check(op, "weight", weight, 2, "[N, K]", _BF16)
+    n, k = weight.shape
+    _require(op, n % SKINNY_PACK_ROWS == 0 and k % SKINNY_PACK_K == 0 and n > 0 and k > 0,
+             "weight [N, K] = [{}, {}] needs N % 4 == 0 and K % 32 == 0", n, k)  # fmt: skip
+    blocks = weight.view(n // SKINNY_PACK_ROWS, SKINNY_PACK_ROWS, k // SKINNY_PACK_K, -1)
+    return blocks.transpose(1, 2).contiguous()
+
+
+def skinny_unpack_bf16(packed: torch.Tensor) -> torch.Tensor:
+    """skinny_pack_bf16's inverse: [N / 4, K / 32, 4, 32] -> a new [N, K] (in C, on torch's
+    threads: 2-3x torch's permuted copy)."""
+    op = "skinny_unpack_bf16"
+    _check(op, "packed", packed, 4, _SKINNY_PACKED, _BF16)
+    blocks_n, blocks_k, rows, cols = packed.shape
+    _require(op, (rows, cols) == (SKINNY_PACK_ROWS, SKINNY_PACK_K),
+             "packed weight {} is not {}", tuple(packed.shape), _SKINNY_PACKED)  # fmt: skip
+    n, k = blocks_n * rows, blocks_k * cols
+    weight = packed.new_empty(n, k)
+    _launch(_C.skinny_unpack_bf16, weight.data_ptr(), packed.data_ptr(), n, k,
+            torch.get_num_threads())  # fmt: skip
+    return weight
 
 
 def amx_available() -> bool:
@@ -275,12 +318,13 @@ def _skinny_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    isa: int,
+    *flags: int,
 ) -> torch.Tensor:
-    """The checks and call of _C.<op>, whose tensors are all of `dtype` (isa: the index of a
-    build, -1 for the best)."""
+    """The checks and call of _C.<op>, whose tensors are all of `dtype` (flags: the kernel's
+    int arguments after K: the index of a build, -1 for the best, after packed = 0 for
+    skinny_gemm_bf16)."""
     _check(op, "weight", weight, 2, "[N, K]", dtype)
-    return _gemm(op, dtype, x, weight, "weight [N, K]", *weight.shape, bias, isa)
+    return _gemm(op, dtype, x, weight, "weight [N, K]", *weight.shape, bias, *flags)
 
 
 def _gemm(
@@ -292,11 +336,11 @@ def _gemm(
     n: int,
     weight_k: int,
     bias: torch.Tensor | None,
-    *isa: int,
+    *flags: int,
 ) -> torch.Tensor:
     """The checks of x and bias and the call of matmul kernel _C.<op> on a weight of n
-    outputs and weight_k inputs, itself checked by the caller (isa: for the kernels that take
-    one, as in _skinny_gemm)."""
+    outputs and weight_k inputs, itself checked by the caller (flags: the kernel's int
+    arguments between K and the thread count, as in _skinny_gemm)."""
     _check(op, "x", x, 2, "[M, K]", dtype)
     m, k = x.shape
     _require(op, weight_k == k, "{} has K = {}, x [M, K] has K = {}", weight_name, weight_k, k)
@@ -305,7 +349,7 @@ def _gemm(
     y = x.new_empty(m, n)
     bias_ptr = 0 if bias is None else bias.data_ptr()
     _launch(
-        getattr(_C, op), x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, *isa,
+        getattr(_C, op), x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, *flags,
         torch.get_num_threads(),
     )  # fmt: skip
     return y

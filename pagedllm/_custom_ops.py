@@ -27,7 +27,8 @@ avx512_bf16 build shares) was faster from 1 row (up to 2.5-4x, bandwidth bound) 
 
 SKINNY_GEMM_BF16_MAX_ROWS = 128 if _SKINNY_BUILD == "avx512_bf16" else 16
 """Up to this many rows of bfloat16 x and a plain weight (AMX tiles take every row count,
-see prepack_linear_weight), linear() uses skinny_gemm_bf16 (skinny_gemm's per-build tiles
+and skinny_gemm_bf16's own tile order SKINNY_PACKED_MAX_ROWS: see prepack_linear_weight),
+linear() uses skinny_gemm_bf16 (skinny_gemm's per-build tiles
 on bf16 weights, float32 sums; a row's result independent of the others, so decode batches up to
 this size are batch-invariant); past it F.linear, whose oneDNN matmul runs on AMX tiles where
 the CPU has them. On the AMX development machine, over the default model's decoder
@@ -37,6 +38,14 @@ its speed at 16: the bound is kept at 16 for batch invariance. The avx512_bf16 b
 products (Zen 4, session 17, each tile's outputs stored as one vector) were 1.6x F.linear at
 16 rows, 1.2x at 32 and 64, 1.1x at 96, 1.0-1.1x at 128 and 0.9x from 160: 128 there."""
 
+
+SKINNY_PACKED_MAX_ROWS = 256
+"""Up to this many rows linear() runs skinny_gemm_bf16 on a weight in its packed order
+(prepack_linear_weight), past them it unpacks the weight for oneDNN's F.linear. Over the
+default model's decoder matrices (Zen 4, session 18), against F.linear on the plain weights:
+the kernel 0.89x the time at 129 rows, 1.05x at 256, 1.05x at 512, 1.1-1.16x at 2048;
+unpacking (10-13 ms for the 212 MB) and F.linear 1.07x at 129, 1.09x at 256, 1.04x at 512,
+1.00x at 2048."""
 
 SKINNY_OVER_PACKED_MAX_ROWS = 4
 """Where linear() has a weight both plain and in oneDNN's layout (a tied bf16 LM head on a
@@ -113,8 +122,17 @@ def prepack_linear_weight(weight: torch.Tensor, onednn: bool = False) -> torch.T
     """A bfloat16 CPU weight [N, K] in the layout of this CPU's fastest bf16 matmul, packed
     once at load: AMX tiles (`_cpu_kernels.amx_pack_bf16`, [N / 16, K / 32, 16, 32]) where
     the CPU has them and N % 16 == 0, K % 32 == 0; else, with `onednn` (the LM head), oneDNN's
-    blocked layout on other CPUs with native bf16 matmuls (AVX-512 BF16); else `weight`
-    itself. linear() takes any of them.
+    blocked layout on other CPUs with native bf16 matmuls (AVX-512 BF16); else, where
+    skinny_gemm_bf16's best build is avx512_bf16, its tiles' order
+    (`_cpu_kernels.skinny_pack_bf16`, [N / 4, K / 32, 4, 32], N % 4 == 0, K % 32 == 0); else
+    `weight` itself. linear() takes any of them.
+
+    skinny_gemm_bf16 reads a plain weight's 4-row tile as 4 streams 2K bytes apart, which the
+    CPU's prefetchers follow worse than one: over the default model's 120 decoder matrices at
+    1 row (Zen 4, session 18) the packed order took 5.4-6.8 ms against 6.8-10.0 (median of
+    12 rounds, two runs), the same bits. Past SKINNY_PACKED_MAX_ROWS rows linear() unpacks
+    the weight into a temporary for oneDNN (`skinny_unpack_bf16`): a copy of the weight per
+    call, small against the product of that many rows.
 
     AMX tiles against the plain weight, on the AMX development machine (default model's
     decoder matrices, 2 threads): 1-4 rows as fast as skinny_gemm_bf16 (both at the VM's read
@@ -136,7 +154,9 @@ def prepack_linear_weight(weight: torch.Tensor, onednn: bool = False) -> torch.T
         return _cpu_kernels.amx_pack_bf16(weight.detach().contiguous())
     if onednn and torch.backends.mkldnn.is_available() and native_bf16_matmul() is not None:
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
-    return weight
+    if onednn or not has_cpu_kernels() or _SKINNY_BUILD != "avx512_bf16" or n % 4 or k % 32:
+        return weight
+    return _cpu_kernels.skinny_pack_bf16(weight.detach().contiguous())
 
 
 def linear(
@@ -149,6 +169,8 @@ def linear(
     may be prepack_linear_weight's. packed_weight, prepack_linear_weight(weight) if given:
     in AMX tiles it is multiplied for every x, in oneDNN's layout past
     SKINNY_OVER_PACKED_MAX_ROWS rows."""
+    if _skinny_packed(weight):
+        return _skinny_packed_linear(x, weight, bias)
     if weight.dim() == 4:
         return _amx_linear(x, weight, bias)
     if packed_weight is not None and packed_weight.dim() == 4:
@@ -170,6 +192,27 @@ def linear(
     bias = None if bias is None else bias.contiguous()
     gemm = _cpu_kernels.skinny_gemm_bf16 if bf16 else _cpu_kernels.skinny_gemm
     y = gemm(x2, weight.contiguous(), bias)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[1])
+
+
+def _skinny_packed(weight: torch.Tensor) -> bool:
+    rows, k = _cpu_kernels.SKINNY_PACK_ROWS, _cpu_kernels.SKINNY_PACK_K
+    return weight.dim() == 4 and weight.shape[2:] == (rows, k)
+
+
+def _skinny_packed_linear(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """skinny_gemm_bf16 on the packed weight up to SKINNY_PACKED_MAX_ROWS bf16 rows, else
+    F.linear on the weight unpacked."""
+    k = x.shape[-1]
+    if not cpu_kernels_apply(x, packed, bias, dtypes=(torch.bfloat16,)):
+        return _torch_ops.linear_on_skinny_packed(x, packed, bias)
+    if x.numel() > SKINNY_PACKED_MAX_ROWS * k:
+        return F.linear(x, _cpu_kernels.skinny_unpack_bf16(packed), bias)
+    x2 = (x if x.dim() == 2 else x.reshape(-1, k)).contiguous()
+    bias = None if bias is None else bias.contiguous()
+    y = _cpu_kernels.skinny_gemm_bf16(x2, packed, bias)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[1])
 
 

@@ -27,6 +27,16 @@ def fused_add_rms_norm(
     return rms_norm(residual, weight, eps), residual
 
 
+def linear_on_skinny_packed(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """F.linear on a weight in skinny_pack_bf16's order [N / 4, K / 32, 4, 32] (per 4 rows
+    and 32 of K, the rows' values side by side), unpacked first."""
+    blocks_n, blocks_k, rows, cols = packed.shape
+    weight = packed.transpose(1, 2).reshape(blocks_n * rows, blocks_k * cols)
+    return F.linear(x, weight, bias)
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [..., 2d] -> silu(x[..., :d]) * x[..., d:]."""
     d = x.shape[-1] // 2

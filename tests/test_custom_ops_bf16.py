@@ -127,6 +127,89 @@ def test_amx_packing_is_the_tiles_of_element_pairs() -> None:
     assert torch.equal(_cpu_kernels.amx_pack_bf16(w), tiles)
 
 
+@needs_kernels
+def test_skinny_packing_is_each_tiles_rows_step_by_step() -> None:
+    """skinny_pack_bf16 (torch ops): per 4 weight rows and 32 of K, the 4 rows' 32 values
+    side by side; skinny_unpack_bf16 (C, any CPU) gives the weight back."""
+    w = torch.randn(8, 96).to(BF16)
+    packed = _cpu_kernels.skinny_pack_bf16(w)
+    assert packed.shape == (2, 3, 4, 32)
+    for tile, step, row in ((0, 0, 0), (1, 2, 3), (0, 1, 2)):
+        k = 32 * step
+        assert torch.equal(packed[tile, step, row], w[4 * tile + row, k : k + 32])
+    assert torch.equal(_cpu_kernels.skinny_unpack_bf16(packed), w)
+    big = torch.randn(3072, 1536).to(BF16)  # tiles split between the threads
+    assert torch.equal(_cpu_kernels.skinny_unpack_bf16(_cpu_kernels.skinny_pack_bf16(big)), big)
+    with pytest.raises(ValueError, match=r"needs N % 4 == 0 and K % 32 == 0"):
+        _cpu_kernels.skinny_pack_bf16(torch.randn(6, 32).to(BF16))
+
+
+needs_dp_build = pytest.mark.skipif(
+    not _custom_ops.has_cpu_kernels() or "avx512_bf16" not in _cpu_kernels.skinny_gemm_isas(),
+    reason="this CPU has no AVX-512 BF16 dot products",
+)
+
+
+@needs_dp_build
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 5, 17, 64, 128])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_skinny_gemm_bf16_reads_a_packed_weight_as_the_plain_one(
+    num_rows: int, with_bias: bool
+) -> None:
+    """The avx512_bf16 build on skinny_pack_bf16's order: the plain weight's bits (the same
+    products, summed in the same order), at every row count, NaN included."""
+    w, x = torch.randn(96, 576).to(BF16), torch.randn(num_rows, 576).to(BF16)
+    w[5, 7] = float("nan")
+    b = torch.randn(96).to(BF16) if with_bias else None
+    packed = _cpu_kernels.skinny_pack_bf16(w)
+    plain = _cpu_kernels.skinny_gemm_bf16(x, w, b, isa="avx512_bf16")
+    out = _cpu_kernels.skinny_gemm_bf16(x, packed, b, isa="avx512_bf16")
+    torch.testing.assert_close(out, plain, rtol=0, atol=0, equal_nan=True)
+    assert out[:, 5].isnan().all()
+
+
+@needs_kernels
+def test_a_packed_weight_goes_to_the_build_that_reads_it_only() -> None:
+    """Other builds, and packed shapes that are not skinny_pack_bf16's, raise ValueError."""
+    packed = _cpu_kernels.skinny_pack_bf16(torch.randn(8, 64).to(BF16))
+    x = torch.randn(2, 64).to(BF16)
+    for isa in _cpu_kernels.skinny_gemm_isas():
+        if isa != "avx512_bf16":
+            with pytest.raises(
+                ValueError,
+                match=f"isa {_cpu_kernels.skinny_gemm_isas().index(isa)} does not read packed",
+            ):
+                _cpu_kernels.skinny_gemm_bf16(x, packed, None, isa=isa)
+    with pytest.raises(ValueError, match=r"packed weight \(2, 2, 8, 16\) is not \[N / 4"):
+        _cpu_kernels.skinny_gemm_bf16(x, packed.view(2, 2, 8, 16), None)
+    with pytest.raises(ValueError, match=r"packed weight has K = 64, x \[M, K\] has K = 32"):
+        _cpu_kernels.skinny_gemm_bf16(x[:, :32].contiguous(), packed, None)
+
+
+@needs_dp_build
+def test_skinny_packed_linear_runs_the_kernel_then_f_linear(
+    without_amx: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prepack_linear_weight on a CPU whose best skinny build is avx512_bf16 (no AMX): the
+    packed order. linear() on it: the kernel's bits on the plain weight up to
+    SKINNY_PACKED_MAX_ROWS rows (so each row the same bits alone and in a batch), F.linear's
+    on the plain weight past them; 3-D x too; the torch path without the extension."""
+    w, b = torch.randn(200, 576).to(BF16), torch.randn(200).to(BF16)
+    packed = _custom_ops.prepack_linear_weight(w)
+    assert packed.shape == (50, 18, 4, 32)
+    limit = _custom_ops.SKINNY_PACKED_MAX_ROWS
+    x = torch.randn(limit + 20, 576).to(BF16)
+    out = _custom_ops.linear(x[:limit], packed, b)
+    assert torch.equal(out, _cpu_kernels.skinny_gemm_bf16(x[:limit], w, b))
+    for i in (0, 7, limit - 1):
+        assert torch.equal(_custom_ops.linear(x[i : i + 1], packed, b)[0], out[i])
+    assert torch.equal(_custom_ops.linear(x, packed, b), F.linear(x, w, b))
+    x3 = x[:6].view(2, 3, -1)
+    assert torch.equal(_custom_ops.linear(x3, packed), _custom_ops.linear(x[:6], w).view(2, 3, -1))
+    monkeypatch.setattr(_cpu_kernels, "_C", None)  # the torch path unpacks it itself
+    assert torch.equal(_custom_ops.linear(x[:3], packed, b), F.linear(x[:3], w, b))
+
+
 @needs_amx
 @pytest.mark.parametrize("shape", [(1008, 576), (48, 1536), (16, 32)])
 def test_amx_linear_is_rounded_once_and_batch_invariant_at_every_size(
@@ -161,7 +244,6 @@ def test_onednn_prepacked_linear_is_rounded_once_and_batch_invariant(without_amx
     for a batch of one row, each row the same bits at every size (oneDNN's plain F.linear
     changes kernels, and bits, with the row count)."""
     w = torch.randn(1000, 576).to(BF16)
-    assert _custom_ops.prepack_linear_weight(w) is w  # decoder weights stay plain there
     packed = _custom_ops.prepack_linear_weight(w, onednn=True)
     assert packed.is_mkldnn and packed.shape == w.shape
     _check_packed_linear(packed, w)
@@ -208,16 +290,20 @@ def test_convert_rounds_like_torch() -> None:
 
 
 def test_prepack_keeps_weights_it_cannot_pack(monkeypatch: pytest.MonkeyPatch) -> None:
-    """float32, autograd, a shape that is not whole AMX tiles on a CPU without oneDNN's
-    native bf16 (or without onednn=True), or no native bf16 matmuls at all: the weight."""
+    """float32, autograd, a shape that is neither whole AMX tiles nor whole skinny tiles
+    without onednn=True, a CPU whose skinny build has no packed order, or no native bf16
+    matmuls at all: the weight."""
     w32 = torch.randn(16, 32)
     assert _custom_ops.prepack_linear_weight(w32, onednn=True) is w32
     grad = w32.to(BF16).requires_grad_()
     assert _custom_ops.prepack_linear_weight(grad, onednn=True) is grad
-    odd = torch.randn(24, 32).to(BF16)
+    odd = torch.randn(22, 48).to(BF16)
     assert _custom_ops.prepack_linear_weight(odd) is odd
-    monkeypatch.setattr(_custom_ops, "native_bf16_matmul", lambda: None)
+    monkeypatch.setattr(_custom_ops, "_SKINNY_BUILD", "avx512")
     monkeypatch.setattr(_cpu_kernels, "amx_available", lambda: False)
+    w = torch.randn(24, 32).to(BF16)
+    assert _custom_ops.prepack_linear_weight(w) is w
+    monkeypatch.setattr(_custom_ops, "native_bf16_matmul", lambda: None)
     w16 = w32.to(BF16)
     assert _custom_ops.prepack_linear_weight(w16, onednn=True) is w16
 

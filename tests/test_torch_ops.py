@@ -1,10 +1,12 @@
 """The torch definitions of the fast ops: paged attention against dense softmax attention per
 sequence, the cache write and block gather against plain indexing. (The norms, activation and
-rotation are held against transformers by the layer tests' torch path.)"""
+rotation are held against transformers by the layer tests' torch path.) A linear on a
+weight in skinny_pack_bf16's order is F.linear on the weight."""
 
 import torch
+import torch.nn.functional as F
 
-from pagedllm import _torch_ops
+from pagedllm import _cpu_kernels, _torch_ops
 
 
 def _paged_cache(keys: list[torch.Tensor], block_size: int, num_blocks: int):
@@ -59,3 +61,10 @@ def test_gather_blocks_lists_each_sequence_in_token_order_in_the_dtype() -> None
     gathered = _torch_ops.gather_blocks(cache, tables, torch.float32).flatten(1)
     assert gathered.dtype == torch.float32
     assert gathered.tolist() == [[6, 7, 0, 1], [2, 3, 4, 5]]
+
+
+def test_linear_on_skinny_packed_is_f_linear_on_the_plain_weight() -> None:
+    w, b = torch.randn(12, 64).to(torch.bfloat16), torch.randn(12).to(torch.bfloat16)
+    x = torch.randn(3, 5, 64).to(torch.bfloat16)
+    packed = _cpu_kernels.skinny_pack_bf16(w)
+    assert torch.equal(_torch_ops.linear_on_skinny_packed(x, packed, b), F.linear(x, w, b))
