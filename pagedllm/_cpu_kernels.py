@@ -200,16 +200,12 @@ def skinny_gemm_bf16(
     isa_index = _isa_index(op, isa, _SKINNY_ISAS)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
         return _skinny_gemm(op, _BF16, x, weight, bias, 0, isa_index)
-    _check(op, "weight", weight, 4, _SKINNY_PACKED, _BF16)
-    blocks_n, blocks_k, rows, cols = weight.shape
-    _require(op, (rows, cols) == (SKINNY_PACK_ROWS, SKINNY_PACK_K),
-             "packed weight {} is not {}", tuple(weight.shape), _SKINNY_PACKED)  # fmt: skip
-    n, k = blocks_n * rows, blocks_k * cols
+    n, k = _packed_size(op, "weight", weight, _SKINNY_TILE, _SKINNY_PACKED)
     return _gemm(op, _BF16, x, weight, "packed weight", n, k, bias, 1, isa_index)
 
 
 SKINNY_PACK_ROWS, SKINNY_PACK_K = 4, 32  # csrc/ops.h's
-_SKINNY_PACKED = "[N / 4, K / 32, 4, 32]"
+_SKINNY_TILE, _SKINNY_PACKED = (SKINNY_PACK_ROWS, SKINNY_PACK_K), "[N / 4, K / 32, 4, 32]"
 
 
 def skinny_pack_bf16(weight: torch.Tensor) -> torch.Tensor:
@@ -230,11 +226,7 @@ def skinny_unpack_bf16(packed: torch.Tensor) -> torch.Tensor:
     """skinny_pack_bf16's inverse: [N / 4, K / 32, 4, 32] -> a new [N, K] (in C, on torch's
     threads: 2-3x torch's permuted copy)."""
     op = "skinny_unpack_bf16"
-    _check(op, "packed", packed, 4, _SKINNY_PACKED, _BF16)
-    blocks_n, blocks_k, rows, cols = packed.shape
-    _require(op, (rows, cols) == (SKINNY_PACK_ROWS, SKINNY_PACK_K),
-             "packed weight {} is not {}", tuple(packed.shape), _SKINNY_PACKED)  # fmt: skip
-    n, k = blocks_n * rows, blocks_k * cols
+    n, k = _packed_size(op, "packed", packed, _SKINNY_TILE, _SKINNY_PACKED)
     weight = packed.new_empty(n, k)
     _launch(_C.skinny_unpack_bf16, weight.data_ptr(), packed.data_ptr(), n, k,
             torch.get_num_threads())  # fmt: skip
@@ -265,8 +257,7 @@ def amx_gemm_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     amx_pack_bf16(weight); float32 sums, each row's the same bits whatever M is. Raises
     RuntimeError where not amx_available()."""
     op = "amx_gemm_bf16"
-    _check(op, "packed", packed, 4, _AMX_PACKED, _BF16)
-    n, k = _amx_packed_size(op, packed)
+    n, k = _packed_size(op, "packed", packed, (16, 32), _AMX_PACKED)
     return _gemm(op, _BF16, x, packed, "packed weight", n, k, bias)
 
 
@@ -304,12 +295,16 @@ def amx_prefill_attention(
 _AMX_PACKED = "[N / 16, K / 32, 16, 32]"
 
 
-def _amx_packed_size(op: str, packed: torch.Tensor) -> tuple[int, int]:
-    """(N, K) of an amx_pack_bf16 weight, whose last two dimensions must be [16, 32]."""
+def _packed_size(
+    op: str, name: str, packed: object, tile: tuple[int, int], layout: str
+) -> tuple[int, int]:
+    """(N, K) of a bfloat16 weight packed in tiles of `tile` (rows, values of K): checked as
+    a 4-D tensor whose last two dimensions are the tile's."""
+    _check(op, name, packed, 4, layout, _BF16)
     blocks_n, blocks_k, rows, cols = packed.shape
-    _require(op, (rows, cols) == (16, 32) and blocks_n > 0 and blocks_k > 0,
-             "packed weight {} is not {}", tuple(packed.shape), _AMX_PACKED)  # fmt: skip
-    return blocks_n * 16, blocks_k * 32
+    _require(op, (rows, cols) == tile and blocks_n > 0 and blocks_k > 0,
+             "packed weight {} is not {}", tuple(packed.shape), layout)  # fmt: skip
+    return blocks_n * rows, blocks_k * cols
 
 
 def _skinny_gemm(

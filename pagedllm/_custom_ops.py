@@ -9,6 +9,8 @@ the torch definition in `_torch_ops`, which is also the reference the kernels ar
 against. Layers call these functions and never ask which path ran.
 """
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -187,11 +189,21 @@ def linear(
         if packed_weight is not None:
             return _prepacked_linear(x, packed_weight, bias)
         return F.linear(x, weight, bias)
+    gemm = _cpu_kernels.skinny_gemm_bf16 if bf16 else _cpu_kernels.skinny_gemm
+    return _on_rows(gemm, x, weight.contiguous(), bias)
+
+
+def _on_rows(
+    gemm: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """gemm(x as [M, K] rows, weight, bias), shaped back as x [..., N]."""
     k = x.shape[-1]
     x2 = (x if x.dim() == 2 else x.reshape(-1, k)).contiguous()
     bias = None if bias is None else bias.contiguous()
-    gemm = _cpu_kernels.skinny_gemm_bf16 if bf16 else _cpu_kernels.skinny_gemm
-    y = gemm(x2, weight.contiguous(), bias)
+    y = gemm(x2, weight, bias)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[1])
 
 
@@ -205,15 +217,11 @@ def _skinny_packed_linear(
 ) -> torch.Tensor:
     """skinny_gemm_bf16 on the packed weight up to SKINNY_PACKED_MAX_ROWS bf16 rows, else
     F.linear on the weight unpacked."""
-    k = x.shape[-1]
     if not cpu_kernels_apply(x, packed, bias, dtypes=(torch.bfloat16,)):
         return _torch_ops.linear_on_skinny_packed(x, packed, bias)
-    if x.numel() > SKINNY_PACKED_MAX_ROWS * k:
+    if x.numel() > SKINNY_PACKED_MAX_ROWS * x.shape[-1]:
         return F.linear(x, _cpu_kernels.skinny_unpack_bf16(packed), bias)
-    x2 = (x if x.dim() == 2 else x.reshape(-1, k)).contiguous()
-    bias = None if bias is None else bias.contiguous()
-    y = _cpu_kernels.skinny_gemm_bf16(x2, packed, bias)
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[1])
+    return _on_rows(_cpu_kernels.skinny_gemm_bf16, x, packed, bias)
 
 
 def _amx_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
