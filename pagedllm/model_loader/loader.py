@@ -10,11 +10,7 @@ from pagedllm.config import ModelConfig
 from pagedllm.layers.quantization import get_quantization_config
 from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.logger import init_logger
-from pagedllm.model_loader.weight_arena import (
-    ArenaPrefault,
-    move_weights_to_arena,
-    prefault_arena,
-)
+from pagedllm.model_loader.weight_arena import move_weights_to_arena
 from pagedllm.models.registry import ModelRegistry
 
 logger = init_logger(__name__)
@@ -83,8 +79,6 @@ def weight_bytes(model: nn.Module, buffers: bool = True) -> int:
 def get_model(model_config: ModelConfig, device: str | torch.device = "cpu") -> nn.Module:
     quant_config = get_quant_config(model_config)
     model = build_model(model_config, device, quant_config)
-    on_cpu = torch.device(device).type == "cpu"
-    prefault = prefault_arena(model) if on_cpu else None
     with torch.no_grad():
         model.load_weights(iterate_weights(model_config, quant_config))
         for module in model.modules():
@@ -92,15 +86,15 @@ def get_model(model_config: ModelConfig, device: str | torch.device = "cpu") -> 
             if method is not None:
                 method.process_weights_after_loading(module)
     model.eval()
-    if on_cpu:
-        _weights_in_huge_pages(model, prefault)
+    if torch.device(device).type == "cpu":
+        _weights_in_huge_pages(model)
     scheme = model_config.quantization or str(model_config.dtype).removeprefix("torch.")
     logger.info("weights: %.1f MB resident (%s)", weight_bytes(model) / 1e6, scheme)
     return model
 
 
-def _weights_in_huge_pages(model: nn.Module, prefault: ArenaPrefault | None) -> None:
-    moved = move_weights_to_arena(model, prefault=prefault)
+def _weights_in_huge_pages(model: nn.Module) -> None:
+    moved = move_weights_to_arena(model)
     if moved is None:
         logger.info("weights: in 4 KiB pages (the OS grants no transparent huge pages)")
         return

@@ -1,5 +1,5 @@
 """pagedllm/model_loader/loader.py: weight_bytes counts what the model holds; a CPU model's
-weights end in one map, the one faulted in while the checkpoint loaded."""
+weights end in one map."""
 
 import itertools
 
@@ -9,7 +9,7 @@ from torch import nn
 
 from pagedllm.config import ModelConfig
 from pagedllm.cpu_memory import huge_page_size
-from pagedllm.model_loader import loader, weight_arena
+from pagedllm.model_loader import weight_arena
 from pagedllm.model_loader.loader import get_model, weight_bytes
 
 
@@ -41,21 +41,3 @@ def test_cpu_model_weights_are_moved_into_one_map(tiny_model_path, monkeypatch) 
     tensors = dict(itertools.chain(model.named_parameters(), model.named_buffers()))
     for name, tensor in itertools.chain(reference.named_parameters(), reference.named_buffers()):
         torch.testing.assert_close(tensors[name], tensor, rtol=0, atol=0)
-
-
-@pytest.mark.skipif(huge_page_size() is None, reason="no transparent huge pages")
-def test_the_weights_land_in_the_map_faulted_in_during_the_load(
-    tiny_model_path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    made = []
-
-    def prefault(model: nn.Module) -> weight_arena.ArenaPrefault | None:
-        made.append(weight_arena.prefault_arena(model))
-        return made[-1]
-
-    monkeypatch.setattr(loader, "prefault_arena", prefault)
-    model = get_model(ModelConfig.create(tiny_model_path("llama-gqa4"), dtype="bfloat16"))
-    (memory,) = (p.memory for p in made)
-    inside = range(memory.data_ptr(), memory.data_ptr() + memory.numel())
-    strided = [p for p in model.parameters() if p.layout == torch.strided]  # not oneDNN's
-    assert strided and all(p.data_ptr() in inside for p in strided)

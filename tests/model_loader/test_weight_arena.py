@@ -5,8 +5,6 @@ before the move."""
 
 import copy
 import pathlib
-import resource
-import time
 import weakref
 
 import pytest
@@ -15,12 +13,7 @@ from torch import nn
 
 from pagedllm.cpu_memory import huge_page_size
 from pagedllm.model_loader import weight_arena
-from pagedllm.model_loader.weight_arena import (
-    ALIGNMENT,
-    ArenaPrefault,
-    move_weights_to_arena,
-    prefault_arena,
-)
+from pagedllm.model_loader.weight_arena import ALIGNMENT, move_weights_to_arena
 from tests.memory_maps import mapping_of
 
 PAGE = 2 << 20
@@ -141,52 +134,3 @@ def test_each_old_storage_is_freed_once_copied(thp, monkeypatch) -> None:
     move_weights_to_arena(model, budget_s=60.0)
     assert alive == [[True, True, True], [False, True, True], [False, False, True]]
     assert old[2]() is None
-
-
-def test_a_prefault_faults_its_pages_in_until_taken() -> None:
-    """The background thread writes a byte of every page (a page fault each, whether the OS
-    gives a huge page or a 4 KiB one); the map stays all zero; take() joins it."""
-    ArenaPrefault(PAGE, PAGE).take()  # a first thread's own start faults pages too
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    prefault = ArenaPrefault(64 * PAGE, PAGE)
-    prefault._thread.join()  # let it finish, to see every page faulted
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults >= 64
-    memory = prefault.take()
-    assert memory.numel() == 65 * PAGE and not prefault._thread.is_alive()
-    assert int(memory.count_nonzero()) == 0
-
-
-def test_take_stops_the_thread_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A take() while the thread runs: it stops after its current few pages (each step here
-    made slow), so a load faster than the faulting is never held up by it."""
-    real_zero = torch.Tensor.zero_
-    monkeypatch.setattr(torch.Tensor, "zero_", lambda t: time.sleep(0.05) or real_zero(t))
-    prefault = ArenaPrefault(400 * PAGE, PAGE)  # 50 steps of 8 pages: 2.5 s unstopped
-    began = time.perf_counter()
-    prefault.take()
-    assert time.perf_counter() - began < 0.5 and not prefault._thread.is_alive()
-
-
-def test_the_move_writes_into_the_prefaulted_map_when_it_fits(thp) -> None:
-    """prefault_arena sizes the map by the parameters as built; the move uses it (the weights
-    land inside it, the same values); a map too small for them is left for a new one."""
-    model = Mixed()
-    reference = copy.deepcopy(model)
-    prefault = prefault_arena(model)
-    memory = prefault.memory
-    arena, stats = move_weights_to_arena(model, budget_s=60.0, prefault=prefault)
-    inside = range(memory.data_ptr(), memory.data_ptr() + memory.numel())
-    assert arena.data_ptr() in inside and stats.moved_bytes == stats.total_bytes
-    for (name, tensor), (_, expected) in zip(
-        model.named_parameters(), reference.named_parameters(), strict=True
-    ):
-        torch.testing.assert_close(tensor, expected, rtol=0, atol=0, msg=name)
-    small = ArenaPrefault(1024, PAGE)  # a page and 1 KB: less than Mixed plus a page
-    arena, _ = move_weights_to_arena(Mixed(), budget_s=60.0, prefault=small)
-    small_range = range(small.memory.data_ptr(), small.memory.data_ptr() + small.memory.numel())
-    assert arena.data_ptr() not in small_range
-
-
-def test_no_prefault_without_huge_pages(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(weight_arena, "huge_page_size", lambda: None)
-    assert prefault_arena(Mixed()) is None
