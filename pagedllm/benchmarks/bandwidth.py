@@ -24,15 +24,19 @@ class ReadBandwidthProbe:
     them, as the weight arena puts a model's weights: in 4 KiB pages the same pass read
     10-15% slower on the Zen 4 VM, a bound below what the weights stream at. The VM's
     bandwidth also drifts by up to 2x from one minute to the next, so the latency benchmark
-    probes around every timed run rather than once."""
+    probes around every timed run rather than once. The tensor is made at the first call,
+    after the first backend has started: its huge pages, faulted in while an engine was
+    loading, made that start-up 0.5-1 s slower (the OS's huge-page faults grew costlier)."""
 
     def __init__(self, num_bytes: int = 512 * 1024**2, repeats: int = 10) -> None:
         if num_bytes < 4 or repeats < 1:
             raise ValueError(f"num_bytes {num_bytes} must be >= 4 and repeats {repeats} >= 1")
-        self.data = probe_tensor(num_bytes // 4)
-        self.repeats = repeats
+        self.num_bytes, self.repeats = num_bytes, repeats
+        self.data: torch.Tensor | None = None
 
     def __call__(self) -> float:
+        if self.data is None:
+            self.data = probe_tensor(self.num_bytes // 4)
         best = float("inf")
         for _ in range(self.repeats):
             start = time.perf_counter()

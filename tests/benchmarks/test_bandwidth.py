@@ -12,9 +12,13 @@ from pagedllm.cpu_memory import huge_page_size
 from tests.memory_maps import mapping_of
 
 
-def test_probe_measures_each_time_it_is_called() -> None:
+def test_probe_measures_each_time_it_is_called_over_one_tensor_made_at_the_first() -> None:
     probe = ReadBandwidthProbe(8 * 1024**2, repeats=2)
-    assert probe() > 0 and probe() > 0
+    assert probe.data is None  # nothing faulted in while a backend starts
+    assert probe() > 0
+    data = probe.data
+    assert data is not None and data.numel() * 4 == 8 * 1024**2
+    assert probe() > 0 and probe.data is data
 
 
 def test_probe_rejects_bad_sizes() -> None:
