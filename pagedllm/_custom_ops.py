@@ -156,7 +156,8 @@ def prepack_linear_weight(weight: torch.Tensor, onednn: bool = False) -> torch.T
         return _cpu_kernels.amx_pack_bf16(weight.detach().contiguous())
     if onednn and torch.backends.mkldnn.is_available() and native_bf16_matmul() is not None:
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
-    if onednn or not has_cpu_kernels() or _SKINNY_BUILD != "avx512_bf16" or n % 4 or k % 32:
+    whole_tiles = n % _cpu_kernels.SKINNY_PACK_ROWS == 0 and k % _cpu_kernels.SKINNY_PACK_K == 0
+    if onednn or not has_cpu_kernels() or _SKINNY_BUILD != "avx512_bf16" or not whole_tiles:
         return weight
     return _cpu_kernels.skinny_pack_bf16(weight.detach().contiguous())
 

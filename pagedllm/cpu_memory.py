@@ -33,3 +33,12 @@ def anonymous_map(nbytes: int, huge_pages: bool) -> torch.Tensor:
         with contextlib.suppress(OSError):  # EINVAL: a kernel built without huge pages
             region.madvise(option)
     return torch.frombuffer(region, dtype=torch.uint8)[:nbytes]
+
+
+def huge_page_map(nbytes: int, page: int) -> torch.Tensor:
+    """nbytes of an anonymous map that asks for huge pages of `page` bytes (huge_page_size()),
+    starting on a page boundary (the map is a page larger, so that its first page of nbytes
+    is whole), as a uint8 tensor."""
+    memory = anonymous_map(nbytes + page, huge_pages=True)
+    start = -memory.data_ptr() % page
+    return memory[start : start + nbytes]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pagedllm import cpu_memory
-from pagedllm.cpu_memory import anonymous_map, huge_page_size
+from pagedllm.cpu_memory import anonymous_map, huge_page_map, huge_page_size
 from tests.memory_maps import mapping_of
 
 needs_thp = pytest.mark.skipif(huge_page_size() is None, reason="no transparent huge pages")
@@ -48,3 +48,11 @@ def test_maps_ask_for_huge_pages_or_not(huge_pages, flag) -> None:
     memory = anonymous_map(4 << 20, huge_pages)
     permissions, flags = mapping_of(memory.data_ptr())
     assert permissions == "rw-p" and flag in flags
+
+
+def test_huge_page_map_starts_on_a_page_and_has_the_size_asked() -> None:
+    """Any page size (the advice is a request): the bytes start on a page boundary, zero."""
+    page = 2 << 20
+    memory = huge_page_map(3 * page + 5, page)
+    assert memory.dtype == torch.uint8 and memory.numel() == 3 * page + 5
+    assert memory.data_ptr() % page == 0 and memory.count_nonzero() == 0

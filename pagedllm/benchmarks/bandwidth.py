@@ -12,7 +12,7 @@ import time
 import torch
 
 from pagedllm.config import ModelConfig
-from pagedllm.cpu_memory import anonymous_map, huge_page_size
+from pagedllm.cpu_memory import huge_page_map, huge_page_size
 from pagedllm.model_loader.loader import build_model, weight_bytes
 
 
@@ -51,9 +51,7 @@ def probe_tensor(numel: int) -> torch.Tensor:
     page = huge_page_size()
     if page is None:
         return torch.ones(numel, dtype=torch.float32)
-    memory = anonymous_map(numel * 4 + page, huge_pages=True)
-    start = -memory.data_ptr() % page
-    return memory[start : start + numel * 4].view(torch.float32).fill_(1.0)
+    return huge_page_map(numel * 4, page).view(torch.float32).fill_(1.0)
 
 
 def model_weight_bytes(model_config: ModelConfig) -> int:

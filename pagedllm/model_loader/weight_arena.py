@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from pagedllm.cpu_memory import anonymous_map, huge_page_size
+from pagedllm.cpu_memory import huge_page_map, huge_page_size
 
 HUGE_PAGE_BUDGET_S = 0.4
 ALIGNMENT = 64  # bytes: a cache line, and oneDNN's and the AMX kernels' alignment
@@ -70,9 +70,7 @@ def move_weights_to_arena(
     for slot in slots:
         slot.offset = total
         total += -(-slot.storage.nbytes() // ALIGNMENT) * ALIGNMENT
-    memory = anonymous_map(total + page, huge_pages=True)
-    start = -memory.data_ptr() % page
-    arena, moved = memory[start : start + total], 0
+    arena, moved = huge_page_map(total, page), 0
     pending = deque(slots)  # a moved slot is dropped, and with it the old storage
     del slots
     began = time.perf_counter()
