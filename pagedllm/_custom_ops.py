@@ -27,7 +27,7 @@ avx512_bf16 build shares) was faster from 1 row (up to 2.5-4x, bandwidth bound) 
 1.3-2.9x from 1 to 32 rows (session 13); over the 120 decoder matrices (425 MB) 1.2x at 64,
 1.14x at 96-128, level at 160, 0.84x at 192-256 (session 19); the 64-prompt float32 job with
 the bound at 32 / 64 / 128 / 192 rows: 601 / 720 / 744 / 722 tok/s (medians of 3 interleaved
-rounds in one process, BENCHMARKS.md)."""
+rounds in one process; 1.05-1.24x from 32 to 128 rows over all runs, BENCHMARKS.md)."""
 
 
 SKINNY_GEMM_BF16_MAX_ROWS = 128 if _SKINNY_BUILD == "avx512_bf16" else 16
