@@ -18,7 +18,7 @@ setup(
                 "csrc/skinny_gemm_avx2.c",
                 "csrc/skinny_gemm_portable.c",
                 "csrc/amx_gemm.c",
-                "csrc/amx_prefill_attention.c",
+                "csrc/prefill_attention_bf16.c",
                 "csrc/paged_attention.c",
                 "csrc/paged_attention_avx512.c",
                 "csrc/paged_attention_avx2.c",

@@ -84,6 +84,9 @@ _GGUF_SIZES = {int(t): GGML_QUANT_SIZES[t] for t in GGUF_TYPES}  # (block_size, 
 _GGUF_ISAS: tuple[tuple[str, bool], ...] = _C.gguf_isas() if _C is not None else ()
 _ATTENTION_ISAS: tuple[tuple[str, bool], ...] = _C.paged_attention_isas() if _C is not None else ()
 _SKINNY_ISAS: tuple[tuple[str, bool], ...] = _C.skinny_gemm_isas() if _C is not None else ()
+_PREFILL_ISAS: tuple[tuple[str, bool], ...] = (
+    _C.prefill_attention_bf16_isas() if _C is not None else ()
+)
 
 
 def _supported(table: tuple[tuple[str, bool], ...]) -> tuple[str, ...]:
@@ -103,6 +106,12 @@ def skinny_gemm_isas() -> tuple[str, ...]:
 def paged_attention_isas() -> tuple[str, ...]:
     """The builds of paged_decode_attention this CPU runs, best first (empty without _C)."""
     return _supported(_ATTENTION_ISAS)
+
+
+def prefill_attention_isas() -> tuple[str, ...]:
+    """The builds of prefill_attention_bf16 this CPU runs, best first: "amx" (tiles),
+    "avx512_bf16" (vdpbf16ps); empty without either, or without _C."""
+    return _supported(_PREFILL_ISAS)
 
 
 def _isa_index(op: str, isa: str | None, table: tuple[tuple[str, bool], ...]) -> int:
@@ -261,19 +270,20 @@ def amx_gemm_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return _gemm(op, _BF16, x, packed, "packed weight", n, k, bias)
 
 
-def amx_prefill_attention(
+def prefill_attention_bf16(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_table: torch.Tensor,
     seq_len: int,
     scale: float,
+    isa: str | None = None,
 ) -> torch.Tensor:
     """query [n, H, D] bfloat16 at positions seq_len - n .. seq_len - 1 of one sequence;
     caches [num_blocks, block_size, KV, D] bfloat16; block_table [max_blocks] int32 ->
-    bfloat16 [n, H, D], causal. D % 32 == 0, D <= 256. RuntimeError where not
-    amx_available()."""
-    op = "amx_prefill_attention"
+    bfloat16 [n, H, D], causal. D % 32 == 0, D <= 256. isa: one of prefill_attention_isas(),
+    or None for the best; RuntimeError where there is none."""
+    op = "prefill_attention_bf16"
     _check(op, "query", query, 3, "[num_queries, num_heads, head_dim]", _BF16)
     _check(op, "k_cache", k_cache, 4, _CACHE, _BF16)
     _check(op, "v_cache", v_cache, k_cache.shape, _CACHE + " like k_cache", _BF16)
@@ -283,11 +293,12 @@ def amx_prefill_attention(
     _require(op, cache_d == d, "k_cache head_dim {} differs from query's {}", cache_d, d)
     _require(op, kv > 0 and h % kv == 0, "num_kv_heads {} must divide num_heads {}", kv, h)
     _require(op, d % 32 == 0 and 0 < d <= 256, "head_dim {} must be a multiple of 32 up to 256", d)
+    isa_index = _isa_index(op, isa, _PREFILL_ISAS)
     out = torch.empty_like(query)
     _launch(
-        _C.amx_prefill_attention, out.data_ptr(), query.data_ptr(), k_cache.data_ptr(),
+        _C.prefill_attention_bf16, out.data_ptr(), query.data_ptr(), k_cache.data_ptr(),
         v_cache.data_ptr(), block_table.data_ptr(), n, seq_len, h, kv, d, block_size,
-        block_table.shape[0], num_blocks, torch.get_num_threads(), scale,
+        block_table.shape[0], num_blocks, isa_index, torch.get_num_threads(), scale,
     )  # fmt: skip
     return out
 

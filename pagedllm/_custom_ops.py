@@ -363,22 +363,25 @@ def prefill_attention(
     """query [n, H, D] at positions seq_len - n .. seq_len - 1 of one sequence, whose keys
     and values are in the caches through block_table -> [n, H, D], causal.
 
-    bf16 on a CPU with AMX (head sizes multiples of 32 up to 256): pagedllm._C's tile kernel
-    (csrc/amx_prefill_attention.c), whose second product takes the softmax's weights in
-    bf16 as flash attention does; a row's result depends only on its own query and the
-    sequence's keys and values, whatever chunk it comes in. On the AMX development machine,
-    the default model's shapes (9 heads, 3 kv heads, D 64): 2.5-3x sdpa for chunks of up to
-    40 tokens, 1.5-1.9x for 100-512; in the 256-prompt offline job 5.2 s against sdpa's 14.9
-    (sdpa's path also gathers the keys and builds a mask for chunks after cached context).
+    bf16 on a CPU with AMX or AVX-512 BF16 (head sizes multiples of 32 up to 256): pagedllm._C's
+    kernel (csrc/prefill_attention_bf16.c: AMX tiles, else vdpbf16ps on the same layouts),
+    whose second product takes the softmax's weights in bf16 as flash attention does; a
+    row's result depends only on its own query and the sequence's keys and values, whatever
+    chunk it comes in. On the AMX development machine, the default model's shapes (9 heads,
+    3 kv heads, D 64): 2.5-3x sdpa for chunks of up to 40 tokens, 1.5-1.9x for 100-512; in
+    the 256-prompt offline job 5.2 s against sdpa's 14.9 (sdpa's path also gathers the keys
+    and builds a mask for chunks after cached context). On Zen 4 (AVX-512 BF16, no AMX; same
+    shapes, session 20): 2.6-3.4x sdpa for chunks of 16-512 tokens, 2.0-2.3x for 512 after
+    1024 cached, 1.9x at 2048; in the 64-prompt job 1.7-1.8 s against sdpa's 4.9-5.6.
     Elsewhere the torch definition (sdpa).
     """
     if (
         query.shape[-1] % 32 == 0
         and query.shape[-1] <= 256
         and cpu_kernels_apply(query, k_cache, v_cache, dtypes=(torch.bfloat16,))
-        and _cpu_kernels.amx_available()
+        and _cpu_kernels.prefill_attention_isas()
     ):
-        return _cpu_kernels.amx_prefill_attention(
+        return _cpu_kernels.prefill_attention_bf16(
             query.contiguous(),
             k_cache,
             v_cache,

@@ -93,7 +93,7 @@ def _prefill(**override: object) -> torch.Tensor:
         "seq_len": 5,
         "scale": 0.5,
     }
-    return _cpu_kernels.amx_prefill_attention(**{**args, **override})
+    return _cpu_kernels.prefill_attention_bf16(**{**args, **override})
 
 
 def _silu(**override: object) -> torch.Tensor:
@@ -301,13 +301,17 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
     "amx bias of other size": (lambda: _amx(bias=_bf16(8)), r"bias must .* = \[16\]"),
     "prefill query float32": (
         lambda: _prefill(query=torch.randn(3, HEADS, 32)),
-        "amx_prefill_attention: query must be a contiguous bfloat16",
+        "prefill_attention_bf16: query must be a contiguous bfloat16",
     ),
     "prefill head_dim not a multiple of 32": (
         lambda: _prefill(
             query=_bf16(3, HEADS, 8), k_cache=CACHE.bfloat16(), v_cache=CACHE.bfloat16()
         ),
         "head_dim 8 must be a multiple of 32 up to 256",
+    ),
+    "prefill isa of another kernel": (
+        lambda: _prefill(isa="avx2"),
+        r"prefill_attention_bf16: isa 'avx2' is not one of this CPU's",
     ),
     "prefill block_table 2-D": (
         lambda: _prefill(block_table=TABLES),
@@ -343,7 +347,9 @@ def test_the_valid_calls_above_run() -> None:
     assert _silu().shape == (3, 5)
     if _cpu_kernels.amx_available():
         assert _amx().shape == (2, 16)
-        assert _prefill().shape == (3, HEADS, 32)
+    if _cpu_kernels.prefill_attention_isas():
+        for isa in (None, *_cpu_kernels.prefill_attention_isas()):
+            assert _prefill(isa=isa).shape == (3, HEADS, 32)
     assert _silu(x=_bf16(3, 10)).dtype == torch.bfloat16
     assert _cpu_kernels.convert(_bf16(3, 10), torch.float32).dtype == torch.float32
     assert _cpu_kernels.argmax(torch.randn(2, 5)).dtype == torch.int64
@@ -423,9 +429,25 @@ def test_prefill_indices_are_checked_before_any_read(case: str) -> None:
 
 @pytest.mark.skipif(_cpu_kernels.amx_available(), reason="this CPU has AMX tiles")
 def test_amx_kernels_without_amx_are_a_runtime_error() -> None:
-    for call in (_amx, _prefill):
-        with pytest.raises(RuntimeError, match="no AMX bf16 tiles"):
-            call()
+    with pytest.raises(RuntimeError, match="no AMX bf16 tiles"):
+        _amx()
+
+
+@pytest.mark.skipif(
+    bool(_cpu_kernels.prefill_attention_isas()), reason="this CPU runs a prefill build"
+)
+def test_prefill_attention_without_a_build_is_a_runtime_error() -> None:
+    with pytest.raises(RuntimeError, match="neither AMX bf16 tiles nor AVX-512 BF16"):
+        _prefill()
+
+
+def test_prefill_builds_are_the_supported_ones_best_first() -> None:
+    """AMX tiles where amx_available(), AVX-512 BF16 where torch's probe finds it."""
+    runs = {
+        "amx": _cpu_kernels.amx_available(),
+        "avx512_bf16": torch.cpu._is_avx512_bf16_supported(),
+    }
+    assert _cpu_kernels.prefill_attention_isas() == tuple(name for name in runs if runs[name])
 
 
 def test_a_wrong_scalar_is_a_type_error() -> None:

@@ -383,19 +383,26 @@ def _prefill_case(
     return query, k_cache, v_cache, table
 
 
-@needs_amx
+PREFILL_BUILDS = _cpu_kernels.prefill_attention_isas() or [
+    pytest.param(None, marks=pytest.mark.skip(reason="this CPU has neither AMX nor AVX-512 BF16"))
+]
+
+
+@pytest.mark.parametrize("isa", PREFILL_BUILDS)
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_size", [(9, 3, 64), (4, 4, 32), (16, 2, 128)])
-@pytest.mark.parametrize("num_queries,seq_len", [(1, 1), (7, 7), (33, 33), (20, 45), (1, 70)])
-def test_amx_prefill_attention_is_the_causal_definition(
-    num_heads: int, num_kv_heads: int, head_size: int, num_queries: int, seq_len: int
+@pytest.mark.parametrize(
+    "num_queries,seq_len", [(1, 1), (7, 7), (33, 33), (20, 45), (1, 70), (40, 300)]
+)
+def test_prefill_attention_bf16_is_the_causal_definition(
+    isa: str, num_heads: int, num_kv_heads: int, head_size: int, num_queries: int, seq_len: int
 ) -> None:
     """Reference: the float64 torch definition (causal, bottom-right aligned after cached
     context) on the same bf16 values. The kernel rounds the softmax's weights to bf16 for
     its second product (relative error 2^-8 each) and its output to bf16: within 2^-7 of the
-    values' scale."""
+    values' scale. Each build the CPU runs."""
     query, k_cache, v_cache, table = _prefill_case(num_heads, num_kv_heads, head_size, seq_len)
     query = query[seq_len - num_queries :]
-    out = _custom_ops.prefill_attention(query, k_cache, v_cache, table, seq_len, 0.2)
+    out = _cpu_kernels.prefill_attention_bf16(query, k_cache, v_cache, table, seq_len, 0.2, isa)
     expected = _torch_ops.prefill_attention(
         query.double(), k_cache.double(), v_cache.double(), table, seq_len, 0.2
     )
@@ -404,36 +411,44 @@ def test_amx_prefill_attention_is_the_causal_definition(
     assert ((out.double() - expected).abs() <= 2.0**-7 * scale).all()
 
 
-@needs_amx
-def test_amx_prefill_rows_do_not_depend_on_their_chunk() -> None:
+@pytest.mark.parametrize("isa", PREFILL_BUILDS)
+def test_prefill_rows_do_not_depend_on_their_chunk(isa: str) -> None:
     """A 45-token prompt in one chunk, or as 16 + 29 (the second after cached context), or
     token by token: each position's output is the same bits (a row depends only on its own
     query and the sequence's keys and values)."""
     query, k_cache, v_cache, table = _prefill_case(9, 3, 64, 45)
-    whole = _custom_ops.prefill_attention(query, k_cache, v_cache, table, 45, 0.125)
-    chunks = torch.cat([
-        _custom_ops.prefill_attention(query[:16], k_cache, v_cache, table, 16, 0.125),
-        _custom_ops.prefill_attention(query[16:], k_cache, v_cache, table, 45, 0.125),
-    ])  # fmt: skip
-    assert torch.equal(chunks, whole)
+
+    def attend(rows: slice, seq_len: int) -> torch.Tensor:
+        q = query[rows]
+        return _cpu_kernels.prefill_attention_bf16(q, k_cache, v_cache, table, seq_len, 0.125, isa)
+
+    whole = attend(slice(0, 45), 45)
+    assert torch.equal(torch.cat([attend(slice(0, 16), 16), attend(slice(16, 45), 45)]), whole)
     for t in (0, 15, 16, 44):
-        row = _custom_ops.prefill_attention(query[t : t + 1], k_cache, v_cache, table, t + 1, 0.125)
-        assert torch.equal(row[0], whole[t])
+        assert torch.equal(attend(slice(t, t + 1), t + 1)[0], whole[t])
 
 
-def test_prefill_attention_elsewhere_is_the_torch_definition(
+def test_prefill_attention_takes_the_best_build_else_the_torch_definition(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """float32, or bf16 without AMX: _torch_ops' sdpa, bit for bit."""
+    """bf16 where a build runs: the best build's bits; float32, or bf16 without a build:
+    _torch_ops' sdpa, bit for bit."""
     query, k_cache, v_cache, table = _prefill_case(9, 3, 64, 20)
+    q = query[5:]
+    if _custom_ops.has_cpu_kernels() and _cpu_kernels.prefill_attention_isas():
+        best = _cpu_kernels.prefill_attention_isas()[0]
+        kernel = _cpu_kernels.prefill_attention_bf16(q, k_cache, v_cache, table, 20, 0.125, best)
+        assert torch.equal(
+            _custom_ops.prefill_attention(q, k_cache, v_cache, table, 20, 0.125), kernel
+        )
     cases = (
-        (query.float(), k_cache.float(), v_cache.float(), True),
-        (query, k_cache, v_cache, False),
+        (q.float(), k_cache.float(), v_cache.float(), ("avx512_bf16",)),
+        (q, k_cache, v_cache, ()),
     )
-    for q, k, v, amx in cases:
-        monkeypatch.setattr(_cpu_kernels, "amx_available", lambda amx=amx: amx)
-        out = _custom_ops.prefill_attention(q[5:], k, v, table, 20, 0.125)
-        assert torch.equal(out, _torch_ops.prefill_attention(q[5:], k, v, table, 20, 0.125))
+    for qc, k, v, builds in cases:
+        monkeypatch.setattr(_cpu_kernels, "prefill_attention_isas", lambda builds=builds: builds)
+        out = _custom_ops.prefill_attention(qc, k, v, table, 20, 0.125)
+        assert torch.equal(out, _torch_ops.prefill_attention(qc, k, v, table, 20, 0.125))
 
 
 def test_torch_paths_convert_between_the_cache_and_the_model_dtype() -> None:
