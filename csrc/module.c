@@ -252,6 +252,17 @@ static PyObject *py_skinny_gemm_isas(PyObject *self, PyObject *const *args, Py_s
   return isa_table(skinny_gemm_isa_count, skinny_gemm_isa_name, skinny_gemm_isa_supported);
 }
 
+static PyObject *py_skinny_gemm_reads_packed(PyObject *self, PyObject *const *args,
+                                             Py_ssize_t n) {
+  int64_t a[MAX_ARGS];
+  double f[MAX_ARGS];
+  if (parse("skinny_gemm_reads_packed", "i", args, n, a, f) < 0) return NULL;
+  if (check_isa("skinny_gemm_reads_packed", a[0], skinny_gemm_isa_count,
+                skinny_gemm_isa_supported) < 0)
+    return NULL;
+  return PyBool_FromLong(skinny_gemm_reads_packed((int)a[0]));
+}
+
 static PyObject *py_paged_attention_isas(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   return isa_table(paged_attention_isa_count, paged_attention_isa_name,
                    paged_attention_isa_supported);
@@ -283,6 +294,8 @@ static PyMethodDef methods[] = {
     METHOD(amx_pack_bf16, "amx_pack_bf16(packed_w, w, N, K), bfloat16"),
     METHOD(skinny_gemm, "skinny_gemm(x, w, b, y, M, N, K, isa, num_threads)"),
     METHOD(skinny_gemm_isas, "skinny_gemm_isas() -> ((name, supported), ...), best first"),
+    METHOD(skinny_gemm_reads_packed,
+           "skinny_gemm_reads_packed(isa) -> bool: whether that build reads packed weights"),
     METHOD(skinny_gemm_bf16,
            "skinny_gemm_bf16(x, w, b, y, M, N, K, packed, isa, num_threads), bf16"),
     METHOD(skinny_unpack_bf16, "skinny_unpack_bf16(w, packed_w, N, K, num_threads), bf16"),

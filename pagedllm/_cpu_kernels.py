@@ -103,6 +103,14 @@ def skinny_gemm_isas() -> tuple[str, ...]:
     return _supported(_SKINNY_ISAS)
 
 
+def skinny_gemm_reads_packed(isa: str | None = None) -> bool:
+    """Whether that build of skinny_gemm_bf16 (the best for None) reads skinny_pack_bf16's
+    tile order (False without _C)."""
+    if _C is None:
+        return False
+    return _C.skinny_gemm_reads_packed(_isa_index("skinny_gemm_reads_packed", isa, _SKINNY_ISAS))
+
+
 def paged_attention_isas() -> tuple[str, ...]:
     """The builds of paged_decode_attention this CPU runs, best first (empty without _C)."""
     return _supported(_ATTENTION_ISAS)
@@ -202,8 +210,9 @@ def skinny_gemm_bf16(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: str | None = None
 ) -> torch.Tensor:
     """skinny_gemm on bfloat16 tensors (float32 products and sums) -> bfloat16 [M, N]; weight
-    [N, K] or skinny_pack_bf16's [N / 4, K / 32, 4, 32] (read by the avx512_bf16 build only:
-    ValueError elsewhere; the same bits as the plain weight's). isa: as in skinny_gemm (the
+    [N, K] or skinny_pack_bf16's [N / 4, K / 32, 4, 32] (read by the builds that
+    skinny_gemm_reads_packed, the avx512_bf16 one: ValueError elsewhere; the same bits as the
+    plain weight's). isa: as in skinny_gemm (the
     same builds)."""
     op = "skinny_gemm_bf16"
     isa_index = _isa_index(op, isa, _SKINNY_ISAS)

@@ -128,7 +128,8 @@ def prepack_linear_weight(weight: torch.Tensor, onednn: bool = False) -> torch.T
     once at load: AMX tiles (`_cpu_kernels.amx_pack_bf16`, [N / 16, K / 32, 16, 32]) where
     the CPU has them and N % 16 == 0, K % 32 == 0; else, with `onednn` (the LM head), oneDNN's
     blocked layout on other CPUs with native bf16 matmuls (AVX-512 BF16); else, where
-    skinny_gemm_bf16's best build is avx512_bf16, its tiles' order
+    skinny_gemm_bf16's best build reads them (`_cpu_kernels.skinny_gemm_reads_packed`: the
+    avx512_bf16 build), its tiles' order
     (`_cpu_kernels.skinny_pack_bf16`, [N / 4, K / 32, 4, 32], N % 4 == 0, K % 32 == 0); else
     `weight` itself. linear() takes any of them.
 
@@ -160,7 +161,8 @@ def prepack_linear_weight(weight: torch.Tensor, onednn: bool = False) -> torch.T
     if onednn and torch.backends.mkldnn.is_available() and native_bf16_matmul() is not None:
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
     whole_tiles = n % _cpu_kernels.SKINNY_PACK_ROWS == 0 and k % _cpu_kernels.SKINNY_PACK_K == 0
-    if onednn or not has_cpu_kernels() or _SKINNY_BUILD != "avx512_bf16" or not whole_tiles:
+    reads_packed = has_cpu_kernels() and _cpu_kernels.skinny_gemm_reads_packed()
+    if onednn or not reads_packed or not whole_tiles:
         return weight
     return _cpu_kernels.skinny_pack_bf16(weight.detach().contiguous())
 

@@ -441,6 +441,17 @@ def test_prefill_attention_without_a_build_is_a_runtime_error() -> None:
         _prefill()
 
 
+def test_only_the_avx512_bf16_build_reads_packed_weights() -> None:
+    """skinny_gemm_reads_packed per build, and for the best (None); a build this CPU does
+    not run is a ValueError."""
+    isas = _cpu_kernels.skinny_gemm_isas()
+    for isa in isas:
+        assert _cpu_kernels.skinny_gemm_reads_packed(isa) == (isa == "avx512_bf16")
+    assert _cpu_kernels.skinny_gemm_reads_packed() == (isas[0] == "avx512_bf16")
+    with pytest.raises(ValueError, match="isa 'neon' is not one of this CPU's"):
+        _cpu_kernels.skinny_gemm_reads_packed("neon")
+
+
 def test_prefill_builds_are_the_supported_ones_best_first() -> None:
     """AMX tiles where amx_available(), AVX-512 BF16 where torch's probe finds it."""
     runs = {

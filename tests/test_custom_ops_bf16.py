@@ -299,7 +299,7 @@ def test_prepack_keeps_weights_it_cannot_pack(monkeypatch: pytest.MonkeyPatch) -
     assert _custom_ops.prepack_linear_weight(grad, onednn=True) is grad
     odd = torch.randn(22, 48).to(BF16)
     assert _custom_ops.prepack_linear_weight(odd) is odd
-    monkeypatch.setattr(_custom_ops, "_SKINNY_BUILD", "avx512")
+    monkeypatch.setattr(_cpu_kernels, "skinny_gemm_reads_packed", lambda: False)
     monkeypatch.setattr(_cpu_kernels, "amx_available", lambda: False)
     w = torch.randn(24, 32).to(BF16)
     assert _custom_ops.prepack_linear_weight(w) is w

@@ -39,14 +39,14 @@ AMX = _custom_ops.has_cpu_kernels() and _cpu_kernels.amx_available()
 
 def test_bf16_weights_and_cache_are_bf16_and_half_the_float32_bytes(bf16: LLM) -> None:
     """...and the decoder's matmul weights are packed into AMX tiles where the CPU has them,
-    else into skinny_gemm_bf16's tile order where its best build is avx512_bf16."""
+    else into skinny_gemm_bf16's tile order where its best build reads that."""
     runner = bf16.llm_engine.executor.runner
     assert {p.dtype for p in runner.model.parameters()} == {torch.bfloat16}
     assert runner.kv_cache.dtype == torch.bfloat16
     qkv = runner.model.model.layers[0].self_attn.qkv_proj.weight
     if AMX:
         assert qkv.shape == (960 // 16, 576 // 32, 16, 32)
-    elif _custom_ops._SKINNY_BUILD == "avx512_bf16":
+    elif _cpu_kernels.skinny_gemm_reads_packed():
         assert qkv.shape == (960 // 4, 576 // 32, 4, 32)
     else:
         assert qkv.shape == (960, 576)
