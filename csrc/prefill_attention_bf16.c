@@ -53,36 +53,84 @@ static inline const uint16_t *cache_row(const uint16_t *cache, const int32_t *bl
   return cache + (slot * KV + h) * D;
 }
 
+/* The rows of tokens t0 .. t0 + n - 1 of kv head h (NULL past L, where the tiles hold zeros). */
+static void token_rows(const uint16_t **rows, const uint16_t *cache, const int32_t *block_table,
+                       int64_t t0, int64_t n, int64_t L, int64_t h, int64_t KV, int64_t D,
+                       int64_t block_size) {
+  for (int64_t i = 0; i < n; i++)
+    rows[i] = t0 + i < L ? cache_row(cache, block_table, t0 + i, h, KV, D, block_size) : NULL;
+}
+
+/* A 16 x 16 matrix of 32-bit elements, one row a vector, transposed in place. */
+static inline void transpose16x16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; i++) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 4; j++) {
+      t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+    }
+  for (int j = 0; j < 8; j++) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);
+  }
+}
+
 /* keys of kv head h, tokens [0, L): [L16 / 16][D / 32] tiles, tile (tb, kb) row r = for
  * each of its 16 tokens the pair of elements 32 kb + 2r, + 1; tokens >= L are zero. So
- * token block tb's D / 2 rows (pairs 0 .. D / 2 - 1) lie one after another. */
+ * token block tb's D / 2 rows (pairs 0 .. D / 2 - 1) lie one after another. Each tile is
+ * the 16 tokens' 16 pairs (one vector a token), transposed. */
 static void pack_keys(uint16_t *packed, const uint16_t *cache, const int32_t *block_table,
                       int64_t L, int64_t L16, int64_t h, int64_t KV, int64_t D,
                       int64_t block_size) {
-  uint32_t *out = (uint32_t *)packed; /* pairs of bf16 */
-  for (int64_t tb = 0; tb < L16 / 16; tb++)
-    for (int64_t i = 0; i < 16; i++) {
-      const int64_t t = tb * 16 + i;
-      const uint32_t *row =
-          t < L ? (const uint32_t *)cache_row(cache, block_table, t, h, KV, D, block_size) : NULL;
-      for (int64_t p = 0; p < D / 2; p++) /* pair p sits in tile kb = p / 16, row p % 16 */
-        out[((tb * (D / 32) + p / 16) * 16 + p % 16) * 16 + i] = row ? row[p] : 0;
+  const uint16_t *rows[16];
+  for (int64_t tb = 0; tb < L16 / 16; tb++) {
+    token_rows(rows, cache, block_table, tb * 16, 16, L, h, KV, D, block_size);
+    for (int64_t kb = 0; kb < D / 32; kb++) {
+      __m512i r[16];
+      for (int i = 0; i < 16; i++)
+        r[i] = rows[i] ? _mm512_loadu_si512(rows[i] + 32 * kb) : _mm512_setzero_si512();
+      transpose16x16(r);
+      uint16_t *tile = packed + (tb * (D / 32) + kb) * 512;
+      for (int i = 0; i < 16; i++) _mm512_storeu_si512(tile + 32 * i, r[i]);
     }
+  }
 }
 
 /* values of kv head h, tokens [0, L): [L32 / 32][D / 16] tiles, tile (tb, db) row r = for
- * each of its 16 columns the values of tokens 32 tb + 2r and + 1; tokens >= L are zero. */
+ * each of its 16 columns the values of tokens 32 tb + 2r and + 1; tokens >= L are zero.
+ * A row is the two tokens' 16 values interleaved. */
 static void pack_values(uint16_t *packed, const uint16_t *cache, const int32_t *block_table,
                         int64_t L, int64_t L32, int64_t h, int64_t KV, int64_t D,
                         int64_t block_size) {
-  for (int64_t tb = 0; tb < L32 / 32; tb++)
-    for (int64_t i = 0; i < 32; i++) {
-      const int64_t t = tb * 32 + i;
-      const uint16_t *row = t < L ? cache_row(cache, block_table, t, h, KV, D, block_size) : NULL;
-      for (int64_t d = 0; d < D; d++)
-        packed[((tb * (D / 16) + d / 16) * 16 + i / 2) * 32 + (d % 16) * 2 + i % 2] =
-            row ? row[d] : 0;
-    }
+  static const uint16_t interleave[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,
+                                          37, 6, 38, 7, 39, 8,  40, 9,  41, 10, 42,
+                                          11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i order = _mm512_loadu_si512(interleave);
+  const uint16_t *rows[32];
+  for (int64_t tb = 0; tb < L32 / 32; tb++) {
+    token_rows(rows, cache, block_table, tb * 32, 32, L, h, KV, D, block_size);
+    for (int64_t r = 0; r < 16; r++)
+      for (int64_t db = 0; db < D / 16; db++) {
+        const uint16_t *a = rows[2 * r], *b = rows[2 * r + 1];
+        const __m256i va = a ? _mm256_loadu_si256((const void *)(a + 16 * db))
+                             : _mm256_setzero_si256();
+        const __m256i vb = b ? _mm256_loadu_si256((const void *)(b + 16 * db))
+                             : _mm256_setzero_si256();
+        const __m512i pairs = _mm512_permutex2var_epi16(_mm512_castsi256_si512(va), order,
+                                                         _mm512_castsi256_si512(vb));
+        _mm512_storeu_si512(packed + ((tb * (D / 16) + db) * 16 + r) * 32, pairs);
+      }
+  }
 }
 
 /* A tile row (64 bytes: 32 bf16) as a vector. */
