@@ -371,14 +371,14 @@ def test_paged_decode_attention_on_a_bf16_cache(
 
 
 def _prefill_case(
-    num_heads: int, num_kv_heads: int, head_size: int, seq_len: int
+    num_heads: int, num_kv_heads: int, head_size: int, seq_len: int, block_size: int = 16
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(queries for all seq_len positions, k_cache, v_cache, block_table) on scattered
-    blocks of 16, bf16."""
-    num_blocks = 64
-    shape = (num_blocks, 16, num_kv_heads, head_size)
+    blocks of block_size, bf16."""
+    num_blocks = 64 * 16 // block_size
+    shape = (num_blocks, block_size, num_kv_heads, head_size)
     k_cache, v_cache = torch.randn(shape).to(BF16), torch.randn(shape).to(BF16)
-    table = torch.randperm(num_blocks)[: -(-seq_len // 16) + 1].to(torch.int32)
+    table = torch.randperm(num_blocks)[: -(-seq_len // block_size) + 1].to(torch.int32)
     query = torch.randn(seq_len, num_heads, head_size).to(BF16)
     return query, k_cache, v_cache, table
 
@@ -400,7 +400,28 @@ def test_prefill_attention_bf16_is_the_causal_definition(
     context) on the same bf16 values. The kernel rounds the softmax's weights to bf16 for
     its second product (relative error 2^-8 each) and its output to bf16: within 2^-7 of the
     values' scale. Each build the CPU runs."""
-    query, k_cache, v_cache, table = _prefill_case(num_heads, num_kv_heads, head_size, seq_len)
+    _check_prefill(isa, num_heads, num_kv_heads, head_size, num_queries, seq_len, 16)
+
+
+@pytest.mark.parametrize("isa", PREFILL_BUILDS)
+@pytest.mark.parametrize("block_size", [1, 8, 32])
+def test_prefill_attention_bf16_reads_blocks_of_any_size(isa: str, block_size: int) -> None:
+    """The tiles' 16 and 32 tokens span several blocks, or part of one."""
+    _check_prefill(isa, 9, 3, 64, 50, 150, block_size)
+
+
+def _check_prefill(
+    isa: str,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    num_queries: int,
+    seq_len: int,
+    block_size: int,
+) -> None:
+    query, k_cache, v_cache, table = _prefill_case(
+        num_heads, num_kv_heads, head_size, seq_len, block_size
+    )
     query = query[seq_len - num_queries :]
     out = _cpu_kernels.prefill_attention_bf16(query, k_cache, v_cache, table, seq_len, 0.2, isa)
     expected = _torch_ops.prefill_attention(
