@@ -447,7 +447,7 @@ def test_only_the_avx512_bf16_build_reads_packed_weights() -> None:
     isas = _cpu_kernels.skinny_gemm_isas()
     for isa in isas:
         assert _cpu_kernels.skinny_gemm_reads_packed(isa) == (isa == "avx512_bf16")
-    assert _cpu_kernels.skinny_gemm_reads_packed() == (isas[0] == "avx512_bf16")
+    assert _cpu_kernels.skinny_gemm_reads_packed() == (isas[:1] == ("avx512_bf16",))
     with pytest.raises(ValueError, match="isa 'neon' is not one of this CPU's"):
         _cpu_kernels.skinny_gemm_reads_packed("neon")
 
