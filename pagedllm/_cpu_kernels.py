@@ -212,8 +212,7 @@ def skinny_gemm_bf16(
     """skinny_gemm on bfloat16 tensors (float32 products and sums) -> bfloat16 [M, N]; weight
     [N, K] or skinny_pack_bf16's [N / 4, K / 32, 4, 32] (read by the builds that
     skinny_gemm_reads_packed, the avx512_bf16 one: ValueError elsewhere; the same bits as the
-    plain weight's). isa: as in skinny_gemm (the
-    same builds)."""
+    plain weight's). isa: as in skinny_gemm (the same builds)."""
     op = "skinny_gemm_bf16"
     isa_index = _isa_index(op, isa, _SKINNY_ISAS)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
