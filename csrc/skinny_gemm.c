@@ -10,7 +10,9 @@
  * (pagedllm/_custom_ops.py's SKINNY_GEMM_MAX_ROWS says up to how many rows, per build). The
  * kernel (skinny_gemm_kernel.h) is built once per instruction set at its register width and
  * tile shape, and once more for AVX-512 BF16, whose dot products multiply bf16 x and weights
- * as they are; this file picks the best the CPU has, or the one the caller names.
+ * as they are; this file picks the best the CPU has, or the one the caller names. The AVX2
+ * build multiplies more than 16 float32 rows as outer products on transposed panels of the
+ * weights (skinny_gemm_panel.h), ahead of MKL up to ~1,000 rows there.
  */
 #include <string.h>
 

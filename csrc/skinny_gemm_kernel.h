@@ -12,7 +12,9 @@
  * vecn.h's loadn_as); x is float32 either way (bfloat16 x is widened once first), the
  * products and sums float32, a bfloat16 y rounded as torch rounds. The avx512_bf16 build
  * (SKINNY_DPBF16) multiplies bf16 x and weights as they are, by dot products
- * (skinny_gemm_dpbf16.h), where K is a multiple of DP_STEP.
+ * (skinny_gemm_dpbf16.h), where K is a multiple of DP_STEP. Builds that define SKINNY_PANEL
+ * (AVX2) multiply more than PANEL_MIN_ROWS float32 rows on transposed panels instead
+ * (skinny_gemm_panel.h).
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -137,6 +139,10 @@ INLINE void weight_rows(const void *x, const void *w, const void *b, void *y, in
   }
 }
 
+#ifdef SKINNY_PANEL
+#include "skinny_gemm_panel.h"
+#endif
+
 /* The weight type is chosen inside the loop: OpenMP outlines the loop's body before inlining,
  * so a bf16 passed into it would not be a constant there. */
 static void run(const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N,
@@ -169,6 +175,12 @@ int ISA(skinny_gemm_run)(const void *x, const void *w, const void *b, void *y, i
 #endif
   if (packed) return -2;
   if (!bf16) {
+#ifdef SKINNY_PANEL
+    if (M > PANEL_MIN_ROWS && K % VEC_LANES == 0) {
+      panel_run(x, w, b, y, M, N, K, num_threads);
+      return 0;
+    }
+#endif
     run(x, w, b, y, M, N, K, 0, 0, 0, num_threads);
     return 0;
   }

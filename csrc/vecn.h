@@ -50,6 +50,10 @@ INLINE void storen(float *p, vecn v) { memcpy(p, &v, sizeof v); }
 
 INLINE vecn splatn(float a) { return (vecn){0} + a; }
 
+/* *p in every lane, read straight into the vector (splatn's `0 + a` would cost an add). */
+#define LANE_VALUE(j, a) (a)
+INLINE vecn broadcastn(const float *p) { return (vecn){EACH_LANE(LANE_VALUE, *p)}; }
+
 /* A bfloat16 is the top half of a float32's bits: widening one is exact (a shift); narrowing
  * rounds to nearest even and gives torch's quiet NaN 0x7fc0 for any NaN, as c10::BFloat16
  * does, so a kernel's bf16 output equals torch's rounding of the same float32 value
@@ -169,6 +173,30 @@ INLINE vecn transpose_sumn(const vecn v[VEC_LANES]) {
   PAIR_STEP(1)
 #undef PAIR_STEP
   return a[0];
+}
+
+/* v[i][j] <-> v[j][i]: a VEC_LANES x VEC_LANES transpose in log2(VEC_LANES) rounds; round s
+ * swaps the off-diagonal s x s blocks of every 2s x 2s block with one pair of shuffles per
+ * two rows. */
+#define TRANSPOSE_LO(j, s) (((j) & (s)) ? (j) - (s) + VEC_LANES : (j))
+#define TRANSPOSE_HI(j, s) (((j) & (s)) ? (j) + VEC_LANES : (j) + (s))
+INLINE void transposen(vecn v[VEC_LANES]) {
+#define TRANSPOSE_ROUND(s)                                             \
+  for (int i = 0; i < VEC_LANES; i++) {                                \
+    if (i & (s)) continue;                                             \
+    const vecn lo = SHUFFLE(v[i], v[i | (s)], EACH_LANE(TRANSPOSE_LO, s)); \
+    v[i | (s)] = SHUFFLE(v[i], v[i | (s)], EACH_LANE(TRANSPOSE_HI, s));    \
+    v[i] = lo;                                                         \
+  }
+  TRANSPOSE_ROUND(1)
+  TRANSPOSE_ROUND(2)
+#if VEC_LANES >= 8
+  TRANSPOSE_ROUND(4)
+#endif
+#if VEC_LANES == 16
+  TRANSPOSE_ROUND(8)
+#endif
+#undef TRANSPOSE_ROUND
 }
 
 /* e^x with relative error < 1e-7 for x in [-87, 88]; inputs outside are clamped to it (no

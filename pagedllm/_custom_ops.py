@@ -19,15 +19,16 @@ from pagedllm.cpu_features import native_bf16_matmul
 
 _SKINNY_BUILD = next(iter(_cpu_kernels.skinny_gemm_isas()), "")
 
-SKINNY_GEMM_MAX_ROWS = {"avx512_bf16": 256, "avx512": 256, "avx2": 128}.get(_SKINNY_BUILD, 4)
+SKINNY_GEMM_MAX_ROWS = {"avx512_bf16": 256, "avx512": 256, "avx2": 512}.get(_SKINNY_BUILD, 4)
 """Up to this many rows of x, linear() uses pagedllm._C's skinny_gemm, by the build the CPU
 runs. Against MKL on the default model's shapes, the AVX-512 build (whose float32 kernel the
 avx512_bf16 build shares) was faster from 1 row (up to 2.5-4x, bandwidth bound) to 256 rows
 (1.1-2x) and lost from ~512. The AVX2 build (4 x 2 tiles; on Zen 4 against MKL held to AVX2):
 1.3-2.9x from 1 to 32 rows (session 13); over the 120 decoder matrices (425 MB) 1.2x at 64,
-1.14x at 96-128, level at 160, 0.84x at 192-256 (session 19); the 64-prompt float32 job with
-the bound at 32 / 64 / 128 / 192 rows: 601 / 720 / 744 / 722 tok/s (medians of 3 interleaved
-rounds in one process; 1.05-1.24x from 32 to 128 rows over all runs, BENCHMARKS.md)."""
+1.14x at 96-128, level at 160, 0.84x at 192-256 (session 19). Past 16 rows it now multiplies
+transposed panels as outer products (csrc/skinny_gemm_panel.h): on a real AVX2-only Zen 3,
+over those matrices through this function, 1.6x F.linear at 64 rows, 1.44x at 128, 1.2x at
+256, 1.09x at 512, level at 1,024 and 0.92x at 2,048 (session 21): 512 there."""
 
 
 SKINNY_GEMM_BF16_MAX_ROWS = 128 if _SKINNY_BUILD == "avx512_bf16" else 16

@@ -40,6 +40,47 @@ def test_linear_matches_f_linear(
     torch.testing.assert_close(_custom_ops.linear(x, w, b), expected.float(), rtol=1e-5, atol=5e-5)
 
 
+@pytest.mark.parametrize("num_rows", [17, 23, 130])
+@pytest.mark.parametrize("out_features", [16, 37, 48])
+@pytest.mark.parametrize("in_features", [8, 100, 576, 1032])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_skinny_gemm_past_16_rows_matches_f_linear(
+    num_rows: int, out_features: int, in_features: int, with_bias: bool, skinny_gemm_isa: str
+) -> None:
+    """Past PANEL_MIN_ROWS (16) rows the AVX2 build multiplies whole panels of 16 weight rows
+    as outer products over a transposed copy, in chunks of up to 512 values of K (1032: three
+    of 344), and the rest of the columns (37: 5) as dot-product tiles, as does any K that is
+    not a multiple of 8 (100); the other builds keep their tiles. Reference: F.linear in
+    float64, up to float32 rounding."""
+    w = torch.randn(out_features, in_features)
+    b = torch.randn(out_features) if with_bias else None
+    x = torch.randn(num_rows, in_features)
+    expected = F.linear(x.double(), w.double(), None if b is None else b.double())
+    got = _cpu_kernels.skinny_gemm(x, w, b, isa=skinny_gemm_isa)
+    torch.testing.assert_close(got, expected.float(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("in_features", [100, 576, 1032])
+def test_skinny_gemm_rows_do_not_depend_on_their_batch(
+    in_features: int, skinny_gemm_isa: str
+) -> None:
+    """A row's result is the same bits in every batch of 1-16 rows, and in every batch of 17
+    or more (the AVX2 build's panels sum each output in one FMA chain over K, whatever the
+    rows beside it or the chunks of K), so decode steps within each range are
+    batch-invariant."""
+    w, b = torch.randn(53, in_features), torch.randn(53)
+    x = torch.randn(200, in_features)
+
+    def gemm(rows: int) -> torch.Tensor:
+        return _cpu_kernels.skinny_gemm(x[:rows], w, b, isa=skinny_gemm_isa)
+
+    few, many = gemm(16), gemm(200)
+    for rows in (1, 3, 4, 5, 8, 13):
+        assert torch.equal(gemm(rows), few[:rows])
+    for rows in (17, 18, 23, 64, 131):
+        assert torch.equal(gemm(rows), many[:rows])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [1, 2, 5])
 def test_rms_norm_reads_per_head_rows_of_a_qkv_slice_in_place(

@@ -82,15 +82,16 @@ size). Where float32's top two are closer than this, greedy may take either."""
 def test_bf16_greedy_tokens_follow_float32(bf16: LLM) -> None:
     """The first 32 greedy tokens of 8 chat prompts, bf16 vs float32. Issue #14 asks for 6
     of 8 identical; where they differ, the first difference must be at a float32 near-tie
-    (bf16 took float32's runner-up, less than NEAR_TIE_NATS behind), the criterion of vLLM's
-    `check_logprobs_close` with a bound on the gap; before it, the chosen tokens' logprobs
-    agree within bf16's error. Measured: 6 of 8 identical on AMX, where every bf16 kernel's
-    rows are independent of the batch and the figure is the same each run (the issue's
-    target, asserted there); 4-7 of 8 across runs elsewhere; the rest diverging where
-    float32's own top-2 gap is 0.003-0.22 nats (float32 with bf16-rounded weights already
-    flips one of them); see BENCHMARKS.md."""
+    (bf16 took one of float32's top 5, less than NEAR_TIE_NATS behind: its runner-up, or
+    where bf16's own top two tie exactly, its third, as on an AVX2-only Zen 3 at 0.14 nats),
+    vLLM's `check_logprobs_close` criterion with a bound on the gap; before it, the chosen
+    tokens' logprobs agree within bf16's error. Measured: 6 of 8 identical on AMX, where
+    every bf16 kernel's rows are independent of the batch and the figure is the same each
+    run (the issue's target, asserted there); 4-7 of 8 across runs elsewhere; the rest
+    diverging where float32's own top-2 gap is 0.003-0.22 nats (float32 with bf16-rounded
+    weights already flips one of them); see BENCHMARKS.md."""
     with LLM(dtype="float32", **ENGINE) as fp32:
-        reference = _answers(fp32, logprobs=2)
+        reference = _answers(fp32, logprobs=5)
     answers = _answers(bf16, logprobs=2)
     same, gaps, errors = 0, [], []
     for answer, ref in zip(answers, reference, strict=True):
@@ -105,12 +106,12 @@ def test_bf16_greedy_tokens_follow_float32(bf16: LLM) -> None:
             same += 1
             continue
         top = ref.logprobs[i]
-        assert tokens[i] in top, f"bf16 token {tokens[i]} at {i} is not in float32's top 2"
+        assert tokens[i] in top, f"bf16 token {tokens[i]} at {i} is not in float32's top 5"
         gaps.append(round(top[ref.token_ids[i]].logprob - top[tokens[i]].logprob, 3))
     errors.sort()
     median, p90 = errors[len(errors) // 2], errors[len(errors) * 9 // 10]
     print(
-        f"bf16 == float32 on {same} of 8 prompts; the others at float32 top-2 gaps {gaps}; "
+        f"bf16 == float32 on {same} of 8 prompts; the others at float32 logprob gaps {gaps}; "
         f"logprob error on {len(errors)} common tokens: median {median:.4f}, p90 {p90:.4f}, "
         f"max {errors[-1]:.4f}"
     )

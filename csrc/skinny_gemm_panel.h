@@ -1,0 +1,103 @@
+/* skinny_gemm's float32 tiles for more than PANEL_MIN_ROWS rows of x, as outer products on a
+ * transposed panel of weights: included by skinny_gemm_kernel.h in the builds that define
+ * SKINNY_PANEL (the AVX2 build, where the dot-product tiles plateau at ~115 GFLOP/s on 2 Zen
+ * 3 cores from 32 rows, below MKL's ~170 for large matmuls).
+ *
+ * A panel is PANEL weight rows (two vectors' worth), copied PANEL_K values of K at a time into
+ * a stack buffer transposed (buf[k][j] = w[n0 + j][k], in L1), which every tile of up to
+ * PANEL_ROWS x rows then reads as outer products: for each k, the two weight vectors at k
+ * times the broadcast x[i][k] into 2 x PANEL_ROWS accumulators, the standard GEMM micro
+ * kernel (12 FMAs per 2 loads and 6 broadcasts, 15 of AVX2's 16 registers). Each output is
+ * one FMA chain over k in order, carried through y between chunks of K (exact), so its bits
+ * do not depend on the rows around it or the chunking: batches of more than PANEL_MIN_ROWS
+ * rows are batch-invariant among themselves. Fewer rows keep the dot-product tiles, which
+ * stream weights faster where there is little arithmetic per weight (the panel's copy costs
+ * 0.65x at 1 row).
+ */
+
+#define PANEL (2 * VEC_LANES)
+#define PANEL_ROWS 6
+#define PANEL_K 512
+#define PANEL_MIN_ROWS 16
+
+/* buf[k * PANEL + j] = w[j * K + k] for j < PANEL, k < kc (a multiple of VEC_LANES): the
+ * panel's rows w (K apart), VEC_LANES x VEC_LANES blocks at a time. */
+INLINE void pack_panel(float *buf, const float *w, int64_t K, int64_t kc) {
+  for (int h = 0; h < 2; h++)
+    for (int64_t k = 0; k < kc; k += VEC_LANES) {
+      vecn block[VEC_LANES];
+      for (int i = 0; i < VEC_LANES; i++) {
+        const float *row = w + (h * VEC_LANES + i) * K + k;
+        __builtin_prefetch((const char *)row + 1024);
+        block[i] = loadn(row);
+      }
+      transposen(block);
+      for (int i = 0; i < VEC_LANES; i++) storen(buf + (k + i) * PANEL + h * VEC_LANES, block[i]);
+    }
+}
+
+/* y[i][0 .. PANEL) for the rows (a constant at each call) x rows at x (K apart), over the kc
+ * values of K in buf: starting from 0 (first) or from y's partial sums, adding b at the end
+ * of K (last, b not NULL). */
+INLINE void panel_tile(const float *x, const float *buf, const float *b, float *y, const int rows,
+                       int64_t K, int64_t N, int64_t kc, int first, int last) {
+  vecn acc[PANEL_ROWS][2];
+  for (int i = 0; i < rows; i++)
+    for (int h = 0; h < 2; h++) acc[i][h] = first ? splatn(0) : loadn(y + i * N + h * VEC_LANES);
+  for (int64_t k = 0; k < kc; k++) {
+    const vecn w0 = loadn(buf + k * PANEL), w1 = loadn(buf + k * PANEL + VEC_LANES);
+    for (int i = 0; i < rows; i++) {
+      const vecn xi = broadcastn(x + i * K + k);
+      acc[i][0] += xi * w0;
+      acc[i][1] += xi * w1;
+    }
+  }
+  for (int i = 0; i < rows; i++)
+    for (int h = 0; h < 2; h++) {
+      if (last && b) acc[i][h] += loadn(b + h * VEC_LANES);
+      storen(y + i * N + h * VEC_LANES, acc[i][h]);
+    }
+}
+
+/* y[:, n0 .. n0 + PANEL) for all M rows of x (K % VEC_LANES == 0). */
+static void panel_rows(const float *x, const float *w, const float *b, float *y, int64_t M,
+                       int64_t N, int64_t K, int64_t n0) {
+  float buf[PANEL_K * PANEL] __attribute__((aligned(64)));
+  const float *bias = b ? b + n0 : NULL;
+  const int64_t chunks = (K + PANEL_K - 1) / PANEL_K; /* of about equal size */
+  const int64_t step = ((K + chunks - 1) / chunks + VEC_LANES - 1) / VEC_LANES * VEC_LANES;
+  for (int64_t k0 = 0; k0 < K; k0 += step) {
+    const int64_t kc = K - k0 < step ? K - k0 : step;
+    const int first = k0 == 0, last = k0 + kc == K;
+    pack_panel(buf, w + n0 * K + k0, K, kc);
+    for (int64_t m = 0; m < M; m += PANEL_ROWS) {
+      const float *xm = x + m * K + k0;
+      float *ym = y + m * N + n0;
+      switch (M - m < PANEL_ROWS ? M - m : PANEL_ROWS) {
+        case 1: panel_tile(xm, buf, bias, ym, 1, K, N, kc, first, last); break;
+        case 2: panel_tile(xm, buf, bias, ym, 2, K, N, kc, first, last); break;
+        case 3: panel_tile(xm, buf, bias, ym, 3, K, N, kc, first, last); break;
+        case 4: panel_tile(xm, buf, bias, ym, 4, K, N, kc, first, last); break;
+        case 5: panel_tile(xm, buf, bias, ym, 5, K, N, kc, first, last); break;
+        default: panel_tile(xm, buf, bias, ym, PANEL_ROWS, K, N, kc, first, last);
+      }
+    }
+  }
+}
+
+/* skinny_gemm on float32 by panels (K % VEC_LANES == 0); weight rows past the last whole
+ * panel go to the dot-product tiles. */
+static void panel_run(const float *x, const float *w, const float *b, float *y, int64_t M,
+                      int64_t N, int64_t K, int num_threads) {
+  const int64_t panels = N / PANEL, n_tail = panels * PANEL;
+  const int64_t tiles = panels + (N - n_tail + TILE_COLS - 1) / TILE_COLS;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t t = 0; t < tiles; t++) {
+    if (t < panels) {
+      panel_rows(x, w, b, y, M, N, K, PANEL * t);
+    } else {
+      const int64_t n0 = n_tail + TILE_COLS * (t - panels);
+      weight_rows(x, w, b, y, M, N, K, n0, N - n0 < TILE_COLS ? N - n0 : TILE_COLS, 0, 0, 0);
+    }
+  }
+}
