@@ -28,7 +28,7 @@ INLINE void pack_panel(float *buf, const float *w, int64_t K, int64_t kc) {
       vecn block[VEC_LANES];
       for (int i = 0; i < VEC_LANES; i++) {
         const float *row = w + (h * VEC_LANES + i) * K + k;
-        __builtin_prefetch((const char *)row + 1024);
+        prefetch_ahead(row, VEC_LANES * sizeof(float));
         block[i] = loadn(row);
       }
       transposen(block);

@@ -218,12 +218,11 @@ def skinny_gemm_bf16(
     if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
         return _skinny_gemm(op, _BF16, x, weight, bias, 0, isa_index)
     n, k = _packed_size(op, "weight", weight, _SKINNY_TILE, _SKINNY_PACKED)
-    build = isa if isa is not None else skinny_gemm_isas()[0]
     _require(
         op,
-        skinny_gemm_reads_packed(build),
+        _C.skinny_gemm_reads_packed(isa_index),
         "build {!r} does not read packed weights (only the avx512_bf16 build does)",
-        build,
+        isa or skinny_gemm_isas()[0],
     )
     return _gemm(op, _BF16, x, weight, "packed weight", n, k, bias, 1, isa_index)
 
