@@ -5,17 +5,22 @@
  * reference (attention_backends/torch_sdpa.py) gathers all keys into a [B, max_seq_len]
  * copy first, which dominated large decode steps. Keys and values are read as whole token
  * rows [KV, D], in order, a vector's width of tokens at a time (16 on AVX-512) for all heads
- * of a task.
+ * of a task, in three passes as vLLM's CPU paged attention: every head's scores over the
+ * keys, their softmax, then the values weighted by it. An online softmax (one pass over keys
+ * and values, the output rescaled chunk by chunk) spent more on each chunk's horizontal max,
+ * exponentials and rescaling than on its rows, and on AVX2 the 3 heads' 24 running output
+ * vectors did not fit the 16 registers: the three passes are 1.15-1.4x faster on Zen 3 from
+ * 1 to 256 sequences, float32 or bf16 cache (BENCHMARKS.md, session 22).
  *
  * Head sizes that are multiples of 32 (all common ones; 16 on AVX2) take the grouped path:
- * the query heads of one kv head (up to HEAD_GROUP at a time) share each key and value row, widened
+ * the query heads of one kv head (up to HEAD_GROUP at a time) share each key row, widened
  * once, and the next chunk's rows are prefetched a token at a time rather than in one burst
  * (whose prefetches stalled on the line fill buffers). On the default model's shapes (9
- * heads, 3 kv heads, D 64, bf16 cache, 32 sequences of 400 tokens) that is 1.65x the
- * per-head path (0.97 vs 1.6 ms per layer). Other head sizes keep the per-head path.
+ * heads, 3 kv heads, D 64, bf16 cache, 32 sequences of 400 tokens) that was 1.65x the
+ * per-head path (0.97 vs 1.6 ms per layer). Other head sizes score a head at a time.
  *
  * A sequence longer than PARTITION_TOKENS is attended in partitions, each a task with its own
- * running softmax, merged at the end (vLLM's paged attention v2): at batch 1 the default
+ * softmax, merged at the end (vLLM's paged attention v2): at batch 1 the default
  * model's 3 kv heads were 3 tasks for 2 threads, one thread idle a third of the time.
  *
  * The kernel (paged_attention_kernel.h) is built once per instruction set at its register

@@ -13,22 +13,32 @@
 #define WIDEN_ELEMENTS (2 * VEC_LANES) /* cache elements one KV_WIDEN2N reads */
 #define HEAD_GROUP 4 /* query heads of one kv head that share each widened key and value row */
 
-/* A head's running softmax over the chunks seen so far: max score and sum of e^(s - max). */
+/* A head's softmax over its tokens (or one partition's): max score and sum of e^(s - max). */
 typedef struct {
   float max, sum;
-} RunningSoftmax;
+} SoftmaxState;
 
-/* Folds one chunk's scores (lanes >= n: -FLT_MAX) into state: probs[i] = e^(scores[i] - max)
- * for the new running max; returns the factor that rescales what was summed before. */
-INLINE float softmax_update(vecn scores, int64_t n, RunningSoftmax *state, float *probs) {
-  const float chunk_max = hmaxn(scores);
-  const float max = chunk_max > state->max ? chunk_max : state->max;
-  const float correction = expn(splatn(state->max - max))[0];
-  const vecn p = selectn(lanes_below_n(n), expn(scores - max), splatn(0.0f));
-  storen(probs, p);
-  state->sum = state->sum * correction + hsumn(p);
-  state->max = max;
-  return correction;
+/* probs[t] = e^(scores[t] - max) in place over the L scores (padded to whole vectors with
+ * -FLT_MAX, which add nothing); returns the max and the sum. */
+INLINE SoftmaxState softmax_scores(float *scores, int64_t L) {
+  vecn max = splatn(-__FLT_MAX__), sum = splatn(0.0f);
+  for (int64_t t = 0; t < L; t += VEC_LANES) max = maxn(max, loadn(scores + t));
+  const float m = hmaxn(max);
+  for (int64_t t = 0; t < L; t += VEC_LANES) {
+    const int64_t n = L - t < VEC_LANES ? L - t : VEC_LANES;
+    const vecn p = selectn(lanes_below_n(n), expn(loadn(scores + t) - m), splatn(0.0f));
+    storen(scores + t, p);
+    sum += p;
+  }
+  return (SoftmaxState){m, hsumn(sum)};
+}
+
+/* scores (VEC_LANES of them) = scale * q . k_i for the chunk's n <= VEC_LANES key rows;
+ * lanes >= n are -FLT_MAX. partial[i]: a vector whose lanes sum to q . k_i. */
+INLINE void chunk_scores(float *scores, vecn partial[VEC_LANES], int64_t n, float scale) {
+  for (int64_t i = n; i < VEC_LANES; i++) partial[i] = splatn(0.0f);
+  storen(scores, selectn(lanes_below_n(n), transpose_sumn(partial) * scale,
+                         splatn(-__FLT_MAX__)));
 }
 
 /* A sequence longer than this is attended in tasks of this many tokens (a multiple of every
@@ -36,6 +46,11 @@ INLINE float softmax_update(vecn scores, int64_t n, RunningSoftmax *state, float
  * threads (as vLLM's paged attention v2). A sequence's split depends on its length alone, so
  * its result does not depend on the batch around it or on the thread count. */
 #define PARTITION_TOKENS 512
+
+/* The scratch floats a task of `heads` query heads needs: their queries, outputs and scores. */
+INLINE int64_t attend_scratch_floats(int64_t heads, int64_t D) {
+  return heads * (2 * D + PARTITION_TOKENS);
+}
 
 INLINE int64_t partitions(int64_t seq_len) {
   return (seq_len + PARTITION_TOKENS - 1) / PARTITION_TOKENS;
@@ -49,7 +64,7 @@ INLINE int64_t partitions(int64_t seq_len) {
 typedef struct {
   int64_t *first_task, *first_slot;
   float *partial_out;
-  RunningSoftmax *partial_state;
+  SoftmaxState *partial_state;
 } Partitions;
 
 static void free_partitions(Partitions *p) {
@@ -76,7 +91,7 @@ static int plan_partitions(Partitions *p, const paged_attention_args *a, int64_t
   const int64_t slots = p->first_slot[a->B];
   if (slots == 0) return 0;
   p->partial_out = malloc((size_t)(slots * a->H * a->D) * sizeof(float));
-  p->partial_state = malloc((size_t)(slots * a->H) * sizeof(RunningSoftmax));
+  p->partial_state = malloc((size_t)(slots * a->H) * sizeof(SoftmaxState));
   if (p->partial_out == NULL || p->partial_state == NULL) {
     free_partitions(p);
     return -1;
@@ -100,7 +115,7 @@ INLINE int64_t task_sequence(const int64_t *first_task, int64_t B, int64_t task)
 /* The factor that finishes a head's output: 1 / its softmax sum; or, where the task is one
  * partition of a longer sequence (saved: its slot's states), 1, the output left unnormalized
  * and the state kept in saved[h] for merge_head. */
-INLINE float finish_head(const RunningSoftmax *state, RunningSoftmax *saved, int64_t h) {
+INLINE float finish_head(const SoftmaxState *state, SoftmaxState *saved, int64_t h) {
   if (saved == NULL) return 1.0f / state->sum;
   saved[h] = *state;
   return 1.0f;
@@ -109,14 +124,14 @@ INLINE float finish_head(const RunningSoftmax *state, RunningSoftmax *saved, int
 /* out [D] of one head from its sequence's parts: unnormalized outputs part_out (out_stride
  * apart) and their softmax states part_state (state_stride apart), each rescaled to the
  * largest max, summed, and divided by the rescaled sums' total. */
-INLINE void merge_head(float *out, const float *part_out, const RunningSoftmax *part_state,
+INLINE void merge_head(float *out, const float *part_out, const SoftmaxState *part_state,
                        int64_t parts, int64_t out_stride, int64_t state_stride, int64_t D) {
   float max = -__FLT_MAX__, sum = 0.0f;
   for (int64_t p = 0; p < parts; p++)
     if (part_state[p * state_stride].max > max) max = part_state[p * state_stride].max;
   for (int64_t d = 0; d < D; d++) out[d] = 0.0f;
   for (int64_t p = 0; p < parts; p++) {
-    const RunningSoftmax *s = &part_state[p * state_stride];
+    const SoftmaxState *s = &part_state[p * state_stride];
     const float rescale = expn(splatn(s->max - max))[0];
     sum += s->sum * rescale;
     for (int64_t d = 0; d < D; d++) out[d] += rescale * part_out[p * out_stride + d];

@@ -46,16 +46,6 @@ INLINE void KV_NAME(prefetch_row)(const KV_T *row, int64_t n, int into_l1) {
   }
 }
 
-/* Asks for elements [offset, offset + span) of the rows of tokens t0 .. t0 + n - 1 ahead of
- * use: each block is a separate stretch of memory that the hardware prefetcher would only
- * find after a few misses. */
-INLINE void KV_NAME(prefetch_rows)(const KV_NAME(PagedRows) *r, int64_t t0, int64_t n,
-                                   int64_t offset, int64_t span, int into_l1) {
-  const KV_T *rows[VEC_LANES];
-  KV_NAME(token_rows)(r, t0, n, rows);
-  for (int64_t i = 0; i < n; i++) KV_NAME(prefetch_row)(rows[i] + offset, span, into_l1);
-}
-
 /* The work of one task: query heads [h0, h1) of one sequence, which read kv heads h / G, the
  * elements [row_offset, row_offset + row_span) of each key and value row (a task of one kv
  * head prefetches only its third of the default model's rows: 1.3-1.9x faster at 1-2
@@ -69,46 +59,62 @@ typedef struct {
   int64_t num_tokens, h0, h1, G, D, row_offset, row_span;
   float scale;
   int prefetch_l1;
-  RunningSoftmax *saved;
+  SoftmaxState *saved;
 } KV_NAME(HeadRange);
 
-/* Scores of one chunk, scale * q . k_i for the n <= VEC_LANES key rows; lanes >= n are
- * -FLT_MAX. */
-INLINE vecn KV_NAME(score_chunk)(const float *q, const KV_T *const *rows, int64_t n,
-                                 int64_t kv_offset, float scale, const int64_t D) {
-  vecn partial[VEC_LANES] = {0};
-  for (int64_t i = 0; i < n; i++) partial[i] = KV_NAME(dot_lanes)(q, rows[i] + kv_offset, D);
-  return selectn(lanes_below_n(n), transpose_sumn(partial) * scale, splatn(-__FLT_MAX__));
+/* Rows of a chunk and of the one after it, [chunk % 2][token]: a chunk's pass prefetches the
+ * next chunk's rows a row at a time as it reads its own. */
+typedef const KV_T *KV_NAME(ChunkRows)[2][VEC_LANES];
+
+/* The rows of the chunk at t0 into rows[t0 / VEC_LANES % 2] (read as the next chunk's, but for
+ * the first), and the next chunk's into the other half; returns how many it has. */
+INLINE int64_t KV_NAME(chunk_rows)(const KV_NAME(PagedRows) *r, int64_t t0, int64_t L,
+                                   KV_NAME(ChunkRows) rows) {
+  const int64_t left = L - t0 - VEC_LANES, chunk = t0 / VEC_LANES % 2;
+  const int64_t next_n = left < 0 ? 0 : left < VEC_LANES ? left : VEC_LANES;
+  if (t0 == 0) KV_NAME(token_rows)(r, 0, L < VEC_LANES ? L : VEC_LANES, rows[0]);
+  if (next_n > 0) KV_NAME(token_rows)(r, t0 + VEC_LANES, next_n, rows[chunk ^ 1]);
+  return next_n;
 }
 
-/* out = out * correction + sum_i p[i] v_i over n value rows. */
-INLINE void KV_NAME(accumulate_values)(const float *p, const KV_T *const *rows, int64_t n,
-                              int64_t kv_offset, float correction, float *out,
-                              const int64_t D) {
+/* The prefetches of the next chunk's row i, if it has one. */
+INLINE void KV_NAME(prefetch_next)(const KV_NAME(HeadRange) *w, const KV_T *const *next,
+                                   int64_t next_n, int64_t i) {
+  if (i < next_n) KV_NAME(prefetch_row)(next[i] + w->row_offset, w->row_span, w->prefetch_l1);
+}
+
+/* Scores of one chunk of n key rows for head h (any D): scores[0, VEC_LANES). */
+INLINE void KV_NAME(score_head)(const KV_NAME(HeadRange) *w, int64_t h, const KV_T *const *keys,
+                                int64_t n, float *scores, const KV_T *const *next,
+                                int64_t next_n, const int64_t D) {
+  vecn partial[VEC_LANES];
+  for (int64_t i = 0; i < n; i++) {
+    KV_NAME(prefetch_next)(w, next, next_n, i);
+    partial[i] = KV_NAME(dot_lanes)(w->q + h * D, keys[i] + h / w->G * D, D);
+  }
+  chunk_scores(scores, partial, n, w->scale);
+}
+
+/* out [D] += sum_i p[i] v_i over n value rows from kv_offset (any D). */
+INLINE void KV_NAME(accumulate_head)(const KV_NAME(HeadRange) *w, const float *p,
+                                     const KV_T *const *rows, int64_t n, int64_t kv_offset,
+                                     float *out, const KV_T *const *next, int64_t next_n,
+                                     const int64_t D) {
   if (D % VEC_LANES != 0 || D > MAX_HEAD_SIZE) {
-    for (int64_t d = 0; d < D; d++) out[d] *= correction;
-    for (int64_t i = 0; i < n; i++)
+    for (int64_t i = 0; i < n; i++) {
+      KV_NAME(prefetch_next)(w, next, next_n, i);
       for (int64_t d = 0; d < D; d++) out[d] += p[i] * KV_LOAD1(rows[i] + kv_offset + d);
+    }
     return;
   }
   vecn acc[VEC_MAX];
-  for (int64_t j = 0; j < D / VEC_LANES; j++) acc[j] = loadn(out + VEC_LANES * j) * correction;
-  for (int64_t i = 0; i < n; i++)
+  for (int64_t j = 0; j < D / VEC_LANES; j++) acc[j] = loadn(out + VEC_LANES * j);
+  for (int64_t i = 0; i < n; i++) {
+    KV_NAME(prefetch_next)(w, next, next_n, i);
     for (int64_t j = 0; j < D / VEC_LANES; j++)
       acc[j] += p[i] * KV_LOADN(rows[i] + kv_offset + VEC_LANES * j);
+  }
   for (int64_t j = 0; j < D / VEC_LANES; j++) storen(out + VEC_LANES * j, acc[j]);
-}
-
-/* One chunk of n key and value rows for head h: the online softmax update (running max,
- * rescaled sum and output), so keys and values are read in one pass. */
-INLINE void KV_NAME(attend_chunk)(const KV_NAME(HeadRange) *w, int64_t h, const KV_T *const *keys,
-                         const KV_T *const *values, int64_t n, RunningSoftmax *state,
-                         const int64_t D) {
-  const int64_t kv_offset = h / w->G * D;
-  vecn scores = KV_NAME(score_chunk)(w->q + h * D, keys, n, kv_offset, w->scale, D);
-  float probs[VEC_LANES];
-  const float correction = softmax_update(scores, n, state, probs);
-  KV_NAME(accumulate_values)(probs, values, n, kv_offset, correction, w->out + h * D, D);
 }
 
 /* The element of a row (D % WIDEN_ELEMENTS == 0) that lane position e of its widened vectors
@@ -124,25 +130,20 @@ INLINE void KV_NAME(widen_row)(const KV_T *row, vecn *out, const int64_t D) {
     KV_WIDEN2N(row + WIDEN_ELEMENTS * j, out[2 * j], out[2 * j + 1]);
 }
 
-/* One chunk of n rows for the gn query heads [h, h + gn) of kv head kvh (gn <= HEAD_GROUP, a
- * constant at each call): each key and value row is widened once for all of them. qp: their
- * queries, acc: their outputs so far, [gn, D] each in KV_ELEMENT_OF order; state: theirs. A
- * head's arithmetic does not depend on gn or on the other heads, so the split of heads into
- * tasks and groups never changes its result. */
-INLINE void KV_NAME(attend_group)(const KV_NAME(HeadRange) *w, int64_t kvh, const int gn,
-                                  const float *qp, float *acc, const KV_T *const *keys,
-                                  const KV_T *const *values, int64_t n, RunningSoftmax *state,
-                                  const KV_T *const *next_keys, const KV_T *const *next_values,
-                                  int64_t next_n, const int64_t D) {
-  const int64_t off = kvh * D;
+/* Scores of one chunk of n key rows for the gn query heads [h, h + gn) of kv head kvh (gn <=
+ * HEAD_GROUP, a constant at each call; D % WIDEN_ELEMENTS == 0): each key row is widened once
+ * for all of them. qp: their queries, [gn, D] in KV_ELEMENT_OF order; scores: theirs,
+ * VEC_LANES each, score_stride apart. A head's arithmetic does not depend on gn or on the
+ * other heads, so the split of heads into tasks and groups never changes its result. */
+INLINE void KV_NAME(score_group)(const KV_NAME(HeadRange) *w, int64_t kvh, const int gn,
+                                 const float *qp, const KV_T *const *keys, int64_t n,
+                                 float *scores, int64_t score_stride, const KV_T *const *next,
+                                 int64_t next_n, const int64_t D) {
   vecn partial[HEAD_GROUP][VEC_LANES];
-  for (int64_t i = 0; i < n; i++) { /* next_n > 0 only when this chunk is full */
-    if (i < next_n) {
-      KV_NAME(prefetch_row)(next_keys[i] + w->row_offset, w->row_span, w->prefetch_l1);
-      KV_NAME(prefetch_row)(next_values[i] + w->row_offset, w->row_span, w->prefetch_l1);
-    }
+  for (int64_t i = 0; i < n; i++) {
+    KV_NAME(prefetch_next)(w, next, next_n, i);
     vecn k[VEC_MAX];
-    KV_NAME(widen_row)(keys[i] + off, k, D);
+    KV_NAME(widen_row)(keys[i] + kvh * D, k, D);
     for (int g = 0; g < gn; g++) {
       const float *q = qp + g * D;
       vecn a = k[0] * loadn(q), b = k[1] * loadn(q + VEC_LANES);
@@ -153,126 +154,106 @@ INLINE void KV_NAME(attend_group)(const KV_NAME(HeadRange) *w, int64_t kvh, cons
       partial[g][i] = a + b;
     }
   }
-  for (int64_t i = n; i < VEC_LANES; i++) /* a last chunk's missing rows add nothing */
-    for (int g = 0; g < gn; g++) partial[g][i] = splatn(0.0f);
-  float probs[HEAD_GROUP][VEC_LANES];
-  vecn out[HEAD_GROUP][VEC_MAX];
-  for (int g = 0; g < gn; g++) {
-    const vecn scores = selectn(lanes_below_n(n), transpose_sumn(partial[g]) * w->scale,
-                                  splatn(-__FLT_MAX__));
-    const float correction = softmax_update(scores, n, &state[g], probs[g]);
-    for (int64_t j = 0; j < D / VEC_LANES; j++)
-      out[g][j] = loadn(acc + g * D + VEC_LANES * j) * correction;
-  }
-  for (int64_t i = 0; i < n; i++) {
-    vecn v[VEC_MAX];
-    KV_NAME(widen_row)(values[i] + off, v, D);
-    for (int g = 0; g < gn; g++) {
-      const vecn p = splatn(probs[g][i]);
-      for (int64_t j = 0; j < D / VEC_LANES; j++) out[g][j] += p * v[j];
-    }
-  }
-  for (int g = 0; g < gn; g++)
-    for (int64_t j = 0; j < D / VEC_LANES; j++) storen(acc + g * D + VEC_LANES * j, out[g][j]);
+  for (int g = 0; g < gn; g++) chunk_scores(scores + g * score_stride, partial[g], n, w->scale);
 }
 
-/* attend_group with gn as a constant. */
-INLINE void KV_NAME(attend_group_any)(const KV_NAME(HeadRange) *w, int64_t kvh, int gn,
-                                      const float *qp, float *acc, const KV_T *const *keys,
-                                      const KV_T *const *values, int64_t n,
-                                      RunningSoftmax *state, const KV_T *const *next_keys,
-                                      const KV_T *const *next_values, int64_t next_n,
-                                      const int64_t D) {
-#define CASE(c)                                                                              \
-  case c:                                                                                    \
-    KV_NAME(attend_group)(w, kvh, c, qp, acc, keys, values, n, state, next_keys, next_values, \
-                          next_n, D);                                                        \
+/* score_group with gn as a constant. */
+INLINE void KV_NAME(score_group_any)(const KV_NAME(HeadRange) *w, int64_t kvh, int gn,
+                                     const float *qp, const KV_T *const *keys, int64_t n,
+                                     float *scores, int64_t score_stride,
+                                     const KV_T *const *next, int64_t next_n, const int64_t D) {
+#define CASE(c)                                                                          \
+  case c:                                                                                \
+    KV_NAME(score_group)(w, kvh, c, qp, keys, n, scores, score_stride, next, next_n, D); \
     return;
   switch (gn) { CASE(1) CASE(2) CASE(3) default: CASE(HEAD_GROUP) }
 #undef CASE
 }
 
-/* attend_heads for D % WIDEN_ELEMENTS == 0 (and D <= MAX_HEAD_SIZE): the heads of each kv
- * head in groups of up to HEAD_GROUP. scratch: 2 * (h1 - h0) * D floats. */
-INLINE void KV_NAME(attend_grouped)(const KV_NAME(HeadRange) *w, RunningSoftmax *state,
-                                    float *scratch, const int64_t D) {
-  const int64_t L = w->num_tokens, heads = w->h1 - w->h0;
-  float *qp = scratch, *acc = scratch + heads * D;
-  for (int64_t h = 0; h < heads; h++) {
-    state[h] = (RunningSoftmax){-__FLT_MAX__, 0.0f};
-    for (int64_t e = 0; e < D; e++)
-      qp[h * D + e] = w->q[(w->h0 + h) * D + KV_NAME(lane_element)(e)];
-  }
-  memset(acc, 0, (size_t)(heads * D) * sizeof(float));
-  const KV_T *rows[2][2][VEC_LANES]; /* [chunk % 2][keys, values][token] */
-  if (L > 0) {
-    KV_NAME(token_rows)(&w->keys, 0, L < VEC_LANES ? L : VEC_LANES, rows[0][0]);
-    KV_NAME(token_rows)(&w->values, 0, L < VEC_LANES ? L : VEC_LANES, rows[0][1]);
-  }
-  for (int64_t t0 = 0; t0 < L; t0 += VEC_LANES) {
-    const int64_t chunk = t0 / VEC_LANES % 2, left = L - t0 - VEC_LANES;
-    const KV_T *const *keys = rows[chunk][0], *const *values = rows[chunk][1];
-    const KV_T **next_keys = rows[chunk ^ 1][0], **next_values = rows[chunk ^ 1][1];
-    const int64_t n = L - t0 < VEC_LANES ? L - t0 : VEC_LANES;
-    const int64_t next_n = left < 0 ? 0 : left < VEC_LANES ? left : VEC_LANES;
-    if (next_n > 0) { /* prefetched a row at a time by the first group */
-      KV_NAME(token_rows)(&w->keys, t0 + VEC_LANES, next_n, next_keys);
-      KV_NAME(token_rows)(&w->values, t0 + VEC_LANES, next_n, next_values);
+/* acc [D] (KV_ELEMENT_OF order; D % WIDEN_ELEMENTS == 0) += sum_i p[i] v_i over the chunk's
+ * n value rows from kv_offset. */
+INLINE void KV_NAME(accumulate_widened)(const KV_NAME(HeadRange) *w, const float *p,
+                                        const KV_T *const *rows, int64_t n, int64_t kv_offset,
+                                        float *acc, const KV_T *const *next, int64_t next_n,
+                                        const int64_t D) {
+  vecn out[VEC_MAX];
+  for (int64_t j = 0; j < D / VEC_LANES; j++) out[j] = loadn(acc + VEC_LANES * j);
+  for (int64_t i = 0; i < n; i++) {
+    KV_NAME(prefetch_next)(w, next, next_n, i);
+    const vecn pi = broadcastn(&p[i]);
+    for (int64_t j = 0; j < D / WIDEN_ELEMENTS; j++) {
+      vecn lo, hi;
+      KV_WIDEN2N(rows[i] + kv_offset + WIDEN_ELEMENTS * j, lo, hi);
+      out[2 * j] += pi * lo;
+      out[2 * j + 1] += pi * hi;
     }
+  }
+  for (int64_t j = 0; j < D / VEC_LANES; j++) storen(acc + VEC_LANES * j, out[j]);
+}
+
+/* The task's heads in three passes, as vLLM's CPU decode attention: every head's scores over
+ * the keys, their softmax, then the values weighted by it (the output is scaled once, not
+ * rescaled per chunk as by an online softmax: 1.2-1.4x faster on Zen 3). `widened` (a
+ * constant: D % WIDEN_ELEMENTS == 0 and D <= MAX_HEAD_SIZE) reads each key row once for up
+ * to HEAD_GROUP query heads of its kv head and keeps rows in registers, in KV_ELEMENT_OF
+ * order. scratch: attend_scratch_floats(h1 - h0, D) floats; state: [h1 - h0]. */
+INLINE void KV_NAME(attend_heads)(const KV_NAME(HeadRange) *w, SoftmaxState *state,
+                                  float *scratch, const int64_t D, const int widened) {
+  const int64_t L = w->num_tokens, heads = w->h1 - w->h0, stride = PARTITION_TOKENS;
+  float *qp = scratch, *acc = qp + heads * D, *scores = acc + heads * D;
+  for (int64_t h = 0; h < heads; h++)
+    for (int64_t e = 0; e < D; e++)
+      qp[h * D + e] = w->q[(w->h0 + h) * D + (widened ? KV_NAME(lane_element)(e) : e)];
+  memset(acc, 0, (size_t)(heads * D) * sizeof(float));
+  KV_NAME(ChunkRows) rows;
+  for (int64_t t0 = 0; t0 < L; t0 += VEC_LANES) {
+    const int64_t next_n = KV_NAME(chunk_rows)(&w->keys, t0, L, rows);
+    const int64_t n = L - t0 < VEC_LANES ? L - t0 : VEC_LANES, chunk = t0 / VEC_LANES % 2;
     for (int64_t h = w->h0; h < w->h1;) {
-      const int64_t kvh = h / w->G, left = (kvh + 1) * w->G - h;
-      const int gn = left < HEAD_GROUP ? (int)left : HEAD_GROUP;
-      const int64_t i = h - w->h0;
-      KV_NAME(attend_group_any)(w, kvh, gn, qp + i * D, acc + i * D, keys, values, n,
-                                state + i, next_keys, next_values, h == w->h0 ? next_n : 0, D);
+      const int64_t kvh = h / w->G, i = h - w->h0, first = h == w->h0 ? next_n : 0;
+      const int64_t left = (kvh + 1) * w->G - h, gn = left < HEAD_GROUP ? left : HEAD_GROUP;
+      if (!widened) {
+        KV_NAME(score_head)(w, h++, rows[chunk], n, scores + i * stride + t0, rows[chunk ^ 1],
+                            first, D);
+        continue;
+      }
+      KV_NAME(score_group_any)(w, kvh, (int)gn, qp + i * D, rows[chunk], n,
+                               scores + i * stride + t0, stride, rows[chunk ^ 1], first, D);
       h += gn;
+    }
+  }
+  for (int64_t h = 0; h < heads; h++) state[h] = softmax_scores(scores + h * stride, L);
+  for (int64_t t0 = 0; t0 < L; t0 += VEC_LANES) {
+    const int64_t next_n = KV_NAME(chunk_rows)(&w->values, t0, L, rows);
+    const int64_t n = L - t0 < VEC_LANES ? L - t0 : VEC_LANES, chunk = t0 / VEC_LANES % 2;
+    for (int64_t h = 0; h < heads; h++) {
+      const int64_t off = (w->h0 + h) / w->G * D, first = h == 0 ? next_n : 0;
+      const float *p = scores + h * stride + t0;
+      if (widened)
+        KV_NAME(accumulate_widened)(w, p, rows[chunk], n, off, acc + h * D, rows[chunk ^ 1],
+                                    first, D);
+      else
+        KV_NAME(accumulate_head)(w, p, rows[chunk], n, off, acc + h * D, rows[chunk ^ 1],
+                                 first, D);
     }
   }
   for (int64_t h = 0; h < heads; h++) {
     const float inv = finish_head(&state[h], w->saved, w->h0 + h);
     for (int64_t e = 0; e < D; e++)
-      w->out[(w->h0 + h) * D + KV_NAME(lane_element)(e)] = acc[h * D + e] * inv;
+      w->out[(w->h0 + h) * D + (widened ? KV_NAME(lane_element)(e) : e)] = acc[h * D + e] * inv;
   }
 }
 
-/* D is a parameter so that the common head sizes, passed as constants, get loops the
- * compiler unrolls. state: [h1 - h0] scratch. */
-INLINE void KV_NAME(attend_heads)(const KV_NAME(HeadRange) *w, RunningSoftmax *state,
-                                  const int64_t D) {
-  const int64_t L = w->num_tokens, heads = w->h1 - w->h0;
-  for (int64_t h = 0; h < heads; h++) state[h] = (RunningSoftmax){-__FLT_MAX__, 0.0f};
-  memset(w->out + w->h0 * D, 0, (size_t)(heads * D) * sizeof(float));
-  for (int64_t t0 = 0; t0 < L; t0 += VEC_LANES) {
-    int64_t n = L - t0 < VEC_LANES ? L - t0 : VEC_LANES;
-    const KV_T *keys[VEC_LANES], *values[VEC_LANES];
-    KV_NAME(token_rows)(&w->keys, t0, n, keys);
-    KV_NAME(token_rows)(&w->values, t0, n, values);
-    if (t0 + VEC_LANES < L) {
-      int64_t next = L - t0 - VEC_LANES < VEC_LANES ? L - t0 - VEC_LANES : VEC_LANES;
-      KV_NAME(prefetch_rows)(&w->keys, t0 + VEC_LANES, next, w->row_offset, w->row_span,
-                             w->prefetch_l1);
-      KV_NAME(prefetch_rows)(&w->values, t0 + VEC_LANES, next, w->row_offset, w->row_span,
-                             w->prefetch_l1);
-    }
-    for (int64_t h = w->h0; h < w->h1; h++)
-      KV_NAME(attend_chunk)(w, h, keys, values, n, &state[h - w->h0], D);
-  }
-  for (int64_t h = w->h0; h < w->h1; h++) {
-    const float inv = finish_head(&state[h - w->h0], w->saved, h);
-    for (int64_t d = 0; d < D; d++) w->out[h * D + d] *= inv;
-  }
-}
-
-/* scratch: 2 * (h1 - h0) * D floats. */
-static void KV_NAME(attend)(const KV_NAME(HeadRange) *w, RunningSoftmax *state, float *scratch) {
+/* attend_heads with the common head sizes as constants, whose loops the compiler unrolls. */
+static void KV_NAME(attend)(const KV_NAME(HeadRange) *w, SoftmaxState *state, float *scratch) {
   if (w->D == 64)
-    KV_NAME(attend_grouped)(w, state, scratch, 64);
+    KV_NAME(attend_heads)(w, state, scratch, 64, 1);
   else if (w->D == 128)
-    KV_NAME(attend_grouped)(w, state, scratch, 128);
+    KV_NAME(attend_heads)(w, state, scratch, 128, 1);
   else if (w->D % WIDEN_ELEMENTS == 0 && w->D <= MAX_HEAD_SIZE)
-    KV_NAME(attend_grouped)(w, state, scratch, w->D);
+    KV_NAME(attend_heads)(w, state, scratch, w->D, 1);
   else
-    KV_NAME(attend_heads)(w, state, w->D);
+    KV_NAME(attend_heads)(w, state, scratch, w->D, 0);
 }
 
 /* Tasks: each partition of each sequence (partitions()), for kv_per_task kv heads at a time;
@@ -287,8 +268,8 @@ static int KV_NAME(run)(const paged_attention_args *a) {
   const int64_t kv_per_task = B >= 2 * num_threads ? KV : 1;
   const int64_t tasks_per_seq = KV / kv_per_task;
   Partitions p;
-  RunningSoftmax *states = malloc((size_t)(num_threads * H) * sizeof(RunningSoftmax));
-  float *scratch = malloc((size_t)(num_threads * 2 * H * D) * sizeof(float));
+  SoftmaxState *states = malloc((size_t)(num_threads * H) * sizeof(SoftmaxState));
+  float *scratch = malloc((size_t)(num_threads * attend_scratch_floats(H, D)) * sizeof(float));
   if (states == NULL || scratch == NULL || plan_partitions(&p, a, tasks_per_seq) < 0) {
     free(states);
     free(scratch);
@@ -296,8 +277,8 @@ static int KV_NAME(run)(const paged_attention_args *a) {
   }
 #pragma omp parallel num_threads(num_threads)
   {
-    RunningSoftmax *state = states + omp_get_thread_num() * H;
-    float *thread_scratch = scratch + omp_get_thread_num() * 2 * H * D;
+    SoftmaxState *state = states + omp_get_thread_num() * H;
+    float *thread_scratch = scratch + omp_get_thread_num() * attend_scratch_floats(H, D);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < p.first_task[B]; task++) {
       const int64_t b = task_sequence(p.first_task, B, task), local = task - p.first_task[b];

@@ -234,11 +234,11 @@ def test_paged_decode_attention_matches_torch_backend(
 def test_paged_decode_attention_stays_exact_as_scores_climb(
     seq_len: int, rise_per_key: float, attention_isa: str
 ) -> None:
-    """Head 0's scores climb (or fall) steadily along 300 keys: 0.05 to 3 per key,
-    so the kernel's online softmax raises its running max chunk after chunk (or never) and
-    rescales what it summed before; along 1,100 keys (three partitions, merged) the last
-    (or the first) partition outweighs the others, by scores up to 330 (a float32 score's
-    rounding grows with it); the result must equal the float64 definition's."""
+    """Head 0's scores climb (or fall) steadily along 300 keys: 0.05 to 3 per key, so
+    the softmax is peaked at the last (or the first) key and e^(s - max) underflows for most;
+    along 1,100 keys (three partitions, merged) the last (or the first) partition outweighs
+    the others, by scores up to 330 (a float32 score's rounding grows with it); the result
+    must equal the float64 definition's."""
     head_size, block_size = 64, 16
     query = torch.randn(1, 2, head_size)
     direction = query[0, 0] / query[0, 0].square().sum()  # query . direction = 1

@@ -1,6 +1,6 @@
 """The CPU attention backend: pagedllm._C's paged decode kernel and cache write.
 
-Decodes read each sequence's blocks in place (one pass over keys and values, online softmax)
+Decodes read each sequence's blocks in place (scores over the keys, softmax, then values)
 instead of gathering padded copies, and the cache write is one call instead of two
 index_copy_. Prefill chunks of a bf16 model on a CPU with AMX run a tile kernel; others run
 the reference's torch code (_custom_ops.prefill_attention decides).
