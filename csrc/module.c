@@ -160,13 +160,10 @@ BINDING(amx_gemm_bf16, "iiiiiiii", check_amx("amx_gemm_bf16"),
         amx_gemm_bf16(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6], (int)a[7]))
 
 /* 0 when the first ceil(seq_len / block_size) block ids of one sequence's table lie in
- * [0, num_blocks), 1 <= n <= seq_len <= max_blocks * block_size and isa is one this CPU
- * supports (-1: some build is), else -1 with a ValueError (a RuntimeError where no build
- * runs here). */
-static int check_prefill(const int32_t *block_table, int64_t n, int64_t seq_len,
-                         int64_t max_blocks, int64_t block_size, int64_t num_blocks,
-                         int64_t isa) {
-  const char *op = "prefill_attention_bf16";
+ * [0, num_blocks) and 1 <= n <= seq_len <= max_blocks * block_size, else -1 with a ValueError
+ * naming op. */
+static int check_prefill(const char *op, const int32_t *block_table, int64_t n, int64_t seq_len,
+                         int64_t max_blocks, int64_t block_size, int64_t num_blocks) {
   if (n < 1 || seq_len < n || seq_len > max_blocks * block_size) {
     PyErr_Format(PyExc_ValueError, "%s: need 1 <= queries (%lld) <= seq_len (%lld) <= "
                  "max_blocks x block_size (%lld)", op, (long long)n, (long long)seq_len,
@@ -180,6 +177,17 @@ static int check_prefill(const int32_t *block_table, int64_t n, int64_t seq_len,
       return -1;
     }
   }
+  return 0;
+}
+
+/* check_prefill, and isa one this CPU supports (-1: some build is), else -1 with a
+ * ValueError (a RuntimeError where no build runs here). */
+static int check_prefill_bf16(const int32_t *block_table, int64_t n, int64_t seq_len,
+                              int64_t max_blocks, int64_t block_size, int64_t num_blocks,
+                              int64_t isa) {
+  const char *op = "prefill_attention_bf16";
+  if (check_prefill(op, block_table, n, seq_len, max_blocks, block_size, num_blocks) < 0)
+    return -1;
   int any = 0;
   for (int i = 0; i < prefill_attention_bf16_isa_count(); i++)
     any |= prefill_attention_bf16_isa_supported(i);
@@ -193,10 +201,20 @@ static int check_prefill(const int32_t *block_table, int64_t n, int64_t seq_len,
 }
 
 BINDING(prefill_attention_bf16, "iiiiiiiiiiiiiiif",
-        check_prefill(PTR(a[4]), a[5], a[6], a[11], a[10], a[12], a[13]),
+        check_prefill_bf16(PTR(a[4]), a[5], a[6], a[11], a[10], a[12], a[13]),
         rc = prefill_attention_bf16(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]),
                                     a[5], a[6], a[7], a[8], a[9], a[10], (float)f[0],
                                     (int)a[13], (int)a[14]))
+
+BINDING(prefill_attention_f32, "iiiiiiiiiiiiiiiif",
+        (check_prefill("prefill_attention_f32", PTR(a[5]), a[6], a[7], a[12], a[11], a[13]) < 0 ||
+         check_isa("prefill_attention_f32", a[14], prefill_attention_f32_isa_count,
+                   prefill_attention_f32_isa_supported) < 0)
+            ? -1
+            : 0,
+        rc = prefill_attention_f32(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), (int)a[4],
+                                   PTR(a[5]), a[6], a[7], a[8], a[9], a[10], a[11], (float)f[0],
+                                   (int)a[14], (int)a[15]))
 
 BINDING(amx_pack_bf16, "iiii", 0, amx_pack_bf16(PTR(a[0]), PTR(a[1]), a[2], a[3]))
 
@@ -274,6 +292,12 @@ static PyObject *py_prefill_attention_bf16_isas(PyObject *self, PyObject *const 
                    prefill_attention_bf16_isa_supported);
 }
 
+static PyObject *py_prefill_attention_f32_isas(PyObject *self, PyObject *const *args,
+                                               Py_ssize_t n) {
+  return isa_table(prefill_attention_f32_isa_count, prefill_attention_f32_isa_name,
+                   prefill_attention_f32_isa_supported);
+}
+
 static PyObject *py_amx_gemm_supported(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   return PyBool_FromLong(amx_gemm_supported());
 }
@@ -291,6 +315,11 @@ static PyMethodDef methods[] = {
            "block_size, max_blocks, num_blocks, isa, num_threads, scale), bfloat16"),
     METHOD(prefill_attention_bf16_isas,
            "prefill_attention_bf16_isas() -> ((name, supported), ...), best first"),
+    METHOD(prefill_attention_f32,
+           "prefill_attention_f32(out, q, k_cache, v_cache, kv_bf16, block_table, n, seq_len, H, "
+           "KV, D, block_size, max_blocks, num_blocks, isa, num_threads, scale), float32"),
+    METHOD(prefill_attention_f32_isas,
+           "prefill_attention_f32_isas() -> ((name, supported), ...), best first"),
     METHOD(amx_pack_bf16, "amx_pack_bf16(packed_w, w, N, K), bfloat16"),
     METHOD(skinny_gemm, "skinny_gemm(x, w, b, y, M, N, K, isa, num_threads)"),
     METHOD(skinny_gemm_isas, "skinny_gemm_isas() -> ((name, supported), ...), best first"),

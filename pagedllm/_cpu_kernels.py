@@ -87,6 +87,9 @@ _SKINNY_ISAS: tuple[tuple[str, bool], ...] = _C.skinny_gemm_isas() if _C is not 
 _PREFILL_ISAS: tuple[tuple[str, bool], ...] = (
     _C.prefill_attention_bf16_isas() if _C is not None else ()
 )
+_PREFILL_F32_ISAS: tuple[tuple[str, bool], ...] = (
+    _C.prefill_attention_f32_isas() if _C is not None else ()
+)
 
 
 def _supported(table: tuple[tuple[str, bool], ...]) -> tuple[str, ...]:
@@ -120,6 +123,11 @@ def prefill_attention_isas() -> tuple[str, ...]:
     """The builds of prefill_attention_bf16 this CPU runs, best first: "amx" (tiles),
     "avx512_bf16" (vdpbf16ps); empty without either, or without _C."""
     return _supported(_PREFILL_ISAS)
+
+
+def prefill_attention_f32_isas() -> tuple[str, ...]:
+    """The builds of prefill_attention_f32 this CPU runs, best first (empty without _C)."""
+    return _supported(_PREFILL_F32_ISAS)
 
 
 def _isa_index(op: str, isa: str | None, table: tuple[tuple[str, bool], ...]) -> int:
@@ -284,6 +292,27 @@ def amx_gemm_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return _gemm(op, _BF16, x, packed, "packed weight", n, k, bias)
 
 
+def _check_prefill(
+    op: str,
+    query: object,
+    k_cache: object,
+    v_cache: object,
+    block_table: object,
+    query_dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+) -> tuple[int, int, int, int, int, int]:
+    """A prefill attention call's tensors checked -> (n, H, KV, D, num_blocks, block_size)."""
+    _check(op, "query", query, 3, "[num_queries, num_heads, head_dim]", query_dtype)
+    _check(op, "k_cache", k_cache, 4, _CACHE, cache_dtype)
+    _check(op, "v_cache", v_cache, k_cache.shape, _CACHE + " like k_cache", cache_dtype)
+    _check(op, "block_table", block_table, 1, "[max_blocks]", _I32)
+    n, h, d = query.shape
+    num_blocks, block_size, kv, cache_d = k_cache.shape
+    _require(op, cache_d == d, "k_cache head_dim {} differs from query's {}", cache_d, d)
+    _require(op, kv > 0 and h % kv == 0, "num_kv_heads {} must divide num_heads {}", kv, h)
+    return n, h, kv, d, num_blocks, block_size
+
+
 def prefill_attention_bf16(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -298,14 +327,9 @@ def prefill_attention_bf16(
     bfloat16 [n, H, D], causal. D % 32 == 0, D <= 256. isa: one of prefill_attention_isas(),
     or None for the best; RuntimeError where there is none."""
     op = "prefill_attention_bf16"
-    _check(op, "query", query, 3, "[num_queries, num_heads, head_dim]", _BF16)
-    _check(op, "k_cache", k_cache, 4, _CACHE, _BF16)
-    _check(op, "v_cache", v_cache, k_cache.shape, _CACHE + " like k_cache", _BF16)
-    _check(op, "block_table", block_table, 1, "[max_blocks]", _I32)
-    n, h, d = query.shape
-    num_blocks, block_size, kv, cache_d = k_cache.shape
-    _require(op, cache_d == d, "k_cache head_dim {} differs from query's {}", cache_d, d)
-    _require(op, kv > 0 and h % kv == 0, "num_kv_heads {} must divide num_heads {}", kv, h)
+    n, h, kv, d, num_blocks, block_size = _check_prefill(
+        op, query, k_cache, v_cache, block_table, _BF16, _BF16
+    )
     _require(op, d % 32 == 0 and 0 < d <= 256, "head_dim {} must be a multiple of 32 up to 256", d)
     isa_index = _isa_index(op, isa, _PREFILL_ISAS)
     out = torch.empty_like(query)
@@ -313,6 +337,35 @@ def prefill_attention_bf16(
         _C.prefill_attention_bf16, out.data_ptr(), query.data_ptr(), k_cache.data_ptr(),
         v_cache.data_ptr(), block_table.data_ptr(), n, seq_len, h, kv, d, block_size,
         block_table.shape[0], num_blocks, isa_index, torch.get_num_threads(), scale,
+    )  # fmt: skip
+    return out
+
+
+def prefill_attention_f32(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_len: int,
+    scale: float,
+    isa: str | None = None,
+) -> torch.Tensor:
+    """query [n, H, D] float32 at positions seq_len - n .. seq_len - 1 of one sequence;
+    caches [num_blocks, block_size, KV, D] float32 or bfloat16; block_table [max_blocks]
+    int32 -> float32 [n, H, D], causal. D % 16 == 0. isa: one of
+    prefill_attention_f32_isas(), or None for the best."""
+    op = "prefill_attention_f32"
+    cache_dtype = _float_dtype(k_cache)
+    n, h, kv, d, num_blocks, block_size = _check_prefill(
+        op, query, k_cache, v_cache, block_table, _F32, cache_dtype
+    )
+    _require(op, d > 0 and d % 16 == 0, "head_dim {} must be a multiple of 16", d)
+    isa_index = _isa_index(op, isa, _PREFILL_F32_ISAS)
+    out = torch.empty_like(query)
+    _launch(
+        _C.prefill_attention_f32, out.data_ptr(), query.data_ptr(), k_cache.data_ptr(),
+        v_cache.data_ptr(), cache_dtype is _BF16, block_table.data_ptr(), n, seq_len, h, kv, d,
+        block_size, block_table.shape[0], num_blocks, isa_index, torch.get_num_threads(), scale,
     )  # fmt: skip
     return out
 

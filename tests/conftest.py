@@ -46,6 +46,13 @@ def _on_build(
 
 
 @pytest.fixture(params=BUILDS)
+def prefill_f32_isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test on each build of the float32 prefill attention kernel this CPU runs."""
+    builds = _cpu_kernels.prefill_attention_f32_isas()
+    return _on_build(request, monkeypatch, builds, "prefill_attention_f32")
+
+
+@pytest.fixture(params=BUILDS)
 def attention_isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs a test on each build of the decode attention kernel this CPU runs."""
     builds = _cpu_kernels.paged_attention_isas()

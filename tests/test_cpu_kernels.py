@@ -96,6 +96,18 @@ def _prefill(**override: object) -> torch.Tensor:
     return _cpu_kernels.prefill_attention_bf16(**{**args, **override})
 
 
+def _prefill_f32(**override: object) -> torch.Tensor:
+    args = {
+        "query": torch.randn(3, HEADS, 32),
+        "k_cache": torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, 32),
+        "v_cache": torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, 32),
+        "block_table": torch.tensor([4, 1], dtype=torch.int32),
+        "seq_len": 5,
+        "scale": 0.5,
+    }
+    return _cpu_kernels.prefill_attention_f32(**{**args, **override})
+
+
 def _silu(**override: object) -> torch.Tensor:
     return _cpu_kernels.silu_and_mul(**{"x": torch.randn(3, 10), **override})
 
@@ -317,6 +329,22 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
         lambda: _prefill(block_table=TABLES),
         r"block_table must .* \[max_blocks\]",
     ),
+    "prefill float32 query bf16": (
+        lambda: _prefill_f32(query=_bf16(3, HEADS, 32)),
+        "prefill_attention_f32: query must be a contiguous float32",
+    ),
+    "prefill float32 caches of two dtypes": (
+        lambda: _prefill_f32(v_cache=torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, 32).bfloat16()),
+        "v_cache must be a contiguous float32 .* like k_cache",
+    ),
+    "prefill float32 head_dim not a multiple of 16": (
+        lambda: _prefill_f32(query=torch.randn(3, HEADS, 8), k_cache=CACHE, v_cache=CACHE),
+        "head_dim 8 must be a multiple of 16",
+    ),
+    "prefill float32 isa of another kernel": (
+        lambda: _prefill_f32(isa="amx"),
+        r"prefill_attention_f32: isa 'amx' is not one of this CPU's",
+    ),
     "silu odd width": (lambda: _silu(x=torch.randn(3, 9)), "last dim must be even"),
     "silu x strided": (lambda: _silu(x=torch.randn(10, 3).t()), "x must be a contiguous"),
 }
@@ -350,6 +378,10 @@ def test_the_valid_calls_above_run() -> None:
     if _cpu_kernels.prefill_attention_isas():
         for isa in (None, *_cpu_kernels.prefill_attention_isas()):
             assert _prefill(isa=isa).shape == (3, HEADS, 32)
+    for isa in (None, *_cpu_kernels.prefill_attention_f32_isas()):
+        assert _prefill_f32(isa=isa).shape == (3, HEADS, 32)
+    bf16_cache_32 = _bf16(NUM_BLOCKS, BLOCK_SIZE, KV, 32)
+    assert _prefill_f32(k_cache=bf16_cache_32, v_cache=bf16_cache_32).shape == (3, HEADS, 32)
     assert _silu(x=_bf16(3, 10)).dtype == torch.bfloat16
     assert _cpu_kernels.convert(_bf16(3, 10), torch.float32).dtype == torch.float32
     assert _cpu_kernels.argmax(torch.randn(2, 5)).dtype == torch.int64
@@ -361,7 +393,12 @@ def test_the_valid_calls_above_run() -> None:
 
 
 @pytest.mark.parametrize(
-    "builds", [_cpu_kernels.paged_attention_isas, _cpu_kernels.skinny_gemm_isas]
+    "builds",
+    [
+        _cpu_kernels.paged_attention_isas,
+        _cpu_kernels.skinny_gemm_isas,
+        _cpu_kernels.prefill_attention_f32_isas,
+    ],
 )
 def test_builds_are_the_supported_ones_best_first(builds: Callable[[], tuple[str, ...]]) -> None:
     """The portable build runs everywhere; an x86-64 CPU with AVX-512 runs AVX2 too, one with
@@ -420,11 +457,14 @@ PREFILL_INDEX_ERRORS = {
 
 
 @pytest.mark.parametrize("case", PREFILL_INDEX_ERRORS)
-def test_prefill_indices_are_checked_before_any_read(case: str) -> None:
-    """Checked by the binding before the kernel runs (and before it asks for AMX)."""
+@pytest.mark.parametrize("prefill", [_prefill, _prefill_f32])
+def test_prefill_indices_are_checked_before_any_read(
+    case: str, prefill: Callable[..., torch.Tensor]
+) -> None:
+    """Checked by the binding before the kernel runs (and, bf16, before it asks for AMX)."""
     override, message = PREFILL_INDEX_ERRORS[case]
     with pytest.raises(ValueError, match=message):
-        _prefill(**override)
+        prefill(**override)
 
 
 @pytest.mark.skipif(_cpu_kernels.amx_available(), reason="this CPU has AMX tiles")

@@ -281,6 +281,74 @@ def test_paged_decode_attention_rows_do_not_depend_on_their_batch(
         assert torch.equal(alone[0], batch[i])
 
 
+def _prefill_case(
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    seq_len: int,
+    block_size: int,
+    cache_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(float32 queries for all seq_len positions, k_cache, v_cache, block_table) on
+    scattered blocks."""
+    num_blocks = seq_len // block_size + 8
+    shape = (num_blocks, block_size, num_kv_heads, head_size)
+    k_cache, v_cache = torch.randn(shape).to(cache_dtype), torch.randn(shape).to(cache_dtype)
+    table = torch.randperm(num_blocks)[: -(-seq_len // block_size) + 1].to(torch.int32)
+    return torch.randn(seq_len, num_heads, head_size), k_cache, v_cache, table
+
+
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_size,block_size",
+    [(9, 3, 64, 16), (4, 2, 80, 8), (8, 8, 16, 1), (16, 2, 128, 16), (2, 1, 48, 5)],
+)
+@pytest.mark.parametrize(
+    "num_queries,seq_len", [(1, 1), (2, 2), (13, 13), (20, 45), (1, 70), (16, 600), (300, 300)]
+)
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_prefill_attention_f32_is_the_causal_definition(
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    num_queries: int,
+    seq_len: int,
+    cache_dtype: torch.dtype,
+    prefill_f32_isa: str,
+) -> None:
+    """Reference: the float64 torch definition (causal, bottom-right aligned after cached
+    context) on the same cache values. Head sizes that leave one vector of output columns
+    over (80 and 48 on AVX-512), chunks of 1-300 queries (the tasks' 12 rows and the tiles'
+    6, with partial ones), keys in tiles of 2 vectors (partial ones), a bf16 cache (widened
+    exactly)."""
+    query, k_cache, v_cache, table = _prefill_case(
+        num_heads, num_kv_heads, head_size, seq_len, block_size, cache_dtype
+    )
+    query = query[seq_len - num_queries :]
+    out = _cpu_kernels.prefill_attention_f32(query, k_cache, v_cache, table, seq_len, 0.2)
+    expected = _torch_ops.prefill_attention(
+        query.double(), k_cache.double(), v_cache.double(), table, seq_len, 0.2
+    )
+    assert out.dtype == torch.float32 and out.shape == query.shape
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=2e-5)
+
+
+def test_prefill_f32_rows_do_not_depend_on_their_chunk(prefill_f32_isa: str) -> None:
+    """A 45-token prompt in one chunk, or as 16 + 29 (the second after cached context), or
+    token by token: each position's output is the same bits (a row depends only on its own
+    query and the sequence's keys and values)."""
+    query, k_cache, v_cache, table = _prefill_case(9, 3, 64, 45, 16)
+
+    def attend(rows: slice, seq_len: int) -> torch.Tensor:
+        q = query[rows]
+        return _cpu_kernels.prefill_attention_f32(q, k_cache, v_cache, table, seq_len, 0.125)
+
+    whole = attend(slice(0, 45), 45)
+    assert torch.equal(torch.cat([attend(slice(0, 16), 16), attend(slice(16, 45), 45)]), whole)
+    for t in (0, 5, 6, 11, 12, 15, 16, 44):
+        assert torch.equal(attend(slice(t, t + 1), t + 1)[0], whole[t])
+
+
 def test_kernels_apply_only_to_cpu_float32_without_autograd(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -450,27 +450,35 @@ def test_prefill_rows_do_not_depend_on_their_chunk(isa: str) -> None:
         assert torch.equal(attend(slice(t, t + 1), t + 1)[0], whole[t])
 
 
-def test_prefill_attention_takes_the_best_build_else_the_torch_definition(
+def test_prefill_attention_takes_the_best_build_else_the_float32_kernel(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """bf16 where a build runs: the best build's bits; float32, or bf16 without a build:
-    _torch_ops' sdpa, bit for bit."""
+    """bf16 where a bf16 build runs: the best build's bits; float32, or bf16 without a bf16
+    build: the float32 kernel's (on the widened query, its output rounded back); without
+    pagedllm._C: _torch_ops' sdpa, bit for bit."""
     query, k_cache, v_cache, table = _prefill_case(9, 3, 64, 20)
     q = query[5:]
-    if _custom_ops.has_cpu_kernels() and _cpu_kernels.prefill_attention_isas():
+    if not _custom_ops.has_cpu_kernels():
+        assert torch.equal(
+            _custom_ops.prefill_attention(q, k_cache, v_cache, table, 20, 0.125),
+            _torch_ops.prefill_attention(q, k_cache, v_cache, table, 20, 0.125),
+        )
+        return
+    if _cpu_kernels.prefill_attention_isas():
         best = _cpu_kernels.prefill_attention_isas()[0]
         kernel = _cpu_kernels.prefill_attention_bf16(q, k_cache, v_cache, table, 20, 0.125, best)
         assert torch.equal(
             _custom_ops.prefill_attention(q, k_cache, v_cache, table, 20, 0.125), kernel
         )
+    float32 = _cpu_kernels.prefill_attention_f32(q.float(), k_cache, v_cache, table, 20, 0.125)
     cases = (
-        (q.float(), k_cache.float(), v_cache.float(), ("avx512_bf16",)),
-        (q, k_cache, v_cache, ()),
+        (q.float(), ("avx512_bf16",), float32),
+        (q, (), float32.to(BF16)),
     )
-    for qc, k, v, builds in cases:
+    for qc, builds, expected in cases:
         monkeypatch.setattr(_cpu_kernels, "prefill_attention_isas", lambda builds=builds: builds)
-        out = _custom_ops.prefill_attention(qc, k, v, table, 20, 0.125)
-        assert torch.equal(out, _torch_ops.prefill_attention(qc, k, v, table, 20, 0.125))
+        out = _custom_ops.prefill_attention(qc, k_cache, v_cache, table, 20, 0.125)
+        assert torch.equal(out, expected)
 
 
 def test_torch_paths_convert_between_the_cache_and_the_model_dtype() -> None:

@@ -1,0 +1,28 @@
+/* Causal attention of one sequence's prefill chunk in float32, read from the paged cache
+ * (float32 or bf16): the builds of prefill_attention_f32_kernel.h, one per instruction set at
+ * its register width (16 lanes on AVX-512, 8 on AVX2, 4 elsewhere), the best the CPU has
+ * picked at the first call, or the one the caller names (the tests run each).
+ *
+ * Replaces torch's sdpa for the prefill chunks of a float32 model: sdpa's CPU kernels ran
+ * the default model's shapes at 25-85 GFLOP/s on a Zen 3 (pagedllm/_custom_ops.py,
+ * prefill_attention, has the measured speed of this one).
+ */
+#include "isa_table.h"
+#include "ops.h"
+#include "prefill_attention_f32.h"
+
+static const struct {
+  isa_entry isa;
+  prefill_attention_f32_fn run;
+} ISAS[] = {VECTOR_BUILDS(prefill_attention_f32_run)};
+
+ISA_TABLE(prefill_attention_f32, ISAS)
+
+int prefill_attention_f32(float *out, const float *q, const void *k_cache, const void *v_cache,
+                          int kv_bf16, const int32_t *block_table, int64_t n, int64_t seq_len,
+                          int64_t H, int64_t KV, int64_t D, int64_t block_size, float scale,
+                          int isa, int num_threads) {
+  const prefill_attention_f32_args a = {out, q,  k_cache, v_cache, kv_bf16,    block_table,
+                                        n,   seq_len, H, KV, D, block_size, scale, num_threads};
+  return ISAS[isa < 0 ? best_isa() : isa].run(&a);
+}
