@@ -102,8 +102,16 @@ static int check_block_tables(const int32_t *block_tables, const int32_t *seq_le
   return 0;
 }
 
+/* A RuntimeError for a kernel that returned rc (not 0, not -1: out of memory), a case its
+ * binding's checks should have turned away first. */
+static PyObject *kernel_refused(const char *name, int rc) {
+  PyErr_Format(PyExc_RuntimeError, "%s: the kernel refused its arguments (code %d)", name, rc);
+  return NULL;
+}
+
 /* The body of a binding: parse into a[] and f[], run `check` (0, or -1 with an error set)
- * with the GIL, then `call` without it. */
+ * with the GIL, then `call` without it: rc -1 is out of memory, any other non-zero rc a
+ * kernel_refused. */
 #define BINDING(name, fmt, check, call)                                             \
   static PyObject *py_##name(PyObject *self, PyObject *const *args, Py_ssize_t n) { \
     int64_t a[MAX_ARGS];                                                            \
@@ -114,7 +122,8 @@ static int check_block_tables(const int32_t *block_tables, const int32_t *seq_le
     Py_BEGIN_ALLOW_THREADS                                                          \
     call;                                                                           \
     Py_END_ALLOW_THREADS                                                            \
-    if (rc != 0) return PyErr_NoMemory();                                           \
+    if (rc == -1) return PyErr_NoMemory();                                          \
+    if (rc != 0) return kernel_refused(#name, rc);                                  \
     Py_RETURN_NONE;                                                                 \
   }
 
@@ -128,8 +137,12 @@ BINDING(skinny_gemm, "iiiiiiiii",
 static int check_packed(int64_t packed, int64_t isa, int64_t N, int64_t K) {
   if (!packed) return 0;
   if (!skinny_gemm_reads_packed((int)isa)) {
-    PyErr_Format(PyExc_ValueError, "skinny_gemm_bf16: isa %lld does not read packed weights "
-                 "(only the avx512_bf16 build does)", (long long)isa);
+    if (isa < 0)
+      PyErr_Format(PyExc_ValueError, "skinny_gemm_bf16: this CPU's best build does not read "
+                   "packed weights (only the avx512_bf16 build does)");
+    else
+      PyErr_Format(PyExc_ValueError, "skinny_gemm_bf16: build '%s' does not read packed "
+                   "weights (only the avx512_bf16 build does)", skinny_gemm_isa_name((int)isa));
     return -1;
   }
   if (N % SKINNY_PACK_ROWS == 0 && K % SKINNY_PACK_K == 0) return 0;

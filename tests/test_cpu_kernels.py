@@ -514,3 +514,16 @@ def test_only_the_boundary_imports_the_extension() -> None:
     )
     importers = [p.name for p in root.rglob("*.py") if imports_c.search(p.read_text())]
     assert importers == ["_cpu_kernels.py"]
+
+
+@pytest.mark.skipif(not _cpu_kernels.available(), reason="needs pagedllm._C")
+def test_the_binding_names_a_build_that_does_not_read_packed_weights() -> None:
+    """Called past the boundary (which raises first), the binding still refuses a packed
+    weight for a build that does not read it, naming the build, before the kernel runs."""
+    x, w = _bf16(2, 64), _bf16(8, 64)
+    y = torch.empty(2, 8, dtype=torch.bfloat16)
+    portable = [name for name, _ in _cpu_kernels._C.skinny_gemm_isas()].index("portable")
+    with pytest.raises(ValueError, match="build 'portable' does not read packed weights"):
+        _cpu_kernels._C.skinny_gemm_bf16(
+            x.data_ptr(), w.data_ptr(), 0, y.data_ptr(), 2, 8, 64, 1, portable, 1
+        )
