@@ -210,13 +210,14 @@ INLINE void KV_NAME(attend_heads)(const KV_NAME(HeadRange) *w, SoftmaxState *sta
     const int64_t next_n = KV_NAME(chunk_rows)(&w->keys, t0, L, rows);
     const int64_t n = L - t0 < VEC_LANES ? L - t0 : VEC_LANES, chunk = t0 / VEC_LANES % 2;
     for (int64_t h = w->h0; h < w->h1;) {
-      const int64_t kvh = h / w->G, i = h - w->h0, first = h == w->h0 ? next_n : 0;
-      const int64_t left = (kvh + 1) * w->G - h, gn = left < HEAD_GROUP ? left : HEAD_GROUP;
+      const int64_t i = h - w->h0, first = h == w->h0 ? next_n : 0;
       if (!widened) {
         KV_NAME(score_head)(w, h++, rows[chunk], n, scores + i * stride + t0, rows[chunk ^ 1],
                             first, D);
         continue;
       }
+      const int64_t kvh = h / w->G, left = (kvh + 1) * w->G - h;
+      const int64_t gn = left < HEAD_GROUP ? left : HEAD_GROUP;
       KV_NAME(score_group_any)(w, kvh, (int)gn, qp + i * D, rows[chunk], n,
                                scores + i * stride + t0, stride, rows[chunk ^ 1], first, D);
       h += gn;

@@ -57,11 +57,12 @@ static void pack_keys(const prefill_attention_f32_args *a, float *packed, int64_
 static void pack_values(const prefill_attention_f32_args *a, float *packed, int64_t lc,
                         int64_t h) {
   const int64_t D = a->D;
-  for (int64_t t = 0; t < lc; t++)
+  for (int64_t t = 0; t < lc; t++) {
+    const int64_t row = t < a->seq_len ? cache_row(a, t, h) : -1;
     for (int64_t d = 0; d < D; d += VEC_LANES)
-      storen(packed + t * D + d, t < a->seq_len
-                                     ? loadn_as(a->v_cache, cache_row(a, t, h) + d, a->kv_bf16)
-                                     : splatn(0.0f));
+      storen(packed + t * D + d,
+             row < 0 ? splatn(0.0f) : loadn_as(a->v_cache, row + d, a->kv_bf16));
+  }
 }
 
 /* s [TILE_ROWS, ls] = q [TILE_ROWS, D] k^T over keys [0, kc) (kc % TILE_COLS == 0). */

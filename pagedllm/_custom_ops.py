@@ -389,23 +389,26 @@ def prefill_attention(
     sdpa's 4.8.
     Elsewhere the torch definition (sdpa).
     """
-    table = _as_dense(block_table, torch.int32)
     d = query.shape[-1]
-    if (
+    bf16_build = (
         d % 32 == 0
         and d <= 256
         and cpu_kernels_apply(query, k_cache, v_cache, dtypes=(torch.bfloat16,))
         and _cpu_kernels.prefill_attention_isas()
+    )
+    if not bf16_build and not (
+        d % 16 == 0 and cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16)
     ):
+        return _torch_ops.prefill_attention(query, k_cache, v_cache, block_table, seq_len, scale)
+    table = _as_dense(block_table, torch.int32)
+    if bf16_build:
         return _cpu_kernels.prefill_attention_bf16(
             query.contiguous(), k_cache, v_cache, table, seq_len, scale
         )
-    if d % 16 == 0 and cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16):
-        out = _cpu_kernels.prefill_attention_f32(
-            _as_float32(query.contiguous()), k_cache, v_cache, table, seq_len, scale
-        )
-        return out if query.dtype is torch.float32 else _cpu_kernels.convert(out, query.dtype)
-    return _torch_ops.prefill_attention(query, k_cache, v_cache, block_table, seq_len, scale)
+    out = _cpu_kernels.prefill_attention_f32(
+        _as_float32(query.contiguous()), k_cache, v_cache, table, seq_len, scale
+    )
+    return out if query.dtype is torch.float32 else _cpu_kernels.convert(out, query.dtype)
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
