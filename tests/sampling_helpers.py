@@ -21,9 +21,9 @@ def tiny_llm(tiny_model_path: Callable[[str], str]) -> Callable[..., LLM]:
     llms: dict[str, LLM] = {}
 
     def get(name: str = LLAMA, **kwargs: object) -> LLM:
+        kwargs = {"num_kv_blocks": 128, **TINY_KWARGS, **kwargs}
         key = repr((name, sorted(kwargs.items())))
         if key not in llms:
-            kwargs = {"num_kv_blocks": 128, **TINY_KWARGS, **kwargs}
             llms[key] = LLM(tiny_model_path(name), **kwargs)
         return llms[key]
 

@@ -9,6 +9,7 @@ from torch import nn
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.outputs import CompletionOutput
+from tests.devices import DEVICES
 from tests.sampling_helpers import (
     LLAMA,
     as_prompts,
@@ -55,9 +56,10 @@ def assert_logprobs_equal(completion: CompletionOutput, refs: torch.Tensor, num:
 # 1. Repetition penalty.
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", [LLAMA, "qwen3"])
 def test_repetition_penalty_greedy_matches_transformers_generate(
-    name, tiny_llm, hf_model, hf_greedy, spread_prompts
+    name, device, tiny_llm, hf_model, hf_greedy, spread_prompts
 ) -> None:
     """Reference: transformers' `generate(do_sample=False, repetition_penalty=1.3)`, which
     penalizes prompt and output tokens like vLLM; unpenalized rows share the batch."""
@@ -67,7 +69,9 @@ def test_repetition_penalty_greedy_matches_transformers_generate(
     assert penalized != plain, "the penalty must change some tokens for this test to bite"
     params = SamplingParams(temperature=0, repetition_penalty=1.3, max_tokens=24, ignore_eos=True)
     outputs = completions(
-        tiny_llm(name), as_prompts(prompts * 2), [params] * 5 + [greedy(24, ignore_eos=True)] * 5
+        tiny_llm(name, device=device),
+        as_prompts(prompts * 2),
+        [params] * 5 + [greedy(24, ignore_eos=True)] * 5,
     )
     assert [c.token_ids for c in outputs] == penalized + plain
 
@@ -75,14 +79,15 @@ def test_repetition_penalty_greedy_matches_transformers_generate(
 # 2. Sample logprobs.
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_raw_sample_logprobs_equal_transformers_log_softmax(
-    tiny_llm, hf_model, spread_prompts
+    device, tiny_llm, hf_model, spread_prompts
 ) -> None:
     """Reference: transformers' log_softmax of its logits at each sampled position: the
     chosen token's logprob and rank, and the top-5 ids, logprobs and ranks, to 1e-4."""
     prompts = spread_prompts[1:4]
     params = SamplingParams(temperature=1.0, seed=3, max_tokens=12, ignore_eos=True, logprobs=5)
-    outputs = completions(tiny_llm(LLAMA), as_prompts(prompts), [params] * 3)
+    outputs = completions(tiny_llm(LLAMA, device=device), as_prompts(prompts), [params] * 3)
     ranks = []
     for prompt, completion in zip(prompts, outputs, strict=True):
         logits = hf_next_token_logits(hf_model(LLAMA), prompt, completion.token_ids)
@@ -107,9 +112,12 @@ def test_processed_logprobs_equal_log_softmax_of_logits_over_temperature(
 # 3. n > 1.
 
 
-def test_n4_seeded_is_reproducible_distinct_and_frees_all_blocks(tiny_llm, spread_prompts):
+@pytest.mark.parametrize("device", DEVICES)
+def test_n4_seeded_is_reproducible_distinct_and_frees_all_blocks(
+    device, tiny_llm, spread_prompts
+) -> None:
     """Reference: a second run with the same seed (with other requests in its batch)."""
-    llm = tiny_llm(LLAMA)
+    llm = tiny_llm(LLAMA, device=device)
     params = SamplingParams(n=4, temperature=1.0, seed=21, max_tokens=12, ignore_eos=True)
     prompts = as_prompts(spread_prompts[2:4])
     first = llm.generate(prompts, params, use_tqdm=False)

@@ -16,11 +16,11 @@ from pagedllm._torch_quant import (
     row_elements,
 )
 from tests import gguf_blocks
+from tests.devices import needs_cuda
 from tests.gguf_blocks import random_blocks
 
 Q = GGMLQuantizationType
 TYPES = pytest.mark.parametrize("qtype", SUPPORTED_TYPES, ids=lambda t: t.name)
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def _blocks(qtype: GGMLQuantizationType, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:

@@ -17,8 +17,10 @@ from pagedllm.model_loader.loader import build_model, weight_bytes
 
 
 class ReadBandwidthProbe:
-    """Bytes per second that `torch.sum` streams through a float32 tensor of `num_bytes`,
-    best of `repeats` passes with torch's current thread count, each time it is called.
+    """Bytes per second that `torch.sum` streams through a float32 tensor of `num_bytes` on
+    `device` (the engine's: on a GPU the weights are read from its memory), best of
+    `repeats` passes with torch's current thread count, each time it is called; each pass
+    ends when its sum reaches the host, so an asynchronous device is timed whole.
 
     The tensor is allocated once and lies in transparent huge pages where the OS offers
     them, as the weight arena puts a model's weights: in 4 KiB pages the same pass read
@@ -28,29 +30,31 @@ class ReadBandwidthProbe:
     after the first backend has started: its huge pages, faulted in while an engine was
     loading, made that start-up 0.5-1 s slower (the OS's huge-page faults grew costlier)."""
 
-    def __init__(self, num_bytes: int = 512 * 1024**2, repeats: int = 10) -> None:
+    def __init__(
+        self, num_bytes: int = 512 * 1024**2, repeats: int = 10, device: str = "cpu"
+    ) -> None:
         if num_bytes < 4 or repeats < 1:
             raise ValueError(f"num_bytes {num_bytes} must be >= 4 and repeats {repeats} >= 1")
-        self.num_bytes, self.repeats = num_bytes, repeats
+        self.num_bytes, self.repeats, self.device = num_bytes, repeats, torch.device(device)
         self.data: torch.Tensor | None = None
 
     def __call__(self) -> float:
         if self.data is None:
-            self.data = probe_tensor(self.num_bytes // 4)
+            self.data = probe_tensor(self.num_bytes // 4, self.device)
         best = float("inf")
         for _ in range(self.repeats):
             start = time.perf_counter()
-            torch.sum(self.data)
+            torch.sum(self.data).item()
             best = min(best, time.perf_counter() - start)
         return self.data.numel() * 4 / best
 
 
-def probe_tensor(numel: int) -> torch.Tensor:
-    """numel float32 ones, in a huge-page-aligned map that asks for huge pages where
-    huge_page_size() is known, else torch's own allocation."""
+def probe_tensor(numel: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    """numel float32 ones; on the CPU in a huge-page-aligned map that asks for huge pages
+    where huge_page_size() is known, else (and on other devices) torch's own allocation."""
     page = huge_page_size()
-    if page is None:
-        return torch.ones(numel, dtype=torch.float32)
+    if torch.device(device).type != "cpu" or page is None:
+        return torch.ones(numel, dtype=torch.float32, device=device)
     return huge_page_map(numel * 4, page).view(torch.float32).fill_(1.0)
 
 

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 
-def load_hf_model(model_config: ModelConfig) -> "PreTrainedModel":
+def load_hf_model(model_config: ModelConfig, device: str = "cpu") -> "PreTrainedModel":
+    """transformers' model of `model_config` on `device` (the engine's, so that a ratio
+    compares the two on the same hardware)."""
     from transformers import AutoModelForCausalLM
 
     hf_config = model_config.hf_config
@@ -41,7 +43,7 @@ def load_hf_model(model_config: ModelConfig) -> "PreTrainedModel":
             f"{model_config.architecture}: missing {sorted(set(missing) - tied)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}"
         )
-    return model.eval()
+    return model.to(device).eval()
 
 
 def _pad_token_id(model: "PreTrainedModel") -> int:
@@ -74,6 +76,7 @@ def generate_batch(
 ) -> torch.Tensor:
     """The new tokens [B, num_tokens] of every request in the batch."""
     ids, mask = left_pad([r.prompt_token_ids for r in batch], _pad_token_id(model))
+    ids, mask = ids.to(model.device), mask.to(model.device)
     sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
     out = model.generate(
         input_ids=ids,
@@ -100,13 +103,17 @@ def batches_by_output_len(
 
 
 def run_hf_throughput(
-    model_config: ModelConfig, requests: list[BenchRequest], batch_size: int, temperature: float
+    model_config: ModelConfig,
+    requests: list[BenchRequest],
+    batch_size: int,
+    temperature: float,
+    device: str = "cpu",
 ) -> ThroughputResult:
     """Each batch generates its longest requested output; only the requested tokens count."""
     if batch_size < 1:
         raise ValueError(f"hf batch size {batch_size} must be >= 1")
     start = time.perf_counter()
-    model = load_hf_model(model_config)
+    model = load_hf_model(model_config, device)
     startup = time.perf_counter() - start
     start, output_tokens = time.perf_counter(), 0
     for batch in batches_by_output_len(requests, batch_size):

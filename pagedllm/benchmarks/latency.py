@@ -24,11 +24,12 @@ from pagedllm.benchmarks.llamacpp_backend import llamacpp_latency_sample, load_l
 from pagedllm.benchmarks.metrics import (
     BackendUnavailable,
     LatencySample,
+    check_same_device,
     latency_sample,
     summarize,
 )
 from pagedllm.benchmarks.vllm_backend import run_vllm_latency, vllm_peer
-from pagedllm.config import ModelConfig
+from pagedllm.config import ModelConfig, resolve_device
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
@@ -69,7 +70,7 @@ def _pagedllm_runner(args: argparse.Namespace, model_config: ModelConfig) -> Run
 
 
 def _hf_runner(args: argparse.Namespace, model_config: ModelConfig) -> Runner:
-    model = load_hf_model(model_config)
+    model = load_hf_model(model_config, resolve_device(args.device))
     return lambda batch: hf_latency_sample(model, batch)
 
 
@@ -93,6 +94,7 @@ def _timed_runs(
     """({"startup_s": loading time, maybe "detail"}, one sample per batch, the read bandwidth
     each ran at: the best of the probes just before and just after it; vLLM runs every batch
     in its own process, so its samples get the best of the probes before and after that)."""
+    check_same_device(backend, resolve_device(args.device))
     if backend == "vllm":
         before = probe()
         loaded, samples = run_vllm_latency(vllm_peer(args), model_config, batches)
@@ -155,7 +157,8 @@ def run_latency(args: argparse.Namespace, backends: list[str]) -> dict:
         for i in range(args.num_warmup + args.num_iters)
     ]
     model_bytes = model_weight_bytes(model_config)
-    read_bandwidth, probed = ReadBandwidthProbe(args.bandwidth_mb * 1024**2), []
+    device = resolve_device(args.device)
+    read_bandwidth, probed = ReadBandwidthProbe(args.bandwidth_mb * 1024**2, device=device), []
 
     def probe() -> float:
         probed.append(read_bandwidth())
@@ -173,6 +176,7 @@ def run_latency(args: argparse.Namespace, backends: list[str]) -> dict:
         "dtype": str(model_config.dtype).removeprefix("torch."),
         "quantization": model_config.quantization or "none",
         "threads": torch.get_num_threads(),
+        "device": device,
     }
     config |= {k: getattr(args, k) for k in ("batch_size", "input_len", "output_len")}
     config |= {k: getattr(args, k) for k in ("num_iters", "num_warmup", "seed")}
@@ -195,7 +199,8 @@ def format_latency(report: dict) -> str:
         f"{c['threads']} threads), batch {c['batch_size']}, "
         f"input {c['input_len']}, output {c['output_len']}: "
         f"{c['num_iters']} runs after {c['num_warmup']} warm-up",
-        f"memory read bandwidth {report['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s (median of "
+        f"{c['device']} memory read bandwidth {report['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s "
+        f"(median of "
         f"{len(probes)} probes around the runs, {min(probes) / 1e9:.2f}-{max(probes) / 1e9:.2f}), "
         f"weights {report['weight_bytes'] / 1e6:.1f} MB -> bandwidth bound "
         f"{report['bound_tokens_per_s']:.2f} tok/s at batch {c['batch_size']}",

@@ -12,6 +12,20 @@ class BackendUnavailable(Exception):
     and is printed as a 'skipped: ...' line instead of results."""
 
 
+CPU_ONLY_PEERS = ("llama.cpp", "vllm")
+"""The peers as installed for the bench (llama-cpp-python's and vLLM's CPU builds)."""
+
+
+def check_same_device(backend: str, device: str) -> None:
+    """A CPU-only peer is skipped when pagedllm runs on another device: a ratio across
+    devices would measure the hardware, not the engines."""
+    if backend in CPU_ONLY_PEERS and device.split(":")[0] != "cpu":
+        raise BackendUnavailable(
+            f"skipped: {backend} runs on the CPU only and pagedllm on {device}; "
+            "on that device the hf peer is the one to compare with"
+        )
+
+
 @dataclass
 class ThroughputResult:
     """One backend's run over all requests. Tokens are those the requests asked for, counted

@@ -17,10 +17,11 @@ from pagedllm.benchmarks.metrics import (
     THROUGHPUT_RATES,
     BackendUnavailable,
     ThroughputResult,
+    check_same_device,
     ratios,
 )
 from pagedllm.benchmarks.vllm_backend import run_vllm_throughput, vllm_peer
-from pagedllm.config import ModelConfig
+from pagedllm.config import ModelConfig, resolve_device
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.llm import LLM
 from pagedllm.sampling_params import SamplingParams
@@ -55,10 +56,14 @@ def _run_backend(
     model_config: ModelConfig,
     requests: list[BenchRequest],
 ) -> ThroughputResult:
+    device = resolve_device(args.device)
+    check_same_device(backend, device)
     if backend == "pagedllm":
         return run_pagedllm_throughput(EngineArgs.from_cli_args(args), requests, args.temperature)
     if backend == "hf":
-        return run_hf_throughput(model_config, requests, args.hf_batch_size, args.temperature)
+        return run_hf_throughput(
+            model_config, requests, args.hf_batch_size, args.temperature, device
+        )
     if backend == "vllm":
         return run_vllm_throughput(vllm_peer(args), model_config, requests, args.temperature)
     require_llama_cpp()

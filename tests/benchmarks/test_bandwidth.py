@@ -9,15 +9,21 @@ import torch
 from pagedllm.benchmarks import bandwidth
 from pagedllm.benchmarks.bandwidth import ReadBandwidthProbe, decode_bound_tokens_per_s
 from pagedllm.cpu_memory import huge_page_size
+from tests.devices import DEVICES
 from tests.memory_maps import mapping_of
 
 
-def test_probe_measures_each_time_it_is_called_over_one_tensor_made_at_the_first() -> None:
-    probe = ReadBandwidthProbe(8 * 1024**2, repeats=2)
+@pytest.mark.parametrize("device", DEVICES)
+def test_probe_measures_each_time_it_is_called_over_one_tensor_made_at_the_first(
+    device: str,
+) -> None:
+    """On the engine's device."""
+    probe = ReadBandwidthProbe(8 * 1024**2, repeats=2, device=device)
     assert probe.data is None  # nothing faulted in while a backend starts
     assert probe() > 0
     data = probe.data
     assert data is not None and data.numel() * 4 == 8 * 1024**2
+    assert data.device.type == device
     assert probe() > 0 and probe.data is data
 
 

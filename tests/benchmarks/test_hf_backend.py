@@ -15,6 +15,7 @@ from pagedllm.benchmarks.hf_backend import (
     load_hf_model,
 )
 from pagedllm.config import ModelConfig
+from tests.devices import DEVICES
 
 
 def test_left_pad_right_aligns_prompts() -> None:
@@ -42,9 +43,13 @@ def test_load_hf_model_matches_from_pretrained(
         torch.testing.assert_close(ours(ids).logits, reference(ids).logits, rtol=0, atol=0)
 
 
-def test_generate_batch_runs_past_eos(tiny_model_path: Callable[[str], str]) -> None:
-    """EOS is made the greedy first token: only min_new_tokens keeps generation going."""
-    model = load_hf_model(ModelConfig.create(tiny_model_path("llama-tied-mqa"), "float32"))
+@pytest.mark.parametrize("device", DEVICES)
+def test_generate_batch_runs_past_eos(device: str, tiny_model_path: Callable[[str], str]) -> None:
+    """EOS is made the greedy first token: only min_new_tokens keeps generation going. The
+    model runs on the device it was loaded on (the engine's)."""
+    config = ModelConfig.create(tiny_model_path("llama-tied-mqa"), "float32")
+    model = load_hf_model(config, device)
+    assert model.device.type == device
     batch = random_requests(1, (5, 5), (6, 6), vocab_size=320)
     first = generate_batch(model, batch, 1, 0.0)[0, 0].item()
     model.config.eos_token_id = model.generation_config.eos_token_id = first

@@ -97,7 +97,7 @@ def test_each_run_is_held_to_the_bandwidth_probed_around_it(
     sample = lambda batch: LatencySample(0.1, next(tpots), 1.0)  # noqa: E731
     monkeypatch.setitem(latency._RUNNERS, "fake", lambda args, config: sample)
     probes = iter([1e9, 3e9, 2e9, 8e9, 4e9])
-    args = argparse.Namespace(batch_size=1, num_warmup=1)
+    args = argparse.Namespace(batch_size=1, num_warmup=1, device="cpu")
     result = latency.run_backend("fake", args, None, [[]] * 4, lambda: next(probes), 10**8)
     assert result["bandwidths_bytes_per_s"] == [3e9, 8e9, 8e9]
     bounds = [30.0, 80.0, 80.0]  # tokens/s: bandwidth / 10**8 bytes
@@ -113,7 +113,7 @@ def test_vllm_runs_are_held_to_the_probes_around_its_process(
     monkeypatch.setattr(latency, "vllm_peer", lambda args: None)
     monkeypatch.setattr(latency, "run_vllm_latency", lambda *a: ({"startup_s": 1.0}, samples))
     probes = iter([2e9, 5e9])
-    args = argparse.Namespace(batch_size=1, num_warmup=0)
+    args = argparse.Namespace(batch_size=1, num_warmup=0, device="cpu")
     result = latency.run_backend("vllm", args, None, [[]] * 3, lambda: next(probes), 10**8)
     assert result["bandwidths_bytes_per_s"] == [5e9] * 3
     assert result["percent_of_bound"] == pytest.approx(100 * 100 / 50)

@@ -7,7 +7,9 @@ tokens - 1) and e2e."""
 import pytest
 
 from pagedllm.benchmarks.metrics import (
+    BackendUnavailable,
     ThroughputResult,
+    check_same_device,
     latency_sample,
     ratios,
     summarize,
@@ -76,3 +78,18 @@ def test_latency_sample_means_over_the_batch() -> None:
     assert sample.ttft_s == pytest.approx(0.2)
     assert sample.tpot_s == pytest.approx(0.35)
     assert sample.e2e_s == 1.5
+
+
+@pytest.mark.parametrize("backend", ["llama.cpp", "vllm"])
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_cpu_only_peers_are_skipped_when_pagedllm_runs_elsewhere(backend, device) -> None:
+    with pytest.raises(BackendUnavailable, match=f"{backend} runs on the CPU only"):
+        check_same_device(backend, device)
+
+
+@pytest.mark.parametrize(
+    "backend, device",
+    [("llama.cpp", "cpu"), ("vllm", "cpu"), ("hf", "cuda"), ("pagedllm", "cuda:1")],
+)
+def test_peers_on_pagedllm_s_device_run(backend, device) -> None:
+    check_same_device(backend, device)

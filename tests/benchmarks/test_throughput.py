@@ -9,6 +9,7 @@ import pytest
 
 from pagedllm.benchmarks.datasets import random_requests
 from tests.benchmarks.conftest import TINY_ENGINE_FLAGS, TINY_MODEL
+from tests.devices import DEVICES
 
 NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 6, (4, 24), (2, 7)
 
@@ -17,17 +18,21 @@ def _table_rows(text: str) -> dict[str, list[str]]:
     return {line.split()[0]: line.split()[1:] for line in text.splitlines()[2:]}
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("temperature", ["0", "0.8"])
 def test_throughput_accounting_ratios_and_json(
     run_bench: Callable[[list[str]], str],
     tiny_model_path: Callable[[str], str],
     tmp_path: object,
     temperature: str,
+    device: str,
 ) -> None:
+    """On CUDA, hf runs there too and the CPU-only peers are skipped."""
     json_path = f"{tmp_path}/throughput.json"
     argv = ["throughput", "--model", tiny_model_path(TINY_MODEL), "--backend", "all"]
     argv += ["--num-prompts", str(NUM_PROMPTS), "--input-len", "4:24", "--output-len", "2:7"]
     argv += ["--temperature", temperature, "--hf-batch-size", "4", "--json", json_path]
+    argv += ["--device", device]
     out = run_bench(argv + TINY_ENGINE_FLAGS)
 
     requests = random_requests(NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN, vocab_size=320, seed=0)
@@ -41,9 +46,13 @@ def test_throughput_accounting_ratios_and_json(
     printed_ratios = [float(r.rstrip("x")) for r in rows["pagedllm/hf"]]
     for o, p, ratio in zip(ours, peer, printed_ratios):
         assert ratio == pytest.approx(o / p, rel=2e-3)
-    if importlib.util.find_spec("llama_cpp") is None:
+    if device == "cuda":
+        for peer in ("llama.cpp", "vllm"):
+            assert f"skipped: {peer} runs on the CPU only and pagedllm on cuda" in out
+    elif importlib.util.find_spec("llama_cpp") is None:
         assert "llama.cpp           skipped: pip install llama-cpp-python" in out
-    assert "vllm                skipped: give --vllm-python PATH" in out
+    if device == "cpu":
+        assert "vllm                skipped: give --vllm-python PATH" in out
 
     report = json.load(open(json_path))
     assert set(report) == {"benchmark", "config", "results", "ratios"}

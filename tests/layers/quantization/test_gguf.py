@@ -22,6 +22,7 @@ from pagedllm.layers.quantization.gguf import (
     GGUFLinearMethod,
 )
 from pagedllm.model_loader.loader import build_model
+from tests.devices import DEVICES
 from tests.layers.quantization.quantized_gguf import write_quantized_gguf
 
 ARCHS = ("llama", "qwen3moe")
@@ -48,20 +49,23 @@ def prompt_logprobs(llm: LLM) -> torch.Tensor:
     return torch.tensor([[row[t].logprob for t in range(VOCAB)] for row in rows])
 
 
-def run(path: str, quantization: str | None) -> torch.Tensor:
-    with LLM(path, quantization=quantization, **ENGINE) as llm:
+def run(path: str, quantization: str | None, device: str = "cpu") -> torch.Tensor:
+    with LLM(path, quantization=quantization, device=device, **ENGINE) as llm:
         return prompt_logprobs(llm)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_native_equals_dequantized_with_the_reference_ops(
-    arch: str, quantized_files: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    arch: str, device: str, quantized_files: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """On CUDA the reference ops are the only ops."""
     monkeypatch.setattr(ops, "has_cpu_kernels", lambda: False)
     monkeypatch.setattr(ops, "cpu_kernels_apply", lambda *tensors, **dtypes: False)
-    reference = run(quantized_files[arch], "none")
+    reference = run(quantized_files[arch], "none", device)
     assert reference.std() > 0.1, "reference logprobs too flat to test anything"
-    torch.testing.assert_close(run(quantized_files[arch], None), reference, atol=1e-4, rtol=0)
+    native = run(quantized_files[arch], None, device)
+    torch.testing.assert_close(native, reference, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
