@@ -200,8 +200,8 @@ def format_latency(report: dict) -> str:
         f"input {c['input_len']}, output {c['output_len']}: "
         f"{c['num_iters']} runs after {c['num_warmup']} warm-up",
         f"{c['device']} memory read bandwidth {report['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s "
-        f"(median of "
-        f"{len(probes)} probes around the runs, {min(probes) / 1e9:.2f}-{max(probes) / 1e9:.2f}), "
+        f"(median of {len(probes)} probes around the runs, "
+        f"{min(probes) / 1e9:.2f}-{max(probes) / 1e9:.2f}), "
         f"weights {report['weight_bytes'] / 1e6:.1f} MB -> bandwidth bound "
         f"{report['bound_tokens_per_s']:.2f} tok/s at batch {c['batch_size']}",
     ]
