@@ -269,11 +269,18 @@ class EngineConfig:
 
 
 def resolve_device(device: str) -> str:
-    """'auto' is CUDA when available, else CPU."""
+    """'auto' is CUDA when available, else CPU. A CUDA device must be one torch finds here
+    (else torch fails at the first allocation, deep in loading, with an AssertionError)."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        torch.device(device)
+        parsed = torch.device(device)
     except RuntimeError as e:
         raise ValueError(f"device {device!r} is not a torch device: {e}") from e
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise ValueError(f"device {device!r}: torch finds no CUDA GPU on this machine")
+        if parsed.index is not None and parsed.index >= count:
+            raise ValueError(f"device {device!r}: torch finds {count} CUDA GPU(s), cuda:0 on")
     return device

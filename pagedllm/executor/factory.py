@@ -2,6 +2,8 @@
 
 import os
 
+import torch
+
 from pagedllm.config import EngineConfig
 from pagedllm.executor.executor import Executor
 from pagedllm.executor.multiproc_executor import MultiprocExecutor
@@ -16,5 +18,19 @@ def make_executor(config: EngineConfig) -> Executor:
             raise ValueError(
                 f"torchrun started {world_size} ranks but tensor_parallel_size is {tp}"
             )
+        check_gpus_for_ranks(config, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
         return TorchrunExecutor(config)
+    check_gpus_for_ranks(config, tp)
     return MultiprocExecutor(config) if tp > 1 else Executor(config)
+
+
+def check_gpus_for_ranks(config: EngineConfig, ranks_on_host: int) -> None:
+    """On CUDA each rank of this host takes its own GPU (cuda:<local rank>)."""
+    if torch.device(config.device).type != "cuda" or ranks_on_host < 2:
+        return
+    gpus = torch.cuda.device_count()
+    if ranks_on_host > gpus:
+        raise ValueError(
+            f"tensor_parallel_size {config.parallel_config.tensor_parallel_size} puts "
+            f"{ranks_on_host} ranks on this machine, one GPU each; torch finds {gpus}"
+        )

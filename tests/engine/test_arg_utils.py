@@ -7,6 +7,7 @@ import argparse
 from dataclasses import fields
 
 import pytest
+import torch
 
 from pagedllm.engine.arg_utils import EngineArgs
 from tests.engine.engine_helpers import LLAMA
@@ -126,3 +127,26 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
 def test_create_engine_config_rejects_a_bad_device(tiny_model_path) -> None:
     with pytest.raises(ValueError, match="device 'gpu0' is not a torch device"):
         EngineArgs(tiny_model_path(LLAMA), device="gpu0").create_engine_config()
+
+
+@pytest.mark.parametrize(
+    "device, gpus, message",
+    [
+        ("cuda", 0, "device 'cuda': torch finds no CUDA GPU on this machine"),
+        ("cuda:0", 0, "device 'cuda:0': torch finds no CUDA GPU on this machine"),
+        ("cuda:1", 1, r"device 'cuda:1': torch finds 1 CUDA GPU\(s\), cuda:0 on"),
+    ],
+)
+def test_a_cuda_device_this_machine_lacks_is_named(
+    tiny_model_path, monkeypatch: pytest.MonkeyPatch, device: str, gpus: int, message: str
+) -> None:
+    """Not torch's AssertionError at the first allocation, deep in loading."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(tiny_model_path(LLAMA), device=device).create_engine_config()
+
+
+def test_a_cuda_device_this_machine_has_is_taken(tiny_model_path, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    config = EngineArgs(tiny_model_path(LLAMA), device="cuda:1").create_engine_config()
+    assert config.device == "cuda:1"

@@ -2,9 +2,11 @@
 > 1 and RANK set) a TorchrunExecutor, whose world must be tensor_parallel_size ranks; otherwise
 MultiprocExecutor for tensor_parallel_size > 1, the in-process Executor for 1."""
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
+import torch
 
 from pagedllm.config import EngineConfig
 from pagedllm.engine.arg_utils import EngineArgs
@@ -63,3 +65,29 @@ def test_torchrun_world_must_be_the_tensor_parallel_size(config, launched, tp, w
     message = f"torchrun started {world_size} ranks but tensor_parallel_size is {tp}"
     with pytest.raises(ValueError, match=message):
         make_executor(config(tp))
+
+
+@pytest.mark.parametrize(
+    "world_size, local_ranks, gpus, fits",
+    [(None, None, 1, False), (None, None, 2, True), (4, 2, 2, True), (4, 2, 1, False)],
+)
+def test_cuda_ranks_need_a_gpu_each_on_their_machine(
+    config, launched, monkeypatch, world_size, local_ranks, gpus, fits
+) -> None:
+    """Without torchrun all tensor_parallel_size ranks share this machine; under torchrun,
+    LOCAL_WORLD_SIZE of them."""
+    monkeypatch.setattr(factory, "MultiprocExecutor", stub("multiproc"))
+    monkeypatch.setattr(factory, "TorchrunExecutor", stub("torchrun"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    launched(world_size)
+    if local_ranks is not None:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_ranks))
+    tp = world_size or 2
+    on_cuda = dataclasses.replace(config(tp), device="cuda")
+    if fits:
+        assert make_executor(on_cuda)[1] is on_cuda
+        return
+    ranks = local_ranks or tp
+    message = f"tensor_parallel_size {tp} puts {ranks} ranks on this machine, one GPU each; "
+    with pytest.raises(ValueError, match=message + f"torch finds {gpus}"):
+        make_executor(on_cuda)
