@@ -269,18 +269,32 @@ class EngineConfig:
 
 
 def resolve_device(device: str) -> str:
-    """'auto' is CUDA when available, else CPU. A CUDA device must be one torch finds here
-    (else torch fails at the first allocation, deep in loading, with an AssertionError)."""
+    """'auto' is CUDA when available, else CPU. Any other device must be one torch can
+    allocate on here (else torch fails at the first allocation, deep in loading, with an
+    AssertionError or NotImplementedError); "meta" holds no data to run."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
         parsed = torch.device(device)
     except RuntimeError as e:
         raise ValueError(f"device {device!r} is not a torch device: {e}") from e
+    if parsed.type == "meta":
+        raise ValueError("device 'meta' holds no data; `pagedllm inspect` sizes a model on it")
     if parsed.type == "cuda":
         count = torch.cuda.device_count()
         if count == 0:
             raise ValueError(f"device {device!r}: torch finds no CUDA GPU on this machine")
         if parsed.index is not None and parsed.index >= count:
             raise ValueError(f"device {device!r}: torch finds {count} CUDA GPU(s), cuda:0 on")
+    elif parsed.type != "cpu":
+        _check_allocates(device, parsed)
     return device
+
+
+def _check_allocates(device: str, parsed: torch.device) -> None:
+    """torch's many ways of saying a device is not in this build or on this machine."""
+    try:
+        torch.empty(0, device=parsed)
+    except Exception as e:  # AssertionError, NotImplementedError, RuntimeError, ...
+        first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"device {device!r} is not usable here: {first_line}") from e

@@ -150,3 +150,25 @@ def test_a_cuda_device_this_machine_has_is_taken(tiny_model_path, monkeypatch) -
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     config = EngineArgs(tiny_model_path(LLAMA), device="cuda:1").create_engine_config()
     assert config.device == "cuda:1"
+
+
+def test_the_meta_device_is_refused(tiny_model_path) -> None:
+    with pytest.raises(ValueError, match="device 'meta' holds no data"):
+        EngineArgs(tiny_model_path(LLAMA), device="meta").create_engine_config()
+
+
+def _allocates_on(device: str) -> bool:
+    try:
+        torch.empty(0, device=device)
+    except Exception:  # this torch's way of saying it cannot
+        return False
+    return True
+
+
+@pytest.mark.parametrize("device", ["xpu", "mps"])
+def test_a_device_torch_cannot_allocate_on_here_is_named(tiny_model_path, device) -> None:
+    """Skipped where it can (an Intel GPU, a Mac)."""
+    if _allocates_on(device):
+        pytest.skip(f"torch allocates on {device} here")
+    with pytest.raises(ValueError, match=f"device '{device}' is not usable here: "):
+        EngineArgs(tiny_model_path(LLAMA), device=device).create_engine_config()
