@@ -150,14 +150,14 @@ def check_latency_args(args: argparse.Namespace) -> None:
 
 def run_latency(args: argparse.Namespace, backends: list[str]) -> dict:
     check_latency_args(args)
-    model_config = EngineArgs.from_cli_args(args).create_engine_config().model_config
+    engine_config = EngineArgs.from_cli_args(args).create_engine_config()
+    model_config, device = engine_config.model_config, engine_config.device
     lens = (args.input_len, args.input_len), (args.output_len, args.output_len)
     batches = [
         random_requests(args.batch_size, *lens, model_config.vocab_size, args.seed + i)
         for i in range(args.num_warmup + args.num_iters)
     ]
     model_bytes = model_weight_bytes(model_config)
-    device = resolve_device(args.device)
     read_bandwidth, probed = ReadBandwidthProbe(args.bandwidth_mb * 1024**2, device=device), []
 
     def probe() -> float:

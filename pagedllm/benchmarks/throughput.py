@@ -21,7 +21,7 @@ from pagedllm.benchmarks.metrics import (
     ratios,
 )
 from pagedllm.benchmarks.vllm_backend import run_vllm_throughput, vllm_peer
-from pagedllm.config import ModelConfig, resolve_device
+from pagedllm.config import ModelConfig
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.llm import LLM
 from pagedllm.sampling_params import SamplingParams
@@ -55,8 +55,9 @@ def _run_backend(
     args: argparse.Namespace,
     model_config: ModelConfig,
     requests: list[BenchRequest],
+    device: str,
 ) -> ThroughputResult:
-    device = resolve_device(args.device)
+    """device: the engine's, resolved (never "auto")."""
     check_same_device(backend, device)
     if backend == "pagedllm":
         return run_pagedllm_throughput(EngineArgs.from_cli_args(args), requests, args.temperature)
@@ -75,7 +76,8 @@ def _run_backend(
 def run_throughput(args: argparse.Namespace, backends: list[str]) -> dict:
     if args.temperature < 0:
         raise ValueError(f"--temperature {args.temperature} must be >= 0")
-    model_config = EngineArgs.from_cli_args(args).create_engine_config().model_config
+    engine_config = EngineArgs.from_cli_args(args).create_engine_config()
+    model_config = engine_config.model_config
     input_len = parse_len_range(args.input_len, "--input-len")
     output_len = parse_len_range(args.output_len, "--output-len")
     requests = random_requests(
@@ -85,7 +87,9 @@ def run_throughput(args: argparse.Namespace, backends: list[str]) -> dict:
     measured: dict[str, ThroughputResult] = {}
     for backend in backends:
         try:
-            measured[backend] = _run_backend(backend, args, model_config, requests)
+            measured[backend] = _run_backend(
+                backend, args, model_config, requests, engine_config.device
+            )
             results[backend] = measured[backend].to_dict()
         except BackendUnavailable as e:
             results[backend] = {"skipped": str(e)}
