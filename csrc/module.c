@@ -127,40 +127,41 @@ static PyObject *kernel_refused(const char *name, int rc) {
     Py_RETURN_NONE;                                                                 \
   }
 
-BINDING(skinny_gemm, "iiiiiiiii",
-        check_isa("skinny_gemm", a[7], skinny_gemm_isa_count, skinny_gemm_isa_supported),
-        skinny_gemm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6], (int)a[7],
-                    (int)a[8]))
-
-/* 0 unless a packed weight (packed != 0) goes to a build that does not read one, or its N
- * or K is not a multiple of the packed tiles' sizes: -1 with a ValueError. */
-static int check_packed(int64_t packed, int64_t isa, int64_t N, int64_t K) {
+/* 0 unless a packed weight (packed != 0) goes to a build that does not read one for its
+ * dtype, or its N or K is not a multiple of the packed tiles' sizes: -1 with a ValueError. */
+static int check_packed(const char *op, int bf16, int64_t packed, int64_t isa, int64_t N,
+                        int64_t K) {
   if (!packed) return 0;
-  if (!skinny_gemm_reads_packed((int)isa)) {
+  const char *reader = bf16 ? "avx512_bf16" : "avx2";
+  if (!skinny_gemm_reads_packed((int)isa, bf16)) {
     if (isa < 0)
-      PyErr_Format(PyExc_ValueError, "skinny_gemm_bf16: this CPU's best build does not read "
-                   "packed weights (only the avx512_bf16 build does)");
+      PyErr_Format(PyExc_ValueError, "%s: this CPU's best build does not read packed weights "
+                   "(only the %s build does)", op, reader);
     else
-      PyErr_Format(PyExc_ValueError, "skinny_gemm_bf16: build '%s' does not read packed "
-                   "weights (only the avx512_bf16 build does)", skinny_gemm_isa_name((int)isa));
+      PyErr_Format(PyExc_ValueError, "%s: build '%s' does not read packed weights (only the %s "
+                   "build does)", op, skinny_gemm_isa_name((int)isa), reader);
     return -1;
   }
-  if (N % SKINNY_PACK_ROWS == 0 && K % SKINNY_PACK_K == 0) return 0;
-  PyErr_Format(PyExc_ValueError, "skinny_gemm_bf16: packed weights need N %% %d == 0 and K %% "
-               "%d == 0, got N %lld, K %lld", SKINNY_PACK_ROWS, SKINNY_PACK_K, (long long)N,
-               (long long)K);
+  const int64_t rows = bf16 ? SKINNY_PACK_ROWS : SKINNY_PANEL_ROWS, ks = bf16 ? SKINNY_PACK_K : 8;
+  if (N % rows == 0 && K % ks == 0) return 0;
+  PyErr_Format(PyExc_ValueError, "%s: packed weights need N %% %d == 0 and K %% %d == 0, got N "
+               "%lld, K %lld", op, (int)rows, (int)ks, (long long)N, (long long)K);
   return -1;
 }
 
-BINDING(skinny_gemm_bf16, "iiiiiiiiii",
-        check_isa("skinny_gemm_bf16", a[8], skinny_gemm_isa_count, skinny_gemm_isa_supported) < 0
-            ? -1
-            : check_packed(a[7], a[8], a[5], a[6]),
+/* check_isa, then check_packed, for skinny_gemm (bf16 = 0) or skinny_gemm_bf16 (bf16 = 1). */
+static int check_skinny(const char *op, int bf16, const int64_t *a) {
+  if (check_isa(op, a[8], skinny_gemm_isa_count, skinny_gemm_isa_supported) < 0) return -1;
+  return check_packed(op, bf16, a[7], a[8], a[5], a[6]);
+}
+
+BINDING(skinny_gemm, "iiiiiiiiii", check_skinny("skinny_gemm", 0, a),
+        rc = skinny_gemm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6], (int)a[7],
+                         (int)a[8], (int)a[9]))
+
+BINDING(skinny_gemm_bf16, "iiiiiiiiii", check_skinny("skinny_gemm_bf16", 1, a),
         rc = skinny_gemm_bf16(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6],
                               (int)a[7], (int)a[8], (int)a[9]))
-
-BINDING(skinny_unpack_bf16, "iiiii", 0,
-        skinny_unpack_bf16(PTR(a[0]), PTR(a[1]), a[2], a[3], (int)a[4]))
 
 /* 0 when the CPU runs the AMX kernels, else -1 with a RuntimeError naming op. */
 static int check_amx(const char *op) {
@@ -287,11 +288,11 @@ static PyObject *py_skinny_gemm_reads_packed(PyObject *self, PyObject *const *ar
                                              Py_ssize_t n) {
   int64_t a[MAX_ARGS];
   double f[MAX_ARGS];
-  if (parse("skinny_gemm_reads_packed", "i", args, n, a, f) < 0) return NULL;
+  if (parse("skinny_gemm_reads_packed", "ii", args, n, a, f) < 0) return NULL;
   if (check_isa("skinny_gemm_reads_packed", a[0], skinny_gemm_isa_count,
                 skinny_gemm_isa_supported) < 0)
     return NULL;
-  return PyBool_FromLong(skinny_gemm_reads_packed((int)a[0]));
+  return PyBool_FromLong(skinny_gemm_reads_packed((int)a[0], (int)a[1]));
 }
 
 static PyObject *py_paged_attention_isas(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -334,13 +335,13 @@ static PyMethodDef methods[] = {
     METHOD(prefill_attention_f32_isas,
            "prefill_attention_f32_isas() -> ((name, supported), ...), best first"),
     METHOD(amx_pack_bf16, "amx_pack_bf16(packed_w, w, N, K), bfloat16"),
-    METHOD(skinny_gemm, "skinny_gemm(x, w, b, y, M, N, K, isa, num_threads)"),
+    METHOD(skinny_gemm, "skinny_gemm(x, w, b, y, M, N, K, packed, isa, num_threads)"),
     METHOD(skinny_gemm_isas, "skinny_gemm_isas() -> ((name, supported), ...), best first"),
     METHOD(skinny_gemm_reads_packed,
-           "skinny_gemm_reads_packed(isa) -> bool: whether that build reads packed weights"),
+           "skinny_gemm_reads_packed(isa, bf16) -> bool: whether that build reads packed "
+           "weights of that dtype"),
     METHOD(skinny_gemm_bf16,
            "skinny_gemm_bf16(x, w, b, y, M, N, K, packed, isa, num_threads), bf16"),
-    METHOD(skinny_unpack_bf16, "skinny_unpack_bf16(w, packed_w, N, K, num_threads), bf16"),
     METHOD(paged_decode_attention,
            "paged_decode_attention(out, q, k_cache, v_cache, kv_bf16, block_tables, seq_lens, B, "
            "H, KV, D, block_size, max_blocks, num_blocks, isa, num_threads, scale)"),

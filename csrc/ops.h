@@ -6,27 +6,32 @@
 
 #include <stdint.h>
 
-/* y [M, N] = x [M, K] @ w [N, K]^T (+ b [N]); b may be NULL. For small M (skinny_gemm.c).
- * isa: an index of skinny_gemm_isa_name that skinny_gemm_isa_supported, or -1 for the best. */
-void skinny_gemm(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N,
-                 int64_t K, int isa, int num_threads);
+/* y [M, N] = x [M, K] @ w [N, K]^T (+ b [N]); b may be NULL (skinny_gemm.c). Each build sums
+ * every output in one order for any M, so a row's result does not depend on the rows beside
+ * it. isa: an index of skinny_gemm_isa_name that skinny_gemm_isa_supported, or -1 for the
+ * best. packed: w in the order that build reads (skinny_gemm_reads_packed), for N and K
+ * multiples of its sizes: float32 panels [N / SKINNY_PANEL_ROWS, K, SKINNY_PANEL_ROWS] (each
+ * k's values of a panel's weight rows side by side; K % 8 == 0) in the avx2 build. Returns 0,
+ * or -2 for a packed weight the build does not read. */
+#define SKINNY_PANEL_ROWS 16
+int skinny_gemm(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N,
+                int64_t K, int packed, int isa, int num_threads);
 int skinny_gemm_isa_count(void);
 const char *skinny_gemm_isa_name(int isa);
 int skinny_gemm_isa_supported(int isa);
 
 /* skinny_gemm on bfloat16 x, w, b and y, in float32 inside (skinny_gemm.c too; same isa).
  * packed: w in the order [N / SKINNY_PACK_ROWS, K / SKINNY_PACK_K, SKINNY_PACK_ROWS,
- * SKINNY_PACK_K] (each step's values of a tile's weight rows side by side), which only the
- * builds that skinny_gemm_reads_packed read, for N and K multiples of those sizes. Returns
- * 0, or -1 when its scratch memory cannot be allocated. */
+ * SKINNY_PACK_K] (each step's values of a tile's weight rows side by side), which the
+ * avx512_bf16 build reads. Returns 0, -1 when its scratch memory cannot be allocated, or -2
+ * as skinny_gemm. */
 #define SKINNY_PACK_ROWS 4
 #define SKINNY_PACK_K 32
 int skinny_gemm_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y,
                      int64_t M, int64_t N, int64_t K, int packed, int isa, int num_threads);
-int skinny_gemm_reads_packed(int isa); /* isa: an index, or -1 for the best */
-/* w [N, K] from the packed order (N, K multiples of the packed tiles' sizes). */
-void skinny_unpack_bf16(uint16_t *w, const uint16_t *packed, int64_t N, int64_t K,
-                        int num_threads);
+/* Whether that build (an index, or -1 for the best) reads packed float32 (bf16 = 0) or
+ * bfloat16 (bf16 = 1) weights. */
+int skinny_gemm_reads_packed(int isa, int bf16);
 
 /* bfloat16 matmul on AMX tiles (amx_gemm.c): y [M, N] = x [M, K] @ w^T (+ b [N]) for a
  * weight w [N, K] that amx_pack_bf16 packed (N % 16 == 0, K % 32 == 0), float32 sums.

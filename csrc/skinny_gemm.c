@@ -14,8 +14,6 @@
  * build multiplies more than 16 float32 rows as outer products on transposed panels of the
  * weights (skinny_gemm_panel.h), ahead of MKL up to ~1,000 rows there.
  */
-#include <string.h>
-
 #include "isa_table.h"
 #include "ops.h"
 
@@ -34,39 +32,27 @@ int skinny_gemm_run_portable(const void *x, const void *w, const void *b, void *
 static const struct {
   isa_entry isa;
   skinny_gemm_fn run;
-  int reads_packed; /* skinny_gemm_bf16's packed weights */
+  int reads_packed[2]; /* a packed weight of float32 [0] or bf16 [1] (see ops.h) */
 } ISAS[] = {
 #if defined(__x86_64__) && defined(__GNUC__)
-    {{"avx512_bf16", isa_x86_64_v4_bf16}, skinny_gemm_run_avx512_bf16, 1},
+    {{"avx512_bf16", isa_x86_64_v4_bf16}, skinny_gemm_run_avx512_bf16, {0, 1}},
+    {{"avx512", isa_x86_64_v4}, skinny_gemm_run_avx512, {0, 0}},
+    {{"avx2", isa_x86_64_v3}, skinny_gemm_run_avx2, {1, 0}},
 #endif
-    VECTOR_BUILDS(skinny_gemm_run)};
+    {{"portable", isa_always}, skinny_gemm_run_portable, {0, 0}}};
 
 ISA_TABLE(skinny_gemm, ISAS)
 
-int skinny_gemm_reads_packed(int isa) { return ISAS[isa < 0 ? best_isa() : isa].reads_packed; }
+int skinny_gemm_reads_packed(int isa, int bf16) {
+  return ISAS[isa < 0 ? best_isa() : isa].reads_packed[bf16 != 0];
+}
 
-void skinny_gemm(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N,
-                 int64_t K, int isa, int num_threads) {
-  ISAS[isa < 0 ? best_isa() : isa].run(x, w, b, y, M, N, K, 0, 0, num_threads);
+int skinny_gemm(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N,
+                int64_t K, int packed, int isa, int num_threads) {
+  return ISAS[isa < 0 ? best_isa() : isa].run(x, w, b, y, M, N, K, 0, packed, num_threads);
 }
 
 int skinny_gemm_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y,
                      int64_t M, int64_t N, int64_t K, int packed, int isa, int num_threads) {
   return ISAS[isa < 0 ? best_isa() : isa].run(x, w, b, y, M, N, K, 1, packed, num_threads);
-}
-
-/* w [N, K] from its packed order, on num_threads threads: each reads its tiles front to back
- * and writes a row's run of SKINNY_PACK_K values at a time (torch's permuted copy of the
- * same moved the default model's 212 MB of decoder weights at ~9 GB/s). */
-void skinny_unpack_bf16(uint16_t *w, const uint16_t *packed, int64_t N, int64_t K,
-                        int num_threads) {
-  const int64_t steps = K / SKINNY_PACK_K, run = SKINNY_PACK_K * sizeof(uint16_t);
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-  for (int64_t t = 0; t < N / SKINNY_PACK_ROWS; t++) {
-    const uint16_t *tile = packed + t * SKINNY_PACK_ROWS * K;
-    for (int64_t s = 0; s < steps; s++)
-      for (int64_t r = 0; r < SKINNY_PACK_ROWS; r++)
-        memcpy(w + (t * SKINNY_PACK_ROWS + r) * K + s * SKINNY_PACK_K,
-               tile + (s * SKINNY_PACK_ROWS + r) * SKINNY_PACK_K, run);
-  }
 }

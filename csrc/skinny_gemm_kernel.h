@@ -139,57 +139,68 @@ INLINE void weight_rows(const void *x, const void *w, const void *b, void *y, in
   }
 }
 
-#ifdef SKINNY_PANEL
-#include "skinny_gemm_panel.h"
+#ifndef X_BLOCK_BYTES
+#define X_BLOCK_BYTES (256 * 1024)
 #endif
+
+/* Rows of x per block: as many whole tiles as fit in X_BLOCK_BYTES. */
+INLINE int64_t block_rows(int64_t K, int dp) {
+  const int64_t rows = X_BLOCK_BYTES / (K * (dp ? 2 : 4)) / ROW_TILE * ROW_TILE;
+  return rows > ROW_TILE ? rows : ROW_TILE;
+}
 
 /* The weight type is chosen inside the loop: OpenMP outlines the loop's body before inlining,
  * so a bf16 passed into it would not be a constant there. */
 static void run(const void *x, const void *w, const void *b, void *y, int64_t M, int64_t N,
                 int64_t K, int bf16, int dp, int packed, int num_threads) {
-  const int64_t tiles = (N + TILE_COLS - 1) / TILE_COLS;
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-  for (int64_t t = 0; t < tiles; t++) {
-    const int64_t n0 = TILE_COLS * t, cols = N - n0 < TILE_COLS ? N - n0 : TILE_COLS;
-    if (packed)
-      weight_rows(x, w, b, y, M, N, K, n0, cols, 1, 1, 1);
-    else if (dp)
-      weight_rows(x, w, b, y, M, N, K, n0, cols, 1, 1, 0);
-    else if (bf16)
-      weight_rows(x, w, b, y, M, N, K, n0, cols, 1, 0, 0);
-    else
-      weight_rows(x, w, b, y, M, N, K, n0, cols, 0, 0, 0);
+  const int64_t tiles = (N + TILE_COLS - 1) / TILE_COLS, block = block_rows(K, dp);
+#pragma omp parallel num_threads(num_threads)
+  for (int64_t m0 = 0; m0 < M; m0 += block) {
+    const int64_t rows = M - m0 < block ? M - m0 : block;
+    const void *xb = element_at(x, m0 * K, dp);
+    void *yb = element_at(y, m0 * N, bf16);
+#pragma omp for schedule(static) nowait
+    for (int64_t t = 0; t < tiles; t++) {
+      const int64_t n0 = TILE_COLS * t, cols = N - n0 < TILE_COLS ? N - n0 : TILE_COLS;
+      if (packed)
+        weight_rows(xb, w, b, yb, rows, N, K, n0, cols, 1, 1, 1);
+      else if (dp)
+        weight_rows(xb, w, b, yb, rows, N, K, n0, cols, 1, 1, 0);
+      else if (bf16)
+        weight_rows(xb, w, b, yb, rows, N, K, n0, cols, 1, 0, 0);
+      else
+        weight_rows(xb, w, b, yb, rows, N, K, n0, cols, 0, 0, 0);
+    }
   }
 }
 
+#ifdef SKINNY_PANEL
+#include "skinny_gemm_panel.h"
+#endif
+
 /* Returns 0; -1 when x's float32 copy cannot be allocated; -2 for a packed weight that this
- * build does not read (skinny_pack_bf16's order is the avx512_bf16 build's, for bf16 and
- * K % DP_STEP == 0, N % TILE_COLS == 0). */
+ * build does not read (skinny_gemm_reads_packed: skinny_pack_bf16's order in the avx512_bf16
+ * build, bf16 with K % DP_STEP == 0 and N % TILE_COLS == 0; panels in the AVX2 build,
+ * float32 with K % VEC_LANES == 0 and N % PANEL == 0). */
 int ISA(skinny_gemm_run)(const void *x, const void *w, const void *b, void *y, int64_t M,
                          int64_t N, int64_t K, int bf16, int packed, int num_threads) {
 #ifdef SKINNY_DPBF16
-  if (packed && bf16 && K % DP_STEP == 0 && N % TILE_COLS == 0) {
-    run(x, w, b, y, M, N, K, 1, 1, 1, num_threads);
+  if (bf16 && K % DP_STEP == 0 && (!packed || N % TILE_COLS == 0)) {
+    run(x, w, b, y, M, N, K, 1, 1, packed, num_threads);
+    return 0;
+  }
+#endif
+#ifdef SKINNY_PANEL
+  if (!bf16 && K % VEC_LANES == 0 && (!packed || N % PANEL == 0)) {
+    panel_run(x, w, b, y, M, N, K, packed, num_threads);
     return 0;
   }
 #endif
   if (packed) return -2;
   if (!bf16) {
-#ifdef SKINNY_PANEL
-    if (M > PANEL_MIN_ROWS && K % VEC_LANES == 0) {
-      panel_run(x, w, b, y, M, N, K, num_threads);
-      return 0;
-    }
-#endif
     run(x, w, b, y, M, N, K, 0, 0, 0, num_threads);
     return 0;
   }
-#ifdef SKINNY_DPBF16
-  if (K % DP_STEP == 0) {
-    run(x, w, b, y, M, N, K, 1, 1, 0, num_threads);
-    return 0;
-  }
-#endif
   float *xf = malloc((size_t)(M * K) * sizeof(float));
   if (xf == NULL) return -1;
   convert(xf, 0, x, 1, M * K);

@@ -18,7 +18,7 @@
 #define PANEL (2 * VEC_LANES)
 #define PANEL_ROWS 6
 #define PANEL_K 512
-#define PANEL_MIN_ROWS 16
+_Static_assert(PANEL == SKINNY_PANEL_ROWS, "skinny_gemm's packed float32 order is this panel");
 
 /* buf[k * PANEL + j] = w[j * K + k] for j < PANEL, k < kc (a multiple of VEC_LANES): the
  * panel's rows w (K apart), VEC_LANES x VEC_LANES blocks at a time. */
@@ -59,17 +59,20 @@ INLINE void panel_tile(const float *x, const float *buf, const float *b, float *
     }
 }
 
-/* y[:, n0 .. n0 + PANEL) for all M rows of x (K % VEC_LANES == 0). */
+/* y[:, n0 .. n0 + PANEL) for M rows of x (K % VEC_LANES == 0); w plain [N, K], its panel
+ * transposed into a stack buffer chunk by chunk, or `packed` in that order already
+ * ([N / PANEL, K, PANEL]). */
 static void panel_rows(const float *x, const float *w, const float *b, float *y, int64_t M,
-                       int64_t N, int64_t K, int64_t n0) {
-  float buf[PANEL_K * PANEL] __attribute__((aligned(64)));
+                       int64_t N, int64_t K, int64_t n0, int packed) {
+  float local[PANEL_K * PANEL] __attribute__((aligned(64)));
   const float *bias = b ? b + n0 : NULL;
   const int64_t chunks = (K + PANEL_K - 1) / PANEL_K; /* of about equal size */
   const int64_t step = ((K + chunks - 1) / chunks + VEC_LANES - 1) / VEC_LANES * VEC_LANES;
   for (int64_t k0 = 0; k0 < K; k0 += step) {
     const int64_t kc = K - k0 < step ? K - k0 : step;
     const int first = k0 == 0, last = k0 + kc == K;
-    pack_panel(buf, w + n0 * K + k0, K, kc);
+    const float *buf = packed ? w + n0 * K + k0 * PANEL : local;
+    if (!packed) pack_panel(local, w + n0 * K + k0, K, kc);
     for (int64_t m = 0; m < M; m += PANEL_ROWS) {
       const float *xm = x + m * K + k0;
       float *ym = y + m * N + n0;
@@ -85,19 +88,26 @@ static void panel_rows(const float *x, const float *w, const float *b, float *y,
   }
 }
 
-/* skinny_gemm on float32 by panels (K % VEC_LANES == 0); weight rows past the last whole
- * panel go to the dot-product tiles. */
+/* skinny_gemm on float32 by panels (K % VEC_LANES == 0), blocks of x rows as run() takes
+ * them; weight rows past the last whole panel go to the dot-product tiles. */
 static void panel_run(const float *x, const float *w, const float *b, float *y, int64_t M,
-                      int64_t N, int64_t K, int num_threads) {
-  const int64_t panels = N / PANEL, n_tail = panels * PANEL;
+                      int64_t N, int64_t K, int packed, int num_threads) {
+  const int64_t panels = N / PANEL, n_tail = panels * PANEL, block = block_rows(K, 0);
   const int64_t tiles = panels + (N - n_tail + TILE_COLS - 1) / TILE_COLS;
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-  for (int64_t t = 0; t < tiles; t++) {
-    if (t < panels) {
-      panel_rows(x, w, b, y, M, N, K, PANEL * t);
-    } else {
-      const int64_t n0 = n_tail + TILE_COLS * (t - panels);
-      weight_rows(x, w, b, y, M, N, K, n0, N - n0 < TILE_COLS ? N - n0 : TILE_COLS, 0, 0, 0);
+#pragma omp parallel num_threads(num_threads)
+  for (int64_t m0 = 0; m0 < M; m0 += block) {
+    const int64_t rows = M - m0 < block ? M - m0 : block;
+    const float *xb = x + m0 * K;
+    float *yb = y + m0 * N;
+#pragma omp for schedule(static) nowait
+    for (int64_t t = 0; t < tiles; t++) {
+      if (t < panels) {
+        panel_rows(xb, w, b, yb, rows, N, K, PANEL * t, packed);
+      } else {
+        const int64_t n0 = n_tail + TILE_COLS * (t - panels);
+        weight_rows(xb, w, b, yb, rows, N, K, n0, N - n0 < TILE_COLS ? N - n0 : TILE_COLS, 0, 0,
+                    0);
+      }
     }
   }
 }

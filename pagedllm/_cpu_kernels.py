@@ -106,12 +106,13 @@ def skinny_gemm_isas() -> tuple[str, ...]:
     return _supported(_SKINNY_ISAS)
 
 
-def skinny_gemm_reads_packed(isa: str | None = None) -> bool:
-    """Whether that build of skinny_gemm_bf16 (the best for None) reads skinny_pack_bf16's
-    tile order (False without _C)."""
+def skinny_gemm_reads_packed(dtype: torch.dtype, isa: str | None = None) -> bool:
+    """Whether that build of skinny_gemm (the best for None) reads weights of dtype (float32
+    or bfloat16) in skinny_pack's order (False without _C)."""
     if _C is None:
         return False
-    return _C.skinny_gemm_reads_packed(_isa_index("skinny_gemm_reads_packed", isa, _SKINNY_ISAS))
+    isa_index = _isa_index("skinny_gemm_reads_packed", isa, _SKINNY_ISAS)
+    return _C.skinny_gemm_reads_packed(isa_index, dtype is _BF16)
 
 
 def paged_attention_isas() -> tuple[str, ...]:
@@ -208,60 +209,51 @@ def _require(op: str, ok: bool, message: str, *args: object) -> None:
 def skinny_gemm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: str | None = None
 ) -> torch.Tensor:
-    """x [M, K] @ weight [N, K]^T (+ bias [N]) -> [M, N]. isa: one of skinny_gemm_isas(), or
-    None for the best."""
-    isa_index = _isa_index("skinny_gemm", isa, _SKINNY_ISAS)
-    return _skinny_gemm("skinny_gemm", _F32, x, weight, bias, isa_index)
+    """x [M, K] @ weight [N, K]^T (+ bias [N]) -> [M, N], float32; weight plain or in
+    skinny_pack's panels [N / 16, K, 16] (read by the avx2 build only: ValueError elsewhere;
+    the same bits as the plain weight's). Each output is summed in one order whatever M is.
+    isa: one of skinny_gemm_isas(), or None for the best."""
+    return _skinny_gemm("skinny_gemm", _F32, x, weight, bias, isa)
 
 
 def skinny_gemm_bf16(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: str | None = None
 ) -> torch.Tensor:
     """skinny_gemm on bfloat16 tensors (float32 products and sums) -> bfloat16 [M, N]; weight
-    [N, K] or skinny_pack_bf16's [N / 4, K / 32, 4, 32] (read by the builds that
-    skinny_gemm_reads_packed, the avx512_bf16 one: ValueError elsewhere; the same bits as the
-    plain weight's). isa: as in skinny_gemm (the same builds)."""
-    op = "skinny_gemm_bf16"
-    isa_index = _isa_index(op, isa, _SKINNY_ISAS)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
-        return _skinny_gemm(op, _BF16, x, weight, bias, 0, isa_index)
-    n, k = _packed_size(op, "weight", weight, _SKINNY_TILE, _SKINNY_PACKED)
-    _require(
-        op,
-        _C.skinny_gemm_reads_packed(isa_index),
-        "build {!r} does not read packed weights (only the avx512_bf16 build does)",
-        isa or skinny_gemm_isas()[0],
-    )
-    return _gemm(op, _BF16, x, weight, "packed weight", n, k, bias, 1, isa_index)
+    plain or in skinny_pack's tiles [N / 4, K / 32, 4, 32] (read by the avx512_bf16 build
+    only). isa: as in skinny_gemm (the same builds)."""
+    return _skinny_gemm("skinny_gemm_bf16", _BF16, x, weight, bias, isa)
 
 
-SKINNY_PACK_ROWS, SKINNY_PACK_K = 4, 32  # csrc/ops.h's
-_SKINNY_TILE, _SKINNY_PACKED = (SKINNY_PACK_ROWS, SKINNY_PACK_K), "[N / 4, K / 32, 4, 32]"
+SKINNY_PACKED = {_F32: (16, 8, "[N / 16, K, 16]"), _BF16: (4, 32, "[N / 4, K / 32, 4, 32]")}
+"""Per dtype, the packed order skinny_gemm reads: N a multiple of the first number, K of the
+second (csrc/ops.h's SKINNY_PANEL_ROWS and the avx2 build's lanes; SKINNY_PACK_ROWS and
+SKINNY_PACK_K), and its shape."""
 
 
-def skinny_pack_bf16(weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] bfloat16 (N % 4 == 0, K % 32 == 0) -> [N / 4, K / 32, 4, 32]: per 4
-    weight rows (one skinny_gemm tile) and 32 of K (one dot-product step), the 4 rows' 32
-    values side by side, so that a tile is read front to back (csrc/skinny_gemm_dpbf16.h).
-    skinny_unpack_bf16 gives the weight back."""
-    op = "skinny_pack_bf16"
-    _check(op, "weight", weight, 2, "[N, K]", _BF16)
+def skinny_packable(weight: torch.Tensor) -> bool:
+    """Whether skinny_pack takes weight: [N, K] of a dtype in SKINNY_PACKED, whole blocks."""
+    if weight.dim() != 2 or weight.dtype not in SKINNY_PACKED:
+        return False
+    (n, k), (rows, k_step, _) = weight.shape, SKINNY_PACKED[weight.dtype]
+    return n > 0 and k > 0 and n % rows == 0 and k % k_step == 0
+
+
+def skinny_pack(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] -> the order in which the skinny_gemm builds that read it stream it front
+    to back. float32: panels of 16 weight rows, each k's 16 values side by side, [N / 16, K,
+    16] (the avx2 build's outer products). bfloat16: per 4 weight rows (one tile) and 32 of
+    K (one dot-product step), the 4 rows' 32 values side by side, [N / 4, K / 32, 4, 32]
+    (the avx512_bf16 build's). _torch_ops.unpack_skinny gives the weight back."""
+    op, dtype = "skinny_pack", _float_dtype(weight)
+    rows, k_step, _ = SKINNY_PACKED[dtype]
+    _check(op, "weight", weight, 2, "[N, K]", dtype)
+    _require(op, skinny_packable(weight), "weight [N, K] = {} needs N % {} == 0 and K % {} == 0",
+             list(weight.shape), rows, k_step)  # fmt: skip
     n, k = weight.shape
-    _require(op, n % SKINNY_PACK_ROWS == 0 and k % SKINNY_PACK_K == 0 and n > 0 and k > 0,
-             "weight [N, K] = [{}, {}] needs N % 4 == 0 and K % 32 == 0", n, k)  # fmt: skip
-    blocks = weight.view(n // SKINNY_PACK_ROWS, SKINNY_PACK_ROWS, k // SKINNY_PACK_K, -1)
-    return blocks.transpose(1, 2).contiguous()
-
-
-def skinny_unpack_bf16(packed: torch.Tensor) -> torch.Tensor:
-    """skinny_pack_bf16's inverse: [N / 4, K / 32, 4, 32] -> a new [N, K] (in C, on torch's
-    threads: 2-3x torch's permuted copy)."""
-    op = "skinny_unpack_bf16"
-    n, k = _packed_size(op, "packed", packed, _SKINNY_TILE, _SKINNY_PACKED)
-    weight = packed.new_empty(n, k)
-    _launch(_C.skinny_unpack_bf16, weight.data_ptr(), packed.data_ptr(), n, k,
-            torch.get_num_threads())  # fmt: skip
-    return weight
+    if dtype is _F32:
+        return weight.view(n // rows, rows, k).transpose(1, 2).contiguous()
+    return weight.view(n // rows, rows, k // k_step, k_step).transpose(1, 2).contiguous()
 
 
 def amx_available() -> bool:
@@ -391,13 +383,36 @@ def _skinny_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    *flags: int,
+    isa: str | None,
 ) -> torch.Tensor:
-    """The checks and call of _C.<op>, whose tensors are all of `dtype` (flags: the kernel's
-    int arguments after K: the index of a build, -1 for the best, after packed = 0 for
-    skinny_gemm_bf16)."""
-    _check(op, "weight", weight, 2, "[N, K]", dtype)
-    return _gemm(op, dtype, x, weight, "weight [N, K]", *weight.shape, bias, *flags)
+    """The checks and call of _C.<op>, whose tensors are all of `dtype`, on a weight plain
+    [N, K] or in skinny_pack's order (for the builds that skinny_gemm_reads_packed)."""
+    isa_index = _isa_index(op, isa, _SKINNY_ISAS)
+    if not isinstance(weight, torch.Tensor) or weight.dim() == 2:
+        _check(op, "weight", weight, 2, "[N, K]", dtype)
+        return _gemm(op, dtype, x, weight, "weight [N, K]", *weight.shape, bias, 0, isa_index)
+    n, k = _skinny_packed_size(op, dtype, weight)
+    _require(
+        op,
+        _C.skinny_gemm_reads_packed(isa_index, dtype is _BF16),
+        "build {!r} does not read packed weights (only the {} build does)",
+        isa or skinny_gemm_isas()[0],
+        "avx512_bf16" if dtype is _BF16 else "avx2",
+    )
+    return _gemm(op, dtype, x, weight, "packed weight", n, k, bias, 1, isa_index)
+
+
+def _skinny_packed_size(op: str, dtype: torch.dtype, weight: torch.Tensor) -> tuple[int, int]:
+    """(N, K) of a weight in skinny_pack's order for dtype, checked."""
+    rows, k_step, layout = SKINNY_PACKED[dtype]
+    if dtype is _BF16:
+        return _packed_size(op, "weight", weight, (rows, k_step), layout)
+    _check(op, "weight", weight, 3, layout, dtype)
+    blocks, k, lanes = weight.shape
+    _require(op, lanes == rows and blocks > 0 and k > 0 and k % k_step == 0,
+             "packed weight {} is not {} with K % {} == 0", tuple(weight.shape), layout,
+             k_step)  # fmt: skip
+    return blocks * rows, k
 
 
 def _gemm(
@@ -413,7 +428,7 @@ def _gemm(
 ) -> torch.Tensor:
     """The checks of x and bias and the call of matmul kernel _C.<op> on a weight of n
     outputs and weight_k inputs, itself checked by the caller (flags: the kernel's int
-    arguments between K and the thread count, as in _skinny_gemm)."""
+    arguments between K and the thread count: skinny_gemm's packed and isa)."""
     _check(op, "x", x, 2, "[M, K]", dtype)
     m, k = x.shape
     _require(op, weight_k == k, "{} has K = {}, x [M, K] has K = {}", weight_name, weight_k, k)

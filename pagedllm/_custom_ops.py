@@ -2,65 +2,17 @@
 
 This is the one place that decides. A kernel applies when the extension is built and the
 tensors are CPU float32 (or bfloat16 where the kernel has that variant) without autograd
-(plus an op's own limits, such as few rows for skinny_gemm); the op then adapts the layout
+(plus an op's own limits, such as head sizes for attention); the op then adapts the layout
 the kernel needs (contiguous, int32 tables) and calls it through `_cpu_kernels`, the checked
 boundary to the C code. Everywhere else (GPUs, other dtypes, no compiler at install) it runs
 the torch definition in `_torch_ops`, which is also the reference the kernels are tested
 against. Layers call these functions and never ask which path ran.
 """
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 
 from pagedllm import _cpu_kernels, _torch_ops, _torch_quant
-from pagedllm.cpu_features import native_bf16_matmul
-
-_SKINNY_BUILD = next(iter(_cpu_kernels.skinny_gemm_isas()), "")
-
-SKINNY_GEMM_MAX_ROWS = {"avx512_bf16": 256, "avx512": 256, "avx2": 512}.get(_SKINNY_BUILD, 4)
-"""Up to this many rows of x, linear() uses pagedllm._C's skinny_gemm, by the build the CPU
-runs. Against MKL on the default model's shapes, the AVX-512 build (whose float32 kernel the
-avx512_bf16 build shares) was faster from 1 row (up to 2.5-4x, bandwidth bound) to 256 rows
-(1.1-2x) and lost from ~512. The AVX2 build (4 x 2 tiles; on Zen 4 against MKL held to AVX2):
-1.3-2.9x from 1 to 32 rows (session 13); over the 120 decoder matrices (425 MB) 1.2x at 64,
-1.14x at 96-128, level at 160, 0.84x at 192-256 (session 19). Past 16 rows it now multiplies
-transposed panels as outer products (csrc/skinny_gemm_panel.h): on a real AVX2-only Zen 3,
-over those matrices through this function, 1.6x F.linear at 64 rows, 1.44x at 128, 1.2x at
-256, 1.09x at 512, level at 1,024 and 0.92x at 2,048 (session 21): 512 there (a 160-prompt
-float32 job 1.02-1.07x faster than with 128, interleaved rounds in one process)."""
-
-
-SKINNY_GEMM_BF16_MAX_ROWS = 128 if _SKINNY_BUILD == "avx512_bf16" else 16
-"""Up to this many rows of bfloat16 x and a plain weight (AMX tiles take every row count,
-and skinny_gemm_bf16's own tile order SKINNY_PACKED_MAX_ROWS: see prepack_linear_weight),
-linear() uses skinny_gemm_bf16 (skinny_gemm's per-build tiles
-on bf16 weights, float32 sums; a row's result independent of the others, so decode batches up to
-this size are batch-invariant); past it F.linear, whose oneDNN matmul runs on AMX tiles where
-the CPU has them. On the AMX development machine, over the default model's decoder
-matrices (with the kernel's weight prefetch, session 7), the float32-FMA kernel read the
-weights at 17-19 GB/s at 1-4 rows against 9-11 for F.linear, about as fast at 8, and at 0.6x
-its speed at 16: the bound is kept at 16 for batch invariance. The avx512_bf16 build's dot
-products (Zen 4, session 17, each tile's outputs stored as one vector) were 1.6x F.linear at
-16 rows, 1.2x at 32 and 64, 1.1x at 96, 1.0-1.1x at 128 and 0.9x from 160: 128 there."""
-
-
-SKINNY_PACKED_MAX_ROWS = 256
-"""Up to this many rows linear() runs skinny_gemm_bf16 on a weight in its packed order
-(prepack_linear_weight), past them it unpacks the weight for oneDNN's F.linear. Over the
-default model's decoder matrices (Zen 4, session 18), against F.linear on the plain weights:
-the kernel 0.89x the time at 129 rows, 1.05x at 256, 1.05x at 512, 1.1-1.16x at 2048;
-unpacking (10-13 ms for the 212 MB) and F.linear 1.07x at 129, 1.09x at 256, 1.04x at 512,
-1.00x at 2048."""
-
-SKINNY_OVER_PACKED_MAX_ROWS = 4
-"""Where linear() has a weight both plain and in oneDNN's layout (a tied bf16 LM head on a
-CPU with AVX-512 BF16 but no AMX), up to this
-many rows go to skinny_gemm_bf16 on the plain weight, more to oneDNN on the packed one. On
-the default model's 49152 x 576 head (AMX development machine) the kernel took 2.1 / 2.8 ms
-at 1 / 4 rows against 3.0 / 4.0 ms packed, but 5.7 / 12.2 ms at 8 / 16 against 3.6 / 3.7:
-past 4 rows its float32 FMAs, not the weight read, bound it, and AMX wins."""
 
 GGUF_DECODE_MAX_ROWS = 24
 """Up to this many rows of x, gguf_linear multiplies the GGUF blocks as they are (gguf_gemm:
@@ -125,48 +77,37 @@ def _with_dense_rows(x: torch.Tensor) -> torch.Tensor:
     return x if _cpu_kernels.rows_dense(x) else x.contiguous()
 
 
-def prepack_linear_weight(weight: torch.Tensor, onednn: bool = False) -> torch.Tensor:
-    """A bfloat16 CPU weight [N, K] in the layout of this CPU's fastest bf16 matmul, packed
-    once at load: AMX tiles (`_cpu_kernels.amx_pack_bf16`, [N / 16, K / 32, 16, 32]) where
-    the CPU has them and N % 16 == 0, K % 32 == 0; else, with `onednn` (the LM head), oneDNN's
-    blocked layout on other CPUs with native bf16 matmuls (AVX-512 BF16); else, where
-    skinny_gemm_bf16's best build reads them (`_cpu_kernels.skinny_gemm_reads_packed`: the
-    avx512_bf16 build), its tiles' order
-    (`_cpu_kernels.skinny_pack_bf16`, [N / 4, K / 32, 4, 32], N % 4 == 0, K % 32 == 0); else
-    `weight` itself. linear() takes any of them.
+def prepack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A CPU weight [N, K] in the layout its kernel streams fastest, packed once at load:
+    bfloat16 in AMX tiles (`_cpu_kernels.amx_pack_bf16`, [N / 16, K / 32, 16, 32]) where the
+    CPU has them and N % 16 == 0, K % 32 == 0; else, where the best skinny_gemm build reads
+    a packed order for the weight's dtype (`_cpu_kernels.skinny_gemm_reads_packed`: bfloat16
+    in the avx512_bf16 build, float32 in the avx2 one) and the weight is whole blocks of it,
+    that order (`_cpu_kernels.skinny_pack`); else `weight` itself. linear() takes any of
+    them, skinny_pack's with the plain weight's bits.
 
-    skinny_gemm_bf16 reads a plain weight's 4-row tile as 4 streams 2K bytes apart, which the
-    CPU's prefetchers follow worse than one: over the default model's 120 decoder matrices at
-    1 row (Zen 4, session 18) the packed order took 5.4-6.8 ms against 6.8-10.0 (median of
-    12 rounds, two runs), the same bits. Past SKINNY_PACKED_MAX_ROWS rows linear() unpacks
-    the weight into a temporary for oneDNN (`skinny_unpack_bf16`): a copy of the weight per
-    call, small against the product of that many rows.
+    skinny_gemm reads a plain weight's tile as streams K values apart, which the CPU's
+    prefetchers follow worse than one: over the default model's 120 decoder matrices at 1
+    row (Zen 4), the avx512_bf16 build took 5.4-6.8 ms on the packed order against 6.8-10.0
+    on the plain one. The avx2 build multiplies float32 as outer products on panels of 16
+    weight rows transposed, which it would otherwise transpose on every call: packed, one
+    row of x over 20 layers of those matrices ran 1.6x faster than transposing per call and
+    1.6x faster than its former dot-product tiles, 16 rows 1.25x (one core, an AVX-512 CPU
+    running the AVX2 build).
 
-    AMX tiles against the plain weight, on the AMX development machine (default model's
-    decoder matrices, 2 threads): 1-4 rows as fast as skinny_gemm_bf16 (both at the VM's read
-    bandwidth), 16 rows 3.5x faster than it, 1.3-1.9x oneDNN's F.linear from 16 to 256 rows
-    and level with it or ahead up to 2048; the 49152 x 576 LM head 1.6-1.8 ms at 1-16 rows
-    against 2.0-10.7 (skinny) and 5-6 (oneDNN packed), level from 256. Every row's result is
-    the same bits whatever the batch's row count. oneDNN's layout: packed for a batch of one
-    row, batch-invariant too; on the AMX machine 1.1-1.9x F.linear for the LM head from 17 to
-    256 rows, slower than skinny_gemm_bf16 for decoder matrices at batch 1."""
-    if (
-        weight.dtype is not torch.bfloat16
-        or not weight.is_cpu
-        or weight.dim() != 2
-        or weight.requires_grad
-    ):
+    AMX tiles against the plain weight, on an AMX CPU (default model's decoder matrices, 2
+    threads): 1-4 rows as fast as skinny_gemm_bf16 (both at the read bandwidth), 16 rows
+    3.5x faster than it, 1.3-1.9x oneDNN's F.linear from 16 to 256 rows and level with it or
+    ahead up to 2048; the 49152 x 576 LM head 1.6-1.8 ms at 1-16 rows."""
+    if not has_cpu_kernels() or not weight.is_cpu or weight.dim() != 2 or weight.requires_grad:
         return weight
     n, k = weight.shape
-    if has_cpu_kernels() and _cpu_kernels.amx_available() and n % 16 == 0 and k % 32 == 0:
+    bf16 = weight.dtype is torch.bfloat16
+    if bf16 and _cpu_kernels.amx_available() and n % 16 == 0 and k % 32 == 0:
         return _cpu_kernels.amx_pack_bf16(weight.detach().contiguous())
-    if onednn and torch.backends.mkldnn.is_available() and native_bf16_matmul() is not None:
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
-    whole_tiles = n % _cpu_kernels.SKINNY_PACK_ROWS == 0 and k % _cpu_kernels.SKINNY_PACK_K == 0
-    reads_packed = has_cpu_kernels() and _cpu_kernels.skinny_gemm_reads_packed()
-    if onednn or not reads_packed or not whole_tiles:
-        return weight
-    return _cpu_kernels.skinny_pack_bf16(weight.detach().contiguous())
+    if _cpu_kernels.skinny_packable(weight) and _cpu_kernels.skinny_gemm_reads_packed(weight.dtype):
+        return _cpu_kernels.skinny_pack(weight.detach().contiguous())
+    return weight
 
 
 def linear(
@@ -176,60 +117,26 @@ def linear(
     packed_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias): [..., K] x [N, K] -> [..., N], float32 or bfloat16; weight
-    may be prepack_linear_weight's. packed_weight, prepack_linear_weight(weight) if given:
-    in AMX tiles it is multiplied for every x, in oneDNN's layout past
-    SKINNY_OVER_PACKED_MAX_ROWS rows."""
-    if _skinny_packed(weight):
-        return _skinny_packed_linear(x, weight, bias)
-    if weight.dim() == 4:
-        return _amx_linear(x, weight, bias)
-    if packed_weight is not None and packed_weight.dim() == 4:
-        return _amx_linear(x, packed_weight, bias)
-    if weight.is_mkldnn:
-        return _prepacked_linear(x, weight, bias)
-    bf16 = x.dtype is torch.bfloat16
-    max_rows = SKINNY_GEMM_BF16_MAX_ROWS if bf16 else SKINNY_GEMM_MAX_ROWS
+    may be prepack_linear_weight's. packed_weight, where given (a tied LM head's copy), is
+    prepack_linear_weight(weight), multiplied instead of weight.
+
+    Every row count runs one kernel on a weight, skinny_gemm's best build or AMX tiles, and
+    each sums every output in one order whatever M is: a row's result does not depend on the
+    rows beside it, their number or their values (the batch, how a prompt is chunked, how
+    much of it the prefix cache held). Where no kernel applies (GPUs, float16, autograd, no
+    extension), F.linear, whose bits may change with M."""
     if packed_weight is not None:
-        max_rows = min(max_rows, SKINNY_OVER_PACKED_MAX_ROWS)
-    dtypes = _one_float_dtype(x)
-    few_rows = x.numel() <= max_rows * x.shape[-1]
-    if not (few_rows and weight.dim() == 2 and cpu_kernels_apply(x, weight, bias, dtypes=dtypes)):
-        if packed_weight is not None:
-            return _prepacked_linear(x, packed_weight, bias)
-        return F.linear(x, weight, bias)
-    gemm = _cpu_kernels.skinny_gemm_bf16 if bf16 else _cpu_kernels.skinny_gemm
-    return _on_rows(gemm, x, weight.contiguous(), bias)
-
-
-def _on_rows(
-    gemm: Callable[..., torch.Tensor],
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-) -> torch.Tensor:
-    """gemm(x as [M, K] rows, weight, bias), shaped back as x [..., N]."""
+        weight = packed_weight
+    if weight.dim() == 4 and weight.shape[2] == 16:
+        return _amx_linear(x, weight, bias)
+    if not cpu_kernels_apply(x, weight, bias, dtypes=_one_float_dtype(x)):
+        return _torch_ops.linear(x, weight, bias)
+    gemm = _cpu_kernels.skinny_gemm_bf16 if x.dtype is torch.bfloat16 else _cpu_kernels.skinny_gemm
     k = x.shape[-1]
     x2 = (x if x.dim() == 2 else x.reshape(-1, k)).contiguous()
     bias = None if bias is None else bias.contiguous()
-    y = gemm(x2, weight, bias)
+    y = gemm(x2, weight.contiguous(), bias)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[1])
-
-
-def _skinny_packed(weight: torch.Tensor) -> bool:
-    rows, k = _cpu_kernels.SKINNY_PACK_ROWS, _cpu_kernels.SKINNY_PACK_K
-    return weight.dim() == 4 and weight.shape[2:] == (rows, k)
-
-
-def _skinny_packed_linear(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """skinny_gemm_bf16 on the packed weight up to SKINNY_PACKED_MAX_ROWS bf16 rows, else
-    F.linear on the weight unpacked."""
-    if not cpu_kernels_apply(x, packed, bias, dtypes=(torch.bfloat16,)):
-        return _torch_ops.linear_on_skinny_packed(x, packed, bias)
-    if x.numel() > SKINNY_PACKED_MAX_ROWS * x.shape[-1]:
-        return F.linear(x, _cpu_kernels.skinny_unpack_bf16(packed), bias)
-    return _on_rows(_cpu_kernels.skinny_gemm_bf16, x, packed, bias)
 
 
 def _amx_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -237,15 +144,6 @@ def _amx_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
     x2 = x.reshape(-1, k).to(torch.bfloat16).contiguous()
     bias = None if bias is None else bias.to(torch.bfloat16).contiguous()
     y = _cpu_kernels.amx_gemm_bf16(x2, packed, bias)
-    return y.view(*x.shape[:-1], y.shape[-1])
-
-
-def _prepacked_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k).to(weight.dtype).contiguous()
-    y = torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "none", [], "")
     return y.view(*x.shape[:-1], y.shape[-1])
 
 

@@ -27,14 +27,22 @@ def fused_add_rms_norm(
     return rms_norm(residual, weight, eps), residual
 
 
-def linear_on_skinny_packed(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """F.linear on a weight in skinny_pack_bf16's order [N / 4, K / 32, 4, 32] (per 4 rows
-    and 32 of K, the rows' values side by side), unpacked first."""
-    blocks_n, blocks_k, rows, cols = packed.shape
-    weight = packed.transpose(1, 2).reshape(blocks_n * rows, blocks_k * cols)
-    return F.linear(x, weight, bias)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) on a weight [N, K] or in skinny_pack's order."""
+    return F.linear(x, unpack_skinny(weight), bias)
+
+
+def unpack_skinny(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] from skinny_pack's order: float32 panels [N / 16, K, 16] or bfloat16
+    tiles [N / 4, K / 32, 4, 32] (per block of weight rows, each step's values side by side);
+    a weight [N, K] as it is."""
+    if weight.dim() == 3:
+        blocks, k, rows = weight.shape
+        return weight.transpose(1, 2).reshape(blocks * rows, k)
+    if weight.dim() == 4:
+        blocks_n, blocks_k, rows, cols = weight.shape
+        return weight.transpose(1, 2).reshape(blocks_n * rows, blocks_k * cols)
+    return weight
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

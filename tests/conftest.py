@@ -62,9 +62,11 @@ def attention_isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 @pytest.fixture(params=["avx512_bf16", *BUILDS])
 def skinny_gemm_isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs a test on each build of the skinny_gemm kernel this CPU runs (float32 and bf16;
-    avx512_bf16 multiplies bf16 by AVX-512 BF16 dot products)."""
+    avx512_bf16 multiplies bf16 by AVX-512 BF16 dot products), prepack_linear_weight packing
+    weights in the order that build reads."""
     builds = _cpu_kernels.skinny_gemm_isas()
-    return _on_build(request, monkeypatch, builds, "skinny_gemm", "skinny_gemm_bf16")
+    kernels = "skinny_gemm", "skinny_gemm_bf16", "skinny_gemm_reads_packed"
+    return _on_build(request, monkeypatch, builds, *kernels)
 
 
 @pytest.fixture(autouse=True)

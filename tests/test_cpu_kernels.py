@@ -481,15 +481,41 @@ def test_prefill_attention_without_a_build_is_a_runtime_error() -> None:
         _prefill()
 
 
-def test_only_the_avx512_bf16_build_reads_packed_weights() -> None:
+READER = {torch.float32: "avx2", torch.bfloat16: "avx512_bf16"}
+"""The one build of skinny_gemm that reads packed weights of each dtype."""
+
+
+@pytest.mark.parametrize("dtype", list(READER))
+def test_one_build_reads_packed_weights_of_each_dtype(dtype: torch.dtype) -> None:
     """skinny_gemm_reads_packed per build, and for the best (None); a build this CPU does
     not run is a ValueError."""
     isas = _cpu_kernels.skinny_gemm_isas()
     for isa in isas:
-        assert _cpu_kernels.skinny_gemm_reads_packed(isa) == (isa == "avx512_bf16")
-    assert _cpu_kernels.skinny_gemm_reads_packed() == (isas[:1] == ("avx512_bf16",))
+        assert _cpu_kernels.skinny_gemm_reads_packed(dtype, isa) == (isa == READER[dtype])
+    assert _cpu_kernels.skinny_gemm_reads_packed(dtype) == (isas[:1] == (READER[dtype],))
     with pytest.raises(ValueError, match="isa 'neon' is not one of this CPU's"):
-        _cpu_kernels.skinny_gemm_reads_packed("neon")
+        _cpu_kernels.skinny_gemm_reads_packed(dtype, "neon")
+
+
+@pytest.mark.skipif(not _cpu_kernels.available(), reason="needs pagedllm._C")
+@pytest.mark.parametrize("dtype", list(READER))
+def test_a_packed_weight_goes_to_the_build_that_reads_it_only(dtype: torch.dtype) -> None:
+    """Other builds (named, and the best where it is another), and packed shapes that are
+    not skinny_pack's, raise ValueError."""
+    packed = _cpu_kernels.skinny_pack(torch.randn(16, 64).to(dtype))
+    x = torch.randn(2, 64).to(dtype)
+    gemm = _cpu_kernels.skinny_gemm_bf16 if dtype is torch.bfloat16 else _cpu_kernels.skinny_gemm
+    builds = _cpu_kernels.skinny_gemm_isas()
+    reads = builds[0] == READER[dtype]
+    for isa in [b for b in builds if b != READER[dtype]] + [None] * (not reads):
+        build = isa or builds[0]
+        with pytest.raises(ValueError, match=f"build '{build}' does not read packed weights"):
+            gemm(x, packed, None, isa=isa)
+    with pytest.raises(ValueError, match=r"packed weight \(.*\) is not \[N / "):
+        gemm(x, packed.view(*packed.shape[:-2], -1, 8), None)
+    wrong_k = r"packed weight has K = 64, x \[M, K\] has K = 32"  # after the build's check
+    with pytest.raises(ValueError, match=wrong_k if reads else "does not read packed"):
+        gemm(x[:, :32].contiguous(), packed, None)
 
 
 def test_prefill_builds_are_the_supported_ones_best_first() -> None:
@@ -520,10 +546,9 @@ def test_only_the_boundary_imports_the_extension() -> None:
 def test_the_binding_names_a_build_that_does_not_read_packed_weights() -> None:
     """Called past the boundary (which raises first), the binding still refuses a packed
     weight for a build that does not read it, naming the build, before the kernel runs."""
-    x, w = _bf16(2, 64), _bf16(8, 64)
-    y = torch.empty(2, 8, dtype=torch.bfloat16)
+    x, w = _bf16(2, 64), _bf16(16, 64)
+    y = torch.empty(2, 16, dtype=torch.bfloat16)
     portable = [name for name, _ in _cpu_kernels._C.skinny_gemm_isas()].index("portable")
-    with pytest.raises(ValueError, match="build 'portable' does not read packed weights"):
-        _cpu_kernels._C.skinny_gemm_bf16(
-            x.data_ptr(), w.data_ptr(), 0, y.data_ptr(), 2, 8, 64, 1, portable, 1
-        )
+    for gemm in (_cpu_kernels._C.skinny_gemm, _cpu_kernels._C.skinny_gemm_bf16):
+        with pytest.raises(ValueError, match="build 'portable' does not read packed weights"):
+            gemm(x.data_ptr(), w.data_ptr(), 0, y.data_ptr(), 2, 16, 64, 1, portable, 1)

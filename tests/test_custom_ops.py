@@ -2,11 +2,19 @@
 definitions (F.linear, the formulas, and _torch_ops' paged attention, itself tested against
 dense attention), which it runs everywhere else."""
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from pagedllm import _cpu_kernels, _custom_ops, _torch_ops
+from pagedllm.layers.quantization.base_config import LayerKind
+from pagedllm.layers.quantization.unquantized import (
+    UnquantizedEmbeddingMethod,
+    UnquantizedLinearMethod,
+)
 
 
 def test_extension_is_built() -> None:
@@ -15,24 +23,17 @@ def test_extension_is_built() -> None:
     assert _custom_ops.has_cpu_kernels(), "pagedllm._C is missing: pip install -e . needs gcc"
 
 
-@pytest.mark.parametrize("max_rows", [4, 256])
-@pytest.mark.parametrize("num_rows", [0, 1, 2, 3, 4, 5, 9, 13, 40])
+@pytest.mark.parametrize("num_rows", [0, 1, 2, 3, 4, 5, 9, 13, 40, 300])
 @pytest.mark.parametrize("in_features", [5, 16, 100, 576])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_matches_f_linear(
-    max_rows: int,
-    num_rows: int,
-    in_features: int,
-    with_bias: bool,
-    skinny_gemm_isa: str,
-    monkeypatch: pytest.MonkeyPatch,
+    num_rows: int, in_features: int, with_bias: bool, skinny_gemm_isa: str
 ) -> None:
-    """Rows up to SKINNY_GEMM_MAX_ROWS (both values forced here) take the kernel: tiles of
-    up to 4 rows by 4, 2 or 1 weight rows (AVX-512, AVX2, portable), one weight row at a time
-    for the columns past the last whole tile (37 outputs) and where K is not a multiple of
-    the vector width (5, and 100 but on the portable build). More rows take F.linear.
+    """Every row count takes the kernel: tiles of up to 4 rows by 4, 2 or 1 weight rows
+    (AVX-512, AVX2, portable), one weight row at a time for the columns past the last whole
+    tile (37 outputs) and where K is not a multiple of the vector width (5, and 100 but on the
+    portable build); the AVX2 build's panels of 16 weight rows where K is a multiple of 8.
     Reference: F.linear in float64, up to float32 rounding."""
-    monkeypatch.setattr(_custom_ops, "SKINNY_GEMM_MAX_ROWS", max_rows)
     w = torch.randn(37, in_features)
     b = torch.randn(37) if with_bias else None
     x = torch.randn(num_rows, in_features)
@@ -40,45 +41,109 @@ def test_linear_matches_f_linear(
     torch.testing.assert_close(_custom_ops.linear(x, w, b), expected.float(), rtol=1e-5, atol=5e-5)
 
 
-@pytest.mark.parametrize("num_rows", [17, 23, 130])
+@pytest.mark.parametrize("num_rows", [1, 5, 17, 23, 130])
 @pytest.mark.parametrize("out_features", [16, 37, 48])
 @pytest.mark.parametrize("in_features", [8, 100, 576, 1032])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_skinny_gemm_past_16_rows_matches_f_linear(
+def test_skinny_gemm_on_plain_and_packed_weights_matches_f_linear(
     num_rows: int, out_features: int, in_features: int, with_bias: bool, skinny_gemm_isa: str
 ) -> None:
-    """Past PANEL_MIN_ROWS (16) rows the AVX2 build multiplies whole panels of 16 weight rows
-    as outer products over a transposed copy, in chunks of up to 512 values of K (1032: three
-    of 344), and the rest of the columns (37: 5) as dot-product tiles, as does any K that is
-    not a multiple of 8 (100); the other builds keep their tiles. Reference: F.linear in
-    float64, up to float32 rounding."""
+    """The AVX2 build multiplies whole panels of 16 weight rows as outer products, in chunks
+    of up to 512 values of K (1032: three of 344), over a transposed copy of a plain weight
+    or skinny_pack's panels as they are (the same bits), and the rest of the columns (37: 5)
+    as dot-product tiles, as does any K that is not a multiple of 8 (100); the other builds
+    keep their tiles. Reference: F.linear in float64, up to float32 rounding."""
     w = torch.randn(out_features, in_features)
     b = torch.randn(out_features) if with_bias else None
     x = torch.randn(num_rows, in_features)
     expected = F.linear(x.double(), w.double(), None if b is None else b.double())
-    got = _cpu_kernels.skinny_gemm(x, w, b, isa=skinny_gemm_isa)
+    got = _cpu_kernels.skinny_gemm(x, w, b)
     torch.testing.assert_close(got, expected.float(), rtol=1e-5, atol=1e-4)
+    if _cpu_kernels.skinny_packable(w) and _cpu_kernels.skinny_gemm_reads_packed(torch.float32):
+        assert torch.equal(_cpu_kernels.skinny_gemm(x, _cpu_kernels.skinny_pack(w), b), got)
 
 
-@pytest.mark.parametrize("in_features", [100, 576, 1032])
-def test_skinny_gemm_rows_do_not_depend_on_their_batch(
-    in_features: int, skinny_gemm_isa: str
+def test_skinny_packing_of_float32_is_panels_of_16_rows_k_by_k() -> None:
+    """skinny_pack on float32: per 16 weight rows, each k's 16 values side by side (the
+    avx2 build's outer products read them front to back); _torch_ops.unpack_skinny gives
+    the weight back."""
+    w = torch.randn(32, 24)
+    packed = _cpu_kernels.skinny_pack(w)
+    assert packed.shape == (2, 24, 16)
+    for panel, k in ((0, 0), (1, 23), (0, 9)):
+        assert torch.equal(packed[panel, k], w[16 * panel : 16 * panel + 16, k])
+    assert torch.equal(_torch_ops.unpack_skinny(packed), w)
+    with pytest.raises(ValueError, match=r"needs N % 16 == 0 and K % 8 == 0"):
+        _cpu_kernels.skinny_pack(torch.randn(16, 12))
+
+
+BATCH_ROWS = [*range(1, 301), 512, 1000, 2048]
+"""The row counts a row of linear() is multiplied among: every decode batch and prefill chunk
+up to 300, and larger chunks."""
+
+
+def _row_in_every_batch(linear: Callable[[torch.Tensor], torch.Tensor], row: torch.Tensor) -> None:
+    """linear(x) [M, N] gives `row` [K] the same bits as first and as last of M rows, for every
+    M in BATCH_ROWS, the other rows random (so tiles, panels, blocks of rows and their tails
+    all cut through the batch at different places). Reference: linear(row) alone."""
+    alone = linear(row[None])[0]
+    others = torch.randn(2 * max(BATCH_ROWS), row.shape[0]).to(row.dtype)
+    for m in BATCH_ROWS:
+        x = others[m : 2 * m].clone()
+        x[0] = x[-1] = row
+        y = linear(x)
+        assert torch.equal(y[0], alone) and torch.equal(y[-1], alone), f"M = {m}"
+
+
+@pytest.fixture
+def skinny_build(skinny_gemm_isa: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """skinny_gemm_isa on a CPU without AMX tiles (test_custom_ops_bf16.py tests those)."""
+    monkeypatch.setattr(_cpu_kernels, "amx_available", lambda: False)
+    return skinny_gemm_isa
+
+
+def _linear_layer(weight: torch.Tensor, method: UnquantizedLinearMethod) -> nn.Module:
+    """A layer holding weight, processed as the model loader processes it."""
+    layer = nn.Module()
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    layer.quant_kind, layer.tied = LayerKind.LM_HEAD, True
+    method.process_weights_after_loading(layer)
+    return layer
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_features,in_features", [(48, 576), (37, 100), (64, 1032)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_gives_a_row_the_same_bits_in_every_batch(
+    dtype: torch.dtype, out_features: int, in_features: int, with_bias: bool, skinny_build: str
 ) -> None:
-    """A row's result is the same bits in every batch of 1-16 rows, and in every batch of 17
-    or more (the AVX2 build's panels sum each output in one FMA chain over K, whatever the
-    rows beside it or the chunks of K), so decode steps within each range are
-    batch-invariant."""
-    w, b = torch.randn(53, in_features), torch.randn(53)
-    x = torch.randn(200, in_features)
+    """Batch invariance on each build, float32 and bf16: through the linear method on its
+    weight as process_weights_after_loading leaves it (packed in the order the build reads,
+    for whole blocks), including K that is no multiple of the vector width (100) and columns
+    past the last whole tile or panel (37)."""
+    method = UnquantizedLinearMethod()
+    layer = _linear_layer(torch.randn(out_features, in_features).to(dtype), method)
+    bias = torch.randn(out_features).to(dtype) if with_bias else None
+    _row_in_every_batch(lambda x: method.apply(layer, x, bias), torch.randn(in_features).to(dtype))
 
-    def gemm(rows: int) -> torch.Tensor:
-        return _cpu_kernels.skinny_gemm(x[:rows], w, b, isa=skinny_gemm_isa)
 
-    few, many = gemm(16), gemm(200)
-    for rows in (1, 3, 4, 5, 8, 13):
-        assert torch.equal(gemm(rows), few[:rows])
-    for rows in (17, 18, 23, 64, 131):
-        assert torch.equal(gemm(rows), many[:rows])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tied_lm_head_gives_a_row_the_same_bits_in_every_batch(
+    dtype: torch.dtype, skinny_build: str
+) -> None:
+    """A tied LM head keeps the embedding's rows and, where its layout differs, a packed
+    copy (packed_weight) that linear() multiplies for every row count: batch-invariant on
+    each build, and within float32 rounding of F.linear on the embedding."""
+    method = UnquantizedEmbeddingMethod()
+    embedding = torch.randn(1024, 64).to(dtype)
+    head = _linear_layer(embedding, method)
+    assert head.weight is not None and torch.equal(head.weight, embedding)
+    packed = getattr(head, "packed_weight", None)
+    assert (packed is not None) == _cpu_kernels.skinny_gemm_reads_packed(dtype)
+    x = torch.randn(9, 64).to(dtype)
+    expected = F.linear(x.double(), embedding.double()).to(dtype)
+    torch.testing.assert_close(method.apply(head, x), expected, rtol=1e-2, atol=1e-3)
+    _row_in_every_batch(lambda x: method.apply(head, x), torch.randn(64).to(dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from pagedllm import _cpu_kernels, _custom_ops, _torch_ops
-from pagedllm.cpu_features import native_bf16_matmul
 
 BF16 = torch.bfloat16
 needs_kernels = pytest.mark.skipif(not _custom_ops.has_cpu_kernels(), reason="no pagedllm._C")
@@ -23,14 +22,13 @@ def _bf16_linear_bound(x: torch.Tensor, w: torch.Tensor, ref: torch.Tensor) -> t
 
 
 @needs_kernels
-@pytest.mark.parametrize("num_rows", [0, 1, 2, 3, 4, 5, 9, 16, 17, 64, 128])
+@pytest.mark.parametrize("num_rows", [0, 1, 2, 3, 4, 5, 9, 16, 17, 64, 128, 300])
 @pytest.mark.parametrize("in_features", [5, 16, 100, 576])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_bf16_is_f_linear_rounded_once(
     num_rows: int, in_features: int, with_bias: bool, skinny_gemm_isa: str
 ) -> None:
-    """Up to SKINNY_GEMM_BF16_MAX_ROWS rows (16, or 128 where the best build is avx512_bf16)
-    the kernel runs, on each build, F.linear past them: within one bf16 rounding of the
+    """Every row count runs the kernel, on each build: within one bf16 rounding of the
     float64 product (37 outputs, past the last whole tile; K of 5 and 100 not a multiple of
     the vector width, but 100 on the portable build; 576 a multiple of avx512_bf16's 32)."""
     w = torch.randn(37, in_features).to(BF16)
@@ -61,32 +59,10 @@ def test_skinny_gemm_bf16_is_the_float32_kernel_rounded_as_torch_rounds(
 
 
 @needs_kernels
-@pytest.mark.parametrize("in_features", [100, 576])
-def test_linear_bf16_rows_do_not_depend_on_their_batch(
-    in_features: int, skinny_gemm_isa: str
-) -> None:
-    """Each row's result is bit-identical whether it runs alone or among the most rows the
-    kernel takes: it sums each dot product in one order whatever M is (batch invariance), in
-    tiles and one weight row at a time (K of 100, 302 outputs)."""
-    rows = _custom_ops.SKINNY_GEMM_BF16_MAX_ROWS
-    w, x = torch.randn(302, in_features).to(BF16), torch.randn(rows, in_features).to(BF16)
-    batch = _custom_ops.linear(x, w)
-    for i in range(rows):
-        assert torch.equal(_custom_ops.linear(x[i : i + 1], w)[0], batch[i])
-
-
-@needs_kernels
-def test_linear_bf16_past_the_kernel_rows_and_with_autograd_is_f_linear() -> None:
-    w = torch.randn(24, 64).to(BF16)
-    x = torch.randn(_custom_ops.SKINNY_GEMM_BF16_MAX_ROWS + 1, 64).to(BF16)
-    assert torch.equal(_custom_ops.linear(x, w), F.linear(x, w))
-    w_grad = w.clone().requires_grad_()
-    assert torch.equal(_custom_ops.linear(x[:2], w_grad), F.linear(x[:2], w_grad))
-
-
-needs_native_bf16 = pytest.mark.skipif(
-    native_bf16_matmul() is None, reason="this CPU has no native bf16 matmul"
-)
+def test_linear_bf16_with_autograd_is_f_linear() -> None:
+    w_grad = torch.randn(24, 64).to(BF16).requires_grad_()
+    x = torch.randn(2, 64).to(BF16)
+    assert torch.equal(_custom_ops.linear(x, w_grad), F.linear(x, w_grad))
 
 
 needs_amx = pytest.mark.skipif(
@@ -127,21 +103,18 @@ def test_amx_packing_is_the_tiles_of_element_pairs() -> None:
     assert torch.equal(_cpu_kernels.amx_pack_bf16(w), tiles)
 
 
-@needs_kernels
 def test_skinny_packing_is_each_tiles_rows_step_by_step() -> None:
-    """skinny_pack_bf16 (torch ops): per 4 weight rows and 32 of K, the 4 rows' 32 values
-    side by side; skinny_unpack_bf16 (C, any CPU) gives the weight back."""
+    """skinny_pack on bf16: per 4 weight rows and 32 of K, the 4 rows' 32 values side by
+    side; _torch_ops.unpack_skinny gives the weight back."""
     w = torch.randn(8, 96).to(BF16)
-    packed = _cpu_kernels.skinny_pack_bf16(w)
+    packed = _cpu_kernels.skinny_pack(w)
     assert packed.shape == (2, 3, 4, 32)
     for tile, step, row in ((0, 0, 0), (1, 2, 3), (0, 1, 2)):
         k = 32 * step
         assert torch.equal(packed[tile, step, row], w[4 * tile + row, k : k + 32])
-    assert torch.equal(_cpu_kernels.skinny_unpack_bf16(packed), w)
-    big = torch.randn(3072, 1536).to(BF16)  # tiles split between the threads
-    assert torch.equal(_cpu_kernels.skinny_unpack_bf16(_cpu_kernels.skinny_pack_bf16(big)), big)
+    assert torch.equal(_torch_ops.unpack_skinny(packed), w)
     with pytest.raises(ValueError, match=r"needs N % 4 == 0 and K % 32 == 0"):
-        _cpu_kernels.skinny_pack_bf16(torch.randn(6, 32).to(BF16))
+        _cpu_kernels.skinny_pack(torch.randn(6, 32).to(BF16))
 
 
 needs_dp_build = pytest.mark.skipif(
@@ -151,60 +124,35 @@ needs_dp_build = pytest.mark.skipif(
 
 
 @needs_dp_build
-@pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 5, 17, 64, 128])
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 5, 17, 64, 128, 300])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_skinny_gemm_bf16_reads_a_packed_weight_as_the_plain_one(
     num_rows: int, with_bias: bool
 ) -> None:
-    """The avx512_bf16 build on skinny_pack_bf16's order: the plain weight's bits (the same
+    """The avx512_bf16 build on skinny_pack's order: the plain weight's bits (the same
     products, summed in the same order), at every row count, NaN included."""
     w, x = torch.randn(96, 576).to(BF16), torch.randn(num_rows, 576).to(BF16)
     w[5, 7] = float("nan")
     b = torch.randn(96).to(BF16) if with_bias else None
-    packed = _cpu_kernels.skinny_pack_bf16(w)
+    packed = _cpu_kernels.skinny_pack(w)
     plain = _cpu_kernels.skinny_gemm_bf16(x, w, b, isa="avx512_bf16")
     out = _cpu_kernels.skinny_gemm_bf16(x, packed, b, isa="avx512_bf16")
     torch.testing.assert_close(out, plain, rtol=0, atol=0, equal_nan=True)
     assert out[:, 5].isnan().all()
 
 
-@needs_kernels
-def test_a_packed_weight_goes_to_the_build_that_reads_it_only() -> None:
-    """Other builds (named, and the best where it is another), and packed shapes that are
-    not skinny_pack_bf16's, raise ValueError."""
-    packed = _cpu_kernels.skinny_pack_bf16(torch.randn(8, 64).to(BF16))
-    x = torch.randn(2, 64).to(BF16)
-    builds = _cpu_kernels.skinny_gemm_isas()
-    reads = builds[0] == "avx512_bf16"
-    for isa in [b for b in builds if b != "avx512_bf16"] + [None] * (not reads):
-        build = isa or builds[0]
-        with pytest.raises(ValueError, match=f"build '{build}' does not read packed weights"):
-            _cpu_kernels.skinny_gemm_bf16(x, packed, None, isa=isa)
-    with pytest.raises(ValueError, match=r"packed weight \(2, 2, 8, 16\) is not \[N / 4"):
-        _cpu_kernels.skinny_gemm_bf16(x, packed.view(2, 2, 8, 16), None)
-    wrong_k = r"packed weight has K = 64, x \[M, K\] has K = 32"  # after the build's check
-    with pytest.raises(ValueError, match=wrong_k if reads else "does not read packed"):
-        _cpu_kernels.skinny_gemm_bf16(x[:, :32].contiguous(), packed, None)
-
-
 @needs_dp_build
-def test_skinny_packed_linear_runs_the_kernel_then_f_linear(
+def test_skinny_packed_linear_is_the_kernel_on_the_plain_weight(
     without_amx: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """prepack_linear_weight on a CPU whose best skinny build is avx512_bf16 (no AMX): the
-    packed order. linear() on it: the kernel's bits on the plain weight up to
-    SKINNY_PACKED_MAX_ROWS rows (so each row the same bits alone and in a batch), F.linear's
-    on the plain weight past them; 3-D x too; the torch path without the extension."""
+    packed order. linear() on it: the kernel's bits on the plain weight at every row count;
+    3-D x too; the torch path (F.linear on the plain weight) without the extension."""
     w, b = torch.randn(200, 576).to(BF16), torch.randn(200).to(BF16)
     packed = _custom_ops.prepack_linear_weight(w)
     assert packed.shape == (50, 18, 4, 32)
-    limit = _custom_ops.SKINNY_PACKED_MAX_ROWS
-    x = torch.randn(limit + 20, 576).to(BF16)
-    out = _custom_ops.linear(x[:limit], packed, b)
-    assert torch.equal(out, _cpu_kernels.skinny_gemm_bf16(x[:limit], w, b))
-    for i in (0, 7, limit - 1):
-        assert torch.equal(_custom_ops.linear(x[i : i + 1], packed, b)[0], out[i])
-    assert torch.equal(_custom_ops.linear(x, packed, b), F.linear(x, w, b))
+    x = torch.randn(600, 576).to(BF16)
+    assert torch.equal(_custom_ops.linear(x, packed, b), _cpu_kernels.skinny_gemm_bf16(x, w, b))
     x3 = x[:6].view(2, 3, -1)
     assert torch.equal(_custom_ops.linear(x3, packed), _custom_ops.linear(x[:6], w).view(2, 3, -1))
     monkeypatch.setattr(_cpu_kernels, "_C", None)  # the torch path unpacks it itself
@@ -230,47 +178,13 @@ def test_amx_packed_copy_of_a_tied_head_runs_for_every_row_count() -> None:
     """linear(x, w, packed_weight=tiles) (a tied LM head) multiplies the tiles for any number
     of rows: one kernel, so decode steps of every size give a row the same bits."""
     w = torch.randn(320, 576).to(BF16)
-    packed = _custom_ops.prepack_linear_weight(w, onednn=True)
+    packed = _custom_ops.prepack_linear_weight(w)
     assert packed.dim() == 4
     for rows in (1, 4, 5, 16, 17):
         x = torch.randn(rows, 576).to(BF16)
         assert torch.equal(
             _custom_ops.linear(x, w, packed_weight=packed), _custom_ops.linear(x, packed)
         )
-
-
-@needs_native_bf16
-def test_onednn_prepacked_linear_is_rounded_once_and_batch_invariant(without_amx: None) -> None:
-    """oneDNN's layout (CPUs with AVX-512 BF16 and no AMX, asked with onednn=True): packed
-    for a batch of one row, each row the same bits at every size (oneDNN's plain F.linear
-    changes kernels, and bits, with the row count)."""
-    w = torch.randn(1000, 576).to(BF16)
-    packed = _custom_ops.prepack_linear_weight(w, onednn=True)
-    assert packed.is_mkldnn and packed.shape == w.shape
-    _check_packed_linear(packed, w)
-
-
-@needs_native_bf16
-def test_linear_with_a_onednn_copy_runs_the_kernel_on_few_rows_and_onednn_past_them(
-    without_amx: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """linear(x, w, packed_weight=...) (a tied LM head): up to SKINNY_OVER_PACKED_MAX_ROWS
-    rows the bits of the kernel on w, more rows the bits of the packed matmul. Which of the
-    two ran is counted too: on Zen 4 both gave the same bits."""
-    w = torch.randn(300, 576).to(BF16)
-    packed = _custom_ops.prepack_linear_weight(w, onednn=True)
-    limit = _custom_ops.SKINNY_OVER_PACKED_MAX_ROWS
-    calls: list[int] = []
-    kernel = _cpu_kernels.skinny_gemm_bf16
-    monkeypatch.setattr(
-        _cpu_kernels, "skinny_gemm_bf16", lambda x, *a: calls.append(len(x)) or kernel(x, *a)
-    )
-    for rows in (1, limit, limit + 1, 16):
-        x = torch.randn(rows, 576).to(BF16)
-        expected = _custom_ops.linear(x, w) if rows <= limit else _custom_ops.linear(x, packed)
-        calls.clear()
-        assert torch.equal(_custom_ops.linear(x, w, packed_weight=packed), expected)
-        assert calls == ([rows] if rows <= limit else [])
 
 
 @needs_kernels
@@ -291,22 +205,22 @@ def test_convert_rounds_like_torch() -> None:
 
 
 def test_prepack_keeps_weights_it_cannot_pack(monkeypatch: pytest.MonkeyPatch) -> None:
-    """float32, autograd, a shape that is neither whole AMX tiles nor whole skinny tiles
-    without onednn=True, a CPU whose skinny build has no packed order, or no native bf16
-    matmuls at all: the weight."""
-    w32 = torch.randn(16, 32)
-    assert _custom_ops.prepack_linear_weight(w32, onednn=True) is w32
-    grad = w32.to(BF16).requires_grad_()
-    assert _custom_ops.prepack_linear_weight(grad, onednn=True) is grad
+    """float16, autograd, a shape that is neither whole AMX tiles nor whole skinny blocks, a
+    CPU whose skinny build has no packed order for the dtype, or no extension: the weight."""
+    w16 = torch.randn(16, 32).half()
+    assert _custom_ops.prepack_linear_weight(w16) is w16
+    grad = torch.randn(16, 32).to(BF16).requires_grad_()
+    assert _custom_ops.prepack_linear_weight(grad) is grad
     odd = torch.randn(22, 48).to(BF16)
     assert _custom_ops.prepack_linear_weight(odd) is odd
-    monkeypatch.setattr(_cpu_kernels, "skinny_gemm_reads_packed", lambda: False)
+    monkeypatch.setattr(_cpu_kernels, "skinny_gemm_reads_packed", lambda dtype: False)
     monkeypatch.setattr(_cpu_kernels, "amx_available", lambda: False)
-    w = torch.randn(24, 32).to(BF16)
+    w, w32 = torch.randn(32, 32).to(BF16), torch.randn(32, 32)
     assert _custom_ops.prepack_linear_weight(w) is w
-    monkeypatch.setattr(_custom_ops, "native_bf16_matmul", lambda: None)
-    w16 = w32.to(BF16)
-    assert _custom_ops.prepack_linear_weight(w16, onednn=True) is w16
+    assert _custom_ops.prepack_linear_weight(w32) is w32
+    monkeypatch.undo()
+    monkeypatch.setattr(_cpu_kernels, "_C", None)
+    assert _custom_ops.prepack_linear_weight(w) is w
 
 
 def _special_values(shape: tuple[int, ...]) -> torch.Tensor:

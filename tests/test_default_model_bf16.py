@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from pagedllm import LLM, SamplingParams, _cpu_kernels, _custom_ops
-from pagedllm.cpu_features import native_bf16_matmul
 
 PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
@@ -46,21 +45,22 @@ def test_bf16_weights_and_cache_are_bf16_and_half_the_float32_bytes(bf16: LLM) -
     qkv = runner.model.model.layers[0].self_attn.qkv_proj.weight
     if AMX:
         assert qkv.shape == (960 // 16, 576 // 32, 16, 32)
-    elif _cpu_kernels.skinny_gemm_reads_packed():
+    elif _cpu_kernels.skinny_gemm_reads_packed(torch.bfloat16):
         assert qkv.shape == (960 // 4, 576 // 32, 4, 32)
     else:
         assert qkv.shape == (960, 576)
 
 
-def test_bf16_tied_lm_head_adds_a_packed_copy_where_native(bf16: LLM) -> None:
+def test_bf16_tied_lm_head_adds_a_packed_copy_where_its_kernel_reads_one(bf16: LLM) -> None:
     """The default model ties its LM head to the embedding: the head keeps the embedding's
-    rows as its weight and, on CPUs with native bf16 matmuls, a packed copy of them (AMX
-    tiles for every step, or oneDNN's layout for more than a few rows; the same values)."""
+    rows as its weight and, where its kernel reads a packed layout (AMX tiles, or
+    skinny_gemm_bf16's tile order), a packed copy of them, multiplied for every step."""
     model = bf16.llm_engine.executor.runner.model
     head, embed = model.lm_head, model.model.embed_tokens.weight
-    assert head.weight is embed and not embed.is_mkldnn
+    assert head.weight is embed
     packed = getattr(head, "packed_weight", None)
-    assert (packed is not None) == (native_bf16_matmul() is not None)
+    reads_packed = AMX or _cpu_kernels.skinny_gemm_reads_packed(torch.bfloat16)
+    assert (packed is not None) == reads_packed
     if packed is not None:
         identity = torch.eye(embed.shape[1], dtype=torch.bfloat16)[:5]
         assert torch.equal(_custom_ops.linear(identity, packed), embed[:, :5].T)
@@ -122,9 +122,8 @@ def test_bf16_greedy_tokens_follow_float32(bf16: LLM) -> None:
 
 def test_bf16_decode_batches_are_batch_invariant(bf16: LLM) -> None:
     """Four 4-token prompts together (16 prefill rows, then 4-row decode steps: every
-    decoder matmul in skinny_gemm_bf16, whose rows do not depend on each other, and the tied
-    LM head too, up to SKINNY_OVER_PACKED_MAX_ROWS = 4 rows) give each request the tokens it
-    gets alone, bit for bit in the logprobs."""
+    matmul, LM head included, in a kernel whose rows do not depend on each other) give each
+    request the tokens it gets alone, bit for bit in the logprobs."""
     prompts = [{"prompt_token_ids": list(range(100 * i + 5, 100 * i + 9))} for i in range(4)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)
     together = bf16.generate(prompts, params, use_tqdm=False)

@@ -1,8 +1,9 @@
 """The torch definitions of the fast ops: paged attention against dense softmax attention per
 sequence, the cache write and block gather against plain indexing. (The norms, activation and
 rotation are held against transformers by the layer tests' torch path.) A linear on a
-weight in skinny_pack_bf16's order is F.linear on the weight."""
+weight in skinny_pack's order is F.linear on the weight."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -63,8 +64,13 @@ def test_gather_blocks_lists_each_sequence_in_token_order_in_the_dtype() -> None
     assert gathered.tolist() == [[6, 7, 0, 1], [2, 3, 4, 5]]
 
 
-def test_linear_on_skinny_packed_is_f_linear_on_the_plain_weight() -> None:
-    w, b = torch.randn(12, 64).to(torch.bfloat16), torch.randn(12).to(torch.bfloat16)
-    x = torch.randn(3, 5, 64).to(torch.bfloat16)
-    packed = _cpu_kernels.skinny_pack_bf16(w)
-    assert torch.equal(_torch_ops.linear_on_skinny_packed(x, packed, b), F.linear(x, w, b))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_on_a_skinny_packed_weight_is_f_linear_on_the_plain_weight(
+    dtype: torch.dtype,
+) -> None:
+    w, b = torch.randn(32, 64).to(dtype), torch.randn(32).to(dtype)
+    x = torch.randn(3, 5, 64).to(dtype)
+    packed = _cpu_kernels.skinny_pack(w)
+    assert torch.equal(_torch_ops.unpack_skinny(packed), w)
+    assert torch.equal(_torch_ops.linear(x, packed, b), F.linear(x, w, b))
+    assert torch.equal(_torch_ops.linear(x, w, b), F.linear(x, w, b))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pagedllm import _custom_ops
+from pagedllm import _custom_ops, _torch_ops
 from pagedllm.config import ModelConfig
 from pagedllm.model_loader.loader import get_model
 from pagedllm.model_loader.safetensors import iterate_safetensors_weights, safetensors_files
@@ -85,16 +85,15 @@ def test_shape_mismatch_is_named(tiny_model_path, tmp_path) -> None:
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_dtypes_load_in_that_dtype_close_to_fp32(tiny_model_path, dtype: str) -> None:
-    """Reference: the fp32 weights rounded to the dtype (a bf16 LM head may be packed into
-    oneDNN's layout: compared as its dense values; the linears' weights may be packed into
-    AMX tiles or skinny_gemm_bf16's tile order: compared with the rounded weights packed
-    the same way)."""
+    """Reference: the fp32 weights rounded to the dtype (the fp32 linears' weights may be in
+    the avx2 build's panels: compared unpacked; the half ones may be packed into AMX tiles
+    or skinny_gemm_bf16's tile order: compared with the rounded weights packed the same
+    way)."""
     path = tiny_model_path("llama-gqa4")
     fp32 = get_model(ModelConfig.create(path, dtype="float32"))
     half = get_model(ModelConfig.create(path, dtype=dtype))
     for (name, p), (_, q) in zip(fp32.state_dict().items(), half.state_dict().items(), strict=True):
         assert q.dtype == getattr(torch, dtype), name
-        q = q.to_dense() if q.is_mkldnn else q
-        p = p.to(q.dtype)
+        p = (_torch_ops.unpack_skinny(p) if p.dim() == 3 and q.dim() == 2 else p).to(q.dtype)
         p = _custom_ops.prepack_linear_weight(p) if q.dim() == 4 and p.dim() == 2 else p
         torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)

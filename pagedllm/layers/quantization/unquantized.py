@@ -18,7 +18,8 @@ from pagedllm.layers.quantization.base_config import (
 
 
 class UnquantizedLinearMethod(LinearMethodBase):
-    """W [out, in] in params_dtype, applied by _custom_ops.linear (skinny_gemm or F.linear)."""
+    """W [out, in] in params_dtype, applied by _custom_ops.linear (skinny_gemm or AMX tiles
+    for every row count on CPUs, F.linear elsewhere)."""
 
     def create_weights(
         self,
@@ -34,7 +35,8 @@ class UnquantizedLinearMethod(LinearMethodBase):
         layer.weight = new_weight(shape, params_dtype, **extra_weight_attrs)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """A bf16 weight on a CPU with AMX takes the tiles' layout (prepack_linear_weight)."""
+        """The weight takes the layout its CPU kernel streams fastest (prepack_linear_weight):
+        AMX tiles, or skinny_gemm's packed order where its best build reads one."""
         packed = prepack_linear_weight(layer.weight)
         if packed is not layer.weight:
             layer.weight = nn.Parameter(packed, requires_grad=False)
@@ -47,15 +49,13 @@ class UnquantizedLinearMethod(LinearMethodBase):
 
 class UnquantizedEmbeddingMethod(UnquantizedLinearMethod, EmbeddingMethodBase):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """A bf16 LM head on a CPU with native bf16 matmuls takes AMX tiles, or elsewhere
-        oneDNN's packed layout (prepack_linear_weight); an embedding keeps its rows to look
-        up. A tied LM head keeps the embedding's rows as its weight and holds the packed copy
-        as packed_weight (vocab x hidden more bytes, counted in the resident size); linear()
-        multiplies AMX tiles for every step and oneDNN's copy past the few rows that
-        skinny_gemm_bf16 multiplies faster (SKINNY_OVER_PACKED_MAX_ROWS). An untied head keeps
-        only the packed weight."""
+        """An LM head takes its kernel's layout as a linear layer does (prepack_linear_weight);
+        an embedding keeps its rows to look up. A tied LM head keeps the embedding's rows as
+        its weight and holds the packed copy as packed_weight (vocab x hidden more bytes,
+        counted in the resident size), which linear() multiplies for every step. An untied
+        head keeps only the packed weight."""
         if layer.quant_kind is LayerKind.LM_HEAD:
-            packed = prepack_linear_weight(layer.weight, onednn=True)
+            packed = prepack_linear_weight(layer.weight)
             if packed is layer.weight:
                 return
             packed = nn.Parameter(packed, requires_grad=False)
