@@ -1,18 +1,17 @@
-/* Matmuls for the few rows of a decode step: y [M, N] = x [M, K] @ w [N, K]^T (+ b), float32
- * (skinny_gemm) or bfloat16 in and out with float32 products and sums (skinny_gemm_bf16).
+/* The unquantized linear's matmul on the CPU: y [M, N] = x [M, K] @ w [N, K]^T (+ b), float32
+ * (skinny_gemm) or bfloat16 in and out with float32 products and sums (skinny_gemm_bf16), for
+ * every row count, so that a row's result never depends on the rows beside it (each build
+ * sums every output in one order whatever M is; pagedllm/_custom_ops.py's linear()).
  *
  * With few input rows the product is bound by reading w; ATen's MKL sgemv reads it at about
- * 11 GB/s on the 2-core development machine, this loop at 25-30 GB/s, and stock torch's bf16
- * matmul reads bf16 weights slowly too (oneDNN uses AMX tiles only from about 16 rows; below,
- * half the float32 speed there). With more rows (up to a few hundred, a decode batch) MKL's
- * GEMM is still far from its peak there, while register tiles of x rows by weight rows, each
- * loaded vector feeding four FMAs, were 1.1-2x faster than MKL on AVX-512
- * (pagedllm/_custom_ops.py's SKINNY_GEMM_MAX_ROWS says up to how many rows, per build). The
- * kernel (skinny_gemm_kernel.h) is built once per instruction set at its register width and
- * tile shape, and once more for AVX-512 BF16, whose dot products multiply bf16 x and weights
- * as they are; this file picks the best the CPU has, or the one the caller names. The AVX2
- * build multiplies more than 16 float32 rows as outer products on transposed panels of the
- * weights (skinny_gemm_panel.h), ahead of MKL up to ~1,000 rows there.
+ * 11 GB/s on a 2-core Zen 4, this kernel at 25-30 GB/s, and stock torch's bf16 matmul reads
+ * bf16 weights slowly too. With more rows, register tiles of x rows by weight rows, each
+ * loaded vector feeding four FMAs, blocks of x rows kept in L2 (skinny_gemm_kernel.h), run
+ * level with MKL's and oneDNN's GEMMs or ahead. The kernel is built once per instruction
+ * set at its register width and tile shape, and once more for AVX-512 BF16, whose dot
+ * products multiply bf16 x and weights as they are; this file picks the best the CPU has,
+ * or the one the caller names. The AVX2 build multiplies float32 as outer products on
+ * transposed panels of the weights (skinny_gemm_panel.h), which it also reads packed.
  */
 #include "isa_table.h"
 #include "ops.h"

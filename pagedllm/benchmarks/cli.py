@@ -1,10 +1,11 @@
-"""`pagedllm bench throughput | latency | perplexity | serve`."""
+"""`pagedllm bench throughput | latency | perplexity | serve | linear`."""
 
 import argparse
 import json
 
 from pagedllm.benchmarks.gguf_copy import GGUF_TYPES, gguf_copy_path
 from pagedllm.benchmarks.latency import LATENCY_BACKENDS, format_latency, run_latency
+from pagedllm.benchmarks.linear import DEFAULT_SHAPES, format_linear, run_linear
 from pagedllm.benchmarks.perplexity import format_perplexity, run_perplexity
 from pagedllm.benchmarks.serve import format_serve, run_serve
 from pagedllm.benchmarks.throughput import (
@@ -25,7 +26,7 @@ from pagedllm.engine.arg_utils import EngineArgs
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="benchmark throughput, latency, perplexity, or a running server",
+        help="benchmark throughput, latency, perplexity, a running server, or the linear kernel",
         description="Benchmarks on random token prompts (seeded), pagedllm against peers.",
     )
     benchmarks = parser.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
@@ -33,6 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_latency(benchmarks)
     _add_perplexity(benchmarks)
     _add_serve(benchmarks)
+    _add_linear(benchmarks)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -155,6 +157,24 @@ def _add_serve(benchmarks: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run_serve)
 
 
+def _add_linear(benchmarks: argparse._SubParsersAction) -> None:
+    parser = benchmarks.add_parser(
+        "linear",
+        help="GFLOP/s of the unquantized linear kernel against F.linear",
+        description="skinny_gemm (a build, on weights packed as the loader packs them for it) "
+        "against F.linear on the same matrices, in alternating rounds in one process; few "
+        "rows stream the weights from memory, as a decode step does.",
+    )
+    parser.add_argument("--rows", default="1,16,64,256,512,2048", help="row counts of x")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--isa", default=None, help="a skinny_gemm build (default: the best)")
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="weights NxK,NxK,...")
+    parser.add_argument("--weight-mb", type=int, default=512, help="copies of the weights")
+    parser.add_argument("--rounds", type=int, default=3, help="best of this many each")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
+    parser.set_defaults(func=_run_linear)
+
+
 def parse_backends(text: str, choices: tuple[str, ...]) -> list[str]:
     """'all' -> every choice; 'a,b' -> [a, b] in the given order."""
     names = list(choices) if text == "all" else [n.strip() for n in text.split(",")]
@@ -212,3 +232,8 @@ def _run_perplexity(args: argparse.Namespace) -> None:
 def _run_serve(args: argparse.Namespace) -> None:
     report = run_serve(args)
     _emit(report, format_serve(report), args.json)
+
+
+def _run_linear(args: argparse.Namespace) -> None:
+    report = run_linear(args)
+    _emit(report, format_linear(report), args.json)

@@ -22,6 +22,13 @@ def test_defaults_follow_the_issue() -> None:
     lat = _parse(["bench", "latency"])
     assert (lat.batch_size, lat.input_len, lat.output_len) == (1, 32, 128)
     assert (lat.num_iters, lat.num_warmup, lat.backend) == (5, 1, "pagedllm")
+    lin = _parse(["bench", "linear"])
+    assert (lin.rows, lin.dtype, lin.isa, lin.weight_mb) == (
+        "1,16,64,256,512,2048",
+        "float32",
+        None,
+        512,
+    )
     s = _parse(["bench", "serve", "--request-rate", "inf"])
     assert (s.url, s.request_rate, s.model) == ("http://127.0.0.1:8000", float("inf"), None)
 
