@@ -267,10 +267,23 @@ BINDING(argmax, "iiiiii", 0, argmax(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4],
 BINDING(silu_and_mul, "iiiiii", 0,
         silu_and_mul(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
 
-BINDING(gguf_gemm, "iiiiiiiiii",
-        check_isa("gguf_gemm", a[8], gguf_isa_count, gguf_isa_supported),
-        rc = gguf_gemm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), (int)a[4], a[5], a[6], a[7],
-                       (int)a[8], (int)a[9]))
+BINDING(gguf_mm, "iiiiiiiiiii",
+        check_isa("gguf_mm", a[9], gguf_isa_count, gguf_isa_supported),
+        rc = gguf_mm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), (int)a[4], (int)a[5], a[6], a[7],
+                     a[8], (int)a[9], (int)a[10]))
+
+BINDING(gguf_pack, "iiiiii", 0, gguf_pack(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
+
+BINDING(gguf_unpack_rows, "iiiiiiii",
+        check_indices("gguf_unpack_rows", "rows", PTR(a[5]), a[6], 0, a[3]),
+        gguf_unpack_rows(PTR(a[0]), PTR(a[1]), (int)a[2], a[4], PTR(a[5]), a[6], (int)a[7]))
+
+static PyObject *py_gguf_packed_bytes(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  int64_t a[3];
+  double f[1];
+  if (parse("gguf_packed_bytes", "iii", args, n, a, f) < 0) return NULL;
+  return PyLong_FromLongLong(gguf_packed_bytes((int)a[0], a[1], a[2]));
+}
 
 BINDING(gguf_dequantize, "iiiiii", 0,
         gguf_dequantize(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
@@ -319,7 +332,10 @@ static PyObject *py_amx_gemm_supported(PyObject *self, PyObject *const *args, Py
 
 static PyMethodDef methods[] = {
     METHOD(gguf_isas, "gguf_isas() -> ((name, supported), ...), best first"),
-    METHOD(gguf_gemm, "gguf_gemm(x, w, b, y, qtype, M, N, K, isa, num_threads)"),
+    METHOD(gguf_mm, "gguf_mm(x, packed, b, y, bf16, qtype, M, N, K, isa, num_threads)"),
+    METHOD(gguf_pack, "gguf_pack(w, packed, qtype, N, K, num_threads)"),
+    METHOD(gguf_unpack_rows, "gguf_unpack_rows(packed, out, qtype, N, K, rows, n, num_threads)"),
+    METHOD(gguf_packed_bytes, "gguf_packed_bytes(qtype, N, K) -> int"),
     METHOD(gguf_dequantize, "gguf_dequantize(w, out, qtype, rows, K, num_threads)"),
     METHOD(amx_gemm_supported, "amx_gemm_supported() -> bool"),
     METHOD(amx_gemm_bf16, "amx_gemm_bf16(x, packed_w, b, y, M, N, K, num_threads), bfloat16"),

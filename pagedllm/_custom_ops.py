@@ -62,25 +62,6 @@ the default model's 49152 x 576 head (AMX development machine) the kernel took 2
 at 1 / 4 rows against 3.0 / 4.0 ms packed, but 5.7 / 12.2 ms at 8 / 16 against 3.6 / 3.7:
 past 4 rows its float32 FMAs, not the weight read, bound it, and AMX wins."""
 
-GGUF_DECODE_MAX_ROWS = 24
-"""Up to this many rows of x, gguf_linear multiplies the GGUF blocks as they are (gguf_gemm:
-x quantized to 8 bits, integer dot products), which streams the weight once per 4 rows; past
-it, it dequantizes the weight and multiplies in float32 (MKL), which costs a dequantization
-but less per row. Measured on 1536 x 576 and 576 x 1536 weights (AVX-512 VNNI): on one core
-the kernel was faster up to 24-32 rows for Q4_1, Q8_0, Q4_K and Q6_K; on two, up to 12-16
-rows at K = 576 and 32-48 at K = 1536 (Q4_1, Q8_0); the AVX2 kernel against MKL held to
-AVX2, on one core: up to 24-48 rows."""
-
-GGUF_PREFILL_TILE_ELEMENTS = 1 << 21
-"""Past GGUF_DECODE_MAX_ROWS, gguf_linear dequantizes the weight this many elements (8 MiB of
-float32) at a time, whole rows, each tile then multiplied by F.linear into its columns. On 2
-cores each tile costs a dequantization and a GEMM call that repacks x, so few large tiles win:
-for 1536 x 576 weights, tiles of 64 / 128 / 256 / 512 rows took 1.5-1.75 / 1.25 / 1.15 / 1.07x
-the time of one whole-weight tile, which is itself 1.01-1.04x float32 F.linear from 256 rows
-(1.3x at 64 rows). A bound still pays off for large weights: the 49152 x 576 vocabulary at
-32-256 rows ran 1.4-2.3x faster in tiles of 2048-7281 rows than whole (113 MB of scratch),
-and at 256 rows faster than float32 F.linear."""
-
 _GGUF_KERNEL_TYPES = frozenset(int(t) for t in _cpu_kernels.GGUF_TYPES)
 
 
@@ -443,49 +424,64 @@ def _gguf_kernels_apply(qweight: torch.Tensor, qtype: int) -> bool:
     )
 
 
+def gguf_pack(qweight: torch.Tensor, qtype: int) -> torch.Tensor | None:
+    """The GGUF blocks qweight [..., N, K / block_size * type_size] of qtype in the layout
+    gguf_packed_linear multiplies ([..., groups of 16 rows, bytes]: csrc/gguf_packed.h), where
+    pagedllm._C runs them (a CPU weight); None elsewhere, where the blocks stay and
+    gguf_linear multiplies them in torch. Called once per weight at load."""
+    if qweight.dim() < 2 or not _gguf_kernels_apply(qweight, qtype):
+        return None
+    matrices = qweight.detach().reshape(-1, *qweight.shape[-2:]).contiguous()
+    packed = torch.stack([_cpu_kernels.gguf_pack(w, int(qtype)) for w in matrices])
+    return packed.view(*qweight.shape[:-2], *packed.shape[1:])
+
+
+def gguf_packed_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    qtype: int,
+    n: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [..., K] @ W^T (+ bias [N]) -> [..., N] for W [N, K] the GGUF weight gguf_pack made
+    `packed` of: pagedllm._C's gguf_mm for CPU float32 or bfloat16 x (each row quantized to
+    8-bit blocks, its result the same bits whatever the other rows: csrc/gguf_packed.h);
+    otherwise W unpacked to float32 and F.linear."""
+    k = x.shape[-1]
+    dtypes = _one_float_dtype(x)
+    if not cpu_kernels_apply(x, bias, dtypes=dtypes) or (
+        bias is not None and bias.dtype != x.dtype
+    ):
+        rows = torch.arange(n, dtype=torch.int64)
+        w = _cpu_kernels.gguf_unpack_rows(packed, int(qtype), n, k, rows)
+        return F.linear(x, w.to(x.dtype), bias)
+    x2 = (x if x.dim() == 2 else x.reshape(-1, k)).contiguous()
+    bias = None if bias is None else bias.contiguous()
+    y = _cpu_kernels.gguf_mm(x2, packed, int(qtype), n, bias)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+
+
+def gguf_packed_embedding(
+    input_ids: torch.Tensor, packed: torch.Tensor, qtype: int, n: int, k: int
+) -> torch.Tensor:
+    """Rows input_ids [...] of the GGUF table [n, k] gguf_pack made `packed` of -> float32
+    [..., k], bit-equal to gguf.quants.dequantize of their blocks."""
+    ids = _as_dense(input_ids.reshape(-1), torch.int64)
+    w = _cpu_kernels.gguf_unpack_rows(packed, int(qtype), n, k, ids)
+    return w.view(*input_ids.shape, k)
+
+
 def gguf_linear(
     x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """x [..., K] @ W^T (+ bias [N]) -> [..., N], W [N, K] being the GGUF blocks qweight
-    [N, K / block_size * type_size] of qtype: few rows multiply the blocks directly (x
-    quantized to 8 bits, see GGUF_DECODE_MAX_ROWS), more multiply W dequantized tile by tile.
-    """
-    if not (
-        qweight.dim() == 2 and _gguf_kernels_apply(qweight, qtype) and cpu_kernels_apply(x, bias)
-    ):
-        return _torch_quant.gguf_linear(x, qweight, qtype, bias)
-    x2 = (x if x.dim() == 2 else x.reshape(-1, x.shape[-1])).contiguous()
-    qweight = qweight.contiguous()
-    bias = None if bias is None else bias.contiguous()
-    if x2.shape[0] <= GGUF_DECODE_MAX_ROWS:
-        y = _cpu_kernels.gguf_gemm(x2, qweight, qtype, bias)
-    else:
-        y = _dequantized_linear(x2, qweight, qtype, bias)
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[1])
-
-
-def _dequantized_linear(
-    x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """x [M, K] @ W^T (+ bias) with W dequantized GGUF_PREFILL_TILE_ELEMENTS at a time into
-    one scratch tile, each tile multiplied into its columns of y [M, N]."""
-    (m, k), n = x.shape, qweight.shape[0]
-    tile = max(1, GGUF_PREFILL_TILE_ELEMENTS // max(1, k))
-    if n <= tile:
-        return F.linear(x, _cpu_kernels.gguf_dequantize(qweight, qtype), bias)
-    y, scratch = x.new_empty(m, n), x.new_empty(tile, k)
-    for n0 in range(0, n, tile):
-        rows = qweight[n0 : n0 + tile]
-        w = _cpu_kernels.gguf_dequantize(rows, qtype, out=scratch[: rows.shape[0]])
-        if bias is None:
-            torch.mm(x, w.t(), out=y[:, n0 : n0 + tile])
-        else:
-            torch.addmm(bias[n0 : n0 + tile], x, w.t(), out=y[:, n0 : n0 + tile])
-    return y
+    [N, K / block_size * type_size] of qtype as stored (weights gguf_pack leaves as they are:
+    GPUs, no extension): dequantized and multiplied in torch."""
+    return _torch_quant.gguf_linear(x, qweight, qtype, bias)
 
 
 def gguf_dequantize(qweight: torch.Tensor, qtype: int) -> torch.Tensor:
-    """qweight uint8 [..., K / block_size * type_size] of qtype blocks -> float32 [..., K],
+    """qweight uint8 [..., K / block_size * type_size] of qtype -> float32 [..., K],
     bit-equal to gguf.quants.dequantize."""
     if not _gguf_kernels_apply(qweight, qtype):
         return _torch_quant.dequantize(qweight, qtype)
