@@ -12,6 +12,8 @@
 #include "gguf_packed.h"
 #include "ops.h"
 
+#define INLINE static inline __attribute__((always_inline))
+
 /* One weight row's stretch of a unit (a block of 32, or a super block of 256), decoded: its
  * codes (unsigned, gguf_packed.h), its fp16 d and m / dmin bits as stored, and K-quants'
  * sub-block scales and mins (Q6_K: 16 int8 scales). */
@@ -21,9 +23,9 @@ typedef struct {
   uint8_t sc[16], mn[8];
 } unit_codes;
 
-static uint16_t fp16_bits(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+INLINE uint16_t fp16_bits(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
-static void decode_block32(int qt, const uint8_t *b, unit_codes *out) {
+INLINE void decode_block32(const int qt, const uint8_t *b, unit_codes *out) {
   out->d = fp16_bits(b);
   out->m = 0;
   if (qt == GGUF_Q8_0) {
@@ -42,7 +44,7 @@ static void decode_block32(int qt, const uint8_t *b, unit_codes *out) {
   }
 }
 
-static void decode_k45(int qt, const uint8_t *b, unit_codes *out) {
+INLINE void decode_k45(const int qt, const uint8_t *b, unit_codes *out) {
   out->d = fp16_bits(b);
   out->m = fp16_bits(b + 2);
   const uint8_t *s = b + 4, *qh = b + 16, *qs = b + (qt == GGUF_Q4_K ? 16 : 48);
@@ -57,7 +59,7 @@ static void decode_k45(int qt, const uint8_t *b, unit_codes *out) {
   }
 }
 
-static void decode_q6_k(const uint8_t *b, unit_codes *out) {
+INLINE void decode_q6_k(const uint8_t *b, unit_codes *out) {
   out->d = fp16_bits(b + 208);
   out->m = 0;
   memcpy(out->sc, b + 192, 16);
@@ -70,7 +72,7 @@ static void decode_q6_k(const uint8_t *b, unit_codes *out) {
   }
 }
 
-static void decode_unit(int qt, const uint8_t *b, unit_codes *out) {
+INLINE void decode_unit(const int qt, const uint8_t *b, unit_codes *out) {
   if (qt == GGUF_Q4_K || qt == GGUF_Q5_K)
     decode_k45(qt, b, out);
   else if (qt == GGUF_Q6_K)
@@ -81,13 +83,13 @@ static void decode_unit(int qt, const uint8_t *b, unit_codes *out) {
 
 /* Where code k of column c lies in a block's code bytes (gguf_packed.h): the byte of its low
  * bits (8-bit types: all of them) and the shift there. */
-static int64_t code_byte(int bits, int c, int k, int *shift) {
+INLINE int64_t code_byte(int bits, int c, int k, int *shift) {
   const int j = k / 4, lane_byte = 4 * c + k % 4;
   *shift = bits == 8 ? 0 : j / 4 * 4;
   return bits == 8 ? 64 * j + lane_byte : 64 * (j % 4) + lane_byte;
 }
 
-static void put_code(uint8_t *codes, int bits, int c, int k, uint8_t u) {
+INLINE void put_code(uint8_t *codes, int bits, int c, int k, uint8_t u) {
   int shift;
   const int64_t at = code_byte(bits, c, k, &shift);
   const int j = k / 4, lane_byte = 4 * c + k % 4;
@@ -113,13 +115,13 @@ static uint8_t get_code(const uint8_t *codes, int bits, int c, int k) {
   return u;
 }
 
-static void put_fp16(uint8_t *p, uint16_t v) {
+INLINE void put_fp16(uint8_t *p, uint16_t v) {
   p[0] = (uint8_t)v;
   p[1] = (uint8_t)(v >> 8);
 }
 
 /* Column c of a group from one weight row: unit t's decoded codes and scales. */
-static void put_unit(int qt, uint8_t *group, gguf_sections s, int c, int64_t t,
+INLINE void put_unit(const int qt, uint8_t *group, gguf_sections s, int c, int64_t t,
                      const unit_codes *uc) {
   const int bits = gguf_code_bits(qt), blocks = gguf_is_k_quant(qt) ? 8 : 1;
   for (int j = 0; j < blocks; j++) {
@@ -141,23 +143,37 @@ int64_t gguf_packed_bytes(int qtype, int64_t N, int64_t K) {
   return gguf_groups(N) * gguf_layout(qtype, K).group_bytes;
 }
 
+/* Group g (rows g * 16 .. , those past N left zero) of a weight of type qt. */
+INLINE void pack_group(const int qt, const uint8_t *w, uint8_t *group, gguf_sections s,
+                       int64_t g, int64_t N, int64_t K) {
+  const int64_t units = K / gguf_scale_unit(qt);
+  const int64_t row_bytes = K / gguf_block_elems(qt) * gguf_block_bytes(qt);
+  memset(group, 0, (size_t)s.group_bytes);
+  for (int c = 0; c < GROUP_COLS && g * GROUP_COLS + c < N; c++) {
+    const uint8_t *row = w + (g * GROUP_COLS + c) * row_bytes;
+    for (int64_t t = 0; t < units; t++) {
+      unit_codes uc;
+      decode_unit(qt, row + t * (row_bytes / units), &uc);
+      put_unit(qt, group, s, c, t, &uc);
+    }
+  }
+}
+
 void gguf_pack(const uint8_t *w, uint8_t *packed, int qtype, int64_t N, int64_t K,
                int num_threads) {
   const gguf_sections s = gguf_layout(qtype, K);
-  const int64_t unit = gguf_scale_unit(qtype), units = K / unit;
-  const int64_t row_bytes = K / gguf_block_elems(qtype) * gguf_block_bytes(qtype);
-  const int64_t unit_bytes = row_bytes / units;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
   for (int64_t g = 0; g < gguf_groups(N); g++) {
     uint8_t *group = packed + g * s.group_bytes;
-    memset(group, 0, (size_t)s.group_bytes);
-    for (int c = 0; c < GROUP_COLS && g * GROUP_COLS + c < N; c++) {
-      const uint8_t *row = w + (g * GROUP_COLS + c) * row_bytes;
-      for (int64_t t = 0; t < units; t++) {
-        unit_codes uc;
-        decode_unit(qtype, row + t * unit_bytes, &uc);
-        put_unit(qtype, group, s, c, t, &uc);
-      }
+    switch (qtype) { /* the type as a constant, so that decoding and placing codes unroll */
+      case GGUF_Q4_0: pack_group(GGUF_Q4_0, w, group, s, g, N, K); break;
+      case GGUF_Q4_1: pack_group(GGUF_Q4_1, w, group, s, g, N, K); break;
+      case GGUF_Q5_0: pack_group(GGUF_Q5_0, w, group, s, g, N, K); break;
+      case GGUF_Q5_1: pack_group(GGUF_Q5_1, w, group, s, g, N, K); break;
+      case GGUF_Q8_0: pack_group(GGUF_Q8_0, w, group, s, g, N, K); break;
+      case GGUF_Q4_K: pack_group(GGUF_Q4_K, w, group, s, g, N, K); break;
+      case GGUF_Q5_K: pack_group(GGUF_Q5_K, w, group, s, g, N, K); break;
+      case GGUF_Q6_K: pack_group(GGUF_Q6_K, w, group, s, g, N, K); break;
     }
   }
 }

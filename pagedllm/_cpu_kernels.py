@@ -645,16 +645,26 @@ def gguf_packed_shape(qtype: int, n: int, k: int) -> tuple[int, int]:
     return -(-n // 16), _C.gguf_packed_bytes(int(qtype), 16, k)
 
 
-def gguf_pack(qweight: torch.Tensor, qtype: int) -> torch.Tensor:
+def gguf_weight_shape(qweight: torch.Tensor, qtype: int) -> tuple[int, int]:
+    """(N, K) of the GGUF blocks qweight [N, K / block_size * type_size] of qtype."""
+    return _check_gguf_weight("gguf_weight_shape", qweight, qtype)
+
+
+def gguf_pack(qweight: torch.Tensor, qtype: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """qweight [N, K / block_size * type_size] of qtype blocks -> the layout gguf_mm reads,
-    uint8 gguf_packed_shape(qtype, N, K)."""
-    n, k = _check_gguf_weight("gguf_pack", qweight, qtype)
-    packed = torch.empty(gguf_packed_shape(qtype, n, k), dtype=_U8)
+    uint8 gguf_packed_shape(qtype, N, K) (written to out when given)."""
+    op = "gguf_pack"
+    n, k = _check_gguf_weight(op, qweight, qtype)
+    shape = gguf_packed_shape(qtype, n, k)
+    if out is None:
+        out = torch.empty(shape, dtype=_U8)
+    else:
+        _check(op, "out", out, shape, "gguf_packed_shape(qtype, N, K)", _U8)
     _launch(
-        _C.gguf_pack, qweight.data_ptr(), packed.data_ptr(), int(qtype), n, k,
+        _C.gguf_pack, qweight.data_ptr(), out.data_ptr(), int(qtype), n, k,
         torch.get_num_threads(),
     )  # fmt: skip
-    return packed
+    return out
 
 
 def _check_packed(op: str, packed: object, qtype: object, n: int, k: int) -> None:

@@ -431,8 +431,15 @@ def gguf_pack(qweight: torch.Tensor, qtype: int) -> torch.Tensor | None:
     gguf_linear multiplies them in torch. Called once per weight at load."""
     if qweight.dim() < 2 or not _gguf_kernels_apply(qweight, qtype):
         return None
+    if qweight.dim() == 2:
+        return _cpu_kernels.gguf_pack(qweight.detach().contiguous(), int(qtype))
     matrices = qweight.detach().reshape(-1, *qweight.shape[-2:]).contiguous()
-    packed = torch.stack([_cpu_kernels.gguf_pack(w, int(qtype)) for w in matrices])
+    n, k = _cpu_kernels.gguf_weight_shape(matrices[0], int(qtype))
+    packed = torch.empty(
+        len(matrices), *_cpu_kernels.gguf_packed_shape(qtype, n, k), dtype=torch.uint8
+    )
+    for w, out in zip(matrices, packed, strict=True):
+        _cpu_kernels.gguf_pack(w, int(qtype), out=out)
     return packed.view(*qweight.shape[:-2], *packed.shape[1:])
 
 
