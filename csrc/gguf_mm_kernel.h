@@ -146,6 +146,10 @@ INLINE float bf16_value(uint16_t h) {
 
 /* y[m, n0 .. n0 + n) = v (+ bias), n <= VCOLS. */
 INLINE void store_row(const gguf_mm_args *a, int64_t m, int64_t n0, int64_t n, fvec v) {
+  if (!a->y_bf16 && !a->bias && n == VCOLS) {
+    memcpy((float *)a->y + m * a->N + n0, &v, sizeof v);
+    return;
+  }
   float out[VCOLS];
   memcpy(out, &v, sizeof out);
   if (a->bias)
@@ -178,24 +182,35 @@ INLINE void tile(const gguf_mm_args *a, const int qt, int64_t v, int64_t v1, int
   }
 }
 
+/* A thread's column groups [g0, g1) against every row: in blocks of groups whose weights
+ * (about WEIGHT_BLOCK_BYTES) stay in L2 while each tile of rows multiplies them, so that a
+ * prefill reads the weights once per block rather than once per tile of rows, and writes y
+ * a block's width of a row at a time. */
+#define WEIGHT_BLOCK_BYTES (256 * 1024)
+
 INLINE void groups_of_type(const gguf_mm_args *a, const int qt, int64_t g0, int64_t g1) {
-  const int64_t v1 = g1 * VPG;
-  for (int64_t v = g0 * VPG; v < v1; v += TILE_C)
+  const int64_t per_block = WEIGHT_BLOCK_BYTES / a->sec.group_bytes / TILE_C * TILE_C;
+  const int64_t block_groups = per_block > TILE_C ? per_block : TILE_C;
+  for (int64_t b0 = g0; b0 < g1; b0 += block_groups) {
+    const int64_t v0 = b0 * VPG, v1 = (b0 + block_groups < g1 ? b0 + block_groups : g1) * VPG;
     for (int64_t m0 = 0; m0 < a->M; m0 += TILE_R) {
       const int64_t rows = a->M - m0 < TILE_R ? a->M - m0 : TILE_R;
-      switch (rows) { /* rows as a constant, so that the tile's loops unroll */
+      for (int64_t v = v0; v < v1; v += TILE_C) {
+        switch (rows) { /* rows as a constant, so that the tile's loops unroll */
 #if TILE_R > 1
-        case 1: tile(a, qt, v, v1, m0, 1); break;
+          case 1: tile(a, qt, v, v1, m0, 1); break;
 #endif
 #if TILE_R > 2
-        case 2: tile(a, qt, v, v1, m0, 2); break;
+          case 2: tile(a, qt, v, v1, m0, 2); break;
 #endif
 #if TILE_R > 3
-        case 3: tile(a, qt, v, v1, m0, 3); break;
+          case 3: tile(a, qt, v, v1, m0, 3); break;
 #endif
-        default: tile(a, qt, v, v1, m0, TILE_R);
+          default: tile(a, qt, v, v1, m0, TILE_R);
+        }
       }
     }
+  }
 }
 
 void ISA(gguf_mm_groups)(const gguf_mm_args *a, int64_t g0, int64_t g1) {
