@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "gguf_mm.h"
+#include "prefetch.h"
 
 #define VPG (GROUP_COLS / VCOLS) /* vectors per group */
 
@@ -101,7 +102,11 @@ INLINE void tile_sums(const gguf_mm_args *a, const int qt, const vector_at vs[TI
     for (int c = 0; c < TILE_C; c++) acc[r][c] = (fvec){0};
   for (int64_t b = 0; b < blocks; b++) {
     fvec ws[TILE_C][2], wm[TILE_C];
-    for (int c = 0; c < TILE_C; c++) block_scales(a, qt, &vs[c], b, ws[c], &wm[c]);
+    for (int c = 0; c < TILE_C; c++) {
+      if (a->M <= TILE_R && vs[c].lane == 0) /* one pass over the weight: keep reads ahead */
+        prefetch_ahead(vs[c].group + b * gguf_code_bytes(qt), gguf_code_bytes(qt));
+      block_scales(a, qt, &vs[c], b, ws[c], &wm[c]);
+    }
     for (int h = 0; h < halves; h++) {
       ivec sum[TILE_R][TILE_C];
       for (int r = 0; r < rows; r++)
