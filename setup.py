@@ -46,6 +46,7 @@ setup(
                 "csrc/isa_table.h",
                 "csrc/skinny_gemm_kernel.h",
                 "csrc/skinny_gemm_dpbf16.h",
+                "csrc/attention_row.h",
                 "csrc/paged_attention.h",
                 "csrc/paged_attention_kernel.h",
                 "csrc/paged_attention_kv.h",

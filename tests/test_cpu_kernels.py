@@ -337,9 +337,13 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
         lambda: _prefill_f32(v_cache=torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, 32).bfloat16()),
         "v_cache must be a contiguous float32 .* like k_cache",
     ),
-    "prefill float32 head_dim not a multiple of 16": (
-        lambda: _prefill_f32(query=torch.randn(3, HEADS, 8), k_cache=CACHE, v_cache=CACHE),
-        "head_dim 8 must be a multiple of 16",
+    "prefill float32 head_dim 0": (
+        lambda: _prefill_f32(
+            query=torch.randn(3, HEADS, 0),
+            k_cache=torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, 0),
+            v_cache=torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, 0),
+        ),
+        "head_dim 0 must be positive",
     ),
     "prefill float32 isa of another kernel": (
         lambda: _prefill_f32(isa="amx"),
