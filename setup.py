@@ -18,7 +18,6 @@ setup(
                 "csrc/skinny_gemm_avx2.c",
                 "csrc/skinny_gemm_portable.c",
                 "csrc/amx_gemm.c",
-                "csrc/prefill_attention_bf16.c",
                 "csrc/prefill_attention_f32.c",
                 "csrc/prefill_attention_f32_avx512.c",
                 "csrc/prefill_attention_f32_avx2.c",
