@@ -302,7 +302,7 @@ int ISA(prefill_attention_f32_run)(const prefill_attention_f32_args *a) {
   const int64_t tiles = (a->n * (a->H / KV) + TILE_QUERIES - 1) / TILE_QUERIES;
   const int64_t lc = (a->seq_len + VEC_LANES - 1) / VEC_LANES * VEC_LANES;
   const int64_t parts = partitions(a->seq_len), per_thread = task_scratch_floats(D, parts);
-  float *keys = malloc((size_t)(KV * lc * (D + Dv)) * sizeof(float)), *values = keys + KV * lc * D;
+  float *keys = malloc((size_t)(KV * lc * (D + Dv)) * sizeof(float));
   float *scratch = malloc((size_t)(a->num_threads * per_thread) * sizeof(float));
   SoftmaxState *states =
       malloc((size_t)(a->num_threads * TILE_QUERIES * parts) * sizeof(SoftmaxState));
@@ -312,6 +312,7 @@ int ISA(prefill_attention_f32_run)(const prefill_attention_f32_args *a) {
     free(states);
     return -1;
   }
+  float *values = keys + KV * lc * D;
 #pragma omp parallel num_threads(a->num_threads)
   {
 #pragma omp for schedule(static)
