@@ -193,32 +193,6 @@ static int check_prefill(const char *op, const int32_t *block_table, int64_t n, 
   return 0;
 }
 
-/* check_prefill, and isa one this CPU supports (-1: some build is), else -1 with a
- * ValueError (a RuntimeError where no build runs here). */
-static int check_prefill_bf16(const int32_t *block_table, int64_t n, int64_t seq_len,
-                              int64_t max_blocks, int64_t block_size, int64_t num_blocks,
-                              int64_t isa) {
-  const char *op = "prefill_attention_bf16";
-  if (check_prefill(op, block_table, n, seq_len, max_blocks, block_size, num_blocks) < 0)
-    return -1;
-  int any = 0;
-  for (int i = 0; i < prefill_attention_bf16_isa_count(); i++)
-    any |= prefill_attention_bf16_isa_supported(i);
-  if (!any) {
-    PyErr_Format(PyExc_RuntimeError, "%s: this CPU has neither AMX bf16 tiles nor AVX-512 "
-                 "BF16", op);
-    return -1;
-  }
-  return check_isa(op, isa, prefill_attention_bf16_isa_count,
-                   prefill_attention_bf16_isa_supported);
-}
-
-BINDING(prefill_attention_bf16, "iiiiiiiiiiiiiiif",
-        check_prefill_bf16(PTR(a[4]), a[5], a[6], a[11], a[10], a[12], a[13]),
-        rc = prefill_attention_bf16(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]),
-                                    a[5], a[6], a[7], a[8], a[9], a[10], (float)f[0],
-                                    (int)a[13], (int)a[14]))
-
 BINDING(prefill_attention_f32, "iiiiiiiiiiiiiiiif",
         (check_prefill("prefill_attention_f32", PTR(a[5]), a[6], a[7], a[12], a[11], a[13]) < 0 ||
          check_isa("prefill_attention_f32", a[14], prefill_attention_f32_isa_count,
@@ -312,12 +286,6 @@ static PyObject *py_paged_attention_isas(PyObject *self, PyObject *const *args, 
                    paged_attention_isa_supported);
 }
 
-static PyObject *py_prefill_attention_bf16_isas(PyObject *self, PyObject *const *args,
-                                                Py_ssize_t n) {
-  return isa_table(prefill_attention_bf16_isa_count, prefill_attention_bf16_isa_name,
-                   prefill_attention_bf16_isa_supported);
-}
-
 static PyObject *py_prefill_attention_f32_isas(PyObject *self, PyObject *const *args,
                                                Py_ssize_t n) {
   return isa_table(prefill_attention_f32_isa_count, prefill_attention_f32_isa_name,
@@ -339,11 +307,6 @@ static PyMethodDef methods[] = {
     METHOD(gguf_dequantize, "gguf_dequantize(w, out, qtype, rows, K, num_threads)"),
     METHOD(amx_gemm_supported, "amx_gemm_supported() -> bool"),
     METHOD(amx_gemm_bf16, "amx_gemm_bf16(x, packed_w, b, y, M, N, K, num_threads), bfloat16"),
-    METHOD(prefill_attention_bf16,
-           "prefill_attention_bf16(out, q, k_cache, v_cache, block_table, n, seq_len, H, KV, D, "
-           "block_size, max_blocks, num_blocks, isa, num_threads, scale), bfloat16"),
-    METHOD(prefill_attention_bf16_isas,
-           "prefill_attention_bf16_isas() -> ((name, supported), ...), best first"),
     METHOD(prefill_attention_f32,
            "prefill_attention_f32(out, q, k_cache, v_cache, kv_bf16, block_table, n, seq_len, H, "
            "KV, D, block_size, max_blocks, num_blocks, isa, num_threads, scale), float32"),

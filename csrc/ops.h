@@ -37,27 +37,13 @@ void amx_pack_bf16(uint16_t *packed, const uint16_t *w, int64_t N, int64_t K);
 int amx_gemm_bf16(const uint16_t *x, const uint16_t *packed, const uint16_t *b, uint16_t *y,
                   int64_t M, int64_t N, int64_t K, int num_threads);
 
-/* Causal attention of one sequence's prefill chunk on bf16 dot products, AMX tiles or
- * AVX-512 BF16 (prefill_attention_bf16.c): out, q [n, H, D] bfloat16, queries at positions
- * seq_len - n .. seq_len - 1, against the keys and values of positions up to each one's own in
- * k_cache, v_cache [num_blocks, block_size, KV, D] (bfloat16) through block_table. D % 32 ==
- * 0, D <= 256. isa: an index of prefill_attention_bf16_isa_name that
- * prefill_attention_bf16_isa_supported, or -1 for the best where one is supported (there may
- * be none: the caller checks). Returns 0, or -1 when its scratch memory cannot be allocated. */
-int prefill_attention_bf16(uint16_t *out, const uint16_t *q, const uint16_t *k_cache,
-                           const uint16_t *v_cache, const int32_t *block_table, int64_t n,
-                           int64_t seq_len, int64_t H, int64_t KV, int64_t D, int64_t block_size,
-                           float scale, int isa, int num_threads);
-int prefill_attention_bf16_isa_count(void);
-const char *prefill_attention_bf16_isa_name(int isa);
-int prefill_attention_bf16_isa_supported(int isa);
-
 /* Causal attention of one sequence's prefill chunk in float32 (prefill_attention_f32.c):
  * out, q [n, H, D] float32, queries at positions seq_len - n .. seq_len - 1, against the keys
  * and values of positions up to each one's own in k_cache, v_cache [num_blocks, block_size,
- * KV, D] (bfloat16 when kv_bf16, else float32) through block_table. D % 16 == 0. isa: an
- * index of prefill_attention_f32_isa_name that prefill_attention_f32_isa_supported, or -1 for
- * the best. Returns 0, or -1 when its scratch memory cannot be allocated. */
+ * KV, D] (bfloat16 when kv_bf16, else float32) through block_table. Row i is the bits
+ * paged_decode_attention gives its query as a sequence of seq_len - n + i + 1 tokens (same
+ * isa). isa: an index of prefill_attention_f32_isa_name that prefill_attention_f32_isa_supported,
+ * or -1 for the best. Returns 0, or -1 when its scratch memory cannot be allocated. */
 int prefill_attention_f32(float *out, const float *q, const void *k_cache, const void *v_cache,
                           int kv_bf16, const int32_t *block_table, int64_t n, int64_t seq_len,
                           int64_t H, int64_t KV, int64_t D, int64_t block_size, float scale,

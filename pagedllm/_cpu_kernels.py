@@ -84,9 +84,6 @@ _GGUF_SIZES = {int(t): GGML_QUANT_SIZES[t] for t in GGUF_TYPES}  # (block_size, 
 _GGUF_ISAS: tuple[tuple[str, bool], ...] = _C.gguf_isas() if _C is not None else ()
 _ATTENTION_ISAS: tuple[tuple[str, bool], ...] = _C.paged_attention_isas() if _C is not None else ()
 _SKINNY_ISAS: tuple[tuple[str, bool], ...] = _C.skinny_gemm_isas() if _C is not None else ()
-_PREFILL_ISAS: tuple[tuple[str, bool], ...] = (
-    _C.prefill_attention_bf16_isas() if _C is not None else ()
-)
 _PREFILL_F32_ISAS: tuple[tuple[str, bool], ...] = (
     _C.prefill_attention_f32_isas() if _C is not None else ()
 )
@@ -117,12 +114,6 @@ def skinny_gemm_reads_packed(isa: str | None = None) -> bool:
 def paged_attention_isas() -> tuple[str, ...]:
     """The builds of paged_decode_attention this CPU runs, best first (empty without _C)."""
     return _supported(_ATTENTION_ISAS)
-
-
-def prefill_attention_isas() -> tuple[str, ...]:
-    """The builds of prefill_attention_bf16 this CPU runs, best first: "amx" (tiles),
-    "avx512_bf16" (vdpbf16ps); empty without either, or without _C."""
-    return _supported(_PREFILL_ISAS)
 
 
 def prefill_attention_f32_isas() -> tuple[str, ...]:
@@ -298,11 +289,10 @@ def _check_prefill(
     k_cache: object,
     v_cache: object,
     block_table: object,
-    query_dtype: torch.dtype,
     cache_dtype: torch.dtype,
 ) -> tuple[int, int, int, int, int, int]:
     """A prefill attention call's tensors checked -> (n, H, KV, D, num_blocks, block_size)."""
-    _check(op, "query", query, 3, "[num_queries, num_heads, head_dim]", query_dtype)
+    _check(op, "query", query, 3, "[num_queries, num_heads, head_dim]")
     _check(op, "k_cache", k_cache, 4, _CACHE, cache_dtype)
     _check(op, "v_cache", v_cache, k_cache.shape, _CACHE + " like k_cache", cache_dtype)
     _check(op, "block_table", block_table, 1, "[max_blocks]", _I32)
@@ -311,34 +301,6 @@ def _check_prefill(
     _require(op, cache_d == d, "k_cache head_dim {} differs from query's {}", cache_d, d)
     _require(op, kv > 0 and h % kv == 0, "num_kv_heads {} must divide num_heads {}", kv, h)
     return n, h, kv, d, num_blocks, block_size
-
-
-def prefill_attention_bf16(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_len: int,
-    scale: float,
-    isa: str | None = None,
-) -> torch.Tensor:
-    """query [n, H, D] bfloat16 at positions seq_len - n .. seq_len - 1 of one sequence;
-    caches [num_blocks, block_size, KV, D] bfloat16; block_table [max_blocks] int32 ->
-    bfloat16 [n, H, D], causal. D % 32 == 0, D <= 256. isa: one of prefill_attention_isas(),
-    or None for the best; RuntimeError where there is none."""
-    op = "prefill_attention_bf16"
-    n, h, kv, d, num_blocks, block_size = _check_prefill(
-        op, query, k_cache, v_cache, block_table, _BF16, _BF16
-    )
-    _require(op, d % 32 == 0 and 0 < d <= 256, "head_dim {} must be a multiple of 32 up to 256", d)
-    isa_index = _isa_index(op, isa, _PREFILL_ISAS)
-    out = torch.empty_like(query)
-    _launch(
-        _C.prefill_attention_bf16, out.data_ptr(), query.data_ptr(), k_cache.data_ptr(),
-        v_cache.data_ptr(), block_table.data_ptr(), n, seq_len, h, kv, d, block_size,
-        block_table.shape[0], num_blocks, isa_index, torch.get_num_threads(), scale,
-    )  # fmt: skip
-    return out
 
 
 def prefill_attention_f32(
@@ -352,14 +314,15 @@ def prefill_attention_f32(
 ) -> torch.Tensor:
     """query [n, H, D] float32 at positions seq_len - n .. seq_len - 1 of one sequence;
     caches [num_blocks, block_size, KV, D] float32 or bfloat16; block_table [max_blocks]
-    int32 -> float32 [n, H, D], causal. D % 16 == 0. isa: one of
+    int32 -> float32 [n, H, D], causal: row i the bits paged_decode_attention gives its query
+    as a sequence of seq_len - n + i + 1 tokens on the same build. isa: one of
     prefill_attention_f32_isas(), or None for the best."""
     op = "prefill_attention_f32"
     cache_dtype = _float_dtype(k_cache)
     n, h, kv, d, num_blocks, block_size = _check_prefill(
-        op, query, k_cache, v_cache, block_table, _F32, cache_dtype
+        op, query, k_cache, v_cache, block_table, cache_dtype
     )
-    _require(op, d > 0 and d % 16 == 0, "head_dim {} must be a multiple of 16", d)
+    _require(op, d > 0, "head_dim {} must be positive", d)
     isa_index = _isa_index(op, isa, _PREFILL_F32_ISAS)
     out = torch.empty_like(query)
     _launch(

@@ -348,46 +348,30 @@ def prefill_attention(
     """query [n, H, D] at positions seq_len - n .. seq_len - 1 of one sequence, whose keys
     and values are in the caches through block_table -> [n, H, D], causal.
 
-    bf16 on a CPU with AMX or AVX-512 BF16 (head sizes multiples of 32 up to 256): pagedllm._C's
-    kernel (csrc/prefill_attention_bf16.c: AMX tiles, else vdpbf16ps on the same layouts),
-    whose second product takes the softmax's weights in bf16 as flash attention does; a
-    row's result depends only on its own query and the sequence's keys and values, whatever
-    chunk it comes in. On the AMX development machine, the default model's shapes (9 heads,
-    3 kv heads, D 64): 2.5-3x sdpa for chunks of up to 40 tokens, 1.5-1.9x for 100-512; in
-    the 256-prompt offline job 5.2 s against sdpa's 14.9 (sdpa's path also gathers the keys
-    and builds a mask for chunks after cached context). On Zen 4 (AVX-512 BF16, no AMX; same
-    shapes, session 20): 2.6-3.4x sdpa for chunks of 16-512 tokens, 2.0-2.3x for 512 after
-    1024 cached, 1.9x at 2048; in the 64-prompt job 1.7-1.8 s against sdpa's 4.9-5.6. The
-    copy into the tiles' layouts is vectorized (keys: 16 x 16 transposes; values: two tokens'
-    rows interleaved): 16 new tokens after 1,000-4,000 cached 2.1-2.5x sdpa (1.3-1.5x with
-    the scalar copy it replaced).
-    Otherwise, on any CPU, head sizes multiples of 16, a float32 cache or a bf16 one:
-    pagedllm._C's float32 kernel (csrc/prefill_attention_f32.c, each task's scores and
-    weighted values as outer products on keys copied out transposed; bf16 queries are widened
-    and the output rounded back). On the AVX2-only Zen 3 (session 22; the default model's
-    shapes, float32): 4.2x sdpa for a 16-token chunk, 2.0x at 64-512 tokens, 1.3x at 1,024,
-    level at 2,048; 16 tokens after 1,000 cached 1.55x; in the 64-prompt job 2.6 s against
-    sdpa's 4.8.
+    On CPU float32 or bf16 tensors (any head size, a float32 or bf16 cache): pagedllm._C's
+    float32 kernel (csrc/prefill_attention_f32.c), bf16 queries widened and the output
+    rounded back as paged_decode_attention does. Row i is the bits paged_decode_attention
+    gives its query as a sequence of seq_len - n + i + 1 tokens, so a token's output does
+    not depend on whether it is decoded, recomputed alone after a prefix-cache hit, or
+    prefilled in a chunk of any size. Keys are copied out transposed, so that each key load
+    serves 4 queries (AVX-512; 6 on AVX2), and each score is decode's lane sums. On Zen 4
+    (the default model's shapes, one thread): 0.7-1.05x the time of the kernel it replaced
+    (outer products, one FMA chain per score) for chunks of 16-512 tokens with and without
+    cached context, 1.1-1.25x on its AVX2 build; against that CPU's AVX-512 BF16 kernel,
+    which rounded the softmax's weights to bf16 and so could not match decode, 1.0-1.5x.
+    The replaced kernel on the AVX2-only Zen 3: 4.2x sdpa for a 16-token chunk, 2.0x at
+    64-512 tokens, 1.3x at 1,024, level at 2,048.
     Elsewhere the torch definition (sdpa).
     """
-    d = query.shape[-1]
-    bf16_build = (
-        d % 32 == 0
-        and d <= 256
-        and cpu_kernels_apply(query, k_cache, v_cache, dtypes=(torch.bfloat16,))
-        and _cpu_kernels.prefill_attention_isas()
-    )
-    if not bf16_build and not (
-        d % 16 == 0 and cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16)
-    ):
+    if not cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16):
         return _torch_ops.prefill_attention(query, k_cache, v_cache, block_table, seq_len, scale)
-    table = _as_dense(block_table, torch.int32)
-    if bf16_build:
-        return _cpu_kernels.prefill_attention_bf16(
-            query.contiguous(), k_cache, v_cache, table, seq_len, scale
-        )
     out = _cpu_kernels.prefill_attention_f32(
-        _as_float32(query.contiguous()), k_cache, v_cache, table, seq_len, scale
+        _as_float32(query.contiguous()),
+        k_cache,
+        v_cache,
+        _as_dense(block_table, torch.int32),
+        seq_len,
+        scale,
     )
     return out if query.dtype is torch.float32 else _cpu_kernels.convert(out, query.dtype)
 
