@@ -1,7 +1,7 @@
-/* What the AMX code (amx_gemm.c, prefill_attention_bf16.c's amx build) shares: PAGEDLLM_AMX,
- * set where the compiler can build tile code (GCC 11+ on x86-64 Linux; elsewhere amx_gemm.c
- * is a stub that reports AMX unsupported), and the tile configuration (compiled for AMX
- * whatever the build's flags, like the kernels' tile code). */
+/* What AMX code (amx_gemm.c) needs: PAGEDLLM_AMX, set where the compiler can build tile code
+ * (GCC 11+ on x86-64 Linux; elsewhere amx_gemm.c is a stub that reports AMX unsupported), and
+ * the tile configuration (compiled for AMX whatever the build's flags, like the kernels' tile
+ * code). */
 #ifndef PAGEDLLM_AMX_H
 #define PAGEDLLM_AMX_H
 

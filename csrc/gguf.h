@@ -1,4 +1,4 @@
-/* GGUF block types and the 8-bit activation blocks the quantized matmul multiplies them with.
+/* GGUF block types as stored in a file: their codes, sizes and layouts.
  *
  * A weight row is that row's GGUF blocks, exactly as in the file (little-endian, fp16 scales):
  *
@@ -13,14 +13,11 @@
  *   Q6_K  256   210    ql[128], qh[64], sc int8[16], d          d * sc_(i/16) * (q - 32)
  *
  * 32-element blocks: element i < 16 is the low nibble of qs[i], element 16 + i its high
- * nibble; Q5's fifth bit of element i is bit i of qh. K-quants hold 8 sub-blocks j of 32 (see
- * gguf_codes.h for where each sub-block's bits lie); Q4_K/Q5_K give each a 6-bit scale sc_j
- * and min m_j, Q6_K an int8 scale per 16 elements.
- *
- * Every type thus splits into blocks of 32, and each x row is quantized to blocks of 32 too
- * (q8_act): y = sum over blocks of (weight scale * act scale) * integer dot, plus the weight
- * min times the activation block's sum. The integer dots run in 8 lanes of 4 products each,
- * the layout of _mm256_dpbusd_epi32 and of _mm256_madd_epi16(_mm256_maddubs_epi16(..)).
+ * nibble; Q5's fifth bit of element i is bit i of qh. K-quants hold 8 sub-blocks j of 32:
+ * Q4_K/Q5_K give each a 6-bit scale sc_j and min m_j (12 packed bytes), their codes the low
+ * (even j) or high (odd j) nibbles of qs[32 (j / 2) ..] (Q5_K: plus bit j of qh[i]); Q6_K an
+ * int8 scale per 16 elements, sub-block j = 4h + k taking its low 4 bits from nibble k / 2 of
+ * ql[64h + 32 (k % 2) ..] and its top 2 from bits 2k of qh[32h ..].
  */
 #ifndef PAGEDLLM_GGUF_H
 #define PAGEDLLM_GGUF_H
@@ -66,44 +63,5 @@ static inline int64_t gguf_block_bytes(int qtype) {
     default: return 0;
   }
 }
-
-#define QK 32   /* elements per activation block */
-#define LANES 8 /* int32 lanes of one block's dot product, 4 products each */
-
-/* x [M, K] as 8-bit blocks of 32. Block b of row m: q[b * 32 + i] = round_half_even(x[b * 32
- * + i] * (1 / d)) with d = amax / 127 (1 / d = 0 when amax = 0); ds[b] = d * sum(q);
- * lane_sum[b * 8 + l] = -(q[4l] + ... + q[4l + 3]). Every array is padded with zeros, q to
- * whole 64-byte pairs of blocks and the others to whole groups of 8 blocks, so that vector
- * loads may run past the last block. */
-typedef struct {
-  int8_t *q;               /* [M, q_stride] */
-  float *d;                /* [M, nb8] */
-  float *ds;               /* [M, nb8] */
-  int32_t *lane_sum;       /* [M, nb8 * 8], negated */
-  int64_t K, q_stride, nb8; /* q_stride = K rounded up to 64; nb8 = K / 32 rounded up to 8 */
-} q8_act;
-
-/* y [M, N] = x @ dequant(w)^T (+ bias) for the weight rows [n0, n1) of one call. */
-typedef struct {
-  const q8_act *act;
-  const uint8_t *w; /* [N, row_bytes] */
-  const float *bias;
-  float *y;
-  int64_t M, N, row_bytes;
-  int qtype;
-} gguf_problem;
-
-/* One instruction set's kernels (gguf_dot.h compiled per ISA). */
-typedef void (*gguf_quantize_fn)(const float *x, const q8_act *a, int64_t m0, int64_t m1);
-typedef void (*gguf_rows_fn)(const gguf_problem *p, int64_t n0, int64_t n1);
-
-#define GGUF_ISA_DECLARE(suffix)                                                     \
-  void gguf_quantize_rows_##suffix(const float *x, const q8_act *a, int64_t m0,     \
-                                   int64_t m1);                                     \
-  void gguf_dot_rows_##suffix(const gguf_problem *p, int64_t n0, int64_t n1);
-
-GGUF_ISA_DECLARE(avx512_vnni)
-GGUF_ISA_DECLARE(avx2)
-GGUF_ISA_DECLARE(portable)
 
 #endif

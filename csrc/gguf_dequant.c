@@ -58,7 +58,7 @@ BLOCK_INLINE void block32(int qtype, const uint8_t *b, float *out) {
   affine16(out + 16, hi, d, offset, m, has_min);
 }
 
-/* Q4_K/Q5_K: sub-block j = d * sc_j * q - dmin * m_j, 6-bit sc_j and m_j as in gguf_dot.h;
+/* Q4_K/Q5_K: sub-block j = d * sc_j * q - dmin * m_j, 6-bit sc_j and m_j as in gguf.h;
  * q the low (even j) or high (odd j) nibbles of qs[32 (j / 2) ...], Q5_K: plus bit j of qh. */
 BLOCK_INLINE void block_k45(int qtype, const uint8_t *b, float *out) {
   const float d = load_fp16(b), dmin = load_fp16(b + 2);

@@ -1,4 +1,4 @@
-/* What the kernels built once per instruction set share (gguf_gemm.c, skinny_gemm.c,
+/* What the kernels built once per instruction set share (gguf_mm.c, skinny_gemm.c,
  * paged_attention.c): a table of their builds, best first, each entry starting with an
  * isa_entry. ISA_TABLE(prefix, table) defines prefix_isa_count / _name / _supported
  * (declared in ops.h) and a static best_isa(), the first build the CPU supports, asked once.

@@ -194,32 +194,6 @@ static int check_prefill(const char *op, const int32_t *block_table, int64_t n, 
   return 0;
 }
 
-/* check_prefill, and isa one this CPU supports (-1: some build is), else -1 with a
- * ValueError (a RuntimeError where no build runs here). */
-static int check_prefill_bf16(const int32_t *block_table, int64_t n, int64_t seq_len,
-                              int64_t max_blocks, int64_t block_size, int64_t num_blocks,
-                              int64_t isa) {
-  const char *op = "prefill_attention_bf16";
-  if (check_prefill(op, block_table, n, seq_len, max_blocks, block_size, num_blocks) < 0)
-    return -1;
-  int any = 0;
-  for (int i = 0; i < prefill_attention_bf16_isa_count(); i++)
-    any |= prefill_attention_bf16_isa_supported(i);
-  if (!any) {
-    PyErr_Format(PyExc_RuntimeError, "%s: this CPU has neither AMX bf16 tiles nor AVX-512 "
-                 "BF16", op);
-    return -1;
-  }
-  return check_isa(op, isa, prefill_attention_bf16_isa_count,
-                   prefill_attention_bf16_isa_supported);
-}
-
-BINDING(prefill_attention_bf16, "iiiiiiiiiiiiiiif",
-        check_prefill_bf16(PTR(a[4]), a[5], a[6], a[11], a[10], a[12], a[13]),
-        rc = prefill_attention_bf16(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]),
-                                    a[5], a[6], a[7], a[8], a[9], a[10], (float)f[0],
-                                    (int)a[13], (int)a[14]))
-
 BINDING(prefill_attention_f32, "iiiiiiiiiiiiiiiif",
         (check_prefill("prefill_attention_f32", PTR(a[5]), a[6], a[7], a[12], a[11], a[13]) < 0 ||
          check_isa("prefill_attention_f32", a[14], prefill_attention_f32_isa_count,
@@ -268,10 +242,23 @@ BINDING(argmax, "iiiiii", 0, argmax(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4],
 BINDING(silu_and_mul, "iiiiii", 0,
         silu_and_mul(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
 
-BINDING(gguf_gemm, "iiiiiiiiii",
-        check_isa("gguf_gemm", a[8], gguf_isa_count, gguf_isa_supported),
-        rc = gguf_gemm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), (int)a[4], a[5], a[6], a[7],
-                       (int)a[8], (int)a[9]))
+BINDING(gguf_mm, "iiiiiiiiiii",
+        check_isa("gguf_mm", a[9], gguf_isa_count, gguf_isa_supported),
+        rc = gguf_mm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), (int)a[4], (int)a[5], a[6], a[7],
+                     a[8], (int)a[9], (int)a[10]))
+
+BINDING(gguf_pack, "iiiiii", 0, gguf_pack(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
+
+BINDING(gguf_unpack_rows, "iiiiiiii",
+        check_indices("gguf_unpack_rows", "rows", PTR(a[5]), a[6], 0, a[3]),
+        gguf_unpack_rows(PTR(a[0]), PTR(a[1]), (int)a[2], a[4], PTR(a[5]), a[6], (int)a[7]))
+
+static PyObject *py_gguf_packed_bytes(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  int64_t a[3];
+  double f[1];
+  if (parse("gguf_packed_bytes", "iii", args, n, a, f) < 0) return NULL;
+  return PyLong_FromLongLong(gguf_packed_bytes((int)a[0], a[1], a[2]));
+}
 
 BINDING(gguf_dequantize, "iiiiii", 0,
         gguf_dequantize(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
@@ -300,12 +287,6 @@ static PyObject *py_paged_attention_isas(PyObject *self, PyObject *const *args, 
                    paged_attention_isa_supported);
 }
 
-static PyObject *py_prefill_attention_bf16_isas(PyObject *self, PyObject *const *args,
-                                                Py_ssize_t n) {
-  return isa_table(prefill_attention_bf16_isa_count, prefill_attention_bf16_isa_name,
-                   prefill_attention_bf16_isa_supported);
-}
-
 static PyObject *py_prefill_attention_f32_isas(PyObject *self, PyObject *const *args,
                                                Py_ssize_t n) {
   return isa_table(prefill_attention_f32_isa_count, prefill_attention_f32_isa_name,
@@ -320,15 +301,13 @@ static PyObject *py_amx_gemm_supported(PyObject *self, PyObject *const *args, Py
 
 static PyMethodDef methods[] = {
     METHOD(gguf_isas, "gguf_isas() -> ((name, supported), ...), best first"),
-    METHOD(gguf_gemm, "gguf_gemm(x, w, b, y, qtype, M, N, K, isa, num_threads)"),
+    METHOD(gguf_mm, "gguf_mm(x, packed, b, y, bf16, qtype, M, N, K, isa, num_threads)"),
+    METHOD(gguf_pack, "gguf_pack(w, packed, qtype, N, K, num_threads)"),
+    METHOD(gguf_unpack_rows, "gguf_unpack_rows(packed, out, qtype, N, K, rows, n, num_threads)"),
+    METHOD(gguf_packed_bytes, "gguf_packed_bytes(qtype, N, K) -> int"),
     METHOD(gguf_dequantize, "gguf_dequantize(w, out, qtype, rows, K, num_threads)"),
     METHOD(amx_gemm_supported, "amx_gemm_supported() -> bool"),
     METHOD(amx_gemm_bf16, "amx_gemm_bf16(x, packed_w, b, y, M, N, K, num_threads), bfloat16"),
-    METHOD(prefill_attention_bf16,
-           "prefill_attention_bf16(out, q, k_cache, v_cache, block_table, n, seq_len, H, KV, D, "
-           "block_size, max_blocks, num_blocks, isa, num_threads, scale), bfloat16"),
-    METHOD(prefill_attention_bf16_isas,
-           "prefill_attention_bf16_isas() -> ((name, supported), ...), best first"),
     METHOD(prefill_attention_f32,
            "prefill_attention_f32(out, q, k_cache, v_cache, kv_bf16, block_table, n, seq_len, H, "
            "KV, D, block_size, max_blocks, num_blocks, isa, num_threads, scale), float32"),

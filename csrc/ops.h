@@ -42,27 +42,13 @@ void amx_pack_bf16(uint16_t *packed, const uint16_t *w, int64_t N, int64_t K);
 int amx_gemm_bf16(const uint16_t *x, const uint16_t *packed, const uint16_t *b, uint16_t *y,
                   int64_t M, int64_t N, int64_t K, int num_threads);
 
-/* Causal attention of one sequence's prefill chunk on bf16 dot products, AMX tiles or
- * AVX-512 BF16 (prefill_attention_bf16.c): out, q [n, H, D] bfloat16, queries at positions
- * seq_len - n .. seq_len - 1, against the keys and values of positions up to each one's own in
- * k_cache, v_cache [num_blocks, block_size, KV, D] (bfloat16) through block_table. D % 32 ==
- * 0, D <= 256. isa: an index of prefill_attention_bf16_isa_name that
- * prefill_attention_bf16_isa_supported, or -1 for the best where one is supported (there may
- * be none: the caller checks). Returns 0, or -1 when its scratch memory cannot be allocated. */
-int prefill_attention_bf16(uint16_t *out, const uint16_t *q, const uint16_t *k_cache,
-                           const uint16_t *v_cache, const int32_t *block_table, int64_t n,
-                           int64_t seq_len, int64_t H, int64_t KV, int64_t D, int64_t block_size,
-                           float scale, int isa, int num_threads);
-int prefill_attention_bf16_isa_count(void);
-const char *prefill_attention_bf16_isa_name(int isa);
-int prefill_attention_bf16_isa_supported(int isa);
-
 /* Causal attention of one sequence's prefill chunk in float32 (prefill_attention_f32.c):
  * out, q [n, H, D] float32, queries at positions seq_len - n .. seq_len - 1, against the keys
  * and values of positions up to each one's own in k_cache, v_cache [num_blocks, block_size,
- * KV, D] (bfloat16 when kv_bf16, else float32) through block_table. D % 16 == 0. isa: an
- * index of prefill_attention_f32_isa_name that prefill_attention_f32_isa_supported, or -1 for
- * the best. Returns 0, or -1 when its scratch memory cannot be allocated. */
+ * KV, D] (bfloat16 when kv_bf16, else float32) through block_table. Row i is the bits
+ * paged_decode_attention gives its query as a sequence of seq_len - n + i + 1 tokens (same
+ * isa). isa: an index of prefill_attention_f32_isa_name that prefill_attention_f32_isa_supported,
+ * or -1 for the best. Returns 0, or -1 when its scratch memory cannot be allocated. */
 int prefill_attention_f32(float *out, const float *q, const void *k_cache, const void *v_cache,
                           int kv_bf16, const int32_t *block_table, int64_t n, int64_t seq_len,
                           int64_t H, int64_t KV, int64_t D, int64_t block_size, float scale,
@@ -128,14 +114,28 @@ void rotary_embedding(const int64_t *positions, const void *query, const void *k
 void silu_and_mul(void *out, const void *x, int bf16, int64_t num_tokens, int64_t d,
                   int num_threads);
 
-/* y [M, N] = x [M, K] @ dequant(w)^T (+ b [N]); w [N, K / block_size * type_size] holds GGUF
- * blocks of qtype (gguf.h), K whole blocks. Each x row is quantized to 8-bit blocks of 32
- * first (gguf_gemm.c). isa: an index below gguf_isa_count() that gguf_isa_supported(), or -1
- * for the best. Returns 0, or -1 when its scratch memory cannot be allocated. */
-int gguf_gemm(const float *x, const uint8_t *w, const float *b, float *y, int qtype, int64_t M,
-              int64_t N, int64_t K, int isa, int num_threads);
+/* Bytes of a GGUF weight [N, K] of qtype packed for gguf_mm (gguf_packed.h). */
+int64_t gguf_packed_bytes(int qtype, int64_t N, int64_t K);
 
-/* The instruction sets gguf_gemm can run, best first: their number, names, and whether the
+/* packed (gguf_packed_bytes) = the GGUF blocks w [N, K / block_size * type_size] of qtype,
+ * K whole blocks (gguf_pack.c). */
+void gguf_pack(const uint8_t *w, uint8_t *packed, int qtype, int64_t N, int64_t K,
+               int num_threads);
+
+/* out [n, K] = rows rows[0 .. n) (each < N) of a packed weight as float32, bit-equal to
+ * gguf.quants.dequantize of its blocks. */
+void gguf_unpack_rows(const uint8_t *packed, float *out, int qtype, int64_t K,
+                      const int64_t *rows, int64_t n, int num_threads);
+
+/* y [M, N] = x [M, K] @ W^T (+ b [N]) for a packed weight W of qtype; x, b and y bfloat16
+ * when bf16, else float32. Each x row is quantized to 8-bit blocks of 32 first, and each
+ * row's result is the same bits whatever M (gguf_mm.c). isa: an index below
+ * gguf_isa_count() that gguf_isa_supported(), or -1 for the best. Returns 0, or -1 when its
+ * scratch memory cannot be allocated. */
+int gguf_mm(const void *x, const uint8_t *packed, const void *b, void *y, int bf16, int qtype,
+            int64_t M, int64_t N, int64_t K, int isa, int num_threads);
+
+/* The instruction sets gguf_mm can run, best first: their number, names, and whether the
  * running CPU has each. */
 int gguf_isa_count(void);
 const char *gguf_isa_name(int isa);

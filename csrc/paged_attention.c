@@ -23,6 +23,10 @@
  * softmax, merged at the end (vLLM's paged attention v2): at batch 1 the default
  * model's 3 kv heads were 3 tasks for 2 threads, one thread idle a third of the time.
  *
+ * A query's arithmetic (attention_row.h) is shared with prefill attention
+ * (prefill_attention_f32.c), so a token's output is the same bits as a decode or as a row of a
+ * prefill chunk.
+ *
  * The kernel (paged_attention_kernel.h) is built once per instruction set at its register
  * width, 16 lanes on AVX-512, 8 on AVX2, 4 elsewhere, and this file picks the best the CPU
  * has, or the one the caller names (the tests run each). With 16-lane vectors everywhere

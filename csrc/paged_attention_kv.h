@@ -1,15 +1,16 @@
 /* Decode attention for one KV-cache element type, included by paged_attention_kernel.h once
  * per type with KV_T (the element), KV_LOADN / KV_LOAD1 (VEC_LANES elements / one as
- * float32), KV_WIDEN2N and KV_ELEMENT_OF (below) and KV_NAME(name) (the type's suffix on every
- * name) defined. Queries, scores and outputs are float32. Keys and values are read a chunk of
- * VEC_LANES tokens at a time: a chunk's scores are one vector. */
+ * float32), KV_BF16 (1 for a bf16 cache) and KV_NAME(name) (the type's suffix on every name)
+ * defined. Queries, scores and outputs are float32, in attention_row.h's arithmetic. Keys and
+ * values are read a chunk of VEC_LANES tokens at a time: a chunk's scores are one vector. */
 
-/* A vector whose lanes sum to sum_i a[i] * b[i], i < n. */
+/* The lane sums of a . b over n elements, a head that is not widened: one FMA chain from zero
+ * over whole vectors, the elements past them continuing lane 0's. */
 INLINE vecn KV_NAME(dot_lanes)(const float *a, const KV_T *b, int64_t n) {
-  vecn acc = {0};
+  vecn acc = splatn(0.0f);
   int64_t i = 0;
-  for (; i + VEC_LANES <= n; i += VEC_LANES) acc += loadn(a + i) * KV_LOADN(b + i);
-  for (; i < n; i++) acc[0] += a[i] * KV_LOAD1(b + i);
+  for (; i + VEC_LANES <= n; i += VEC_LANES) acc = fman(loadn(a + i), KV_LOADN(b + i), acc);
+  for (; i < n; i++) acc[0] = fma1(a[i], KV_LOAD1(b + i), acc[0]);
   return acc;
 }
 
@@ -103,7 +104,8 @@ INLINE void KV_NAME(accumulate_head)(const KV_NAME(HeadRange) *w, const float *p
   if (D % VEC_LANES != 0 || D > MAX_HEAD_SIZE) {
     for (int64_t i = 0; i < n; i++) {
       KV_NAME(prefetch_next)(w, next, next_n, i);
-      for (int64_t d = 0; d < D; d++) out[d] += p[i] * KV_LOAD1(rows[i] + kv_offset + d);
+      for (int64_t d = 0; d < D; d++)
+        out[d] = fma1(p[i], KV_LOAD1(rows[i] + kv_offset + d), out[d]);
     }
     return;
   }
@@ -112,27 +114,21 @@ INLINE void KV_NAME(accumulate_head)(const KV_NAME(HeadRange) *w, const float *p
   for (int64_t i = 0; i < n; i++) {
     KV_NAME(prefetch_next)(w, next, next_n, i);
     for (int64_t j = 0; j < D / VEC_LANES; j++)
-      acc[j] += p[i] * KV_LOADN(rows[i] + kv_offset + VEC_LANES * j);
+      acc[j] = fman(splatn(p[i]), KV_LOADN(rows[i] + kv_offset + VEC_LANES * j), acc[j]);
   }
   for (int64_t j = 0; j < D / VEC_LANES; j++) storen(out + VEC_LANES * j, acc[j]);
 }
 
-/* The element of a row (D % WIDEN_ELEMENTS == 0) that lane position e of its widened vectors
- * holds. */
-INLINE int64_t KV_NAME(lane_element)(int64_t e) {
-  return e - e % WIDEN_ELEMENTS + KV_ELEMENT_OF(e % WIDEN_ELEMENTS);
-}
-
 /* A row of D cache elements (D % WIDEN_ELEMENTS == 0) as D / VEC_LANES float32 vectors in
- * KV_ELEMENT_OF order. */
+ * widened_element order. */
 INLINE void KV_NAME(widen_row)(const KV_T *row, vecn *out, const int64_t D) {
   for (int64_t j = 0; j < D / WIDEN_ELEMENTS; j++)
-    KV_WIDEN2N(row + WIDEN_ELEMENTS * j, out[2 * j], out[2 * j + 1]);
+    widen2n_as(row + WIDEN_ELEMENTS * j, KV_BF16, &out[2 * j], &out[2 * j + 1]);
 }
 
 /* Scores of one chunk of n key rows for the gn query heads [h, h + gn) of kv head kvh (gn <=
  * HEAD_GROUP, a constant at each call; D % WIDEN_ELEMENTS == 0): each key row is widened once
- * for all of them. qp: their queries, [gn, D] in KV_ELEMENT_OF order; scores: theirs,
+ * for all of them. qp: their queries, [gn, D] in widened_element order; scores: theirs,
  * VEC_LANES each, score_stride apart. A head's arithmetic does not depend on gn or on the
  * other heads, so the split of heads into tasks and groups never changes its result. */
 INLINE void KV_NAME(score_group)(const KV_NAME(HeadRange) *w, int64_t kvh, const int gn,
@@ -146,10 +142,10 @@ INLINE void KV_NAME(score_group)(const KV_NAME(HeadRange) *w, int64_t kvh, const
     KV_NAME(widen_row)(keys[i] + kvh * D, k, D);
     for (int g = 0; g < gn; g++) {
       const float *q = qp + g * D;
-      vecn a = k[0] * loadn(q), b = k[1] * loadn(q + VEC_LANES);
-      for (int64_t j = 2; j < D / VEC_LANES; j += 2) {
-        a += k[j] * loadn(q + VEC_LANES * j);
-        b += k[j + 1] * loadn(q + VEC_LANES * j + VEC_LANES);
+      vecn a = splatn(0.0f), b = splatn(0.0f);
+      for (int64_t j = 0; j < D / VEC_LANES; j += 2) {
+        a = fman(k[j], loadn(q + VEC_LANES * j), a);
+        b = fman(k[j + 1], loadn(q + VEC_LANES * j + VEC_LANES), b);
       }
       partial[g][i] = a + b;
     }
@@ -170,7 +166,7 @@ INLINE void KV_NAME(score_group_any)(const KV_NAME(HeadRange) *w, int64_t kvh, i
 #undef CASE
 }
 
-/* acc [D] (KV_ELEMENT_OF order; D % WIDEN_ELEMENTS == 0) += sum_i p[i] v_i over the chunk's
+/* acc [D] (widened_element order; D % WIDEN_ELEMENTS == 0) += sum_i p[i] v_i over the chunk's
  * n value rows from kv_offset. */
 INLINE void KV_NAME(accumulate_widened)(const KV_NAME(HeadRange) *w, const float *p,
                                         const KV_T *const *rows, int64_t n, int64_t kv_offset,
@@ -183,9 +179,9 @@ INLINE void KV_NAME(accumulate_widened)(const KV_NAME(HeadRange) *w, const float
     const vecn pi = broadcastn(&p[i]);
     for (int64_t j = 0; j < D / WIDEN_ELEMENTS; j++) {
       vecn lo, hi;
-      KV_WIDEN2N(rows[i] + kv_offset + WIDEN_ELEMENTS * j, lo, hi);
-      out[2 * j] += pi * lo;
-      out[2 * j + 1] += pi * hi;
+      widen2n_as(rows[i] + kv_offset + WIDEN_ELEMENTS * j, KV_BF16, &lo, &hi);
+      out[2 * j] = fman(pi, lo, out[2 * j]);
+      out[2 * j + 1] = fman(pi, hi, out[2 * j + 1]);
     }
   }
   for (int64_t j = 0; j < D / VEC_LANES; j++) storen(acc + VEC_LANES * j, out[j]);
@@ -195,15 +191,15 @@ INLINE void KV_NAME(accumulate_widened)(const KV_NAME(HeadRange) *w, const float
  * the keys, their softmax, then the values weighted by it (the output is scaled once, not
  * rescaled per chunk as by an online softmax: 1.2-1.4x faster on Zen 3). `widened` (a
  * constant: D % WIDEN_ELEMENTS == 0 and D <= MAX_HEAD_SIZE) reads each key row once for up
- * to HEAD_GROUP query heads of its kv head and keeps rows in registers, in KV_ELEMENT_OF
- * order. scratch: attend_scratch_floats(h1 - h0, D) floats; state: [h1 - h0]. */
+ * to HEAD_GROUP query heads of its kv head and keeps rows in registers, in
+ * widened_element order. scratch: attend_scratch_floats(h1 - h0, D) floats; state: [h1 - h0]. */
 INLINE void KV_NAME(attend_heads)(const KV_NAME(HeadRange) *w, SoftmaxState *state,
                                   float *scratch, const int64_t D, const int widened) {
   const int64_t L = w->num_tokens, heads = w->h1 - w->h0, stride = PARTITION_TOKENS;
   float *qp = scratch, *acc = qp + heads * D, *scores = acc + heads * D;
   for (int64_t h = 0; h < heads; h++)
     for (int64_t e = 0; e < D; e++)
-      qp[h * D + e] = w->q[(w->h0 + h) * D + (widened ? KV_NAME(lane_element)(e) : e)];
+      qp[h * D + e] = w->q[(w->h0 + h) * D + (widened ? widened_element(e, KV_BF16) : e)];
   memset(acc, 0, (size_t)(heads * D) * sizeof(float));
   KV_NAME(ChunkRows) rows;
   for (int64_t t0 = 0; t0 < L; t0 += VEC_LANES) {
@@ -239,9 +235,9 @@ INLINE void KV_NAME(attend_heads)(const KV_NAME(HeadRange) *w, SoftmaxState *sta
     }
   }
   for (int64_t h = 0; h < heads; h++) {
-    const float inv = finish_head(&state[h], w->saved, w->h0 + h);
+    const float inv = finish_head(&state[h], w->saved ? &w->saved[w->h0 + h] : NULL);
     for (int64_t e = 0; e < D; e++)
-      w->out[(w->h0 + h) * D + (widened ? KV_NAME(lane_element)(e) : e)] = acc[h * D + e] * inv;
+      w->out[(w->h0 + h) * D + (widened ? widened_element(e, KV_BF16) : e)] = acc[h * D + e] * inv;
   }
 }
 

@@ -1,10 +1,12 @@
 /* Causal attention of one sequence's prefill chunk in float32, read from the paged cache
  * (float32 or bf16): the builds of prefill_attention_f32_kernel.h, one per instruction set at
  * its register width (16 lanes on AVX-512, 8 on AVX2, 4 elsewhere), the best the CPU has
- * picked at the first call, or the one the caller names (the tests run each).
+ * picked at the first call, or the one the caller names (the tests run each). Each build's
+ * rows are the bits of the same build of decode attention (paged_attention.c), their shared
+ * arithmetic in attention_row.h.
  *
- * Replaces torch's sdpa for the prefill chunks of a float32 model: sdpa's CPU kernels ran
- * the default model's shapes at 25-85 GFLOP/s on a Zen 3 (pagedllm/_custom_ops.py,
+ * Replaces torch's sdpa for the prefill chunks of float32 and bf16 models: sdpa's CPU kernels
+ * ran the default model's shapes at 25-85 GFLOP/s on a Zen 3 (pagedllm/_custom_ops.py,
  * prefill_attention, has the measured speed of this one).
  */
 #include "isa_table.h"

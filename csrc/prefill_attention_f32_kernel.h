@@ -4,27 +4,43 @@
  *
  * Queries q [n, H, D] float32 at positions seq_len - n .. seq_len - 1 attend to the keys and
  * values of positions 0 .. their own in the paged cache [num_blocks, block_size, KV, D]
- * (float32 or bf16, written there first). Each kv head's keys are first copied out of their
- * blocks transposed, VEC_LANES tokens at a time ([tokens / VEC_LANES][D][VEC_LANES]), its
- * values as they are ([tokens][D]), both zero past seq_len and widened to float32. Then each
- * task, TASK_ROWS query rows of one head, in tiles of TILE_ROWS rows:
- *   S = q k^T (each tile of TILE_ROWS rows x 2 vectors of keys as outer products: per element
- *   of D, two key loads and TILE_ROWS broadcasts for 2 * TILE_ROWS FMAs, the GEMM
- *   micro-kernel), the causal mask and an exact softmax (all scores at hand, no running
- *   rescale), then O = P v the same way (2 vectors of D per tile) and out = O / sum.
- * Each score and each output is one FMA chain in order (over D, over the keys), and a row's
- * masked keys add exact zeros: a row's result depends on its own query and the sequence's
- * keys and values only, not on the chunk it came in or on the rows beside it.
- */
+ * (float32 or bf16, written there first). Each row follows attention_row.h's arithmetic, so
+ * its output is the bits the same build of decode attention gives its query as one sequence
+ * of ctx + i + 1 tokens, whatever chunk it comes in and whatever rows are beside it.
+ *
+ * Each kv head's keys are first copied out of their blocks transposed, VEC_LANES tokens at a
+ * time ([tokens / VEC_LANES][D][VEC_LANES], the elements in the order the lane chains take
+ * them), its values as they are ([tokens][Dv], Dv: D rounded up to whole vectors), both zero
+ * past seq_len and widened to float32. Then each task, TILE_QUERIES query rows of one kv head
+ * (its query heads of a row, then the next row's), partition by partition: the scores of each
+ * block of VEC_LANES keys as lane chains across the block (one load of a key vector and
+ * TILE_QUERIES broadcast query elements for TILE_QUERIES FMAs), summed in transpose_sumn's
+ * tree; each query's softmax; its weighted values (one load of a value row for all the
+ * tile's queries); then the partitions merged. */
 #include <omp.h>
 #include <stdlib.h>
 
 #include "prefill_attention_f32.h"
 #include "vecn.h"
+#include "attention_row.h"
 
-#define TILE_ROWS 6 /* query rows of a micro-tile: 12 accumulators + 2 loads + 1 broadcast */
-#define TASK_ROWS (2 * TILE_ROWS)
-#define TILE_COLS (2 * VEC_LANES) /* keys, or output columns, of a micro-tile */
+/* Queries per task, and value vectors per pass over a partition's values. The registers hold
+ * TILE_QUERIES x (2 chains and the sum of the lane before) for the scores, TILE_QUERIES x
+ * VALUE_VECS accumulators and VALUE_VECS values for the output (32 vector registers on
+ * AVX-512, 16 elsewhere). Measured on the default model's shapes (9 heads, 3 kv heads, D 64;
+ * chunks of 16-512 tokens after 0-1,000 cached, one thread) on Zen 4 against 2-8 queries and
+ * 1-4 value vectors: AVX-512 4 x 4, AVX2 6 x 2 (spilling a little, 1.1x faster than 4 x 2),
+ * 4-lane 4 x 2. */
+#if VEC_LANES == 16
+#define TILE_QUERIES 4
+#define VALUE_VECS 4
+#elif VEC_LANES == 8
+#define TILE_QUERIES 6
+#define VALUE_VECS 2
+#else
+#define TILE_QUERIES 4
+#define VALUE_VECS 2
+#endif
 
 /* The cache row of token t of kv head h (elements, not bytes). */
 INLINE int64_t cache_row(const prefill_attention_f32_args *a, int64_t t, int64_t h) {
@@ -33,178 +49,291 @@ INLINE int64_t cache_row(const prefill_attention_f32_args *a, int64_t t, int64_t
   return (slot * a->KV + h) * a->D;
 }
 
-/* Keys of kv head h, tokens [0, lc) (lc: seq_len rounded up to TILE_COLS), into packed
- * [lc / VEC_LANES][D][VEC_LANES]: each VEC_LANES x VEC_LANES block of tokens x elements
- * transposed in registers; tokens past seq_len are zero. */
+/* Row p of a packed key block holds this element of its tokens: widened_element order for a
+ * widened head, element order for any other (the order of its lane chains). */
+INLINE int64_t key_element(int64_t p, int widened, int kv_bf16) {
+  return widened ? widened_element(p, kv_bf16) : p;
+}
+
+/* The VEC_LANES x VEC_LANES block of the keys rows[] (NULL: a token past seq_len, zeros) from
+ * their element d0, transposed into packed rows d0 .. d0 + VEC_LANES - 1 (lo) and, for a
+ * widened head, d0 + VEC_LANES .. (hi). */
+static void pack_key_vectors(const prefill_attention_f32_args *a, const int64_t *rows,
+                             float *block, int64_t d0, int widened) {
+  vecn lo[VEC_LANES], hi[VEC_LANES];
+  for (int64_t i = 0; i < VEC_LANES; i++) {
+    lo[i] = hi[i] = splatn(0.0f);
+    if (rows[i] < 0) continue;
+    if (widened)
+      widen2n_as(element_at(a->k_cache, rows[i] + d0, a->kv_bf16), a->kv_bf16, &lo[i], &hi[i]);
+    else
+      lo[i] = loadn_as(a->k_cache, rows[i] + d0, a->kv_bf16);
+  }
+  transposen(lo);
+  for (int64_t j = 0; j < VEC_LANES; j++) storen(block + (d0 + j) * VEC_LANES, lo[j]);
+  if (!widened) return;
+  transposen(hi);
+  for (int64_t j = 0; j < VEC_LANES; j++)
+    storen(block + (d0 + VEC_LANES + j) * VEC_LANES, hi[j]);
+}
+
+/* Keys of kv head h, tokens [0, lc) (lc: seq_len rounded up to VEC_LANES), into packed
+ * [lc / VEC_LANES][D][VEC_LANES], rows in key_element order; tokens past seq_len are zero. */
 static void pack_keys(const prefill_attention_f32_args *a, float *packed, int64_t lc,
                       int64_t h) {
-  const int64_t D = a->D;
+  const int64_t D = a->D, step = widened_head(D) ? WIDEN_ELEMENTS : VEC_LANES;
   for (int64_t t0 = 0; t0 < lc; t0 += VEC_LANES) {
     int64_t rows[VEC_LANES];
     for (int64_t i = 0; i < VEC_LANES; i++)
       rows[i] = t0 + i < a->seq_len ? cache_row(a, t0 + i, h) : -1;
-    for (int64_t d0 = 0; d0 < D; d0 += VEC_LANES) {
-      vecn v[VEC_LANES];
+    float *block = packed + t0 * D;
+    int64_t d = 0;
+    for (; d + step <= D; d += step) pack_key_vectors(a, rows, block, d, widened_head(D));
+    for (; d < D; d++)
       for (int64_t i = 0; i < VEC_LANES; i++)
-        v[i] = rows[i] < 0 ? splatn(0.0f) : loadn_as(a->k_cache, rows[i] + d0, a->kv_bf16);
-      transposen(v);
-      for (int64_t j = 0; j < VEC_LANES; j++) storen(packed + t0 * D + (d0 + j) * VEC_LANES, v[j]);
-    }
+        block[d * VEC_LANES + i] =
+            rows[i] < 0 ? 0.0f : load1_as(a->k_cache, rows[i] + d, a->kv_bf16);
   }
 }
 
-/* Values of kv head h, tokens [0, lc), into packed [lc][D] float32, zero past seq_len. */
+/* Values of kv head h, tokens [0, lc), into packed [lc][Dv] float32, zero past seq_len and
+ * past D. */
 static void pack_values(const prefill_attention_f32_args *a, float *packed, int64_t lc,
-                        int64_t h) {
+                        int64_t Dv, int64_t h) {
   const int64_t D = a->D;
   for (int64_t t = 0; t < lc; t++) {
     const int64_t row = t < a->seq_len ? cache_row(a, t, h) : -1;
-    for (int64_t d = 0; d < D; d += VEC_LANES)
-      storen(packed + t * D + d,
-             row < 0 ? splatn(0.0f) : loadn_as(a->v_cache, row + d, a->kv_bf16));
+    int64_t d = 0;
+    for (; row >= 0 && d + VEC_LANES <= D; d += VEC_LANES)
+      storen(packed + t * Dv + d, loadn_as(a->v_cache, row + d, a->kv_bf16));
+    for (; d < Dv; d++)
+      packed[t * Dv + d] = row < 0 || d >= D ? 0.0f : load1_as(a->v_cache, row + d, a->kv_bf16);
   }
 }
 
-/* s [TILE_ROWS, ls] = q [TILE_ROWS, D] k^T over keys [0, kc) (kc % TILE_COLS == 0). */
-INLINE void score_tile(const float *q, const float *keys, int64_t kc, float *s, int64_t ls,
-                       const int64_t D) {
-  for (int64_t t0 = 0; t0 < kc; t0 += TILE_COLS) {
-    const float *k0 = keys + t0 * D, *k1 = k0 + VEC_LANES * D;
-    vecn acc[TILE_ROWS][2];
-    for (int r = 0; r < TILE_ROWS; r++) acc[r][0] = acc[r][1] = splatn(0.0f);
-    for (int64_t d = 0; d < D; d++) {
-      const vecn a0 = loadn(k0 + d * VEC_LANES), a1 = loadn(k1 + d * VEC_LANES);
-      for (int r = 0; r < TILE_ROWS; r++) {
-        const vecn x = broadcastn(q + r * D + d);
-        acc[r][0] += x * a0;
-        acc[r][1] += x * a1;
-      }
+/* A task's TILE_QUERIES query rows of one kv head: where each is read (q [D]) and written
+ * (out, NULL for the copies of the last one that fill a short tile) and how many keys it sees
+ * (len, non-decreasing along the tile). */
+typedef struct {
+  const float *q[TILE_QUERIES];
+  float *out[TILE_QUERIES];
+  int64_t len[TILE_QUERIES];
+} Tile;
+
+/* The tile of kv head kvh's queries q0 .. (query r * G + g: row r's query head kvh * G + g). */
+static Tile tile_at(const prefill_attention_f32_args *a, int64_t kvh, int64_t q0) {
+  const int64_t G = a->H / a->KV, queries = a->n * G, ctx = a->seq_len - a->n;
+  Tile t;
+  for (int q = 0; q < TILE_QUERIES; q++) {
+    const int64_t i = q0 + q < queries ? q0 + q : queries - 1;
+    const int64_t row = ((i / G) * a->H + kvh * G + i % G) * a->D;
+    t.q[q] = a->q + row;
+    t.out[q] = q0 + q < queries ? a->out + row : NULL;
+    t.len[q] = ctx + i / G + 1;
+  }
+  return t;
+}
+
+/* x[q]: lane l's sum (attention_row.h) of each of the block's VEC_LANES keys against query q:
+ * its chains across the block, packed row VEC_LANES * j + l of vector j, against the
+ * element of the query that row holds. */
+INLINE void lane_chains(const float *block, const Tile *t, int l, vecn x[TILE_QUERIES],
+                        const int64_t D, const int widened, int kv_bf16) {
+  const int64_t J = D / VEC_LANES;
+  vecn even[TILE_QUERIES], odd[TILE_QUERIES];
+  for (int q = 0; q < TILE_QUERIES; q++) even[q] = odd[q] = splatn(0.0f);
+  for (int64_t j = 0; j < J; j++) {
+    const vecn k = loadn(block + (VEC_LANES * j + l) * VEC_LANES);
+    const int64_t e = key_element(VEC_LANES * j + l, widened, kv_bf16);
+    for (int q = 0; q < TILE_QUERIES; q++) {
+      const vecn x_e = broadcastn(t->q[q] + e);
+      if (widened && j % 2)
+        odd[q] = fman(x_e, k, odd[q]);
+      else
+        even[q] = fman(x_e, k, even[q]);
     }
-    for (int r = 0; r < TILE_ROWS; r++) {
-      storen(s + r * ls + t0, acc[r][0]);
-      storen(s + r * ls + t0 + VEC_LANES, acc[r][1]);
+  }
+  for (int64_t e = VEC_LANES * J; !widened && l == 0 && e < D; e++) {
+    const vecn k = loadn(block + e * VEC_LANES);
+    for (int q = 0; q < TILE_QUERIES; q++) even[q] = fman(broadcastn(t->q[q] + e), k, even[q]);
+  }
+  for (int q = 0; q < TILE_QUERIES; q++) x[q] = widened ? even[q] + odd[q] : even[q];
+}
+
+/* sums[q]: lane i the unscaled score of the block's key i against query q: the lane sums
+ * added in transpose_sumn's tree, lane l + lane l + VEC_LANES / 2 (as each pair of lanes is
+ * computed), then l + VEC_LANES / 4, ... (a loop over the pairs: unrolled, its chains
+ * outgrew the registers). */
+INLINE void block_scores(const float *block, const Tile *t, vecn sums[TILE_QUERIES],
+                         const int64_t D, const int widened, int kv_bf16) {
+  vecn half[VEC_LANES / 2][TILE_QUERIES];
+#pragma GCC unroll 1
+  for (int l = 0; l < VEC_LANES / 2; l++) {
+    vecn hi[TILE_QUERIES];
+    lane_chains(block, t, l, half[l], D, widened, kv_bf16);
+    lane_chains(block, t, l + VEC_LANES / 2, hi, D, widened, kv_bf16);
+    for (int q = 0; q < TILE_QUERIES; q++) half[l][q] = half[l][q] + hi[q];
+  }
+  for (int step = VEC_LANES / 4; step >= 1; step /= 2)
+    for (int l = 0; l < step; l++)
+      for (int q = 0; q < TILE_QUERIES; q++) half[l][q] = half[l][q] + half[l + step][q];
+  for (int q = 0; q < TILE_QUERIES; q++) sums[q] = half[0][q];
+}
+
+/* Each query's scores over its n[q] keys of the partition whose packed keys start at keys,
+ * into scores [TILE_QUERIES][PARTITION_TOKENS]. */
+INLINE void score_partition(const float *keys, const Tile *t, const int64_t *n, float scale,
+                            int kv_bf16, float *scores, const int64_t D, const int widened) {
+  for (int64_t t0 = 0; t0 < n[TILE_QUERIES - 1]; t0 += VEC_LANES) {
+    vecn sums[TILE_QUERIES];
+    block_scores(keys + t0 * D, t, sums, D, widened, kv_bf16);
+    for (int q = 0; q < TILE_QUERIES; q++)
+      if (t0 < n[q]) store_scores(scores + q * PARTITION_TOKENS + t0, sums[q], n[q] - t0, scale);
+  }
+}
+
+/* Where a query's output for one partition goes, and the factor that finishes it. */
+typedef struct {
+  float *out[TILE_QUERIES];
+  float factor[TILE_QUERIES];
+} Outputs;
+
+/* The first of the tile's queries that sees key t (n: their keys, non-decreasing). */
+INLINE int first_seeing(const int64_t *n, int64_t t) {
+  int q = 0;
+  while (n[q] <= t) q++;
+  return q;
+}
+
+/* Output columns [c0, c0 + vecs vectors) of each query: per element an FMA chain from zero
+ * over its n[q] keys in order of weight (p, [TILE_QUERIES][PARTITION_TOKENS]) x value (packed
+ * rows of Dv), times its factor, into its out (elements below D; vecs: a constant). */
+INLINE void value_columns(const float *values, int64_t Dv, const float *p, const int64_t *n,
+                          const Outputs *o, int64_t c0, const int vecs, const int64_t D) {
+  vecn acc[TILE_QUERIES][VALUE_VECS];
+  for (int q = 0; q < TILE_QUERIES; q++)
+    for (int c = 0; c < vecs; c++) acc[q][c] = splatn(0.0f);
+  for (int64_t t = 0; t < n[TILE_QUERIES - 1]; t++) {
+    vecn v[VALUE_VECS];
+    for (int c = 0; c < vecs; c++) v[c] = loadn(values + t * Dv + c0 + c * VEC_LANES);
+    const int first = t < n[0] ? 0 : first_seeing(n, t); /* rows before it end sooner */
+    for (int q = 0; q < TILE_QUERIES; q++) {
+      if (q < first) continue;
+      const vecn w = broadcastn(p + q * PARTITION_TOKENS + t);
+      for (int c = 0; c < vecs; c++) acc[q][c] = fman(w, v[c], acc[q][c]);
+    }
+  }
+  for (int q = 0; q < TILE_QUERIES; q++) {
+    for (int c = 0; c < vecs && o->out[q] != NULL; c++) {
+      const int64_t d = c0 + c * VEC_LANES;
+      const vecn r = acc[q][c] * o->factor[q];
+      if (d + VEC_LANES <= D)
+        storen(o->out[q] + d, r);
+      else
+        for (int64_t i = 0; d + i < D; i++) o->out[q][d + i] = r[i];
     }
   }
 }
 
-/* o [TILE_ROWS, vecs vectors from column d0] = p [TILE_ROWS, kc] (rows ls apart) @ values
- * [kc, D] (vecs: 1 or 2, a constant). */
-INLINE void value_columns(const float *p, int64_t ls, const float *values, int64_t kc, float *o,
-                          int64_t d0, const int vecs, const int64_t D) {
-  vecn acc[TILE_ROWS][2];
-  for (int r = 0; r < TILE_ROWS; r++) acc[r][0] = acc[r][1] = splatn(0.0f);
-  for (int64_t t = 0; t < kc; t++) {
-    const vecn v0 = loadn(values + t * D + d0);
-    const vecn v1 = vecs > 1 ? loadn(values + t * D + d0 + VEC_LANES) : v0;
-    for (int r = 0; r < TILE_ROWS; r++) {
-      const vecn x = broadcastn(p + r * ls + t);
-      acc[r][0] += x * v0;
-      if (vecs > 1) acc[r][1] += x * v1;
+/* value_columns over all Dv columns, VALUE_VECS vectors at a time. */
+INLINE void value_partition(const float *values, int64_t Dv, const float *p, const int64_t *n,
+                            const Outputs *o, const int64_t D) {
+  int64_t c0 = 0;
+  for (; c0 + VALUE_VECS * VEC_LANES <= Dv; c0 += VALUE_VECS * VEC_LANES)
+    value_columns(values, Dv, p, n, o, c0, VALUE_VECS, D);
+  for (; c0 < Dv; c0 += VEC_LANES) value_columns(values, Dv, p, n, o, c0, 1, D);
+}
+
+/* The floats of one thread's scratch: a task's scores and partition outputs. */
+INLINE int64_t task_scratch_floats(int64_t D, int64_t parts) {
+  return TILE_QUERIES * (PARTITION_TOKENS + parts * D);
+}
+
+/* One task: the tile t, reading its kv head's packed keys and values. scratch:
+ * task_scratch_floats(D, parts) floats, states: TILE_QUERIES * parts (parts: of the longest
+ * query of the chunk). */
+INLINE void attend_tile(const prefill_attention_f32_args *a, const float *keys,
+                        const float *values, int64_t Dv, const Tile *t, int64_t parts,
+                        float *scratch, SoftmaxState *states, const int64_t D,
+                        const int widened) {
+  float *scores = scratch, *part_out = scores + TILE_QUERIES * PARTITION_TOKENS;
+  for (int64_t part = 0; part < partitions(t->len[TILE_QUERIES - 1]); part++) {
+    const int64_t start = part * PARTITION_TOKENS;
+    int64_t n[TILE_QUERIES];
+    for (int q = 0; q < TILE_QUERIES; q++) {
+      const int64_t left = t->len[q] - start;
+      n[q] = left < 0 ? 0 : left < PARTITION_TOKENS ? left : PARTITION_TOKENS;
     }
+    score_partition(keys + start * D, t, n, a->scale, a->kv_bf16, scores, D, widened);
+    Outputs o;
+    for (int q = 0; q < TILE_QUERIES; q++) {
+      const int whole = partitions(t->len[q]) == 1;
+      o.out[q] = n[q] == 0 || t->out[q] == NULL ? NULL
+                 : whole                       ? t->out[q]
+                                               : part_out + (q * parts + part) * D;
+      if (n[q] == 0) continue;
+      const SoftmaxState s = softmax_scores(scores + q * PARTITION_TOKENS, n[q]);
+      o.factor[q] = finish_head(&s, whole ? NULL : &states[q * parts + part]);
+    }
+    value_partition(values + start * Dv, Dv, scores, n, &o, D);
   }
-  for (int r = 0; r < TILE_ROWS; r++)
-    for (int j = 0; j < vecs; j++) storen(o + r * D + d0 + j * VEC_LANES, acc[r][j]);
+  for (int q = 0; q < TILE_QUERIES; q++)
+    if (t->out[q] != NULL && partitions(t->len[q]) > 1)
+      merge_head(t->out[q], part_out + q * parts * D, states + q * parts, partitions(t->len[q]),
+                 D, 1, D);
 }
 
-/* o [TILE_ROWS, D] = p [TILE_ROWS, kc] (rows ls apart) @ values [kc, D]: two vectors of
- * columns at a time, and one where D leaves one (D % VEC_LANES == 0). */
-INLINE void value_tile(const float *p, int64_t ls, const float *values, int64_t kc, float *o,
-                       const int64_t D) {
-  int64_t d0 = 0;
-  for (; d0 + TILE_COLS <= D; d0 += TILE_COLS) value_columns(p, ls, values, kc, o, d0, 2, D);
-  if (d0 < D) value_columns(p, ls, values, kc, o, d0, 1, D);
-}
-
-/* A row of scores s -> p = e^(s * scale - max) over its `visible` keys, zero from there up to
- * kc, in place; returns 1 / their sum. */
-INLINE float softmax_row(float *s, int64_t visible, int64_t kc, float scale) {
-  vecn vmax = splatn(-__FLT_MAX__);
-  for (int64_t t = 0; t < visible; t += VEC_LANES)
-    vmax = maxn(vmax, selectn(lanes_below_n(visible - t), loadn(s + t) * scale,
-                              splatn(-__FLT_MAX__)));
-  const vecn m = splatn(hmaxn(vmax));
-  vecn sum = splatn(0.0f);
-  for (int64_t t = 0; t < kc; t += VEC_LANES) {
-    vecn e = splatn(0.0f);
-    if (t < visible) e = selectn(lanes_below_n(visible - t), expn(loadn(s + t) * scale - m), e);
-    sum += e;
-    storen(s + t, e);
-  }
-  return 1.0f / hsumn(sum);
-}
-
-/* The scratch floats of one thread: a task's queries, scores and outputs. */
-INLINE int64_t task_scratch_floats(int64_t ls, int64_t D) { return TASK_ROWS * (ls + 2 * D); }
-
-/* One task: query rows [r0, r0 + TASK_ROWS) (clipped to n) of head h, reading the packed keys
- * and values of its kv head. */
-INLINE void attend_rows(const prefill_attention_f32_args *a, const float *keys,
-                        const float *values, int64_t r0, int64_t h, int64_t ls, float *scratch,
-                        const int64_t D) {
-  const int64_t n = a->n, rows = n - r0 < TASK_ROWS ? n - r0 : TASK_ROWS;
-  const int64_t ctx = a->seq_len - n;
-  float *q = scratch, *s = q + TASK_ROWS * D, *o = s + TASK_ROWS * ls;
-  for (int64_t i = 0; i < TASK_ROWS; i++) /* zero past the chunk's end */
-    if (i < rows)
-      memcpy(q + i * D, a->q + ((r0 + i) * a->H + h) * D, (size_t)D * sizeof(float));
-    else
-      memset(q + i * D, 0, (size_t)D * sizeof(float));
-  float inv[TASK_ROWS];
-  for (int64_t i0 = 0; i0 < rows; i0 += TILE_ROWS) {
-    /* the keys the tile's last row sees, rounded up to whole tiles of keys */
-    const int64_t last = i0 + TILE_ROWS < rows ? i0 + TILE_ROWS : rows;
-    const int64_t kc = (ctx + r0 + last + TILE_COLS - 1) / TILE_COLS * TILE_COLS;
-    score_tile(q + i0 * D, keys, kc, s + i0 * ls, ls, D);
-    for (int64_t i = i0; i < i0 + TILE_ROWS; i++) /* rows past the chunk: any key will do */
-      inv[i] = softmax_row(s + i * ls, i < rows ? ctx + r0 + i + 1 : 1, kc, a->scale);
-    value_tile(s + i0 * ls, ls, values, kc, o + i0 * D, D);
-  }
-  for (int64_t i = 0; i < rows; i++)
-    for (int64_t d = 0; d < D; d += VEC_LANES)
-      storen(a->out + ((r0 + i) * a->H + h) * D + d, loadn(o + i * D + d) * inv[i]);
-}
-
-/* attend_rows with the common head sizes as constants, whose loops the compiler unrolls. */
+/* attend_tile with the common head sizes as constants, whose loops the compiler unrolls. */
 static void attend(const prefill_attention_f32_args *a, const float *keys, const float *values,
-                   int64_t r0, int64_t h, int64_t ls, float *scratch) {
+                   int64_t Dv, const Tile *t, int64_t parts, float *scratch,
+                   SoftmaxState *states) {
   if (a->D == 64)
-    attend_rows(a, keys, values, r0, h, ls, scratch, 64);
+    attend_tile(a, keys, values, Dv, t, parts, scratch, states, 64, widened_head(64));
   else if (a->D == 128)
-    attend_rows(a, keys, values, r0, h, ls, scratch, 128);
+    attend_tile(a, keys, values, Dv, t, parts, scratch, states, 128, widened_head(128));
+  else if (widened_head(a->D))
+    attend_tile(a, keys, values, Dv, t, parts, scratch, states, a->D, 1);
   else
-    attend_rows(a, keys, values, r0, h, ls, scratch, a->D);
+    attend_tile(a, keys, values, Dv, t, parts, scratch, states, a->D, 0);
 }
 
 int ISA(prefill_attention_f32_run)(const prefill_attention_f32_args *a) {
-  const int64_t KV = a->KV, D = a->D, G = a->H / KV;
-  const int64_t blocks = (a->n + TASK_ROWS - 1) / TASK_ROWS;
-  const int64_t ls = (a->seq_len + TILE_COLS - 1) / TILE_COLS * TILE_COLS;
-  const int64_t per_head = ls * D, per_thread = task_scratch_floats(ls, D);
-  float *packed = malloc((size_t)(2 * KV * per_head) * sizeof(float));
+  const int64_t KV = a->KV, D = a->D, Dv = (D + VEC_LANES - 1) / VEC_LANES * VEC_LANES;
+  const int64_t tiles = (a->n * (a->H / KV) + TILE_QUERIES - 1) / TILE_QUERIES;
+  const int64_t lc = (a->seq_len + VEC_LANES - 1) / VEC_LANES * VEC_LANES;
+  const int64_t parts = partitions(a->seq_len), per_thread = task_scratch_floats(D, parts);
+  float *keys = malloc((size_t)(KV * lc * (D + Dv)) * sizeof(float));
   float *scratch = malloc((size_t)(a->num_threads * per_thread) * sizeof(float));
-  if (packed == NULL || scratch == NULL) {
-    free(packed);
+  SoftmaxState *states =
+      malloc((size_t)(a->num_threads * TILE_QUERIES * parts) * sizeof(SoftmaxState));
+  if (keys == NULL || scratch == NULL || states == NULL) {
+    free(keys);
     free(scratch);
+    free(states);
     return -1;
   }
+  float *values = keys + KV * lc * D;
 #pragma omp parallel num_threads(a->num_threads)
   {
 #pragma omp for schedule(static)
     for (int64_t job = 0; job < 2 * KV; job++) {
       if (job < KV)
-        pack_keys(a, packed + job * per_head, ls, job);
+        pack_keys(a, keys + job * lc * D, lc, job);
       else
-        pack_values(a, packed + job * per_head, ls, job - KV);
+        pack_values(a, values + (job - KV) * lc * Dv, lc, Dv, job - KV);
     }
-    float *mine = scratch + omp_get_thread_num() * per_thread;
+    const int thread = omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < blocks * a->H; task++) {
+    for (int64_t task = 0; task < tiles * KV; task++) {
       /* the longest rows first */
-      const int64_t r0 = (blocks - 1 - task / a->H) * TASK_ROWS, h = task % a->H;
-      attend(a, packed + (h / G) * per_head, packed + (KV + h / G) * per_head, r0, h, ls, mine);
+      const int64_t tile = tiles - 1 - task / KV, kvh = task % KV;
+      const Tile t = tile_at(a, kvh, tile * TILE_QUERIES);
+      attend(a, keys + kvh * lc * D, values + kvh * lc * Dv, Dv, &t, parts,
+             scratch + thread * per_thread, states + thread * TILE_QUERIES * parts);
     }
   }
-  free(packed);
+  free(keys);
   free(scratch);
+  free(states);
   return 0;
 }

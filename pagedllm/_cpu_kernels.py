@@ -79,14 +79,11 @@ def replay_launches(launches: list[Launch]) -> None:
 
 _Q = GGMLQuantizationType
 GGUF_TYPES = (_Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1, _Q.Q8_0, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K)
-"""The GGUF block types gguf_gemm and gguf_dequantize take (csrc/gguf.h)."""
+"""The GGUF block types gguf_pack, gguf_mm and gguf_dequantize take (csrc/gguf.h)."""
 _GGUF_SIZES = {int(t): GGML_QUANT_SIZES[t] for t in GGUF_TYPES}  # (block_size, type_size)
 _GGUF_ISAS: tuple[tuple[str, bool], ...] = _C.gguf_isas() if _C is not None else ()
 _ATTENTION_ISAS: tuple[tuple[str, bool], ...] = _C.paged_attention_isas() if _C is not None else ()
 _SKINNY_ISAS: tuple[tuple[str, bool], ...] = _C.skinny_gemm_isas() if _C is not None else ()
-_PREFILL_ISAS: tuple[tuple[str, bool], ...] = (
-    _C.prefill_attention_bf16_isas() if _C is not None else ()
-)
 _PREFILL_F32_ISAS: tuple[tuple[str, bool], ...] = (
     _C.prefill_attention_f32_isas() if _C is not None else ()
 )
@@ -97,7 +94,7 @@ def _supported(table: tuple[tuple[str, bool], ...]) -> tuple[str, ...]:
 
 
 def gguf_isas() -> tuple[str, ...]:
-    """The instruction sets gguf_gemm can use on this CPU, best first (empty without _C)."""
+    """The instruction sets gguf_mm can use on this CPU, best first (empty without _C)."""
     return _supported(_GGUF_ISAS)
 
 
@@ -118,12 +115,6 @@ def skinny_gemm_reads_packed(dtype: torch.dtype, isa: str | None = None) -> bool
 def paged_attention_isas() -> tuple[str, ...]:
     """The builds of paged_decode_attention this CPU runs, best first (empty without _C)."""
     return _supported(_ATTENTION_ISAS)
-
-
-def prefill_attention_isas() -> tuple[str, ...]:
-    """The builds of prefill_attention_bf16 this CPU runs, best first: "amx" (tiles),
-    "avx512_bf16" (vdpbf16ps); empty without either, or without _C."""
-    return _supported(_PREFILL_ISAS)
 
 
 def prefill_attention_f32_isas() -> tuple[str, ...]:
@@ -290,11 +281,10 @@ def _check_prefill(
     k_cache: object,
     v_cache: object,
     block_table: object,
-    query_dtype: torch.dtype,
     cache_dtype: torch.dtype,
 ) -> tuple[int, int, int, int, int, int]:
     """A prefill attention call's tensors checked -> (n, H, KV, D, num_blocks, block_size)."""
-    _check(op, "query", query, 3, "[num_queries, num_heads, head_dim]", query_dtype)
+    _check(op, "query", query, 3, "[num_queries, num_heads, head_dim]")
     _check(op, "k_cache", k_cache, 4, _CACHE, cache_dtype)
     _check(op, "v_cache", v_cache, k_cache.shape, _CACHE + " like k_cache", cache_dtype)
     _check(op, "block_table", block_table, 1, "[max_blocks]", _I32)
@@ -303,34 +293,6 @@ def _check_prefill(
     _require(op, cache_d == d, "k_cache head_dim {} differs from query's {}", cache_d, d)
     _require(op, kv > 0 and h % kv == 0, "num_kv_heads {} must divide num_heads {}", kv, h)
     return n, h, kv, d, num_blocks, block_size
-
-
-def prefill_attention_bf16(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_len: int,
-    scale: float,
-    isa: str | None = None,
-) -> torch.Tensor:
-    """query [n, H, D] bfloat16 at positions seq_len - n .. seq_len - 1 of one sequence;
-    caches [num_blocks, block_size, KV, D] bfloat16; block_table [max_blocks] int32 ->
-    bfloat16 [n, H, D], causal. D % 32 == 0, D <= 256. isa: one of prefill_attention_isas(),
-    or None for the best; RuntimeError where there is none."""
-    op = "prefill_attention_bf16"
-    n, h, kv, d, num_blocks, block_size = _check_prefill(
-        op, query, k_cache, v_cache, block_table, _BF16, _BF16
-    )
-    _require(op, d % 32 == 0 and 0 < d <= 256, "head_dim {} must be a multiple of 32 up to 256", d)
-    isa_index = _isa_index(op, isa, _PREFILL_ISAS)
-    out = torch.empty_like(query)
-    _launch(
-        _C.prefill_attention_bf16, out.data_ptr(), query.data_ptr(), k_cache.data_ptr(),
-        v_cache.data_ptr(), block_table.data_ptr(), n, seq_len, h, kv, d, block_size,
-        block_table.shape[0], num_blocks, isa_index, torch.get_num_threads(), scale,
-    )  # fmt: skip
-    return out
 
 
 def prefill_attention_f32(
@@ -344,14 +306,15 @@ def prefill_attention_f32(
 ) -> torch.Tensor:
     """query [n, H, D] float32 at positions seq_len - n .. seq_len - 1 of one sequence;
     caches [num_blocks, block_size, KV, D] float32 or bfloat16; block_table [max_blocks]
-    int32 -> float32 [n, H, D], causal. D % 16 == 0. isa: one of
+    int32 -> float32 [n, H, D], causal: row i the bits paged_decode_attention gives its query
+    as a sequence of seq_len - n + i + 1 tokens on the same build. isa: one of
     prefill_attention_f32_isas(), or None for the best."""
     op = "prefill_attention_f32"
     cache_dtype = _float_dtype(k_cache)
     n, h, kv, d, num_blocks, block_size = _check_prefill(
-        op, query, k_cache, v_cache, block_table, _F32, cache_dtype
+        op, query, k_cache, v_cache, block_table, cache_dtype
     )
-    _require(op, d > 0 and d % 16 == 0, "head_dim {} must be a multiple of 16", d)
+    _require(op, d > 0, "head_dim {} must be positive", d)
     isa_index = _isa_index(op, isa, _PREFILL_F32_ISAS)
     out = torch.empty_like(query)
     _launch(
@@ -634,12 +597,15 @@ def paged_decode_attention(
     return out
 
 
-def _check_gguf_weight(op: str, qweight: object, qtype: object) -> tuple[int, int]:
-    """qweight [N, bytes] of whole qtype blocks -> (N, K). Runs per layer per step: messages
-    are built only on failure."""
+def _check_qtype(op: str, qtype: object) -> None:
     if not isinstance(qtype, int) or qtype not in _GGUF_SIZES:
         names = ", ".join(f"{t.name}={int(t)}" for t in GGUF_TYPES)
         raise ValueError(f"{op}: qtype {qtype!r} is not one of the supported GGUF types {names}")
+
+
+def _check_gguf_weight(op: str, qweight: object, qtype: object) -> tuple[int, int]:
+    """qweight [N, bytes] of whole qtype blocks -> (N, K)."""
+    _check_qtype(op, qtype)
     _check(op, "qweight", qweight, 2, "[N, K / block_size * type_size]", _U8)
     n, row_bytes = qweight.shape
     block_size, type_size = _GGUF_SIZES[qtype]
@@ -651,33 +617,86 @@ def _check_gguf_weight(op: str, qweight: object, qtype: object) -> tuple[int, in
     return n, row_bytes // type_size * block_size
 
 
-def gguf_gemm(
+def gguf_packed_shape(qtype: int, n: int, k: int) -> tuple[int, int]:
+    """The shape of gguf_pack's result for a weight [n, k] of qtype: [groups of 16 rows,
+    bytes per group] (csrc/gguf_packed.h)."""
+    return -(-n // 16), _C.gguf_packed_bytes(int(qtype), 16, k)
+
+
+def gguf_weight_shape(qweight: torch.Tensor, qtype: int) -> tuple[int, int]:
+    """(N, K) of the GGUF blocks qweight [N, K / block_size * type_size] of qtype."""
+    return _check_gguf_weight("gguf_weight_shape", qweight, qtype)
+
+
+def gguf_pack(qweight: torch.Tensor, qtype: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """qweight [N, K / block_size * type_size] of qtype blocks -> the layout gguf_mm reads,
+    uint8 gguf_packed_shape(qtype, N, K) (written to out when given)."""
+    op = "gguf_pack"
+    n, k = _check_gguf_weight(op, qweight, qtype)
+    shape = gguf_packed_shape(qtype, n, k)
+    if out is None:
+        out = torch.empty(shape, dtype=_U8)
+    else:
+        _check(op, "out", out, shape, "gguf_packed_shape(qtype, N, K)", _U8)
+    _launch(
+        _C.gguf_pack, qweight.data_ptr(), out.data_ptr(), int(qtype), n, k,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
+def _check_packed(op: str, packed: object, qtype: object, n: int, k: int) -> None:
+    _check_qtype(op, qtype)
+    block_size = _GGUF_SIZES[qtype][0]
+    _require(op, k > 0 and k % block_size == 0, "K = {} is not whole blocks of {}", k, block_size)
+    shape = gguf_packed_shape(qtype, n, k)
+    _check(op, "packed", packed, shape, f"gguf_packed_shape({_Q(qtype).name}, N={n}, K={k})", _U8)
+
+
+def gguf_mm(
     x: torch.Tensor,
-    qweight: torch.Tensor,
+    packed: torch.Tensor,
     qtype: int,
+    n: int,
     bias: torch.Tensor | None = None,
     isa: str | None = None,
 ) -> torch.Tensor:
-    """x [M, K] @ dequant(qweight [N, K / block_size * type_size])^T (+ bias [N]) -> [M, N],
-    each x row quantized to 8-bit blocks of 32 first; isa: one of gguf_isas(), or None for
-    the best."""
-    op = "gguf_gemm"
-    n, k = _check_gguf_weight(op, qweight, qtype)
-    _check(op, "x", x, 2, "[M, K]")
-    m, x_k = x.shape
-    if x_k != k:
-        raise ValueError(f"{op}: x [M, K] has K = {x_k}, qweight's rows hold {k} elements")
+    """x [M, K] @ W^T (+ bias [N]) -> [M, N] in x's dtype (float32 or bfloat16; bias the
+    same), W [N, K] the qtype weight gguf_pack made `packed` of. Each x row is quantized to
+    8-bit blocks of 32 first; a row's result does not depend on the other rows. isa: one of
+    gguf_isas(), or None for the best."""
+    op = "gguf_mm"
+    dtype = _float_dtype(x)
+    _check(op, "x", x, 2, "[M, K]", dtype)
+    m, k = x.shape
+    _check_packed(op, packed, qtype, n, k)
     if bias is not None:
-        _check(op, "bias", bias, (n,), "[N]")
+        _check(op, "bias", bias, (n,), "[N]", dtype)
     isa_index = _isa_index(op, isa, _GGUF_ISAS)
-    y = torch.empty(m, n)
+    y = torch.empty(m, n, dtype=dtype)
     if m and n:
         _launch(
-            _C.gguf_gemm, x.data_ptr(), qweight.data_ptr(),
-            0 if bias is None else bias.data_ptr(), y.data_ptr(), int(qtype), m, n, k,
-            isa_index, torch.get_num_threads(),
+            _C.gguf_mm, x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
+            y.data_ptr(), dtype is _BF16, int(qtype), m, n, k, isa_index,
+            torch.get_num_threads(),
         )  # fmt: skip
     return y
+
+
+def gguf_unpack_rows(
+    packed: torch.Tensor, qtype: int, n: int, k: int, rows: torch.Tensor
+) -> torch.Tensor:
+    """Rows `rows` (int64 [R], each in [0, n)) of the weight [n, k] gguf_pack made `packed`
+    of, as float32 [R, k], bit-equal to gguf.quants.dequantize of its blocks."""
+    op = "gguf_unpack_rows"
+    _check_packed(op, packed, qtype, n, k)
+    _check(op, "rows", rows, 1, "[R]", _I64)
+    out = torch.empty(rows.shape[0], k, dtype=_F32)
+    _launch(
+        _C.gguf_unpack_rows, packed.data_ptr(), out.data_ptr(), int(qtype), n, k,
+        rows.data_ptr(), rows.shape[0], torch.get_num_threads(),
+    )  # fmt: skip
+    return out
 
 
 def gguf_dequantize(

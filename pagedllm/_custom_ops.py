@@ -14,25 +14,6 @@ import torch.nn.functional as F
 
 from pagedllm import _cpu_kernels, _torch_ops, _torch_quant
 
-GGUF_DECODE_MAX_ROWS = 24
-"""Up to this many rows of x, gguf_linear multiplies the GGUF blocks as they are (gguf_gemm:
-x quantized to 8 bits, integer dot products), which streams the weight once per 4 rows; past
-it, it dequantizes the weight and multiplies in float32 (MKL), which costs a dequantization
-but less per row. Measured on 1536 x 576 and 576 x 1536 weights (AVX-512 VNNI): on one core
-the kernel was faster up to 24-32 rows for Q4_1, Q8_0, Q4_K and Q6_K; on two, up to 12-16
-rows at K = 576 and 32-48 at K = 1536 (Q4_1, Q8_0); the AVX2 kernel against MKL held to
-AVX2, on one core: up to 24-48 rows."""
-
-GGUF_PREFILL_TILE_ELEMENTS = 1 << 21
-"""Past GGUF_DECODE_MAX_ROWS, gguf_linear dequantizes the weight this many elements (8 MiB of
-float32) at a time, whole rows, each tile then multiplied by F.linear into its columns. On 2
-cores each tile costs a dequantization and a GEMM call that repacks x, so few large tiles win:
-for 1536 x 576 weights, tiles of 64 / 128 / 256 / 512 rows took 1.5-1.75 / 1.25 / 1.15 / 1.07x
-the time of one whole-weight tile, which is itself 1.01-1.04x float32 F.linear from 256 rows
-(1.3x at 64 rows). A bound still pays off for large weights: the 49152 x 576 vocabulary at
-32-256 rows ran 1.4-2.3x faster in tiles of 2048-7281 rows than whole (113 MB of scratch),
-and at 256 rows faster than float32 F.linear."""
-
 _GGUF_KERNEL_TYPES = frozenset(int(t) for t in _cpu_kernels.GGUF_TYPES)
 
 
@@ -265,46 +246,30 @@ def prefill_attention(
     """query [n, H, D] at positions seq_len - n .. seq_len - 1 of one sequence, whose keys
     and values are in the caches through block_table -> [n, H, D], causal.
 
-    bf16 on a CPU with AMX or AVX-512 BF16 (head sizes multiples of 32 up to 256): pagedllm._C's
-    kernel (csrc/prefill_attention_bf16.c: AMX tiles, else vdpbf16ps on the same layouts),
-    whose second product takes the softmax's weights in bf16 as flash attention does; a
-    row's result depends only on its own query and the sequence's keys and values, whatever
-    chunk it comes in. On the AMX development machine, the default model's shapes (9 heads,
-    3 kv heads, D 64): 2.5-3x sdpa for chunks of up to 40 tokens, 1.5-1.9x for 100-512; in
-    the 256-prompt offline job 5.2 s against sdpa's 14.9 (sdpa's path also gathers the keys
-    and builds a mask for chunks after cached context). On Zen 4 (AVX-512 BF16, no AMX; same
-    shapes, session 20): 2.6-3.4x sdpa for chunks of 16-512 tokens, 2.0-2.3x for 512 after
-    1024 cached, 1.9x at 2048; in the 64-prompt job 1.7-1.8 s against sdpa's 4.9-5.6. The
-    copy into the tiles' layouts is vectorized (keys: 16 x 16 transposes; values: two tokens'
-    rows interleaved): 16 new tokens after 1,000-4,000 cached 2.1-2.5x sdpa (1.3-1.5x with
-    the scalar copy it replaced).
-    Otherwise, on any CPU, head sizes multiples of 16, a float32 cache or a bf16 one:
-    pagedllm._C's float32 kernel (csrc/prefill_attention_f32.c, each task's scores and
-    weighted values as outer products on keys copied out transposed; bf16 queries are widened
-    and the output rounded back). On the AVX2-only Zen 3 (session 22; the default model's
-    shapes, float32): 4.2x sdpa for a 16-token chunk, 2.0x at 64-512 tokens, 1.3x at 1,024,
-    level at 2,048; 16 tokens after 1,000 cached 1.55x; in the 64-prompt job 2.6 s against
-    sdpa's 4.8.
+    On CPU float32 or bf16 tensors (any head size, a float32 or bf16 cache): pagedllm._C's
+    float32 kernel (csrc/prefill_attention_f32.c), bf16 queries widened and the output
+    rounded back as paged_decode_attention does. Row i is the bits paged_decode_attention
+    gives its query as a sequence of seq_len - n + i + 1 tokens, so a token's output does
+    not depend on whether it is decoded, recomputed alone after a prefix-cache hit, or
+    prefilled in a chunk of any size. Keys are copied out transposed, so that each key load
+    serves 4 queries (AVX-512; 6 on AVX2), and each score is decode's lane sums. On Zen 4
+    (the default model's shapes, one thread): 0.7-1.05x the time of the kernel it replaced
+    (outer products, one FMA chain per score) for chunks of 16-512 tokens with and without
+    cached context, 1.1-1.25x on its AVX2 build; against that CPU's AVX-512 BF16 kernel,
+    which rounded the softmax's weights to bf16 and so could not match decode, 1.0-1.5x.
+    The replaced kernel on the AVX2-only Zen 3: 4.2x sdpa for a 16-token chunk, 2.0x at
+    64-512 tokens, 1.3x at 1,024, level at 2,048.
     Elsewhere the torch definition (sdpa).
     """
-    d = query.shape[-1]
-    bf16_build = (
-        d % 32 == 0
-        and d <= 256
-        and cpu_kernels_apply(query, k_cache, v_cache, dtypes=(torch.bfloat16,))
-        and _cpu_kernels.prefill_attention_isas()
-    )
-    if not bf16_build and not (
-        d % 16 == 0 and cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16)
-    ):
+    if not cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16):
         return _torch_ops.prefill_attention(query, k_cache, v_cache, block_table, seq_len, scale)
-    table = _as_dense(block_table, torch.int32)
-    if bf16_build:
-        return _cpu_kernels.prefill_attention_bf16(
-            query.contiguous(), k_cache, v_cache, table, seq_len, scale
-        )
     out = _cpu_kernels.prefill_attention_f32(
-        _as_float32(query.contiguous()), k_cache, v_cache, table, seq_len, scale
+        _as_float32(query.contiguous()),
+        k_cache,
+        v_cache,
+        _as_dense(block_table, torch.int32),
+        seq_len,
+        scale,
     )
     return out if query.dtype is torch.float32 else _cpu_kernels.convert(out, query.dtype)
 
@@ -341,49 +306,71 @@ def _gguf_kernels_apply(qweight: torch.Tensor, qtype: int) -> bool:
     )
 
 
+def gguf_pack(qweight: torch.Tensor, qtype: int) -> torch.Tensor | None:
+    """The GGUF blocks qweight [..., N, K / block_size * type_size] of qtype in the layout
+    gguf_packed_linear multiplies ([..., groups of 16 rows, bytes]: csrc/gguf_packed.h), where
+    pagedllm._C runs them (a CPU weight); None elsewhere, where the blocks stay and
+    gguf_linear multiplies them in torch. Called once per weight at load."""
+    if qweight.dim() < 2 or not _gguf_kernels_apply(qweight, qtype):
+        return None
+    if qweight.dim() == 2:
+        return _cpu_kernels.gguf_pack(qweight.detach().contiguous(), int(qtype))
+    matrices = qweight.detach().reshape(-1, *qweight.shape[-2:]).contiguous()
+    n, k = _cpu_kernels.gguf_weight_shape(matrices[0], int(qtype))
+    packed = torch.empty(
+        len(matrices), *_cpu_kernels.gguf_packed_shape(qtype, n, k), dtype=torch.uint8
+    )
+    for w, out in zip(matrices, packed, strict=True):
+        _cpu_kernels.gguf_pack(w, int(qtype), out=out)
+    return packed.view(*qweight.shape[:-2], *packed.shape[1:])
+
+
+def gguf_packed_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    qtype: int,
+    n: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [..., K] @ W^T (+ bias [N]) -> [..., N] for W [N, K] the GGUF weight gguf_pack made
+    `packed` of: pagedllm._C's gguf_mm for CPU float32 or bfloat16 x (each row quantized to
+    8-bit blocks, its result the same bits whatever the other rows: csrc/gguf_packed.h);
+    otherwise W unpacked to float32 and F.linear."""
+    k = x.shape[-1]
+    dtypes = _one_float_dtype(x)
+    if not cpu_kernels_apply(x, bias, dtypes=dtypes) or (
+        bias is not None and bias.dtype != x.dtype
+    ):
+        rows = torch.arange(n, dtype=torch.int64)
+        w = _cpu_kernels.gguf_unpack_rows(packed, int(qtype), n, k, rows)
+        return F.linear(x, w.to(x.dtype), bias)
+    x2 = (x if x.dim() == 2 else x.reshape(-1, k)).contiguous()
+    bias = None if bias is None else bias.contiguous()
+    y = _cpu_kernels.gguf_mm(x2, packed, int(qtype), n, bias)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+
+
+def gguf_packed_embedding(
+    input_ids: torch.Tensor, packed: torch.Tensor, qtype: int, n: int, k: int
+) -> torch.Tensor:
+    """Rows input_ids [...] of the GGUF table [n, k] gguf_pack made `packed` of -> float32
+    [..., k], bit-equal to gguf.quants.dequantize of their blocks."""
+    ids = _as_dense(input_ids.reshape(-1), torch.int64)
+    w = _cpu_kernels.gguf_unpack_rows(packed, int(qtype), n, k, ids)
+    return w.view(*input_ids.shape, k)
+
+
 def gguf_linear(
     x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """x [..., K] @ W^T (+ bias [N]) -> [..., N], W [N, K] being the GGUF blocks qweight
-    [N, K / block_size * type_size] of qtype: few rows multiply the blocks directly (x
-    quantized to 8 bits, see GGUF_DECODE_MAX_ROWS), more multiply W dequantized tile by tile.
-    """
-    if not (
-        qweight.dim() == 2 and _gguf_kernels_apply(qweight, qtype) and cpu_kernels_apply(x, bias)
-    ):
-        return _torch_quant.gguf_linear(x, qweight, qtype, bias)
-    x2 = (x if x.dim() == 2 else x.reshape(-1, x.shape[-1])).contiguous()
-    qweight = qweight.contiguous()
-    bias = None if bias is None else bias.contiguous()
-    if x2.shape[0] <= GGUF_DECODE_MAX_ROWS:
-        y = _cpu_kernels.gguf_gemm(x2, qweight, qtype, bias)
-    else:
-        y = _dequantized_linear(x2, qweight, qtype, bias)
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[1])
-
-
-def _dequantized_linear(
-    x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """x [M, K] @ W^T (+ bias) with W dequantized GGUF_PREFILL_TILE_ELEMENTS at a time into
-    one scratch tile, each tile multiplied into its columns of y [M, N]."""
-    (m, k), n = x.shape, qweight.shape[0]
-    tile = max(1, GGUF_PREFILL_TILE_ELEMENTS // max(1, k))
-    if n <= tile:
-        return F.linear(x, _cpu_kernels.gguf_dequantize(qweight, qtype), bias)
-    y, scratch = x.new_empty(m, n), x.new_empty(tile, k)
-    for n0 in range(0, n, tile):
-        rows = qweight[n0 : n0 + tile]
-        w = _cpu_kernels.gguf_dequantize(rows, qtype, out=scratch[: rows.shape[0]])
-        if bias is None:
-            torch.mm(x, w.t(), out=y[:, n0 : n0 + tile])
-        else:
-            torch.addmm(bias[n0 : n0 + tile], x, w.t(), out=y[:, n0 : n0 + tile])
-    return y
+    [N, K / block_size * type_size] of qtype as stored (weights gguf_pack leaves as they are:
+    GPUs, no extension): dequantized and multiplied in torch."""
+    return _torch_quant.gguf_linear(x, qweight, qtype, bias)
 
 
 def gguf_dequantize(qweight: torch.Tensor, qtype: int) -> torch.Tensor:
-    """qweight uint8 [..., K / block_size * type_size] of qtype blocks -> float32 [..., K],
+    """qweight uint8 [..., K / block_size * type_size] of qtype -> float32 [..., K],
     bit-equal to gguf.quants.dequantize."""
     if not _gguf_kernels_apply(qweight, qtype):
         return _torch_quant.dequantize(qweight, qtype)

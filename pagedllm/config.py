@@ -190,7 +190,7 @@ KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
 @dataclass
 class CacheConfig:
     """KV cache size: num_kv_blocks exactly, else kv_cache_memory_bytes, else a share of
-    the free memory (see engine/kv_cache.py)."""
+    the free memory (see executor/kv_cache.py)."""
 
     block_size: int = 16
     num_kv_blocks: int | None = None

@@ -59,6 +59,14 @@ def attention_isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     return _on_build(request, monkeypatch, builds, "paged_decode_attention")
 
 
+@pytest.fixture(params=BUILDS)
+def attention_row_isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test on each build of the attention kernels this CPU runs, decode and prefill
+    both on it (a row's bits are the same between the kernels of one build)."""
+    kernels = ("paged_decode_attention", "prefill_attention_f32")
+    return _on_build(request, monkeypatch, _cpu_kernels.paged_attention_isas(), *kernels)
+
+
 @pytest.fixture(params=["avx512_bf16", *BUILDS])
 def skinny_gemm_isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs a test on each build of the skinny_gemm kernel this CPU runs (float32 and bf16;

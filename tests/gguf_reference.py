@@ -1,4 +1,4 @@
-"""The quantized matmul's arithmetic in numpy, the reference of csrc/gguf_gemm.c.
+"""The quantized matmul's arithmetic in numpy, the reference of csrc/gguf_mm.c.
 
 Each x row is quantized to 8-bit blocks of 32 (d = amax / 127, q = round-half-even(x * (1 /
 d)) in float32); every weight type is read as 32-element blocks of integer codes u with an

@@ -83,19 +83,6 @@ def _amx(**override: object) -> torch.Tensor:
     return _cpu_kernels.amx_gemm_bf16(**{**args, **override})
 
 
-def _prefill(**override: object) -> torch.Tensor:
-    cache = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, 32, dtype=torch.bfloat16)
-    args = {
-        "query": _bf16(3, HEADS, 32),
-        "k_cache": cache,
-        "v_cache": cache,
-        "block_table": torch.tensor([4, 1], dtype=torch.int32),
-        "seq_len": 5,
-        "scale": 0.5,
-    }
-    return _cpu_kernels.prefill_attention_bf16(**{**args, **override})
-
-
 def _prefill_f32(**override: object) -> torch.Tensor:
     args = {
         "query": torch.randn(3, HEADS, 32),
@@ -311,22 +298,8 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
     "amx K differs": (lambda: _amx(x=_bf16(2, 64)), "packed weight has K = 32, x .* has K = 64"),
     "amx x float32": (lambda: _amx(x=torch.randn(2, 32)), "x must be a contiguous bfloat16"),
     "amx bias of other size": (lambda: _amx(bias=_bf16(8)), r"bias must .* = \[16\]"),
-    "prefill query float32": (
-        lambda: _prefill(query=torch.randn(3, HEADS, 32)),
-        "prefill_attention_bf16: query must be a contiguous bfloat16",
-    ),
-    "prefill head_dim not a multiple of 32": (
-        lambda: _prefill(
-            query=_bf16(3, HEADS, 8), k_cache=CACHE.bfloat16(), v_cache=CACHE.bfloat16()
-        ),
-        "head_dim 8 must be a multiple of 32 up to 256",
-    ),
-    "prefill isa of another kernel": (
-        lambda: _prefill(isa="avx2"),
-        r"prefill_attention_bf16: isa 'avx2' is not one of this CPU's",
-    ),
     "prefill block_table 2-D": (
-        lambda: _prefill(block_table=TABLES),
+        lambda: _prefill_f32(block_table=TABLES),
         r"block_table must .* \[max_blocks\]",
     ),
     "prefill float32 query bf16": (
@@ -337,9 +310,13 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
         lambda: _prefill_f32(v_cache=torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, 32).bfloat16()),
         "v_cache must be a contiguous float32 .* like k_cache",
     ),
-    "prefill float32 head_dim not a multiple of 16": (
-        lambda: _prefill_f32(query=torch.randn(3, HEADS, 8), k_cache=CACHE, v_cache=CACHE),
-        "head_dim 8 must be a multiple of 16",
+    "prefill float32 head_dim 0": (
+        lambda: _prefill_f32(
+            query=torch.randn(3, HEADS, 0),
+            k_cache=torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, 0),
+            v_cache=torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, 0),
+        ),
+        "head_dim 0 must be positive",
     ),
     "prefill float32 isa of another kernel": (
         lambda: _prefill_f32(isa="amx"),
@@ -375,9 +352,6 @@ def test_the_valid_calls_above_run() -> None:
     assert _silu().shape == (3, 5)
     if _cpu_kernels.amx_available():
         assert _amx().shape == (2, 16)
-    if _cpu_kernels.prefill_attention_isas():
-        for isa in (None, *_cpu_kernels.prefill_attention_isas()):
-            assert _prefill(isa=isa).shape == (3, HEADS, 32)
     for isa in (None, *_cpu_kernels.prefill_attention_f32_isas()):
         assert _prefill_f32(isa=isa).shape == (3, HEADS, 32)
     bf16_cache_32 = _bf16(NUM_BLOCKS, BLOCK_SIZE, KV, 32)
@@ -457,28 +431,17 @@ PREFILL_INDEX_ERRORS = {
 
 
 @pytest.mark.parametrize("case", PREFILL_INDEX_ERRORS)
-@pytest.mark.parametrize("prefill", [_prefill, _prefill_f32])
-def test_prefill_indices_are_checked_before_any_read(
-    case: str, prefill: Callable[..., torch.Tensor]
-) -> None:
-    """Checked by the binding before the kernel runs (and, bf16, before it asks for AMX)."""
+def test_prefill_indices_are_checked_before_any_read(case: str) -> None:
+    """Checked by the binding before the kernel runs."""
     override, message = PREFILL_INDEX_ERRORS[case]
     with pytest.raises(ValueError, match=message):
-        prefill(**override)
+        _prefill_f32(**override)
 
 
 @pytest.mark.skipif(_cpu_kernels.amx_available(), reason="this CPU has AMX tiles")
 def test_amx_kernels_without_amx_are_a_runtime_error() -> None:
     with pytest.raises(RuntimeError, match="no AMX bf16 tiles"):
         _amx()
-
-
-@pytest.mark.skipif(
-    bool(_cpu_kernels.prefill_attention_isas()), reason="this CPU runs a prefill build"
-)
-def test_prefill_attention_without_a_build_is_a_runtime_error() -> None:
-    with pytest.raises(RuntimeError, match="neither AMX bf16 tiles nor AVX-512 BF16"):
-        _prefill()
 
 
 READER = {torch.float32: "avx2", torch.bfloat16: "avx512_bf16"}
@@ -516,15 +479,6 @@ def test_a_packed_weight_goes_to_the_build_that_reads_it_only(dtype: torch.dtype
     wrong_k = r"packed weight has K = 64, x \[M, K\] has K = 32"  # after the build's check
     with pytest.raises(ValueError, match=wrong_k if reads else "does not read packed"):
         gemm(x[:, :32].contiguous(), packed, None)
-
-
-def test_prefill_builds_are_the_supported_ones_best_first() -> None:
-    """AMX tiles where amx_available(), AVX-512 BF16 where torch's probe finds it."""
-    runs = {
-        "amx": _cpu_kernels.amx_available(),
-        "avx512_bf16": torch.cpu._is_avx512_bf16_supported(),
-    }
-    assert _cpu_kernels.prefill_attention_isas() == tuple(name for name in runs if runs[name])
 
 
 def test_a_wrong_scalar_is_a_type_error() -> None:

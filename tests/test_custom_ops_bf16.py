@@ -1,5 +1,5 @@
 """_custom_ops on bfloat16 tensors: skinny_gemm_bf16 for decode-sized matmuls, KV-cache
-writes and decode attention on a bfloat16 cache, RMSNorm, SiluAndMul and RoPE on bfloat16
+writes, decode and prefill attention on a bfloat16 cache, RMSNorm, SiluAndMul and RoPE on bfloat16
 activations. References: F.linear in float64 rounded once to bfloat16, torch's own
 conversions (bit for bit), the float64 torch definition of paged attention on the same
 bfloat16 values, and _torch_ops' norms, activation and rotation on bfloat16 (bit for bit,
@@ -286,11 +286,11 @@ def test_paged_decode_attention_on_a_bf16_cache(
 
 
 def _prefill_case(
-    num_heads: int, num_kv_heads: int, head_size: int, seq_len: int, block_size: int = 16
+    num_heads: int, num_kv_heads: int, head_size: int, seq_len: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(queries for all seq_len positions, k_cache, v_cache, block_table) on scattered
-    blocks of block_size, bf16."""
-    num_blocks = 64 * 16 // block_size
+    blocks of 16 tokens, bf16."""
+    num_blocks, block_size = 64, 16
     shape = (num_blocks, block_size, num_kv_heads, head_size)
     k_cache, v_cache = torch.randn(shape).to(BF16), torch.randn(shape).to(BF16)
     table = torch.randperm(num_blocks)[: -(-seq_len // block_size) + 1].to(torch.int32)
@@ -298,101 +298,19 @@ def _prefill_case(
     return query, k_cache, v_cache, table
 
 
-PREFILL_BUILDS = _cpu_kernels.prefill_attention_isas() or [
-    pytest.param(None, marks=pytest.mark.skip(reason="this CPU has neither AMX nor AVX-512 BF16"))
-]
-
-
-@pytest.mark.parametrize("isa", PREFILL_BUILDS)
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_size", [(9, 3, 64), (4, 4, 32), (16, 2, 128)])
-@pytest.mark.parametrize(
-    "num_queries,seq_len", [(1, 1), (7, 7), (33, 33), (20, 45), (1, 70), (40, 300)]
-)
-def test_prefill_attention_bf16_is_the_causal_definition(
-    isa: str, num_heads: int, num_kv_heads: int, head_size: int, num_queries: int, seq_len: int
-) -> None:
-    """Reference: the float64 torch definition (causal, bottom-right aligned after cached
-    context) on the same bf16 values. The kernel rounds the softmax's weights to bf16 for
-    its second product (relative error 2^-8 each) and its output to bf16: within 2^-7 of the
-    values' scale. Each build the CPU runs."""
-    _check_prefill(isa, num_heads, num_kv_heads, head_size, num_queries, seq_len, 16)
-
-
-@pytest.mark.parametrize("isa", PREFILL_BUILDS)
-@pytest.mark.parametrize("block_size", [1, 8, 32])
-def test_prefill_attention_bf16_reads_blocks_of_any_size(isa: str, block_size: int) -> None:
-    """The tiles' 16 and 32 tokens span several blocks, or part of one."""
-    _check_prefill(isa, 9, 3, 64, 50, 150, block_size)
-
-
-def _check_prefill(
-    isa: str,
-    num_heads: int,
-    num_kv_heads: int,
-    head_size: int,
-    num_queries: int,
-    seq_len: int,
-    block_size: int,
-) -> None:
-    query, k_cache, v_cache, table = _prefill_case(
-        num_heads, num_kv_heads, head_size, seq_len, block_size
-    )
-    query = query[seq_len - num_queries :]
-    out = _cpu_kernels.prefill_attention_bf16(query, k_cache, v_cache, table, seq_len, 0.2, isa)
-    expected = _torch_ops.prefill_attention(
-        query.double(), k_cache.double(), v_cache.double(), table, seq_len, 0.2
-    )
-    assert out.dtype == BF16 and out.shape == query.shape
-    scale = v_cache.double().abs().max()
-    assert ((out.double() - expected).abs() <= 2.0**-7 * scale).all()
-
-
-@pytest.mark.parametrize("isa", PREFILL_BUILDS)
-def test_prefill_rows_do_not_depend_on_their_chunk(isa: str) -> None:
-    """A 45-token prompt in one chunk, or as 16 + 29 (the second after cached context), or
-    token by token: each position's output is the same bits (a row depends only on its own
-    query and the sequence's keys and values)."""
-    query, k_cache, v_cache, table = _prefill_case(9, 3, 64, 45)
-
-    def attend(rows: slice, seq_len: int) -> torch.Tensor:
-        q = query[rows]
-        return _cpu_kernels.prefill_attention_bf16(q, k_cache, v_cache, table, seq_len, 0.125, isa)
-
-    whole = attend(slice(0, 45), 45)
-    assert torch.equal(torch.cat([attend(slice(0, 16), 16), attend(slice(16, 45), 45)]), whole)
-    for t in (0, 15, 16, 44):
-        assert torch.equal(attend(slice(t, t + 1), t + 1)[0], whole[t])
-
-
-def test_prefill_attention_takes_the_best_build_else_the_float32_kernel(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """bf16 where a bf16 build runs: the best build's bits; float32, or bf16 without a bf16
-    build: the float32 kernel's (on the widened query, its output rounded back); without
-    pagedllm._C: _torch_ops' sdpa, bit for bit."""
+def test_prefill_attention_on_bf16_is_the_float32_kernel_rounded() -> None:
+    """A bf16 chunk runs the float32 kernel on the widened query, its output rounded back to
+    bf16, as decode attention does (so that a row is the bits of its decode); without
+    pagedllm._C, _torch_ops' sdpa, bit for bit."""
     query, k_cache, v_cache, table = _prefill_case(9, 3, 64, 20)
     q = query[5:]
+    out = _custom_ops.prefill_attention(q, k_cache, v_cache, table, 20, 0.125)
     if not _custom_ops.has_cpu_kernels():
-        assert torch.equal(
-            _custom_ops.prefill_attention(q, k_cache, v_cache, table, 20, 0.125),
-            _torch_ops.prefill_attention(q, k_cache, v_cache, table, 20, 0.125),
-        )
-        return
-    if _cpu_kernels.prefill_attention_isas():
-        best = _cpu_kernels.prefill_attention_isas()[0]
-        kernel = _cpu_kernels.prefill_attention_bf16(q, k_cache, v_cache, table, 20, 0.125, best)
-        assert torch.equal(
-            _custom_ops.prefill_attention(q, k_cache, v_cache, table, 20, 0.125), kernel
-        )
-    float32 = _cpu_kernels.prefill_attention_f32(q.float(), k_cache, v_cache, table, 20, 0.125)
-    cases = (
-        (q.float(), ("avx512_bf16",), float32),
-        (q, (), float32.to(BF16)),
-    )
-    for qc, builds, expected in cases:
-        monkeypatch.setattr(_cpu_kernels, "prefill_attention_isas", lambda builds=builds: builds)
-        out = _custom_ops.prefill_attention(qc, k_cache, v_cache, table, 20, 0.125)
-        assert torch.equal(out, expected)
+        expected = _torch_ops.prefill_attention(q, k_cache, v_cache, table, 20, 0.125)
+    else:
+        float32 = _cpu_kernels.prefill_attention_f32(q.float(), k_cache, v_cache, table, 20, 0.125)
+        expected = float32.to(BF16)
+    assert out.dtype == BF16 and torch.equal(out, expected)
 
 
 def test_torch_paths_convert_between_the_cache_and_the_model_dtype() -> None:

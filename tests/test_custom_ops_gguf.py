@@ -1,6 +1,6 @@
-"""_custom_ops' GGUF ops on both of gguf_linear's paths and on the torch fallback. Reference:
-_torch_quant (dequantize, bit-equal to gguf, then F.linear), in float64 where the kernels'
-summation order differs."""
+"""_custom_ops' GGUF ops: packed weights through pagedllm._C's kernel or the float fallback,
+blocks through torch. Reference: _torch_quant (dequantize, bit-equal to gguf, then F.linear),
+in float64 where the kernel's arithmetic differs."""
 
 import numpy as np
 import pytest
@@ -28,86 +28,111 @@ def _float_reference(x: torch.Tensor, qweight: torch.Tensor, qtype: Q, bias=None
     return F.linear(x.double(), w, None if bias is None else bias.double())
 
 
-@needs_kernels
-@pytest.mark.parametrize("qtype", SUPPORTED_TYPES, ids=lambda t: t.name)
-def test_gguf_linear_decode_rows_are_within_the_activation_error(qtype: Q) -> None:
-    """Up to GGUF_DECODE_MAX_ROWS rows multiply the blocks with 8-bit x: each output is
-    within sum over blocks of amax_block / 254 * sum |w| of the float reference (see
-    test_cpu_kernels_gguf), plus 1e-5 * sum |x w| for float rounding."""
-    k, m = _k(qtype), _custom_ops.GGUF_DECODE_MAX_ROWS
-    qweight, bias = _weight(qtype, 37, k), torch.randn(37)
-    x = torch.randn(m, k)
-    y = _custom_ops.gguf_linear(x, qweight, qtype, bias)
-    w = _torch_quant.dequantize(qweight, qtype).double()
-    bound = activation_error_bound(x.numpy(), w.numpy()) * (1 + 1e-4)
-    bound += 1e-5 * (x.double().abs() @ w.abs().T).numpy()
-    err = (y.double() - _float_reference(x, qweight, qtype, bias)).abs().numpy()
-    assert (err <= bound).all()
+def _packed(qtype: Q, n: int, k: int, seed: int = 0) -> torch.Tensor:
+    return _custom_ops.gguf_pack(_weight(qtype, n, k, seed), qtype)
 
 
 @needs_kernels
 @pytest.mark.parametrize("qtype", SUPPORTED_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("tile_rows", [16, 256])
-def test_gguf_linear_prefill_rows_match_dequantize_and_f_linear(
-    qtype: Q, tile_rows: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Past GGUF_DECODE_MAX_ROWS the weight is dequantized (exactly) and multiplied in
-    float32: tiles of 16 rows over 37 (two whole, one of 5) and one tile of all 37; with and
-    without bias. Reference: float64, up to float32 rounding: 2^-20 sum |x w| per element."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gguf_packed_linear_is_within_the_activation_error(qtype: Q, dtype: torch.dtype) -> None:
+    """Every row count multiplies the packed blocks with 8-bit x: each output is within sum
+    over blocks of amax_block / 254 * sum |w| of the float reference (see
+    test_cpu_kernels_gguf), plus 1e-5 * sum |x w| for float rounding (bfloat16: x as given,
+    y within a bfloat16 rounding of that)."""
     k = _k(qtype)
-    monkeypatch.setattr(_custom_ops, "GGUF_PREFILL_TILE_ELEMENTS", tile_rows * k)
     qweight, bias = _weight(qtype, 37, k), torch.randn(37)
-    x = torch.randn(_custom_ops.GGUF_DECODE_MAX_ROWS + 3, k)
-    w = _torch_quant.dequantize(qweight, qtype).double()
-    bound = 2.0**-20 * (x.double().abs() @ w.abs().T + bias.double().abs())
-    for b in (None, bias):
-        err = (
-            _custom_ops.gguf_linear(x, qweight, qtype, b) - _float_reference(x, qweight, qtype, b)
-        ).abs()
-        assert (err <= bound).all()
+    packed = _custom_ops.gguf_pack(qweight, qtype)
+    for m in (1, 5, 40):
+        x = torch.randn(m, k).to(dtype)
+        y = _custom_ops.gguf_packed_linear(x, packed, qtype, 37, bias.to(dtype))
+        assert y.dtype == dtype
+        w = _torch_quant.dequantize(qweight, qtype).double()
+        xd = x.double()
+        bound = activation_error_bound(xd.float().numpy(), w.numpy()) * (1 + 1e-4)
+        bound += 1e-5 * (xd.abs() @ w.abs().T).numpy()
+        expected = _float_reference(xd, qweight, qtype, bias.to(dtype))
+        if dtype is torch.bfloat16:
+            bound += 2.0**-8 * expected.abs().numpy()
+        assert ((y.double() - expected).abs().numpy() <= bound).all()
 
 
 @needs_kernels
 @pytest.mark.parametrize("rows", [1, 6, 40])
-def test_gguf_linear_keeps_leading_dims(rows: int) -> None:
-    """x [2, rows / 2, K] (or 1-D) -> [..., N], as F.linear; rows 1 and 6 take the decode
-    path, 40 the prefill path. Reference: the op on the flattened rows."""
-    qweight = _weight(Q.Q4_1, 24, 64)
+def test_gguf_packed_linear_keeps_leading_dims(rows: int) -> None:
+    """x [2, rows / 2, K] (or 1-D) -> [..., N], as F.linear. Reference: the op on the
+    flattened rows."""
+    packed = _packed(Q.Q4_1, 24, 64)
     x = torch.randn(rows, 64)
-    flat = _custom_ops.gguf_linear(x, qweight, Q.Q4_1)
+    flat = _custom_ops.gguf_packed_linear(x, packed, Q.Q4_1, 24)
     if rows == 1:
-        assert torch.equal(_custom_ops.gguf_linear(x[0], qweight, Q.Q4_1), flat[0])
+        assert torch.equal(_custom_ops.gguf_packed_linear(x[0], packed, Q.Q4_1, 24), flat[0])
         return
     x3 = x.view(2, rows // 2, 64)
-    assert torch.equal(_custom_ops.gguf_linear(x3, qweight, Q.Q4_1), flat.view(2, rows // 2, 24))
+    y3 = _custom_ops.gguf_packed_linear(x3, packed, Q.Q4_1, 24)
+    assert torch.equal(y3, flat.view(2, rows // 2, 24))
 
 
 @needs_kernels
-def test_gguf_linear_reads_a_transposed_input() -> None:
+def test_gguf_packed_linear_reads_a_transposed_input() -> None:
     """A non-contiguous x is copied first. Reference: the op on x.contiguous()."""
-    qweight = _weight(Q.Q8_0, 8, 64)
+    packed = _packed(Q.Q8_0, 8, 64)
     x = torch.randn(64, 3).t()
     assert torch.equal(
-        _custom_ops.gguf_linear(x, qweight, Q.Q8_0),
-        _custom_ops.gguf_linear(x.contiguous(), qweight, Q.Q8_0),
+        _custom_ops.gguf_packed_linear(x, packed, Q.Q8_0, 8),
+        _custom_ops.gguf_packed_linear(x.contiguous(), packed, Q.Q8_0, 8),
     )
 
 
+@needs_kernels
 @pytest.mark.parametrize(
-    "dtype,requires_grad", [(torch.float64, False), (torch.bfloat16, False), (torch.float32, True)]
+    "dtype,requires_grad", [(torch.float64, False), (torch.float16, False), (torch.float32, True)]
 )
-def test_gguf_linear_falls_back_to_torch_where_the_kernels_do_not_apply(
+def test_gguf_packed_linear_falls_back_to_f_linear_where_the_kernel_does_not_apply(
     dtype: torch.dtype, requires_grad: bool
 ) -> None:
-    """Other dtypes and autograd run _torch_quant.gguf_linear itself: bit-identical results,
-    and gradients flow to x."""
+    """Other dtypes and autograd unpack the weight (bit-equal to dequantize) and run
+    F.linear: the torch reference's results, and gradients flow to x."""
     qweight = _weight(Q.Q4_0, 8, 64)
+    packed = _custom_ops.gguf_pack(qweight, Q.Q4_0)
     x = torch.randn(3, 64, dtype=dtype, requires_grad=requires_grad)
-    y = _custom_ops.gguf_linear(x, qweight, Q.Q4_0)
+    y = _custom_ops.gguf_packed_linear(x, packed, Q.Q4_0, 8)
     assert torch.equal(y, _torch_quant.gguf_linear(x, qweight, Q.Q4_0))
     if requires_grad:
         y.sum().backward()
         assert x.grad is not None and x.grad.shape == x.shape
+
+
+@needs_kernels
+def test_gguf_pack_packs_stacked_experts_one_by_one() -> None:
+    """qweight [E, N, bytes] -> [E, groups, bytes]; each expert's slice is that expert
+    packed alone."""
+    qweight = _weight(Q.Q6_K, 3 * 20, 256).view(3, 20, -1)
+    packed = _custom_ops.gguf_pack(qweight, Q.Q6_K)
+    assert packed.shape == (3, *_cpu_kernels.gguf_packed_shape(Q.Q6_K, 20, 256))
+    for e in range(3):
+        assert torch.equal(packed[e], _cpu_kernels.gguf_pack(qweight[e].contiguous(), Q.Q6_K))
+
+
+def test_gguf_pack_leaves_weights_the_kernels_do_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the extension (or off the CPU) the blocks stay: gguf_pack returns None and
+    gguf_linear multiplies them in torch."""
+    monkeypatch.setattr(_cpu_kernels, "_C", None)
+    assert _custom_ops.gguf_pack(_weight(Q.Q4_1, 4, 64), Q.Q4_1) is None
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K])
+def test_gguf_packed_embedding_dequantizes_the_looked_up_rows(qtype: Q) -> None:
+    """ids [2, 3] with a repeat -> [2, 3, K]. Reference: the whole table dequantized, then
+    indexed, bit for bit."""
+    table = _weight(qtype, 50, _k(qtype))
+    packed = _custom_ops.gguf_pack(table, qtype)
+    ids = torch.tensor([[3, 49, 0], [7, 3, 12]])
+    out = _custom_ops.gguf_packed_embedding(ids, packed, qtype, 50, _k(qtype))
+    expected = _torch_quant.dequantize(table, qtype)[ids]
+    assert out.shape == (2, 3, _k(qtype))
+    assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
 
 
 def test_gguf_ops_without_the_extension_are_the_torch_ones(

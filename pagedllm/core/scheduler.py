@@ -19,6 +19,7 @@ One step, as the engine drives it:
 from collections import deque
 from dataclasses import dataclass, field
 
+from pagedllm.config import SchedulerConfig
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.sequence import Sequence, SequenceStatus
 
@@ -65,20 +66,10 @@ class Scheduler:
     whole, prompt and outputs).
     """
 
-    def __init__(
-        self,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        enable_chunked_prefill: bool,
-        block_manager: BlockManager,
-    ) -> None:
-        if max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
-        if max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.enable_chunked_prefill = enable_chunked_prefill
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.enable_chunked_prefill = config.enable_chunked_prefill
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []

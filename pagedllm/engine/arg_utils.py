@@ -46,19 +46,25 @@ class EngineArgs:
         device = resolve_device(self.device)
         return EngineConfig(
             model_config=ModelConfig.create(
-                self.model, self.dtype, self.max_model_len, device, self.quantization
+                model=self.model,
+                dtype=self.dtype,
+                max_model_len=self.max_model_len,
+                device=device,
+                quantization=self.quantization,
             ),
             cache_config=CacheConfig(
-                self.block_size,
-                self.num_kv_blocks,
-                self.kv_cache_memory_bytes,
-                self.enable_prefix_caching,
-                self.kv_cache_dtype,
+                block_size=self.block_size,
+                num_kv_blocks=self.num_kv_blocks,
+                kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                enable_prefix_caching=self.enable_prefix_caching,
+                cache_dtype=self.kv_cache_dtype,
             ),
             scheduler_config=SchedulerConfig(
-                self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=self.max_num_batched_tokens,
+                enable_chunked_prefill=self.enable_chunked_prefill,
             ),
-            parallel_config=ParallelConfig(self.tensor_parallel_size),
+            parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
             device=device,
             seed=self.seed,
             skip_tokenizer_init=self.skip_tokenizer_init,

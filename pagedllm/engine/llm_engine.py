@@ -70,12 +70,7 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.num_blocks, cache.block_size, cache.enable_prefix_caching
         )
-        self.scheduler = Scheduler(
-            sched.max_num_seqs,
-            sched.max_num_batched_tokens,
-            sched.enable_chunked_prefill,
-            self.block_manager,
-        )
+        self.scheduler = Scheduler(sched, self.block_manager)
         generation_config = generation_config_dict(self.model_config)
         self.structured_output = StructuredOutputManager(
             self.tokenizer, eos_token_ids(eos_token_id, generation_config)

@@ -5,6 +5,7 @@ import argparse
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.entrypoints.sampling_args import add_sampling_args, sampling_params_from_args
 from pagedllm.llm import LLM
+from pagedllm.logger import add_log_level_arg, set_log_level
 from pagedllm.sampling_params import RequestOutputKind
 
 
@@ -15,10 +16,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--system", default=None, help="a system message")
     add_sampling_args(parser, max_tokens=512)
     EngineArgs.add_cli_args(parser)
+    add_log_level_arg(parser, default="warning")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
+    set_log_level(args.log_level)
     llm = LLM(**vars(EngineArgs.from_cli_args(args)))
     engine, tokenizer = llm.llm_engine, llm.get_tokenizer()
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):

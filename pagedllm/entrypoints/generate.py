@@ -7,6 +7,7 @@ from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.entrypoints.sampling_args import add_sampling_args, sampling_params_from_args
 from pagedllm.llm import LLM
+from pagedllm.logger import add_log_level_arg, set_log_level
 from pagedllm.sampling_params import RequestOutputKind
 
 
@@ -27,6 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     add_sampling_args(parser, max_tokens=256)
     EngineArgs.add_cli_args(parser)
+    add_log_level_arg(parser, default="warning")
     parser.set_defaults(func=run)
 
 
@@ -63,6 +65,7 @@ def stream(engine: LLMEngine, prompt: str | dict, args: argparse.Namespace) -> N
 
 def run(args: argparse.Namespace) -> None:
     prompts = read_prompts(args.prompt)
+    set_log_level(args.log_level)
     llm = LLM(**vars(EngineArgs.from_cli_args(args)))
     engine = llm.llm_engine
     engine_prompts = [to_engine_prompt(engine, p, args.chat) for p in prompts]

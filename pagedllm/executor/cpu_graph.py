@@ -19,10 +19,9 @@ static inputs, and the model's parameters, buffers and KV cache as they were at 
 
 B decodes replay the smallest captured size >= B; the rows past B are padding: position 0,
 cache slot -1 (not written), a one-token sequence reading block 0. A replayed step equals
-the eager step of its padded size exactly (tests/executor/test_cpu_graph.py), and in float32
-and bf16, whose kernels compute every row independently of the others, the unpadded one too;
-gguf_gemm sums a row in an order that depends on the row count, so a padded GGUF step can
-differ from the unpadded eager one in the last bits.
+the eager step of its padded size exactly (tests/executor/test_cpu_graph.py), and, since the
+kernels compute every row independently of the others (float32, bf16 and GGUF alike), the
+unpadded one too.
 """
 
 import logging

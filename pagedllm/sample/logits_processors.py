@@ -6,7 +6,7 @@ requests `added` at an index (replacing whatever was there), indices `removed`, 
 `moved` (one way, or swapped). Removed indices are processed after added ones and never
 name an index that was just added.
 
-Contract with the Sampler (pagedllm/layers/sampler.py): the engine rebuilds the batch each
+Contract with the Sampler (pagedllm/sample/sampler.py): the engine rebuilds the batch each
 step, so before every forward the Sampler sends each processor a full refresh: every row
 in `added` at its index, the indices past the new batch size in `removed`, `moved` empty.
 A processor written for vLLM's persistent batch therefore works unchanged. Processors whose

@@ -58,8 +58,8 @@ def test_require_llama_cpp_says_how_to_install() -> None:
 def test_llamacpp_runs_the_default_models_q4_1_file(
     run_bench: Callable[[list[str]], str], tmp_path: object
 ) -> None:
-    """The peer loads and decodes the quantized file itself (ANCHORS.md: a llama.cpp build
-    with AMX int8 crashes on every quantized model on AMX CPUs)."""
+    """The peer loads and decodes the quantized file itself (a llama.cpp build with AMX
+    int8 crashes on every quantized model on AMX CPUs)."""
     json_path = f"{tmp_path}/latency.json"
     argv = ["latency", "--backend", "llama.cpp", "--input-len", "8", "--output-len", "3"]
     argv += ["--num-iters", "1", "--num-warmup", "0", "--bandwidth-mb", "8"]

@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from pagedllm.config import SchedulerConfig
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.scheduler import Scheduler, SchedulerOutput
 from pagedllm.core.sequence import Sequence, SequenceStatus
@@ -25,9 +26,8 @@ class FakeEngine:
         enable_chunked_prefill: bool = True,
     ) -> None:
         self.bm = BlockManager(num_blocks, block_size)
-        self.scheduler = Scheduler(
-            max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, self.bm
-        )
+        config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
+        self.scheduler = Scheduler(config, self.bm)
         self.kv: list[list[int | None]] = [[None] * block_size for _ in range(num_blocks)]
         self.seqs: list[Sequence] = []
         self.num_steps = 0

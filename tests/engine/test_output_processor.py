@@ -7,6 +7,7 @@ request alone with RequestOutput.error while the batch goes on."""
 import pytest
 import torch
 
+from pagedllm.config import SchedulerConfig
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.scheduler import Scheduler, SchedulerOutput
 from pagedllm.core.sequence import Sequence, new_seq_id
@@ -52,7 +53,7 @@ def sampled(tokens: list[int], errors: dict[int, Exception] | None = None) -> St
 
 @pytest.fixture
 def processor() -> OutputProcessor:
-    scheduler = Scheduler(8, 64, True, BlockManager(12, 4))
+    scheduler = Scheduler(SchedulerConfig(8, 64, True), BlockManager(12, 4))
     return OutputProcessor(scheduler, None, EOS, max_model_len=64)
 
 

@@ -4,6 +4,7 @@ message, with the same greedy parameters; streamed or not, the printed text is t
 
 import argparse
 import io
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from pagedllm import LLM, SamplingParams
 from pagedllm.entrypoints import generate
 from pagedllm.entrypoints.cli import main
+from pagedllm.logger import init_logger
 
 PROMPT = "The capital of France is"
 MAX_TOKENS = 6
@@ -132,3 +134,14 @@ def test_parser_defaults() -> None:
     generate.add_parser(parser.add_subparsers())
     args = parser.parse_args(["generate"])
     assert (args.prompt, args.stream, args.chat, args.max_tokens) == ("-", False, None, 256)
+
+
+@pytest.mark.parametrize("flags,shown", [([], False), (["--log-level", "info"], True)])
+def test_engine_log_lines_stay_out_of_the_answer_unless_asked(
+    llm_kwargs: dict, capsys: pytest.CaptureFixture, flags: list[str], shown: bool
+) -> None:
+    """The engine's INFO lines (start-up, captured steps) would land inside a streamed
+    answer: generate shows warnings only, unless --log-level says otherwise."""
+    run_cli([PROMPT, "--no-chat", "--max-tokens", "2", *flags], capsys)
+    assert init_logger("pagedllm.engine.llm_engine").isEnabledFor(logging.INFO) == shown
+    assert init_logger("pagedllm.engine.llm_engine").isEnabledFor(logging.WARNING)

@@ -106,7 +106,7 @@ def test_cli_rejects_a_tp_that_does_not_divide_heads(capsys: pytest.CaptureFixtu
     assert "not divisible by tensor parallel size 3" in capsys.readouterr().err
 
 
-# Bytes per block by hand (ANCHORS.md, "Quantized formats"): bytes = weights / block * size.
+# Bytes per block by hand (the block layouts in csrc/gguf.h): bytes = weights / block * size.
 Q4_K, Q5_K, Q6_K, Q8_0 = (256, 144), (256, 176), (256, 210), (32, 34)
 
 

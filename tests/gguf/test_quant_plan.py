@@ -6,7 +6,7 @@ from gguf import GGMLQuantizationType as Q
 
 from pagedllm.gguf.quant_plan import PlanModel, tensor_bytes, tensor_type, use_more_bits
 
-# bytes per block, by hand (ANCHORS.md, "Quantized formats"): (weights per block, bytes)
+# bytes per block, by hand (the block layouts in csrc/gguf.h): (weights per block, bytes)
 BLOCKS = {"Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "Q8_0": (32, 34)}
 BLOCKS |= {"F32": (1, 4), "BF16": (1, 2)}
 

@@ -2,9 +2,9 @@
 
 Decodes read each sequence's blocks in place (scores over the keys, softmax, then values)
 instead of gathering padded copies, and the cache write is one call instead of two
-index_copy_. Prefill chunks run pagedllm._C's kernels too: a bf16 model's on AMX tiles or
-AVX-512 BF16 dot products where the CPU has them, the others in float32 on any CPU (head
-sizes multiples of 16; _custom_ops.prefill_attention decides).
+index_copy_. Prefill chunks run pagedllm._C's float32 prefill kernel (bf16 widened), whose
+rows follow the decode kernel's arithmetic: each row of a step's output is the bits of that
+token computed alone, whatever its batch, chunk or cached context.
 """
 
 import torch

@@ -52,6 +52,40 @@ def block_weight(shape: tuple[int, ...], qtype: int, what: str, **attrs: Any) ->
                       **attrs)  # fmt: skip
 
 
+def pack_parameter(param: nn.Parameter, qtype: int) -> None:
+    """Replace param's blocks [..., N, bytes] by the layout of the CPU's quantized matmul
+    (ops.gguf_pack) where it runs, once: a tied LM head and embedding share the parameter.
+    `param.packed` records (N, K) when packed, None when the blocks stay."""
+    if hasattr(param, "packed"):
+        return
+    n, k = param.shape[-2], param.shape[-1] // param.block[1] * param.block[0]
+    packed = ops.gguf_pack(param.data, qtype)
+    param.packed = None if packed is None else (n, k)
+    if packed is not None:
+        param.data = packed
+
+
+def matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    packed: tuple[int, int] | None,
+    qtype: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x @ W^T (+ bias) for W a GGUF matrix as pack_parameter left it: packed (N, K) or
+    blocks (None)."""
+    if packed is None:
+        return ops.gguf_linear(x, weight, qtype, bias)
+    return ops.gguf_packed_linear(x, weight, qtype, packed[0], bias)
+
+
+def lookup(input_ids: torch.Tensor, weight: nn.Parameter, qtype: int) -> torch.Tensor:
+    """Rows input_ids of a GGUF table as pack_parameter left it, as float32."""
+    if weight.packed is None:
+        return ops.gguf_embedding(input_ids, weight, qtype)
+    return ops.gguf_packed_embedding(input_ids, weight, qtype, *weight.packed)
+
+
 class GGUFConfig(QuantizationConfig):
     def __init__(self, tensor_types: dict[str, int]) -> None:
         self.tensor_types = tensor_types
@@ -118,6 +152,8 @@ class GGUFLinearMethod(LinearMethodBase):
         self.shard_types = shard_types
         self.segments: list[tuple[int, int, int, int]] = []
         """(first row, rows, qtype, first byte) of each run of same-type shards."""
+        self.packed_segments: list[tuple[int, int, int, torch.Size]] | None = None
+        """(rows, qtype, first byte, packed shape) of each segment once packed."""
 
     def create_weights(
         self,
@@ -159,14 +195,46 @@ class GGUFLinearMethod(LinearMethodBase):
                 return self._segment_view(param.data, segment).narrow(0, offset - first_row, size)
         raise ValueError(f"rows [{offset}, {offset + size}) straddle GGUF types")
 
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Packs the weight for the CPU's quantized matmul where it runs; a fused layer of
+        mixed types packs each segment and keeps them side by side in one byte buffer."""
+        if len(self.segments) == 1:
+            pack_parameter(layer.weight, self.shard_types[0])
+            return
+        parts = [
+            ops.gguf_pack(self._segment_view(layer.weight, segment), segment[2])
+            for segment in self.segments
+        ]
+        if any(part is None for part in parts):
+            return
+        self.packed_segments, first_byte = [], 0
+        for segment, part in zip(self.segments, parts, strict=True):
+            self.packed_segments.append((segment[1], segment[2], first_byte, part.shape))
+            first_byte += part.numel()
+        layer.weight.data = torch.cat([part.reshape(-1) for part in parts])
+
+    def _segment_matrices(
+        self, weight: torch.Tensor
+    ) -> list[tuple[torch.Tensor, tuple[int, int] | None, int]]:
+        """Each segment's (matrix, packed (N, K) or None, qtype)."""
+        if self.packed_segments is None:
+            return [(self._segment_view(weight, s), None, s[2]) for s in self.segments]
+        return [
+            (
+                weight.narrow(0, first, shape.numel()).view(shape),
+                (rows, self.input_size_per_partition),
+                qtype,
+            )
+            for rows, qtype, first, shape in self.packed_segments
+        ]
+
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         if len(self.segments) == 1:
-            return ops.gguf_linear(x, layer.weight, self.shard_types[0], bias)
+            return matmul(x, layer.weight, layer.weight.packed, self.shard_types[0], bias)
         parts = [
-            ops.gguf_linear(x, self._segment_view(layer.weight, segment), segment[2])
-            for segment in self.segments
+            matmul(x, w, packed, qtype) for w, packed, qtype in self._segment_matrices(layer.weight)
         ]
         y = torch.cat(parts, dim=-1)
         return y if bias is None else y + bias
@@ -192,13 +260,16 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         shape = (sum(output_partition_sizes), input_size_per_partition)
         layer.weight = block_weight(shape, self.qtype, "embedding", **extra_weight_attrs)
 
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        pack_parameter(layer.weight, self.qtype)
+
     def embedding(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
-        return ops.gguf_embedding(input_ids, layer.weight, self.qtype).to(layer.params_dtype)
+        return lookup(input_ids, layer.weight, self.qtype).to(layer.params_dtype)
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return ops.gguf_linear(x, layer.weight, self.qtype, bias)
+        return matmul(x, layer.weight, layer.weight.packed, self.qtype, bias)
 
 
 class GGUFFusedMoEMethod(FusedMoEMethodBase):
@@ -225,6 +296,11 @@ class GGUFFusedMoEMethod(FusedMoEMethodBase):
             (num_experts, hidden_size, shard), self.w2_type, "experts' down", **extra_weight_attrs
         )
 
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        pack_parameter(layer.w13_weight, self.w13_type)
+        pack_parameter(layer.w2_weight, self.w2_type)
+
     def apply_expert(self, layer: nn.Module, x: torch.Tensor, expert_id: int) -> torch.Tensor:
-        gate_up = ops.gguf_linear(x, layer.w13_weight[expert_id], self.w13_type)
-        return ops.gguf_linear(layer.act_fn(gate_up), layer.w2_weight[expert_id], self.w2_type)
+        w13, w2 = layer.w13_weight, layer.w2_weight
+        gate_up = matmul(x, w13[expert_id], w13.packed, self.w13_type)
+        return matmul(layer.act_fn(gate_up), w2[expert_id], w2.packed, self.w2_type)

@@ -16,13 +16,13 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
-from pagedllm import _custom_ops as ops
 from pagedllm._torch_quant import quantize_q8_0
 from pagedllm.layers.quantization.base_config import (
     LayerKind,
     QuantizationConfig,
     QuantizeMethodBase,
 )
+from pagedllm.layers.quantization.gguf import lookup, matmul, pack_parameter
 from pagedllm.layers.quantization.unquantized import (
     UnquantizedEmbeddingMethod,
     UnquantizedFusedMoEMethod,
@@ -73,20 +73,22 @@ class Int8LinearMethod(UnquantizedLinearMethod):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         self.quantized = quantize_parameters(layer.weight)
+        if self.quantized:
+            pack_parameter(layer.weight, Q8_0)
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         if not self.quantized:
             return super().apply(layer, x, bias)
-        return ops.gguf_linear(x, layer.weight, Q8_0, bias)
+        return matmul(x, layer.weight, layer.weight.packed, Q8_0, bias)
 
 
 class Int8EmbeddingMethod(Int8LinearMethod, UnquantizedEmbeddingMethod):
     def embedding(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
         if not self.quantized:
             return super().embedding(layer, input_ids)
-        return ops.gguf_embedding(input_ids, layer.weight, Q8_0).to(layer.params_dtype)
+        return lookup(input_ids, layer.weight, Q8_0).to(layer.params_dtype)
 
 
 class Int8FusedMoEMethod(UnquantizedFusedMoEMethod):
@@ -94,9 +96,13 @@ class Int8FusedMoEMethod(UnquantizedFusedMoEMethod):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         self.quantized = quantize_parameters(layer.w13_weight, layer.w2_weight)
+        if self.quantized:
+            pack_parameter(layer.w13_weight, Q8_0)
+            pack_parameter(layer.w2_weight, Q8_0)
 
     def apply_expert(self, layer: nn.Module, x: torch.Tensor, expert_id: int) -> torch.Tensor:
         if not self.quantized:
             return super().apply_expert(layer, x, expert_id)
-        gate_up = ops.gguf_linear(x, layer.w13_weight[expert_id], Q8_0)
-        return ops.gguf_linear(layer.act_fn(gate_up), layer.w2_weight[expert_id], Q8_0)
+        w13, w2 = layer.w13_weight, layer.w2_weight
+        gate_up = matmul(x, w13[expert_id], w13.packed, Q8_0)
+        return matmul(layer.act_fn(gate_up), w2[expert_id], w2.packed, Q8_0)

@@ -1,5 +1,6 @@
 """The pagedllm._C backend against the torch reference backend on the same batches and
-caches; both against dense attention."""
+caches; both against dense attention; and each of its rows against that row computed
+alone."""
 
 from collections.abc import Callable
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from pagedllm import _cpu_kernels
-from pagedllm.forward_context import set_forward_context
+from pagedllm.forward_context import AttentionMetadata, set_forward_context
 from pagedllm.layers.attention_backends.cpu import CpuAttentionBackend
 from pagedllm.layers.attention_backends.torch_sdpa import TorchSdpaBackend
 from tests.layers.paged_attention_steps import (
@@ -57,11 +58,11 @@ def test_cpu_backend_matches_dense_attention() -> None:
         step_and_check(attn, [seq], [n], 16)
 
 
-def test_cpu_backend_runs_the_kernels_for_writes_and_decodes_only(
+def test_cpu_backend_runs_the_kernels_for_writes_prefills_and_decodes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Reference: the kernel names pagedllm._C is asked for (a recorder stands in for it):
-    a prefill step writes through the kernel and attends in torch, a decode step uses both."""
+    a prefill step writes and attends through kernels, a decode step too."""
     called: list[str] = []
 
     class Recorder:
@@ -73,7 +74,7 @@ def test_cpu_backend_runs_the_kernels_for_writes_and_decodes_only(
     (seq,) = make_seqs([4], attn, 4, seed=1)
     monkeypatch.setattr(_cpu_kernels, "_C", Recorder())
     for n, expected in [
-        (3, ["reshape_and_cache"]),
+        (3, ["reshape_and_cache", "prefill_attention_f32"]),
         (1, ["reshape_and_cache", "paged_decode_attention"]),
     ]:
         qkv = torch.cat([seq.q, seq.k, seq.v], 1)[seq.num_computed : seq.num_computed + n]
@@ -83,3 +84,49 @@ def test_cpu_backend_runs_the_kernels_for_writes_and_decodes_only(
         assert called == expected
         called.clear()
         seq.num_computed += n
+
+
+def _step(steps: list[tuple[int, int]], block_tables: torch.Tensor) -> AttentionMetadata:
+    """The metadata of a step of sequences with (cached tokens, new tokens) each, on
+    block_tables [B, max_blocks] (the slots it names are never written here)."""
+    block_size = 16
+    slots = [
+        int(block_tables[i, pos // block_size]) * block_size + pos % block_size
+        for i, (ctx, n) in enumerate(steps)
+        for pos in range(ctx, ctx + n)
+    ]
+    query_lens = [n for _, n in steps]
+    seq_lens = [ctx + n for ctx, n in steps]
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        query_start_loc=torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=block_tables,
+        query_lens_cpu=query_lens,
+        seq_lens_cpu=seq_lens,
+    )
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_each_row_of_a_mixed_step_is_the_bits_of_that_token_alone(
+    dtype: torch.dtype, cache_dtype: torch.dtype
+) -> None:
+    """Reference: the same backend on a step that decodes the one token (what a prefix-cache
+    hit on a whole prompt computes for its last token, or a decode). Decodes and prefill
+    chunks in one step: fresh, after cached context, across the 512-key partitions."""
+    steps = [(699, 1), (3, 20), (4, 1), (490, 40), (0, 17)]  # (cached, new) per sequence
+    num_heads, num_kv_heads, head_size, max_blocks = 9, 3, 64, 47
+    shape = (len(steps) * max_blocks, 16, num_kv_heads, head_size)
+    k_cache, v_cache = torch.randn(shape).to(cache_dtype), torch.randn(shape).to(cache_dtype)
+    tables = torch.randperm(shape[0]).view(len(steps), max_blocks).to(torch.int32)
+    query = torch.randn(sum(n for _, n in steps), num_heads, head_size).to(dtype)
+    backend = CpuAttentionBackend()
+    out = backend.forward(query, k_cache, v_cache, _step(steps, tables), 0.125)
+    row = 0
+    for i, (ctx, n) in enumerate(steps):
+        for pos in range(ctx, ctx + n):
+            alone = _step([(pos, 1)], tables[i : i + 1])
+            expected = backend.forward(query[row : row + 1], k_cache, v_cache, alone, 0.125)
+            assert torch.equal(out[row], expected[0]), (i, pos)
+            row += 1

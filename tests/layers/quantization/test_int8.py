@@ -6,9 +6,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from pagedllm import LLM, SamplingParams
+from pagedllm import LLM, SamplingParams, _cpu_kernels
 from pagedllm.config import ModelConfig
-from pagedllm.layers.quantization.int8 import Int8Config, Int8LinearMethod
+from pagedllm.layers.quantization.int8 import Q8_0, Int8Config, Int8LinearMethod
 from pagedllm.model_loader.loader import get_model, weight_bytes
 
 ENGINE = dict(skip_tokenizer_init=True, num_kv_blocks=32, max_logprobs=20, dtype="float32")
@@ -42,9 +42,15 @@ def test_int8_weights_are_q8_0_blocks_except_the_router(
     path = tiny_model_path("qwen3-moe")
     model = get_model(ModelConfig.create(path, quantization="int8"))
     layer = model.model.layers[0]
-    assert layer.self_attn.qkv_proj.weight.dtype == torch.uint8
-    assert layer.self_attn.qkv_proj.weight.shape == ((4 + 2 + 2) * 16, 64 // 32 * 34)
-    assert layer.mlp.experts.w2_weight.shape == (8, 64, 32 // 32 * 34)
+    qkv, w2 = layer.self_attn.qkv_proj.weight, layer.mlp.experts.w2_weight
+    assert qkv.dtype == w2.dtype == torch.uint8
+    if _cpu_kernels.available():  # Q8_0 blocks packed for the CPU kernels, in about their bytes
+        assert qkv.packed == ((4 + 2 + 2) * 16, 64) and w2.packed == (64, 32)
+        assert qkv.shape == _cpu_kernels.gguf_packed_shape(Q8_0, (4 + 2 + 2) * 16, 64)
+        assert w2.shape == (8, *_cpu_kernels.gguf_packed_shape(Q8_0, 64, 32))
+    else:  # Q8_0 blocks, 34 bytes per 32 weights
+        assert qkv.shape == ((4 + 2 + 2) * 16, 64 // 32 * 34)
+        assert w2.shape == (8, 64, 32 // 32 * 34)
     assert layer.mlp.gate.weight.dtype == torch.float32  # the router stays float
     assert model.model.embed_tokens.weight.dtype == torch.uint8
     float_bytes = weight_bytes(get_model(ModelConfig.create(path, "float32")))
