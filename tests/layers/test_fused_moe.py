@@ -5,6 +5,7 @@ import torch
 from transformers import Qwen3MoeConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
+from pagedllm import _cpu_kernels
 from pagedllm.distributed.parallel_state import override_tensor_parallel
 from pagedllm.layers.fused_moe import FusedMoE
 
@@ -150,3 +151,25 @@ def test_empty_batch_returns_empty() -> None:
     layer = FusedMoE(8, 2, 32, 16)
     out = layer(torch.zeros(0, 32), torch.zeros(0, 8))
     assert out.shape == (0, 32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.no_grad()
+def test_experts_packed_at_load_keep_the_layers_bits(
+    dtype: torch.dtype, skinny_gemm_isa: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """process_weights_after_loading packs each expert's matrices in the order the build
+    reads, where it reads one (float32 panels on avx2, bf16 tiles on avx512_bf16), stacked,
+    expert e still at [e]. Reference: the same layer on its plain weights, bit for bit."""
+    monkeypatch.setattr(_cpu_kernels, "amx_available", lambda: False)
+    block = make_block(8, 2, 32, 32, True)
+    layer = fused_like(block)
+    for param in (layer.w13_weight, layer.w2_weight):
+        param.data = param.data.to(dtype)
+    x, router_logits = inputs(block, 37)
+    x = x.to(dtype)
+    plain = layer(x, router_logits)
+    layer.quant_method.process_weights_after_loading(layer)
+    packed = _cpu_kernels.skinny_gemm_reads_packed(dtype)
+    assert layer.w13_weight.dim() == (2 if not packed else 4 if dtype is torch.bfloat16 else 3) + 1
+    assert torch.equal(layer(x, router_logits), plain)

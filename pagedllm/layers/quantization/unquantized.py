@@ -88,6 +88,15 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         layer.w13_weight = new_weight(shape13, params_dtype, **extra_weight_attrs)
         layer.w2_weight = new_weight(shape2, params_dtype, **extra_weight_attrs)
 
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Each expert's matrices take the layout their kernel streams fastest, as a linear
+        layer's (prepack_linear_weight), stacked again: w13_weight[e] stays expert e's."""
+        for name in ("w13_weight", "w2_weight"):
+            experts = list(getattr(layer, name))
+            packed = [prepack_linear_weight(w) for w in experts]
+            if packed and packed[0] is not experts[0]:
+                setattr(layer, name, nn.Parameter(torch.stack(packed), requires_grad=False))
+
     def apply_expert(self, layer: nn.Module, x: torch.Tensor, expert_id: int) -> torch.Tensor:
         gate_up = linear(x, layer.w13_weight[expert_id])
         return linear(layer.act_fn(gate_up), layer.w2_weight[expert_id])
