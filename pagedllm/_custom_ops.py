@@ -251,14 +251,11 @@ def prefill_attention(
     rounded back as paged_decode_attention does. Row i is the bits paged_decode_attention
     gives its query as a sequence of seq_len - n + i + 1 tokens, so a token's output does
     not depend on whether it is decoded, recomputed alone after a prefix-cache hit, or
-    prefilled in a chunk of any size. Keys are copied out transposed, so that each key load
-    serves 4 queries (AVX-512; 6 on AVX2), and each score is decode's lane sums. On Zen 4
-    (the default model's shapes, one thread): 0.7-1.05x the time of the kernel it replaced
-    (outer products, one FMA chain per score) for chunks of 16-512 tokens with and without
-    cached context, 1.1-1.25x on its AVX2 build; against that CPU's AVX-512 BF16 kernel,
-    which rounded the softmax's weights to bf16 and so could not match decode, 1.0-1.5x.
-    The replaced kernel on the AVX2-only Zen 3: 4.2x sdpa for a 16-token chunk, 2.0x at
-    64-512 tokens, 1.3x at 1,024, level at 2,048.
+    prefilled in a chunk of any size. Zen 4, the default model's shapes, one thread, chunks
+    of 16-512 tokens after 0-1,024 cached: 0.7-1.17x the time of outer products that sum
+    each score in one FMA chain over D (not decode's lane sums), 0.9-1.3x on the AVX2
+    build; a bf16 chunk 1.4-1.6x the time of AVX-512 BF16 dot products with the softmax's
+    weights rounded to bf16, which cannot give decode's bits.
     Elsewhere the torch definition (sdpa).
     """
     if not cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16):

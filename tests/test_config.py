@@ -58,28 +58,19 @@ def test_quantization_that_cannot_apply_is_clear(
 
 
 @pytest.mark.parametrize(
-    "units,quantization,expected",
-    [
-        ("AMX", None, torch.bfloat16),
-        ("AVX-512 BF16", None, torch.bfloat16),
-        (None, None, torch.float32),
-        ("AMX", "gguf", torch.float32),
-        ("AMX", "int8", torch.float32),
-    ],
+    "units,expected",
+    [("AMX", torch.bfloat16), ("AVX-512 BF16", torch.bfloat16), (None, torch.float32)],
 )
 def test_auto_dtype_is_bf16_where_the_cpu_has_native_bf16_matmuls(
-    units: str | None,
-    quantization: str | None,
-    expected: torch.dtype,
-    monkeypatch: pytest.MonkeyPatch,
+    units: str | None, expected: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue #14's rule: bf16 on AMX / AVX-512 BF16 for float weights, float32 on other CPUs
-    and for quantized weights; the reason names what decided."""
+    """bf16 on AMX / AVX-512 BF16, float32 on other CPUs, whatever the weights' format; the
+    reason names what decided."""
     monkeypatch.setattr(config, "native_bf16_matmul", lambda: units)
-    dtype, why = config.auto_dtype("cpu", quantization)
+    dtype, why = config.auto_dtype("cpu")
     assert dtype == expected
-    assert (quantization or units or "no native bf16") in why
-    assert config.auto_dtype("cuda", None)[0] == torch.bfloat16
+    assert (units or "no native bf16") in why
+    assert config.auto_dtype("cuda")[0] == torch.bfloat16
 
 
 def test_auto_dtype_follows_this_cpu_and_is_logged(

@@ -77,7 +77,7 @@ def test_native_kernels_stay_near_the_dequantized_model(
 
 
 def test_every_layer_runs_natively_with_its_types(quantized_files: dict[str, str]) -> None:
-    model = build_model(ModelConfig.create(quantized_files["qwen3moe"]), "meta")
+    model = build_model(ModelConfig.create(quantized_files["qwen3moe"], "float32"), "meta")
     attn = model.model.layers[0].self_attn
     assert isinstance(attn.qkv_proj.quant_method, GGUFLinearMethod)
     assert [s[2] for s in attn.qkv_proj.quant_method.segments] == [12, 13, 14]  # Q4_K/Q5_K/Q6_K

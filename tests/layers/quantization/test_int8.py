@@ -40,7 +40,7 @@ def test_int8_weights_are_q8_0_blocks_except_the_router(
     tiny_model_path: Callable[[str], str],
 ) -> None:
     path = tiny_model_path("qwen3-moe")
-    model = get_model(ModelConfig.create(path, quantization="int8"))
+    model = get_model(ModelConfig.create(path, "float32", quantization="int8"))
     layer = model.model.layers[0]
     qkv, w2 = layer.self_attn.qkv_proj.weight, layer.mlp.experts.w2_weight
     assert qkv.dtype == w2.dtype == torch.uint8
