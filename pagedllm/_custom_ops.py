@@ -10,7 +10,6 @@ against. Layers call these functions and never ask which path ran.
 """
 
 import torch
-import torch.nn.functional as F
 
 from pagedllm import _cpu_kernels, _torch_ops, _torch_quant
 
@@ -340,7 +339,7 @@ def gguf_packed_linear(
     ):
         rows = torch.arange(n, dtype=torch.int64)
         w = _cpu_kernels.gguf_unpack_rows(packed, int(qtype), n, k, rows)
-        return F.linear(x, w.to(x.dtype), bias)
+        return _torch_ops.linear(x, w.to(x.dtype), bias)
     x2 = (x if x.dim() == 2 else x.reshape(-1, k)).contiguous()
     bias = None if bias is None else bias.contiguous()
     y = _cpu_kernels.gguf_mm(x2, packed, int(qtype), n, bias)
@@ -362,8 +361,9 @@ def gguf_linear(
 ) -> torch.Tensor:
     """x [..., K] @ W^T (+ bias [N]) -> [..., N], W [N, K] being the GGUF blocks qweight
     [N, K / block_size * type_size] of qtype as stored (weights gguf_pack leaves as they are:
-    GPUs, no extension): dequantized and multiplied in torch."""
-    return _torch_quant.gguf_linear(x, qweight, qtype, bias)
+    GPUs, no extension): dequantized and multiplied in torch (_torch_ops.linear, so row by row
+    in batch-invariant mode)."""
+    return _torch_ops.linear(x, _torch_quant.dequantize(qweight, qtype).to(x.dtype), bias)
 
 
 def gguf_dequantize(qweight: torch.Tensor, qtype: int) -> torch.Tensor:

@@ -4,15 +4,37 @@ Each function here has a kernel in pagedllm._C with the same signature; `_custom
 the kernel where it applies and this code everywhere else (GPUs, other dtypes, no
 extension). The torch attention backend uses these alone, so they are also the reference
 the kernels are tested against. Nothing here imports pagedllm._C.
+
+In batch-invariant mode (pagedllm.batch_invariant) the ops that sum across a row (linear,
+RMSNorm, attention) run one row at a time, so each row's call, and so its bits, is the same
+whatever the batch around it.
 """
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from pagedllm.batch_invariant import is_batch_invariant
+
+
+def _per_row(fn: Callable[..., torch.Tensor], x: torch.Tensor, *args: object) -> torch.Tensor:
+    """fn(row, *args) for each row of x [..., K] alone, as [..., N]: in batch-invariant mode,
+    a call shaped [1, K] whatever the batch; else fn(x, *args)."""
+    rows = x.reshape(-1, x.shape[-1])
+    if not is_batch_invariant() or rows.shape[0] <= 1:
+        return fn(x, *args)
+    out = torch.cat([fn(row, *args) for row in rows.split(1)])
+    return out.view(*x.shape[:-1], out.shape[-1])
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., n] * rsqrt(mean(x^2) + eps) * weight [n], computed in float32 and rounded to
     x's dtype before the weight, as transformers' LlamaRMSNorm does."""
+    return _per_row(_rms_norm, x, weight, eps)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
     x = x.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -29,7 +51,7 @@ def fused_add_rms_norm(
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) on a weight [N, K] or in skinny_pack's order."""
-    return F.linear(x, unpack_skinny(weight), bias)
+    return _per_row(F.linear, x, unpack_skinny(weight), bias)
 
 
 def unpack_skinny(weight: torch.Tensor) -> torch.Tensor:
@@ -139,8 +161,11 @@ def paged_decode_attention(
 
     Keys are gathered into a copy padded to max_seq_len (in the query's dtype) and masked past
     each sequence's length. GQA never copies keys per query head: the G = H / KV query heads
-    of a kv head become G query rows against it.
+    of a kv head become G query rows against it. In batch-invariant mode each sequence is
+    attended alone, over its own keys (attend_row).
     """
+    if is_batch_invariant():
+        return _decode_per_row(query, k_cache, v_cache, block_tables, seq_lens, scale)
     num_seqs, num_heads, head_size = query.shape
     block_size, num_kv_heads = k_cache.shape[1:3]
     num_blocks = -(-max_seq_len // block_size)
@@ -165,8 +190,11 @@ def prefill_attention(
     """query [n, H, D] at positions seq_len - n .. seq_len - 1 -> [n, H, D].
 
     With cached context the causal mask is aligned bottom-right: query j sees keys
-    0 .. seq_len - n + j.
+    0 .. seq_len - n + j. In batch-invariant mode each query is attended alone over those
+    keys (attend_row), as its decode would be.
     """
+    if is_batch_invariant():
+        return _prefill_per_row(query, k_cache, v_cache, block_table, seq_len, scale)
     num_queries = query.shape[0]
     block_size = k_cache.shape[1]
     table = block_table[None, : -(-seq_len // block_size)]
@@ -189,3 +217,56 @@ def prefill_attention(
         enable_gqa=True,
     )
     return output[0].transpose(0, 1)
+
+
+def attend_row(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """One query [H, D] over all of key, value [L, KV, D] -> [H, D]: the call shaped the same
+    for a token decoded or prefilled, alone or batched (batch-invariant mode)."""
+    num_heads, head_size = query.shape
+    num_kv_heads = key.shape[1]
+    grouped = query.reshape(1, num_kv_heads, num_heads // num_kv_heads, head_size)
+    output = F.scaled_dot_product_attention(
+        grouped, key.transpose(0, 1)[None], value.transpose(0, 1)[None], scale=scale
+    )
+    return output.reshape(num_heads, head_size)
+
+
+def _sequence_kv(
+    cache: torch.Tensor, block_table: torch.Tensor, seq_len: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """One sequence's first seq_len tokens [seq_len, KV, D] of `dtype`, out of its blocks."""
+    table = block_table[None, : -(-seq_len // cache.shape[1])]
+    return gather_blocks(cache, table, dtype)[0, :seq_len]
+
+
+def _decode_per_row(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    rows = []
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        key = _sequence_kv(k_cache, block_tables[i], seq_len, query.dtype)
+        value = _sequence_kv(v_cache, block_tables[i], seq_len, query.dtype)
+        rows.append(attend_row(query[i], key, value, scale))
+    return torch.stack(rows)
+
+
+def _prefill_per_row(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    key = _sequence_kv(k_cache, block_table, seq_len, query.dtype)
+    value = _sequence_kv(v_cache, block_table, seq_len, query.dtype)
+    first = seq_len - query.shape[0] + 1  # keys the first query sees
+    rows = [attend_row(q, key[: first + j], value[: first + j], scale) for j, q in enumerate(query)]
+    return torch.stack(rows)

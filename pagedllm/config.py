@@ -253,6 +253,10 @@ class EngineConfig:
     enforce_eager: bool = False
     """vLLM's name: never replay captured decode steps (executor/cpu_graph.py); every step
     runs the model's Python forward."""
+    batch_invariant: bool = False
+    """Run the torch paths' row reductions one row at a time (pagedllm/batch_invariant.py),
+    so a request's answer never depends on its batch there too; the CPU kernels hold that
+    anyway."""
 
     def __post_init__(self) -> None:
         if self.max_n < 1:

@@ -3,15 +3,18 @@ it is served. Reference: the request alone on a cold engine. Compared, bit for b
 request hitting the prefix cache (its whole blocks, or the blocks of another request sharing
 part of its prompt), batched with 1, 7 and 30 other requests, prefilled in chunks of 16 and
 64 tokens, and preempted and recomputed; for the default model as shipped (Q4_1 GGUF), the
-same weights dequantized (float32), in bfloat16 where the CPU multiplies it natively, and
-quantized at load to int8. The server's streamed and plain answers:
+same weights dequantized (float32), in bfloat16 where the CPU multiplies it natively,
+quantized at load to int8, and in float32 on torch's kernels alone (no pagedllm._C, as on a
+GPU) with batch_invariant=True. The server's streamed and plain answers:
 tests/entrypoints/openai/test_batch_invariance.py."""
 
 import random
+from collections.abc import Iterator
 
 import pytest
 
-from pagedllm import LLM, SamplingParams
+from pagedllm import LLM, SamplingParams, _cpu_kernels
+from pagedllm.batch_invariant import set_batch_invariant
 from pagedllm.benchmarks.hf_folder import write_hf_folder
 from pagedllm.config import ModelConfig, default_model_path
 from pagedllm.core.sequence import Sequence
@@ -43,17 +46,28 @@ def float_folder(tmp_path_factory: pytest.TempPathFactory) -> str:
     return folder
 
 
-MODELS = ("gguf", "dequantized", "bf16", "int8")
+MODELS = ("gguf", "dequantized", "bf16", "int8", "torch")
 
 
 @pytest.fixture(scope="module", params=MODELS)
-def model(request: pytest.FixtureRequest, float_folder: str) -> dict:
-    """The engine arguments of one way to run the default model."""
-    if request.param == "gguf":
+def model(request: pytest.FixtureRequest, float_folder: str) -> Iterator[dict]:
+    """The engine arguments of one way to run the default model; "torch" runs it in float32
+    without pagedllm._C (torch's kernels, as on a GPU) in batch-invariant mode."""
+    if request.param == "torch":
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_cpu_kernels, "_C", None)
+            yield {"model": float_folder, "dtype": "float32", "batch_invariant": True}
+        set_batch_invariant(False)
+        return
+    yield _kernel_model(request.param, float_folder)
+
+
+def _kernel_model(name: str, float_folder: str) -> dict:
+    if name == "gguf":
         return {"model": default_model_path()}
-    if request.param == "dequantized":
+    if name == "dequantized":
         return {"model": default_model_path(), "quantization": "none"}
-    if request.param == "bf16":
+    if name == "bf16":
         if native_bf16_matmul() is None:
             pytest.skip("this CPU has no native bf16 matmul")
         return {"model": float_folder, "dtype": "bfloat16"}

@@ -20,7 +20,15 @@ LAYERS = (
     ("_custom_ops",),
     ("_cpu_kernels", "_torch_ops", "_torch_quant"),
     ("config",),
-    ("gguf", "sampling_params", "outputs", "cpu_features", "cpu_memory", "logger"),
+    (
+        "gguf",
+        "sampling_params",
+        "outputs",
+        "cpu_features",
+        "cpu_memory",
+        "logger",
+        "batch_invariant",
+    ),
     ("value_checks",),
 )
 """Top to bottom; a unit may import the units of any later row, none of its own or above."""

@@ -1,13 +1,15 @@
 """The torch definitions of the fast ops: paged attention against dense softmax attention per
 sequence, the cache write and block gather against plain indexing. (The norms, activation and
 rotation are held against transformers by the layer tests' torch path.) A linear on a
-weight in skinny_pack's order is F.linear on the weight."""
+weight in skinny_pack's order is F.linear on the weight. In batch-invariant mode, linear,
+RMSNorm and attention give each row the bits of that row computed alone."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from pagedllm import _cpu_kernels, _torch_ops
+from pagedllm.batch_invariant import set_batch_invariant
 
 
 def _paged_cache(keys: list[torch.Tensor], block_size: int, num_blocks: int):
@@ -74,3 +76,65 @@ def test_linear_on_a_skinny_packed_weight_is_f_linear_on_the_plain_weight(
     assert torch.equal(_torch_ops.unpack_skinny(packed), w)
     assert torch.equal(_torch_ops.linear(x, packed, b), F.linear(x, w, b))
     assert torch.equal(_torch_ops.linear(x, w, b), F.linear(x, w, b))
+
+
+@pytest.fixture
+def batch_invariant():
+    """Batch-invariant mode on for one test, off after it."""
+    set_batch_invariant(True)
+    yield
+    set_batch_invariant(False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_batch_invariant_linear_and_rms_norm_give_each_row_its_bits_alone(
+    batch_invariant: None, dtype: torch.dtype
+) -> None:
+    """Reference: the op on the row alone; every row count from 1 to 40 and 300."""
+    torch.manual_seed(0)
+    weight = torch.randn(96, 80, dtype=dtype)
+    bias, norm = torch.randn(96, dtype=dtype), torch.randn(80, dtype=dtype)
+    x = torch.randn(300, 80, dtype=dtype)
+    alone = [_torch_ops.linear(x[i : i + 1], weight, bias) for i in range(300)]
+    normed = [_torch_ops.rms_norm(x[i : i + 1], norm, 1e-6) for i in range(300)]
+    for m in [*range(1, 41), 300]:
+        assert torch.equal(_torch_ops.linear(x[:m], weight, bias), torch.cat(alone[:m]))
+        assert torch.equal(_torch_ops.rms_norm(x[:m], norm, 1e-6), torch.cat(normed[:m]))
+    torch.testing.assert_close(
+        _torch_ops.linear(x.view(20, 15, 80), weight, bias),
+        F.linear(x, weight, bias).view(20, 15, 96),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_invariant_attention_gives_a_prefill_row_its_decode_bits(
+    batch_invariant: None, dtype: torch.dtype
+) -> None:
+    """Each query of a 13-token chunk after 6 cached tokens, and of the 19-token prompt
+    prefilled whole, is the bits of that token decoded alone and decoded beside two other
+    sequences; all close to the mode's off results."""
+    heads, kv, d, block_size, scale = 6, 2, 8, 4, 0.3
+    torch.manual_seed(1)
+    keys = [torch.randn(n, kv, d) for n in (19, 7, 30)]
+    torch.manual_seed(5)
+    k_cache, tables = _paged_cache(keys, block_size, 20)
+    torch.manual_seed(5)
+    v_cache, _ = _paged_cache([torch.randn(n, kv, d) for n in (19, 7, 30)], block_size, 20)
+    k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
+    query = torch.randn(19, heads, d, dtype=dtype)
+    chunk = _torch_ops.prefill_attention(query[6:], k_cache, v_cache, tables[0], 19, scale)
+    whole = _torch_ops.prefill_attention(query, k_cache, v_cache, tables[0], 19, scale)
+    for t in range(19):
+        lens = torch.tensor([t + 1, 7, 30], dtype=torch.int32)
+        batch = query[t : t + 1].expand(3, heads, d).contiguous()
+        beside = _torch_ops.paged_decode_attention(batch, k_cache, v_cache, tables, lens, 30, scale)
+        alone = _torch_ops.paged_decode_attention(
+            query[t : t + 1], k_cache, v_cache, tables[:1], lens[:1], t + 1, scale
+        )
+        assert torch.equal(beside[0], alone[0]) and torch.equal(whole[t], alone[0])
+        if t >= 6:
+            assert torch.equal(chunk[t - 6], alone[0])
+    set_batch_invariant(False)
+    tol = dict(atol=1e-2, rtol=1e-2) if dtype is torch.bfloat16 else {}
+    batched = _torch_ops.prefill_attention(query, k_cache, v_cache, tables[0], 19, scale)
+    torch.testing.assert_close(whole, batched, **tol)

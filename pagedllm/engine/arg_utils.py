@@ -1,8 +1,9 @@
 """EngineArgs: the flat options a user passes (LLM(...), the CLI), turned into EngineConfig."""
 
 import argparse
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 
+from pagedllm.batch_invariant import env_batch_invariant
 from pagedllm.config import (
     CacheConfig,
     EngineConfig,
@@ -41,6 +42,7 @@ class EngineArgs:
     logprobs_mode: str = "raw_logprobs"
     logits_processors: tuple = ()
     enforce_eager: bool = False
+    batch_invariant: bool = field(default_factory=env_batch_invariant)
 
     def create_engine_config(self) -> EngineConfig:
         device = resolve_device(self.device)
@@ -73,6 +75,7 @@ class EngineArgs:
             logprobs_mode=self.logprobs_mode,
             logits_processors=tuple(self.logits_processors or ()),
             enforce_eager=self.enforce_eager,
+            batch_invariant=self.batch_invariant,
         )
 
     @staticmethod
@@ -84,7 +87,8 @@ class EngineArgs:
                 continue
             flag = "--" + f.name.replace("_", "-")
             if f.type in ("bool", bool):
-                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+                default = f.default if f.default_factory is MISSING else f.default_factory()
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
             else:
                 kind = int if "int" in str(f.type) else str
                 group.add_argument(flag, type=kind, default=f.default)

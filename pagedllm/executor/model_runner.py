@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedllm.batch_invariant import set_batch_invariant
 from pagedllm.config import EngineConfig
 from pagedllm.executor.batch import BatchInputs, SeqChunk, prepare_batch
 from pagedllm.executor.cpu_graph import CpuGraphRunner
@@ -45,6 +46,7 @@ class ModelRunner:
             keep_freed_memory()
         self.block_size = config.cache_config.block_size
         self.kv_cache_dtype = config.cache_config.kv_dtype(config.model_config.dtype)
+        set_batch_invariant(config.batch_invariant)
         self.model = get_model(config.model_config, self.device)
         self.vocab_size = config.model_config.vocab_size
         self.sampler = Sampler(

@@ -46,7 +46,7 @@ def test_flags_round_trip_with_their_types() -> None:
         "--no-enable-prefix-caching", "--no-enable-chunked-prefill", "--skip-tokenizer-init",
         "--device", "cpu", "--max-logprobs", "4", "--max-n", "5",
         "--logprobs-mode", "processed_logprobs", "--quantization", "int8",
-        "--kv-cache-dtype", "bfloat16", "--enforce-eager",
+        "--kv-cache-dtype", "bfloat16", "--enforce-eager", "--batch-invariant",
     ]  # fmt: skip
     args = EngineArgs.from_cli_args(parser_with_flags().parse_args(argv))
     assert args == EngineArgs(
@@ -69,6 +69,7 @@ def test_flags_round_trip_with_their_types() -> None:
         quantization="int8",
         kv_cache_dtype="bfloat16",
         enforce_eager=True,
+        batch_invariant=True,
     )
     assert {f.name for f in fields(EngineArgs) if f.name not in NOT_CLI} == {
         name for name, value in vars(args).items() if value != getattr(EngineArgs(), name)
@@ -101,6 +102,8 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
         max_n=5,
         logprobs_mode="processed_logprobs",
         logits_processors=processors,
+        enforce_eager=True,
+        batch_invariant=True,
     )
     config = args.create_engine_config()
     model = config.model_config
@@ -122,6 +125,7 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
     assert (config.device, config.seed, config.skip_tokenizer_init) == ("cpu", 11, True)
     assert (config.max_logprobs, config.max_n, config.logprobs_mode) == (4, 5, "processed_logprobs")
     assert config.logits_processors == ("pkg.Processor",)
+    assert (config.enforce_eager, config.batch_invariant) == (True, True)
 
 
 def test_create_engine_config_rejects_a_bad_device(tiny_model_path) -> None:
@@ -172,3 +176,19 @@ def test_a_device_torch_cannot_allocate_on_here_is_named(tiny_model_path, device
         pytest.skip(f"torch allocates on {device} here")
     with pytest.raises(ValueError, match=f"device '{device}' is not usable here: "):
         EngineArgs(tiny_model_path(LLAMA), device=device).create_engine_config()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("1", True), ("on", True), ("0", False), ("", False)]
+)
+def test_batch_invariant_defaults_to_pagedllm_batch_invariant(monkeypatch, value, expected) -> None:
+    monkeypatch.setenv("PAGEDLLM_BATCH_INVARIANT", value)
+    assert EngineArgs().batch_invariant is expected
+    assert parser_with_flags().parse_args([]).batch_invariant is expected
+    assert parser_with_flags().parse_args(["--no-batch-invariant"]).batch_invariant is False
+
+
+def test_a_bad_pagedllm_batch_invariant_is_named(monkeypatch) -> None:
+    monkeypatch.setenv("PAGEDLLM_BATCH_INVARIANT", "maybe")
+    with pytest.raises(ValueError, match="PAGEDLLM_BATCH_INVARIANT='maybe'"):
+        EngineArgs()

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 import pytest
 import torch
 
+from pagedllm.batch_invariant import is_batch_invariant
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.executor.batch import SeqChunk
 from pagedllm.executor.model_runner import ModelRunner, StepInput
@@ -98,3 +99,13 @@ def test_blocks_to_copy_are_copied_before_the_forward(runner) -> None:
     source = runner.kv_cache[:, :, 3].clone()
     runner.forward(StepInput([SeqChunk([5], 0, [0])], [(3, 4)], [0], []))
     torch.testing.assert_close(runner.kv_cache[:, :, 4], source, rtol=0, atol=0)
+
+
+def test_the_runner_sets_batch_invariant_mode_from_its_config(tiny_model_path) -> None:
+    """The switch is process-wide (pagedllm/batch_invariant.py): each runner sets it."""
+    for enabled in (True, False):
+        args = EngineArgs(
+            tiny_model_path(LLAMA), dtype="float32", device="cpu", batch_invariant=enabled
+        )
+        ModelRunner(args.create_engine_config())
+        assert is_batch_invariant() is enabled
