@@ -23,7 +23,7 @@ INLINE vecn dot_pairs(vecn acc, const uint16_t *x, __m512bh w) {
 
 /* out[TILE_COLS * i + j] = x[i, :] . w[j, :] for rows (a constant at each call) x rows and
  * the TILE_COLS weight rows at w, one stretch of memory: row after row, or, `packed` (a
- * constant at each call), in skinny_pack_bf16's order, whose DP_STEP values of each row for
+ * constant at each call), in skinny_pack's order, whose DP_STEP values of each row for
  * one step lie side by side, so the tile is read front to back. Same products and sums in
  * the same order either way. */
 INLINE void dp_tile(const uint16_t *x, const uint16_t *w, float *out, const int rows,

@@ -109,7 +109,7 @@ INLINE void store_tile(void *y, int64_t N, int64_t m, int64_t n, vecn sums, int6
 /* Weight rows [n0, n0 + cols) against every x row: tiles of up to ROW_TILE x rows by
  * TILE_COLS weight rows, else (the last cols < TILE_COLS rows of w, or K not a multiple of
  * VEC_LANES) one weight row at a time. dp: bf16 x and weights on dot-product tiles (x is
- * float32 otherwise); packed: w in skinny_pack_bf16's order (dp, whole tiles only). */
+ * float32 otherwise); packed: w in skinny_pack's order (dp, whole tiles only). */
 INLINE void weight_rows(const void *x, const void *w, const void *b, void *y, int64_t M,
                         int64_t N, int64_t K, int64_t n0, int64_t cols, const int bf16,
                         const int dp, const int packed) {
