@@ -1,4 +1,4 @@
-"""`pagedllm bench throughput | latency | perplexity | serve | linear`."""
+"""`pagedllm bench throughput | latency | perplexity | serve | linear | report`."""
 
 import argparse
 import json
@@ -7,6 +7,7 @@ from pagedllm.benchmarks.gguf_copy import GGUF_TYPES, gguf_copy_path
 from pagedllm.benchmarks.latency import LATENCY_BACKENDS, format_latency, run_latency
 from pagedllm.benchmarks.linear import DEFAULT_SHAPES, format_linear, run_linear
 from pagedllm.benchmarks.perplexity import format_perplexity, run_perplexity
+from pagedllm.benchmarks.report import run_report
 from pagedllm.benchmarks.serve import format_serve, run_serve
 from pagedllm.benchmarks.throughput import (
     THROUGHPUT_BACKENDS,
@@ -35,6 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_perplexity(benchmarks)
     _add_serve(benchmarks)
     _add_linear(benchmarks)
+    _add_report(benchmarks)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -173,6 +175,37 @@ def _add_linear(benchmarks: argparse._SubParsersAction) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="best of this many each")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
     parser.set_defaults(func=_run_linear)
+
+
+def _add_report(benchmarks: argparse._SubParsersAction) -> None:
+    parser = benchmarks.add_parser(
+        "report",
+        help="re-run BENCHMARKS.md's tables here and print them as markdown",
+        description="Runs each table of BENCHMARKS.md (batch 1, time to first token, batch "
+        "16, throughput in Q4_1, bf16 and float32, perplexity) as the `pagedllm bench` "
+        "command it names, and prints the machine, the commands and their results.",
+    )
+    parser.add_argument("--only", default=None, help="the tables whose title contains this")
+    parser.add_argument("--vllm-python", metavar="PATH", default=None, help="adds vLLM's rows")
+    parser.add_argument("--output", metavar="FILE", default=None, help="write here, not stdout")
+    parser.set_defaults(func=_run_report)
+
+
+def _run_report(args: argparse.Namespace) -> None:
+    text = run_report(args, _run_bench_argv)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+
+
+def _run_bench_argv(argv: list[str]) -> None:
+    """`pagedllm bench ARGV`, in this process."""
+    parser = argparse.ArgumentParser(prog="pagedllm")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", *argv])
+    args.func(args)
 
 
 def parse_backends(text: str, choices: tuple[str, ...]) -> list[str]:
