@@ -9,6 +9,8 @@ the torch definition in `_torch_ops`, which is also the reference the kernels ar
 against. Layers call these functions and never ask which path ran.
 """
 
+import enum
+
 import torch
 
 from pagedllm import _cpu_kernels, _torch_ops, _torch_quant
@@ -90,15 +92,41 @@ def prepack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     return weight
 
 
+class LinearKernel(enum.Enum):
+    """What multiplies an unquantized weight, chosen once at load (select_linear_kernel) and
+    kept on the layer (`layer.linear_kernel`), so what runs is decided there, not per call."""
+
+    AMX = "amx_gemm_bf16"
+    """bf16 weights in AMX tiles (prepack_linear_weight on a CPU with AMX)."""
+    SKINNY = "skinny_gemm"
+    """float32 or bf16 CPU weights, plain or in skinny_pack's order: the best build."""
+    TORCH = "torch"
+    """_torch_ops.linear: GPUs, float16, no extension (row by row in batch-invariant mode)."""
+
+
+def select_linear_kernel(weight: torch.Tensor) -> LinearKernel:
+    """The kernel for a weight as prepack_linear_weight left it, multiplied by activations
+    of its own dtype."""
+    if weight.dim() == 4 and weight.shape[2] == 16:
+        return LinearKernel.AMX
+    if cpu_kernels_apply(weight, dtypes=_FLOAT32_OR_BF16):
+        return LinearKernel.SKINNY
+    return LinearKernel.TORCH
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     packed_weight: torch.Tensor | None = None,
+    kernel: LinearKernel | None = None,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias): [..., K] x [N, K] -> [..., N], float32 or bfloat16; weight
     may be prepack_linear_weight's. packed_weight, where given (a tied LM head's copy), is
-    prepack_linear_weight(weight), multiplied instead of weight.
+    prepack_linear_weight(weight), multiplied instead of weight. kernel: the layer's
+    select_linear_kernel, run as chosen (its wrapper raises ValueError on tensors it cannot
+    take); None (a weight outside a layer, such as an expert's slice) chooses here, and takes
+    torch's path for activations the kernel cannot take.
 
     Every row count runs one kernel on a weight, skinny_gemm's best build or AMX tiles, and
     each sums every output in one order whatever M is: a row's result does not depend on the
@@ -107,10 +135,21 @@ def linear(
     extension), F.linear, whose bits may change with M."""
     if packed_weight is not None:
         weight = packed_weight
-    if weight.dim() == 4 and weight.shape[2] == 16:
+    if kernel is None:
+        kernel = select_linear_kernel(weight)
+        dtypes = _one_float_dtype(x)
+        if kernel is LinearKernel.SKINNY and not cpu_kernels_apply(x, weight, bias, dtypes=dtypes):
+            kernel = LinearKernel.TORCH
+    if kernel is LinearKernel.AMX:
         return _amx_linear(x, weight, bias)
-    if not cpu_kernels_apply(x, weight, bias, dtypes=_one_float_dtype(x)):
-        return _torch_ops.linear(x, weight, bias)
+    if kernel is LinearKernel.SKINNY:
+        return _skinny_linear(x, weight, bias)
+    return _torch_ops.linear(x, weight, bias)
+
+
+def _skinny_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     gemm = _cpu_kernels.skinny_gemm_bf16 if x.dtype is torch.bfloat16 else _cpu_kernels.skinny_gemm
     k = x.shape[-1]
     x2 = (x if x.dim() == 2 else x.reshape(-1, k)).contiguous()
@@ -196,6 +235,18 @@ def reshape_and_cache(
     if not cpu_kernels_apply(key, value, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16):
         _torch_ops.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping)
         return
+    reshape_and_cache_kernel(key, value, k_cache, v_cache, slot_mapping)
+
+
+def reshape_and_cache_kernel(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """reshape_and_cache on pagedllm._C alone, for a caller that chose the kernel (the CPU
+    attention backend); _cpu_kernels raises ValueError on tensors it cannot take."""
     _cpu_kernels.reshape_and_cache(
         _with_dense_rows(key),
         _with_dense_rows(value),
@@ -223,6 +274,21 @@ def paged_decode_attention(
         return _torch_ops.paged_decode_attention(
             query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale
         )
+    return paged_decode_attention_kernel(
+        query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale
+    )
+
+
+def paged_decode_attention_kernel(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """paged_decode_attention on pagedllm._C alone (see reshape_and_cache_kernel)."""
     out = _cpu_kernels.paged_decode_attention(
         _as_float32(query.contiguous()),
         k_cache,
@@ -259,6 +325,18 @@ def prefill_attention(
     """
     if not cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16):
         return _torch_ops.prefill_attention(query, k_cache, v_cache, block_table, seq_len, scale)
+    return prefill_attention_kernel(query, k_cache, v_cache, block_table, seq_len, scale)
+
+
+def prefill_attention_kernel(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """prefill_attention on pagedllm._C alone (see reshape_and_cache_kernel)."""
     out = _cpu_kernels.prefill_attention_f32(
         _as_float32(query.contiguous()),
         k_cache,

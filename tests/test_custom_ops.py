@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedllm import _cpu_kernels, _custom_ops, _torch_ops
+from pagedllm.layers.linear import ColumnParallelLinear
 from pagedllm.layers.quantization.base_config import LayerKind
 from pagedllm.layers.quantization.unquantized import (
     UnquantizedEmbeddingMethod,
@@ -551,3 +552,45 @@ def test_float32_cpu_ops_run_the_kernel_close_to_the_torch_definition(
     out = getattr(_custom_ops, op)(*args)
     torch.testing.assert_close(out, getattr(_torch_ops, op)(*args), rtol=1e-5, atol=1e-5)
     assert asked == [op]
+
+
+def test_the_linear_kernel_is_chosen_from_the_weight_as_loaded(monkeypatch) -> None:
+    """select_linear_kernel: skinny_gemm for CPU float32 / bf16 weights, plain or packed;
+    AMX tiles where prepack made them; torch for float16, other devices and no extension."""
+    kinds = _custom_ops.LinearKernel
+    weight = torch.randn(64, 64)
+    packed = _custom_ops.prepack_linear_weight(weight.bfloat16())
+    expected_bf16 = kinds.AMX if _cpu_kernels.amx_available() else kinds.SKINNY
+    assert _custom_ops.select_linear_kernel(weight) is kinds.SKINNY
+    assert _custom_ops.select_linear_kernel(packed) is expected_bf16
+    assert _custom_ops.select_linear_kernel(weight.half()) is kinds.TORCH
+    assert _custom_ops.select_linear_kernel(weight.to("meta")) is kinds.TORCH
+    monkeypatch.setattr(_cpu_kernels, "_C", None)
+    assert _custom_ops.select_linear_kernel(weight) is kinds.TORCH
+
+
+def test_a_chosen_kernel_runs_and_raises_on_what_it_cannot_take() -> None:
+    """With the layer's kernel given, linear() runs it: float16 activations against a
+    float32 weight chosen for skinny_gemm raise, where a call that chooses takes torch's path."""
+    weight, x = torch.randn(32, 64), torch.randn(3, 64)
+    kernel = _custom_ops.select_linear_kernel(weight)
+    assert torch.equal(_custom_ops.linear(x, weight, kernel=kernel), _custom_ops.linear(x, weight))
+    with pytest.raises(ValueError):
+        _custom_ops.linear(x.half(), weight, kernel=kernel)
+    torch.testing.assert_close(
+        _custom_ops.linear(x.half(), weight.half()), F.linear(x.half(), weight.half())
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_loaded_layer_keeps_its_kernel(dtype: torch.dtype) -> None:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        layer = ColumnParallelLinear(64, 32)
+    finally:
+        torch.set_default_dtype(previous)
+    assert layer.linear_kernel is None
+    layer.quant_method.process_weights_after_loading(layer)
+    assert layer.linear_kernel is _custom_ops.select_linear_kernel(layer.weight)
+    assert layer.linear_kernel is not _custom_ops.LinearKernel.TORCH

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm._custom_ops import linear, prepack_linear_weight
+from pagedllm._custom_ops import linear, prepack_linear_weight, select_linear_kernel
 from pagedllm.layers.quantization.base_config import (
     EmbeddingMethodBase,
     FusedMoEMethodBase,
@@ -33,18 +33,21 @@ class UnquantizedLinearMethod(LinearMethodBase):
     ) -> None:
         shape = (sum(output_partition_sizes), input_size_per_partition)
         layer.weight = new_weight(shape, params_dtype, **extra_weight_attrs)
+        layer.linear_kernel = None  # chosen after loading
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """The weight takes the layout its CPU kernel streams fastest (prepack_linear_weight):
-        AMX tiles, or skinny_gemm's packed order where its best build reads one."""
+        AMX tiles, or skinny_gemm's packed order where its best build reads one; the layer
+        keeps the kernel that multiplies it (select_linear_kernel)."""
         packed = prepack_linear_weight(layer.weight)
         if packed is not layer.weight:
             layer.weight = nn.Parameter(packed, requires_grad=False)
+        layer.linear_kernel = select_linear_kernel(layer.weight)
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return linear(x, layer.weight, bias)
+        return linear(x, layer.weight, bias, kernel=layer.linear_kernel)
 
 
 class UnquantizedEmbeddingMethod(UnquantizedLinearMethod, EmbeddingMethodBase):
@@ -54,20 +57,22 @@ class UnquantizedEmbeddingMethod(UnquantizedLinearMethod, EmbeddingMethodBase):
         its weight and holds the packed copy as packed_weight (vocab x hidden more bytes,
         counted in the resident size), which linear() multiplies for every step. An untied
         head keeps only the packed weight."""
-        if layer.quant_kind is LayerKind.LM_HEAD:
-            packed = prepack_linear_weight(layer.weight)
-            if packed is layer.weight:
-                return
+        if layer.quant_kind is not LayerKind.LM_HEAD:
+            return
+        packed = prepack_linear_weight(layer.weight)
+        if packed is not layer.weight:
             packed = nn.Parameter(packed, requires_grad=False)
             if layer.tied:
                 layer.packed_weight = packed
             else:
                 layer.weight = packed
+        layer.linear_kernel = select_linear_kernel(packed)
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return linear(x, layer.weight, bias, getattr(layer, "packed_weight", None))
+        packed = getattr(layer, "packed_weight", None)
+        return linear(x, layer.weight, bias, packed, kernel=layer.linear_kernel)
 
     def embedding(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, layer.weight)

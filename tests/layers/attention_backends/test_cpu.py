@@ -130,3 +130,14 @@ def test_each_row_of_a_mixed_step_is_the_bits_of_that_token_alone(
             expected = backend.forward(query[row : row + 1], k_cache, v_cache, alone, 0.125)
             assert torch.equal(out[row], expected[0]), (i, pos)
             row += 1
+
+
+def test_the_cpu_backend_never_falls_back_to_torch_per_call() -> None:
+    """A float16 query, which only torch's path takes, is an error here: the selector chose
+    this backend for float32 and bf16 models, and what it chose is what runs."""
+    attn = make_attention(4, 2, 4)
+    (seq,) = make_seqs([4], attn, 4, seed=1)
+    qkv = torch.cat([seq.q, seq.k, seq.v], 1)[:3].half()
+    q, k, v = qkv.split([4 * HEAD_SIZE, 2 * HEAD_SIZE, 2 * HEAD_SIZE], dim=1)
+    with set_forward_context(build_metadata([seq], [3], 4)), pytest.raises(ValueError):
+        attn(q, k, v)

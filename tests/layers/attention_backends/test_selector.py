@@ -1,11 +1,14 @@
 """get_attn_backend: pagedllm._C's CPU backend for float32 and bfloat16 on the CPU when the
-extension is built, the torch reference for everything else."""
+extension is built, the torch reference for everything else; the choice logged once."""
+
+import logging
 
 import pytest
 import torch
 
 from pagedllm import _cpu_kernels
 from pagedllm.layers.attention import Attention
+from pagedllm.layers.attention_backends import selector
 from pagedllm.layers.attention_backends.cpu import CpuAttentionBackend
 from pagedllm.layers.attention_backends.selector import get_attn_backend
 from pagedllm.layers.attention_backends.torch_sdpa import TorchSdpaBackend
@@ -52,3 +55,16 @@ def test_attention_built_on_meta_or_in_float16_selects_the_reference() -> None:
     finally:
         torch.set_default_dtype(previous)
     assert Attention(4, 8, 0.5, 2).backend.name == "cpu"
+
+
+def test_the_choice_is_logged_once_per_backend_device_and_dtype(caplog) -> None:
+    selector._logged.clear()
+    with caplog.at_level(logging.INFO, logger="pagedllm"):
+        for _ in range(3):
+            get_attn_backend("cpu", torch.float32)
+            get_attn_backend("cpu", torch.float16)
+    lines = [r.getMessage() for r in caplog.records if "attention backend" in r.getMessage()]
+    assert lines == [
+        "attention backend: cpu",
+        "attention backend: torch_sdpa (cpu not for cpu torch.float16)",
+    ]
