@@ -10,7 +10,6 @@ Run as `pagedllm serve ...` or `python -m pagedllm.entrypoints.openai.api_server
 import argparse
 import asyncio
 import importlib.metadata
-import secrets
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,13 +20,18 @@ import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedllm.config import DEFAULT_MODEL_FILE
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.protocol import EngineClient
+from pagedllm.entrypoints.openai.access import (
+    CorsConfig,
+    add_access_args,
+    add_access_middleware,
+    api_keys,
+    cors_from_args,
+)
 from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
 from pagedllm.entrypoints.openai.errors import add_exception_handlers, error_response
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
@@ -120,28 +124,6 @@ async def detokenize(request: DetokenizeRequest, raw_request: Request) -> Detoke
     return await raw_request.app.state.serving_tokenization.detokenize(request)
 
 
-class ApiKeyMiddleware:
-    """401 for /v1 requests without `Authorization: Bearer <api key>`; checked before the
-    body is read, so a bad key never costs a parse (nor leaks whether the body was valid)."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            given = Headers(scope=scope).get("authorization", "").encode()
-            if not secrets.compare_digest(given, self.expected):
-                response = error_response(
-                    "missing or wrong API key: send the header `Authorization: Bearer <key>`",
-                    HTTPStatus.UNAUTHORIZED,
-                    code="invalid_api_key",
-                )
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     engine: EngineClient = app.state.engine
@@ -183,12 +165,13 @@ def check_tool_flags(tool_call_parser: str | None, enable_auto_tool_choice: bool
 def build_app(
     engine: EngineClient,
     served_model_names: list[str],
-    api_key: str | None = None,
+    api_key: list[str] | str | None = None,
     chat_template: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     reasoning_parser: str | None = None,
     tool_call_parser: str | None = None,
     enable_auto_tool_choice: bool = False,
+    cors: CorsConfig | None = None,
 ) -> FastAPI:
     """The app over a (not yet started) engine; its lifespan starts and stops the engine.
     The parsers are named as in vLLM's --reasoning-parser and --tool-call-parser."""
@@ -207,8 +190,7 @@ def build_app(
     app.include_router(router)
     add_exception_handlers(app)
     app.add_middleware(RequestSizeLimitMiddleware, max_bytes=max_request_bytes)
-    if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    add_access_middleware(app, api_keys(api_key), cors or CorsConfig())
     metrics = ServerMetrics(lambda: engine.stats, served_model_names[0])
     tokenizer = AsyncTokenizer(engine.tokenizer)
     shared = (engine, tokenizer, served_model_names, metrics)
@@ -238,9 +220,7 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    parser.add_argument(
-        "--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes"
-    )
+    add_access_args(parser)
     parser.add_argument(
         "--served-model-name",
         nargs="+",
@@ -325,6 +305,7 @@ def run(args: argparse.Namespace) -> None:
         reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
+        cors=cors_from_args(args),
     )
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
     app.state.uvicorn_server = server = uvicorn.Server(config)

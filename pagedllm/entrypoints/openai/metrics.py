@@ -1,4 +1,8 @@
-"""Prometheus metrics for /metrics, named like vLLM's `vllm:` metrics with `pagedllm:`.
+"""Prometheus metrics for /metrics under vLLM's names (`vllm:num_requests_running`,
+`vllm:kv_cache_usage_perc`, `vllm:time_to_first_token_seconds`, ...), so routers and
+dashboards built for vLLM (vllm-router, llm-d, production-stack, Grafana boards) read a
+pagedllm server as they read vLLM. Metrics vLLM does not have are `pagedllm:` (KV blocks in
+use and in total, the prefix cache's hit rate).
 
 Engine state and counters (requests running and waiting, KV blocks, prefix cache,
 preemptions, prompt and generated tokens) are read at scrape time from the EngineStats
@@ -24,6 +28,7 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 TPOT_BUCKETS += (2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0)
 E2E_BUCKETS += (60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(6) for m in (1, 2, 5))
 
 
 class EngineStatsCollector(Collector):
@@ -38,20 +43,30 @@ class EngineStatsCollector(Collector):
         hit_rate = s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0
         in_use = s.num_blocks - s.num_free_blocks
         rows = [
-            (gauge, "num_requests_running", "Sequences in the running batch.", s.num_running),
-            (gauge, "num_requests_waiting", "Sequences waiting to run.", s.num_waiting),
-            (gauge, "kv_cache_usage_perc", "Fraction of KV blocks in use.", s.kv_cache_usage),
-            (gauge, "kv_cache_blocks_in_use", "KV blocks in use.", in_use),
-            (gauge, "kv_cache_blocks_total", "KV blocks in the cache.", s.num_blocks),
-            (gauge, "prefix_cache_hit_rate", "Prompt tokens found cached / looked up.", hit_rate),
-            (counter, "prefix_cache_queries", "Prompt tokens looked up.", s.prefix_cache_queries),
-            (counter, "prefix_cache_hits", "Prompt tokens found cached.", s.prefix_cache_hits),
-            (counter, "num_preemptions", "Sequences preempted.", s.num_preemptions),
-            (counter, "prompt_tokens", "Prompt tokens prefilled.", s.num_prompt_tokens),
-            (counter, "generation_tokens", "Tokens generated.", s.num_generation_tokens),
+            (gauge, "vllm:num_requests_running", "Sequences in the running batch.", s.num_running),
+            (gauge, "vllm:num_requests_waiting", "Sequences waiting to run.", s.num_waiting),
+            (gauge, "vllm:kv_cache_usage_perc", "Fraction of KV blocks in use.", s.kv_cache_usage),
+            (gauge, "pagedllm:kv_cache_blocks_in_use", "KV blocks in use.", in_use),
+            (gauge, "pagedllm:kv_cache_blocks_total", "KV blocks in the cache.", s.num_blocks),
+            (
+                gauge,
+                "pagedllm:prefix_cache_hit_rate",
+                "Prompt tokens found cached / looked up.",
+                hit_rate,
+            ),
+            (
+                counter,
+                "vllm:prefix_cache_queries",
+                "Prompt tokens looked up.",
+                s.prefix_cache_queries,
+            ),
+            (counter, "vllm:prefix_cache_hits", "Prompt tokens found cached.", s.prefix_cache_hits),
+            (counter, "vllm:num_preemptions", "Sequences preempted.", s.num_preemptions),
+            (counter, "vllm:prompt_tokens", "Prompt tokens prefilled.", s.num_prompt_tokens),
+            (counter, "vllm:generation_tokens", "Tokens generated.", s.num_generation_tokens),
         ]
         for kind, name, doc, value in rows:
-            family = kind(f"pagedllm:{name}", doc, labels=["model_name"])
+            family = kind(name, doc, labels=["model_name"])
             family.add_metric([self.model_name], value)
             yield family
 
@@ -62,30 +77,52 @@ class ServerMetrics:
         self.model_name = model_name
         labels, registry = ["model_name"], self.registry
         self.request_success = Counter(
-            "pagedllm:request_success",
+            "vllm:request_success",
             "Finished completions by finish reason.",
             labels + ["finished_reason"],
             registry=registry,
         )
         self.time_to_first_token = Histogram(
-            "pagedllm:time_to_first_token_seconds",
+            "vllm:time_to_first_token_seconds",
             "Time from arrival to the first generated token.",
             labels,
             buckets=TTFT_BUCKETS,
             registry=registry,
         )
         self.time_per_output_token = Histogram(
-            "pagedllm:time_per_output_token_seconds",
+            "vllm:time_per_output_token_seconds",
             "Mean time between a request's tokens after the first.",
             labels,
             buckets=TPOT_BUCKETS,
             registry=registry,
         )
         self.e2e_request_latency = Histogram(
-            "pagedllm:e2e_request_latency_seconds",
+            "vllm:e2e_request_latency_seconds",
             "Time from arrival to the last output.",
             labels,
             buckets=E2E_BUCKETS,
+            registry=registry,
+        )
+        self.inter_token_latency = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Time between a request's successive tokens (an output of several tokens counts "
+            "its time once per token).",
+            labels,
+            buckets=TPOT_BUCKETS,
+            registry=registry,
+        )
+        self.request_prompt_tokens = Histogram(
+            "vllm:request_prompt_tokens",
+            "Prompt tokens of each finished request.",
+            labels,
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.request_generation_tokens = Histogram(
+            "vllm:request_generation_tokens",
+            "Generated tokens of each finished request.",
+            labels,
+            buckets=TOKEN_BUCKETS,
             registry=registry,
         )
         registry.register(EngineStatsCollector(read_stats, model_name))
@@ -98,7 +135,8 @@ class ServerMetrics:
     ) -> AsyncIterator[RequestOutput]:
         """Pass a request's DELTA outputs through, observing its latencies; closing this
         iterator closes `outputs` (which aborts the request)."""
-        first_token_time, num_tokens, label = None, 0, self.model_name
+        first_token_time, last_token_time, num_tokens = None, None, 0
+        label = self.model_name
         async with aclosing(outputs):
             async for output in outputs:
                 now = time.monotonic()
@@ -106,6 +144,12 @@ class ServerMetrics:
                 if new_tokens and first_token_time is None:
                     first_token_time = now
                     self.time_to_first_token.labels(label).observe(now - arrival_time)
+                elif new_tokens:
+                    gap = (now - last_token_time) / new_tokens
+                    for _ in range(new_tokens):
+                        self.inter_token_latency.labels(label).observe(gap)
+                if new_tokens:
+                    last_token_time = now
                 num_tokens += new_tokens
                 if output.finished:
                     self._observe_finished(output, now - arrival_time, first_token_time, num_tokens)
@@ -116,6 +160,8 @@ class ServerMetrics:
     ) -> None:
         label = self.model_name
         self.e2e_request_latency.labels(label).observe(latency)
+        self.request_prompt_tokens.labels(label).observe(len(output.prompt_token_ids or ()))
+        self.request_generation_tokens.labels(label).observe(n)
         if first_token_time is not None and n > 1:
             decode_time = time.monotonic() - first_token_time
             self.time_per_output_token.labels(label).observe(decode_time / (n - 1))

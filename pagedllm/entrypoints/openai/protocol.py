@@ -243,6 +243,9 @@ class ChatTemplateFields(OpenAIRequestModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    """OpenAI's field, handed to the chat template as `reasoning_effort` (templates that
+    know it, such as gpt-oss's, use it; others ignore it), as vLLM does."""
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -258,7 +261,9 @@ class ChatTemplateFields(OpenAIRequestModel):
     def template_kwargs(self) -> dict[str, Any]:
         """apply_chat_template's keyword arguments besides the conversation."""
         tools = self.tools and [tool.model_dump(exclude_none=True) for tool in self.tools]
+        effort = self.reasoning_effort
         return {
+            **({} if effort is None else {"reasoning_effort": effort}),
             **(self.chat_template_kwargs or {}),
             "tools": tools,
             "add_generation_prompt": self.add_generation_prompt,

@@ -50,7 +50,6 @@ _REFUSED_CHAT: dict[str, tuple[tuple[object, ...], str]] = {
     "audio": ((), "only text is generated"),
     "modalities": ((["text"],), "only text is generated"),
     "web_search_options": ((), "web search is not implemented"),
-    "reasoning_effort": ((), "not implemented; see --reasoning-parser for reasoning output"),
     "verbosity": ((), "not implemented"),
     "echo": ((False,), "echo is a /v1/completions field"),
     "prompt_logprobs": ((), "not implemented for chat; use /v1/completions with echo"),

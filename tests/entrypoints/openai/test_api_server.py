@@ -35,7 +35,7 @@ NUM_STREAMS, NUM_DROPPED, MAX_TOKENS = 64, 10, 16
 
 
 def metric(server: Server, name: str) -> float:
-    """The value of a `pagedllm:` metric (the sum over its label sets)."""
+    """The value of a metric (the sum over its label sets)."""
     text = httpx.get(server.url + "/metrics").text
     values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name)]
     assert values, f"{name} is not in /metrics"
@@ -45,7 +45,7 @@ def metric(server: Server, name: str) -> float:
 def wait_until_idle(server: Server, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        running = metric(server, "pagedllm:num_requests_running{")
+        running = metric(server, "vllm:num_requests_running{")
         if running == 0 and metric(server, "pagedllm:kv_cache_blocks_in_use{") == 0:
             return
         time.sleep(0.05)
@@ -76,7 +76,7 @@ def test_concurrent_streams_match_greedy_and_dropped_ones_free_their_blocks(
         server.url + "/v1/completions", json={**body, "ignore_eos": True}, timeout=60
     )
     expected = [c["text"] for c in whole.json()["choices"]]
-    finished_before = metric(server, "pagedllm:request_success_total")
+    finished_before = metric(server, "vllm:request_success_total")
     dropped = {6 * i for i in range(NUM_DROPPED)}
 
     async def run_all() -> list[str]:
@@ -92,7 +92,7 @@ def test_concurrent_streams_match_greedy_and_dropped_ones_free_their_blocks(
     for i, text in enumerate(texts):
         assert text == ("" if i in dropped else expected[i % 8]), f"stream {i}"
     wait_until_idle(server)
-    finished = metric(server, "pagedllm:request_success_total") - finished_before
+    finished = metric(server, "vllm:request_success_total") - finished_before
     assert finished == NUM_STREAMS - NUM_DROPPED  # the dropped ones were aborted, not finished
 
 
@@ -111,14 +111,14 @@ def test_health_version_models_and_metrics(server: Server) -> None:
     assert models["data"][0]["max_model_len"] == MAX_MODEL_LEN
     assert metric(server, "pagedllm:kv_cache_blocks_total{") == NUM_KV_BLOCKS
     for name in (
-        "pagedllm:prompt_tokens_total",
-        "pagedllm:generation_tokens_total",
-        "pagedllm:time_to_first_token_seconds_count",
-        "pagedllm:time_per_output_token_seconds_count",
-        "pagedllm:e2e_request_latency_seconds_count",
-        "pagedllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:time_per_output_token_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:kv_cache_usage_perc",
         "pagedllm:prefix_cache_hit_rate",
-        "pagedllm:num_requests_waiting",
+        "vllm:num_requests_waiting",
     ):
         metric(server, name)
 

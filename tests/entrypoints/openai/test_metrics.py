@@ -42,26 +42,26 @@ def test_render_exposes_the_engine_stats_snapshot() -> None:
     """Gauges as they are, blocks in use = total - free, hit rate = hits / queries,
     counters with Prometheus' _total suffix."""
     values = scrape(ServerMetrics(lambda: STATS, MODEL))
-    assert values["pagedllm:num_requests_running"] == 3
-    assert values["pagedllm:num_requests_waiting"] == 2
-    assert values["pagedllm:kv_cache_usage_perc"] == 0.25
+    assert values["vllm:num_requests_running"] == 3
+    assert values["vllm:num_requests_waiting"] == 2
+    assert values["vllm:kv_cache_usage_perc"] == 0.25
     assert values["pagedllm:kv_cache_blocks_in_use"] == 25
     assert values["pagedllm:kv_cache_blocks_total"] == 100
     assert values["pagedllm:prefix_cache_hit_rate"] == 0.25
-    assert values["pagedllm:prefix_cache_queries_total"] == 40
-    assert values["pagedllm:prefix_cache_hits_total"] == 10
-    assert values["pagedllm:num_preemptions_total"] == 1
-    assert values["pagedllm:prompt_tokens_total"] == 123
-    assert values["pagedllm:generation_tokens_total"] == 456
+    assert values["vllm:prefix_cache_queries_total"] == 40
+    assert values["vllm:prefix_cache_hits_total"] == 10
+    assert values["vllm:num_preemptions_total"] == 1
+    assert values["vllm:prompt_tokens_total"] == 123
+    assert values["vllm:generation_tokens_total"] == 456
 
 
 def test_render_reads_the_latest_snapshot_and_hit_rate_is_0_without_queries() -> None:
     snapshot = {"stats": STATS}
     metrics = ServerMetrics(lambda: snapshot["stats"], MODEL)
-    assert scrape(metrics)["pagedllm:num_requests_running"] == 3
+    assert scrape(metrics)["vllm:num_requests_running"] == 3
     snapshot["stats"] = EngineStats(0, 0, 0, 0.0, 100, 100, 0, 0, 0, 0)
     values = scrape(metrics)
-    assert values["pagedllm:num_requests_running"] == 0
+    assert values["vllm:num_requests_running"] == 0
     assert values["pagedllm:prefix_cache_hit_rate"] == 0
 
 
@@ -70,8 +70,8 @@ def test_two_servers_in_one_process_have_their_own_registries() -> None:
     and observations on one do not show in the other."""
     a, b = ServerMetrics(lambda: STATS, MODEL), ServerMetrics(lambda: STATS, MODEL)
     a.time_to_first_token.labels(MODEL).observe(1.0)
-    assert scrape(a)["pagedllm:time_to_first_token_seconds_count"] == 1
-    assert "pagedllm:time_to_first_token_seconds_count" not in scrape(b)
+    assert scrape(a)["vllm:time_to_first_token_seconds_count"] == 1
+    assert "vllm:time_to_first_token_seconds_count" not in scrape(b)
 
 
 class Clock:
@@ -108,9 +108,13 @@ async def drain(stream: AsyncIterator[RequestOutput]) -> list[RequestOutput]:
     return [out async for out in stream]
 
 
-def test_track_observes_ttft_tpot_and_e2e(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_track_observes_ttft_tpot_itl_e2e_and_token_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Arrival at 10 s; an output with no token at 10.5 s (a prefill chunk), 1 token at
-    11 s, 2 at 12 s, 2 and finished at 14 s: TTFT 1 s, TPOT (14 - 11) / (5 - 1), e2e 4 s."""
+    11 s, 2 at 12 s, 2 and finished at 14 s: TTFT 1 s, TPOT (14 - 11) / (5 - 1), e2e 4 s;
+    inter-token latencies 0.5, 0.5 (the 2 tokens at 12 s), 1, 1; 2 prompt and 5 generated
+    tokens."""
     clock = Clock()
     monkeypatch.setattr(metrics_module, "time", clock)
     steps = [
@@ -123,12 +127,16 @@ def test_track_observes_ttft_tpot_and_e2e(monkeypatch: pytest.MonkeyPatch) -> No
     seen = asyncio.run(drain(metrics.track(engine_stream(clock, steps, closed), 10.0)))
     assert seen == [out for _, out in steps]  # passed through unchanged
     values = scrape(metrics)
-    assert values["pagedllm:time_to_first_token_seconds_count"] == 1
-    assert values["pagedllm:time_to_first_token_seconds_sum"] == pytest.approx(1.0)
-    assert values["pagedllm:time_per_output_token_seconds_count"] == 1
-    assert values["pagedllm:time_per_output_token_seconds_sum"] == pytest.approx(3.0 / 4)
-    assert values["pagedllm:e2e_request_latency_seconds_count"] == 1
-    assert values["pagedllm:e2e_request_latency_seconds_sum"] == pytest.approx(4.0)
+    assert values["vllm:time_to_first_token_seconds_count"] == 1
+    assert values["vllm:time_to_first_token_seconds_sum"] == pytest.approx(1.0)
+    assert values["vllm:time_per_output_token_seconds_count"] == 1
+    assert values["vllm:time_per_output_token_seconds_sum"] == pytest.approx(3.0 / 4)
+    assert values["vllm:e2e_request_latency_seconds_count"] == 1
+    assert values["vllm:e2e_request_latency_seconds_sum"] == pytest.approx(4.0)
+    assert values["vllm:inter_token_latency_seconds_count"] == 4
+    assert values["vllm:inter_token_latency_seconds_sum"] == pytest.approx(3.0)
+    assert values["vllm:request_prompt_tokens_sum"] == 2
+    assert values["vllm:request_generation_tokens_sum"] == 5
     assert closed == [True]
 
 
@@ -142,7 +150,7 @@ def test_track_counts_each_completion_by_finish_reason() -> None:
         s.labels["finished_reason"]: s.value
         for f in families
         for s in f.samples
-        if s.name == "pagedllm:request_success_total"
+        if s.name == "vllm:request_success_total"
     }
     assert success == {"length": 1, "stop": 2}
 
@@ -155,9 +163,9 @@ def test_track_single_token_request_has_no_tpot(monkeypatch: pytest.MonkeyPatch)
     steps = [(2.0, output([[5]], True, ["length"]))]
     asyncio.run(drain(metrics.track(engine_stream(clock, steps, []), 0.0)))
     values = scrape(metrics)
-    assert values["pagedllm:time_to_first_token_seconds_sum"] == pytest.approx(2.0)
-    assert "pagedllm:time_per_output_token_seconds_count" not in values  # never observed
-    assert values["pagedllm:e2e_request_latency_seconds_count"] == 1
+    assert values["vllm:time_to_first_token_seconds_sum"] == pytest.approx(2.0)
+    assert "vllm:time_per_output_token_seconds_count" not in values  # never observed
+    assert values["vllm:e2e_request_latency_seconds_count"] == 1
 
 
 def test_closing_track_early_closes_the_engine_stream_and_counts_no_finish() -> None:
@@ -175,6 +183,6 @@ def test_closing_track_early_closes_the_engine_stream_and_counts_no_finish() -> 
     asyncio.run(first_then_close())
     assert closed == [True]
     values = scrape(metrics)
-    assert values["pagedllm:time_to_first_token_seconds_count"] == 1
-    assert "pagedllm:e2e_request_latency_seconds_count" not in values
-    assert "pagedllm:request_success_total" not in values
+    assert values["vllm:time_to_first_token_seconds_count"] == 1
+    assert "vllm:e2e_request_latency_seconds_count" not in values
+    assert "vllm:request_success_total" not in values

@@ -189,6 +189,20 @@ def test_chat_template_kwargs_cannot_set_apply_chat_template_arguments() -> None
         ChatCompletionRequest(**REQUESTS["chat"][1], chat_template_kwargs=kwargs)
 
 
+def test_reasoning_effort_reaches_the_chat_template() -> None:
+    """As vLLM: the template gets reasoning_effort (chat_template_kwargs may override it);
+    values outside OpenAI's are a 400."""
+    chat = REQUESTS["chat"][1]
+    assert "reasoning_effort" not in ChatCompletionRequest(**chat).template_kwargs()
+    request = ChatCompletionRequest(**chat, reasoning_effort="low")
+    assert request.template_kwargs()["reasoning_effort"] == "low"
+    override = {"reasoning_effort": "high"}
+    request = ChatCompletionRequest(**chat, reasoning_effort="low", chat_template_kwargs=override)
+    assert request.template_kwargs()["reasoning_effort"] == "high"
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest(**chat, reasoning_effort="extreme")
+
+
 def test_chat_message_refuses_non_text_parts() -> None:
     with pytest.raises(ValidationError):
         ChatMessage(role="user", content=[{"type": "image_url", "image_url": {}}])

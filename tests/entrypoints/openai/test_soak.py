@@ -23,10 +23,10 @@ MIN_TOKENS, MAX_TOKENS = 4, 16
 SOAK_TIMEOUT_S, IDLE_TIMEOUT_S = 180.0, 30.0
 PROMPTS = [f"Count from {i} to {i + 5}:" for i in range(10)]
 IDLE_GAUGES = (
-    "pagedllm:num_requests_running",
-    "pagedllm:num_requests_waiting",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
     "pagedllm:kv_cache_blocks_in_use",
-    "pagedllm:kv_cache_usage_perc",
+    "vllm:kv_cache_usage_perc",
 )
 
 
@@ -96,7 +96,7 @@ def samples(server: Server) -> list[Sample]:
 
 def finished_choices(server: Server) -> float:
     """Choices that ran to a finish reason (aborted ones are not counted)."""
-    return sum(s.value for s in samples(server) if s.name == "pagedllm:request_success_total")
+    return sum(s.value for s in samples(server) if s.name == "vllm:request_success_total")
 
 
 def idle_gauges(server: Server) -> dict[str, float]:
