@@ -23,7 +23,7 @@ __all__ = ["tiny_llm"]  # a fixture this module's tests use
 
 
 class BanToken(LogitsProcessor):
-    """Bans extra_args["ban"] for the requests that set it (the README's example)."""
+    """Bans extra_args["ban"] for the requests that set it (docs/sampling.md's example)."""
 
     def __init__(self, vocab_size, device, is_pin_memory=False):
         super().__init__(vocab_size, device, is_pin_memory)
