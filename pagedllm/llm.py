@@ -18,8 +18,9 @@ class LLM:
     """Load a model once, then generate for many prompts with continuous batching.
 
     `model` is a HF folder, a .gguf file, or None for the embedded SmolLM2-135M-Instruct.
-    The other arguments are EngineArgs fields (dtype "auto" is float32 on CPU; it is the
-    activations' dtype when weights are quantized). `quantization`: None runs a GGUF file's
+    The other arguments are EngineArgs fields (dtype "auto" is bf16 on GPUs and on CPUs with
+    native bf16 matmuls, float32 on other CPUs; it is the activations' dtype when weights
+    are quantized). `quantization`: None runs a GGUF file's
     tensors as stored and a HF checkpoint in `dtype`; "int8" quantizes a HF checkpoint's
     weights at load to 8-bit blocks; "none" dequantizes a GGUF file at load.
     """
