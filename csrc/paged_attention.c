@@ -9,8 +9,9 @@
  * keys, their softmax, then the values weighted by it. An online softmax (one pass over keys
  * and values, the output rescaled chunk by chunk) spent more on each chunk's horizontal max,
  * exponentials and rescaling than on its rows, and on AVX2 the 3 heads' 24 running output
- * vectors did not fit the 16 registers: the three passes are 1.15-1.4x faster on Zen 3 from
- * 1 to 256 sequences, float32 or bf16 cache (BENCHMARKS.md, session 22).
+ * vectors did not fit the 16 registers: the three passes are 1.15-1.4x faster from 1 to 256
+ * sequences, float32 or bf16 cache (`pagedllm bench latency --batch-size 1`, or 256,
+ * re-measures it).
  *
  * Head sizes that are multiples of 32 (all common ones; 16 on AVX2) take the grouped path:
  * the query heads of one kv head (up to HEAD_GROUP at a time) share each key row, widened
@@ -29,9 +30,9 @@
  *
  * The kernel (paged_attention_kernel.h) is built once per instruction set at its register
  * width, 16 lanes on AVX-512, 8 on AVX2, 4 elsewhere, and this file picks the best the CPU
- * has, or the one the caller names (the tests run each). With 16-lane vectors everywhere
- * (CPU_DISPATCH), GCC's AVX2 copy ran at a third of the AVX-512 copy's speed on the same
- * cores (BENCHMARKS.md, session 13).
+ * has, or the one the caller names (the tests run each). With 16-lane vectors everywhere,
+ * GCC's AVX2 copy runs at a third of the AVX-512 copy's speed (it lowers 16-lane shuffles a
+ * lane at a time, vecn.h).
  */
 #include <unistd.h>
 
@@ -41,9 +42,9 @@
 
 /* Whether the next chunk's key and value rows are prefetched into L1 (else into L2): only
  * where L1 holds them beside the chunk being read (~24 KB for the default model) with room
- * to spare. Measured per layer, 256 sequences of ~300 tokens: on the AMX Xeon (48 KiB L1)
- * L1 was 7-10% faster than L2; on Zen 4 (32 KiB L1) L2 was 1.4-1.6x faster than L1, which
- * evicted rows before their use (BENCHMARKS.md, sessions 11 and 12). */
+ * to spare. Per layer at 256 sequences of ~300 tokens, into L1 is 7-10% faster than into L2
+ * with a 48 KiB L1; with a 32 KiB L1, into L2 is 1.4-1.6x faster, L1 evicting rows before
+ * their use (`pagedllm bench latency --batch-size 256 --input-len 300` re-measures it). */
 static int prefetch_into_l1(void) {
   static int known = -1; /* sysconf once; threads that race here all store the same value */
   int into_l1 = __atomic_load_n(&known, __ATOMIC_RELAXED);

@@ -1,7 +1,16 @@
-/* Decode attention for one instruction set: included by paged_attention_avx512.c, _avx2.c and
- * _portable.c after their target pragma, with VEC_LANES (the register width in floats) and
- * ISA(name) (the instruction set's suffix) defined. paged_attention.c picks one at run time.
+/* Decode attention for one instruction set: a guarded header, included once by each of
+ * paged_attention_avx512.c, _avx2.c and _portable.c after its target pragma, with VEC_LANES
+ * (the register width in floats: 4, 8 or 16) and ISA(name) (name with the build's suffix)
+ * defined first. It defines ISA(paged_attention_run), which paged_attention.c picks at run
+ * time, from paged_attention_kv.inc built once per KV-cache element type.
  */
+#ifndef PAGEDLLM_PAGED_ATTENTION_KERNEL_H
+#define PAGEDLLM_PAGED_ATTENTION_KERNEL_H
+
+#if !defined(VEC_LANES) || !defined(ISA)
+#error "define VEC_LANES and ISA(name) before including paged_attention_kernel.h"
+#endif
+
 #include <omp.h>
 #include <stdlib.h>
 
@@ -79,27 +88,24 @@ INLINE int64_t task_sequence(const int64_t *first_task, int64_t B, int64_t task)
   return lo;
 }
 
-/* Each KV-cache element type's build of paged_attention_kv.h: KV_BF16 says which it is (for
- * widen2n_as and widened_element, attention_row.h). */
+/* Each KV-cache element type's build of paged_attention_kv.inc (run_f32, run_bf16): KV_BF16
+ * says which it is (for widen2n_as and widened_element, attention_row.h). */
 #define KV_T float
 #define KV_LOADN loadn
 #define KV_LOAD1(p) (*(p))
 #define KV_BF16 0
 #define KV_NAME(name) name##_f32
-#include "paged_attention_kv.h"
-#undef KV_T
-#undef KV_LOADN
-#undef KV_LOAD1
-#undef KV_BF16
-#undef KV_NAME
+#include "paged_attention_kv.inc"
 
 #define KV_T uint16_t
 #define KV_LOADN loadn_bf16
 #define KV_LOAD1(p) bf16_to_float(*(p))
 #define KV_BF16 1
 #define KV_NAME(name) name##_bf16
-#include "paged_attention_kv.h"
+#include "paged_attention_kv.inc"
 
 int ISA(paged_attention_run)(const paged_attention_args *a) {
   return a->kv_bf16 ? run_bf16(a) : run_f32(a);
 }
+
+#endif

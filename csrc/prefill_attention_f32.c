@@ -5,9 +5,9 @@
  * rows are the bits of the same build of decode attention (paged_attention.c), their shared
  * arithmetic in attention_row.h.
  *
- * Replaces torch's sdpa for the prefill chunks of float32 and bf16 models: sdpa's CPU kernels
- * ran the default model's shapes at 25-85 GFLOP/s on a Zen 3 (pagedllm/_custom_ops.py,
- * prefill_attention, has the measured speed of this one).
+ * Replaces torch's sdpa for the prefill chunks of float32 and bf16 models: sdpa's bits are
+ * not decode attention's, and its CPU kernels run the default model's shapes at 25-85
+ * GFLOP/s (pagedllm/_custom_ops.py, prefill_attention, says what this one costs).
  */
 #include "isa_table.h"
 #include "ops.h"

@@ -1,6 +1,8 @@
-/* Causal attention of one sequence's prefill chunk in float32 for one instruction set:
- * included by prefill_attention_f32_avx512.c, _avx2.c and _portable.c after their target
- * pragma, with VEC_LANES and ISA(name) defined; prefill_attention_f32.c picks one at run time.
+/* Causal attention of one sequence's prefill chunk in float32 for one instruction set: a
+ * guarded header, included once by each of prefill_attention_f32_avx512.c, _avx2.c and
+ * _portable.c after its target pragma, with VEC_LANES (the register width in floats: 4, 8 or
+ * 16) and ISA(name) (name with the build's suffix) defined first. It defines
+ * ISA(prefill_attention_f32_run), which prefill_attention_f32.c picks at run time.
  *
  * Queries q [n, H, D] float32 at positions seq_len - n .. seq_len - 1 attend to the keys and
  * values of positions 0 .. their own in the paged cache [num_blocks, block_size, KV, D]
@@ -17,6 +19,13 @@
  * TILE_QUERIES broadcast query elements for TILE_QUERIES FMAs), summed in transpose_sumn's
  * tree; each query's softmax; its weighted values (one load of a value row for all the
  * tile's queries); then the partitions merged. */
+#ifndef PAGEDLLM_PREFILL_ATTENTION_F32_KERNEL_H
+#define PAGEDLLM_PREFILL_ATTENTION_F32_KERNEL_H
+
+#if !defined(VEC_LANES) || !defined(ISA)
+#error "define VEC_LANES and ISA(name) before including prefill_attention_f32_kernel.h"
+#endif
+
 #include <omp.h>
 #include <stdlib.h>
 
@@ -27,10 +36,10 @@
 /* Queries per task, and value vectors per pass over a partition's values. The registers hold
  * TILE_QUERIES x (2 chains and the sum of the lane before) for the scores, TILE_QUERIES x
  * VALUE_VECS accumulators and VALUE_VECS values for the output (32 vector registers on
- * AVX-512, 16 elsewhere). Measured on the default model's shapes (9 heads, 3 kv heads, D 64;
- * chunks of 16-512 tokens after 0-1,000 cached, one thread) on Zen 4 against 2-8 queries and
- * 1-4 value vectors: AVX-512 4 x 4, AVX2 6 x 2 (spilling a little, 1.1x faster than 4 x 2),
- * 4-lane 4 x 2. */
+ * AVX-512, 16 elsewhere). The fastest of 2-8 queries by 1-4 value vectors on the default
+ * model's shapes (9 heads, 3 kv heads, D 64; chunks of 16-512 tokens after 0-1,000 cached,
+ * one thread): AVX-512 4 x 4, AVX2 6 x 2 (spilling a little, 1.1x faster than 4 x 2), 4-lane
+ * 4 x 2. `pagedllm bench latency --input-len 512` times prefill (time to first token). */
 #if VEC_LANES == 16
 #define TILE_QUERIES 4
 #define VALUE_VECS 4
@@ -357,3 +366,5 @@ int ISA(prefill_attention_f32_run)(const prefill_attention_f32_args *a) {
   free(states);
   return 0;
 }
+
+#endif

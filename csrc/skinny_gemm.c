@@ -3,15 +3,16 @@
  * every row count, so that a row's result never depends on the rows beside it (each build
  * sums every output in one order whatever M is; pagedllm/_custom_ops.py's linear()).
  *
- * With few input rows the product is bound by reading w; ATen's MKL sgemv reads it at about
- * 11 GB/s on a 2-core Zen 4, this kernel at 25-30 GB/s, and stock torch's bf16 matmul reads
- * bf16 weights slowly too. With more rows, register tiles of x rows by weight rows, each
- * loaded vector feeding four FMAs, blocks of x rows kept in L2 (skinny_gemm_kernel.h), run
- * level with MKL's and oneDNN's GEMMs or ahead. The kernel is built once per instruction
- * set at its register width and tile shape, and once more for AVX-512 BF16, whose dot
- * products multiply bf16 x and weights as they are; this file picks the best the CPU has,
- * or the one the caller names. The AVX2 build multiplies float32 as outer products on
- * transposed panels of the weights (skinny_gemm_panel.h), which it also reads packed.
+ * With few input rows the product is bound by reading w; this kernel reads it at over twice
+ * the speed of ATen's MKL sgemv, and stock torch's bf16 matmul reads bf16 weights slowly too.
+ * With more rows, register tiles of x rows by weight rows, each loaded vector feeding four
+ * FMAs (skinny_gemm_tile.h), blocks of x rows kept in L2 (skinny_gemm_kernel.h), run level
+ * with MKL's and oneDNN's GEMMs or ahead; `pagedllm bench linear` compares them. The kernel
+ * is built once per instruction set at its register width and tile shape, and once more for
+ * AVX-512 BF16, whose dot products multiply bf16 x and weights as they are; this file picks
+ * the best the CPU has, or the one the caller names. The AVX2 build multiplies float32 as
+ * outer products on transposed panels of the weights (skinny_gemm_panel.h), which it also
+ * reads packed.
  */
 #include "isa_table.h"
 #include "ops.h"

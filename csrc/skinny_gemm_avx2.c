@@ -2,7 +2,7 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC target("arch=x86-64-v3")
 #define VEC_LANES 8
-#define SKINNY_PANEL /* float32 past PANEL_MIN_ROWS rows on transposed panels */
+#define SKINNY_PANEL /* float32 on transposed panels (skinny_gemm_panel.h) */
 #define ISA(name) name##_avx2
 #include "skinny_gemm_kernel.h"
 #endif

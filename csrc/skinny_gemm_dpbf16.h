@@ -1,15 +1,27 @@
-/* skinny_gemm_bf16's tiles on AVX-512 BF16 dot products: included by skinny_gemm_kernel.h in
- * the avx512_bf16 build (SKINNY_DPBF16 defined, VEC_LANES 16).
+/* skinny_gemm_bf16's tiles on AVX-512 BF16 dot products: a guarded header, included by
+ * skinny_gemm_kernel.h in the avx512_bf16 build (SKINNY_DPBF16 defined), which defines
+ * VEC_LANES 16 and enables avx512bf16 (skinny_gemm_avx512_bf16.c's target pragma) first.
  *
  * One vdpbf16ps multiplies 16 lanes' pairs of bf16 x and weight values (exact in float32)
  * and adds both products to the lane's float32 sum: twice the products of an FMA on widened
  * weights, with neither x nor the weights widened first. The instruction treats denormal
  * inputs as zero, flushes denormal sums to zero and rounds to nearest even, whatever MXCSR
- * says. Tiles and their order are tile()'s and dot_tile()'s with DP_STEP values a step, so
- * a row's results do not depend on the other rows (batch invariance) here either. K must be
- * a multiple of DP_STEP.
+ * says. Tiles and their order are tile()'s and dot_tile()'s (skinny_gemm_tile.h) with DP_STEP
+ * values a step, so a row's results do not depend on the other rows (batch invariance) here
+ * either. K must be a multiple of DP_STEP.
  */
+#ifndef PAGEDLLM_SKINNY_GEMM_DPBF16_H
+#define PAGEDLLM_SKINNY_GEMM_DPBF16_H
+
+#if VEC_LANES != 16 || !defined(__AVX512BF16__)
+#error "skinny_gemm_dpbf16.h needs VEC_LANES 16 and avx512bf16 (skinny_gemm_avx512_bf16.c)"
+#endif
+
 #include <immintrin.h>
+
+#include "ops.h"
+#include "prefetch.h"
+#include "skinny_gemm_tile.h"
 
 #define DP_STEP 32 /* bf16 values in a vector */
 _Static_assert(TILE_COLS == SKINNY_PACK_ROWS && DP_STEP == SKINNY_PACK_K,
@@ -62,3 +74,5 @@ INLINE void dp_row(const uint16_t *x, const uint16_t *w_row, float *out, int64_t
   }
   for (int64_t m = 0; m < rows; m++) out[m] = hsumn(acc[m]);
 }
+
+#endif

@@ -1,7 +1,7 @@
-/* skinny_gemm's float32 tiles as outer products on a transposed panel of weights: included
- * by skinny_gemm_kernel.h in the builds that define SKINNY_PANEL (the AVX2 build, where the
- * 4 x 2 dot-product tiles run 0.55-0.75x as fast from 64 rows: 8 accumulators, no more
- * than FMA latency hides).
+/* skinny_gemm's float32 tiles as outer products on a transposed panel of weights: a guarded
+ * header, included by skinny_gemm_kernel.h in the builds that define SKINNY_PANEL (the AVX2
+ * build, VEC_LANES 8, where the 4 x 2 dot-product tiles of skinny_gemm_tile.h run 0.55-0.75x
+ * as fast from 64 rows: 8 accumulators, no more than FMA latency hides).
  *
  * A panel is PANEL weight rows (two vectors' worth), PANEL_K values of K at a time in
  * transposed order (buf[k][j] = w[n0 + j][k], in L1): read as it lies from a weight that
@@ -12,12 +12,21 @@
  * broadcasts, 15 of AVX2's 16 registers). Each output is one FMA chain over k in order,
  * carried through y between chunks of K (exact), so its bits depend neither on the rows
  * around it nor on the chunking nor on the weight's layout. Packed, one row of x streams
- * each panel front to back: over 20 layers of the default model's decoder matrices on one
- * core, 1.6x the dot-product tiles at 1 row, level at 4-8, 1.25x at 16, 1.4-1.9x from 64
- * (an AVX-512 CPU running the AVX2 build); copying the panel on every call instead costs
- * 2-3x at 1-4 rows, so plain weights (MoE experts) pay it. Re-measure: pagedllm bench linear
- * --isa avx2.
+ * each panel front to back: 1.6x the dot-product tiles at 1 row, level at 4-8 rows,
+ * 1.4-1.9x from 64; copying the panel on every call instead costs 2-3x at 1-4 rows, so
+ * only plain weights (MoE experts) pay it. `pagedllm bench linear --isa avx2` re-measures
+ * it.
  */
+#ifndef PAGEDLLM_SKINNY_GEMM_PANEL_H
+#define PAGEDLLM_SKINNY_GEMM_PANEL_H
+
+#if VEC_LANES != 8
+#error "skinny_gemm_panel.h needs VEC_LANES 8 (two vectors make the SKINNY_PANEL_ROWS of a panel)"
+#endif
+
+#include "ops.h"
+#include "prefetch.h"
+#include "vecn.h"
 
 #define PANEL (2 * VEC_LANES)
 #define PANEL_ROWS 6
@@ -92,26 +101,4 @@ static void panel_rows(const float *x, const float *w, const float *b, float *y,
   }
 }
 
-/* skinny_gemm on float32 by panels (K % VEC_LANES == 0), blocks of x rows as run() takes
- * them; weight rows past the last whole panel go to the dot-product tiles. */
-static void panel_run(const float *x, const float *w, const float *b, float *y, int64_t M,
-                      int64_t N, int64_t K, int packed, int num_threads) {
-  const int64_t panels = N / PANEL, n_tail = panels * PANEL, block = block_rows(K, 0);
-  const int64_t tiles = panels + (N - n_tail + TILE_COLS - 1) / TILE_COLS;
-#pragma omp parallel num_threads(num_threads)
-  for (int64_t m0 = 0; m0 < M; m0 += block) {
-    const int64_t rows = M - m0 < block ? M - m0 : block;
-    const float *xb = x + m0 * K;
-    float *yb = y + m0 * N;
-#pragma omp for schedule(static) nowait
-    for (int64_t t = 0; t < tiles; t++) {
-      if (t < panels) {
-        panel_rows(xb, w, b, yb, rows, N, K, PANEL * t, packed);
-      } else {
-        const int64_t n0 = n_tail + TILE_COLS * (t - panels);
-        weight_rows(xb, w, b, yb, rows, N, K, n0, N - n0 < TILE_COLS ? N - n0 : TILE_COLS, 0, 0,
-                    0);
-      }
-    }
-  }
-}
+#endif

@@ -3,9 +3,9 @@
  * A kernel compiled once per instruction set sets VEC_LANES to its register width (16 for
  * AVX-512, 8 for AVX2, 4 for SSE2) before including this. Wider vectors than the registers
  * work for arithmetic, but GCC lowers their compares and shuffles one lane at a time through
- * the stack: decode attention's AVX2 build with 16-lane vectors ran at a third of the
- * AVX-512 build's speed (BENCHMARKS.md, session 13). Shuffle masks are written as formulas of
- * the lane index (EACH_LANE), so each helper is one definition for every width.
+ * the stack: decode attention's AVX2 build with 16-lane vectors runs at a third of the
+ * AVX-512 build's speed. Shuffle masks are written as formulas of the lane index
+ * (EACH_LANE), so each helper is one definition for every width.
  */
 #ifndef PAGEDLLM_VECN_H
 #define PAGEDLLM_VECN_H

@@ -68,19 +68,13 @@ def prepack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     that order (`_cpu_kernels.skinny_pack`); else `weight` itself. linear() takes any of
     them, skinny_pack's with the plain weight's bits.
 
-    skinny_gemm reads a plain weight's tile as streams K values apart, which the CPU's
-    prefetchers follow worse than one: over the default model's 120 decoder matrices at 1
-    row (Zen 4), the avx512_bf16 build took 5.4-6.8 ms on the packed order against 6.8-10.0
-    on the plain one. The avx2 build multiplies float32 as outer products on panels of 16
-    weight rows transposed, which it would otherwise transpose on every call: packed, one
-    row of x over 20 layers of those matrices ran 1.6x faster than transposing per call and
-    1.6x faster than its former dot-product tiles, 16 rows 1.25x (one core, an AVX-512 CPU
-    running the AVX2 build).
-
-    AMX tiles against the plain weight, on an AMX CPU (default model's decoder matrices, 2
-    threads): 1-4 rows as fast as skinny_gemm_bf16 (both at the read bandwidth), 16 rows
-    3.5x faster than it, 1.3-1.9x oneDNN's F.linear from 16 to 256 rows and level with it or
-    ahead up to 2048; the 49152 x 576 LM head 1.6-1.8 ms at 1-16 rows."""
+    The rule: a packed order lays each tile's weight rows out as one stream, where a plain
+    weight's are several streams K values apart that the CPU's prefetchers follow worse
+    (the avx512_bf16 build runs 1.25-1.5x faster at 1 row on it), and spares the avx2 build
+    transposing its panels of 16 weight rows on every call (1.6x at 1 row). AMX tiles match
+    skinny_gemm_bf16 at 1-4 rows, where both read at the memory's bandwidth, and outrun it
+    and oneDNN's F.linear from 16 rows. BENCHMARKS.md has the figures; `pagedllm bench
+    linear --dtype bfloat16` (or `--isa avx2`) re-measures skinny_gemm against F.linear."""
     if not has_cpu_kernels() or not weight.is_cpu or weight.dim() != 2 or weight.requires_grad:
         return weight
     n, k = weight.shape
@@ -316,11 +310,11 @@ def prefill_attention(
     rounded back as paged_decode_attention does. Row i is the bits paged_decode_attention
     gives its query as a sequence of seq_len - n + i + 1 tokens, so a token's output does
     not depend on whether it is decoded, recomputed alone after a prefix-cache hit, or
-    prefilled in a chunk of any size. Zen 4, the default model's shapes, one thread, chunks
-    of 16-512 tokens after 0-1,024 cached: 0.7-1.17x the time of outer products that sum
-    each score in one FMA chain over D (not decode's lane sums), 0.9-1.3x on the AVX2
-    build; a bf16 chunk 1.4-1.6x the time of AVX-512 BF16 dot products with the softmax's
-    weights rounded to bf16, which cannot give decode's bits.
+    prefilled in a chunk of any size. Recipes that cannot give decode's bits are not much
+    faster: this kernel takes 0.7-1.3x the time of outer products summing each score in one
+    FMA chain over D, and a bf16 chunk 1.4-1.6x that of AVX-512 BF16 dot products on weights
+    rounded to bf16. BENCHMARKS.md has the figures; `pagedllm bench latency --input-len 512`
+    times prefill (time to first token).
     Elsewhere the torch definition (sdpa).
     """
     if not cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16):
@@ -350,9 +344,8 @@ def prefill_attention_kernel(
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """logits [rows, n].argmax(dim=-1), the greedy tokens: pagedllm._C's kernel for
-    contiguous CPU float32 or bfloat16 rows (torch.argmax took ~100 us a row of a 49k
-    vocabulary, 15 ms for 256 rows on the AMX development machine; the kernel 22 us and 2.9
-    ms)."""
+    contiguous CPU float32 or bfloat16 rows, 4.5-5x faster than torch.argmax's walk element
+    by element (csrc/argmax.c)."""
     if (
         logits.dim() == 2
         and logits.shape[1] > 0

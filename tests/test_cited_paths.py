@@ -24,6 +24,7 @@ def _citing_files() -> list[pathlib.Path]:
         *sorted((ROOT / "docs").glob("*.md")),
         *sorted((ROOT / "pagedllm").rglob("*.py")),
         *sorted((ROOT / "csrc").glob("*.[ch]")),
+        *sorted((ROOT / "csrc").glob("*.inc")),
     ]
 
 

@@ -23,10 +23,10 @@ class ReadBandwidthProbe:
     ends when its sum reaches the host, so an asynchronous device is timed whole.
 
     The tensor is allocated once and lies in transparent huge pages where the OS offers
-    them, as the weight arena puts a model's weights: in 4 KiB pages the same pass read
-    10-15% slower on the Zen 4 VM, a bound below what the weights stream at. The VM's
-    bandwidth also drifts by up to 2x from one minute to the next, so the latency benchmark
-    probes around every timed run rather than once. The tensor is made at the first call,
+    them, as the weight arena puts a model's weights: in 4 KiB pages the same pass reads
+    10-15% slower, a bound below what the weights stream at. A shared host's bandwidth can
+    also drift by up to 2x from one minute to the next, so the latency benchmark probes
+    around every timed run rather than once. The tensor is made at the first call,
     after the first backend has started: its huge pages, faulted in while an engine was
     loading, made that start-up 0.5-1 s slower (the OS's huge-page faults grew costlier)."""
 

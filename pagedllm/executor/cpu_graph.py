@@ -2,7 +2,8 @@
 
 A decode step of a small model is mostly Python: the default model's batch-1 step runs ~300
 kernels, and the layer calls, argument checks and allocations between them cost as much as
-the kernels (on the AMX development machine, bf16: 25 ms per step eager, 13 ms replayed).
+the kernels (replayed, a bf16 step takes about half the time of an eager one; `pagedllm
+bench latency --batch-size 1` re-measures it).
 Like vLLM's CUDA graphs, the decoder's forward is captured once per batch size in
 CAPTURE_SIZES and replayed: the model's own forward runs on static input buffers under
 `record_launches()`, and later steps copy their inputs into those buffers and rerun the

@@ -4,11 +4,11 @@ A forward allocates and frees the same activations every step. By default glibc 
 allocations above an adaptive threshold (128 KiB to 32 MiB) with fresh maps and gives
 freed memory at the top of its heap back to the OS once it passes twice that threshold,
 so a step that frees a few large activations together faults their pages in again next
-time: ~1M page faults and ~1.5 s of kernel time in the 256-request throughput job on the
-AMX development VM, where a fault costs ~6 us (BENCHMARKS.md, session 11). With these
-settings allocations up to 32 MiB (glibc's largest threshold) come from the heap, and up
-to TRIM_THRESHOLD of free heap stays with the process, as tcmalloc and jemalloc (which
-vLLM's CPU backend has users preload) keep what they are given back.
+time: ~1M page faults and ~1.5 s of kernel time in the 256-request throughput job
+(`pagedllm bench throughput`). With these settings allocations up to 32 MiB (glibc's
+largest threshold) come from the heap, and up to TRIM_THRESHOLD of free heap stays with the
+process, as tcmalloc and jemalloc (which vLLM's CPU backend has users preload) keep what
+they are given back.
 """
 
 import ctypes

@@ -28,10 +28,9 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
 
     A multi-GiB cache then costs nothing at start-up and only the memory it uses. It must
     be zeros, not empty: attention reads (and masks) unwritten slots, and 0 * NaN is NaN.
-    The map opts out of transparent huge pages: numpy's zeros (used before) asks for them,
-    and on the AMX development VM the first write to each 2 MiB page stalled for ~10 ms,
-    making prefill's cache writes 8-10x slower than with 4 KiB pages (BENCHMARKS.md,
-    session 10).
+    The map opts out of transparent huge pages: the first write to each 2 MiB page can
+    stall for ~10 ms while the OS zeroes it, making prefill's cache writes up to 8-10x
+    slower than with 4 KiB pages.
     """
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)

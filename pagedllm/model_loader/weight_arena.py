@@ -2,11 +2,11 @@
 
 Every decode step streams all the weights from memory, and torch allocates each in 4 KiB
 pages: a 135M-parameter bf16 model is ~66,000 pages, more than the TLB holds, so the stream
-walks page tables as it goes. The same matrices in 2 MiB pages streamed 6-17% faster in
-skinny_gemm_bf16, and batch-1 decode took ~5% less time a token on the Zen 4 development VM
-(BENCHMARKS.md, sessions 15-16). The cost is at start-up: the OS zeroes each huge page on first
-write, 1-5 ms per page there and up to ~10 ms on the AMX VM. So the copy stops once it has
-taken HUGE_PAGE_BUDGET_S, and the weights not yet copied stay in their 4 KiB pages.
+walks page tables as it goes. The same matrices in 2 MiB pages stream 6-17% faster in
+skinny_gemm_bf16, and batch-1 decode takes ~5% less time a token (`pagedllm bench latency
+--batch-size 1` re-measures it). The cost is at start-up: the OS zeroes each huge page on
+first write, which can take 1-10 ms a page. So the copy stops once it has taken
+HUGE_PAGE_BUDGET_S, and the weights not yet copied stay in their 4 KiB pages.
 
 Only parameters move. Buffers are caches that models may share: get_rope hands every model
 with the same rope settings one RotaryEmbedding, as in vLLM, so its cos/sin table moved into

@@ -3,8 +3,8 @@
 Top-k, top-p and the random draw compute each row on its own, so taking a few rows at a
 time gives the same tokens while their temporaries (probabilities, sorted rows, a float64
 CDF: 50-100 MB each for 256 rows of a 49k vocabulary) stay small: in cache and under glibc's
-largest mmap threshold. Whole-batch temporaries were mapped afresh and faulted in every step
-(~4x slower on the AMX development VM, BENCHMARKS.md session 11).
+largest mmap threshold. Whole-batch temporaries are mapped afresh and faulted in every step,
+~4x slower (`pagedllm bench throughput --temperature 0.8` re-measures it).
 """
 
 from collections.abc import Iterator
