@@ -57,8 +57,14 @@ class OpenAIServingEmbedding(OpenAIServing):
         )
 
     def _pooling_params(self, request: EmbeddingRequest) -> PoolingParams:
+        """The request's PoolingParams, checked against the model here too (the engine
+        checks again), so a bad `dimensions` is a 400 naming it."""
+        config = self.engine.config.model_config
         try:
-            return PoolingParams(dimensions=request.dimensions, normalize=request.normalize)
+            params = PoolingParams(dimensions=request.dimensions, normalize=request.normalize)
+            hidden_size = config.hf_config.hidden_size
+            params.verify(hidden_size, config.is_matryoshka, config.matryoshka_dimensions)
+            return params
         except (ValueError, TypeError) as e:
             raise invalid_value_error(e, EmbeddingRequest.model_fields) from e
 
