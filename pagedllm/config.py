@@ -143,7 +143,8 @@ class ModelConfig:
             dtype, why = auto_dtype(device)
             logger.info("dtype auto -> %s: %s", str(dtype).removeprefix("torch."), why)
         dtype = resolve_dtype(dtype, device)
-        runner_type = resolve_runner(runner, model)
+        architectures = getattr(hf_config, "architectures", None) or [""]
+        runner_type = resolve_runner(runner, model, architectures[0])
         pooler = None
         if runner_type == "pooling":
             pooler = PoolerConfig.parse(pooler_config).over(
@@ -185,15 +186,19 @@ class ModelConfig:
 RUNNERS = ("auto", "generate", "pooling")
 
 
-def resolve_runner(runner: str, model: str) -> str:
+def resolve_runner(runner: str, model: str, architecture: str) -> str:
     """vLLM's `runner`: "auto" pools for a sentence-transformers folder (modules.json, as
-    Qwen3-Embedding ships) and generates otherwise."""
+    Qwen3-Embedding ships) or a bare decoder (an architecture `*Model`, no LM head), and
+    generates otherwise."""
     if runner not in RUNNERS:
         raise ValueError(f"runner {runner!r} is not supported; use one of {', '.join(RUNNERS)}")
     if runner != "auto":
         return runner
     if os.path.isdir(model) and is_sentence_transformers_folder(model):
         logger.info("runner auto -> pooling: %s is a sentence-transformers folder", model)
+        return "pooling"
+    if architecture.endswith("Model"):
+        logger.info("runner auto -> pooling: %s is a bare decoder (no LM head)", architecture)
         return "pooling"
     return "generate"
 

@@ -97,6 +97,23 @@ def test_sentence_transformers_folder_pools_as_it_declares(
     assert torch.tensor(out.outputs.embedding) == pytest.approx(expected, abs=1e-5)
 
 
+@pytest.mark.parametrize("name", ["llama-gqa4", "qwen3"])
+def test_bare_decoder_checkpoint_pools_without_lm_head(
+    tiny_model_path: Callable[[str], str], prompts: list[list[int]], tmp_path: Path, name: str
+) -> None:
+    """A `*Model` checkpoint (no `model.` prefix, no LM head, as embedding models ship)
+    runs as a pooling model under runner "auto"."""
+    hf = transformers.AutoModel.from_pretrained(tiny_model_path(name), dtype=torch.float32)
+    hf.save_pretrained(tmp_path)
+    with pooling_llm(str(tmp_path)) as llm:
+        assert llm.llm_engine.model_config.runner_type == "pooling"
+        assert llm.llm_engine.executor.runner.model.lm_head is None
+        outputs = llm.embed([{"prompt_token_ids": p} for p in prompts[:3]], use_tqdm=False)
+    for prompt, output in zip(prompts, outputs):
+        expected = hf_embedding(hf.eval(), prompt, "LAST")
+        assert torch.tensor(output.outputs.embedding) == pytest.approx(expected, abs=1e-5)
+
+
 def test_generation_and_pooling_requests_are_refused_by_the_other_runner(
     tiny_model_path: Callable[[str], str],
 ) -> None:
