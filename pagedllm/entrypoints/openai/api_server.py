@@ -279,7 +279,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve MODEL (default: the embedded SmolLM2-135M-Instruct) at "
-        "/v1/completions, /v1/chat/completions and /v1/models, plus /tokenize, /detokenize, "
+        "/v1/completions, /v1/chat/completions, /v1/embeddings (--runner pooling) and "
+        "/v1/models, plus /tokenize, /detokenize, "
         "/health, /version and /metrics.",
     )
     make_arg_parser(parser)
