@@ -83,6 +83,8 @@ class OutputProcessor:
 
     def _process_pooled(self, out: SchedulerOutput, result: StepOutput) -> set[str]:
         """Add each pooled chunk to its request; a prompt's last chunk finishes it."""
+        if self.pooler_config is None:
+            return set()
         touched = set()
         for i, s in enumerate(out.scheduled):
             request = self.requests[s.seq.request_id]
