@@ -3,15 +3,27 @@
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.llm import LLM
-from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
+from pagedllm.outputs import (
+    CompletionOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    PoolingRequestOutput,
+    RequestOutput,
+)
+from pagedllm.pooler_config import PoolerConfig
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
 __all__ = [
     "LLM",
     "CompletionOutput",
+    "EmbeddingRequestOutput",
     "EngineArgs",
     "LLMEngine",
     "Logprob",
+    "PoolerConfig",
+    "PoolingParams",
+    "PoolingRequestOutput",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",

@@ -9,6 +9,11 @@ from transformers import AutoConfig, PretrainedConfig
 
 from pagedllm.cpu_features import native_bf16_matmul
 from pagedllm.logger import init_logger
+from pagedllm.pooler_config import (
+    PoolerConfig,
+    is_sentence_transformers_folder,
+    sentence_transformers_pooler_config,
+)
 from pagedllm.sampling_params import DEFAULT_MAX_N
 
 logger = init_logger(__name__)
@@ -106,6 +111,10 @@ class ModelConfig:
     quantization: str | None = None
     """"gguf" (a GGUF file's tensors run in their own block formats), "int8" (float weights
     quantized at load to 8-bit blocks) or None (weights in `dtype`)."""
+    runner_type: str = "generate"
+    """"generate" (sample tokens) or "pooling" (prefill only; pool the final hidden states)."""
+    pooler_config: PoolerConfig | None = None
+    """The pooling of a pooling model (every field resolved), None for a generating one."""
 
     @classmethod
     def create(
@@ -115,6 +124,8 @@ class ModelConfig:
         max_model_len: int | None = None,
         device: str = "cpu",
         quantization: str | None = None,
+        runner: str = "auto",
+        pooler_config: PoolerConfig | dict | str | None = None,
     ) -> "ModelConfig":
         if model is None:
             model = default_model_path()
@@ -132,7 +143,18 @@ class ModelConfig:
             dtype, why = auto_dtype(device)
             logger.info("dtype auto -> %s: %s", str(dtype).removeprefix("torch."), why)
         dtype = resolve_dtype(dtype, device)
-        return cls(model, hf_config, dtype, max_model_len, gguf_file, quantization)
+        architectures = getattr(hf_config, "architectures", None) or [""]
+        runner_type = resolve_runner(runner, model, architectures[0])
+        pooler = None
+        if runner_type == "pooling":
+            pooler = PoolerConfig.parse(pooler_config).over(
+                sentence_transformers_pooler_config(model)
+            )
+        elif pooler_config is not None:
+            raise ValueError("pooler_config applies to pooling models; set runner='pooling'")
+        return cls(
+            model, hf_config, dtype, max_model_len, gguf_file, quantization, runner_type, pooler
+        )
 
     @property
     def architecture(self) -> str:
@@ -144,6 +166,41 @@ class ModelConfig:
     @property
     def vocab_size(self) -> int:
         return self.hf_config.vocab_size
+
+    @property
+    def is_matryoshka(self) -> bool:
+        """vLLM's rule: an embedding may be cut to fewer `dimensions` only when the model
+        was trained for it (Matryoshka), as its config says (`is_matryoshka` or
+        `matryoshka_dimensions`)."""
+        config = self.hf_config
+        return (
+            bool(getattr(config, "is_matryoshka", False)) or self.matryoshka_dimensions is not None
+        )
+
+    @property
+    def matryoshka_dimensions(self) -> list[int] | None:
+        """The only sizes the model allows, where its config lists them."""
+        return getattr(self.hf_config, "matryoshka_dimensions", None)
+
+
+RUNNERS = ("auto", "generate", "pooling")
+
+
+def resolve_runner(runner: str, model: str, architecture: str) -> str:
+    """vLLM's `runner`: "auto" pools for a sentence-transformers folder (modules.json, as
+    Qwen3-Embedding ships) or a bare decoder (an architecture `*Model`, no LM head), and
+    generates otherwise."""
+    if runner not in RUNNERS:
+        raise ValueError(f"runner {runner!r} is not supported; use one of {', '.join(RUNNERS)}")
+    if runner != "auto":
+        return runner
+    if os.path.isdir(model) and is_sentence_transformers_folder(model):
+        logger.info("runner auto -> pooling: %s is a sentence-transformers folder", model)
+        return "pooling"
+    if architecture.endswith("Model"):
+        logger.info("runner auto -> pooling: %s is a bare decoder (no LM head)", architecture)
+        return "pooling"
+    return "generate"
 
 
 QUANTIZATION_CHOICES = ("gguf", "int8", "none")

@@ -1,4 +1,5 @@
-"""LLM: the offline API (vLLM's `LLM`): generate and chat over a batch of prompts."""
+"""LLM: the offline API (vLLM's `LLM`): generate and chat over a batch of prompts, or, on
+a pooling model, encode and embed them."""
 
 import itertools
 import time
@@ -8,7 +9,8 @@ from tqdm.auto import tqdm
 
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.llm_engine import LLMEngine, PromptType
-from pagedllm.outputs import RequestOutput
+from pagedllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
 ChatMessages = list[dict[str, str]]
@@ -94,8 +96,44 @@ class LLM:
             prompts.append({"prompt_token_ids": list(token_ids)})
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
-        finished: dict[str, RequestOutput] = {}
+    def encode(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """A pooling model's pooled vector per prompt (`outputs.data`, a float32 tensor),
+        in input order."""
+        prompts = _as_prompt_list(prompts)
+        params = _as_params_list(pooling_params, len(prompts), PoolingParams)
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                request_id = str(next(self._request_counter))
+                self.llm_engine.add_request(request_id, prompt, p)
+                ids.append(request_id)
+            outputs = self._run_engine(ids, use_tqdm)
+        finally:
+            self.llm_engine.abort_request([i for i in ids if i in self.llm_engine.requests])
+        for output in outputs:
+            if output.error is not None:
+                raise output.error
+        return outputs
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[EmbeddingRequestOutput]:
+        """vLLM's `LLM.embed`: one embedding per prompt (`outputs.embedding`, a list of
+        floats), in input order."""
+        outputs = self.encode(prompts, pooling_params, use_tqdm)
+        return [EmbeddingRequestOutput.from_base(o) for o in outputs]
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list:
+        """The finished output of each request (RequestOutput or PoolingRequestOutput)."""
+        finished: dict[str, RequestOutput | PoolingRequestOutput] = {}
         bar = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm)
         start, in_tokens, out_tokens = time.perf_counter(), 0, 0
         while self.llm_engine.has_unfinished_requests():
@@ -104,7 +142,8 @@ class LLM:
                     continue
                 finished[output.request_id] = output
                 in_tokens += len(output.prompt_token_ids)
-                out_tokens += sum(len(c.token_ids) for c in output.outputs)
+                if isinstance(output, RequestOutput):
+                    out_tokens += sum(len(c.token_ids) for c in output.outputs)
                 elapsed = time.perf_counter() - start
                 rates = f"input: {in_tokens / elapsed:.1f} tok/s, "
                 bar.set_postfix_str(rates + f"output: {out_tokens / elapsed:.1f} tok/s")
@@ -124,15 +163,15 @@ def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptTy
     return prompts
 
 
-def _as_params_list(
-    params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int
-) -> list[SamplingParams]:
-    if params is None or isinstance(params, SamplingParams):
-        return [params or SamplingParams()] * num_prompts
+def _as_params_list(params: object, num_prompts: int, kind: type = SamplingParams) -> list:
+    """One `kind` (SamplingParams or PoolingParams) per prompt."""
+    if params is None or isinstance(params, kind):
+        return [params or kind()] * num_prompts
     params = list(params)
     if len(params) != num_prompts:
+        name = "sampling" if kind is SamplingParams else "pooling"
         raise ValueError(
-            f"got {len(params)} sampling params for {num_prompts} prompts; give one or one each"
+            f"got {len(params)} {name} params for {num_prompts} prompts; give one or one each"
         )
     return params
 

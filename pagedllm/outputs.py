@@ -1,6 +1,9 @@
-"""What generation returns: vLLM's RequestOutput / CompletionOutput / Logprob."""
+"""What the engine returns: vLLM's RequestOutput / CompletionOutput / Logprob for
+generation, PoolingRequestOutput / EmbeddingRequestOutput for pooling."""
 
 from dataclasses import dataclass, field
+
+import torch
 
 
 @dataclass
@@ -46,3 +49,45 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     error: Exception | None = None
+
+
+@dataclass
+class PoolingOutput:
+    """vLLM's: the pooled vector of one prompt, `data` [hidden] (or [dimensions]) float32."""
+
+    data: torch.Tensor
+
+
+@dataclass
+class PoolingRequestOutput:
+    """A pooling request's result (vLLM's); `error` as in RequestOutput."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    finished: bool
+    error: Exception | None = None
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What `LLM.embed` returns (vLLM's): `outputs.embedding` is a list of floats."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> "EmbeddingRequestOutput":
+        embedding = EmbeddingOutput(output.outputs.data.tolist())
+        return cls(output.request_id, embedding, output.prompt_token_ids, output.finished)

@@ -23,6 +23,8 @@ LAYERS = (
     (
         "gguf",
         "sampling_params",
+        "pooling_params",
+        "pooler_config",
         "outputs",
         "cpu_features",
         "cpu_memory",

@@ -12,6 +12,7 @@ from pagedllm.config import (
     SchedulerConfig,
     resolve_device,
 )
+from pagedllm.pooler_config import PoolerConfig
 from pagedllm.sampling_params import DEFAULT_MAX_N
 
 # Not command-line flags: processors are Python objects, and on the command line --seed is
@@ -43,22 +44,30 @@ class EngineArgs:
     logits_processors: tuple = ()
     enforce_eager: bool = False
     batch_invariant: bool = field(default_factory=env_batch_invariant)
+    runner: str = "auto"
+    pooler_config: PoolerConfig | dict | str | None = None
 
     def create_engine_config(self) -> EngineConfig:
         device = resolve_device(self.device)
+        model_config = ModelConfig.create(
+            model=self.model,
+            dtype=self.dtype,
+            max_model_len=self.max_model_len,
+            device=device,
+            quantization=self.quantization,
+            runner=self.runner,
+            pooler_config=self.pooler_config,
+        )
+        # A pooled request keeps no KV past its prefill, and MEAN and CLS pooling need
+        # every prompt token's hidden state: pooling models skip the prefix cache.
+        pooling = model_config.runner_type == "pooling"
         return EngineConfig(
-            model_config=ModelConfig.create(
-                model=self.model,
-                dtype=self.dtype,
-                max_model_len=self.max_model_len,
-                device=device,
-                quantization=self.quantization,
-            ),
+            model_config=model_config,
             cache_config=CacheConfig(
                 block_size=self.block_size,
                 num_kv_blocks=self.num_kv_blocks,
                 kv_cache_memory_bytes=self.kv_cache_memory_bytes,
-                enable_prefix_caching=self.enable_prefix_caching,
+                enable_prefix_caching=self.enable_prefix_caching and not pooling,
                 cache_dtype=self.kv_cache_dtype,
             ),
             scheduler_config=SchedulerConfig(

@@ -19,7 +19,8 @@ from pagedllm.config import EngineConfig
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.llm_engine import LLMEngine, PromptType
 from pagedllm.logger import init_logger
-from pagedllm.outputs import RequestOutput
+from pagedllm.outputs import PoolingRequestOutput, RequestOutput
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 
 logger = init_logger(__name__)
@@ -31,7 +32,7 @@ IDLE_HEALTH_CHECK_S = 1.0
 class _Add:
     request_id: str
     prompt: PromptType
-    params: SamplingParams
+    params: SamplingParams | PoolingParams
     added: asyncio.Future
 
 
@@ -112,10 +113,17 @@ class AsyncLLM:
                 _settle(command.added, error)
         self._fail(list(self._queues), error)
 
+    def encode(
+        self, prompt: PromptType, params: PoolingParams, request_id: str
+    ) -> AsyncIterator[PoolingRequestOutput]:
+        """A pooling model's one output for the prompt, as `generate` runs it."""
+        return self.generate(prompt, params, request_id)
+
     async def generate(
-        self, prompt: PromptType, params: SamplingParams, request_id: str
-    ) -> AsyncIterator[RequestOutput]:
-        """Outputs of one request as the engine makes them (as params.output_kind says).
+        self, prompt: PromptType, params: SamplingParams | PoolingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput | PoolingRequestOutput]:
+        """Outputs of one request as the engine makes them (as params.output_kind says;
+        a pooling request's one output when it finishes).
 
         A bad request raises ValueError/TypeError before the first output. Closing the
         iterator early (or cancelling its consumer) aborts the request, which frees its
@@ -198,7 +206,7 @@ class AsyncLLM:
             return
         self._call_soon(_settle, command.added, None)
 
-    def _step(self) -> list[RequestOutput]:
+    def _step(self) -> list[RequestOutput | PoolingRequestOutput]:
         """One step. If it fails, the requests in flight end with EngineDeadError; the
         engine goes on unless its executor is broken (a tensor-parallel worker died)."""
         try:
@@ -218,7 +226,7 @@ class AsyncLLM:
 
     # Back on the event loop.
 
-    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+    def _dispatch(self, outputs: list[RequestOutput | PoolingRequestOutput]) -> None:
         for output in outputs:
             outputs_queue = self._queues.get(output.request_id)
             if outputs_queue is None:

@@ -1,4 +1,5 @@
-"""InputProcessor: a user's prompt and SamplingParams -> a validated Request.
+"""InputProcessor: a user's prompt and SamplingParams -> a validated Request (or, on a
+pooling model, its prompt and PoolingParams -> a validated PoolingRequest).
 
 The only place requests are checked against the engine: the sampling parameters against
 the model (vocabulary, logprobs cap, max_n, the logits processors' own checks), the prompt
@@ -17,7 +18,9 @@ from pagedllm.config import EngineConfig
 from pagedllm.core.sequence import Sequence as Seq
 from pagedllm.core.sequence import new_seq_id
 from pagedllm.engine.detokenizer import make_detokenizer
+from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Completion, Request
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.structured_output import GrammarMatcher, StructuredOutputManager
 
@@ -77,7 +80,37 @@ class InputProcessor:
         request.compiling_matchers = self._compile(params)
         return request
 
+    def process_pooling(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: PoolingParams | None,
+        arrival_time: float | None = None,
+    ) -> PoolingRequest:
+        """A PoolingRequest whose one sequence runs its prompt's prefill only."""
+        model_config = self.config.model_config
+        if model_config.runner_type != "pooling":
+            raise ValueError(
+                "this model generates (runner='generate'); pooling requests (embeddings) "
+                "need a pooling model: set runner='pooling' (--runner pooling)"
+            )
+        params = PoolingParams() if params is None else params
+        if not isinstance(params, PoolingParams):
+            raise TypeError(f"pooling params must be PoolingParams, got {type(params)}")
+        hidden_size = model_config.hf_config.hidden_size
+        params.verify(hidden_size, model_config.is_matryoshka, model_config.matryoshka_dimensions)
+        text, token_ids = self._tokenize(prompt)
+        block_size = self.config.cache_config.block_size
+        seq = Seq(new_seq_id(), token_ids, block_size, params, request_id)
+        seq.skip_prefix_cache = True
+        return PoolingRequest(request_id, text, token_ids, params, seq, arrival_time)
+
     def _prepare_params(self, params: SamplingParams | None) -> SamplingParams:
+        if self.config.model_config.runner_type == "pooling":
+            raise ValueError(
+                "this model is a pooling model (runner='pooling'): it embeds prompts and "
+                "generates no text; use embed (POST /v1/embeddings)"
+            )
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be SamplingParams, got {type(params)}")

@@ -4,6 +4,8 @@ add_request: InputProcessor (validate, tokenize) -> Request -> Scheduler's waiti
              (a request with structured outputs waits in WaitingForGrammar until compiled)
 step:        Scheduler.schedule -> plan_step -> Executor.execute (model runner, sampler)
              -> OutputProcessor (tokens, text, logprobs, stops) -> RequestOutputs
+A pooling model (runner "pooling") takes PoolingParams instead: its requests run their
+prompt's prefill through the same scheduler and end as PoolingRequestOutputs.
 """
 
 import gc
@@ -19,6 +21,7 @@ from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.grammar_wait import WaitingForGrammar
 from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor
+from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Request
 from pagedllm.engine.stats import EngineStats
 from pagedllm.engine.step_plan import plan_step
@@ -31,7 +34,8 @@ from pagedllm.engine.tokenizer import (
 from pagedllm.executor.factory import make_executor
 from pagedllm.executor.kv_cache import num_kv_blocks
 from pagedllm.executor.torchrun_executor import run_torchrun_worker, torchrun_rank
-from pagedllm.outputs import RequestOutput
+from pagedllm.outputs import PoolingRequestOutput, RequestOutput
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.structured_output import StructuredOutputManager
 
@@ -85,7 +89,11 @@ class LLMEngine:
             self.structured_output,
         )
         self.output_processor = OutputProcessor(
-            self.scheduler, self.tokenizer, eos_token_id, self.model_config.max_model_len
+            self.scheduler,
+            self.tokenizer,
+            eos_token_id,
+            self.model_config.max_model_len,
+            self.model_config.pooler_config,
         )
         self.waiting_for_grammar = WaitingForGrammar()
 
@@ -100,7 +108,7 @@ class LLMEngine:
             return cls(config)
 
     @property
-    def requests(self) -> dict[str, Request]:
+    def requests(self) -> dict[str, Request | PoolingRequest]:
         """The requests in flight, by id."""
         return self.output_processor.requests
 
@@ -108,13 +116,22 @@ class LLMEngine:
         self,
         request_id: str,
         prompt: PromptType,
-        params: SamplingParams | None = None,
+        params: SamplingParams | PoolingParams | None = None,
         arrival_time: float | None = None,
     ) -> None:
-        """Validate and queue a request; a bad one raises ValueError and changes nothing."""
+        """Validate and queue a request; a bad one raises ValueError and changes nothing.
+        A pooling model's requests take PoolingParams (None: the defaults)."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        request = self.input_processor.process(request_id, prompt, params, arrival_time)
+        processor = self.input_processor
+        if isinstance(params, PoolingParams) or (
+            params is None and self.model_config.runner_type == "pooling"
+        ):
+            pooling = processor.process_pooling(request_id, prompt, params, arrival_time)
+            self.requests[request_id] = pooling
+            self.scheduler.add_seq(pooling.seq)
+            return
+        request = processor.process(request_id, prompt, params, arrival_time)
         self.requests[request_id] = request
         if request.compiling_matchers is None:
             self.scheduler.add_seq(request.completions[0].seq)
@@ -128,7 +145,7 @@ class LLMEngine:
                 self.waiting_for_grammar.discard(rid)
                 self.scheduler.abort_seq(rid)
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         failed = self._admit_compiled()
         out = self.scheduler.schedule()
         if out.is_empty:

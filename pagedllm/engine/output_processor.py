@@ -7,6 +7,8 @@ stop conditions (a completed constraint stops with "stop") and finish sequences 
 scheduler; per prefill chunk with prompt_logprobs: extend them. A failure that belongs to
 one request (no token could be sampled under its parameters, its detokenization or stop
 check raising) ends that request alone with `RequestOutput.error`; the batch goes on.
+A pooling request's chunks add to its pooling; its last chunk finishes it (its blocks
+are freed at once: no KV outlives the request).
 """
 
 import logging
@@ -16,14 +18,16 @@ import traceback
 from transformers import PreTrainedTokenizerBase
 
 from pagedllm.core.scheduler import Scheduler, SchedulerOutput
-from pagedllm.core.sequence import Sequence, new_seq_id
+from pagedllm.core.sequence import Sequence, SequenceStatus, new_seq_id
 from pagedllm.engine.detokenizer import make_detokenizer
 from pagedllm.engine.logprobs import append_prompt_logprobs, logprobs_rows
+from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Completion, Request
 from pagedllm.engine.stop_checker import check_stop
 from pagedllm.executor.model_runner import StepOutput
 from pagedllm.logger import init_logger
-from pagedllm.outputs import Logprob, RequestOutput
+from pagedllm.outputs import Logprob, PoolingRequestOutput, RequestOutput
+from pagedllm.pooler_config import PoolerConfig
 
 logger = init_logger(__name__)
 
@@ -35,21 +39,25 @@ class OutputProcessor:
         tokenizer: PreTrainedTokenizerBase | None,
         eos_token_id: int | None,
         max_model_len: int,
+        pooler_config: PoolerConfig | None = None,
     ) -> None:
+        """`pooler_config`: a pooling model's (None when it generates)."""
         self.scheduler = scheduler
+        self.pooler_config = pooler_config
         self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
         self.max_model_len = max_model_len
-        self.requests: dict[str, Request] = {}
+        self.requests: dict[str, Request | PoolingRequest] = {}
         self.num_prompt_tokens = 0  # of requests that got their first token
         self.num_generation_tokens = 0  # every generated token, of every completion
 
     def process(
         self, out: SchedulerOutput, result: StepOutput, owners: list[tuple[int, int]]
-    ) -> list[RequestOutput]:
+    ) -> list[RequestOutput | PoolingRequestOutput]:
         """The outputs of the requests this step touched; finished ones are forgotten."""
         touched = self._process_prompt_logprobs(out, result)
         touched |= self._process_samples(out, result, owners)
+        touched |= self._process_pooled(out, result)
         outputs = []
         for request_id in touched:
             request = self.requests[request_id]
@@ -71,6 +79,25 @@ class OutputProcessor:
             except Exception as e:  # noqa: BLE001 - this request's failure, not the batch's
                 self._fail_request(request, e)
             touched.add(request.request_id)
+        return touched
+
+    def _process_pooled(self, out: SchedulerOutput, result: StepOutput) -> set[str]:
+        """Add each pooled chunk to its request; a prompt's last chunk finishes it."""
+        if self.pooler_config is None:
+            return set()
+        touched = set()
+        for i, s in enumerate(out.scheduled):
+            request = self.requests[s.seq.request_id]
+            if not isinstance(request, PoolingRequest):
+                continue
+            start = s.seq.num_computed_tokens - s.num_new_tokens
+            if i in result.pooled:
+                request.add_chunk(result.pooled[i], start, self.pooler_config.pooling_type)
+            if s.produces_token:
+                request.finish(self.pooler_config)
+                self.num_prompt_tokens += len(request.prompt_token_ids)
+                self.scheduler.finish_seq(s.seq, SequenceStatus.FINISHED_STOPPED)
+                touched.add(request.request_id)
         return touched
 
     def _process_samples(

@@ -1,5 +1,5 @@
 """EngineClient: what the entry points (the OpenAI server) need of an engine, and no more:
-its config and tokenizer, generate / abort, its stats, and whether it is alive."""
+its config and tokenizer, generate / encode / abort, its stats, and whether it is alive."""
 
 import asyncio
 from collections.abc import AsyncIterator
@@ -10,7 +10,8 @@ from transformers import PreTrainedTokenizerBase
 from pagedllm.config import EngineConfig
 from pagedllm.engine.input_processor import PromptType
 from pagedllm.engine.stats import EngineStats
-from pagedllm.outputs import RequestOutput
+from pagedllm.outputs import PoolingRequestOutput, RequestOutput
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 
 
@@ -40,5 +41,10 @@ class EngineClient(Protocol):
     def generate(
         self, prompt: PromptType, params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]: ...
+
+    def encode(
+        self, prompt: PromptType, params: PoolingParams, request_id: str
+    ) -> AsyncIterator[PoolingRequestOutput]:
+        """A pooling model's request: one output, when pooled."""
 
     def abort(self, request_id: str) -> None: ...

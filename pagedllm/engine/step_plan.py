@@ -5,12 +5,14 @@ token this step contributes sampler rows: one normally, n for a request's first 
 (its n completions are sampled from the parent's logits, then fork). A row under a
 structured-output constraint carries its completion's token bitmask, built for all such
 rows at once; free rows, and constrained ones still in their reasoning part, add nothing.
+A pooling request's chunks sample nothing: they are pooled (StepInput.pool_indices).
 """
 
 from dataclasses import dataclass
 
 from pagedllm.core.scheduler import SchedulerOutput
 from pagedllm.core.sequence import Sequence
+from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Request
 from pagedllm.executor.batch import SeqChunk
 from pagedllm.executor.model_runner import StepInput
@@ -27,11 +29,11 @@ class StepPlan:
 
 def plan_step(
     out: SchedulerOutput,
-    requests: dict[str, Request],
+    requests: dict[str, Request | PoolingRequest],
     structured_output: StructuredOutputManager | None = None,
 ) -> StepPlan:
     """`structured_output` builds the bitmasks of constrained rows (needed when any)."""
-    chunks, sample_indices, prompt_indices = [], [], []
+    chunks, sample_indices, prompt_indices, pool_indices = [], [], [], []
     rows, owners, constrained = [], [], []
     for i, s in enumerate(out.scheduled):
         seq, start = s.seq, s.seq.num_computed_tokens
@@ -39,6 +41,9 @@ def plan_step(
             SeqChunk(seq.token_ids[start : start + s.num_new_tokens], start, seq.block_table)
         )
         request = requests[seq.request_id]
+        if isinstance(request, PoolingRequest):
+            pool_indices.append(i)
+            continue
         if request.params.prompt_logprobs is not None and start < seq.num_prompt_tokens:
             prompt_indices.append(i)
         if not s.produces_token:
@@ -52,7 +57,7 @@ def plan_step(
             owners.append((i, k))
     if constrained:
         _add_token_bitmasks(rows, constrained, structured_output)
-    step_input = StepInput(chunks, out.blocks_to_copy, sample_indices, prompt_indices)
+    step_input = StepInput(chunks, out.blocks_to_copy, sample_indices, prompt_indices, pool_indices)
     return StepPlan(step_input, rows, owners)
 
 

@@ -1,7 +1,7 @@
 """Runs one scheduled step: flat batch -> model -> logits -> sampler."""
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -12,6 +12,7 @@ from pagedllm.executor.cpu_graph import CpuGraphRunner
 from pagedllm.executor.cpu_malloc import keep_freed_memory
 from pagedllm.executor.kv_cache import bind_kv_cache, kv_cache_bytes_per_token
 from pagedllm.forward_context import set_forward_context
+from pagedllm.layers.pooler import pool_chunk
 from pagedllm.model_loader.loader import get_model
 from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
 from pagedllm.sample.sampler import Sampler, SamplerOutput
@@ -24,18 +25,22 @@ class StepInput:
     sample_indices: for each sampler row, the batch index of the sequence whose last new
     token it samples from (a sequence forking n samples appears n times).
     prompt_logprob_indices: batch indices whose logits at every new token are returned.
+    pool_indices: batch indices of pooled prompts (a pooling model's steps hold only
+    these): their chunk's partial pooling is returned (layers/pooler.py).
     """
 
     chunks: list[SeqChunk]
     blocks_to_copy: list[tuple[int, int]]
     sample_indices: list[int]
     prompt_logprob_indices: list[int]
+    pool_indices: list[int] = field(default_factory=list)
 
 
 @dataclass
 class StepOutput:
     sampler_output: SamplerOutput | None
     prompt_logits: dict[int, torch.Tensor]  # batch index -> [new tokens, V] float32
+    pooled: dict[int, torch.Tensor] = field(default_factory=dict)  # batch index -> [H] float32
 
 
 class ModelRunner:
@@ -49,6 +54,8 @@ class ModelRunner:
         set_batch_invariant(config.batch_invariant)
         self.model = get_model(config.model_config, self.device)
         self.vocab_size = config.model_config.vocab_size
+        pooler_config = config.model_config.pooler_config
+        self.pooling_type = pooler_config.pooling_type if pooler_config is not None else None
         self.sampler = Sampler(
             self.vocab_size,
             self.device,
@@ -82,16 +89,36 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, step: StepInput) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """-> (logits [len(sample_indices), V], prompt logits by batch index)."""
-        self._copy_blocks(step.blocks_to_copy)
-        batch = prepare_batch(step.chunks, self.block_size, self.device)
-        hidden = self._run_model(batch)
-        starts = [0, *itertools.accumulate(batch.attn_metadata.query_lens_cpu)]
+        hidden, starts = self._hidden_states(step)
         logits = self.model.compute_logits(self._sampled_rows(hidden, starts, step.sample_indices))
         prompt_logits = {}
         for i in step.prompt_logprob_indices:
             rows = hidden[starts[i] : starts[i + 1]]
             prompt_logits[i] = self.model.compute_logits(rows).float()
         return logits, prompt_logits
+
+    @torch.inference_mode()
+    def pool(self, step: StepInput) -> dict[int, torch.Tensor]:
+        """A pooling model's step: each pooled chunk's partial [H] float32 by batch index
+        (none for a CLS chunk past position 0)."""
+        assert self.pooling_type is not None, "pool() runs a pooling model's steps"
+        hidden, starts = self._hidden_states(step)
+        pooled = {}
+        for i in step.pool_indices:
+            partial = pool_chunk(
+                hidden[starts[i] : starts[i + 1]], step.chunks[i].start, self.pooling_type
+            )
+            if partial is not None:
+                pooled[i] = partial
+        return pooled
+
+    def _hidden_states(self, step: StepInput) -> tuple[torch.Tensor, list[int]]:
+        """The final hidden states [T, hidden] of the step's tokens, and each chunk's start
+        row in them (plus the end)."""
+        self._copy_blocks(step.blocks_to_copy)
+        batch = prepare_batch(step.chunks, self.block_size, self.device)
+        hidden = self._run_model(batch)
+        return hidden, [0, *itertools.accumulate(batch.attn_metadata.query_lens_cpu)]
 
     def _sampled_rows(
         self, hidden: torch.Tensor, starts: list[int], sample_indices: list[int]
@@ -116,6 +143,8 @@ class ModelRunner:
     def execute(self, step: StepInput, rows: list[SamplingRow]) -> StepOutput:
         if not step.chunks:
             return StepOutput(None, {})
+        if step.pool_indices:
+            return StepOutput(None, {}, self.pool(step))
         logits, prompt_logits = self.forward(step)
         if not rows:
             return StepOutput(None, prompt_logits)

@@ -65,6 +65,8 @@ def run_worker_loop(runner: ModelRunner) -> None:
             return
         if method == INIT_KV_CACHE:
             runner.init_kv_cache(argument)
+        elif method == EXECUTE and argument.pool_indices:
+            runner.pool(argument)
         elif method == EXECUTE:
             runner.forward(argument)
         else:

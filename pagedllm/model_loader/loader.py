@@ -10,6 +10,7 @@ from pagedllm.config import ModelConfig
 from pagedllm.layers.quantization import get_quantization_config
 from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.logger import init_logger
+from pagedllm.model_loader.pooling_model import drop_lm_head, pooling_weights
 from pagedllm.model_loader.weight_arena import move_weights_to_arena
 from pagedllm.models.registry import ModelRegistry
 
@@ -79,8 +80,12 @@ def weight_bytes(model: nn.Module, buffers: bool = True) -> int:
 def get_model(model_config: ModelConfig, device: str | torch.device = "cpu") -> nn.Module:
     quant_config = get_quant_config(model_config)
     model = build_model(model_config, device, quant_config)
+    weights = iterate_weights(model_config, quant_config)
+    if model_config.runner_type == "pooling":
+        drop_lm_head(model)
+        weights = pooling_weights(weights)
     with torch.no_grad():
-        model.load_weights(iterate_weights(model_config, quant_config))
+        model.load_weights(weights)
         for module in model.modules():
             method = getattr(module, "quant_method", None)
             if method is not None:

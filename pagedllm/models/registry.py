@@ -1,4 +1,6 @@
-"""Architecture string (config.json `architectures`) -> model class."""
+"""Architecture string (config.json `architectures`) -> model class. A bare decoder
+(`LlamaModel`, as embedding checkpoints name theirs) maps to its `*ForCausalLM` class,
+which a pooling model runs without its LM head (model_loader/pooling_model.py)."""
 
 from torch import nn
 
@@ -14,6 +16,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
+_MODELS |= {name.replace("ForCausalLM", "Model"): cls for name, cls in _MODELS.items()}
 
 
 class ModelRegistry:

@@ -47,6 +47,7 @@ def test_flags_round_trip_with_their_types() -> None:
         "--device", "cpu", "--max-logprobs", "4", "--max-n", "5",
         "--logprobs-mode", "processed_logprobs", "--quantization", "int8",
         "--kv-cache-dtype", "bfloat16", "--enforce-eager", "--batch-invariant",
+        "--runner", "pooling", "--pooler-config", '{"pooling_type": "MEAN"}',
     ]  # fmt: skip
     args = EngineArgs.from_cli_args(parser_with_flags().parse_args(argv))
     assert args == EngineArgs(
@@ -70,6 +71,8 @@ def test_flags_round_trip_with_their_types() -> None:
         kv_cache_dtype="bfloat16",
         enforce_eager=True,
         batch_invariant=True,
+        runner="pooling",
+        pooler_config='{"pooling_type": "MEAN"}',
     )
     assert {f.name for f in fields(EngineArgs) if f.name not in NOT_CLI} == {
         name for name, value in vars(args).items() if value != getattr(EngineArgs(), name)

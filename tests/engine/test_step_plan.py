@@ -1,15 +1,18 @@
 """plan_step (pagedllm/engine/step_plan.py), checked by hand against its contract: each scheduled
 sequence sends its chunk of new tokens; one that produces a token sends n sampler rows at its
 request's first token (the n completions fork from it), one afterwards, each with its
-completion's generator; prompt logits are asked only for chunks that still cover the prompt."""
+completion's generator; prompt logits are asked only for chunks that still cover the prompt;
+a pooling request's chunks are pooled, every one, and sample nothing."""
 
 import torch
 
 from pagedllm.core.scheduler import ScheduledSequence, SchedulerOutput
 from pagedllm.core.sequence import Sequence, SequenceStatus, new_seq_id
+from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Completion, Request
 from pagedllm.engine.step_plan import plan_step
 from pagedllm.executor.batch import SeqChunk
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 
 
@@ -147,3 +150,15 @@ def test_a_completion_in_its_reasoning_part_samples_free_then_under_its_mask() -
     after = plan_step(SchedulerOutput([ScheduledSequence(seq, 3)]), {"a": request}, manager)
     assert manager.asked[-1] == [thinking, answering]
     assert all(row.token_bitmask is not None for row in after.rows)
+
+
+def test_pooling_chunks_are_pooled_and_sample_nothing() -> None:
+    prompt = list(range(10, 20))
+    first = PoolingRequest("p", None, prompt, PoolingParams(), make_seq("p", prompt, []))
+    last = PoolingRequest("q", None, prompt, PoolingParams(), make_seq("q", prompt, [], 6))
+    out = SchedulerOutput([ScheduledSequence(first.seq, 6), ScheduledSequence(last.seq, 4)])
+    plan = plan_step(out, {"p": first, "q": last})
+    step = plan.step_input
+    assert step.pool_indices == [0, 1]
+    assert step.chunks[1] == SeqChunk(prompt[6:], 6, last.seq.block_table)
+    assert step.sample_indices == [] and plan.rows == [] and step.prompt_logprob_indices == []

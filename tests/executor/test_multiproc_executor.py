@@ -205,3 +205,17 @@ def test_worker_failing_to_load_its_shard_raises_its_error(tiny_model_path) -> N
     assert seconds < 30
     assert "LIVE_WORKERS 0" in report
     assert marked_processes(marker) == []
+
+
+def test_tp2_pooling_equals_tp1(tiny_model_path) -> None:
+    """A pooling model's steps (ModelRunner.pool on every rank) over 2 ranks: the same
+    embeddings as one rank, within 1e-5, chunked prefill included."""
+    path = tiny_model_path("qwen3")
+    prompts = mixed_prompts()
+    engine = dict(ENGINE, runner="pooling", pooler_config={"pooling_type": "MEAN"})
+    with LLM(path, max_num_batched_tokens=16, **engine) as single:
+        expected = single.embed(prompts, use_tqdm=False)
+    with LLM(path, max_num_batched_tokens=16, tensor_parallel_size=2, **engine) as tp:
+        got = tp.embed(prompts, use_tqdm=False)
+    for want, have in zip(expected, got, strict=True):
+        assert have.outputs.embedding == pytest.approx(want.outputs.embedding, abs=1e-5)

@@ -1,6 +1,7 @@
 """`pagedllm serve [MODEL]`: an OpenAI-compatible HTTP server over the AsyncLLM.
 
-Routes: POST /v1/completions, /v1/chat/completions, GET /v1/models (guarded by --api-key),
+Routes: POST /v1/completions, /v1/chat/completions, /v1/embeddings (pooling models),
+GET /v1/models (guarded by --api-key),
 and POST /tokenize, /detokenize, GET /health, /version, /metrics. FastAPI serves the
 OpenAPI schema at /openapi.json and its docs at /docs.
 
@@ -33,6 +34,7 @@ from pagedllm.entrypoints.openai.access import (
     cors_from_args,
 )
 from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
+from pagedllm.entrypoints.openai.embedding_protocol import EmbeddingRequest, EmbeddingResponse
 from pagedllm.entrypoints.openai.errors import add_exception_handlers, error_response
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
 from pagedllm.entrypoints.openai.protocol import (
@@ -58,6 +60,7 @@ from pagedllm.entrypoints.openai.responses import (
 )
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from pagedllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from pagedllm.logger import init_logger
@@ -112,6 +115,11 @@ async def create_completion(request: CompletionRequest, raw_request: Request) ->
 async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
     serving = raw_request.app.state.serving_chat
     return await serving.create_chat_completion(request, raw_request)
+
+
+@router.post("/v1/embeddings", responses=_ERRORS)
+async def create_embedding(request: EmbeddingRequest, raw_request: Request) -> EmbeddingResponse:
+    return await raw_request.app.state.serving_embedding.create_embedding(request, raw_request)
 
 
 @router.post("/tokenize", responses=_ERRORS)
@@ -205,6 +213,7 @@ def build_app(
         tool_parser=tools if enable_auto_tool_choice else None,
     )
     app.state.serving_tokenization = OpenAIServingTokenization(*shared, chat_template)
+    app.state.serving_embedding = OpenAIServingEmbedding(*shared)
     return app
 
 
@@ -270,7 +279,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve MODEL (default: the embedded SmolLM2-135M-Instruct) at "
-        "/v1/completions, /v1/chat/completions and /v1/models, plus /tokenize, /detokenize, "
+        "/v1/completions, /v1/chat/completions, /v1/embeddings (--runner pooling) and "
+        "/v1/models, plus /tokenize, /detokenize, "
         "/health, /version and /metrics.",
     )
     make_arg_parser(parser)

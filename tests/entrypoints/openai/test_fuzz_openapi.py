@@ -24,7 +24,13 @@ MAX_EXAMPLES = 25
 # Generated bodies are clamped to these, so a fuzzed request generates at most a few tokens.
 MAX_TOKENS_CAP, N_CAP = 2, 2
 TOKEN_LIMITS = {"max_tokens": MAX_TOKENS_CAP, "max_completion_tokens": MAX_TOKENS_CAP, "n": N_CAP}
-POST_PATHS = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]
+POST_PATHS = [
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/tokenize",
+    "/detokenize",
+]
 GET_PATHS = ["/health", "/version", "/metrics", "/v1/models"]
 GENERATING_PATHS = ("/v1/completions", "/v1/chat/completions")
 LAX_INT = TypeAdapter(int)

@@ -1,0 +1,63 @@
+"""A pooling request's state across steps: its prompt's sequence (prefill only), the
+pooling accumulated over its chunks, and the PoolingRequestOutput it shows when done."""
+
+import time
+
+import torch
+
+from pagedllm.core.sequence import Sequence
+from pagedllm.layers.pooler import accumulate, finish_pooling
+from pagedllm.outputs import PoolingOutput, PoolingRequestOutput
+from pagedllm.pooler_config import PoolerConfig
+from pagedllm.pooling_params import PoolingParams
+
+
+class PoolingRequest:
+    def __init__(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: PoolingParams,
+        seq: Sequence,
+        arrival_time: float | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.seq = seq
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.pooled: torch.Tensor | None = None  # [H] float32, as layers/pooler.py accumulates
+        self.embedding: torch.Tensor | None = None  # set when the last chunk has run
+        self.error: Exception | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.error is not None or self.embedding is not None
+
+    def add_chunk(self, partial: torch.Tensor, start: int, pooling_type: str) -> None:
+        """A chunk at prompt position `start` gave `partial`."""
+        self.pooled = accumulate(self.pooled, partial, start, pooling_type)
+
+    def finish(self, config: PoolerConfig) -> None:
+        """The prompt's last chunk has run: pool it as the model's config and the request's
+        params say."""
+        assert self.pooled is not None, "a finished pooled prompt has pooled at least a chunk"
+        normalize = config.normalize if self.params.normalize is None else self.params.normalize
+        self.embedding = finish_pooling(
+            self.pooled,
+            len(self.prompt_token_ids),
+            config.pooling_type,
+            normalize,
+            self.params.dimensions,
+        ).cpu()
+
+    def make_output(self) -> PoolingRequestOutput | None:
+        """The output once finished (pooling has no partial outputs), else None."""
+        if not self.finished:
+            return None
+        data = self.embedding if self.embedding is not None else torch.empty(0)
+        return PoolingRequestOutput(
+            self.request_id, PoolingOutput(data), self.prompt_token_ids, True, self.error
+        )

@@ -1,0 +1,110 @@
+"""POST /v1/embeddings (OpenAI's): one embedding per input, pooled by a pooling model
+(`--runner pooling`, or a sentence-transformers folder). A server of a generating model
+answers 400, as vLLM does."""
+
+import base64
+import time
+from contextlib import aclosing
+
+import torch
+from fastapi import Request
+
+from pagedllm.entrypoints.openai.embedding_protocol import (
+    EmbeddingInput,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    EmbeddingResponseData,
+    EmbeddingUsage,
+)
+from pagedllm.entrypoints.openai.errors import OpenAIError, engine_error, invalid_value_error
+from pagedllm.entrypoints.openai.protocol import TokenIds, random_id
+from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
+from pagedllm.entrypoints.openai.streaming import merge_streams, until_disconnected
+from pagedllm.outputs import PoolingRequestOutput
+from pagedllm.pooling_params import PoolingParams
+
+
+class OpenAIServingEmbedding(OpenAIServing):
+    async def create_embedding(
+        self, request: EmbeddingRequest, raw_request: Request
+    ) -> EmbeddingResponse:
+        model = self.check_model(request.model)
+        if self.engine.config.model_config.runner_type != "pooling":
+            raise OpenAIError(
+                "The model does not support the Embeddings API: this server generates; "
+                "serve an embedding model with --runner pooling",
+                param="model",
+            )
+        params = self._pooling_params(request)
+        prompts = await self._prompts(request.input)
+        request_id = random_id("embd")
+        streams = [
+            self.engine.encode({"prompt_token_ids": ids}, params, f"{request_id}-{i}")
+            for i, ids in enumerate(prompts)
+        ]
+        outputs = await until_disconnected(_collect(streams), raw_request)
+        data = [
+            EmbeddingResponseData(index=i, embedding=_encode(o.outputs.data, request))
+            for i, o in enumerate(outputs)
+        ]
+        num_tokens = sum(len(ids) for ids in prompts)
+        return EmbeddingResponse(
+            id=request_id,
+            created=int(time.time()),
+            model=model,
+            data=data,
+            usage=EmbeddingUsage(prompt_tokens=num_tokens, total_tokens=num_tokens),
+        )
+
+    def _pooling_params(self, request: EmbeddingRequest) -> PoolingParams:
+        """The request's PoolingParams, checked against the model here too (the engine
+        checks again), so a bad `dimensions` is a 400 naming it."""
+        config = self.engine.config.model_config
+        try:
+            params = PoolingParams(dimensions=request.dimensions, normalize=request.normalize)
+            hidden_size = config.hf_config.hidden_size
+            params.verify(hidden_size, config.is_matryoshka, config.matryoshka_dimensions)
+            return params
+        except (ValueError, TypeError) as e:
+            raise invalid_value_error(e, EmbeddingRequest.model_fields) from e
+
+    async def _prompts(self, inputs: EmbeddingInput) -> list[TokenIds]:
+        """Each input's token ids (texts tokenized here); a list of ints is one input."""
+        if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
+            inputs = [inputs]
+        if not inputs:
+            raise OpenAIError("input must not be an empty list", param="input")
+        prompts = []
+        for item in inputs:
+            ids = await self.encode(item) if isinstance(item, str) else item
+            if not ids:
+                raise OpenAIError("an input is empty (0 tokens); give at least 1", param="input")
+            if len(ids) > self.max_model_len:
+                raise OpenAIError(
+                    f"This model's maximum context length is {self.max_model_len} tokens, but "
+                    f"an input has {len(ids)} tokens.",
+                    param="input",
+                    code="context_length_exceeded",
+                )
+            prompts.append(self.check_token_ids(ids, "input"))
+        return prompts
+
+
+async def _collect(streams: list) -> list[PoolingRequestOutput]:
+    """The one output of each pooling stream, in order (an error: 400 / 500 / 503)."""
+    outputs: list[PoolingRequestOutput | None] = [None] * len(streams)
+    async with aclosing(merge_streams(streams)) as merged:
+        try:
+            async for i, output in merged:
+                outputs[i] = output
+        except Exception as e:
+            raise engine_error(e) from e
+    return outputs
+
+
+def _encode(embedding: torch.Tensor, request: EmbeddingRequest) -> list[float] | str:
+    """OpenAI's encodings: a list of floats, or base64 of the little-endian float32 bytes."""
+    if request.encoding_format == "float":
+        return embedding.tolist()
+    data = embedding.to(torch.float32).numpy().astype("<f4").tobytes()
+    return base64.b64encode(data).decode("ascii")

@@ -1,0 +1,151 @@
+"""POST /v1/embeddings (pagedllm/entrypoints/openai/serving_embedding.py) through the
+official `openai` client. References: transformers' pooled hidden states of the tiny
+checkpoint (tests/embedding_models.py), the tokenizer, the float answer for base64 (the
+little-endian float32 bytes OpenAI sends), and OpenAI's response shapes."""
+
+import base64
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+import torch
+import transformers
+from fastapi.testclient import TestClient
+
+from pagedllm import LLM
+from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.entrypoints.openai import api_server
+from tests.embedding_models import embedding_folder, hf_embedding
+
+MODEL = "tiny-embed"
+
+
+@pytest.fixture(scope="module")
+def folder(tiny_model_path: Callable[[str], str], tmp_path_factory: pytest.TempPathFactory) -> str:
+    target = tmp_path_factory.mktemp("embed")
+    return embedding_folder(tiny_model_path("llama-gqa-llama3"), str(target / "model"))
+
+
+def app_client(folder: str, **kwargs: object) -> Iterator[TestClient]:
+    llm = LLM(folder, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=32, **kwargs)
+    app = api_server.build_app(AsyncLLM(llm.llm_engine), [MODEL])
+    with TestClient(app) as client:
+        yield client
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def http(folder: str) -> Iterator[TestClient]:
+    yield from app_client(folder, runner="pooling")
+
+
+@pytest.fixture(scope="module")
+def client(http: TestClient) -> openai.OpenAI:
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http)
+
+
+@pytest.fixture(scope="module")
+def hf(folder: str) -> torch.nn.Module:
+    return transformers.AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def test_inputs_of_every_shape_equal_transformers(
+    client: openai.OpenAI, hf: torch.nn.Module, folder: str
+) -> None:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    texts = ["hello", "a longer text that runs past one chunk of thirty-two tokens, twice"]
+    ids = [tokenizer.encode(t) for t in texts]
+    for inputs, expected_ids in [
+        (texts[0], ids[:1]),
+        (texts, ids),
+        (ids[1], ids[1:]),
+        (ids, ids),
+    ]:
+        response = client.embeddings.create(model=MODEL, input=inputs)
+        assert response.object == "list" and response.model == MODEL
+        assert [d.index for d in response.data] == list(range(len(expected_ids)))
+        assert all(d.object == "embedding" for d in response.data)
+        num_tokens = sum(len(i) for i in expected_ids)
+        assert response.usage.prompt_tokens == response.usage.total_tokens == num_tokens
+        for d, prompt in zip(response.data, expected_ids, strict=True):
+            expected = hf_embedding(hf, prompt, "LAST")
+            assert torch.tensor(d.embedding) == pytest.approx(expected, abs=1e-5)
+
+
+def test_dimensions_truncate_then_normalise(client: openai.OpenAI, hf: torch.nn.Module) -> None:
+    ids = [5, 6, 7, 8]
+    response = client.embeddings.create(model=MODEL, input=[ids], dimensions=16)
+    (embedding,) = [d.embedding for d in response.data]
+    assert len(embedding) == 16
+    raw = hf_embedding(hf, ids, "LAST", normalize=False)
+    expected = torch.nn.functional.normalize(raw[:16], dim=-1)
+    assert torch.tensor(embedding) == pytest.approx(expected, abs=1e-5)
+    assert float(np.linalg.norm(embedding)) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_base64_is_the_float_answer_as_little_endian_float32(client: openai.OpenAI) -> None:
+    inputs = ["one", "two words"]
+    floats = client.embeddings.create(model=MODEL, input=inputs, encoding_format="float")
+    # The client decodes base64 itself when it asks for floats; ask for the raw body.
+    raw = client.embeddings.with_raw_response.create(
+        model=MODEL, input=inputs, encoding_format="base64"
+    ).http_response.json()
+    for item, expected in zip(raw["data"], floats.data, strict=True):
+        decoded = np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4")
+        assert decoded.tolist() == pytest.approx(expected.embedding, abs=0)
+    # And the client's own decoding of base64 (its default format) gives the same floats.
+    default = client.embeddings.create(model=MODEL, input=inputs)
+    assert [d.embedding for d in default.data] == [d.embedding for d in floats.data]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": []}, "input"),
+        ({"input": ""}, "input"),
+        ({"input": [[5, 999]]}, "input"),
+        ({"input": [[]]}, "input"),
+        ({"input": [[-1]]}, "input"),
+        ({"input": [1, "a"]}, "input"),
+        ({"input": ["a", [1]]}, "input"),
+        ({"input": [1.5]}, "input"),
+        ({"input": [list(range(3, 300)) * 2]}, "input"),
+        ({"input": "hi", "dimensions": 0}, "dimensions"),
+        ({"input": "hi", "dimensions": 65}, "dimensions"),
+        ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
+    ],
+)
+def test_bad_requests_get_400_naming_the_field(http: TestClient, body: dict, param: str) -> None:
+    response = http.post("/v1/embeddings", json={"model": MODEL, **body})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_unknown_model_gets_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="other", input="hi")
+
+
+def test_dimensions_refused_on_a_model_not_trained_for_them(
+    tiny_model_path: Callable[[str], str], tmp_path: Path
+) -> None:
+    plain = embedding_folder(tiny_model_path("qwen3"), str(tmp_path / "m"), matryoshka=False)
+    for http in app_client(plain, runner="pooling"):
+        response = http.post("/v1/embeddings", json={"input": "hi", "dimensions": 8})
+        assert response.status_code == 400
+        assert "Matryoshka" in response.json()["error"]["message"]
+
+
+def test_a_generating_server_refuses_embeddings_as_vllm(folder: str) -> None:
+    for http in app_client(folder, runner="generate"):
+        response = http.post("/v1/embeddings", json={"model": MODEL, "input": "hi"})
+        assert response.status_code == 400
+        assert "does not support the Embeddings API" in response.json()["error"]["message"]
+
+
+def test_a_pooling_server_refuses_completions(http: TestClient) -> None:
+    response = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    assert response.status_code == 400
+    assert "pooling model" in response.json()["error"]["message"]
