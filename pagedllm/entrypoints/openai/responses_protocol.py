@@ -8,9 +8,10 @@ Other item, part and tool types are a 400 naming the field.
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
 
 from pagedllm.entrypoints.openai.protocol import OpenAIBaseModel, OpenAIRequestModel
 
@@ -145,6 +146,15 @@ class ReasoningConfig(OpenAIRequestModel):
 
 # The request.
 
+# field -> (whether a value asks for nothing, why the field is refused otherwise)
+_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "background": (lambda v: not v, "responses run in the foreground"),
+    "conversation": (lambda v: v is None, "use previous_response_id"),
+    "prompt": (lambda v: v is None, "the server stores no prompt templates"),
+    "top_logprobs": (lambda v: not v, "logprobs are not implemented for responses"),
+    "truncation": (lambda v: v != "auto", "input is never truncated"),
+}
+
 
 class ResponsesRequest(OpenAIRequestModel):
     model: str | None = None
@@ -164,18 +174,27 @@ class ResponsesRequest(OpenAIRequestModel):
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    include: list[str] | None = None  # extra output (encrypted reasoning, ...): none is made
+    # Refused unless they ask for nothing (_REFUSED).
+    conversation: Any = None
+    prompt: Any = None
+    top_logprobs: int | None = None
+    truncation: Literal["disabled", "auto"] | None = None
 
     @field_validator("parallel_tool_calls", "stream", "store", "background", mode="before")
     @classmethod
-    def _null_means_default(cls, value: object, info: Any) -> object:
+    def _null_means_default(cls, value: object, info: ValidationInfo) -> object:
         """OpenAI's clients may send null for these; it means the default."""
         return cls.model_fields[info.field_name].default if value is None else value
 
-    @field_validator("background")
+    @field_validator(*_REFUSED)
     @classmethod
-    def _foreground_only(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("background responses are not supported; leave background false")
+    def _implemented(cls, value: object, info: ValidationInfo) -> object:
+        """No silent drops: a field that would change the answer, and that the server does
+        not implement, is a 400 naming it, unless it asks for nothing."""
+        asks_nothing, reason = _REFUSED[info.field_name]
+        if not asks_nothing(value):
+            raise ValueError(f"{info.field_name} is not supported by pagedllm ({reason})")
         return value
 
 

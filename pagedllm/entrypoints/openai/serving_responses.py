@@ -42,6 +42,7 @@ from pagedllm.entrypoints.openai.responses_protocol import (
     OutputTokensDetails,
     ResponseObject,
     ResponsesRequest,
+    ResponseStatus,
     ResponseUsage,
     item_text,
 )
@@ -121,7 +122,7 @@ class OpenAIServingResponses:
         response: ResponseObject,
         items: list[OutputItem],
         usage: UsageInfo | None,
-        status: str,
+        status: ResponseStatus,
     ) -> ResponseObject:
         reasoning = item_text(items, OutputReasoning)
         reasoning_tokens = len(self.chat.tokenizer.encode(reasoning, add_special_tokens=False))
@@ -166,11 +167,11 @@ def _echo(request: ResponsesRequest, model: str) -> ResponseObject:
     )
 
 
-def _status(finish_reason: str | None) -> str:
+def _status(finish_reason: str | None) -> ResponseStatus:
     return "incomplete" if finish_reason == "length" else "completed"
 
 
-def _item_status(status: str) -> ItemStatus:
+def _item_status(status: ResponseStatus) -> ItemStatus:
     return "incomplete" if status == "incomplete" else "completed"
 
 

@@ -207,8 +207,9 @@ def test_bad_requests_are_openai_errors(client: openai.OpenAI) -> None:
         client.responses.create(
             **ASK, input="Hi", tools=TOOLS, tool_choice={"type": "function", "name": "nope"}
         )
-    with pytest.raises(openai.BadRequestError, match="background"):
+    with pytest.raises(openai.BadRequestError, match="background is not supported") as error:
         client.responses.create(**ASK, input="Hi", background=True)
+    assert error.value.body["param"] == "background"
     with pytest.raises(openai.BadRequestError, match="input is empty"):
         client.responses.create(**ASK, input=[])
 
