@@ -132,7 +132,7 @@ class OpenAIServingResponses:
             update={
                 "status": status,
                 "output": items,
-                "usage": _usage(usage, reasoning_tokens if reasoning else 0),
+                "usage": _usage(usage, reasoning_tokens),
                 "incomplete_details": incomplete,
             }
         )
