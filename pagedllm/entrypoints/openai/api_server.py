@@ -1,8 +1,9 @@
 """`pagedllm serve [MODEL]`: an OpenAI-compatible HTTP server over the AsyncLLM.
 
 Routes: POST /v1/completions, /v1/chat/completions, /v1/embeddings (pooling models),
-GET /v1/models (guarded by --api-key),
-and POST /tokenize, /detokenize, GET /health, /version, /metrics. FastAPI serves the
+/v1/responses (with GET and DELETE /v1/responses/{id} and POST /v1/responses/{id}/cancel),
+GET /v1/models (guarded by --api-key), and POST /tokenize, /detokenize, GET /health,
+/version, /metrics. FastAPI serves the
 OpenAPI schema at /openapi.json and its docs at /docs.
 
 Run as `pagedllm serve ...` or `python -m pagedllm.entrypoints.openai.api_server ...`.
@@ -48,6 +49,10 @@ from pagedllm.entrypoints.openai.request_size import (
     DEFAULT_MAX_REQUEST_BYTES,
     RequestSizeLimitMiddleware,
 )
+from pagedllm.entrypoints.openai.response_store import (
+    DEFAULT_MAX_STORED_RESPONSES,
+    ResponseStore,
+)
 from pagedllm.entrypoints.openai.responses import (
     ChatCompletionResponse,
     CompletionResponse,
@@ -58,9 +63,15 @@ from pagedllm.entrypoints.openai.responses import (
     TokenizeResponse,
     VersionResponse,
 )
+from pagedllm.entrypoints.openai.responses_protocol import (
+    DeletedResponse,
+    ResponseObject,
+    ResponsesRequest,
+)
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
+from pagedllm.entrypoints.openai.serving_responses import OpenAIServingResponses
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from pagedllm.logger import init_logger
@@ -120,6 +131,24 @@ async def create_chat_completion(request: ChatCompletionRequest, raw_request: Re
 @router.post("/v1/embeddings", responses=_ERRORS)
 async def create_embedding(request: EmbeddingRequest, raw_request: Request) -> EmbeddingResponse:
     return await raw_request.app.state.serving_embedding.create_embedding(request, raw_request)
+@router.post("/v1/responses", response_model=ResponseObject, responses={**_ERRORS, **_SSE})
+async def create_response(request: ResponsesRequest, raw_request: Request) -> Response:
+    return await raw_request.app.state.serving_responses.create_response(request, raw_request)
+
+
+@router.get("/v1/responses/{response_id}", responses=_ERRORS)
+async def get_response(response_id: str, raw_request: Request) -> ResponseObject:
+    return raw_request.app.state.serving_responses.get_response(response_id)
+
+
+@router.delete("/v1/responses/{response_id}", responses=_ERRORS)
+async def delete_response(response_id: str, raw_request: Request) -> DeletedResponse:
+    return raw_request.app.state.serving_responses.delete_response(response_id)
+
+
+@router.post("/v1/responses/{response_id}/cancel", responses=_ERRORS)
+async def cancel_response(response_id: str, raw_request: Request) -> ResponseObject:
+    return raw_request.app.state.serving_responses.cancel_response(response_id)
 
 
 @router.post("/tokenize", responses=_ERRORS)
@@ -180,6 +209,7 @@ def build_app(
     tool_call_parser: str | None = None,
     enable_auto_tool_choice: bool = False,
     cors: CorsConfig | None = None,
+    max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES,
 ) -> FastAPI:
     """The app over a (not yet started) engine; its lifespan starts and stops the engine.
     The parsers are named as in vLLM's --reasoning-parser and --tool-call-parser."""
@@ -211,6 +241,9 @@ def build_app(
         chat_template,
         reasoning_parser=reasoning,
         tool_parser=tools if enable_auto_tool_choice else None,
+    )
+    app.state.serving_responses = OpenAIServingResponses(
+        app.state.serving_chat, ResponseStore(max_stored_responses)
     )
     app.state.serving_tokenization = OpenAIServingTokenization(*shared, chat_template)
     app.state.serving_embedding = OpenAIServingEmbedding(*shared)
@@ -266,6 +299,13 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="larger request bodies get 413 before they are read (default 32 MiB)",
     )
     parser.add_argument(
+        "--max-stored-responses",
+        type=int,
+        default=DEFAULT_MAX_STORED_RESPONSES,
+        help="how many /v1/responses answers the server keeps in memory for GET and "
+        "previous_response_id; the least recently used go first (default %(default)s)",
+    )
+    parser.add_argument(
         "--uvicorn-log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
@@ -279,9 +319,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve MODEL (default: the embedded SmolLM2-135M-Instruct) at "
-        "/v1/completions, /v1/chat/completions, /v1/embeddings (--runner pooling) and "
-        "/v1/models, plus /tokenize, /detokenize, "
-        "/health, /version and /metrics.",
+        "/v1/completions, /v1/chat/completions, /v1/responses, /v1/embeddings (--runner "
+        "pooling) and /v1/models, plus /tokenize, /detokenize, /health, /version and /metrics.",
     )
     make_arg_parser(parser)
     parser.set_defaults(func=run)
@@ -316,6 +355,7 @@ def run(args: argparse.Namespace) -> None:
         tool_call_parser=args.tool_call_parser,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         cors=cors_from_args(args),
+        max_stored_responses=args.max_stored_responses,
     )
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
     app.state.uvicorn_server = server = uvicorn.Server(config)

@@ -76,6 +76,14 @@ class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(
         self, request: ChatCompletionRequest, raw_request: Request
     ) -> ChatCompletionResponse | StreamingResponse:
+        answer = await self.chat(request, raw_request)
+        return sse_response(answer) if request.stream else answer
+
+    async def chat(
+        self, request: ChatCompletionRequest, raw_request: Request
+    ) -> ChatCompletionResponse | AsyncIterator[ChatCompletionStreamResponse]:
+        """The whole answer, or with `stream` its chunks (the engine has accepted the
+        request by then); other endpoints (serving_responses.py) reshape either."""
         arrival_time = time.monotonic()
         model = self.check_model(request.model)
         check_unsupported_fields(request.model_extra, "chat")
@@ -101,7 +109,7 @@ class OpenAIServingChat(OpenAIServing):
         outputs = merge_streams([stream])
         if request.stream:
             outputs = await self.prime(outputs, raw_request)
-            return sse_response(self._chunks(request, request_id, model, outputs, parsers))
+            return self._chunks(request, request_id, model, outputs, parsers)
         (final,) = await until_disconnected(self.collect(outputs, 1), raw_request)
         return self._response(request, request_id, model, final, parsers)
 

@@ -23,16 +23,23 @@ from tests.entrypoints.openai.remote_server import Server
 MAX_EXAMPLES = 25
 # Generated bodies are clamped to these, so a fuzzed request generates at most a few tokens.
 MAX_TOKENS_CAP, N_CAP = 2, 2
-TOKEN_LIMITS = {"max_tokens": MAX_TOKENS_CAP, "max_completion_tokens": MAX_TOKENS_CAP, "n": N_CAP}
+LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+TOKEN_LIMITS = {**dict.fromkeys(LENGTH_FIELDS, MAX_TOKENS_CAP), "n": N_CAP}
 POST_PATHS = [
     "/v1/completions",
     "/v1/chat/completions",
+    "/v1/responses",
     "/v1/embeddings",
     "/tokenize",
     "/detokenize",
 ]
-GET_PATHS = ["/health", "/version", "/metrics", "/v1/models"]
-GENERATING_PATHS = ("/v1/completions", "/v1/chat/completions")
+GET_PATHS = ["/health", "/version", "/metrics", "/v1/models", "/v1/responses/{response_id}"]
+# A generating route and the field that bounds its answer's length.
+GENERATING_PATHS = {
+    "/v1/completions": "max_tokens",
+    "/v1/chat/completions": "max_tokens",
+    "/v1/responses": "max_output_tokens",
+}
 LAX_INT = TypeAdapter(int)
 
 
@@ -46,7 +53,7 @@ def as_int(value: Any) -> int | None:
 
 
 def cheap_body(path: str, body: Any) -> Any:
-    """`body` with a max_tokens / max_completion_tokens / n that reads as an int over its cap
+    """`body` with a length field (max_tokens, ...) or n that reads as an int over its cap
     (or no token limit at all, which means up to max_model_len) set to the cap; every other
     value, invalid ones included, is kept so that validation is still fuzzed."""
     if path not in GENERATING_PATHS or not isinstance(body, dict):
@@ -56,8 +63,8 @@ def cheap_body(path: str, body: Any) -> Any:
         for key, value in body.items()
         if key in TOKEN_LIMITS and (as_int(value) or 0) > TOKEN_LIMITS[key]
     }
-    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
-        capped["max_tokens"] = MAX_TOKENS_CAP
+    if all(body.get(field) is None for field in LENGTH_FIELDS):
+        capped[GENERATING_PATHS[path]] = MAX_TOKENS_CAP
     return {**body, **capped}
 
 

@@ -1,0 +1,216 @@
+"""POST /v1/responses (OpenAI's Responses API) on the chat machinery, and the stored
+responses' GET, DELETE and cancel.
+
+A request becomes a chat request (responses_input.py) that OpenAIServingChat.chat answers
+(template, tools, parsers, structured outputs); its message, or its stream of chunks,
+becomes the response's output items (responses_stream.py). A stream is SSE with OpenAI's
+`event:` lines and `sequence_number`s: response.created, response.in_progress, the items'
+events, then response.completed (or response.incomplete when `max_output_tokens` cut the
+answer). Responses run in the foreground only, so none can be cancelled: cancel answers a
+stored response with OpenAI's 400 for responses that were not created in the background.
+"""
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from http import HTTPStatus
+from typing import NoReturn
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from pagedllm.entrypoints.openai.errors import OpenAIError, engine_error
+from pagedllm.entrypoints.openai.protocol import ChatMessage
+from pagedllm.entrypoints.openai.response_store import ResponseStore, StoredResponse
+from pagedllm.entrypoints.openai.responses import (
+    ChatCompletionResponse,
+    ChatCompletionStreamResponse,
+    UsageInfo,
+)
+from pagedllm.entrypoints.openai.responses_input import (
+    assistant_message,
+    chat_request_of,
+    conversation_of,
+)
+from pagedllm.entrypoints.openai.responses_protocol import (
+    DeletedResponse,
+    IncompleteDetails,
+    InputTokensDetails,
+    ItemStatus,
+    OutputItem,
+    OutputReasoning,
+    OutputTokensDetails,
+    ResponseObject,
+    ResponsesRequest,
+    ResponseStatus,
+    ResponseUsage,
+    item_text,
+)
+from pagedllm.entrypoints.openai.responses_stream import Event, OutputItems, output_items
+from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
+
+
+class OpenAIServingResponses:
+    def __init__(self, chat: OpenAIServingChat, store: ResponseStore) -> None:
+        self.chat = chat
+        self.store = store
+
+    async def create_response(
+        self, request: ResponsesRequest, raw_request: Request
+    ) -> ResponseObject | StreamingResponse:
+        model = self.chat.check_model(request.model)
+        conversation = self._history(request) + conversation_of(request.input)
+        answer = await self.chat.chat(chat_request_of(request, conversation), raw_request)
+        response = _echo(request, model)
+        if isinstance(answer, ChatCompletionResponse):
+            choice = answer.choices[0]
+            status = _status(choice.finish_reason)
+            items = output_items(choice.message, _item_status(status))
+            response = self._finished(response, items, answer.usage, status)
+            self._store(request, response, conversation)
+            return response
+        events = self._events(request, response, conversation, answer)
+        return StreamingResponse(_sse(events), media_type="text/event-stream")
+
+    def get_response(self, response_id: str) -> ResponseObject:
+        return self.store.get(response_id).response
+
+    def delete_response(self, response_id: str) -> DeletedResponse:
+        self.store.delete(response_id)
+        return DeletedResponse(id=response_id)
+
+    def cancel_response(self, response_id: str) -> NoReturn:
+        self.store.get(response_id)
+        raise OpenAIError(
+            "Only responses created with background=true can be cancelled; this server "
+            "answers every response in the foreground",
+            HTTPStatus.BAD_REQUEST,
+        )
+
+    def _history(self, request: ResponsesRequest) -> list[ChatMessage]:
+        if request.previous_response_id is None:
+            return []
+        stored = self.store.get(request.previous_response_id, "previous_response_id")
+        return list(stored.conversation)
+
+    async def _events(
+        self,
+        request: ResponsesRequest,
+        response: ResponseObject,
+        conversation: list[ChatMessage],
+        chunks: AsyncIterator[ChatCompletionStreamResponse],
+    ) -> AsyncIterator[Event]:
+        yield {"type": "response.created", "response": _dump(response)}
+        yield {"type": "response.in_progress", "response": _dump(response)}
+        items, usage, finish_reason = OutputItems(), None, None
+        async with aclosing(chunks):
+            async for chunk in chunks:
+                usage = chunk.usage or usage
+                for choice in chunk.choices:
+                    finish_reason = choice.finish_reason or finish_reason
+                    for event in items.feed(choice.delta):
+                        yield event
+        status = _status(finish_reason)
+        for event in items.finish(_item_status(status)):
+            yield event
+        response = self._finished(response, items.items, usage, status)
+        self._store(request, response, conversation)
+        yield {"type": f"response.{status}", "response": _dump(response)}
+
+    def _finished(
+        self,
+        response: ResponseObject,
+        items: list[OutputItem],
+        usage: UsageInfo | None,
+        status: ResponseStatus,
+    ) -> ResponseObject:
+        reasoning = item_text(items, OutputReasoning)
+        reasoning_tokens = len(self.chat.tokenizer.encode(reasoning, add_special_tokens=False))
+        cut = status == "incomplete"
+        incomplete = IncompleteDetails(reason="max_output_tokens") if cut else None
+        return response.model_copy(
+            update={
+                "status": status,
+                "output": items,
+                "usage": _usage(usage, reasoning_tokens),
+                "incomplete_details": incomplete,
+            }
+        )
+
+    def _store(
+        self, request: ResponsesRequest, response: ResponseObject, conversation: list[ChatMessage]
+    ) -> None:
+        if not request.store:
+            return
+        answer = assistant_message(response.output)
+        stored = [*conversation, answer] if answer is not None else conversation
+        self.store.put(StoredResponse(response, stored))
+
+
+def _echo(request: ResponsesRequest, model: str) -> ResponseObject:
+    """The response in progress, with what the request asked for."""
+    return ResponseObject(
+        model=model,
+        instructions=request.instructions,
+        tools=request.tools,
+        tool_choice=request.tool_choice or "auto",
+        parallel_tool_calls=request.parallel_tool_calls,
+        text=request.text,
+        reasoning=request.reasoning,
+        max_output_tokens=request.max_output_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        previous_response_id=request.previous_response_id,
+        store=request.store,
+        metadata=request.metadata or {},
+        user=request.user,
+    )
+
+
+def _status(finish_reason: str | None) -> ResponseStatus:
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+def _item_status(status: ResponseStatus) -> ItemStatus:
+    return "incomplete" if status == "incomplete" else "completed"
+
+
+def _usage(usage: UsageInfo | None, reasoning_tokens: int) -> ResponseUsage:
+    usage = usage or UsageInfo()
+    cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
+    return ResponseUsage(
+        input_tokens=usage.prompt_tokens,
+        input_tokens_details=InputTokensDetails(cached_tokens=cached),
+        output_tokens=usage.completion_tokens,
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=reasoning_tokens),
+        total_tokens=usage.total_tokens,
+    )
+
+
+def _dump(response: ResponseObject) -> dict:
+    return response.model_dump(mode="json", by_alias=True)
+
+
+async def _sse(events: AsyncIterator[Event]) -> AsyncIterator[str]:
+    """Each event as OpenAI sends it, `event: <type>` then `data: <json>`, numbered from
+    0. An error once the 200 is out is an `error` event, and the stream ends."""
+    sequence_number = 0
+    async with aclosing(events):
+        try:
+            async for event in events:
+                yield _sse_event(event | {"sequence_number": sequence_number})
+                sequence_number += 1
+        except Exception as e:  # noqa: BLE001 - the 200 is out: the error goes in the stream
+            error = engine_error(e)
+            event = {
+                "type": "error",
+                "code": error.code,
+                "message": error.message,
+                "param": error.param,
+                "sequence_number": sequence_number,
+            }
+            yield _sse_event(event)
+
+
+def _sse_event(event: Event) -> str:
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
