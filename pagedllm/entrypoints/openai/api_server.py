@@ -131,6 +131,8 @@ async def create_chat_completion(request: ChatCompletionRequest, raw_request: Re
 @router.post("/v1/embeddings", responses=_ERRORS)
 async def create_embedding(request: EmbeddingRequest, raw_request: Request) -> EmbeddingResponse:
     return await raw_request.app.state.serving_embedding.create_embedding(request, raw_request)
+
+
 @router.post("/v1/responses", response_model=ResponseObject, responses={**_ERRORS, **_SSE})
 async def create_response(request: ResponsesRequest, raw_request: Request) -> Response:
     return await raw_request.app.state.serving_responses.create_response(request, raw_request)
