@@ -24,7 +24,9 @@ def tools_system_prompt(tools: list[ChatCompletionToolsParam]) -> str:
     """The tools (name, description, parameters' JSON schema), one JSON object a line, and
     how to call them."""
     lines = [
-        json.dumps(tool.function.model_dump(exclude_none=True, exclude={"strict"}))
+        json.dumps(
+            tool.function.model_dump(exclude_none=True, exclude={"strict"}), ensure_ascii=False
+        )
         for tool in tools
     ]
     return (
