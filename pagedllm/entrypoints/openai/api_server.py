@@ -22,6 +22,7 @@ import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from transformers import PreTrainedTokenizerBase
 
 from pagedllm.config import DEFAULT_MODEL_FILE
 from pagedllm.engine.arg_utils import EngineArgs
@@ -73,6 +74,7 @@ from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompleti
 from pagedllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from pagedllm.entrypoints.openai.serving_responses import OpenAIServingResponses
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from pagedllm.entrypoints.openai.tool_format import detect_tool_call_parser
 from pagedllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from pagedllm.logger import init_logger
 
@@ -194,11 +196,19 @@ def registered(flag: str, name: str | None, registry: dict[str, T]) -> T | None:
     return None if name is None else registry[name]
 
 
-def check_tool_flags(tool_call_parser: str | None, enable_auto_tool_choice: bool) -> None:
-    if enable_auto_tool_choice and tool_call_parser is None:
-        raise ValueError(
-            f"--enable-auto-tool-choice needs --tool-call-parser (one of {sorted(TOOL_PARSERS)})"
-        )
+def tool_call_parser_of(
+    tokenizer: PreTrainedTokenizerBase, chat_template: str | None, tool_call_parser: str | None
+) -> str:
+    """`tool_call_parser` if given, else the format of the template that requests with
+    tools go through (the server's --chat-template, else the tokenizer's; "generic" when
+    there is none)."""
+    if tool_call_parser is not None:
+        return tool_call_parser
+    try:
+        template = tokenizer.get_chat_template(chat_template, tools=[{}])
+    except ValueError:  # the tokenizer has no template; chat requests fail on their own
+        template = None
+    return detect_tool_call_parser(template)
 
 
 def build_app(
@@ -209,19 +219,20 @@ def build_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     reasoning_parser: str | None = None,
     tool_call_parser: str | None = None,
-    enable_auto_tool_choice: bool = False,
     cors: CorsConfig | None = None,
     max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES,
 ) -> FastAPI:
     """The app over a (not yet started) engine; its lifespan starts and stops the engine.
-    The parsers are named as in vLLM's --reasoning-parser and --tool-call-parser."""
+    The parsers are named as in vLLM's --reasoning-parser and --tool-call-parser; without
+    a tool-call parser the chat template's format is used ("auto" is always on)."""
     if engine.tokenizer is None:
         raise ValueError("the OpenAI server needs a tokenizer, but skip_tokenizer_init is set")
     if not served_model_names:
         raise ValueError("served_model_names must name at least one model")
-    check_tool_flags(tool_call_parser, enable_auto_tool_choice)
     reasoning = registered("--reasoning-parser", reasoning_parser, REASONING_PARSERS)
-    tools = registered("--tool-call-parser", tool_call_parser, TOOL_PARSERS)
+    registered("--tool-call-parser", tool_call_parser, TOOL_PARSERS)
+    tool_format = tool_call_parser_of(engine.tokenizer, chat_template, tool_call_parser)
+    logger.info('tool calls of tool_choice "auto": the %s format', tool_format)
     app = FastAPI(
         title="pagedllm OpenAI-compatible API",
         version=importlib.metadata.version("pagedllm"),
@@ -242,7 +253,7 @@ def build_app(
         *shared,
         chat_template,
         reasoning_parser=reasoning,
-        tool_parser=tools if enable_auto_tool_choice else None,
+        tool_parser=TOOL_PARSERS[tool_format],
     )
     app.state.serving_responses = OpenAIServingResponses(
         app.state.serving_chat, ResponseStore(max_stored_responses)
@@ -277,15 +288,17 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--enable-auto-tool-choice",
         action="store_true",
-        help='parse tool calls out of the answers of requests with tools and tool_choice "auto" '
-        "(needs --tool-call-parser)",
+        help='vLLM\'s flag, accepted for compatibility: tool_choice "auto" is always on',
     )
     parser.add_argument(
         "--tool-call-parser",
         choices=sorted(TOOL_PARSERS),
         default=None,
-        help="the model's tool-call format: hermes (Qwen2.5/3, Hermes: <tool_call>{...}"
-        "</tool_call>), llama3_json (Llama 3.1/3.2 JSON calls)",
+        help="the model's tool-call format (default: the one its chat template teaches, "
+        "else generic): hermes (Qwen2.5/3, Hermes: <tool_call>{...}</tool_call>), "
+        "llama3_json (Llama 3.1/3.2 JSON calls), mistral ([TOOL_CALLS]), generic (the tools "
+        "described in a system message, answers constrained to text or "
+        '{"tool_calls": [...]}); see docs/tool-calling.md',
     )
     parser.add_argument(
         "--reasoning-parser",
@@ -344,7 +357,6 @@ def run(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     chat_template = read_chat_template(args.chat_template)
-    check_tool_flags(args.tool_call_parser, args.enable_auto_tool_choice)
     names = args.served_model_name or [args.model or DEFAULT_SERVED_MODEL_NAME]
     engine = AsyncLLM.from_engine_args(EngineArgs.from_cli_args(args))
     app = build_app(
@@ -355,7 +367,6 @@ def run(args: argparse.Namespace) -> None:
         args.max_request_bytes,
         reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser,
-        enable_auto_tool_choice=args.enable_auto_tool_choice,
         cors=cors_from_args(args),
         max_stored_responses=args.max_stored_responses,
     )

@@ -2,8 +2,9 @@
 tokenizer's, or the server's --chat-template), n choices, streamed as SSE deltas or answered
 at once. Each choice's text goes through the server's reasoning parser and the request's
 tool parser (chat_choice_parser.py); a forced tool choice constrains the answer with
-structured outputs (tool_choice.py), which with a reasoning parser start after the
-reasoning part."""
+structured outputs (tool_choice.py), and so does "auto" in the generic tool format
+(generic_tools.py), which also describes the tools in the system message; with a reasoning
+parser the constraint starts after the reasoning part."""
 
 import dataclasses
 import time
@@ -20,6 +21,10 @@ from pagedllm.entrypoints.openai.chat_choice_parser import (
     choice_parser_factory,
 )
 from pagedllm.entrypoints.openai.errors import OpenAIError
+from pagedllm.entrypoints.openai.generic_tools import (
+    generic_tools_constraint,
+    tools_system_prompt,
+)
 from pagedllm.entrypoints.openai.logprobs import chat_logprobs
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -48,6 +53,7 @@ from pagedllm.entrypoints.openai.tool_choice import (
     tool_parser_factory,
 )
 from pagedllm.entrypoints.openai.tool_parsers import (
+    GenericToolParser,
     ToolCallDelta,
     ToolParser,
     join_tool_call_deltas,
@@ -64,11 +70,11 @@ class OpenAIServingChat(OpenAIServing):
         self,
         *args: Any,
         reasoning_parser: type[ReasoningParser] | None = None,
-        tool_parser: type[ToolParser] | None = None,
+        tool_parser: type[ToolParser] = GenericToolParser,
     ) -> None:
         """`args`: OpenAIServing's; `reasoning_parser`: the server's --reasoning-parser;
-        `tool_parser`: its --tool-call-parser when --enable-auto-tool-choice is set (what
-        "auto" needs)."""
+        `tool_parser`: what reads "auto" answers (the chat template's format, or
+        --tool-call-parser)."""
         super().__init__(*args)
         self.reasoning_parser = reasoning_parser
         self.tool_parser = tool_parser
@@ -91,7 +97,9 @@ class OpenAIServingChat(OpenAIServing):
             raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
         tool_choice = tool_choice_of(request)
         tool_parser = tool_parser_factory(tool_choice, self.tool_parser)
-        prompt_text, prompt_ids = await self.apply_chat_template(request)
+        generic = tool_choice == "auto" and issubclass(self.tool_parser, GenericToolParser)
+        tools_prompt = tools_system_prompt(request.tools) if generic else None
+        prompt_text, prompt_ids = await self.apply_chat_template(request, tools_prompt)
         max_tokens = self.max_tokens(request.requested_max_tokens, len(prompt_ids), "messages")
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
         params = self.sampling_params(request, max_tokens, logprobs)
@@ -99,6 +107,9 @@ class OpenAIServingChat(OpenAIServing):
         schema = tool_choice_schema(request.tools or [], tool_choice, parallel)
         if schema is not None:
             params = _forced_call(params, schema)
+        elif generic and params.structured_outputs is None:
+            constraint = generic_tools_constraint(request.tools, parallel)
+            params = dataclasses.replace(params, structured_outputs=constraint)
         if params.structured_outputs is not None and self.reasoning_parser is not None:
             # The constraint applies to the content after the reasoning part, as in vLLM.
             reasoning = self.reasoning_parser.reasoning_tokens(prompt_text, self.tokenizer)

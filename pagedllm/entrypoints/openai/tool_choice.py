@@ -4,7 +4,8 @@
 
 Without `tool_choice`, a request with tools means "auto" and one without means "none"
 (OpenAI's defaults). "none" still shows the tools to the template; "auto" parses the
-answer with the server's `--tool-call-parser`, so it needs `--enable-auto-tool-choice`.
+answer with the server's tool-call parser (the chat template's format, or
+`--tool-call-parser`; the generic format also prompts and constrains, generic_tools.py).
 """
 
 import copy
@@ -20,9 +21,6 @@ from pagedllm.entrypoints.openai.protocol import (
 from pagedllm.entrypoints.openai.tool_parsers import NamedToolParser, RequiredToolParser, ToolParser
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
-AUTO_NEEDS_FLAGS = (
-    '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
-)
 
 
 def tool_choice_of(request: ChatCompletionRequest) -> str | ChatCompletionNamedToolChoiceParam:
@@ -58,28 +56,38 @@ def tool_choice_schema(
         return tool.function.parameters or copy.deepcopy(EMPTY_PARAMETERS)
     if choice != "required":
         return None
-    schema: dict[str, Any] = {
-        "type": "array",
-        "minItems": 1,
-        "items": {"type": "object", "anyOf": [_call_schema(tool) for tool in tools]},
-    }
+    return with_defs(calls_schema(tools, "parameters", parallel_tool_calls), tools)
+
+
+def calls_schema(
+    tools: list[ChatCompletionToolsParam], arguments_key: str, parallel_tool_calls: bool
+) -> dict[str, Any]:
+    """An array of at least one `{"name", arguments_key}` call of any of the tools (at
+    most one with parallel_tool_calls false)."""
+    calls = [_call_schema(tool, arguments_key) for tool in tools]
+    schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": calls}}
     if not parallel_tool_calls:
         schema["maxItems"] = 1
-    defs = _gathered_defs(tools)
-    if defs:
-        schema["$defs"] = defs
     return schema
 
 
-def _call_schema(tool: ChatCompletionToolsParam) -> dict[str, Any]:
+def with_defs(schema: dict[str, Any], tools: list[ChatCompletionToolsParam]) -> dict[str, Any]:
+    """`schema` with the tools' `$defs` gathered at its top, so that the `#/$defs/...`
+    references of their parameters resolve."""
+    defs = _gathered_defs(tools)
+    return {**schema, "$defs": defs} if defs else schema
+
+
+def _call_schema(tool: ChatCompletionToolsParam, arguments_key: str) -> dict[str, Any]:
     parameters = copy.deepcopy(tool.function.parameters or EMPTY_PARAMETERS)
     parameters.pop("$defs", None)
     return {
         "properties": {
             "name": {"type": "string", "enum": [tool.function.name]},
-            "parameters": parameters,
+            arguments_key: parameters,
         },
-        "required": ["name", "parameters"],
+        "required": ["name", arguments_key],
+        "additionalProperties": False,
     }
 
 
@@ -96,8 +104,8 @@ def _gathered_defs(tools: list[ChatCompletionToolsParam]) -> dict[str, Any]:
         for name, schema in own.items():
             if name in defs and defs[name] != schema:
                 raise OpenAIError(
-                    f'tools define $defs {name!r} differently; with tool_choice "required" '
-                    "the tools' $defs share one namespace",
+                    f"tools define $defs {name!r} differently; when the answer may call "
+                    "any of them, the tools' $defs share one namespace",
                     param="tools",
                 )
             defs[name] = schema
@@ -105,19 +113,16 @@ def _gathered_defs(tools: list[ChatCompletionToolsParam]) -> dict[str, Any]:
 
 
 def tool_parser_factory(
-    choice: str | ChatCompletionNamedToolChoiceParam, auto_parser: type[ToolParser] | None
+    choice: str | ChatCompletionNamedToolChoiceParam, auto_parser: type[ToolParser]
 ) -> Callable[[], ToolParser] | None:
     """A new parser for each of the request's answers, or None when the answer is all
-    content. `auto_parser` is the server's --tool-call-parser when
-    --enable-auto-tool-choice is set; "auto" without one is a 400."""
+    content. `auto_parser` is the server's (the template's format or --tool-call-parser)."""
     if isinstance(choice, ChatCompletionNamedToolChoiceParam):
         name = choice.function.name
         return lambda: NamedToolParser(name)
     if choice == "required":
         return RequiredToolParser
     if choice == "auto":
-        if auto_parser is None:
-            raise OpenAIError(AUTO_NEEDS_FLAGS, param="tool_choice")
         return auto_parser
     return None
 

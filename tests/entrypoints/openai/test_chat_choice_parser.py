@@ -85,8 +85,9 @@ def ask(client: openai.OpenAI, **fields: object) -> openai.types.chat.ChatComple
 
 
 def test_auto_tool_calls_after_reasoning_streamed_and_whole(serve: Callable) -> None:
+    """--tool-call-parser overrides the template's format (the scripted template has none)."""
     options = dict(reasoning_parser="qwen3", tool_call_parser="hermes")
-    with serve(**options, enable_auto_tool_choice=True) as (client, _):
+    with serve(**options) as (client, _):
         whole = ask(client, tools=TOOLS)
         with client.chat.completions.stream(
             model="scripted", messages=MESSAGES, temperature=0, max_tokens=30, tools=TOOLS
@@ -170,7 +171,7 @@ def test_tool_round_trip_renders_calls_and_results(serve: Callable, scripted_llm
     """The assistant's call and the tool's result reach the template (the scripted model
     answers "It is sunny" after a tool result)."""
     options = dict(reasoning_parser="qwen3", tool_call_parser="hermes")
-    with serve(**options, enable_auto_tool_choice=True) as (client, http):
+    with serve(**options) as (client, http):
         call = ask(client, tools=TOOLS).choices[0].message.tool_calls[0]
         messages = [
             *MESSAGES,
@@ -194,26 +195,33 @@ def test_tool_round_trip_renders_calls_and_results(serve: Callable, scripted_llm
     assert json.loads(call.function.arguments) == {"city": "Paris"}
 
 
-def test_auto_needs_the_server_flags_and_named_tools_must_exist(serve: Callable) -> None:
+def test_auto_without_flags_is_the_generic_format_and_named_tools_must_exist(
+    serve: Callable,
+) -> None:
+    """The scripted template has no tool format: "auto" constrains the answer to text or
+    the generic calls (the scripted answer, text, passes); "none" leaves it alone."""
     with serve() as (client, _):
-        with pytest.raises(openai.BadRequestError, match="--enable-auto-tool-choice") as error:
-            ask(client, tools=TOOLS)
-        assert error.value.body["param"] == "tool_choice"
+        auto = ask(client, tools=TOOLS).choices[0].message
+        assert auto.tool_calls is None and auto.content.startswith("<think>")
         named = {"type": "function", "function": {"name": "get_time"}}
         with pytest.raises(openai.BadRequestError, match="'get_time', which is not one"):
             ask(client, tools=TOOLS, tool_choice=named)
         none = ask(client, tools=TOOLS, tool_choice="none").choices[0].message
         assert none.tool_calls is None and "<tool_call>" in none.content
-    flags = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-    args = api_server.make_arg_parser(argparse.ArgumentParser()).parse_args(
-        [*flags, "--reasoning-parser", "deepseek_r1"]
-    )
-    assert (args.enable_auto_tool_choice, args.tool_call_parser) == (True, "hermes")
+
+
+def test_the_tool_flags_as_vllm_takes_them() -> None:
+    """--enable-auto-tool-choice is accepted alone (a no-op) or with --tool-call-parser."""
+    parser = api_server.make_arg_parser(argparse.ArgumentParser())
+    alone = parser.parse_args(["--enable-auto-tool-choice"])
+    assert (alone.enable_auto_tool_choice, alone.tool_call_parser) == (True, None)
+    flags = ["--enable-auto-tool-choice", "--tool-call-parser", "mistral"]
+    args = parser.parse_args([*flags, "--reasoning-parser", "deepseek_r1"])
+    assert (args.enable_auto_tool_choice, args.tool_call_parser) == (True, "mistral")
     assert args.reasoning_parser == "deepseek_r1"
-    with pytest.raises(ValueError, match="--enable-auto-tool-choice needs --tool-call-parser"):
-        api_server.check_tool_flags(None, True)
-    flag, name = "--tool-call-parser", "mistral"
-    with pytest.raises(ValueError, match=r"'mistral' is not one of \['hermes', 'llama3_json'\]"):
+    flag, name = "--tool-call-parser", "pythonic"
+    expected = r"'pythonic' is not one of \['generic', 'hermes', 'llama3_json', 'mistral'\]"
+    with pytest.raises(ValueError, match=expected):
         api_server.registered(flag, name, TOOL_PARSERS)
     with pytest.raises(ValueError, match=r"'r2' is not one of \['deepseek_r1', 'qwen3'\]"):
         api_server.registered("--reasoning-parser", "r2", REASONING_PARSERS)

@@ -1,9 +1,11 @@
 """Tool calling on POST /v1/chat/completions with the default model and the official
-`openai` client: a forced tool choice ("required", a named function) answers with calls
-whose arguments validate (jsonschema) against the tool's parameters, streamed calls
-accumulate to the same calls, and a tool's result goes back through the template. Also the
-"no silent drops" contract (a 400 naming an unimplemented field) and the prefix-cache
-hits in `usage.prompt_tokens_details.cached_tokens`."""
+`openai` client: a forced tool choice ("required", a named function) and "auto" (the
+default with tools; the default model's template has no tool format, so the generic one,
+docs/tool-calling.md) answer with calls whose arguments validate (jsonschema) against the
+tool's parameters, streamed calls accumulate to the same calls, and a tool's result goes
+back through the template. Also the "no silent drops" contract (a 400 naming an
+unimplemented field) and the prefix-cache hits in
+`usage.prompt_tokens_details.cached_tokens`."""
 
 import json
 
@@ -35,6 +37,8 @@ TOOLS = [
 PARAMETERS = {"get_weather": WEATHER, "get_time": TIME}
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 ASK = dict(model=MODEL_NAME, messages=MESSAGES, tools=TOOLS, temperature=0, max_tokens=80)
+# A request the default model answers with a call at temperature 0 in the generic format.
+CALL_MESSAGES = [{"role": "user", "content": "Call get_weather for Paris in celsius."}]
 
 
 def check_calls(message: object) -> list[tuple[str, dict]]:
@@ -95,12 +99,57 @@ def test_bad_tool_choices_are_400_naming_the_field(client: openai.OpenAI) -> Non
     with pytest.raises(openai.BadRequestError, match="'get_wether', which is not one") as error:
         client.chat.completions.create(**ASK, tool_choice=named)
     assert error.value.body["param"] == "tool_choice"
-    with pytest.raises(openai.BadRequestError, match="requires --enable-auto-tool-choice"):
-        client.chat.completions.create(**ASK)  # tools without tool_choice mean "auto"
     with pytest.raises(openai.BadRequestError, match="cannot be combined with response_format"):
         client.chat.completions.create(
             **ASK, tool_choice="required", response_format={"type": "json_object"}
         )
+
+
+def test_auto_is_the_default_and_calls_in_the_generic_format(client: openai.OpenAI) -> None:
+    """Tools without tool_choice mean "auto" (OpenAI's default): the default model calls
+    a tool at temperature 0, and whatever a sampled answer is, its calls validate."""
+    choice = client.chat.completions.create(**{**ASK, "messages": CALL_MESSAGES}).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert [name for name, _ in check_calls(choice.message)] == ["get_weather"]
+    sampled = client.chat.completions.create(**{**ASK, "temperature": 1.0, "seed": 3}, n=4)
+    for answer in sampled.choices:
+        if answer.message.tool_calls:
+            assert check_calls(answer.message) and answer.finish_reason == "tool_calls"
+        else:
+            assert answer.message.content and answer.finish_reason in ("stop", "length")
+
+
+def test_streamed_auto_calls_accumulate_to_the_whole_answer(client: openai.OpenAI) -> None:
+    """The generic format streams each call's name, then its arguments in pieces."""
+    ask = {**ASK, "messages": CALL_MESSAGES}
+    whole = client.chat.completions.create(**ask, tool_choice="auto").choices[0]
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    deltas = [d for c in chunks for d in c.choices[0].delta.tool_calls or []]
+    first, *rest = deltas
+    assert (first.index, first.type, first.function.name) == (0, "function", "get_weather")
+    assert first.id.startswith("chatcmpl-tool-")
+    assert len(rest) > 1 and all(d.id is None and d.function.name is None for d in rest)
+    arguments = "".join(d.function.arguments for d in deltas)
+    assert arguments == whole.message.tool_calls[0].function.arguments
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason == "tool_calls"
+    with client.chat.completions.stream(**ask) as stream:
+        streamed = stream.get_final_completion().choices[0]
+    assert check_calls(streamed.message) == check_calls(whole.message)
+
+
+def test_auto_answers_in_text_and_none_keeps_tools_out(client: openai.OpenAI) -> None:
+    """A greeting gets text under "auto"; "none" neither prompts nor parses the tools."""
+    hello = [{"role": "user", "content": "Hi, how are you?"}]
+    text = client.chat.completions.create(**{**ASK, "messages": hello}).choices[0]
+    assert text.message.tool_calls is None and text.message.content
+    assert text.finish_reason in ("stop", "length")
+    none = client.chat.completions.create(
+        **{**ASK, "messages": CALL_MESSAGES, "max_tokens": 30}, tool_choice="none"
+    ).choices[0]
+    plain = client.chat.completions.create(
+        model=MODEL_NAME, messages=CALL_MESSAGES, temperature=0, max_tokens=30
+    ).choices[0]
+    assert none.message.tool_calls is None and none.message.content == plain.message.content
 
 
 def test_unimplemented_fields_are_400_and_harmless_ones_pass(client: openai.OpenAI) -> None:

@@ -1,6 +1,7 @@
 """pagedllm/entrypoints/openai/tool_choice.py. References: vLLM's tool-choice rules (OpenAI's
-defaults, a named function must be one of the tools, "auto" needs the server's flags) and
-its forcing schemas, checked with jsonschema: the answers they must accept and refuse."""
+defaults, a named function must be one of the tools; "auto" reads answers with the
+server's parser) and its forcing schemas, checked with jsonschema: the answers they must
+accept and refuse."""
 
 import jsonschema
 import pytest
@@ -50,15 +51,13 @@ def test_openai_defaults_and_the_checks_that_name_the_field() -> None:
         tool_choice_of(request(tools=[WEATHER, NOW], tool_choice=named))
 
 
-def test_parsers_per_choice_and_auto_needs_the_server_flags() -> None:
+def test_parsers_per_choice_and_auto_takes_the_servers() -> None:
     now = {"type": "function", "function": {"name": "now"}}
     named = tool_choice_of(request(tools=[NOW], tool_choice=now))
     assert isinstance(tool_parser_factory(named, None)(), NamedToolParser)
     assert isinstance(tool_parser_factory("required", None)(), RequiredToolParser)
     assert tool_parser_factory("none", TOOL_PARSERS["hermes"]) is None
     assert tool_parser_factory("auto", TOOL_PARSERS["hermes"]) is TOOL_PARSERS["hermes"]
-    with pytest.raises(OpenAIError, match="requires --enable-auto-tool-choice"):
-        tool_parser_factory("auto", None)
 
 
 def test_named_schema_is_the_functions_parameters() -> None:
