@@ -224,9 +224,7 @@ def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI
     save_scripted_model(str(folder))
     llm = LLM(model=str(folder), num_kv_blocks=64, max_model_len=256)
     options = dict(reasoning_parser="qwen3", tool_call_parser="hermes")
-    app = api_server.build_app(
-        AsyncLLM(llm.llm_engine), ["scripted"], **options, enable_auto_tool_choice=True
-    )
+    app = api_server.build_app(AsyncLLM(llm.llm_engine), ["scripted"], **options)
     with TestClient(app) as http:
         yield openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http)
 
