@@ -1,12 +1,20 @@
 /* pagedllm._C: Python bindings of the kernels in ops.h.
  *
- * Arguments are raw data pointers and sizes as Python ints, and floats; the wrappers in
- * pagedllm/_cpu_kernels.py check dtypes, devices, layouts and shapes and take the sizes from
- * the tensors. Index values (cache slots, block ids, sequence lengths, positions) are checked
- * here, with the GIL held, before the kernel reads through them: a bad one raises ValueError
- * rather than touching memory outside the tensors. The GIL is released while a kernel runs.
- * Threads come from OpenMP: the same libgomp (soname libgomp.so.1) torch loads, so these
- * kernels and torch's ops share one thread pool.
+ * Each binding's arguments are declared once, in order, by an X-macro: ARG(kind, C type,
+ * name), kind p a data pointer, i an int (sizes, strides, the flags of ops.h's enums), f a
+ * float. The declaration gives the binding its named C variables, parses its Python
+ * arguments into them (a TypeError names the argument of the wrong type), and makes its
+ * signature string ("x:p weight:p ... num_threads:i"), which signatures() returns per
+ * binding: pagedllm/_cpu_kernels/__init__.py compares it with the Python declaration of the
+ * kernel when it loads this module and refuses to load on any difference. A binding takes its
+ * kernel's arguments in the kernel's order, then the sizes only its checks read.
+ *
+ * The wrappers in pagedllm/_cpu_kernels/ check dtypes, devices, layouts and shapes and take
+ * the sizes from the tensors. Index values (cache slots, block ids, sequence lengths,
+ * positions) are checked here, with the GIL held, before the kernel reads through them: a
+ * bad one raises ValueError rather than touching memory outside the tensors. The GIL is
+ * released while a kernel runs. Threads come from OpenMP: the same libgomp (soname
+ * libgomp.so.1) torch loads, so these kernels and torch's ops share one thread pool.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -14,30 +22,52 @@
 #include "gguf.h"
 #include "ops.h"
 
-#define MAX_ARGS 20
+/* One Python argument as a binding's kind (i: any int, __index__ included; p: an int
+ * address; f: anything float() takes): 0, or -1 with an error set, a TypeError naming the
+ * argument for one of the wrong type. */
+static int parse_failed(const char *op, const char *name, const char *kind, PyObject *arg) {
+  if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_TypeError, "%s: %s must be %s, got %s", op, name, kind,
+                 Py_TYPE(arg)->tp_name);
+  }
+  return -1;
+}
 
-/* Parses args by fmt: 'i' an int (pointers too) into ints[], 'f' a float into floats[], in
- * order. Returns 0, or -1 with a Python error set. */
-static int parse(const char *name, const char *fmt, PyObject *const *args, Py_ssize_t nargs,
-                 int64_t *ints, double *floats) {
-  Py_ssize_t expected = (Py_ssize_t)strlen(fmt);
-  if (nargs != expected) {
-    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, got %zd", name, expected, nargs);
-    return -1;
-  }
-  for (Py_ssize_t i = 0; i < nargs; i++) {
-    if (fmt[i] == 'i') {
-      *ints = PyLong_AsLongLong(args[i]);
-      if (*ints++ == -1 && PyErr_Occurred()) return -1;
-    } else {
-      *floats = PyFloat_AsDouble(args[i]);
-      if (*floats++ == -1.0 && PyErr_Occurred()) return -1;
-    }
-  }
+static int parse_i(const char *op, const char *name, PyObject *arg, int64_t *out) {
+  *out = PyLong_AsLongLong(arg);
+  return *out == -1 && PyErr_Occurred() ? parse_failed(op, name, "an int", arg) : 0;
+}
+
+static int parse_p(const char *op, const char *name, PyObject *arg, void **out) {
+  int64_t address = PyLong_AsLongLong(arg);
+  if (address == -1 && PyErr_Occurred()) return parse_failed(op, name, "an address (int)", arg);
+  *out = (void *)(intptr_t)address;
   return 0;
 }
 
-#define PTR(v) ((void *)(intptr_t)(v))
+static int parse_f(const char *op, const char *name, PyObject *arg, double *out) {
+  *out = PyFloat_AsDouble(arg);
+  return *out == -1.0 && PyErr_Occurred() ? parse_failed(op, name, "a float", arg) : 0;
+}
+
+typedef void *parsed_p;
+typedef int64_t parsed_i;
+typedef double parsed_f;
+
+/* The expansions of an argument declaration ARG(kind, type, name). */
+#define DECLARE_ARG(kind, type, name) type name;
+#define COUNT_ARG(kind, type, name) +1
+#define SIGNATURE_ARG(kind, type, name) " " #name ":" #kind
+#define PARSE_ARG(kind, type, name)                                           \
+  {                                                                           \
+    parsed_##kind parsed;                                                     \
+    if (parse_##kind(op, #name, py_args[arg++], &parsed) < 0) return NULL;    \
+    name = (type)parsed;                                                      \
+  }
+
+/* A binding's signature string, "name:kind" per argument, space-separated. */
+#define SIGNATURE(ARGS) ((ARGS(SIGNATURE_ARG)) + 1)
 
 /* 0 when every values[i] lies in [lowest, end), else -1 with a ValueError naming the first
  * that does not. */
@@ -53,10 +83,10 @@ static int check_indices(const char *op, const char *name, const int64_t *values
   return 0;
 }
 
-/* 0 when isa is -1 (the best) or the index of one of a kernel's instruction sets (count,
+/* 0 when isa is ISA_BEST or the index of one of a kernel's instruction sets (count,
  * supported) that this CPU supports, else -1 with a ValueError naming op. */
 static int check_isa(const char *op, int64_t isa, int (*count)(void), int (*supported)(int)) {
-  if (isa == -1 || (isa >= 0 && isa < count() && supported((int)isa))) return 0;
+  if (isa == ISA_BEST || (isa >= 0 && isa < count() && supported((int)isa))) return 0;
   PyErr_Format(PyExc_ValueError, "%s: isa %lld is not one this CPU supports", op,
                (long long)isa);
   return -1;
@@ -109,32 +139,39 @@ static PyObject *kernel_refused(const char *name, int rc) {
   return NULL;
 }
 
-/* The body of a binding: parse into a[] and f[], run `check` (0, or -1 with an error set)
- * with the GIL, then `call` without it: rc -1 is out of memory, any other non-zero rc a
- * kernel_refused. */
-#define BINDING(name, fmt, check, call)                                             \
-  static PyObject *py_##name(PyObject *self, PyObject *const *args, Py_ssize_t n) { \
-    int64_t a[MAX_ARGS];                                                            \
-    double f[MAX_ARGS];                                                             \
-    int rc = 0;                                                                     \
-    if (parse(#name, fmt, args, n, a, f) < 0) return NULL;                          \
-    if ((check) < 0) return NULL;                                                   \
-    Py_BEGIN_ALLOW_THREADS                                                          \
-    call;                                                                           \
-    Py_END_ALLOW_THREADS                                                            \
-    if (rc == -1) return PyErr_NoMemory();                                          \
-    if (rc != 0) return kernel_refused(#name, rc);                                  \
-    Py_RETURN_NONE;                                                                 \
+/* py_<name>, the binding of the arguments ARGS declares: parse them into variables of their
+ * names, run `check` (0, or -1 with an error set) with the GIL, then `call` without it: rc -1
+ * is out of memory, any other non-zero rc a kernel_refused. */
+#define BINDING(name, ARGS, check, call)                                                    \
+  static PyObject *py_##name(PyObject *self, PyObject *const *py_args, Py_ssize_t nargs) {  \
+    static const char op[] = #name;                                                         \
+    const Py_ssize_t expected = 0 ARGS(COUNT_ARG);                                          \
+    ARGS(DECLARE_ARG)                                                                       \
+    Py_ssize_t arg = 0;                                                                     \
+    int rc = 0;                                                                             \
+    if (nargs != expected) {                                                                \
+      PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%s), got %zd", op, expected,   \
+                   SIGNATURE(ARGS), nargs);                                                 \
+      return NULL;                                                                          \
+    }                                                                                       \
+    ARGS(PARSE_ARG)                                                                         \
+    if ((check) < 0) return NULL;                                                           \
+    Py_BEGIN_ALLOW_THREADS                                                                  \
+    call;                                                                                   \
+    Py_END_ALLOW_THREADS                                                                    \
+    if (rc == -1) return PyErr_NoMemory();                                                  \
+    if (rc != 0) return kernel_refused(op, rc);                                             \
+    Py_RETURN_NONE;                                                                         \
   }
 
-/* 0 unless a packed weight (packed != 0) goes to a build that does not read one for its
- * dtype, or its N or K is not a multiple of the packed tiles' sizes: -1 with a ValueError. */
-static int check_packed(const char *op, int bf16, int64_t packed, int64_t isa, int64_t N,
+/* 0 unless a packed weight goes to a build that does not read one for its dtype, or its N
+ * or K is not a multiple of the packed tiles' sizes: -1 with a ValueError. */
+static int check_packed(const char *op, int bf16, int64_t layout, int64_t isa, int64_t N,
                         int64_t K) {
-  if (!packed) return 0;
+  if (layout == WEIGHT_PLAIN) return 0;
   const char *reader = bf16 ? "avx512_bf16" : "avx2";
   if (!skinny_gemm_reads_packed((int)isa, bf16)) {
-    if (isa < 0)
+    if (isa == ISA_BEST)
       PyErr_Format(PyExc_ValueError, "%s: this CPU's best build does not read packed weights "
                    "(only the %s build does)", op, reader);
     else
@@ -150,18 +187,28 @@ static int check_packed(const char *op, int bf16, int64_t packed, int64_t isa, i
 }
 
 /* check_isa, then check_packed, for skinny_gemm (bf16 = 0) or skinny_gemm_bf16 (bf16 = 1). */
-static int check_skinny(const char *op, int bf16, const int64_t *a) {
-  if (check_isa(op, a[8], skinny_gemm_isa_count, skinny_gemm_isa_supported) < 0) return -1;
-  return check_packed(op, bf16, a[7], a[8], a[5], a[6]);
+static int check_skinny(const char *op, int bf16, int64_t layout, int64_t isa, int64_t N,
+                        int64_t K) {
+  if (check_isa(op, isa, skinny_gemm_isa_count, skinny_gemm_isa_supported) < 0) return -1;
+  return check_packed(op, bf16, layout, isa, N, K);
 }
 
-BINDING(skinny_gemm, "iiiiiiiiii", check_skinny("skinny_gemm", 0, a),
-        rc = skinny_gemm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6], (int)a[7],
-                         (int)a[8], (int)a[9]))
+#define SKINNY_GEMM_ARGS(ARG)                                                              \
+  ARG(p, const float *, x) ARG(p, const float *, weight) ARG(p, const float *, bias)       \
+  ARG(p, float *, y) ARG(i, int64_t, M) ARG(i, int64_t, N) ARG(i, int64_t, K)              \
+  ARG(i, int, layout) ARG(i, int, isa) ARG(i, int, num_threads)
+BINDING(skinny_gemm, SKINNY_GEMM_ARGS, check_skinny(op, 0, layout, isa, N, K),
+        rc = skinny_gemm(x, weight, bias, y, M, N, K, layout == WEIGHT_PACKED, isa,
+                         num_threads))
 
-BINDING(skinny_gemm_bf16, "iiiiiiiiii", check_skinny("skinny_gemm_bf16", 1, a),
-        rc = skinny_gemm_bf16(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6],
-                              (int)a[7], (int)a[8], (int)a[9]))
+#define SKINNY_GEMM_BF16_ARGS(ARG)                                                         \
+  ARG(p, const uint16_t *, x) ARG(p, const uint16_t *, weight)                            \
+  ARG(p, const uint16_t *, bias) ARG(p, uint16_t *, y) ARG(i, int64_t, M)                 \
+  ARG(i, int64_t, N) ARG(i, int64_t, K) ARG(i, int, layout) ARG(i, int, isa)              \
+  ARG(i, int, num_threads)
+BINDING(skinny_gemm_bf16, SKINNY_GEMM_BF16_ARGS, check_skinny(op, 1, layout, isa, N, K),
+        rc = skinny_gemm_bf16(x, weight, bias, y, M, N, K, layout == WEIGHT_PACKED, isa,
+                              num_threads))
 
 /* 0 when the CPU runs the AMX kernels, else -1 with a RuntimeError naming op. */
 static int check_amx(const char *op) {
@@ -170,8 +217,17 @@ static int check_amx(const char *op) {
   return -1;
 }
 
-BINDING(amx_gemm_bf16, "iiiiiiii", check_amx("amx_gemm_bf16"),
-        amx_gemm_bf16(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), a[4], a[5], a[6], (int)a[7]))
+#define AMX_GEMM_BF16_ARGS(ARG)                                                            \
+  ARG(p, const uint16_t *, x) ARG(p, const uint16_t *, packed)                            \
+  ARG(p, const uint16_t *, bias) ARG(p, uint16_t *, y) ARG(i, int64_t, M)                 \
+  ARG(i, int64_t, N) ARG(i, int64_t, K) ARG(i, int, num_threads)
+BINDING(amx_gemm_bf16, AMX_GEMM_BF16_ARGS, check_amx(op),
+        rc = amx_gemm_bf16(x, packed, bias, y, M, N, K, num_threads))
+
+#define AMX_PACK_BF16_ARGS(ARG)                                                            \
+  ARG(p, uint16_t *, packed) ARG(p, const uint16_t *, weight) ARG(i, int64_t, N)          \
+  ARG(i, int64_t, K)
+BINDING(amx_pack_bf16, AMX_PACK_BF16_ARGS, 0, amx_pack_bf16(packed, weight, N, K))
 
 /* 0 when the first ceil(seq_len / block_size) block ids of one sequence's table lie in
  * [0, num_blocks) and 1 <= n <= seq_len <= max_blocks * block_size, else -1 with a ValueError
@@ -194,74 +250,197 @@ static int check_prefill(const char *op, const int32_t *block_table, int64_t n, 
   return 0;
 }
 
-BINDING(prefill_attention_f32, "iiiiiiiiiiiiiiiif",
-        (check_prefill("prefill_attention_f32", PTR(a[5]), a[6], a[7], a[12], a[11], a[13]) < 0 ||
-         check_isa("prefill_attention_f32", a[14], prefill_attention_f32_isa_count,
+#define PREFILL_ATTENTION_F32_ARGS(ARG)                                                    \
+  ARG(p, float *, out) ARG(p, const float *, query) ARG(p, const void *, k_cache)         \
+  ARG(p, const void *, v_cache) ARG(i, int, cache_dtype)                                  \
+  ARG(p, const int32_t *, block_table) ARG(i, int64_t, n) ARG(i, int64_t, seq_len)        \
+  ARG(i, int64_t, H) ARG(i, int64_t, KV) ARG(i, int64_t, D) ARG(i, int64_t, block_size)   \
+  ARG(f, float, scale) ARG(i, int, isa) ARG(i, int, num_threads)                          \
+  ARG(i, int64_t, max_blocks) ARG(i, int64_t, num_blocks)
+BINDING(prefill_attention_f32, PREFILL_ATTENTION_F32_ARGS,
+        (check_prefill(op, block_table, n, seq_len, max_blocks, block_size, num_blocks) < 0 ||
+         check_isa(op, isa, prefill_attention_f32_isa_count,
                    prefill_attention_f32_isa_supported) < 0)
             ? -1
             : 0,
-        rc = prefill_attention_f32(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), (int)a[4],
-                                   PTR(a[5]), a[6], a[7], a[8], a[9], a[10], a[11], (float)f[0],
-                                   (int)a[14], (int)a[15]))
+        rc = prefill_attention_f32(out, query, k_cache, v_cache, cache_dtype == FLOAT_BFLOAT16,
+                                   block_table, n, seq_len, H, KV, D, block_size, scale, isa,
+                                   num_threads))
 
-BINDING(amx_pack_bf16, "iiii", 0, amx_pack_bf16(PTR(a[0]), PTR(a[1]), a[2], a[3]))
-
-BINDING(paged_decode_attention, "iiiiiiiiiiiiiiiif",
-        (check_block_tables(PTR(a[5]), PTR(a[6]), a[7], a[12], a[11], a[13]) < 0 ||
-         check_isa("paged_decode_attention", a[14], paged_attention_isa_count,
-                   paged_attention_isa_supported) < 0)
+#define PAGED_DECODE_ATTENTION_ARGS(ARG)                                                   \
+  ARG(p, float *, out) ARG(p, const float *, query) ARG(p, const void *, k_cache)         \
+  ARG(p, const void *, v_cache) ARG(i, int, cache_dtype)                                  \
+  ARG(p, const int32_t *, block_tables) ARG(p, const int32_t *, seq_lens)                 \
+  ARG(i, int64_t, B) ARG(i, int64_t, H) ARG(i, int64_t, KV) ARG(i, int64_t, D)            \
+  ARG(i, int64_t, block_size) ARG(i, int64_t, max_blocks) ARG(f, float, scale)            \
+  ARG(i, int, isa) ARG(i, int, num_threads) ARG(i, int64_t, num_blocks)
+BINDING(paged_decode_attention, PAGED_DECODE_ATTENTION_ARGS,
+        (check_block_tables(block_tables, seq_lens, B, max_blocks, block_size, num_blocks) < 0 ||
+         check_isa(op, isa, paged_attention_isa_count, paged_attention_isa_supported) < 0)
             ? -1
             : 0,
-        rc = paged_decode_attention(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), (int)a[4],
-                                    PTR(a[5]), PTR(a[6]), a[7], a[8], a[9], a[10], a[11], a[12],
-                                    (float)f[0], (int)a[14], (int)a[15]))
+        rc = paged_decode_attention(out, query, k_cache, v_cache, cache_dtype == FLOAT_BFLOAT16,
+                                    block_tables, seq_lens, B, H, KV, D, block_size, max_blocks,
+                                    scale, isa, num_threads))
 
-BINDING(reshape_and_cache, "iiiiiiiiiiii",
-        check_indices("reshape_and_cache", "slot_mapping", PTR(a[6]), a[7], -1, a[11]),
-        reshape_and_cache(PTR(a[0]), PTR(a[1]), (int)a[2], PTR(a[3]), PTR(a[4]), (int)a[5],
-                          PTR(a[6]), a[7], a[8], a[9], a[10]))
+#define RESHAPE_AND_CACHE_ARGS(ARG)                                                        \
+  ARG(p, const void *, key) ARG(p, const void *, value) ARG(i, int, kv_dtype)             \
+  ARG(p, void *, k_cache) ARG(p, void *, v_cache) ARG(i, int, cache_dtype)                \
+  ARG(p, const int64_t *, slot_mapping) ARG(i, int64_t, num_tokens)                       \
+  ARG(i, int64_t, key_stride) ARG(i, int64_t, value_stride) ARG(i, int64_t, row_size)     \
+  ARG(i, int64_t, num_slots)
+BINDING(reshape_and_cache, RESHAPE_AND_CACHE_ARGS,
+        check_indices(op, "slot_mapping", slot_mapping, num_tokens, -1, num_slots),
+        reshape_and_cache(key, value, kv_dtype == FLOAT_BFLOAT16, k_cache, v_cache,
+                          cache_dtype == FLOAT_BFLOAT16, slot_mapping, num_tokens, key_stride,
+                          value_stride, row_size))
 
-BINDING(rms_norm, "iiiiiiiiif", 0,
-        rms_norm(PTR(a[0]), PTR(a[1]), PTR(a[2]), (int)a[3], (float)f[0], a[4], a[5], a[6], a[7],
-                 (int)a[8]))
+#define RMS_NORM_ARGS(ARG)                                                                 \
+  ARG(p, void *, out) ARG(p, const void *, x) ARG(p, const void *, weight)                \
+  ARG(i, int, dtype) ARG(f, float, eps) ARG(i, int64_t, rows) ARG(i, int64_t, n)          \
+  ARG(i, int64_t, group) ARG(i, int64_t, group_stride) ARG(i, int, num_threads)
+BINDING(rms_norm, RMS_NORM_ARGS, 0,
+        rms_norm(out, x, weight, dtype == FLOAT_BFLOAT16, eps, rows, n, group, group_stride,
+                 num_threads))
 
-BINDING(fused_add_rms_norm, "iiiiiiiiif", 0,
-        fused_add_rms_norm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]), (int)a[5],
-                           (float)f[0], a[6], a[7], (int)a[8]))
+#define FUSED_ADD_RMS_NORM_ARGS(ARG)                                                       \
+  ARG(p, void *, out) ARG(p, void *, residual_out) ARG(p, const void *, x)                \
+  ARG(p, const void *, residual) ARG(p, const void *, weight) ARG(i, int, dtype)          \
+  ARG(f, float, eps) ARG(i, int64_t, rows) ARG(i, int64_t, n) ARG(i, int, num_threads)
+BINDING(fused_add_rms_norm, FUSED_ADD_RMS_NORM_ARGS, 0,
+        fused_add_rms_norm(out, residual_out, x, residual, weight, dtype == FLOAT_BFLOAT16, eps,
+                           rows, n, num_threads))
 
-BINDING(rotary_embedding, "iiiiiiiiiiiiiiiii",
-        check_indices("rotary_embedding", "positions", PTR(a[0]), a[8], 0, a[14]),
-        rotary_embedding(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), PTR(a[4]), (int)a[5], a[6],
-                         a[7], a[8], a[9], a[10], a[11], a[12], PTR(a[13]), (int)a[15],
-                         (int)a[16]))
+#define ROTARY_EMBEDDING_ARGS(ARG)                                                         \
+  ARG(p, const int64_t *, positions) ARG(p, const void *, query) ARG(p, const void *, key) \
+  ARG(p, void *, query_out) ARG(p, void *, key_out) ARG(i, int, dtype)                    \
+  ARG(i, int64_t, q_stride) ARG(i, int64_t, k_stride) ARG(i, int64_t, num_tokens)         \
+  ARG(i, int64_t, num_heads) ARG(i, int64_t, num_kv_heads) ARG(i, int64_t, head_size)     \
+  ARG(i, int64_t, rot_dim) ARG(p, const float *, cos_sin_cache) ARG(i, int, style)        \
+  ARG(i, int, num_threads) ARG(i, int64_t, num_positions)
+BINDING(rotary_embedding, ROTARY_EMBEDDING_ARGS,
+        check_indices(op, "positions", positions, num_tokens, 0, num_positions),
+        rotary_embedding(positions, query, key, query_out, key_out, dtype == FLOAT_BFLOAT16,
+                         q_stride, k_stride, num_tokens, num_heads, num_kv_heads, head_size,
+                         rot_dim, cos_sin_cache, style == ROTARY_NEOX, num_threads))
 
-BINDING(convert, "iiiii", 0, convert(PTR(a[0]), (int)a[1], PTR(a[2]), (int)a[3], a[4]))
+#define CONVERT_ARGS(ARG)                                                                  \
+  ARG(p, void *, out) ARG(i, int, out_dtype) ARG(p, const void *, x) ARG(i, int, dtype)   \
+  ARG(i, int64_t, n)
+BINDING(convert, CONVERT_ARGS, 0,
+        convert(out, out_dtype == FLOAT_BFLOAT16, x, dtype == FLOAT_BFLOAT16, n))
 
-BINDING(argmax, "iiiiii", 0, argmax(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
+#define ARGMAX_ARGS(ARG)                                                                   \
+  ARG(p, int64_t *, out) ARG(p, const void *, x) ARG(i, int, dtype) ARG(i, int64_t, rows) \
+  ARG(i, int64_t, n) ARG(i, int, num_threads)
+BINDING(argmax, ARGMAX_ARGS, 0,
+        argmax(out, x, dtype == FLOAT_BFLOAT16, rows, n, num_threads))
 
-BINDING(silu_and_mul, "iiiiii", 0,
-        silu_and_mul(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
+#define SILU_AND_MUL_ARGS(ARG)                                                             \
+  ARG(p, void *, out) ARG(p, const void *, x) ARG(i, int, dtype)                          \
+  ARG(i, int64_t, num_tokens) ARG(i, int64_t, d) ARG(i, int, num_threads)
+BINDING(silu_and_mul, SILU_AND_MUL_ARGS, 0,
+        silu_and_mul(out, x, dtype == FLOAT_BFLOAT16, num_tokens, d, num_threads))
 
-BINDING(gguf_mm, "iiiiiiiiiii",
-        check_isa("gguf_mm", a[9], gguf_isa_count, gguf_isa_supported),
-        rc = gguf_mm(PTR(a[0]), PTR(a[1]), PTR(a[2]), PTR(a[3]), (int)a[4], (int)a[5], a[6], a[7],
-                     a[8], (int)a[9], (int)a[10]))
+#define GGUF_MM_ARGS(ARG)                                                                  \
+  ARG(p, const void *, x) ARG(p, const uint8_t *, packed) ARG(p, const void *, bias)      \
+  ARG(p, void *, y) ARG(i, int, dtype) ARG(i, int, qtype) ARG(i, int64_t, M)              \
+  ARG(i, int64_t, N) ARG(i, int64_t, K) ARG(i, int, isa) ARG(i, int, num_threads)
+BINDING(gguf_mm, GGUF_MM_ARGS, check_isa(op, isa, gguf_isa_count, gguf_isa_supported),
+        rc = gguf_mm(x, packed, bias, y, dtype == FLOAT_BFLOAT16, qtype, M, N, K, isa,
+                     num_threads))
 
-BINDING(gguf_pack, "iiiiii", 0, gguf_pack(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
+#define GGUF_PACK_ARGS(ARG)                                                                \
+  ARG(p, const uint8_t *, qweight) ARG(p, uint8_t *, out) ARG(i, int, qtype)              \
+  ARG(i, int64_t, N) ARG(i, int64_t, K) ARG(i, int, num_threads)
+BINDING(gguf_pack, GGUF_PACK_ARGS, 0, gguf_pack(qweight, out, qtype, N, K, num_threads))
 
-BINDING(gguf_unpack_rows, "iiiiiiii",
-        check_indices("gguf_unpack_rows", "rows", PTR(a[5]), a[6], 0, a[3]),
-        gguf_unpack_rows(PTR(a[0]), PTR(a[1]), (int)a[2], a[4], PTR(a[5]), a[6], (int)a[7]))
+#define GGUF_UNPACK_ROWS_ARGS(ARG)                                                         \
+  ARG(p, const uint8_t *, packed) ARG(p, float *, out) ARG(i, int, qtype)                 \
+  ARG(i, int64_t, K) ARG(p, const int64_t *, rows) ARG(i, int64_t, n)                     \
+  ARG(i, int, num_threads) ARG(i, int64_t, N)
+BINDING(gguf_unpack_rows, GGUF_UNPACK_ROWS_ARGS, check_indices(op, "rows", rows, n, 0, N),
+        gguf_unpack_rows(packed, out, qtype, K, rows, n, num_threads))
 
-static PyObject *py_gguf_packed_bytes(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  int64_t a[3];
-  double f[1];
-  if (parse("gguf_packed_bytes", "iii", args, n, a, f) < 0) return NULL;
-  return PyLong_FromLongLong(gguf_packed_bytes((int)a[0], a[1], a[2]));
+#define GGUF_DEQUANTIZE_ARGS(ARG)                                                          \
+  ARG(p, const uint8_t *, qweight) ARG(p, float *, out) ARG(i, int, qtype)                \
+  ARG(i, int64_t, rows) ARG(i, int64_t, K) ARG(i, int, num_threads)
+BINDING(gguf_dequantize, GGUF_DEQUANTIZE_ARGS, 0,
+        gguf_dequantize(qweight, out, qtype, rows, K, num_threads))
+
+/* Every binding: X(name, ARGS). */
+#define BINDINGS(X)                                           \
+  X(skinny_gemm, SKINNY_GEMM_ARGS)                            \
+  X(skinny_gemm_bf16, SKINNY_GEMM_BF16_ARGS)                  \
+  X(amx_gemm_bf16, AMX_GEMM_BF16_ARGS)                        \
+  X(amx_pack_bf16, AMX_PACK_BF16_ARGS)                        \
+  X(prefill_attention_f32, PREFILL_ATTENTION_F32_ARGS)        \
+  X(paged_decode_attention, PAGED_DECODE_ATTENTION_ARGS)      \
+  X(reshape_and_cache, RESHAPE_AND_CACHE_ARGS)                \
+  X(rms_norm, RMS_NORM_ARGS)                                  \
+  X(fused_add_rms_norm, FUSED_ADD_RMS_NORM_ARGS)              \
+  X(rotary_embedding, ROTARY_EMBEDDING_ARGS)                  \
+  X(convert, CONVERT_ARGS)                                    \
+  X(argmax, ARGMAX_ARGS)                                      \
+  X(silu_and_mul, SILU_AND_MUL_ARGS)                          \
+  X(gguf_mm, GGUF_MM_ARGS)                                    \
+  X(gguf_pack, GGUF_PACK_ARGS)                                \
+  X(gguf_unpack_rows, GGUF_UNPACK_ROWS_ARGS)                  \
+  X(gguf_dequantize, GGUF_DEQUANTIZE_ARGS)
+
+/* Adds name: its signature to a dict, or returns NULL from the caller on failure. */
+#define ADD_SIGNATURE(name, ARGS)                                                  \
+  if (add_string(dict, #name, SIGNATURE(ARGS)) < 0) return NULL;
+
+static int add_string(PyObject *dict, const char *key, const char *value) {
+  PyObject *item = PyUnicode_FromString(value);
+  int rc = item ? PyDict_SetItemString(dict, key, item) : -1;
+  Py_XDECREF(item);
+  return rc;
 }
 
-BINDING(gguf_dequantize, "iiiiii", 0,
-        gguf_dequantize(PTR(a[0]), PTR(a[1]), (int)a[2], a[3], a[4], (int)a[5]))
+static PyObject *py_signatures(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  PyObject *dict = PyDict_New();
+  if (!dict) return NULL;
+  BINDINGS(ADD_SIGNATURE)
+  return dict;
+}
+
+/* Every flag value ops.h and gguf.h name, for the check against their Python enums. */
+#define FLAGS(X)                                                                           \
+  X(FLOAT_FLOAT32) X(FLOAT_BFLOAT16) X(WEIGHT_PLAIN) X(WEIGHT_PACKED) X(ROTARY_GPTJ)      \
+  X(ROTARY_NEOX) X(ISA_BEST) X(GGUF_Q4_0) X(GGUF_Q4_1) X(GGUF_Q5_0) X(GGUF_Q5_1)          \
+  X(GGUF_Q8_0) X(GGUF_Q4_K) X(GGUF_Q5_K) X(GGUF_Q6_K)
+
+static int add_int(PyObject *dict, const char *key, long value) {
+  PyObject *item = PyLong_FromLong(value);
+  int rc = item ? PyDict_SetItemString(dict, key, item) : -1;
+  Py_XDECREF(item);
+  return rc;
+}
+
+#define ADD_FLAG(name) \
+  if (add_int(dict, #name, name) < 0) return NULL;
+
+static PyObject *py_flags(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  PyObject *dict = PyDict_New();
+  if (!dict) return NULL;
+  FLAGS(ADD_FLAG)
+  return dict;
+}
+
+static PyObject *py_gguf_packed_bytes(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  const char *op = "gguf_packed_bytes";
+  int64_t qtype, N, K;
+  if (n != 3) {
+    PyErr_Format(PyExc_TypeError, "%s takes 3 arguments (qtype, N, K), got %zd", op, n);
+    return NULL;
+  }
+  if (parse_i(op, "qtype", args[0], &qtype) < 0 || parse_i(op, "N", args[1], &N) < 0 ||
+      parse_i(op, "K", args[2], &K) < 0)
+    return NULL;
+  return PyLong_FromLongLong(gguf_packed_bytes((int)qtype, N, K));
+}
 
 static PyObject *py_gguf_isas(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   return isa_table(gguf_isa_count, gguf_isa_name, gguf_isa_supported);
@@ -273,13 +452,16 @@ static PyObject *py_skinny_gemm_isas(PyObject *self, PyObject *const *args, Py_s
 
 static PyObject *py_skinny_gemm_reads_packed(PyObject *self, PyObject *const *args,
                                              Py_ssize_t n) {
-  int64_t a[MAX_ARGS];
-  double f[MAX_ARGS];
-  if (parse("skinny_gemm_reads_packed", "ii", args, n, a, f) < 0) return NULL;
-  if (check_isa("skinny_gemm_reads_packed", a[0], skinny_gemm_isa_count,
-                skinny_gemm_isa_supported) < 0)
+  const char *op = "skinny_gemm_reads_packed";
+  int64_t isa, dtype;
+  if (n != 2) {
+    PyErr_Format(PyExc_TypeError, "%s takes 2 arguments (isa, dtype), got %zd", op, n);
     return NULL;
-  return PyBool_FromLong(skinny_gemm_reads_packed((int)a[0], (int)a[1]));
+  }
+  if (parse_i(op, "isa", args[0], &isa) < 0 || parse_i(op, "dtype", args[1], &dtype) < 0 ||
+      check_isa(op, isa, skinny_gemm_isa_count, skinny_gemm_isa_supported) < 0)
+    return NULL;
+  return PyBool_FromLong(skinny_gemm_reads_packed((int)isa, dtype == FLOAT_BFLOAT16));
 }
 
 static PyObject *py_paged_attention_isas(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -298,49 +480,23 @@ static PyObject *py_amx_gemm_supported(PyObject *self, PyObject *const *args, Py
 }
 
 #define METHOD(name, doc) {#name, (PyCFunction)(void (*)(void))py_##name, METH_FASTCALL, doc}
+#define BINDING_METHOD(name, ARGS) METHOD(name, #name ":" ARGS(SIGNATURE_ARG)),
 
 static PyMethodDef methods[] = {
+    BINDINGS(BINDING_METHOD)
+    METHOD(signatures, "signatures() -> {binding: 'name:kind ...'}, kind p, i or f"),
+    METHOD(flags, "flags() -> {name: value} of the flag values ops.h and gguf.h name"),
     METHOD(gguf_isas, "gguf_isas() -> ((name, supported), ...), best first"),
-    METHOD(gguf_mm, "gguf_mm(x, packed, b, y, bf16, qtype, M, N, K, isa, num_threads)"),
-    METHOD(gguf_pack, "gguf_pack(w, packed, qtype, N, K, num_threads)"),
-    METHOD(gguf_unpack_rows, "gguf_unpack_rows(packed, out, qtype, N, K, rows, n, num_threads)"),
     METHOD(gguf_packed_bytes, "gguf_packed_bytes(qtype, N, K) -> int"),
-    METHOD(gguf_dequantize, "gguf_dequantize(w, out, qtype, rows, K, num_threads)"),
     METHOD(amx_gemm_supported, "amx_gemm_supported() -> bool"),
-    METHOD(amx_gemm_bf16, "amx_gemm_bf16(x, packed_w, b, y, M, N, K, num_threads), bfloat16"),
-    METHOD(prefill_attention_f32,
-           "prefill_attention_f32(out, q, k_cache, v_cache, kv_bf16, block_table, n, seq_len, H, "
-           "KV, D, block_size, max_blocks, num_blocks, isa, num_threads, scale), float32"),
     METHOD(prefill_attention_f32_isas,
            "prefill_attention_f32_isas() -> ((name, supported), ...), best first"),
-    METHOD(amx_pack_bf16, "amx_pack_bf16(packed_w, w, N, K), bfloat16"),
-    METHOD(skinny_gemm, "skinny_gemm(x, w, b, y, M, N, K, packed, isa, num_threads)"),
     METHOD(skinny_gemm_isas, "skinny_gemm_isas() -> ((name, supported), ...), best first"),
     METHOD(skinny_gemm_reads_packed,
-           "skinny_gemm_reads_packed(isa, bf16) -> bool: whether that build reads packed "
-           "weights of that dtype"),
-    METHOD(skinny_gemm_bf16,
-           "skinny_gemm_bf16(x, w, b, y, M, N, K, packed, isa, num_threads), bf16"),
-    METHOD(paged_decode_attention,
-           "paged_decode_attention(out, q, k_cache, v_cache, kv_bf16, block_tables, seq_lens, B, "
-           "H, KV, D, block_size, max_blocks, num_blocks, isa, num_threads, scale)"),
+           "skinny_gemm_reads_packed(isa, dtype) -> bool: whether that build reads packed "
+           "weights of that dtype (FLOAT_FLOAT32 or FLOAT_BFLOAT16)"),
     METHOD(paged_attention_isas,
            "paged_attention_isas() -> ((name, supported), ...), best first"),
-    METHOD(reshape_and_cache,
-           "reshape_and_cache(key, value, kv_bf16, k_cache, v_cache, cache_bf16, slot_mapping, "
-           "num_tokens, key_stride, value_stride, row_size, num_slots)"),
-    METHOD(rms_norm,
-           "rms_norm(out, x, weight, bf16, rows, n, group, group_stride, num_threads, eps)"),
-    METHOD(fused_add_rms_norm,
-           "fused_add_rms_norm(out, residual_out, x, residual, weight, bf16, rows, n, "
-           "num_threads, eps)"),
-    METHOD(rotary_embedding,
-           "rotary_embedding(positions, query, key, query_out, key_out, bf16, q_stride, "
-           "k_stride, num_tokens, num_heads, num_kv_heads, head_size, rot_dim, cos_sin_cache, "
-           "num_positions, is_neox, num_threads)"),
-    METHOD(silu_and_mul, "silu_and_mul(out, x, bf16, num_tokens, d, num_threads)"),
-    METHOD(convert, "convert(dst, dst_bf16, src, src_bf16, n)"),
-    METHOD(argmax, "argmax(out, x, bf16, rows, n, num_threads)"),
     {NULL, NULL, 0, NULL},
 };
 

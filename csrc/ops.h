@@ -6,6 +6,15 @@
 
 #include <stdint.h>
 
+/* The values of the bindings' flag arguments (module.c), mirrored by the enums of
+ * pagedllm/_cpu_kernels/flags.py; pagedllm._C's flags() returns them, and Python refuses to
+ * load the extension when they differ. The kernels below take the flags they need as ints
+ * (bf16: 1 for bfloat16), which the bindings derive from these. */
+enum float_type { FLOAT_FLOAT32 = 0, FLOAT_BFLOAT16 = 1 };      /* a tensor's element type */
+enum weight_layout { WEIGHT_PLAIN = 0, WEIGHT_PACKED = 1 };     /* skinny_gemm's packed */
+enum rotary_style { ROTARY_GPTJ = 0, ROTARY_NEOX = 1 };         /* rotary_embedding's is_neox */
+enum { ISA_BEST = -1 }; /* an isa argument: the best build this CPU runs */
+
 /* y [M, N] = x [M, K] @ w [N, K]^T (+ b [N]); b may be NULL (skinny_gemm.c). Each build sums
  * every output in one order for any M, so a row's result does not depend on the rows beside
  * it. isa: an index of skinny_gemm_isa_name that skinny_gemm_isa_supported, or -1 for the

@@ -11,6 +11,9 @@ import torch
 
 import pagedllm
 from pagedllm import _cpu_kernels
+from pagedllm._cpu_kernels import rowwise
+from pagedllm._cpu_kernels.boundary import KERNELS
+from pagedllm._cpu_kernels.flags import RotaryStyle
 
 NUM_BLOCKS, BLOCK_SIZE, KV, HEADS, D, B = 6, 4, 2, 4, 8, 2
 
@@ -395,8 +398,8 @@ def test_a_padding_slot_is_not_written() -> None:
         torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, D),
         torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, D),
     )
-    _cache_write(key=key, value=value, k_cache=k_cache, v_cache=v_cache,
-                 slot_mapping=torch.tensor([5, -1, 23]))  # fmt: skip
+    slots = torch.tensor([5, -1, 23])
+    _cache_write(key=key, value=value, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots)
     for cache, rows in ((k_cache, key), (v_cache, value)):
         flat = cache.view(-1, KV, D)
         assert torch.equal(flat[[5, 23]], rows[[0, 2]])
@@ -481,9 +484,81 @@ def test_a_packed_weight_goes_to_the_build_that_reads_it_only(dtype: torch.dtype
         gemm(x[:, :32].contiguous(), packed, None)
 
 
-def test_a_wrong_scalar_is_a_type_error() -> None:
-    with pytest.raises(TypeError):
-        _attention(scale="0.5")
+WRONG_SCALARS: dict[str, tuple[Callable[[], object], str]] = {
+    "attention scale a str": (
+        lambda: _attention(scale="0.5"),
+        "paged_decode_attention: scale must be a float, got str",
+    ),
+    "prefill seq_len a float": (
+        lambda: _prefill_f32(seq_len=5.0),
+        "prefill_attention_f32: seq_len must be an int, got float",
+    ),
+    "a binding given too few arguments": (
+        lambda: _cpu_kernels._C.rms_norm(0, 0),
+        r"rms_norm takes 10 arguments \(out:p x:p weight:p dtype:i eps:f",
+    ),
+    "a flag of plain int": (
+        lambda: rowwise.SILU_AND_MUL.launch(torch.empty(3, 5), torch.randn(3, 10), 0, 3, 5, 1),
+        "silu_and_mul: dtype must be a FloatType, got 0",
+    ),
+    "a flag of another enum": (
+        lambda: rowwise.SILU_AND_MUL.launch(
+            torch.empty(3, 5), torch.randn(3, 10), RotaryStyle.GPTJ, 3, 5, 1
+        ),
+        "silu_and_mul: dtype must be a FloatType",
+    ),
+}
+
+
+@pytest.mark.skipif(not _cpu_kernels.available(), reason="needs pagedllm._C")
+@pytest.mark.parametrize("case", WRONG_SCALARS)
+def test_a_wrong_scalar_or_flag_is_a_type_error_naming_it(case: str) -> None:
+    """An int, float or flag argument of another type: TypeError naming it (from the
+    declaration for flags, from the binding for ints and floats), nothing run."""
+    call, message = WRONG_SCALARS[case]
+    with pytest.raises(TypeError, match=message):
+        call()
+
+
+@pytest.mark.skipif(not _cpu_kernels.available(), reason="needs pagedllm._C")
+def test_the_declarations_match_the_bindings() -> None:
+    """Reference: pagedllm._C's own signatures() and flags(). A binding or flag that differs
+    in any name, kind, order or value is listed (the package refuses to load on any)."""
+    signatures, flags = _cpu_kernels._C.signatures(), _cpu_kernels._C.flags()
+    assert _cpu_kernels.mismatches(signatures, flags) == []
+    assert set(signatures) == set(KERNELS)
+    swapped = signatures["rms_norm"].replace("rows:i n:i", "n:i rows:i")
+    assert _cpu_kernels.mismatches({**signatures, "rms_norm": swapped}, flags) == [
+        f"binding rms_norm: C ({swapped}), Python ({signatures['rms_norm']})"
+    ]
+    missing = {k: v for k, v in signatures.items() if k != "argmax"}
+    assert _cpu_kernels.mismatches(missing, {**flags, "ROTARY_NEOX": 2}) == [
+        f"binding argmax: C (None), Python ({KERNELS['argmax'].signature})",
+        "flag ROTARY_NEOX: C 2, Python 1",
+    ]
+
+
+@pytest.mark.skipif(not _cpu_kernels.available(), reason="needs pagedllm._C")
+def test_a_launch_records_exactly_the_pointers_its_binding_declares() -> None:
+    """Reference: the kinds in pagedllm._C's signatures() (p: a data pointer). A recorded
+    launch carries them: the tensors' data pointers, 0 for a missing bias."""
+    signatures = _cpu_kernels._C.signatures()
+    for name, kernel in KERNELS.items():
+        kinds = [arg.rsplit(":", 1)[1] for arg in signatures[name].split()]
+        assert kernel.pointers == tuple(i for i, kind in enumerate(kinds) if kind == "p"), name
+    x, weight = torch.randn(3, 16), torch.randn(5, 16)
+    with _cpu_kernels.record_launches() as launches:
+        out = _cpu_kernels.rms_norm(x, weight[0], 1e-6)
+        y = _cpu_kernels.skinny_gemm(x, weight, None)
+    norm, gemm = launches
+    assert [norm.args[i] for i in norm.pointers] == [t.data_ptr() for t in (out, x, weight[0])]
+    assert [gemm.args[i] for i in gemm.pointers] == [
+        x.data_ptr(),
+        weight.data_ptr(),
+        0,
+        y.data_ptr(),
+    ]
+    assert norm.pointers == KERNELS["rms_norm"].pointers == (0, 1, 2)
 
 
 def test_only_the_boundary_imports_the_extension() -> None:
@@ -492,8 +567,8 @@ def test_only_the_boundary_imports_the_extension() -> None:
     imports_c = re.compile(
         r"^\s*(from pagedllm import _C\b|import pagedllm\._C|from pagedllm\._C)", re.M
     )
-    importers = [p.name for p in root.rglob("*.py") if imports_c.search(p.read_text())]
-    assert importers == ["_cpu_kernels.py"]
+    importers = [p.relative_to(root) for p in root.rglob("*.py") if imports_c.search(p.read_text())]
+    assert importers == [pathlib.Path("_cpu_kernels/__init__.py")]
 
 
 @pytest.mark.skipif(not _cpu_kernels.available(), reason="needs pagedllm._C")

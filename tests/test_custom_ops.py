@@ -167,7 +167,7 @@ def test_rms_norm_reads_per_head_rows_of_a_qkv_slice_in_place(
         with _cpu_kernels.record_launches() as launches:
             out = _custom_ops.rms_norm(view, weight, 1e-6)
         assert torch.equal(out, expected) and out.is_contiguous()
-        assert [args[1] for _, args in launches] == [view.data_ptr()]
+        assert [launch.args[1] for launch in launches] == [view.data_ptr()]
     for strided in (  # rows not dense: copied first
         torch.randn(3, 8, 32).to(dtype).transpose(0, 1),
         torch.randn(3, 2, 4, 32).to(dtype).transpose(0, 1),  # last two dims dense, not dim 1

@@ -8,8 +8,8 @@ points into it to the last (the step's output to the end); buffers are placed in
 first use at the lowest arena offset free of every buffer live at the same time, and each
 launch argument pointing into a buffer is moved to the buffer's new place.
 
-A launch argument is taken for a pointer when it lies within a buffer's address range:
-buffers are heap addresses far above any size, count or stride the kernels take.
+Only the arguments a launch's kernel declares as pointers (`Launch.pointers`) are looked up
+among the buffers; its sizes, strides, flags and floats are never moved, whatever their value.
 """
 
 import bisect
@@ -31,13 +31,16 @@ class Buffer:
         self.offset = -1
 
 
-def _find(buffers: list[Buffer], starts: list[int], value: object) -> Buffer | None:
-    if type(value) is not int:
-        return None
+def _find(buffers: list[Buffer], starts: list[int], value: int) -> Buffer | None:
+    """The buffer whose address range holds the pointer value, if any."""
     i = bisect.bisect_right(starts, value) - 1
     if i >= 0 and value < buffers[i].start + buffers[i].nbytes:
         return buffers[i]
     return None
+
+
+def _pointers(launch: Launch) -> list[int]:
+    return [launch.args[i] for i in launch.pointers]
 
 
 def _place(live: list[Buffer], buffer: Buffer) -> int:
@@ -63,8 +66,8 @@ def plan(
     allocations: the tensors capture allocated (output among them), all still alive."""
     buffers = [Buffer(start, n) for start, n in sorted(storages(allocations).items()) if n > 0]
     starts = [b.start for b in buffers]
-    for i, (_, args) in enumerate(launches):
-        for arg in args:
+    for i, launch in enumerate(launches):
+        for arg in _pointers(launch):
             buffer = _find(buffers, starts, arg)
             if buffer is not None:
                 buffer.first = i if buffer.first < 0 else buffer.first
@@ -83,11 +86,15 @@ def plan(
     arena = torch.empty(size, dtype=torch.uint8)
     base = arena.data_ptr()
 
-    def moved(arg: object) -> object:
-        buffer = _find(buffers, starts, arg)
-        return arg if buffer is None else base + buffer.offset + (arg - buffer.start)
+    def moved(launch: Launch) -> Launch:
+        args = list(launch.args)
+        for i in launch.pointers:
+            buffer = _find(buffers, starts, args[i])
+            if buffer is not None:
+                args[i] = base + buffer.offset + (args[i] - buffer.start)
+        return launch._replace(args=tuple(args))
 
-    planned = [(kernel, tuple(moved(a) for a in args)) for kernel, args in launches]
+    planned = [moved(launch) for launch in launches]
     if out_buffer is None:
         return planned, arena, output
     offset = out_buffer.offset + output.data_ptr() - out_buffer.start

@@ -44,10 +44,10 @@ def test_buffers_live_at_once_do_not_share_bytes() -> None:
     eager = final.clone()
     allocations = [out, res, final, _]
     planned, arena, output = launch_memory.plan(launches, allocations, final)
-    first, second = (args for _, args in planned)
+    first, second = (launch.args for launch in planned)
     out_at, res_at = second[2], second[3]
     assert first[:2] == (out_at, res_at) and abs(out_at - res_at) >= 3 * 32 * 4
-    assert first[2:] == launches[0][1][2:]  # x, residual, weight, sizes, eps
+    assert first[2:] == launches[0].args[2:]  # x, residual, weight, the flag, eps, sizes
     assert arena.data_ptr() <= min(out_at, res_at) < arena.data_ptr() + arena.numel()
     final.zero_()
     _cpu_kernels.replay_launches(planned)
@@ -60,3 +60,24 @@ def test_an_output_capture_did_not_allocate_stays_where_it_is() -> None:
     launches, outputs, _ = _chain(x, weight, steps=2)
     planned, _, output = launch_memory.plan(launches, outputs, x)
     assert output is x and len(planned) == 2
+
+
+@needs_kernels
+def test_only_declared_pointers_move() -> None:
+    """An int argument whose value happens to lie in a buffer (here rms_norm's group_stride
+    set to an output's address) is not a pointer and keeps its value; the declared pointers
+    into buffers move into the arena."""
+    x, weight = torch.randn(2, 16), torch.randn(16)
+    launches, outputs, eager = _chain(x, weight, steps=2)
+    stride_at = [arg.name for arg in _cpu_kernels.rowwise.RMS_NORM.args].index("group_stride")
+    address = outputs[0].data_ptr() + 4
+    args = list(launches[1].args)
+    args[stride_at] = address
+    planned, arena, _ = launch_memory.plan(
+        [launches[0], launches[1]._replace(args=tuple(args))], outputs, eager
+    )
+    assert planned[1].args[stride_at] == address
+    assert planned[1].pointers == launches[1].pointers
+    for launch in planned:
+        out = launch.args[launch.pointers[0]]
+        assert arena.data_ptr() <= out < arena.data_ptr() + arena.numel()

@@ -1,0 +1,50 @@
+"""The flags the kernels take, as enums: mirrors of csrc/ops.h's (and, for GGUF block types,
+csrc/gguf.h's), checked equal to pagedllm._C's flags() when the extension loads."""
+
+from enum import IntEnum
+
+import torch
+from gguf import GGMLQuantizationType
+
+
+class FloatType(IntEnum):
+    """A tensor's element type (ops.h's enum float_type, FLOAT_*)."""
+
+    FLOAT32 = 0
+    BFLOAT16 = 1
+
+
+class WeightLayout(IntEnum):
+    """skinny_gemm's weight: plain [N, K] or in skinny_pack's order (enum weight_layout)."""
+
+    PLAIN = 0
+    PACKED = 1
+
+
+class RotaryStyle(IntEnum):
+    """rotary_embedding's pairs: GPT-J's interleaved or GPT-NeoX's halves (enum rotary_style)."""
+
+    GPTJ = 0
+    NEOX = 1
+
+
+ISA_BEST = -1
+"""An isa argument: the best build this CPU runs (ops.h's ISA_BEST); else an index into the
+kernel's table of builds."""
+
+FLOAT_TYPE = {torch.float32: FloatType.FLOAT32, torch.bfloat16: FloatType.BFLOAT16}
+"""The flag of each dtype the kernels take."""
+
+_Q = GGMLQuantizationType
+GGUF_TYPES = (_Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1, _Q.Q8_0, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K)
+"""The GGUF block types gguf_pack, gguf_mm and gguf_dequantize take (gguf.h's GGUF_*)."""
+
+_PREFIXES = {FloatType: "FLOAT", WeightLayout: "WEIGHT", RotaryStyle: "ROTARY"}
+
+
+def c_names() -> dict[str, int]:
+    """Every flag under the name C gives it: what pagedllm._C's flags() must return."""
+    names = {"ISA_BEST": ISA_BEST} | {f"GGUF_{t.name}": int(t) for t in GGUF_TYPES}
+    for enum, prefix in _PREFIXES.items():
+        names |= {f"{prefix}_{flag.name}": int(flag) for flag in enum}
+    return names

@@ -1,0 +1,227 @@
+"""The kernels that work row by row, float32 or bfloat16: RMSNorm (plain and fused with the
+residual add), SiLU-and-mul, rotary embedding, dtype conversion and argmax."""
+
+import math
+
+import torch
+
+from pagedllm._cpu_kernels.boundary import Flag, Float, Int, Kernel, Output, Tensor, require
+from pagedllm._cpu_kernels.flags import FLOAT_TYPE, FloatType, RotaryStyle
+
+_F32, _BF16, _I64 = torch.float32, torch.bfloat16, torch.int64
+
+RMS_NORM = Kernel(
+    "rms_norm",
+    Output("out"),
+    Tensor("x", "[..., n]", "float", rows=True),
+    Tensor("weight", "[n], n = x's last dim", "float"),
+    Flag("dtype", FloatType),
+    Float("eps"),
+    Int("rows"),
+    Int("n"),
+    Int("group"),
+    Int("group_stride"),
+    Int("num_threads"),
+)
+FUSED_ADD_RMS_NORM = Kernel(
+    "fused_add_rms_norm",
+    Output("out"),
+    Output("residual_out"),
+    Tensor("x", "[..., n]", "float"),
+    Tensor("residual", "[..., n] like x", "float"),
+    Tensor("weight", "[n], n = x's last dim", "float"),
+    Flag("dtype", FloatType),
+    Float("eps"),
+    Int("rows"),
+    Int("n"),
+    Int("num_threads"),
+)
+ROTARY_EMBEDDING = Kernel(
+    "rotary_embedding",
+    Tensor("positions", "[T]", _I64),
+    Tensor("query", "[T, num_heads * head_size]", "float", rows=True),
+    Tensor("key", "[T, num_kv_heads * head_size]", "float", rows=True),
+    Output("query_out"),
+    Output("key_out"),
+    Flag("dtype", FloatType),
+    Int("q_stride"),
+    Int("k_stride"),
+    Int("num_tokens"),
+    Int("num_heads"),
+    Int("num_kv_heads"),
+    Int("head_size"),
+    Int("rot_dim"),
+    Tensor("cos_sin_cache", "[max_position, rotary_dim]", _F32),
+    Flag("style", RotaryStyle),
+    Int("num_threads"),
+    Int("num_positions"),
+)
+SILU_AND_MUL = Kernel(
+    "silu_and_mul",
+    Output("out"),
+    Tensor("x", "[..., 2d]", "float"),
+    Flag("dtype", FloatType),
+    Int("num_tokens"),
+    Int("d"),
+    Int("num_threads"),
+)
+CONVERT = Kernel(
+    "convert",
+    Output("out"),
+    Flag("out_dtype", FloatType),
+    Tensor("x", "[...]", "float"),
+    Flag("dtype", FloatType),
+    Int("n"),
+)
+ARGMAX = Kernel(
+    "argmax",
+    Output("out"),
+    Tensor("x", "[rows, n]", "float"),
+    Flag("dtype", FloatType),
+    Int("rows"),
+    Int("n"),
+    Int("num_threads"),
+)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., n] * rsqrt(mean(x^2) + eps) * weight [n] -> a new contiguous tensor; in
+    bfloat16 rounded as _torch_ops.rms_norm rounds. x's rows x[i] must each be one dense
+    block, x[i] and x[i + 1] may be further apart (the per-head view [T, heads, n] of a fused
+    qkv's column slice)."""
+    RMS_NORM.check(x, weight)
+    n = x.shape[-1]
+    RMS_NORM.check_shape("weight", weight, (n,))
+    rows = x.numel() // n if n else 0
+    group = max(math.prod(x.shape[1:-1]), 1)  # norm rows per x[i], x.stride(0) apart
+    out = torch.empty(x.shape, dtype=x.dtype)
+    RMS_NORM.launch(
+        out=out,
+        x=x,
+        weight=weight,
+        dtype=FLOAT_TYPE[x.dtype],
+        eps=eps,
+        rows=rows,
+        n=n,
+        group=group,
+        group_stride=x.stride(0),
+        num_threads=torch.get_num_threads(),
+    )
+    return out
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual), in one pass."""
+    kernel = FUSED_ADD_RMS_NORM
+    kernel.check(x, residual, weight)
+    n = x.shape[-1]
+    kernel.check_shape("residual", residual, x.shape)
+    kernel.check_shape("weight", weight, (n,))
+    rows = x.numel() // n if n else 0
+    out, residual_out = torch.empty_like(x), torch.empty_like(x)
+    kernel.launch(
+        out=out,
+        residual_out=residual_out,
+        x=x,
+        residual=residual,
+        weight=weight,
+        dtype=FLOAT_TYPE[x.dtype],
+        eps=eps,
+        rows=rows,
+        n=n,
+        num_threads=torch.get_num_threads(),
+    )
+    return out, residual_out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [..., 2d] -> silu(x[..., :d]) * x[..., d:], float32 or bfloat16."""
+    SILU_AND_MUL.check(x)
+    width = x.shape[-1]
+    shape = list(x.shape)
+    require("silu_and_mul", width % 2 == 0, "x's last dim must be even, got shape {}", shape)
+    d = width // 2
+    out = x.new_empty(*x.shape[:-1], d)
+    rows = x.numel() // width if width else 0
+    SILU_AND_MUL.launch(out, x, FLOAT_TYPE[x.dtype], rows, d, torch.get_num_threads())
+    return out
+
+
+def convert(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x (float32 or bfloat16, contiguous) as a new contiguous tensor of dtype (float32 or
+    bfloat16), rounded as torch's .to(dtype) rounds."""
+    CONVERT.check(x)
+    out_type = FLOAT_TYPE.get(dtype)
+    require("convert", out_type is not None, "dtype must be float32 or bfloat16, got {}", dtype)
+    out = torch.empty(x.shape, dtype=dtype)
+    CONVERT.launch(out, out_type, x, FLOAT_TYPE[x.dtype], x.numel())
+    return out
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, n] float32 or bfloat16, n >= 1 -> int64 [rows]: torch.argmax(x, dim=-1) (the
+    first largest value's index, or the first NaN's)."""
+    ARGMAX.check(x)
+    rows, n = x.shape
+    require("argmax", n > 0, "x must have at least one column, got shape {}", list(x.shape))
+    out = torch.empty(rows, dtype=_I64)
+    ARGMAX.launch(out, x, FLOAT_TYPE[x.dtype], rows, n, torch.get_num_threads())
+    return out
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox_style: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """query [T, H * head_size], key [T, KV * head_size] (rows may be strided; both float32 or
+    both bfloat16) rotated by cos_sin_cache [max_pos, rotary_dim] (float32) at positions [T]
+    -> new contiguous tensors of their dtype."""
+    kernel = ROTARY_EMBEDDING
+    op = kernel.name
+    kernel.check(positions, query, key, cos_sin_cache)
+    (t,), (q_rows, q_width), (k_rows, k_width) = positions.shape, query.shape, key.shape
+    num_positions, rotary_dim = cos_sin_cache.shape
+    tokens = "query, key and positions have {}, {} and {} tokens"
+    require(op, q_rows == k_rows == t, tokens, q_rows, k_rows, t)
+    require(
+        op,
+        type(head_size) is int and 0 < rotary_dim <= head_size and rotary_dim % 2 == 0,
+        "rotary_dim {} must be even and in [2, head_size={!r}]",
+        rotary_dim,
+        head_size,
+    )
+    require(
+        op,
+        q_width % head_size == 0 and k_width % head_size == 0,
+        "query width {} and key width {} must be multiples of head_size {}",
+        q_width,
+        k_width,
+        head_size,
+    )
+    query_out, key_out = query.new_empty(t, q_width), key.new_empty(t, k_width)
+    kernel.launch(
+        positions=positions,
+        query=query,
+        key=key,
+        query_out=query_out,
+        key_out=key_out,
+        dtype=FLOAT_TYPE[query.dtype],
+        q_stride=query.stride(0),
+        k_stride=key.stride(0),
+        num_tokens=t,
+        num_heads=q_width // head_size,
+        num_kv_heads=k_width // head_size,
+        head_size=head_size,
+        rot_dim=rotary_dim,
+        cos_sin_cache=cos_sin_cache,
+        style=RotaryStyle.NEOX if is_neox_style else RotaryStyle.GPTJ,
+        num_threads=torch.get_num_threads(),
+        num_positions=num_positions,
+    )
+    return query_out, key_out
