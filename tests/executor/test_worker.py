@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pagedllm.executor import worker
+from pagedllm.executor.model_runner import StepInput
 from pagedllm.executor.worker import (
     EXECUTE,
     INIT_KV_CACHE,
@@ -51,6 +52,9 @@ class RecordingRunner:
     def forward(self, step: object) -> None:
         self.calls.append(("forward", step))
 
+    def pool(self, step: object) -> None:
+        self.calls.append(("pool", step))
+
 
 def follow(
     messages: list[tuple[str, object]], monkeypatch: pytest.MonkeyPatch
@@ -70,11 +74,12 @@ def follow(
 
 
 def test_worker_loop_runs_each_message_until_shutdown(monkeypatch) -> None:
-    """Only rank 0 samples: EXECUTE runs the forward alone."""
-    step = object()
-    messages = [(INIT_KV_CACHE, 8), (EXECUTE, step), (EXECUTE, step), (SHUTDOWN, None)]
+    """Only rank 0 samples: EXECUTE runs the forward alone, or the pooling of a pooling
+    model's step."""
+    step, pooled = StepInput([], [], [0], []), StepInput([], [], [], [], pool_indices=[0])
+    messages = [(INIT_KV_CACHE, 8), (EXECUTE, step), (EXECUTE, pooled), (SHUTDOWN, None)]
     runner, pending = follow([*messages, (EXECUTE, step)], monkeypatch)
-    assert runner.calls == [("init_kv_cache", 8), ("forward", step), ("forward", step)]
+    assert runner.calls == [("init_kv_cache", 8), ("forward", step), ("pool", pooled)]
     assert pending == [(EXECUTE, step)]
 
 
