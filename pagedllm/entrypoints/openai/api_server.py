@@ -1,7 +1,8 @@
 """`pagedllm serve [MODEL]`: an OpenAI-compatible HTTP server over the AsyncLLM.
 
-Routes: POST /v1/completions, /v1/chat/completions, GET /v1/models (guarded by --api-key),
-and POST /tokenize, /detokenize, GET /health, /version, /metrics. FastAPI serves the
+Routes: POST /v1/completions, /v1/chat/completions, GET /v1/models, Anthropic's POST
+/v1/messages and /v1/messages/count_tokens (guarded by --api-key), and POST /tokenize,
+/detokenize, GET /health, /version, /metrics. FastAPI serves the
 OpenAPI schema at /openapi.json and its docs at /docs.
 
 Run as `pagedllm serve ...` or `python -m pagedllm.entrypoints.openai.api_server ...`.
@@ -32,6 +33,13 @@ from pagedllm.entrypoints.openai.access import (
     api_keys,
     cors_from_args,
 )
+from pagedllm.entrypoints.openai.anthropic_protocol import (
+    AnthropicErrorResponse,
+    CountTokensRequest,
+    CountTokensResponse,
+    MessagesRequest,
+    MessagesResponse,
+)
 from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
 from pagedllm.entrypoints.openai.errors import add_exception_handlers, error_response
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
@@ -58,6 +66,7 @@ from pagedllm.entrypoints.openai.responses import (
 )
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from pagedllm.entrypoints.openai.serving_messages import AnthropicServingMessages
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from pagedllm.logger import init_logger
@@ -66,6 +75,9 @@ logger = init_logger(__name__)
 
 DEFAULT_SERVED_MODEL_NAME = DEFAULT_MODEL_FILE.split(".")[0]  # SmolLM2-135M-Instruct
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 500, 503)}
+_ANTHROPIC_ERRORS = {
+    status: {"model": AnthropicErrorResponse} for status in (400, 401, 404, 413, 500, 503)
+}
 _SSE = {200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE if stream"}}
 
 router = APIRouter()
@@ -112,6 +124,21 @@ async def create_completion(request: CompletionRequest, raw_request: Request) ->
 async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
     serving = raw_request.app.state.serving_chat
     return await serving.create_chat_completion(request, raw_request)
+
+
+@router.post(
+    "/v1/messages", response_model=MessagesResponse, responses={**_ANTHROPIC_ERRORS, **_SSE}
+)
+async def create_message(request: MessagesRequest, raw_request: Request) -> Response:
+    serving = raw_request.app.state.serving_messages
+    return await serving.create_message(request, raw_request)
+
+
+@router.post("/v1/messages/count_tokens", responses=_ANTHROPIC_ERRORS)
+async def count_message_tokens(
+    request: CountTokensRequest, raw_request: Request
+) -> CountTokensResponse:
+    return await raw_request.app.state.serving_messages.count_tokens(request)
 
 
 @router.post("/tokenize", responses=_ERRORS)
@@ -204,6 +231,7 @@ def build_app(
         reasoning_parser=reasoning,
         tool_parser=tools if enable_auto_tool_choice else None,
     )
+    app.state.serving_messages = AnthropicServingMessages(app.state.serving_chat)
     app.state.serving_tokenization = OpenAIServingTokenization(*shared, chat_template)
     return app
 
@@ -270,8 +298,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve MODEL (default: the embedded SmolLM2-135M-Instruct) at "
-        "/v1/completions, /v1/chat/completions and /v1/models, plus /tokenize, /detokenize, "
-        "/health, /version and /metrics.",
+        "/v1/completions, /v1/chat/completions, /v1/models and Anthropic's /v1/messages, "
+        "plus /tokenize, /detokenize, /health, /version and /metrics.",
     )
     make_arg_parser(parser)
     parser.set_defaults(func=run)
