@@ -178,10 +178,14 @@ class CountTokensRequest(AnthropicRequestModel):
     tool_choice: ToolChoice | None = None
 
     def chat_fields(self) -> dict[str, Any]:
-        """The chat request's fields for the prompt: messages, tools, tool choice."""
+        """The chat request's fields for the prompt: messages, tools, tool choice. A last
+        assistant message is continued (Anthropic's prefill), not answered."""
         system = [] if self.system is None else [{"role": "system", "content": _text(self.system)}]
         messages = system + [m for message in self.messages for m in message.as_chat_messages()]
         fields: dict[str, Any] = {"model": self.model, "messages": messages}
+        if self.messages[-1].role == "assistant":
+            fields["add_generation_prompt"] = False
+            fields["continue_final_message"] = True
         if self.tools is not None:
             fields["tools"] = [tool.as_chat_tool() for tool in self.tools]
         if self.tool_choice is not None:

@@ -76,6 +76,14 @@ def test_system_tool_use_and_tool_result_become_chat_messages() -> None:
     ]
 
 
+def test_a_last_assistant_message_is_continued() -> None:
+    prefill = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello,"}]
+    continued = request(messages=prefill).as_chat_request()
+    assert continued.continue_final_message and not continued.add_generation_prompt
+    answered = request().as_chat_request()
+    assert answered.add_generation_prompt and not answered.continue_final_message
+
+
 @pytest.mark.parametrize(
     "choice, chat_choice",
     [

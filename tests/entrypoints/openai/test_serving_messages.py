@@ -73,6 +73,18 @@ def test_max_tokens_and_stop_sequences_name_the_stop(client: anthropic.Anthropic
     assert stopped.content[0].text == text[: text.index(word)]
 
 
+def test_a_last_assistant_message_is_continued(
+    client: anthropic.Anthropic, http: TestClient
+) -> None:
+    """Reference: /v1/chat/completions with continue_final_message."""
+    prefill = [*QUESTION, {"role": "assistant", "content": "The weather in Paris is"}]
+    message = client.messages.create(**ASK, messages=prefill)
+    chat = {"model": MODEL_NAME, "messages": prefill, "max_tokens": 40, "temperature": 0}
+    chat |= {"add_generation_prompt": False, "continue_final_message": True}
+    expected = http.post("/v1/chat/completions", json=chat).json()["choices"][0]["message"]
+    assert message.content[0].text == expected["content"]
+
+
 def test_streamed_text_deltas_reassemble_the_whole_answer(client: anthropic.Anthropic) -> None:
     whole = client.messages.create(**ASK, messages=QUESTION)
     with client.messages.stream(**ASK, messages=QUESTION) as stream:
