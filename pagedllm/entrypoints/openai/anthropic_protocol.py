@@ -200,9 +200,11 @@ class CountTokensRequest(AnthropicRequestModel):
 
 
 class MessagesRequest(CountTokensRequest):
-    """POST /v1/messages. `metadata` is accepted and ignored."""
+    """POST /v1/messages. `metadata` is accepted and ignored. The chat request has no
+    max_tokens (all the room left): the server caps it with `max_tokens`, as Anthropic
+    stops at the context window rather than refusing a large max_tokens."""
 
-    max_tokens: int
+    max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -213,7 +215,6 @@ class MessagesRequest(CountTokensRequest):
 
     def chat_fields(self) -> dict[str, Any]:
         sampling = {
-            "max_tokens": self.max_tokens,
             "stop": self.stop_sequences,
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -249,7 +250,9 @@ class ThinkingContent(BaseModel):
 
 
 ResponseContent = TextContent | ToolUseContent | ThinkingContent
-StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+StopReason = Literal[
+    "end_turn", "max_tokens", "stop_sequence", "tool_use", "model_context_window_exceeded"
+]
 
 
 class AnthropicUsage(BaseModel):

@@ -6,6 +6,7 @@ become Anthropic's content blocks, whole or streamed (anthropic_streaming.py). O
 per request: the Messages API has no `n`.
 """
 
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -57,14 +58,17 @@ class AnthropicServingMessages:
         if request.model_extra:
             logger.warning("the request's fields %r are ignored", sorted(request.model_extra))
         run = await self.chat.prepare_chat(_chat_request(request))
+        # Generation stops at the context window when it leaves less than max_tokens.
+        context_limited = run.params.max_tokens < request.max_tokens
+        run = _capped(run, request.max_tokens)
         message_id = anthropic_id("msg")
         stream = self.chat.generate(run.prompt, run.params, message_id, arrival_time)
         outputs = merge_streams([stream])
         if request.stream:
             outputs = await self.chat.prime(outputs, raw_request)
-            return anthropic_sse(_events(message_id, run, outputs))
+            return anthropic_sse(_events(message_id, run, outputs, context_limited))
         (final,) = await until_disconnected(self.chat.collect(outputs, 1), raw_request)
-        return _message(message_id, run, final)
+        return _message(message_id, run, final, context_limited)
 
     async def count_tokens(self, request: CountTokensRequest) -> CountTokensResponse:
         """The prompt's tokens as /v1/messages would generate from them."""
@@ -81,7 +85,15 @@ def _chat_request(request: CountTokensRequest) -> ChatCompletionRequest:
         raise OpenAIError(f"the request has no chat equivalent: {e}", param="messages") from e
 
 
-def _message(message_id: str, run: ChatRun, final: RequestOutput) -> MessagesResponse:
+def _capped(run: ChatRun, max_tokens: int) -> ChatRun:
+    """`run` with at most `max_tokens`; its own max_tokens is the context's room left."""
+    params = dataclasses.replace(run.params, max_tokens=min(run.params.max_tokens, max_tokens))
+    return dataclasses.replace(run, params=params)
+
+
+def _message(
+    message_id: str, run: ChatRun, final: RequestOutput, context_limited: bool
+) -> MessagesResponse:
     (c,) = final.outputs
     parser = run.parsers() if run.parsers else None
     parsed = _parsed(parser, c)
@@ -92,7 +104,7 @@ def _message(message_id: str, run: ChatRun, final: RequestOutput) -> MessagesRes
         content.append(TextContent(text=parsed.content))
     for call in join_tool_call_deltas(parsed.tool_calls):
         content.append(ToolUseContent(name=call.name, input=_tool_input(call.arguments)))
-    stop_reason, stop_sequence = _stop_reason(c, parser)
+    stop_reason, stop_sequence = _stop_reason(c, parser, context_limited)
     usage = AnthropicUsage(input_tokens=len(final.prompt_token_ids), output_tokens=len(c.token_ids))
     return MessagesResponse(
         id=message_id,
@@ -105,7 +117,10 @@ def _message(message_id: str, run: ChatRun, final: RequestOutput) -> MessagesRes
 
 
 async def _events(
-    message_id: str, run: ChatRun, outputs: AsyncIterator[tuple[int, RequestOutput]]
+    message_id: str,
+    run: ChatRun,
+    outputs: AsyncIterator[tuple[int, RequestOutput]],
+    context_limited: bool,
 ) -> AsyncIterator[Event]:
     """message_start, ping, the content blocks' events, message_delta (the stop reason
     and the output tokens), message_stop."""
@@ -131,7 +146,7 @@ async def _events(
                 last = c
     for event in blocks.stop():
         yield event
-    stop_reason, stop_sequence = _stop_reason(last, parser)
+    stop_reason, stop_sequence = _stop_reason(last, parser, context_limited)
     delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
     usage = {"input_tokens": input_tokens, "output_tokens": output_tokens}
     yield "message_delta", {"type": "message_delta", "delta": delta, "usage": usage}
@@ -147,12 +162,13 @@ def _parsed(parser: ChoiceParser | None, c: CompletionOutput) -> ChoiceDelta:
 
 
 def _stop_reason(
-    c: CompletionOutput | None, parser: ChoiceParser | None
+    c: CompletionOutput | None, parser: ChoiceParser | None, context_limited: bool
 ) -> tuple[StopReason, str | None]:
     """(stop_reason, stop_sequence): the matched stop string is the engine's stop_reason
-    (a stop token id, the end of the turn, is an int)."""
+    (a stop token id, the end of the turn, is an int). The length limit is the context
+    window's when it left less room than the request's max_tokens."""
     if c is not None and c.finish_reason == "length":
-        return "max_tokens", None
+        return ("model_context_window_exceeded" if context_limited else "max_tokens"), None
     if parser is not None and parser.tools_called:
         return "tool_use", None
     if c is not None and isinstance(c.stop_reason, str):

@@ -121,13 +121,22 @@ def test_sampling_fields_map_and_absent_ones_keep_the_defaults() -> None:
     "fields",
     [
         {"max_tokens": None},
+        {"max_tokens": 0},
         {"messages": []},
         {"messages": [{"role": "system", "content": "Hi"}]},
         {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
         {"tool_choice": {"type": "tool"}},
         {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
     ],
-    ids=["no-max-tokens", "no-messages", "system-role", "image", "unnamed-tool", "server-tool"],
+    ids=[
+        "no-max-tokens",
+        "zero-max-tokens",
+        "no-messages",
+        "system-role",
+        "image",
+        "unnamed-tool",
+        "server-tool",
+    ],
 )
 def test_refused_bodies(fields: dict) -> None:
     body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from pagedllm import LLM
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.entrypoints.openai import api_server
-from tests.entrypoints.openai.remote_server import MODEL_NAME
+from tests.entrypoints.openai.remote_server import MAX_MODEL_LEN, MODEL_NAME
 
 WEATHER = {
     "type": "object",
@@ -83,6 +83,26 @@ def test_a_last_assistant_message_is_continued(
     chat |= {"add_generation_prompt": False, "continue_final_message": True}
     expected = http.post("/v1/chat/completions", json=chat).json()["choices"][0]["message"]
     assert message.content[0].text == expected["content"]
+
+
+def test_max_tokens_past_the_context_window_is_capped(client: anthropic.Anthropic) -> None:
+    """A large max_tokens (as agents send) answers; when the window runs out first, the
+    stop reason says so. Reference: chat's max_tokens rule (prompt + max_tokens <=
+    max_model_len)."""
+    with client.messages.stream(**{**ASK, "max_tokens": 32000}, messages=QUESTION) as stream:
+        assert stream.get_final_message().stop_reason == "end_turn"  # 32000: Claude Code's
+    words = MAX_MODEL_LEN
+    for _ in range(4):  # as many words as leave 4 tokens of room
+        long = [{"role": "user", "content": "Repeat: " + "apple " * words}]
+        room = (
+            MAX_MODEL_LEN
+            - client.messages.count_tokens(model=MODEL_NAME, messages=long).input_tokens
+        )
+        words += room - 4
+    assert room == 4
+    cut = client.messages.create(**{**ASK, "max_tokens": 100}, messages=long)
+    assert cut.stop_reason == "model_context_window_exceeded"
+    assert cut.usage.output_tokens == 4
 
 
 def test_streamed_text_deltas_reassemble_the_whole_answer(client: anthropic.Anthropic) -> None:
