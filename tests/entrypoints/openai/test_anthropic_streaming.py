@@ -2,7 +2,15 @@
 event sequence of Anthropic's streaming Messages API: a block per thinking run, text run
 and tool call, each started before its deltas and stopped before the next starts."""
 
-from pagedllm.entrypoints.openai.anthropic_streaming import ContentBlockEvents, _frame
+import asyncio
+from collections.abc import AsyncIterator
+
+from pagedllm.entrypoints.openai.anthropic_streaming import (
+    ContentBlockEvents,
+    Event,
+    _frame,
+    _frames,
+)
 from pagedllm.entrypoints.openai.chat_choice_parser import ChoiceDelta
 from pagedllm.entrypoints.openai.tool_parsers import ToolCallDelta
 
@@ -54,3 +62,18 @@ def test_a_frame_names_its_event_and_is_ascii() -> None:
     frame = _frame("content_block_delta", {"text": "caf\u00e9 \ud800"})
     assert frame == 'event: content_block_delta\ndata: {"text": "caf\\u00e9 \\ud800"}\n\n'
     assert frame.isascii()
+
+
+def test_an_error_after_the_start_is_an_error_event() -> None:
+    async def failing() -> AsyncIterator[Event]:
+        yield "ping", {"type": "ping"}
+        raise ValueError("temperature must be >= 0")
+
+    async def frames() -> list[str]:
+        return [frame async for frame in _frames(failing())]
+
+    error = {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "temperature must be >= 0"},
+    }
+    assert asyncio.run(frames()) == [_frame("ping", {"type": "ping"}), _frame("error", error)]
