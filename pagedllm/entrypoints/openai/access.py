@@ -49,6 +49,7 @@ class ApiKeyMiddleware:
                 "or `x-api-key: <key>`",
                 HTTPStatus.UNAUTHORIZED,
                 code="invalid_api_key",
+                path=scope["path"],
             )
             await response(scope, receive, send)
             return

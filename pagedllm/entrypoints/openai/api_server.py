@@ -2,8 +2,9 @@
 
 Routes: POST /v1/completions, /v1/chat/completions, /v1/embeddings (pooling models),
 /v1/responses (with GET and DELETE /v1/responses/{id} and POST /v1/responses/{id}/cancel),
-GET /v1/models (guarded by --api-key), and POST /tokenize, /detokenize, GET /health,
-/version, /metrics. FastAPI serves the
+Anthropic's /v1/messages and /v1/messages/count_tokens, GET /v1/models (all /v1 routes
+guarded by --api-key), and POST /tokenize, /detokenize, GET /health, /version, /metrics.
+FastAPI serves the
 OpenAPI schema at /openapi.json and its docs at /docs.
 
 Run as `pagedllm serve ...` or `python -m pagedllm.entrypoints.openai.api_server ...`.
@@ -34,6 +35,13 @@ from pagedllm.entrypoints.openai.access import (
     add_access_middleware,
     api_keys,
     cors_from_args,
+)
+from pagedllm.entrypoints.openai.anthropic_protocol import (
+    AnthropicErrorResponse,
+    CountTokensRequest,
+    CountTokensResponse,
+    MessagesRequest,
+    MessagesResponse,
 )
 from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
 from pagedllm.entrypoints.openai.embedding_protocol import EmbeddingRequest, EmbeddingResponse
@@ -72,6 +80,7 @@ from pagedllm.entrypoints.openai.responses_protocol import (
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
+from pagedllm.entrypoints.openai.serving_messages import AnthropicServingMessages
 from pagedllm.entrypoints.openai.serving_responses import OpenAIServingResponses
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.entrypoints.openai.tool_format import detect_tool_call_parser
@@ -82,6 +91,9 @@ logger = init_logger(__name__)
 
 DEFAULT_SERVED_MODEL_NAME = DEFAULT_MODEL_FILE.split(".")[0]  # SmolLM2-135M-Instruct
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 500, 503)}
+_ANTHROPIC_ERRORS = {
+    status: {"model": AnthropicErrorResponse} for status in (400, 401, 404, 413, 500, 503)
+}
 _SSE = {200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE if stream"}}
 
 router = APIRouter()
@@ -153,6 +165,21 @@ async def delete_response(response_id: str, raw_request: Request) -> DeletedResp
 @router.post("/v1/responses/{response_id}/cancel", responses=_ERRORS)
 async def cancel_response(response_id: str, raw_request: Request) -> ResponseObject:
     return raw_request.app.state.serving_responses.cancel_response(response_id)
+
+
+@router.post(
+    "/v1/messages", response_model=MessagesResponse, responses={**_ANTHROPIC_ERRORS, **_SSE}
+)
+async def create_message(request: MessagesRequest, raw_request: Request) -> Response:
+    serving = raw_request.app.state.serving_messages
+    return await serving.create_message(request, raw_request)
+
+
+@router.post("/v1/messages/count_tokens", responses=_ANTHROPIC_ERRORS)
+async def count_message_tokens(
+    request: CountTokensRequest, raw_request: Request
+) -> CountTokensResponse:
+    return await raw_request.app.state.serving_messages.count_tokens(request)
 
 
 @router.post("/tokenize", responses=_ERRORS)
@@ -258,6 +285,7 @@ def build_app(
     app.state.serving_responses = OpenAIServingResponses(
         app.state.serving_chat, ResponseStore(max_stored_responses)
     )
+    app.state.serving_messages = AnthropicServingMessages(app.state.serving_chat)
     app.state.serving_tokenization = OpenAIServingTokenization(*shared, chat_template)
     app.state.serving_embedding = OpenAIServingEmbedding(*shared)
     return app
@@ -334,8 +362,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve MODEL (default: the embedded SmolLM2-135M-Instruct) at "
-        "/v1/completions, /v1/chat/completions, /v1/responses, /v1/embeddings (--runner "
-        "pooling) and /v1/models, plus /tokenize, /detokenize, /health, /version and /metrics.",
+        "/v1/completions, /v1/chat/completions, /v1/responses, Anthropic's /v1/messages, "
+        "/v1/embeddings (--runner pooling) and /v1/models, plus /tokenize, /detokenize, "
+        "/health, /version and /metrics.",
     )
     make_arg_parser(parser)
     parser.set_defaults(func=run)

@@ -1,4 +1,5 @@
-"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` for every failure.
+"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` for every failure;
+Anthropic's `{"type": "error", "error": {"type", "message"}}` under /v1/messages.
 
 Bad input of any kind (malformed JSON, wrong types, out-of-range values, unknown model or
 route) answers 4xx with a message naming the field; only a server bug answers 500.
@@ -13,6 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pagedllm.engine.async_llm import EngineDeadError
+from pagedllm.entrypoints.openai.anthropic_protocol import anthropic_error_body, is_messages_path
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -64,9 +66,17 @@ def _printable(text: str | None) -> str | None:
 
 
 def error_response(
-    message: str, status_code: int, param: str | None = None, code: str | None = None
+    message: str,
+    status_code: int,
+    param: str | None = None,
+    code: str | None = None,
+    path: str = "",
 ) -> JSONResponse:
-    body = error_body(message, status_code, param, code)
+    """The error in the shape of the API that `path` belongs to."""
+    if is_messages_path(path):
+        body = anthropic_error_body(_printable(message), status_code)
+    else:
+        body = error_body(message, status_code, param, code)
     return JSONResponse(body.model_dump(), status_code=status_code)
 
 
@@ -111,24 +121,28 @@ def _validation_message(error: RequestValidationError) -> tuple[str, str | None]
     return "; ".join(listed) or "invalid request", param
 
 
-async def _on_openai_error(_: Request, error: OpenAIError) -> JSONResponse:
-    return error_response(error.message, error.status_code, error.param, error.code)
+async def _on_openai_error(request: Request, error: OpenAIError) -> JSONResponse:
+    path = request.url.path
+    return error_response(error.message, error.status_code, error.param, error.code, path)
 
 
-async def _on_validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+async def _on_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
     message, param = _validation_message(error)
-    return error_response(message, HTTPStatus.BAD_REQUEST, param)
+    return error_response(message, HTTPStatus.BAD_REQUEST, param, path=request.url.path)
 
 
-async def _on_http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
-    return error_response(str(error.detail), error.status_code)
+async def _on_http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+    return error_response(str(error.detail), error.status_code, path=request.url.path)
 
 
-async def _on_unexpected_error(_: Request, error: Exception) -> JSONResponse:
+async def _on_unexpected_error(request: Request, error: Exception) -> JSONResponse:
+    path = request.url.path
     if isinstance(error, EngineDeadError):
-        return error_response(str(error), HTTPStatus.SERVICE_UNAVAILABLE, code="engine_dead")
+        status = HTTPStatus.SERVICE_UNAVAILABLE
+        return error_response(str(error), status, code="engine_dead", path=path)
     logger.exception("unexpected error while serving a request", exc_info=error)
-    return error_response(f"internal server error: {error!r}", HTTPStatus.INTERNAL_SERVER_ERROR)
+    message = f"internal server error: {error!r}"
+    return error_response(message, HTTPStatus.INTERNAL_SERVER_ERROR, path=path)
 
 
 def add_exception_handlers(app: FastAPI) -> None:

@@ -38,9 +38,9 @@ class RequestSizeLimitMiddleware:
         self.app = app
         self.max_bytes = max_bytes
 
-    def _too_large(self) -> JSONResponse:
+    def _too_large(self, path: str) -> JSONResponse:
         status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
-        return error_response(_message(self.max_bytes), status)
+        return error_response(_message(self.max_bytes), status, path=path)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -48,7 +48,7 @@ class RequestSizeLimitMiddleware:
             return
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            await self._too_large()(scope, receive, send)
+            await self._too_large(scope["path"])(scope, receive, send)
             return
         received = 0
         response_started = False
@@ -72,4 +72,4 @@ class RequestSizeLimitMiddleware:
         except RequestTooLarge:
             if response_started:
                 raise
-            await self._too_large()(scope, receive, send)
+            await self._too_large(scope["path"])(scope, receive, send)

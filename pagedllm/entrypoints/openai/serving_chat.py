@@ -65,6 +65,20 @@ from pagedllm.sampling_params import SamplingParams, StructuredOutputsParams
 Parsers = Callable[[], ChoiceParser] | None  # a new parser per choice, or None: plain content
 
 
+@dataclasses.dataclass(frozen=True)
+class ChatRun:
+    """A checked chat request, ready to generate."""
+
+    model: str  # the served name to answer with
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    parsers: Parsers
+
+    @property
+    def prompt(self) -> dict:
+        return {"prompt_token_ids": self.prompt_token_ids}
+
+
 class OpenAIServingChat(OpenAIServing):
     def __init__(
         self,
@@ -79,18 +93,9 @@ class OpenAIServingChat(OpenAIServing):
         self.reasoning_parser = reasoning_parser
         self.tool_parser = tool_parser
 
-    async def create_chat_completion(
-        self, request: ChatCompletionRequest, raw_request: Request
-    ) -> ChatCompletionResponse | StreamingResponse:
-        answer = await self.chat(request, raw_request)
-        return sse_response(answer) if request.stream else answer
-
-    async def chat(
-        self, request: ChatCompletionRequest, raw_request: Request
-    ) -> ChatCompletionResponse | AsyncIterator[ChatCompletionStreamResponse]:
-        """The whole answer, or with `stream` its chunks (the engine has accepted the
-        request by then); other endpoints (serving_responses.py) reshape either."""
-        arrival_time = time.monotonic()
+    async def prepare_chat(self, request: ChatCompletionRequest) -> ChatRun:
+        """The request's prompt, sampling parameters and parsers, checked (a 400 or 404
+        for what is wrong), ready to generate; shared with /v1/messages."""
         model = self.check_model(request.model)
         check_unsupported_fields(request.model_extra, "chat")
         if request.top_logprobs is not None and not request.logprobs:
@@ -115,8 +120,24 @@ class OpenAIServingChat(OpenAIServing):
             reasoning = self.reasoning_parser.reasoning_tokens(prompt_text, self.tokenizer)
             params = dataclasses.replace(params, reasoning_tokens=reasoning)
         parsers = choice_parser_factory(self.reasoning_parser, tool_parser, prompt_text, parallel)
+        return ChatRun(model, prompt_ids, params, parsers)
+
+    async def create_chat_completion(
+        self, request: ChatCompletionRequest, raw_request: Request
+    ) -> ChatCompletionResponse | StreamingResponse:
+        answer = await self.chat(request, raw_request)
+        return sse_response(answer) if request.stream else answer
+
+    async def chat(
+        self, request: ChatCompletionRequest, raw_request: Request
+    ) -> ChatCompletionResponse | AsyncIterator[ChatCompletionStreamResponse]:
+        """The whole answer, or with `stream` its chunks (the engine has accepted the
+        request by then); other endpoints (serving_responses.py) reshape either."""
+        arrival_time = time.monotonic()
+        run = await self.prepare_chat(request)
+        model, parsers = run.model, run.parsers
         request_id = random_id("chatcmpl")
-        stream = self.generate({"prompt_token_ids": prompt_ids}, params, request_id, arrival_time)
+        stream = self.generate(run.prompt, run.params, request_id, arrival_time)
         outputs = merge_streams([stream])
         if request.stream:
             outputs = await self.prime(outputs, raw_request)
