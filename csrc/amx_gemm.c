@@ -11,8 +11,8 @@
  * instruction whatever M is and whichever tile holds the row (a last block of fewer rows
  * loads shorter tiles), so a row's result does not depend on the rows batched with it:
  * batch-invariant at every batch size. Threads split the columns; rows go ROW_CHUNK at a time
- * (their x stays in L2) past each pair of weight tiles. How it compares with
- * skinny_gemm_bf16 and oneDNN: pagedllm/_custom_ops.py, prepack_linear_weight.
+ * (their x stays in L2) past each pair of weight tiles. Its speed against
+ * skinny_gemm_bf16 and F.linear: BENCHMARKS.md (`pagedllm bench linear --dtype bfloat16`).
  *
  * Only the tile code is compiled for AMX (a target pragma, whatever the build's flags) and
  * entered only where amx_gemm_supported() (the CPU has the tiles and Linux granted their

@@ -7,7 +7,7 @@
  *
  * Replaces torch's sdpa for the prefill chunks of float32 and bf16 models: sdpa's bits are
  * not decode attention's, and its CPU kernels run the default model's shapes at 25-85
- * GFLOP/s (pagedllm/_custom_ops.py, prefill_attention, says what this one costs).
+ * GFLOP/s (BENCHMARKS.md says what this one costs).
  */
 #include "isa_table.h"
 #include "ops.h"

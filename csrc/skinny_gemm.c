@@ -1,7 +1,7 @@
 /* The unquantized linear's matmul on the CPU: y [M, N] = x [M, K] @ w [N, K]^T (+ b), float32
  * (skinny_gemm) or bfloat16 in and out with float32 products and sums (skinny_gemm_bf16), for
  * every row count, so that a row's result never depends on the rows beside it (each build
- * sums every output in one order whatever M is; pagedllm/_custom_ops.py's linear()).
+ * sums every output in one order whatever M is; pagedllm/_custom_ops/linear.py).
  *
  * With few input rows the product is bound by reading w; this kernel reads it at over twice
  * the speed of ATen's MKL sgemv, and stock torch's bf16 matmul reads bf16 weights slowly too.

@@ -506,7 +506,7 @@ def _op_inputs(dtype: torch.dtype) -> dict[str, tuple]:
             seq_lens,
             8,
             0.5,
-        ),  # fmt: skip
+        ),
     }
 
 

@@ -228,8 +228,16 @@ def _special_values(shape: tuple[int, ...]) -> torch.Tensor:
     finite float32 (rounds to bf16 infinity), denormals."""
     x = torch.randn(shape)
     flat = x.view(-1)
-    specials = [1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, float("nan"), float("inf"), -float("inf"),
-                3.4028235e38, 1e-40, -0.0]  # fmt: skip
+    specials = [
+        1.0 + 2.0**-8,
+        1.0 + 3 * 2.0**-8,
+        float("nan"),
+        float("inf"),
+        -float("inf"),
+        3.4028235e38,
+        1e-40,
+        -0.0,
+    ]
     flat[: len(specials)] = torch.tensor(specials)
     return x
 
@@ -397,8 +405,10 @@ def test_rms_norm_bf16_on_random_rows_is_torch_up_to_its_summation_order(
     at 576); the new residual stays bit for bit."""
     x, residual = torch.randn(rows, hidden).to(BF16), torch.randn(rows, hidden).to(BF16)
     weight = torch.randn(hidden).to(BF16)
-    assert (_bf16_steps(_custom_ops.rms_norm(x, weight, 1e-6),
-                        _torch_ops.rms_norm(x, weight, 1e-6)) <= 2).all()  # fmt: skip
+    assert (
+        _bf16_steps(_custom_ops.rms_norm(x, weight, 1e-6), _torch_ops.rms_norm(x, weight, 1e-6))
+        <= 2
+    ).all()
     out, residual_out = _custom_ops.fused_add_rms_norm(x, residual, weight, 1e-5)
     expected, expected_residual = _torch_ops.fused_add_rms_norm(x, residual, weight, 1e-5)
     assert torch.equal(_bits(residual_out), _bits(expected_residual))
@@ -427,9 +437,12 @@ def test_silu_and_mul_bf16_is_the_torch_definition_up_to_exp(
 @pytest.mark.parametrize("head_size,rotary_dim", [(64, 64), (80, 40), (8, 8), (72, 72)])
 @pytest.mark.parametrize("num_tokens", [1, 40])
 def test_rotary_embedding_bf16_is_the_torch_definition_bit_for_bit(
-    is_neox_style: bool, head_size: int, rotary_dim: int, num_tokens: int,
+    is_neox_style: bool,
+    head_size: int,
+    rotary_dim: int,
+    num_tokens: int,
     kernel_calls: list[str],
-) -> None:  # fmt: skip
+) -> None:
     """Reference: _torch_ops.rotary_embedding on the same bf16 column slices of one fused qkv
     row (strided rows, as the attention layer passes them), bit for bit: each product
     rounded to float32, the sum rounded to bf16, lanes past rotary_dim copied. 72 leaves a

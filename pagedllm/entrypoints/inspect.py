@@ -87,7 +87,7 @@ def format_report(report: dict) -> str:
         (
             "KV cache / token / rank",
             f"{report['kv_cache_bytes_per_token']:,} bytes ({report['kv_cache_dtype']})",
-        ),  # fmt: skip
+        ),
         ("max model len", f"{report['max_model_len']:,}"),
     ]
     return "\n".join(f"{name:<24}{value}" for name, value in rows)

@@ -212,9 +212,11 @@ class CpuGraphRunner:
         logger.info(
             "Captured decode steps of %d sequences: %d kernel launches, %.2f MB of buffers "
             "(%.1f MB before packing)",
-            size, len(launches), arena.numel() / 1e6,
+            size,
+            len(launches),
+            arena.numel() / 1e6,
             sum(launch_memory.storages(mode.allocations).values()) / 1e6,
-        )  # fmt: skip
+        )
         return eager
 
 

@@ -70,9 +70,13 @@ class FusedMoE(InferenceModule):
         method = quant_config.get_quant_method(self, prefix) if quant_config else None
         self.quant_method: FusedMoEMethodBase = method or UnquantizedFusedMoEMethod()
         self.quant_method.create_weights(
-            self, num_experts, hidden_size, self.intermediate_size_per_partition,
-            torch.get_default_dtype(), weight_loader=self.weight_loader,
-        )  # fmt: skip
+            self,
+            num_experts,
+            hidden_size,
+            self.intermediate_size_per_partition,
+            torch.get_default_dtype(),
+            weight_loader=self.weight_loader,
+        )
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str, expert_id: int

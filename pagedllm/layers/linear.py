@@ -62,9 +62,14 @@ class LinearBase(InferenceModule):
         method = quant_config.get_quant_method(self, prefix) if quant_config else None
         self.quant_method: LinearMethodBase = method or UnquantizedLinearMethod()
         self.quant_method.create_weights(
-            self, input_size, output_partition_sizes or [output_size], input_size,
-            output_size, self.params_dtype, weight_loader=self.weight_loader,
-        )  # fmt: skip
+            self,
+            input_size,
+            output_partition_sizes or [output_size],
+            input_size,
+            output_size,
+            self.params_dtype,
+            weight_loader=self.weight_loader,
+        )
         self.bias = new_parameter((output_size,), self.weight_loader) if bias else None
 
     def rows(self, param: nn.Parameter, offset: int, size: int) -> torch.Tensor:

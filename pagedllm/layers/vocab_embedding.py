@@ -54,9 +54,14 @@ class VocabParallelEmbedding(InferenceModule):
         method = quant_config.get_quant_method(self, prefix) if quant_config else None
         self.quant_method: EmbeddingMethodBase = method or UnquantizedEmbeddingMethod()
         self.quant_method.create_weights(
-            self, embedding_dim, [self.num_embeddings_per_partition], embedding_dim,
-            self.num_embeddings_padded, self.params_dtype, weight_loader=self.weight_loader,
-        )  # fmt: skip
+            self,
+            embedding_dim,
+            [self.num_embeddings_per_partition],
+            embedding_dim,
+            self.num_embeddings_padded,
+            self.params_dtype,
+            weight_loader=self.weight_loader,
+        )
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None

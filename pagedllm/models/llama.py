@@ -49,9 +49,11 @@ class LlamaMLP(InferenceModule):
         if hidden_act != "silu":
             raise ValueError(f"hidden_act {hidden_act!r} is not supported; only 'silu'")
         self.gate_up_proj = MergedColumnParallelLinear(
-            hidden_size, [intermediate_size] * 2, quant_config=quant_config,
+            hidden_size,
+            [intermediate_size] * 2,
+            quant_config=quant_config,
             prefix=f"{prefix}.gate_up_proj",
-        )  # fmt: skip
+        )
         self.down_proj = RowParallelLinear(
             intermediate_size, hidden_size, quant_config=quant_config, prefix=f"{prefix}.down_proj"
         )

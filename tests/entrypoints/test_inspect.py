@@ -153,11 +153,13 @@ def llama_70b_quantized(tp: int) -> dict[str, int]:
     q6_k = 40 * (r["kv"] + r["mlp"]) + r["vocab"]
     linears = 80 * (2 * r["q"] + 2 * r["kv"] + 3 * r["mlp"]) + 2 * r["vocab"]
     return {
-        "q4_k_m": nbytes(q4_k, Q4_K) + nbytes(40 * r["kv"], Q5_K) + nbytes(q6_k, Q6_K)
+        "q4_k_m": nbytes(q4_k, Q4_K)
+        + nbytes(40 * r["kv"], Q5_K)
+        + nbytes(q6_k, Q6_K)
         + 4 * r["norms"],
         "q8_0": nbytes(linears, Q8_0) + 4 * r["norms"],
         "int8": nbytes(linears, Q8_0) + 2 * r["norms"],  # norms in bf16
-    }  # fmt: skip
+    }
 
 
 def qwen3_moe_quantized(tp: int) -> dict[str, int]:

@@ -110,9 +110,12 @@ def test_enforce_eager_and_tensor_parallel_take_no_graph_runner(
     tiny_model_path: Callable[[str], str],
 ) -> None:
     llm = LLM(
-        tiny_model_path("llama-tied-mqa"), num_kv_blocks=8, max_model_len=64,
-        enforce_eager=True, skip_tokenizer_init=True,
-    )  # fmt: skip
+        tiny_model_path("llama-tied-mqa"),
+        num_kv_blocks=8,
+        max_model_len=64,
+        enforce_eager=True,
+        skip_tokenizer_init=True,
+    )
     assert _runner(llm).graph_runner is None
     cpu = torch.device("cpu")
     assert not CpuGraphRunner.applies(cpu, tensor_parallel_size=2, enforce_eager=False)
@@ -126,9 +129,11 @@ def test_a_bad_index_in_a_replayed_step_raises_and_drops_the_graphs(
     """A slot past the cache fails the replay's index check: the graphs are dropped and the
     eager forward raises the same ValueError, with the process and cache intact."""
     llm = LLM(
-        tiny_model_path("llama-tied-mqa"), num_kv_blocks=8, max_model_len=64,
+        tiny_model_path("llama-tied-mqa"),
+        num_kv_blocks=8,
+        max_model_len=64,
         skip_tokenizer_init=True,
-    )  # fmt: skip
+    )
     runner = _runner(llm)
     runner.forward(StepInput([SeqChunk([5], 3, [1])], [], [0], []))
     assert runner.graph_runner.graphs[1] is not None

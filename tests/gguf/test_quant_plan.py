@@ -103,8 +103,10 @@ def test_use_more_bits_picks_half_the_layers_as_llama_cpp() -> None:
     assert picked == [*range(10), *range(12, 70, 3), *range(70, 80)]
     assert len(picked) == 40
     assert [i for i in range(48) if use_more_bits(i, 48)] == [
-        *range(6), *range(8, 42, 3), *range(42, 48)
-    ]  # fmt: skip
+        *range(6),
+        *range(8, 42, 3),
+        *range(42, 48),
+    ]
 
 
 def test_llama_70b_q4_k_m_types_by_hand() -> None:

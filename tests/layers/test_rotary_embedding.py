@@ -60,9 +60,13 @@ CASES = {
 
 def _rope(case: Case, is_neox_style: bool = True):
     return get_rope(
-        case.head_size, case.rotary_dim, case.max_position, case.base, case.rope_scaling,
+        case.head_size,
+        case.rotary_dim,
+        case.max_position,
+        case.base,
+        case.rope_scaling,
         is_neox_style,
-    )  # fmt: skip
+    )
 
 
 def _hf_config(case: Case) -> LlamaConfig:

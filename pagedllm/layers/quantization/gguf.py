@@ -48,8 +48,9 @@ def block_weight(shape: tuple[int, ...], qtype: int, what: str, **attrs: Any) ->
     """A uint8 parameter holding [..., rows, columns] weights as rows of `qtype` blocks; its
     `block` attribute (block_size, type_size) lets loaders split rows on block boundaries."""
     physical = (*shape[:-1], row_bytes(qtype, shape[-1], what))
-    return new_weight(physical, torch.uint8, qtype=int(qtype), block=GGML_QUANT_SIZES[Q(qtype)],
-                      **attrs)  # fmt: skip
+    return new_weight(
+        physical, torch.uint8, qtype=int(qtype), block=GGML_QUANT_SIZES[Q(qtype)], **attrs
+    )
 
 
 def pack_parameter(param: nn.Parameter, qtype: int) -> None:
@@ -289,9 +290,11 @@ class GGUFFusedMoEMethod(FusedMoEMethodBase):
     ) -> None:
         shard = intermediate_size_per_partition
         layer.w13_weight = block_weight(
-            (num_experts, 2 * shard, hidden_size), self.w13_type, "experts' gate/up",
+            (num_experts, 2 * shard, hidden_size),
+            self.w13_type,
+            "experts' gate/up",
             **extra_weight_attrs,
-        )  # fmt: skip
+        )
         layer.w2_weight = block_weight(
             (num_experts, hidden_size, shard), self.w2_type, "experts' down", **extra_weight_attrs
         )

@@ -141,9 +141,13 @@ def test_structured_outputs_apply_after_the_reasoning(serve: Callable) -> None:
     named = {"type": "function", "function": {"name": "get_weather"}}
     with serve(reasoning_parser="qwen3") as (client, _):
         parsed = client.chat.completions.parse(
-            model="scripted", messages=MESSAGES, temperature=0, max_tokens=30, n=2,
+            model="scripted",
+            messages=MESSAGES,
+            temperature=0,
+            max_tokens=30,
+            n=2,
             response_format=Weather,
-        )  # fmt: skip
+        )
         called = ask(client, tools=tools, tool_choice=named).choices[0].message
         chunks = ask(client, response_format=weather, stream=True)
         deltas = [c.choices[0].delta for c in chunks if c.choices]

@@ -1,0 +1,141 @@
+"""The server's routes: each parses its body and hands it to the serving object build_app
+puts on the app's state (api_server.py). The OpenAPI schema at /openapi.json comes from
+them."""
+
+import importlib.metadata
+from http import HTTPStatus
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from pagedllm.entrypoints.openai.anthropic_protocol import (
+    AnthropicErrorResponse,
+    CountTokensRequest,
+    CountTokensResponse,
+    MessagesRequest,
+    MessagesResponse,
+)
+from pagedllm.entrypoints.openai.embedding_protocol import EmbeddingRequest, EmbeddingResponse
+from pagedllm.entrypoints.openai.errors import error_response
+from pagedllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from pagedllm.entrypoints.openai.responses import (
+    ChatCompletionResponse,
+    CompletionResponse,
+    DetokenizeResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenizeResponse,
+    VersionResponse,
+)
+from pagedllm.entrypoints.openai.responses_protocol import (
+    DeletedResponse,
+    ResponseObject,
+    ResponsesRequest,
+)
+
+_ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 500, 503)}
+_ANTHROPIC_ERRORS = {
+    status: {"model": AnthropicErrorResponse} for status in (400, 401, 404, 413, 500, 503)
+}
+_SSE = {200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE if stream"}}
+
+router = APIRouter()
+
+
+@router.get("/health", responses={503: {"model": ErrorResponse}})
+async def health(raw_request: Request) -> Response:
+    if not raw_request.app.state.engine.is_running:
+        return error_response("the engine is not running", HTTPStatus.SERVICE_UNAVAILABLE)
+    return Response(status_code=HTTPStatus.OK)
+
+
+@router.get("/version")
+async def version() -> VersionResponse:
+    return VersionResponse(version=importlib.metadata.version("pagedllm"))
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(raw_request: Request) -> Response:
+    body = raw_request.app.state.metrics.render()
+    return Response(content=body, media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models", responses=_ERRORS)
+async def show_models(raw_request: Request) -> ModelList:
+    serving = raw_request.app.state.serving_completion
+    cards = [
+        ModelCard(id=name, root=name, max_model_len=serving.max_model_len)
+        for name in serving.served_model_names
+    ]
+    return ModelList(data=cards)
+
+
+@router.post("/v1/completions", response_model=CompletionResponse, responses={**_ERRORS, **_SSE})
+async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+    serving = raw_request.app.state.serving_completion
+    return await serving.create_completion(request, raw_request)
+
+
+@router.post(
+    "/v1/chat/completions", response_model=ChatCompletionResponse, responses={**_ERRORS, **_SSE}
+)
+async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
+    serving = raw_request.app.state.serving_chat
+    return await serving.create_chat_completion(request, raw_request)
+
+
+@router.post("/v1/embeddings", responses=_ERRORS)
+async def create_embedding(request: EmbeddingRequest, raw_request: Request) -> EmbeddingResponse:
+    return await raw_request.app.state.serving_embedding.create_embedding(request, raw_request)
+
+
+@router.post("/v1/responses", response_model=ResponseObject, responses={**_ERRORS, **_SSE})
+async def create_response(request: ResponsesRequest, raw_request: Request) -> Response:
+    return await raw_request.app.state.serving_responses.create_response(request, raw_request)
+
+
+@router.get("/v1/responses/{response_id}", responses=_ERRORS)
+async def get_response(response_id: str, raw_request: Request) -> ResponseObject:
+    return raw_request.app.state.serving_responses.get_response(response_id)
+
+
+@router.delete("/v1/responses/{response_id}", responses=_ERRORS)
+async def delete_response(response_id: str, raw_request: Request) -> DeletedResponse:
+    return raw_request.app.state.serving_responses.delete_response(response_id)
+
+
+@router.post("/v1/responses/{response_id}/cancel", responses=_ERRORS)
+async def cancel_response(response_id: str, raw_request: Request) -> ResponseObject:
+    return raw_request.app.state.serving_responses.cancel_response(response_id)
+
+
+@router.post(
+    "/v1/messages", response_model=MessagesResponse, responses={**_ANTHROPIC_ERRORS, **_SSE}
+)
+async def create_message(request: MessagesRequest, raw_request: Request) -> Response:
+    serving = raw_request.app.state.serving_messages
+    return await serving.create_message(request, raw_request)
+
+
+@router.post("/v1/messages/count_tokens", responses=_ANTHROPIC_ERRORS)
+async def count_message_tokens(
+    request: CountTokensRequest, raw_request: Request
+) -> CountTokensResponse:
+    return await raw_request.app.state.serving_messages.count_tokens(request)
+
+
+@router.post("/tokenize", responses=_ERRORS)
+async def tokenize(request: TokenizeRequest, raw_request: Request) -> TokenizeResponse:
+    return await raw_request.app.state.serving_tokenization.tokenize(request)
+
+
+@router.post("/detokenize", responses=_ERRORS)
+async def detokenize(request: DetokenizeRequest, raw_request: Request) -> DetokenizeResponse:
+    return await raw_request.app.state.serving_tokenization.detokenize(request)
