@@ -4,7 +4,8 @@ csrc/gguf.h's), checked equal to pagedllm._C's flags() when the extension loads.
 from enum import IntEnum
 
 import torch
-from gguf import GGMLQuantizationType
+
+from pagedllm.gguf.block_types import NATIVE_TYPES
 
 
 class FloatType(IntEnum):
@@ -35,8 +36,7 @@ kernel's table of builds."""
 FLOAT_TYPE = {torch.float32: FloatType.FLOAT32, torch.bfloat16: FloatType.BFLOAT16}
 """The flag of each dtype the kernels take."""
 
-_Q = GGMLQuantizationType
-GGUF_TYPES = (_Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1, _Q.Q8_0, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K)
+GGUF_TYPES = NATIVE_TYPES
 """The GGUF block types gguf_pack, gguf_mm and gguf_dequantize take (gguf.h's GGUF_*)."""
 
 _PREFIXES = {FloatType: "FLOAT", WeightLayout: "WEIGHT", RotaryStyle: "ROTARY"}

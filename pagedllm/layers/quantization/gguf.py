@@ -15,6 +15,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from pagedllm import _custom_ops as ops
+from pagedllm.gguf.block_types import NATIVE_TYPES
 from pagedllm.layers.quantization.base_config import (
     EmbeddingMethodBase,
     FusedMoEMethodBase,
@@ -26,8 +27,6 @@ from pagedllm.layers.quantization.base_config import (
 )
 
 Q = GGMLQuantizationType
-NATIVE_TYPES = frozenset((Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K))
-"""The GGUF types pagedllm multiplies without dequantizing the weight."""
 
 _EXPERT_NAME = re.compile(r"(.*\.experts)\.\d+\.(\w+)\.weight$")
 _EXPERT_PARTS = ("gate_proj", "up_proj", "down_proj")

@@ -12,8 +12,7 @@ for that bound); the logprobs then agree to a few hundredths.
 import pytest
 import torch
 
-from pagedllm import LLM, SamplingParams
-from pagedllm import _custom_ops as ops
+from pagedllm import LLM, SamplingParams, _cpu_kernels
 from pagedllm.config import ModelConfig
 from pagedllm.distributed.parallel_state import override_tensor_parallel
 from pagedllm.layers.quantization.gguf import (
@@ -59,9 +58,9 @@ def run(path: str, quantization: str | None, device: str = "cpu") -> torch.Tenso
 def test_native_equals_dequantized_with_the_reference_ops(
     arch: str, device: str, quantized_files: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On CUDA the reference ops are the only ops."""
-    monkeypatch.setattr(ops, "has_cpu_kernels", lambda: False)
-    monkeypatch.setattr(ops, "cpu_kernels_apply", lambda *tensors, **dtypes: False)
+    """The reference: the torch ops alone (pagedllm._C switched off); on CUDA they are the
+    only ops."""
+    monkeypatch.setattr(_cpu_kernels, "_C", None)
     reference = run(quantized_files[arch], "none", device)
     assert reference.std() > 0.1, "reference logprobs too flat to test anything"
     native = run(quantized_files[arch], None, device)
