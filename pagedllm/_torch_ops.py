@@ -21,9 +21,9 @@ from pagedllm.batch_invariant import is_batch_invariant
 def _per_row(fn: Callable[..., torch.Tensor], x: torch.Tensor, *args: object) -> torch.Tensor:
     """fn(row, *args) for each row of x [..., K] alone, as [..., N]: in batch-invariant mode,
     a call shaped [1, K] whatever the batch; else fn(x, *args)."""
-    rows = x.reshape(-1, x.shape[-1])
-    if not is_batch_invariant() or rows.shape[0] <= 1:
+    if not is_batch_invariant() or x.numel() <= x.shape[-1]:
         return fn(x, *args)
+    rows = x.reshape(-1, x.shape[-1])
     out = torch.cat([fn(row, *args) for row in rows.split(1)])
     return out.view(*x.shape[:-1], out.shape[-1])
 
@@ -196,10 +196,8 @@ def prefill_attention(
     if is_batch_invariant():
         return _prefill_per_row(query, k_cache, v_cache, block_table, seq_len, scale)
     num_queries = query.shape[0]
-    block_size = k_cache.shape[1]
-    table = block_table[None, : -(-seq_len // block_size)]
-    key = gather_blocks(k_cache, table, query.dtype)[0, :seq_len]
-    value = gather_blocks(v_cache, table, query.dtype)[0, :seq_len]
+    key = _sequence_kv(k_cache, block_table, seq_len, query.dtype)
+    value = _sequence_kv(v_cache, block_table, seq_len, query.dtype)
     context_len = seq_len - num_queries
     mask = None
     if context_len > 0:

@@ -54,10 +54,15 @@ class LinearKernel(enum.Enum):
     """_torch_ops.linear: GPUs, float16, no extension (row by row in batch-invariant mode)."""
 
 
+def _is_amx_tiles(weight: torch.Tensor) -> bool:
+    """amx_pack_bf16's layout [N / 16, K / 32, 16, 32] (skinny_pack's is [.., 4, 32] or 3-D)."""
+    return weight.dim() == 4 and weight.shape[2] == 16
+
+
 def select_linear_kernel(weight: torch.Tensor) -> LinearKernel:
     """The kernel for a weight as prepack_linear_weight left it, multiplied by activations
     of its own dtype."""
-    if weight.dim() == 4 and weight.shape[2] == 16:
+    if _is_amx_tiles(weight):
         return LinearKernel.AMX
     if cpu_kernels_apply(weight, dtypes=_FLOAT32_OR_BF16):
         return LinearKernel.SKINNY
@@ -85,11 +90,11 @@ def linear(
     extension), F.linear, whose bits may change with M."""
     if packed_weight is not None:
         weight = packed_weight
-    if kernel is None:
-        kernel = select_linear_kernel(weight)
-        dtypes = _one_float_dtype(x)
-        if kernel is LinearKernel.SKINNY and not cpu_kernels_apply(x, weight, bias, dtypes=dtypes):
-            kernel = LinearKernel.TORCH
+    if kernel is None and _is_amx_tiles(weight):
+        kernel = LinearKernel.AMX
+    elif kernel is None:
+        fits = cpu_kernels_apply(x, weight, bias, dtypes=_one_float_dtype(x))
+        kernel = LinearKernel.SKINNY if fits else LinearKernel.TORCH
     if kernel is LinearKernel.AMX:
         return _amx_linear(x, weight, bias)
     if kernel is LinearKernel.SKINNY:
