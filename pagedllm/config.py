@@ -288,6 +288,9 @@ class SchedulerConfig:
 @dataclass
 class ParallelConfig:
     tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    """vLLM's name: MoE layers place whole experts on the tensor-parallel ranks instead of
+    splitting every expert (layers/fused_moe.py); attention and dense layers stay split."""
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:

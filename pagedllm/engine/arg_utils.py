@@ -26,6 +26,7 @@ class EngineArgs:
     dtype: str = "auto"
     quantization: str | None = None
     tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
     max_model_len: int | None = None
     block_size: int = 16
     kv_cache_memory_bytes: int | None = None
@@ -75,7 +76,10 @@ class EngineArgs:
                 max_num_batched_tokens=self.max_num_batched_tokens,
                 enable_chunked_prefill=self.enable_chunked_prefill,
             ),
-            parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
+            parallel_config=ParallelConfig(
+                tensor_parallel_size=self.tensor_parallel_size,
+                enable_expert_parallel=self.enable_expert_parallel,
+            ),
             device=device,
             seed=self.seed,
             skip_tokenizer_init=self.skip_tokenizer_init,

@@ -46,6 +46,7 @@ def test_flags_round_trip_with_their_types() -> None:
         "float16",
         "--tensor-parallel-size",
         "2",
+        "--enable-expert-parallel",
         "--max-model-len",
         "128",
         "--block-size",
@@ -85,6 +86,7 @@ def test_flags_round_trip_with_their_types() -> None:
         model="m",
         dtype="float16",
         tensor_parallel_size=2,
+        enable_expert_parallel=True,
         max_model_len=128,
         block_size=8,
         kv_cache_memory_bytes=4096,
@@ -121,6 +123,7 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
         tiny_model_path(LLAMA),
         dtype="float16",
         tensor_parallel_size=2,
+        enable_expert_parallel=True,
         max_model_len=128,
         block_size=8,
         kv_cache_memory_bytes=4096,
@@ -156,6 +159,7 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
         True,
     )
     assert config.parallel_config.tensor_parallel_size == 2
+    assert config.parallel_config.enable_expert_parallel is True
     assert (config.device, config.seed, config.skip_tokenizer_init) == ("cpu", 11, True)
     assert (config.max_logprobs, config.max_n, config.logprobs_mode) == (4, 5, "processed_logprobs")
     assert config.logits_processors == ("pkg.Processor",)
