@@ -105,14 +105,19 @@ class FusedMoE(InferenceModule):
         self.act_fn = SiluAndMul()
         method = quant_config.get_quant_method(self, prefix) if quant_config else None
         self.quant_method: FusedMoEMethodBase = method or UnquantizedFusedMoEMethod()
-        self.quant_method.create_weights(
-            self,
-            self.local_num_experts,
-            hidden_size,
-            self.intermediate_size_per_partition,
-            torch.get_default_dtype(),
-            weight_loader=self.weight_loader,
-        )
+        try:
+            self.quant_method.create_weights(
+                self,
+                self.local_num_experts,
+                hidden_size,
+                self.intermediate_size_per_partition,
+                torch.get_default_dtype(),
+                weight_loader=self.weight_loader,
+            )
+        except ValueError as e:  # a slice of an expert's quantized rows would cut a block
+            if self.tp_size == 1:
+                raise
+            raise ValueError(f"{e}; enable_expert_parallel keeps every expert whole") from e
 
     def _place_experts(self) -> None:
         """Which experts this rank holds and how much of each: all of them, each split over

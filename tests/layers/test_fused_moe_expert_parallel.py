@@ -131,8 +131,9 @@ def loaded_model(path: str, rank: int, size: int) -> nn.Module:
 
 def test_tp_cuts_the_q4_k_experts_and_ep_does_not(moe_gguf: str) -> None:
     config = ModelConfig.create(moe_gguf, "float32")
-    with override_tensor_parallel(0, 2), pytest.raises(ValueError, match="whole Q4_K blocks"):
+    with override_tensor_parallel(0, 2), pytest.raises(ValueError, match="whole Q4_K blocks") as e:
         build_model(config, "meta")
+    assert str(e.value).endswith("enable_expert_parallel keeps every expert whole")
     with ep_rank(0, 2):
         experts = build_model(config, "meta").model.layers[0].mlp.experts
     assert experts.w2_weight.shape == (3, 256, 144)  # 3 of 6 experts, one Q4_K block a row
