@@ -84,8 +84,9 @@ def test_all_tokens_on_one_expert(triton_device: torch.device) -> None:
 
 @torch.no_grad()
 def test_small_blocks_and_grouped_program_order(triton_device: torch.device) -> None:
-    """16-row blocks over 20 tokens x 8 experts, programs swizzled in groups of 2 blocks."""
-    layer = make_layer(triton_device, torch.float32, 8, 8, 32, 32)
+    """16-row blocks, two per expert (20 tokens on each of 4), programs swizzled in groups
+    of 2 blocks."""
+    layer = make_layer(triton_device, torch.float32, 4, 4, 32, 32)
     x, logits = inputs(layer, 20, triton_device, torch.float32)
     topk_weights, topk_ids = layer.select_experts(logits, x.dtype)
     config = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 2}

@@ -11,7 +11,11 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).parents[2]
-INTERPRETED_TESTS = ["tests/triton_ops/test_fused_moe.py", "tests/triton_ops/test_activation.py"]
+INTERPRETED_TESTS = [
+    "tests/triton_ops/test_moe_align_block_size.py",
+    "tests/triton_ops/test_fused_moe.py",
+    "tests/triton_ops/test_activation.py",
+]
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="the child pytest")
