@@ -1,6 +1,6 @@
 """Which kernel runs a FusedMoE layer's unquantized experts, chosen once at load.
 
-GPUs run every expert in two grouped GEMM launches (triton_ops/fused_moe.py, vLLM's
+GPUs run every expert in two grouped GEMM launches (_triton_ops/fused_moe.py, vLLM's
 fused_experts), with no per-expert Python loop and no host sync. CPUs keep the layer's
 grouped loop, one matmul per active expert on the tuned linear kernels (the Triton path
 runs there only under Triton's interpreter, which tests select by hand).
@@ -21,7 +21,7 @@ class MoEKernel(enum.Enum):
     GROUPED = "grouped"
     """FusedMoE.apply_experts: each active expert's apply_expert over its tokens."""
     TRITON = "triton"
-    """triton_ops.fused_moe.fused_experts: the weights stay plain [E, N, K]."""
+    """_triton_ops.fused_moe.fused_experts: the weights stay plain [E, N, K]."""
 
 
 def triton_available() -> bool:
@@ -38,9 +38,9 @@ def select_moe_kernel(w13: torch.Tensor) -> MoEKernel:
 
 
 def fused_experts(*tensors: torch.Tensor, **options: Any) -> torch.Tensor:
-    """triton_ops.fused_moe.fused_experts (hidden_states, w13, w2, topk_weights, topk_ids;
+    """_triton_ops.fused_moe.fused_experts (hidden_states, w13, w2, topk_weights, topk_ids;
     its options and shapes there), imported at the first call so that pagedllm imports
     without triton."""
-    from pagedllm.triton_ops.fused_moe import fused_experts as triton_fused_experts
+    from pagedllm._triton_ops.fused_moe import fused_experts as triton_fused_experts
 
     return triton_fused_experts(*tensors, **options)

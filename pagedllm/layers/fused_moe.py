@@ -10,7 +10,7 @@ each active expert runs one matmul over all of its tokens through the method's
 apply_expert: 8 small ones for a decode token routed to 8 of 128 experts, a few large
 ones for a prefill batch (float, or quantized blocks kept per expert). Float experts on a
 GPU run instead as vLLM's fused_experts, two grouped Triton GEMMs for all experts
-(triton_ops/fused_moe.py), picked when the weights are processed (`moe_kernel`).
+(_triton_ops/fused_moe.py), picked when the weights are processed (`moe_kernel`).
 """
 
 import torch

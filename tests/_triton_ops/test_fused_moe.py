@@ -1,4 +1,4 @@
-"""triton_ops.fused_moe against the torch reference: FusedMoE's grouped path (one matmul
+"""_triton_ops.fused_moe against the torch reference: FusedMoE's grouped path (one matmul
 per active expert on its tokens, tested against transformers in tests/layers), on the
 same layer with moe_kernel switched to TRITON."""
 
@@ -8,8 +8,8 @@ import torch
 pytest.importorskip("triton")
 
 from pagedllm._custom_ops import MoEKernel  # noqa: E402
+from pagedllm._triton_ops.fused_moe import fused_experts  # noqa: E402
 from pagedllm.layers.fused_moe import FusedMoE  # noqa: E402
-from pagedllm.triton_ops.fused_moe import fused_experts  # noqa: E402
 
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 

@@ -13,10 +13,10 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from pagedllm.triton_ops.activation import silu_and_mul_kernel  # noqa: E402
-from pagedllm.triton_ops.fused_moe import fused_moe_kernel  # noqa: E402
-from pagedllm.triton_ops.fused_moe_configs import _TUNED, MoEConfig, get_default_config  # noqa: E402
-from pagedllm.triton_ops.moe_align_block_size import moe_align_block_size_kernel  # noqa: E402
+from pagedllm._triton_ops.activation import silu_and_mul_kernel  # noqa: E402
+from pagedllm._triton_ops.fused_moe import fused_moe_kernel  # noqa: E402
+from pagedllm._triton_ops.fused_moe_configs import _TUNED, MoEConfig, get_default_config  # noqa: E402
+from pagedllm._triton_ops.moe_align_block_size import moe_align_block_size_kernel  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter compiles nothing"

@@ -1,4 +1,4 @@
-"""triton_ops.activation.silu_and_mul against torch's silu(gate) * up."""
+"""_triton_ops.activation.silu_and_mul against torch's silu(gate) * up."""
 
 import pytest
 import torch
@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from pagedllm.triton_ops.activation import silu_and_mul  # noqa: E402
+from pagedllm._triton_ops.activation import silu_and_mul  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])

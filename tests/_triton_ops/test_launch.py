@@ -7,8 +7,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from pagedllm.triton_ops.fused_moe import fused_moe_kernel  # noqa: E402
-from pagedllm.triton_ops.launch import for_device, interpreted  # noqa: E402
+from pagedllm._triton_ops.fused_moe import fused_moe_kernel  # noqa: E402
+from pagedllm._triton_ops.launch import for_device, interpreted  # noqa: E402
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiled kernels only")

@@ -15,10 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.triton_ops.activation import silu_and_mul
-from pagedllm.triton_ops.fused_moe_configs import MoEConfig, get_config
-from pagedllm.triton_ops.launch import for_device, interpreted
-from pagedllm.triton_ops.moe_align_block_size import moe_align_block_size
+from pagedllm._triton_ops.activation import silu_and_mul
+from pagedllm._triton_ops.fused_moe_configs import MoEConfig, get_config
+from pagedllm._triton_ops.launch import for_device, interpreted
+from pagedllm._triton_ops.moe_align_block_size import moe_align_block_size
 
 
 @triton.jit

@@ -16,7 +16,7 @@ def for_device(kernel: KernelInterface, device: torch.device) -> KernelInterface
         raise ValueError(
             f"the Triton kernel {kernel.fn.__name__} got CPU tensors: Triton runs on CPU "
             "tensors only under its interpreter, with TRITON_INTERPRET=1 set before "
-            "pagedllm.triton_ops is imported"
+            "pagedllm._triton_ops is imported"
         )
     return kernel
 

@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedllm.triton_ops.launch import for_device
+from pagedllm._triton_ops.launch import for_device
 
 
 @triton.jit

@@ -6,7 +6,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from pagedllm.triton_ops.moe_align_block_size import (  # noqa: E402
+from pagedllm._triton_ops.moe_align_block_size import (  # noqa: E402
     max_num_blocks,
     moe_align_block_size,
 )

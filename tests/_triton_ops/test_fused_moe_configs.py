@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from pagedllm.triton_ops import fused_moe_configs
-from pagedllm.triton_ops.fused_moe_configs import _TUNED, get_config, get_default_config
+from pagedllm._triton_ops import fused_moe_configs
+from pagedllm._triton_ops.fused_moe_configs import _TUNED, get_config, get_default_config
 
 CUDA = torch.device("cuda")
 
