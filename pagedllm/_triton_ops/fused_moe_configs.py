@@ -27,8 +27,8 @@ def _config(m: int, n: int, k: int, group: int, warps: int = 4, stages: int = 3)
 # Starting points for the seed MoE shape (Qwen3-30B-A3B: 128 experts, intermediate 768 at
 # tp=1), chosen by the rule below, not yet measured: decode's few tokens per expert want the
 # smallest M block and long K tiles to stream the weights; prefill's hundreds per expert
-# want square 128-row tiles. Re-measure on the GPU (each M, each config, the fastest kept)
-# and replace these with the measured winners.
+# want square 128-row tiles. Re-measure on the GPU and paste the row it prints:
+#     python -m pagedllm.benchmarks.fused_moe_tune
 _TUNED: dict[tuple[int, int, str], dict[int, MoEConfig]] = {
     (128, 768, "NVIDIA_H200"): {
         1: _config(16, 64, 128, 1, stages=4),
