@@ -12,10 +12,14 @@ tokens routed to them, and the all-reduce the TP layer does anyway sums the rank
 partial outputs: vLLM's naive dispatch for this case, no all-to-all, since each rank
 already holds every token.
 
-The compute groups the flat (token, expert) assignments by expert, so each active expert
-runs one matmul over all of its tokens: 8 small ones for a decode token routed to 8 of 128
-experts, a few large ones for a prefill batch. The expert weights belong to the layer's
-quant method, which runs each expert's MLP (float, or quantized blocks kept per expert).
+The expert weights belong to the layer's quant method, whose `apply` runs them all. By
+default (apply_experts) the flat (token, expert) assignments are grouped by expert, so
+each active expert runs one matmul over all of its tokens through the method's
+apply_expert: 8 small ones for a decode token routed to 8 of 128 experts, a few large
+ones for a prefill batch (float, or quantized blocks kept per expert). Float experts on a
+GPU run instead as vLLM's fused_experts, two grouped Triton GEMMs for all experts
+(_triton_ops/fused_moe.py), picked when the weights are processed (`moe_kernel`); under
+expert parallelism it takes the layer's expert_map.
 """
 
 import torch
@@ -176,7 +180,7 @@ class FusedMoE(InferenceModule):
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """[T, H] hidden states and [T, E] router logits -> [T, H] (summed over ranks)."""
         topk_weights, topk_ids = self.select_experts(router_logits, hidden_states.dtype)
-        out = self.apply_experts(hidden_states, topk_weights, topk_ids)
+        out = self.quant_method.apply(self, hidden_states, topk_weights, topk_ids)
         if self.reduce_results and (self.tp_size > 1 or self.ep_size > 1):
             out = tensor_model_parallel_all_reduce(out)
         return out
