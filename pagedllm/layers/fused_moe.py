@@ -40,6 +40,9 @@ class FusedMoE(InferenceModule):
     """
 
     quant_kind = LayerKind.FUSED_MOE
+    # Its forward reads the per-expert token counts on the host (one sync a layer), which a
+    # CUDA graph cannot record: a fused MoE kernel would take the counts on the device.
+    syncs_host = True
 
     def __init__(
         self,
