@@ -328,8 +328,8 @@ class EngineConfig:
     logprobs_mode: str = "raw_logprobs"
     logits_processors: tuple = ()
     enforce_eager: bool = False
-    """vLLM's name: never replay captured decode steps (executor/cpu_graph.py); every step
-    runs the model's Python forward."""
+    """vLLM's name: never replay captured decode steps (executor/cpu_graph.py on CPU,
+    executor/cuda_graph.py on CUDA); every step runs the model's Python forward."""
     batch_invariant: bool = False
     """Run the torch paths' row reductions one row at a time (pagedllm/batch_invariant.py),
     so a request's answer never depends on its batch there too; the CPU kernels hold that
