@@ -73,7 +73,9 @@ def unsupported_reason(model: nn.Module, device: torch.device, enforce_eager: bo
         {
             layer.backend.name
             for layer in attention_layers(model)
-            if layer.backend.cudagraph_support is AttentionCGSupport.NEVER
+            # A backend that does not say is not captured.
+            if getattr(layer.backend, "cudagraph_support", AttentionCGSupport.NEVER)
+            is AttentionCGSupport.NEVER
         }
     )
     if never:
