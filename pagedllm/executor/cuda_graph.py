@@ -163,13 +163,15 @@ Capture = Callable[[Callable[[], torch.Tensor]], tuple[Graph, torch.Tensor]]
 
 
 def cuda_capture(device: torch.device) -> Capture:
-    """torch.cuda.graph captures sharing one memory pool."""
+    """torch.cuda.graph captures sharing one memory pool. Errors are "thread_local": a sync
+    in the captured forward fails its capture, while other threads' CUDA calls (NCCL's
+    watchdog under tensor parallelism) go on."""
     pool = torch.cuda.graph_pool_handle()
 
     def capture(forward: Callable[[], torch.Tensor]) -> tuple[Graph, torch.Tensor]:
         torch.cuda.synchronize(device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             output = forward()
         return graph, output
 
@@ -209,7 +211,13 @@ class CudaGraphRunner:
         """Captures every size, largest first (the smaller graphs reuse its pool memory)."""
         start = time.perf_counter()
         for size in reversed(self.sizes):
-            self.graphs[size] = self._capture(size)
+            try:
+                self.graphs[size] = self._capture(size)
+            except RuntimeError as e:
+                raise RuntimeError(
+                    f"capturing decode steps of {size} sequences in a CUDA graph failed ({e}); "
+                    "enforce_eager=True (--enforce-eager) runs without CUDA graphs"
+                ) from e
         logger.info(
             "CUDA graphs: captured decode steps of %d batch sizes (%s) in %.1f s",
             len(self.sizes),

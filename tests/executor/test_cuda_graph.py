@@ -178,3 +178,15 @@ def test_cuda_graphs_equal_eager_steps(
             assert a.keys() == b.keys()
             for token in a:
                 assert a[token].logprob == pytest.approx(b[token].logprob, abs=1e-4)
+
+
+def test_a_failed_capture_names_enforce_eager() -> None:
+    runner = CudaGraphRunner.__new__(CudaGraphRunner)
+    runner.sizes, runner.graphs = [1, 2], {}
+
+    def fail(size: int) -> None:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    runner._capture = fail
+    with pytest.raises(RuntimeError, match="decode steps of 2 sequences .* enforce_eager=True"):
+        runner.capture_all()
