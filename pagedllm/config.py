@@ -115,6 +115,9 @@ class ModelConfig:
     """"generate" (sample tokens) or "pooling" (prefill only; pool the final hidden states)."""
     pooler_config: PoolerConfig | None = None
     """The pooling of a pooling model (every field resolved), None for a generating one."""
+    load_format: str = "auto"
+    """vLLM's name: "auto" loads the checkpoint's weights; "dummy" makes random ones of its
+    shapes on the device instead (benchmarks of a model's shape; nothing is read)."""
 
     @classmethod
     def create(
@@ -126,7 +129,10 @@ class ModelConfig:
         quantization: str | None = None,
         runner: str = "auto",
         pooler_config: PoolerConfig | dict | str | None = None,
+        load_format: str = "auto",
     ) -> "ModelConfig":
+        if load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format {load_format!r}: use one of {', '.join(LOAD_FORMATS)}")
         if model is None:
             model = default_model_path()
         hf_config, gguf_file = load_hf_config(model)
@@ -139,6 +145,11 @@ class ModelConfig:
                 "(the model's max_position_embeddings)"
             )
         quantization = resolve_quantization(quantization, gguf_file)
+        if load_format == "dummy" and quantization == "gguf":
+            raise ValueError(
+                "load_format 'dummy' makes random weights in the dtype, not GGUF blocks: "
+                "pass quantization 'none' with this GGUF file"
+            )
         if dtype == "auto":
             dtype, why = auto_dtype(device)
             logger.info("dtype auto -> %s: %s", str(dtype).removeprefix("torch."), why)
@@ -153,7 +164,15 @@ class ModelConfig:
         elif pooler_config is not None:
             raise ValueError("pooler_config applies to pooling models; set runner='pooling'")
         return cls(
-            model, hf_config, dtype, max_model_len, gguf_file, quantization, runner_type, pooler
+            model,
+            hf_config,
+            dtype,
+            max_model_len,
+            gguf_file,
+            quantization,
+            runner_type,
+            pooler,
+            load_format,
         )
 
     @property
@@ -204,6 +223,7 @@ def resolve_runner(runner: str, model: str, architecture: str) -> str:
 
 
 QUANTIZATION_CHOICES = ("gguf", "int8", "none")
+LOAD_FORMATS = ("auto", "dummy")
 
 
 def resolve_quantization(quantization: str | None, gguf_file: str | None) -> str | None:
@@ -311,8 +331,8 @@ class EngineConfig:
     logprobs_mode: str = "raw_logprobs"
     logits_processors: tuple = ()
     enforce_eager: bool = False
-    """vLLM's name: never replay captured decode steps (executor/cpu_graph.py); every step
-    runs the model's Python forward."""
+    """vLLM's name: never replay captured decode steps (executor/cpu_graph.py on CPU,
+    executor/cuda_graph.py on CUDA); every step runs the model's Python forward."""
     batch_invariant: bool = False
     """Run the torch paths' row reductions one row at a time (pagedllm/batch_invariant.py),
     so a request's answer never depends on its batch there too; the CPU kernels hold that

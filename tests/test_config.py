@@ -41,6 +41,13 @@ def test_gguf_files_run_as_stored_unless_asked_to_dequantize(tiny_model_path) ->
     assert ModelConfig.create(tiny_model_path("qwen2"), quantization="int8").quantization == "int8"
 
 
+def test_dummy_weights_of_a_gguf_file_are_unquantized_only() -> None:
+    config = ModelConfig.create(quantization="none", load_format="dummy")
+    assert config.load_format == "dummy" and config.quantization is None
+    with pytest.raises(ValueError, match="pass quantization 'none' with this GGUF file"):
+        ModelConfig.create(load_format="dummy")
+
+
 @pytest.mark.parametrize(
     ("quantization", "hf", "message"),
     [

@@ -28,6 +28,7 @@ LAYERS = (
         "outputs",
         "cpu_features",
         "cpu_memory",
+        "device_copy",
         "logger",
         "batch_invariant",
     ),

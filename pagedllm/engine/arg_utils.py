@@ -47,6 +47,7 @@ class EngineArgs:
     batch_invariant: bool = field(default_factory=env_batch_invariant)
     runner: str = "auto"
     pooler_config: PoolerConfig | dict | str | None = None
+    load_format: str = "auto"
 
     def create_engine_config(self) -> EngineConfig:
         device = resolve_device(self.device)
@@ -58,6 +59,7 @@ class EngineArgs:
             quantization=self.quantization,
             runner=self.runner,
             pooler_config=self.pooler_config,
+            load_format=self.load_format,
         )
         # A pooled request keeps no KV past its prefill, and MEAN and CLS pooling need
         # every prompt token's hidden state: pooling models skip the prefix cache.

@@ -25,6 +25,7 @@ expert parallelism it takes the layer's expert_map.
 import torch
 from torch import nn
 
+from pagedllm._custom_ops.fused_moe import MoEKernel
 from pagedllm.distributed import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
@@ -176,6 +177,13 @@ class FusedMoE(InferenceModule):
         if shard_id != "w2":
             target = target.narrow(0, 0 if shard_id == "w1" else shard, shard)
         copy_weight(target, source, what)
+
+    @property
+    def syncs_host(self) -> bool:
+        """Whether the forward reads the device on the host, which a CUDA graph cannot
+        record: the per-expert loop reads each expert's token count (one sync a layer); the
+        Triton fused kernel keeps them on the device."""
+        return getattr(self, "moe_kernel", None) is not MoEKernel.TRITON
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """[T, H] hidden states and [T, E] router logits -> [T, H] (summed over ranks)."""

@@ -12,6 +12,7 @@ import torch
 
 from pagedllm import _torch_ops
 from pagedllm.forward_context import AttentionMetadata
+from pagedllm.layers.attention_backends.backend import AttentionCGSupport
 
 
 class TorchSdpaBackend:
@@ -20,6 +21,9 @@ class TorchSdpaBackend:
 
     name = "torch_sdpa"
     ops = _torch_ops
+    # Its decode gathers every sequence's keys padded to max_seq_len: in a graph, fixed at
+    # max_model_len, each step would read the whole cache span of every row.
+    cudagraph_support = AttentionCGSupport.NEVER
 
     @staticmethod
     def supports(device: torch.device, dtype: torch.dtype) -> bool:
