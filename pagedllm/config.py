@@ -311,10 +311,15 @@ class ParallelConfig:
     enable_expert_parallel: bool = False
     """vLLM's name: MoE layers place whole experts on the tensor-parallel ranks instead of
     splitting every expert (layers/fused_moe.py); attention and dense layers stay split."""
+    data_parallel_size: int = 1
+    """vLLM's name: engine replicas, each a process with its own executor and KV cache,
+    behind one client that balances requests over them (engine/data_parallel.py)."""
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} must be >= 1")
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size {self.data_parallel_size} must be >= 1")
 
 
 @dataclass

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from tqdm.auto import tqdm
 
 from pagedllm.engine.arg_utils import EngineArgs
-from pagedllm.engine.llm_engine import LLMEngine, PromptType
+from pagedllm.engine.data_parallel import make_engine
+from pagedllm.engine.llm_engine import PromptType
 from pagedllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
@@ -25,10 +26,13 @@ class LLM:
     are quantized). `quantization`: None runs a GGUF file's
     tensors as stored and a HF checkpoint in `dtype`; "int8" quantizes a HF checkpoint's
     weights at load to 8-bit blocks; "none" dequantizes a GGUF file at load.
+    `data_parallel_size` N > 1 runs N engine replicas, each in its own process with its own
+    KV cache (and tensor-parallel workers), and spreads the prompts over them; results come
+    back in input order all the same.
     """
 
     def __init__(self, model: str | None = None, **kwargs: object) -> None:
-        self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
+        self.llm_engine = make_engine(EngineArgs(model=model, **kwargs))
         self._request_counter = itertools.count()
 
     def close(self) -> None:

@@ -27,6 +27,7 @@ class EngineArgs:
     quantization: str | None = None
     tensor_parallel_size: int = 1
     enable_expert_parallel: bool = False
+    data_parallel_size: int = 1
     max_model_len: int | None = None
     block_size: int = 16
     kv_cache_memory_bytes: int | None = None
@@ -81,6 +82,7 @@ class EngineArgs:
             parallel_config=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size,
                 enable_expert_parallel=self.enable_expert_parallel,
+                data_parallel_size=self.data_parallel_size,
             ),
             device=device,
             seed=self.seed,

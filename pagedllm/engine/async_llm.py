@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from pagedllm.config import EngineConfig
 from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.data_parallel import DPEngine, make_engine
 from pagedllm.engine.llm_engine import LLMEngine, PromptType
 from pagedllm.logger import init_logger
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
@@ -56,9 +57,10 @@ class RequestFailedError(RuntimeError):
 class AsyncLLM:
     """Async front of an LLMEngine; `start()` inside a running event loop before use."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine | DPEngine) -> None:
         self.engine = engine
         self.stats = self.engine.get_stats()
+        self.stats_per_engine = self.engine.get_stats_per_engine()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._queues: dict[str, asyncio.Queue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -68,7 +70,8 @@ class AsyncLLM:
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "AsyncLLM":
-        return cls(LLMEngine.from_engine_args(engine_args))
+        """One engine, or a DPEngine over `data_parallel_size` replica processes."""
+        return cls(make_engine(engine_args, wait_for_add=False))
 
     @property
     def config(self) -> EngineConfig:
@@ -159,13 +162,17 @@ class AsyncLLM:
         try:
             while self._handle_commands(block=not self.engine.has_unfinished_requests()):
                 outputs = self._step() if self.engine.has_unfinished_requests() else []
-                self.stats = self.engine.get_stats()  # before the outputs: no caller sees older
+                self._publish_stats()  # before the outputs: no caller sees older
                 if outputs:
                     self._call_soon(self._dispatch, outputs)
         except BaseException as e:  # noqa: BLE001 - the thread dies; its callers must hear it
             logger.exception("the engine thread died")
             self._die(e)
         self.engine.abort_request(list(self.engine.requests))
+        self._publish_stats()
+
+    def _publish_stats(self) -> None:
+        self.stats_per_engine = self.engine.get_stats_per_engine()
         self.stats = self.engine.get_stats()
 
     def _die(self, error: BaseException) -> None:
@@ -182,7 +189,7 @@ class AsyncLLM:
             command = self._commands.get(block=block, timeout=IDLE_HEALTH_CHECK_S)
         except queue.Empty:
             if block and not self.engine.is_healthy():
-                raise EngineDeadError("a tensor-parallel worker died") from None
+                raise EngineDeadError("a tensor-parallel worker (or engine replica) died") from None
             return True
         while True:
             if isinstance(command, _Stop):
@@ -212,9 +219,7 @@ class AsyncLLM:
         try:
             return self.engine.step()
         except Exception as e:
-            logger.exception("engine step failed; aborting the requests in flight")
-            request_ids = list(self.engine.requests)
-            self.engine.abort_request(request_ids)
+            request_ids = self.engine.abort_after_failed_step()
             error = EngineDeadError(f"the engine failed while stepping: {e!r}")
             if not self.engine.is_healthy():
                 raise error from e

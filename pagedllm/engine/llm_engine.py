@@ -34,12 +34,15 @@ from pagedllm.engine.tokenizer import (
 from pagedllm.executor.factory import make_executor
 from pagedllm.executor.kv_cache import num_kv_blocks
 from pagedllm.executor.torchrun_executor import run_torchrun_worker, torchrun_rank
+from pagedllm.logger import init_logger
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.structured_output import StructuredOutputManager
 
 __all__ = ["LLMEngine", "PromptType"]
+
+logger = init_logger(__name__)
 
 # How long a step with nothing to run waits for a grammar to finish compiling.
 GRAMMAR_WAIT_S = 0.05
@@ -145,6 +148,14 @@ class LLMEngine:
                 self.waiting_for_grammar.discard(rid)
                 self.scheduler.abort_seq(rid)
 
+    def abort_after_failed_step(self) -> list[str]:
+        """Abort every request in flight after `step` raised; their ids (the caller fails
+        them). Whether the engine can go on: `is_healthy`."""
+        logger.exception("engine step failed; aborting the requests in flight")
+        request_ids = list(self.requests)
+        self.abort_request(request_ids)
+        return request_ids
+
     def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         failed = self._admit_compiled()
         out = self.scheduler.schedule()
@@ -184,6 +195,10 @@ class LLMEngine:
             processor.num_generation_tokens,
             len(self.waiting_for_grammar),
         )
+
+    def get_stats_per_engine(self) -> list[EngineStats]:
+        """[get_stats()]: one engine (DPEngine has one per replica)."""
+        return [self.get_stats()]
 
     def is_healthy(self) -> bool:
         """False once the executor cannot run steps any more (a tensor-parallel worker died)."""

@@ -17,6 +17,7 @@ from pagedllm.sampling_params import SamplingParams
 
 class EngineClient(Protocol):
     stats: EngineStats  # the latest snapshot, for /metrics
+    stats_per_engine: list[EngineStats]  # the same by data-parallel replica (`engine` label)
     dead: asyncio.Event  # set once the engine can serve no more
     dead_error: Exception | None
 

@@ -238,6 +238,6 @@ def test_idle_engine_notices_a_broken_executor(
     async def body(llm: AsyncLLM) -> None:
         monkeypatch.setattr(engine, "is_healthy", lambda: False)
         await asyncio.wait_for(llm.dead.wait(), timeout=5)
-        assert "tensor-parallel worker died" in str(llm.dead_error)
+        assert "tensor-parallel worker (or engine replica) died" in str(llm.dead_error)
 
     run_async(engine, body)

@@ -139,7 +139,7 @@ def build_app(
     add_exception_handlers(app)
     app.add_middleware(RequestSizeLimitMiddleware, max_bytes=max_request_bytes)
     add_access_middleware(app, api_keys(api_key), cors or CorsConfig())
-    metrics = ServerMetrics(lambda: engine.stats, served_model_names[0])
+    metrics = ServerMetrics(lambda: engine.stats_per_engine, served_model_names[0])
     tokenizer = AsyncTokenizer(engine.tokenizer)
     shared = (engine, tokenizer, served_model_names, metrics)
     app.state.engine = engine

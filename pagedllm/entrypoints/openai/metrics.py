@@ -6,7 +6,9 @@ use and in total, the prefix cache's hit rate).
 
 Engine state and counters (requests running and waiting, KV blocks, prefix cache,
 preemptions, prompt and generated tokens) are read at scrape time from the EngineStats
-snapshot the engine thread publishes after each step. Latency histograms and finished
+snapshot the engine thread publishes after each step, one per data-parallel replica,
+labelled `engine="0"`, `engine="1"`, ... as vLLM labels them (a router in front of several
+servers reads each replica's load). Latency histograms and finished
 requests are observed here, from each request's stream of outputs.
 Each app gets its own registry, so several servers can live in one process (tests).
 """
@@ -32,47 +34,55 @@ TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(6) for m in (1, 2, 5))
 
 
 class EngineStatsCollector(Collector):
-    """Gauges and counters from the engine's latest EngineStats snapshot."""
+    """Gauges and counters from each engine replica's latest EngineStats snapshot."""
 
-    def __init__(self, read_stats: Callable[[], EngineStats], model_name: str) -> None:
+    def __init__(self, read_stats: Callable[[], list[EngineStats]], model_name: str) -> None:
         self.read_stats = read_stats
         self.model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
-        s, gauge, counter = self.read_stats(), GaugeMetricFamily, CounterMetricFamily
-        hit_rate = s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0
-        in_use = s.num_blocks - s.num_free_blocks
-        rows = [
-            (gauge, "vllm:num_requests_running", "Sequences in the running batch.", s.num_running),
-            (gauge, "vllm:num_requests_waiting", "Sequences waiting to run.", s.num_waiting),
-            (gauge, "vllm:kv_cache_usage_perc", "Fraction of KV blocks in use.", s.kv_cache_usage),
-            (gauge, "pagedllm:kv_cache_blocks_in_use", "KV blocks in use.", in_use),
-            (gauge, "pagedllm:kv_cache_blocks_total", "KV blocks in the cache.", s.num_blocks),
-            (
-                gauge,
-                "pagedllm:prefix_cache_hit_rate",
-                "Prompt tokens found cached / looked up.",
-                hit_rate,
-            ),
-            (
-                counter,
-                "vllm:prefix_cache_queries",
-                "Prompt tokens looked up.",
-                s.prefix_cache_queries,
-            ),
-            (counter, "vllm:prefix_cache_hits", "Prompt tokens found cached.", s.prefix_cache_hits),
-            (counter, "vllm:num_preemptions", "Sequences preempted.", s.num_preemptions),
-            (counter, "vllm:prompt_tokens", "Prompt tokens prefilled.", s.num_prompt_tokens),
-            (counter, "vllm:generation_tokens", "Tokens generated.", s.num_generation_tokens),
-        ]
-        for kind, name, doc, value in rows:
-            family = kind(name, doc, labels=["model_name"])
-            family.add_metric([self.model_name], value)
-            yield family
+        families: dict[str, Metric] = {}
+        for engine, stats in enumerate(self.read_stats()):
+            for kind, name, doc, value in _stats_rows(stats):
+                family = families.get(name)
+                if family is None:
+                    family = families[name] = kind(name, doc, labels=["model_name", "engine"])
+                family.add_metric([self.model_name, str(engine)], value)
+        yield from families.values()
+
+
+def _stats_rows(s: EngineStats) -> list[tuple[type, str, str, float]]:
+    """(metric family, name, help, value) of each gauge and counter of one replica."""
+    gauge, counter = GaugeMetricFamily, CounterMetricFamily
+    hit_rate = s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0
+    in_use = s.num_blocks - s.num_free_blocks
+    return [
+        (gauge, "vllm:num_requests_running", "Sequences in the running batch.", s.num_running),
+        (gauge, "vllm:num_requests_waiting", "Sequences waiting to run.", s.num_waiting),
+        (gauge, "vllm:kv_cache_usage_perc", "Fraction of KV blocks in use.", s.kv_cache_usage),
+        (gauge, "pagedllm:kv_cache_blocks_in_use", "KV blocks in use.", in_use),
+        (gauge, "pagedllm:kv_cache_blocks_total", "KV blocks in the cache.", s.num_blocks),
+        (
+            gauge,
+            "pagedllm:prefix_cache_hit_rate",
+            "Prompt tokens found cached / looked up.",
+            hit_rate,
+        ),
+        (
+            counter,
+            "vllm:prefix_cache_queries",
+            "Prompt tokens looked up.",
+            s.prefix_cache_queries,
+        ),
+        (counter, "vllm:prefix_cache_hits", "Prompt tokens found cached.", s.prefix_cache_hits),
+        (counter, "vllm:num_preemptions", "Sequences preempted.", s.num_preemptions),
+        (counter, "vllm:prompt_tokens", "Prompt tokens prefilled.", s.num_prompt_tokens),
+        (counter, "vllm:generation_tokens", "Tokens generated.", s.num_generation_tokens),
+    ]
 
 
 class ServerMetrics:
-    def __init__(self, read_stats: Callable[[], EngineStats], model_name: str) -> None:
+    def __init__(self, read_stats: Callable[[], list[EngineStats]], model_name: str) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
         labels, registry = ["model_name"], self.registry

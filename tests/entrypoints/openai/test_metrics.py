@@ -31,17 +31,17 @@ STATS = EngineStats(
 
 
 def scrape(metrics: ServerMetrics) -> dict[str, float]:
-    """Sample name -> value for the samples labelled with MODEL (and no other label)."""
+    """Sample name -> value for the samples labelled with MODEL (and engine 0, if any:
+    the engine's stats; no other label)."""
     families = text_string_to_metric_families(metrics.render().decode())
-    return {
-        s.name: s.value for f in families for s in f.samples if s.labels == {"model_name": MODEL}
-    }
+    wanted = ({"model_name": MODEL}, {"model_name": MODEL, "engine": "0"})
+    return {s.name: s.value for f in families for s in f.samples if s.labels in wanted}
 
 
 def test_render_exposes_the_engine_stats_snapshot() -> None:
     """Gauges as they are, blocks in use = total - free, hit rate = hits / queries,
     counters with Prometheus' _total suffix."""
-    values = scrape(ServerMetrics(lambda: STATS, MODEL))
+    values = scrape(ServerMetrics(lambda: [STATS], MODEL))
     assert values["vllm:num_requests_running"] == 3
     assert values["vllm:num_requests_waiting"] == 2
     assert values["vllm:kv_cache_usage_perc"] == 0.25
@@ -57,7 +57,7 @@ def test_render_exposes_the_engine_stats_snapshot() -> None:
 
 def test_render_reads_the_latest_snapshot_and_hit_rate_is_0_without_queries() -> None:
     snapshot = {"stats": STATS}
-    metrics = ServerMetrics(lambda: snapshot["stats"], MODEL)
+    metrics = ServerMetrics(lambda: [snapshot["stats"]], MODEL)
     assert scrape(metrics)["vllm:num_requests_running"] == 3
     snapshot["stats"] = EngineStats(0, 0, 0, 0.0, 100, 100, 0, 0, 0, 0)
     values = scrape(metrics)
@@ -68,7 +68,7 @@ def test_render_reads_the_latest_snapshot_and_hit_rate_is_0_without_queries() ->
 def test_two_servers_in_one_process_have_their_own_registries() -> None:
     """Each ServerMetrics owns a registry: a second one raises no duplicate-metric error
     and observations on one do not show in the other."""
-    a, b = ServerMetrics(lambda: STATS, MODEL), ServerMetrics(lambda: STATS, MODEL)
+    a, b = ServerMetrics(lambda: [STATS], MODEL), ServerMetrics(lambda: [STATS], MODEL)
     a.time_to_first_token.labels(MODEL).observe(1.0)
     assert scrape(a)["vllm:time_to_first_token_seconds_count"] == 1
     assert "vllm:time_to_first_token_seconds_count" not in scrape(b)
@@ -123,7 +123,7 @@ def test_track_observes_ttft_tpot_itl_e2e_and_token_counts(
         (12.0, output([[6, 7]], False, [None])),
         (14.0, output([[8, 9]], True, ["length"])),
     ]
-    metrics, closed = ServerMetrics(lambda: STATS, MODEL), []
+    metrics, closed = ServerMetrics(lambda: [STATS], MODEL), []
     seen = asyncio.run(drain(metrics.track(engine_stream(clock, steps, closed), 10.0)))
     assert seen == [out for _, out in steps]  # passed through unchanged
     values = scrape(metrics)
@@ -142,7 +142,7 @@ def test_track_observes_ttft_tpot_itl_e2e_and_token_counts(
 
 def test_track_counts_each_completion_by_finish_reason() -> None:
     """n=3: one request_success per completion, labelled with its finish reason."""
-    clock, metrics = Clock(), ServerMetrics(lambda: STATS, MODEL)
+    clock, metrics = Clock(), ServerMetrics(lambda: [STATS], MODEL)
     steps = [(1.0, output([[5], [6], [7]], True, ["length", "stop", "stop"]))]
     asyncio.run(drain(metrics.track(engine_stream(clock, steps, []), 0.0)))
     families = text_string_to_metric_families(metrics.render().decode())
@@ -159,7 +159,7 @@ def test_track_single_token_request_has_no_tpot(monkeypatch: pytest.MonkeyPatch)
     """TPOT needs two tokens (its denominator is tokens - 1)."""
     clock = Clock()
     monkeypatch.setattr(metrics_module, "time", clock)
-    metrics = ServerMetrics(lambda: STATS, MODEL)
+    metrics = ServerMetrics(lambda: [STATS], MODEL)
     steps = [(2.0, output([[5]], True, ["length"]))]
     asyncio.run(drain(metrics.track(engine_stream(clock, steps, []), 0.0)))
     values = scrape(metrics)
@@ -172,7 +172,7 @@ def test_closing_track_early_closes_the_engine_stream_and_counts_no_finish() -> 
     """A client that goes away: closing the tracked stream closes the engine's (which
     aborts the request); an unfinished request is no success."""
     clock, closed = Clock(), []
-    metrics = ServerMetrics(lambda: STATS, MODEL)
+    metrics = ServerMetrics(lambda: [STATS], MODEL)
     steps = [(1.0, output([[5]], False, [None])), (2.0, output([[6]], True, ["length"]))]
 
     async def first_then_close() -> None:

@@ -37,7 +37,7 @@ def serving(tokenizer: PreTrainedTokenizerBase) -> Iterator[OpenAIServingTokeniz
     stats = EngineStats(0, 0, 0, 0.0, 1, 1, 0, 0, 0, 0)
     async_tokenizer = AsyncTokenizer(tokenizer, num_threads=1)
     yield OpenAIServingTokenization(
-        engine, async_tokenizer, ["m"], ServerMetrics(lambda: stats, "m")
+        engine, async_tokenizer, ["m"], ServerMetrics(lambda: [stats], "m")
     )
     async_tokenizer.shutdown()
 

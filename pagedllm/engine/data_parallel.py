@@ -1,0 +1,298 @@
+"""DPEngine: `data_parallel_size` engine replicas behind LLMEngine's own interface
+(add_request / step / abort_request / get_stats / is_healthy), so AsyncLLM serves it and
+LLM runs offline jobs on it unchanged.
+
+Each replica is a process (multiprocessing spawn) running engine/engine_core_proc.py: a
+full LLMEngine with its own executor (tensor-parallel workers inside it as usual) and KV
+cache. This process keeps the config and tokenizer, picks a replica for each request
+(engine/dp_balancer.py: least outstanding, preferring the replica that recently took the
+same first KV block), sends it over the replica's pipe, and `step` gathers what the
+replicas have sent. A replica that exits makes `step` raise and `is_healthy` false, which
+AsyncLLM turns into a dead engine (its open requests fail, the server exits non-zero).
+"""
+
+import dataclasses
+import multiprocessing as mp
+import pickle
+import time
+import weakref
+from collections.abc import Iterable
+from multiprocessing.connection import Connection, wait
+
+from pagedllm.config import EngineConfig
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.dp_balancer import DPLoadBalancer, prefix_key
+from pagedllm.engine.engine_core_proc import run_engine_core
+from pagedllm.engine.llm_engine import LLMEngine, PromptType
+from pagedllm.engine.stats import EngineStats
+from pagedllm.engine.tokenizer import get_tokenizer
+from pagedllm.logger import init_logger
+from pagedllm.outputs import PoolingRequestOutput, RequestOutput
+from pagedllm.pooling_params import PoolingParams
+from pagedllm.sampling_params import SamplingParams
+
+logger = init_logger(__name__)
+
+ENGINE_START_TIMEOUT_S = 300.0
+STEP_WAIT_S = 0.005  # how long `step` waits for a replica's message before returning none
+STOP_TIMEOUT_S = 10.0
+
+Output = RequestOutput | PoolingRequestOutput
+
+
+class DataParallelEngineError(RuntimeError):
+    """A data-parallel engine replica exited or failed to start."""
+
+
+def make_engine(engine_args: EngineArgs, wait_for_add: bool = True) -> "LLMEngine | DPEngine":
+    """The engine `engine_args` asks for: one LLMEngine, or a DPEngine over
+    `data_parallel_size` replica processes."""
+    if engine_args.data_parallel_size > 1:
+        return DPEngine(engine_args, wait_for_add)
+    return LLMEngine.from_engine_args(engine_args)
+
+
+class DPEngine:
+    """`wait_for_add`: add_request waits for the replica's verdict and raises a bad
+    request's ValueError, as LLMEngine's does (the offline LLM); without it (AsyncLLM,
+    whose thread must not wait on a busy replica) the error comes back from a later `step`
+    as the request's finished output with `error` set."""
+
+    def __init__(self, engine_args: EngineArgs, wait_for_add: bool = True) -> None:
+        self.config: EngineConfig = engine_args.create_engine_config()
+        self.model_config = self.config.model_config
+        skip = self.config.skip_tokenizer_init
+        self.tokenizer = None if skip else get_tokenizer(self.model_config)
+        self.wait_for_add = wait_for_add
+        size = engine_args.data_parallel_size
+        self.balancer = DPLoadBalancer(size)
+        self._engine_of: dict[str, int] = {}  # request id -> replica
+        self._pending: list[Output] = []  # outputs gathered while waiting for an add
+        self.processes: list[mp.process.BaseProcess] = []
+        self.conns: list[Connection] = []
+        self._finalizer = weakref.finalize(self, _stop, self.processes, self.conns)
+        try:
+            self._spawn(engine_args, size)
+            self._stats = self._wait_ready()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _spawn(self, engine_args: EngineArgs, size: int) -> None:
+        context = mp.get_context("spawn")
+        for rank in range(size):
+            parent_end, child_end = context.Pipe()
+            process = context.Process(
+                target=run_engine_core,
+                args=(engine_args, rank, child_end),
+                name=f"pagedllm-dp-engine-{rank}",
+            )
+            process.start()
+            child_end.close()
+            logger.info("data-parallel engine %d: pid %d", rank, process.pid)
+            self.processes.append(process)
+            self.conns.append(parent_end)
+
+    def _wait_ready(self) -> list[EngineStats]:
+        """Each replica's first stats, once all are loaded; raises at the first failure."""
+        stats: dict[int, EngineStats] = {}
+        deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
+        while len(stats) < len(self.conns):
+            if time.monotonic() > deadline:
+                raise DataParallelEngineError("data-parallel engines did not start in time")
+            for rank, conn in enumerate(self.conns):
+                if rank in stats or not conn.poll(0.05):
+                    continue
+                message = self._recv(rank)
+                if message[0] == "error":
+                    raise DataParallelEngineError(f"data-parallel engine {rank}: {message[1]}")
+                stats[rank] = message[1]
+            self._check_alive()
+        return [stats[rank] for rank in range(len(self.conns))]
+
+    # LLMEngine's interface.
+
+    @property
+    def requests(self) -> dict[str, int]:
+        """The requests in flight, by id (to the replica running each)."""
+        return self._engine_of
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | PoolingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        if request_id in self._engine_of:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        try:
+            message = pickle.dumps(("add", request_id, prompt, params))
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            raise ValueError(f"the request cannot be sent to an engine replica: {e}") from e
+        key = prefix_key(prompt, self.tokenizer, self.config.cache_config.block_size)
+        rank = self.balancer.choose(key)
+        self._engine_of[request_id] = rank
+        self._send_bytes(rank, message)
+        if self.wait_for_add:
+            error = self._wait_added(rank, request_id)
+            if error is not None:
+                raise error
+
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        by_rank: dict[int, list[str]] = {}
+        for rid in ids:
+            rank = self._forget(rid)
+            if rank is not None:
+                by_rank.setdefault(rank, []).append(rid)
+        for rank, rids in by_rank.items():
+            self._send_bytes(rank, pickle.dumps(("abort", rids)))
+
+    def abort_after_failed_step(self) -> list[str]:
+        """Abort every request in flight after `step` raised (replicas still alive are
+        told, as far as their pipes work); their ids."""
+        logger.exception("data-parallel step failed; aborting the requests in flight")
+        request_ids = list(self._engine_of)
+        try:
+            self.abort_request(request_ids)
+        except DataParallelEngineError:
+            pass  # a replica is gone: the engine is unhealthy, and stops
+        return request_ids
+
+    def step(self) -> list[Output]:
+        """What the replicas have sent: waits up to STEP_WAIT_S for the first message,
+        then takes every message already there. Raises DataParallelEngineError if a
+        replica has exited."""
+        outputs, self._pending = self._pending, []
+        ready = wait([*self.conns, *(p.sentinel for p in self.processes)], STEP_WAIT_S)
+        self._check_alive()
+        for rank, conn in enumerate(self.conns):
+            if conn in ready:
+                while conn.poll():
+                    outputs += self._handle(rank, self._recv(rank))
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._engine_of)
+
+    def get_stats(self) -> EngineStats:
+        """All replicas' load and counters summed (KV usage over all their blocks)."""
+        return sum_stats(self._stats)
+
+    def get_stats_per_engine(self) -> list[EngineStats]:
+        """Each replica's latest stats, by rank (its `engine` label in /metrics)."""
+        return list(self._stats)
+
+    def is_healthy(self) -> bool:
+        return all(p.is_alive() for p in self.processes)
+
+    def shutdown(self) -> None:
+        """Stop the replicas (each stops its own tensor-parallel workers)."""
+        self._finalizer()
+
+    # Messages.
+
+    def _wait_added(self, rank: int, request_id: str) -> Exception | None:
+        """The replica's verdict on the add just sent; other messages are kept for `step`."""
+        while True:
+            if not self.conns[rank].poll(0.05):
+                self._check_alive()
+                continue
+            message = self._recv(rank)
+            if message[0] == "added" and message[1] == request_id:
+                if message[2] is not None:
+                    self._forget(request_id)
+                return message[2]
+            self._pending += self._handle(rank, message)
+
+    def _handle(self, rank: int, message: tuple) -> list[Output]:
+        kind = message[0]
+        if kind == "stats":
+            self._stats[rank] = message[1]
+            return []
+        if kind == "outputs":
+            self._stats[rank] = message[2]
+            return self._take(message[1])
+        if kind == "added":
+            _, request_id, error = message
+            if error is None or self._forget(request_id) is None:
+                return []
+            return [_failed_output(request_id, error)]
+        if kind == "failed":
+            _, request_ids, text = message
+            taken = [rid for rid in request_ids if self._forget(rid) is not None]
+            return [_failed_output(rid, RuntimeError(text)) for rid in taken]
+        raise DataParallelEngineError(f"data-parallel engine {rank} sent {kind!r}")
+
+    def _take(self, outputs: list[Output]) -> list[Output]:
+        """The outputs of requests still open (not aborted meanwhile); finished ones close."""
+        taken = [o for o in outputs if o.request_id in self._engine_of]
+        for output in taken:
+            if output.finished:
+                self._forget(output.request_id)
+        return taken
+
+    def _forget(self, request_id: str) -> int | None:
+        rank = self._engine_of.pop(request_id, None)
+        if rank is not None:
+            self.balancer.finished(rank)
+        return rank
+
+    def _send_bytes(self, rank: int, message: bytes) -> None:
+        try:
+            self.conns[rank].send_bytes(message)
+        except (BrokenPipeError, OSError) as e:
+            raise DataParallelEngineError(f"data-parallel engine {rank} is gone") from e
+
+    def _recv(self, rank: int) -> tuple:
+        try:
+            return self.conns[rank].recv()
+        except (EOFError, OSError) as e:
+            raise DataParallelEngineError(self._exit_reason(rank)) from e
+
+    def _check_alive(self) -> None:
+        for rank, process in enumerate(self.processes):
+            if not process.is_alive():
+                raise DataParallelEngineError(self._exit_reason(rank))
+
+    def _exit_reason(self, rank: int) -> str:
+        process = self.processes[rank]
+        process.join(0.5)
+        return f"data-parallel engine {rank} (pid {process.pid}) exited: {process.exitcode}"
+
+
+def _failed_output(request_id: str, error: Exception) -> RequestOutput:
+    """A request that ended in its replica before any output: finished, with `error`."""
+    return RequestOutput(request_id, None, [], None, [], True, error=error)
+
+
+def sum_stats(stats: list[EngineStats]) -> EngineStats:
+    """Replicas' stats as one engine's: counts and counters add up, KV usage is of all
+    blocks."""
+    total = EngineStats(
+        **{f.name: sum(getattr(s, f.name) for s in stats) for f in dataclasses.fields(EngineStats)}
+    )
+    total.kv_cache_usage = 1 - total.num_free_blocks / total.num_blocks if total.num_blocks else 0
+    return total
+
+
+def _stop(processes: list[mp.process.BaseProcess], conns: list[Connection]) -> None:
+    """Ask each replica to stop, then terminate (and kill) what still runs."""
+    for conn in conns:
+        try:
+            conn.send(("stop",))
+        except (BrokenPipeError, OSError):
+            pass
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+            process.join(2.0)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    for conn in conns:
+        conn.close()

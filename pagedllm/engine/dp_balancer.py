@@ -1,0 +1,78 @@
+"""Which data-parallel replica takes a request: the least loaded (outstanding requests), or
+the replica that recently served the same first KV block, while it is not much busier.
+
+A replica's prefix cache holds the blocks of prompts it ran, so a prompt whose first block
+(a system prompt, a few-shot header, a conversation's earlier turns) was seen before runs
+its prefill from cache only on that replica. The balancer remembers, for the hash of each
+recent prompt's first full block, the replica it went to; a later prompt with that block
+goes there too unless that replica has `affinity_slack` more requests outstanding than the
+least loaded one. Ties among the least loaded rotate, so even one request at a time
+spreads over the replicas.
+"""
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from transformers import PreTrainedTokenizerBase
+
+DEFAULT_AFFINITY_SLACK = 8
+MAX_REMEMBERED_PREFIXES = 65536
+CHARS_PER_TOKEN_BOUND = 8  # a text prompt's first block lies within this many chars a token
+
+
+class DPLoadBalancer:
+    def __init__(self, num_engines: int, affinity_slack: int = DEFAULT_AFFINITY_SLACK) -> None:
+        if num_engines < 1:
+            raise ValueError(f"num_engines {num_engines} must be >= 1")
+        self.outstanding = [0] * num_engines
+        self.affinity_slack = affinity_slack
+        self._owner: OrderedDict[int, int] = OrderedDict()  # prefix hash -> replica
+        self._next = 0  # where the search for the least loaded starts (rotating ties)
+
+    def choose(self, prefix_key: int | None) -> int:
+        """The replica for a request whose first block hashes to `prefix_key` (None: no
+        full block); counted as outstanding until `finished`."""
+        n = len(self.outstanding)
+        order = [(self._next + i) % n for i in range(n)]
+        least = min(order, key=self.outstanding.__getitem__)
+        self._next = (least + 1) % n
+        engine = least
+        owner = None if prefix_key is None else self._owner.get(prefix_key)
+        if owner is not None and self.outstanding[owner] - self.outstanding[least] <= (
+            self.affinity_slack
+        ):
+            engine = owner
+        if prefix_key is not None:
+            self._owner[prefix_key] = engine
+            self._owner.move_to_end(prefix_key)
+            if len(self._owner) > MAX_REMEMBERED_PREFIXES:
+                self._owner.popitem(last=False)
+        self.outstanding[engine] += 1
+        return engine
+
+    def finished(self, engine: int) -> None:
+        self.outstanding[engine] -= 1
+
+
+def prefix_key(
+    prompt: object, tokenizer: PreTrainedTokenizerBase | None, block_size: int
+) -> int | None:
+    """The hash of the prompt's first `block_size` tokens, or None when it has fewer (or
+    is not a prompt: the engine replica that gets it reports why). A text prompt is
+    tokenized only as far as its first block can reach."""
+    tokens: Sequence[int] | None = None
+    text = None
+    if isinstance(prompt, dict):
+        tokens, text = prompt.get("prompt_token_ids"), prompt.get("prompt")
+    elif isinstance(prompt, str):
+        text = prompt
+    elif isinstance(prompt, list | tuple):
+        tokens = prompt
+    if tokens is None and isinstance(text, str) and tokenizer is not None:
+        tokens = tokenizer.encode(text[: block_size * CHARS_PER_TOKEN_BOUND])
+    if tokens is None or len(tokens) < block_size:
+        return None
+    try:
+        return hash(tuple(int(t) for t in tokens[:block_size]))
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,130 @@
+"""One data-parallel engine replica in its own process (vLLM's EngineCoreProc): a full
+LLMEngine (its own executor, tensor-parallel workers included, and KV cache) driven by
+messages over a multiprocessing pipe from the DPEngine in the server's (or LLM's) process.
+
+In (parent -> replica):  ("add", request_id, prompt, params), ("abort", [request_id, ...]),
+                          ("stop",)
+Out (replica -> parent): ("ready", stats) once loaded, or ("error", traceback) and exit 1;
+                          ("added", request_id, error | None) for each add, in order;
+                          ("outputs", [output, ...], stats) after each step;
+                          ("failed", [request_id, ...], message) when a step failed;
+                          ("stats", stats) after a batch of commands.
+The replica exits when told to stop, when the pipe closes (its parent is gone), or, with a
+non-zero status, when its executor breaks (a tensor-parallel worker died).
+"""
+
+import dataclasses
+import os
+import traceback
+from multiprocessing.connection import Connection
+
+import torch
+
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.logger import init_logger
+from pagedllm.outputs import PoolingRequestOutput, RequestOutput
+
+logger = init_logger(__name__)
+
+IDLE_POLL_S = 1.0  # how often an idle replica checks its executor's health
+
+
+def run_engine_core(engine_args: EngineArgs, rank: int, conn: Connection) -> None:
+    """The replica process's entry point (multiprocessing spawn)."""
+    _share_cpu_threads(engine_args)
+    try:
+        engine = LLMEngine.from_engine_args(dataclasses.replace(engine_args, data_parallel_size=1))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        raise SystemExit(1) from None
+    conn.send(("ready", engine.get_stats()))
+    try:
+        EngineCore(engine, conn).run()
+    except (EOFError, BrokenPipeError):
+        pass  # the parent is gone
+    except BaseException:
+        logger.exception("data-parallel engine %d died", rank)
+        raise SystemExit(1) from None
+    finally:
+        engine.abort_request(list(engine.requests))
+        engine.shutdown()
+
+
+def _share_cpu_threads(engine_args: EngineArgs) -> None:
+    """On CPUs, N replicas share the cores: each takes 1/N of them unless the user set
+    OMP_NUM_THREADS (torch's default would oversubscribe every core N times)."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        cores = max(1, (os.cpu_count() or 1) // engine_args.data_parallel_size)
+        torch.set_num_threads(min(torch.get_num_threads(), cores))
+
+
+class EngineCore:
+    """The replica's loop: run the queued commands, step while requests are in flight,
+    send the outputs."""
+
+    def __init__(self, engine: LLMEngine, conn: Connection) -> None:
+        self.engine = engine
+        self.conn = conn
+
+    def run(self) -> None:
+        while True:
+            busy = self.engine.has_unfinished_requests()
+            if self.conn.poll(0 if busy else IDLE_POLL_S):
+                if not self._handle_commands():
+                    return
+            elif not busy and not self.engine.is_healthy():
+                raise RuntimeError("a tensor-parallel worker died")
+            if self.engine.has_unfinished_requests():
+                outputs = [_portable(o) for o in self._step()]
+                self.conn.send(("outputs", outputs, self.engine.get_stats()))
+
+    def _handle_commands(self) -> bool:
+        """Every command waiting on the pipe; False once told to stop."""
+        while self.conn.poll():
+            command = self.conn.recv()
+            if command[0] == "stop":
+                return False
+            if command[0] == "abort":
+                self.engine.abort_request(command[1])
+            else:
+                _, request_id, prompt, params = command
+                self.conn.send(("added", request_id, self._add(request_id, prompt, params)))
+        self.conn.send(("stats", self.engine.get_stats()))
+        return True
+
+    def _add(self, request_id: str, prompt: object, params: object) -> Exception | None:
+        try:
+            self.engine.add_request(request_id, prompt, params)
+        except Exception as e:  # noqa: BLE001 - a request that can't be added fails alone
+            return _portable_error(e)
+        return None
+
+    def _step(self) -> list[RequestOutput | PoolingRequestOutput]:
+        """One step; as in AsyncLLM, a failed step fails the requests in flight and the
+        replica goes on unless its executor is broken."""
+        try:
+            return self.engine.step()
+        except Exception as e:
+            request_ids = self.engine.abort_after_failed_step()
+            if not self.engine.is_healthy():
+                raise
+            self.conn.send(("failed", request_ids, f"the engine failed while stepping: {e!r}"))
+            return []
+
+
+def _portable_error(error: Exception) -> Exception:
+    """An exception the parent can unpickle whatever its class's constructor: a
+    ValueError / TypeError keeps its kind (a 400 on the server), anything else becomes a
+    RuntimeError with the original's repr."""
+    if isinstance(error, ValueError):
+        return ValueError(str(error))
+    if isinstance(error, TypeError):
+        return TypeError(str(error))
+    return RuntimeError(repr(error))
+
+
+def _portable(output: RequestOutput | PoolingRequestOutput) -> RequestOutput | PoolingRequestOutput:
+    if output.error is not None:
+        output.error = _portable_error(output.error)
+    return output
