@@ -26,6 +26,7 @@ from pagedllm.engine.engine_core_proc import run_engine_core
 from pagedllm.engine.llm_engine import LLMEngine, PromptType
 from pagedllm.engine.stats import EngineStats
 from pagedllm.engine.tokenizer import get_tokenizer
+from pagedllm.executor.multiproc_executor import BOOTSTRAP_ADVICE
 from pagedllm.logger import init_logger
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
@@ -59,6 +60,11 @@ class DPEngine:
     as the request's finished output with `error` set."""
 
     def __init__(self, engine_args: EngineArgs, wait_for_add: bool = True) -> None:
+        if getattr(mp.current_process(), "_inheriting", False):  # as MultiprocExecutor's
+            raise RuntimeError(
+                "an LLM was created while a data-parallel engine re-imported the main "
+                "module: " + BOOTSTRAP_ADVICE
+            )
         self.config: EngineConfig = engine_args.create_engine_config()
         self.model_config = self.config.model_config
         skip = self.config.skip_tokenizer_init

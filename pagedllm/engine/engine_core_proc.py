@@ -15,6 +15,7 @@ non-zero status, when its executor breaks (a tensor-parallel worker died).
 
 import dataclasses
 import os
+import signal
 import traceback
 from multiprocessing.connection import Connection
 
@@ -31,7 +32,9 @@ IDLE_POLL_S = 1.0  # how often an idle replica checks its executor's health
 
 
 def run_engine_core(engine_args: EngineArgs, rank: int, conn: Connection) -> None:
-    """The replica process's entry point (multiprocessing spawn)."""
+    """The replica process's entry point (multiprocessing spawn). Ctrl-C reaches the whole
+    process group: the replica ignores it and stops when its parent tells it to."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _share_cpu_threads(engine_args)
     try:
         engine = LLMEngine.from_engine_args(dataclasses.replace(engine_args, data_parallel_size=1))
