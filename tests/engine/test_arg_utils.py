@@ -80,6 +80,8 @@ def test_flags_round_trip_with_their_types() -> None:
         "pooling",
         "--pooler-config",
         '{"pooling_type": "MEAN"}',
+        "--data-parallel-size",
+        "3",
     ]
     args = EngineArgs.from_cli_args(parser_with_flags().parse_args(argv))
     assert args == EngineArgs(
@@ -106,6 +108,7 @@ def test_flags_round_trip_with_their_types() -> None:
         batch_invariant=True,
         runner="pooling",
         pooler_config='{"pooling_type": "MEAN"}',
+        data_parallel_size=3,
     )
     assert {f.name for f in fields(EngineArgs) if f.name not in NOT_CLI} == {
         name for name, value in vars(args).items() if value != getattr(EngineArgs(), name)
