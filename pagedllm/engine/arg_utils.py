@@ -28,6 +28,13 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     enable_expert_parallel: bool = False
     data_parallel_size: int = 1
+    # Multi-node data parallelism (vLLM's names): this node runs replicas
+    # data_parallel_start_rank .. + data_parallel_size_local - 1 (default: all of them);
+    # rank 0's node serves and listens for the others at address:rpc_port.
+    data_parallel_size_local: int | None = None
+    data_parallel_start_rank: int = 0
+    data_parallel_address: str = "127.0.0.1"
+    data_parallel_rpc_port: int = 29550
     max_model_len: int | None = None
     block_size: int = 16
     kv_cache_memory_bytes: int | None = None

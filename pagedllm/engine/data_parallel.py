@@ -22,6 +22,8 @@ from multiprocessing.connection import Connection, wait
 from pagedllm.config import EngineConfig
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.dp_balancer import DPLoadBalancer, prefix_key
+from pagedllm.engine.dp_placement import local_ranks, replica_environment
+from pagedllm.engine.dp_remote import accept_remote
 from pagedllm.engine.engine_core_proc import run_engine_core
 from pagedllm.engine.llm_engine import LLMEngine, PromptType
 from pagedllm.engine.stats import EngineStats
@@ -71,38 +73,46 @@ class DPEngine:
         self.tokenizer = None if skip else get_tokenizer(self.model_config)
         self.wait_for_add = wait_for_add
         size = engine_args.data_parallel_size
+        ranks = local_ranks(engine_args)
+        if ranks.start != 0:
+            raise ValueError("the serving node runs rank 0: --data-parallel-start-rank 0")
         self.balancer = DPLoadBalancer(size)
         self._engine_of: dict[str, int] = {}  # request id -> replica
         self._pending: list[Output] = []  # outputs gathered while waiting for an add
-        self.processes: list[mp.process.BaseProcess] = []
-        self.conns: list[Connection] = []
+        self.processes: list[mp.process.BaseProcess] = []  # this node's, ranks 0..
+        self.conns: list[Connection] = []  # by rank; other nodes' after this node's
         self._finalizer = weakref.finalize(self, _stop, self.processes, self.conns)
         try:
-            self._spawn(engine_args, size)
-            self._stats = self._wait_ready()
+            deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
+            self._spawn(engine_args, ranks)
+            if len(ranks) < size:
+                remote = accept_remote(engine_args, range(len(ranks), size), deadline)
+                self.conns += [remote[rank] for rank in sorted(remote)]
+            self._stats = self._wait_ready(deadline)
         except BaseException:
             self.shutdown()
             raise
 
-    def _spawn(self, engine_args: EngineArgs, size: int) -> None:
+    def _spawn(self, engine_args: EngineArgs, ranks: range) -> None:
         context = mp.get_context("spawn")
-        for rank in range(size):
+        for rank in ranks:
             parent_end, child_end = context.Pipe()
             process = context.Process(
                 target=run_engine_core,
                 args=(engine_args, rank, child_end),
                 name=f"pagedllm-dp-engine-{rank}",
             )
-            process.start()
+            tp_size = self.config.parallel_config.tensor_parallel_size
+            with replica_environment(self.config.device, rank, len(ranks), tp_size):
+                process.start()
             child_end.close()
             logger.info("data-parallel engine %d: pid %d", rank, process.pid)
             self.processes.append(process)
             self.conns.append(parent_end)
 
-    def _wait_ready(self) -> list[EngineStats]:
+    def _wait_ready(self, deadline: float) -> list[EngineStats]:
         """Each replica's first stats, once all are loaded; raises at the first failure."""
         stats: dict[int, EngineStats] = {}
-        deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
         while len(stats) < len(self.conns):
             if time.monotonic() > deadline:
                 raise DataParallelEngineError("data-parallel engines did not start in time")
@@ -191,7 +201,17 @@ class DPEngine:
         return list(self._stats)
 
     def is_healthy(self) -> bool:
-        return all(p.is_alive() for p in self.processes)
+        """Every replica of this node alive, and every other node's still connected (what
+        they sent meanwhile is kept for `step`)."""
+        if not all(p.is_alive() for p in self.processes):
+            return False
+        try:
+            for rank in range(len(self.processes), len(self.conns)):
+                while self.conns[rank].poll():
+                    self._pending += self._handle(rank, self._recv(rank))
+        except DataParallelEngineError:
+            return False
+        return True
 
     def shutdown(self) -> None:
         """Stop the replicas (each stops its own tensor-parallel workers)."""
@@ -263,6 +283,8 @@ class DPEngine:
                 raise DataParallelEngineError(self._exit_reason(rank))
 
     def _exit_reason(self, rank: int) -> str:
+        if rank >= len(self.processes):
+            return f"data-parallel engine {rank} (on another node) disconnected"
         process = self.processes[rank]
         process.join(0.5)
         return f"data-parallel engine {rank} (pid {process.pid}) exited: {process.exitcode}"

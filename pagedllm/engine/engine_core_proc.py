@@ -14,14 +14,13 @@ non-zero status, when its executor breaks (a tensor-parallel worker died).
 """
 
 import dataclasses
-import os
 import signal
 import traceback
 from multiprocessing.connection import Connection
 
-import torch
-
+from pagedllm.config import resolve_device
 from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.dp_placement import local_ranks, pin_cpu_share
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.logger import init_logger
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
@@ -35,7 +34,7 @@ def run_engine_core(engine_args: EngineArgs, rank: int, conn: Connection) -> Non
     """The replica process's entry point (multiprocessing spawn). Ctrl-C reaches the whole
     process group: the replica ignores it and stops when its parent tells it to."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _share_cpu_threads(engine_args)
+    _place(engine_args, rank)
     try:
         engine = LLMEngine.from_engine_args(dataclasses.replace(engine_args, data_parallel_size=1))
     except BaseException:
@@ -54,12 +53,12 @@ def run_engine_core(engine_args: EngineArgs, rank: int, conn: Connection) -> Non
         engine.shutdown()
 
 
-def _share_cpu_threads(engine_args: EngineArgs) -> None:
-    """On CPUs, N replicas share the cores: each takes 1/N of them unless the user set
-    OMP_NUM_THREADS (torch's default would oversubscribe every core N times)."""
-    if "OMP_NUM_THREADS" not in os.environ:
-        cores = max(1, (os.cpu_count() or 1) // engine_args.data_parallel_size)
-        torch.set_num_threads(min(torch.get_num_threads(), cores))
+def _place(engine_args: EngineArgs, rank: int) -> None:
+    """A CPU replica takes its share of the node's cores (a GPU replica's GPUs were set
+    before it started: engine/dp_placement.py)."""
+    if resolve_device(engine_args.device) == "cpu":
+        ranks = local_ranks(engine_args)
+        pin_cpu_share(ranks.index(rank), len(ranks))
 
 
 class EngineCore:

@@ -82,6 +82,14 @@ def test_flags_round_trip_with_their_types() -> None:
         '{"pooling_type": "MEAN"}',
         "--data-parallel-size",
         "3",
+        "--data-parallel-size-local",
+        "2",
+        "--data-parallel-start-rank",
+        "1",
+        "--data-parallel-address",
+        "10.0.0.1",
+        "--data-parallel-rpc-port",
+        "13345",
     ]
     args = EngineArgs.from_cli_args(parser_with_flags().parse_args(argv))
     assert args == EngineArgs(
@@ -109,6 +117,10 @@ def test_flags_round_trip_with_their_types() -> None:
         runner="pooling",
         pooler_config='{"pooling_type": "MEAN"}',
         data_parallel_size=3,
+        data_parallel_size_local=2,
+        data_parallel_start_rank=1,
+        data_parallel_address="10.0.0.1",
+        data_parallel_rpc_port=13345,
     )
     assert {f.name for f in fields(EngineArgs) if f.name not in NOT_CLI} == {
         name for name, value in vars(args).items() if value != getattr(EngineArgs(), name)

@@ -25,6 +25,8 @@ from transformers import PreTrainedTokenizerBase
 from pagedllm.config import DEFAULT_MODEL_FILE
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.engine.data_parallel import ENGINE_START_TIMEOUT_S
+from pagedllm.engine.dp_remote import run_headless
 from pagedllm.engine.protocol import EngineClient
 from pagedllm.entrypoints.openai.access import (
     CorsConfig,
@@ -223,6 +225,13 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
     )
+    parser.add_argument(
+        "--headless",
+        action="store_true",
+        help="serve no API: run this node's data-parallel replicas "
+        "(--data-parallel-start-rank, --data-parallel-size-local) for the node that serves "
+        "at --data-parallel-address (docs/parallelism.md)",
+    )
     EngineArgs.add_cli_args(parser, with_model=False)
     return parser
 
@@ -253,6 +262,8 @@ def read_chat_template(path: str | None) -> str | None:
 def run(args: argparse.Namespace) -> None:
     """Serve until stopped; exits with status 1 if the engine died (see
     _stop_when_engine_dies)."""
+    if args.headless:
+        sys.exit(run_headless(EngineArgs.from_cli_args(args), ENGINE_START_TIMEOUT_S))
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     chat_template = read_chat_template(args.chat_template)
