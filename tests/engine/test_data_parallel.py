@@ -7,7 +7,6 @@ import signal
 import pytest
 
 from pagedllm import LLM
-from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.data_parallel import DataParallelEngineError, DPEngine
 from pagedllm.sampling_params import SamplingParams
 from tests.engine.engine_helpers import LLAMA
@@ -29,6 +28,8 @@ def _prompts() -> list[dict]:
 
 
 def test_offline_data_parallel_equals_one_engine_in_order(tiny_model_path) -> None:
+    """Outputs equal one engine's, in input order; a bad request raises at generate; a
+    killed replica makes generate raise."""
     model = tiny_model_path(LLAMA)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     with LLM(model, **ENGINE_KWARGS) as one:
@@ -41,23 +42,14 @@ def test_offline_data_parallel_equals_one_engine_in_order(tiny_model_path) -> No
         with pytest.raises(ValueError, match="max_tokens"):
             two.generate(_prompts()[:1], SamplingParams(max_tokens=0))
         assert not engine.has_unfinished_requests()
+        os.kill(engine.processes[1].pid, signal.SIGKILL)
+        engine.processes[1].join(10)
+        assert not engine.is_healthy()
+        with pytest.raises(DataParallelEngineError, match="engine 1"):
+            two.generate(_prompts(), params, use_tqdm=False)
     assert [o.request_id for o in got] == [str(i) for i in range(len(got))]
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
     # Both replicas ran prompts, and none ran twice: their generated tokens add up.
     assert all(s.num_generation_tokens > 0 for s in per_engine)
     assert sum(s.num_generation_tokens for s in per_engine) == 6 * len(got)
-    assert not any(p.is_alive() for p in engine.processes)
-
-
-def test_a_killed_replica_makes_step_raise(tiny_model_path) -> None:
-    args = EngineArgs(tiny_model_path(LLAMA), data_parallel_size=2, **ENGINE_KWARGS)
-    engine = DPEngine(args, wait_for_add=False)
-    try:
-        os.kill(engine.processes[1].pid, signal.SIGKILL)
-        engine.processes[1].join(10)
-        assert not engine.is_healthy()
-        with pytest.raises(DataParallelEngineError, match="engine 1"):
-            engine.step()
-    finally:
-        engine.shutdown()
     assert not any(p.is_alive() for p in engine.processes)
