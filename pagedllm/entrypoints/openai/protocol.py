@@ -278,7 +278,7 @@ class ChatCompletionRequest(ChatTemplateFields, SamplingFields):  # SamplingFiel
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
     tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool | None = True
+    parallel_tool_calls: bool | None = None  # None: OpenAI's default, true
     include_reasoning: bool = True
 
     @property

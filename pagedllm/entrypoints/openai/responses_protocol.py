@@ -162,7 +162,7 @@ class ResponsesRequest(OpenAIRequestModel):
     instructions: str | None = None
     tools: list[FunctionTool] = Field(default_factory=list)
     tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool | None = None  # None: OpenAI's default, true
     text: TextConfig = Field(default_factory=TextConfig)
     reasoning: ReasoningConfig | None = None
     max_output_tokens: int | None = None

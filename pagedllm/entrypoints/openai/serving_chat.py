@@ -22,6 +22,7 @@ from pagedllm.entrypoints.openai.chat_choice_parser import (
 )
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.generic_tools import (
+    called_since_user,
     generic_tools_constraint,
     tools_system_prompt,
 )
@@ -113,7 +114,9 @@ class OpenAIServingChat(OpenAIServing):
         if schema is not None:
             params = _forced_call(params, schema)
         elif generic and params.structured_outputs is None:
-            constraint = generic_tools_constraint(request.tools, parallel)
+            one_call = request.parallel_tool_calls is not True  # llama.cpp's default
+            called = called_since_user(request.messages)
+            constraint = generic_tools_constraint(request.tools, not one_call, called)
             params = dataclasses.replace(params, structured_outputs=constraint)
         if params.structured_outputs is not None and self.reasoning_parser is not None:
             # The constraint applies to the content after the reasoning part, as in vLLM.

@@ -17,7 +17,7 @@ from pagedllm.engine.input_processor import check_token_ids
 from pagedllm.engine.protocol import EngineClient
 from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
 from pagedllm.entrypoints.openai.errors import OpenAIError, engine_error, invalid_value_error
-from pagedllm.entrypoints.openai.generic_tools import with_tools_system_prompt
+from pagedllm.entrypoints.openai.generic_tools import generic_conversation
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -81,10 +81,10 @@ class OpenAIServing:
     async def apply_chat_template(
         self, request: ChatCompletionRequest | TokenizeRequest, tools_prompt: str | None = None
     ) -> tuple[str, list[int]]:
-        """The prompt's text and token ids: the messages (with `tools_prompt` in the system
-        message, for the generic tool format), tools and template options through the chat
-        template. Any failure of the template (it may raise on roles or orders it does not
-        support) is the request's fault: a 400."""
+        """The prompt's text and token ids: the messages (for the generic tool format,
+        with `tools_prompt` in the system message and calls in the content), tools and
+        template options through the chat template. Any failure of the template (it may
+        raise on roles or orders it does not support) is the request's fault: a 400."""
         if request.add_generation_prompt and request.continue_final_message:
             raise OpenAIError(
                 "continue_final_message needs add_generation_prompt=false (the answer "
@@ -93,7 +93,7 @@ class OpenAIServing:
             )
         conversation = [m.as_template_message() for m in request.messages]
         if tools_prompt is not None:
-            conversation = with_tools_system_prompt(conversation, tools_prompt)
+            conversation = generic_conversation(conversation, tools_prompt)
         try:
             return await self.async_tokenizer.apply_chat_template(
                 conversation, self.chat_template, request.template_kwargs()

@@ -154,7 +154,7 @@ def _echo(request: ResponsesRequest, model: str) -> ResponseObject:
         instructions=request.instructions,
         tools=request.tools,
         tool_choice=request.tool_choice or "auto",
-        parallel_tool_calls=request.parallel_tool_calls,
+        parallel_tool_calls=request.parallel_tool_calls is not False,
         text=request.text,
         reasoning=request.reasoning,
         max_output_tokens=request.max_output_tokens,
