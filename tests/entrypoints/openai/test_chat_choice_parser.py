@@ -23,6 +23,7 @@ from pagedllm.entrypoints.openai.reasoning import REASONING_PARSERS
 from pagedllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from tests.entrypoints.openai.scripted_model import (
     ANSWER_CALL,
+    ANSWER_GENERIC_REPLY,
     ANSWER_REASONING,
     WEATHER,
     save_scripted_model,
@@ -202,11 +203,13 @@ def test_tool_round_trip_renders_calls_and_results(serve: Callable, scripted_llm
 def test_auto_without_flags_is_the_generic_format_and_named_tools_must_exist(
     serve: Callable,
 ) -> None:
-    """The scripted template has no tool format: "auto" constrains the answer to text or
-    the generic calls (the scripted answer, text, passes); "none" leaves it alone."""
+    """The scripted template has no tool format: "auto" constrains the answer to a reply
+    or the generic calls (the words allow one reply, read as content); "none" leaves it
+    alone."""
     with serve() as (client, _):
         auto = ask(client, tools=TOOLS).choices[0].message
-        assert auto.tool_calls is None and auto.content.startswith("<think>")
+        assert auto.tool_calls is None
+        assert auto.content == json.loads(ANSWER_GENERIC_REPLY)["response"]
         named = {"type": "function", "function": {"name": "get_time"}}
         with pytest.raises(openai.BadRequestError, match="'get_time', which is not one"):
             ask(client, tools=TOOLS, tool_choice=named)
