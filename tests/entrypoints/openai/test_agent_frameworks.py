@@ -30,6 +30,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 from tests.entrypoints.openai.remote_server import MODEL_NAME, Server
 
 # A request the default model answers with a call of get_weather at temperature 0.
+MAX_TOKENS = 100  # a call takes ~20; a reply is cut there, which keeps the tests fast
 QUESTION = "Use the get_weather tool to get the weather in Madrid."
 WEATHER = "18 degrees and sunny"
 SCHEMA = {
@@ -81,7 +82,7 @@ def test_pydantic_ai_agent_calls_the_tool(
 ) -> None:
     provider = OpenAIProvider(base_url=server.url + "/v1", api_key="unused")
     model = model_class(MODEL_NAME, provider=provider)
-    agent = PydanticAgent(model, model_settings={"temperature": 0})
+    agent = PydanticAgent(model, model_settings={"temperature": 0, "max_tokens": MAX_TOKENS})
     agent.tool_plain(name="get_weather")(weather.__call__)
     result = agent.run_sync(QUESTION)
     assert len(weather.calls) == 1 and result.output
@@ -108,7 +109,7 @@ def agents_sdk_run(model: object, weather: WeatherTool) -> object:
         name="assistant",
         model=model,
         tools=[get_weather],
-        model_settings=ModelSettings(temperature=0),
+        model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS),
     )
     return Runner.run_sync(agent, QUESTION, max_turns=3)
 
