@@ -48,7 +48,8 @@ def tools_system_prompt(tools: list[ChatCompletionToolsParam]) -> str:
     return (
         "Always respond with one JSON object. When the user asks for something one of the "
         f"tools below does, call it:\n{ANSWER_SHAPE}\n"
-        f"Otherwise, reply to the user:\n{REPLY_SHAPE}\n\n"
+        f"Otherwise, reply to the user:\n{REPLY_SHAPE}\n"
+        "Do not call a tool when the user just greets you or chats.\n\n"
         "The tools:\n" + "\n".join(lines)
     )
 
