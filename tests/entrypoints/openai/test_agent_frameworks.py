@@ -96,11 +96,13 @@ def async_client(server: Server) -> openai.AsyncOpenAI:
 
 @pytest.fixture
 def default_responses_client(async_client: openai.AsyncOpenAI) -> object:
-    """The Agents SDK's defaults (the Responses API) pointed at the server, for one test."""
+    """The Agents SDK's defaults (the Responses API) pointed at the server, for one test;
+    the SDK's module state is put back after it."""
+    before = _openai_shared.get_default_openai_client()
     set_default_openai_client(async_client, use_for_tracing=False)
     set_default_openai_api("responses")
     yield
-    _openai_shared.set_default_openai_client(None)
+    _openai_shared.set_default_openai_client(before)
 
 
 def agents_sdk_run(model: object, weather: WeatherTool) -> object:
