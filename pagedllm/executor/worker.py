@@ -95,7 +95,8 @@ def worker_main(
     conn.send((STARTED, None))
     try:
         backend = distributed_backend(config.device)
-        device = rank_device(config.device, rank, world_size)
+        per_node = world_size // config.parallel_config.nnodes  # --nnodes: consecutive ranks
+        device = rank_device(config.device, rank % per_node, per_node)
         config = dataclasses.replace(config, device=device)
         init_distributed_environment(world_size, rank, init_method, backend)
         conn.send((JOINED, None))
