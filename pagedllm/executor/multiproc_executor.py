@@ -22,8 +22,7 @@ from pagedllm.executor.worker import (
     ERROR,
     JOINED,
     READY,
-    SHUTDOWN,
-    broadcast_message,
+    broadcast_shutdown,
     distributed_backend,
     rank_device,
     worker_main,
@@ -174,10 +173,10 @@ class MultiprocExecutor(DistributedExecutor):
 
     def shutdown(self) -> None:
         """Tell the workers to stop if all are in the control loop, then wait for (or kill)
-        them; a worker still starting cannot take the message."""
-        if not self._behind(READY) and self.is_healthy():
+        them; a worker still starting cannot take the message. A second call does nothing."""
+        if self._finalizer.alive and not self._behind(READY) and self.is_healthy():
             try:
-                broadcast_message((SHUTDOWN, None))
+                broadcast_shutdown()
                 self._stopping["graceful"] = True
             except RuntimeError:
                 pass

@@ -39,8 +39,7 @@ from pagedllm.executor.ray_utils import (
     local_ranks,
 )
 from pagedllm.executor.worker import (
-    SHUTDOWN,
-    broadcast_message,
+    broadcast_shutdown,
     distributed_backend,
     rank_device,
     run_worker_loop,
@@ -214,7 +213,7 @@ class RayExecutor(DistributedExecutor):
         placement group (and stop Ray if this executor started it)."""
         if self._loaded and self.is_healthy():
             try:
-                broadcast_message((SHUTDOWN, None))
+                broadcast_shutdown()
                 self.ray.wait(self.loops, num_returns=len(self.loops), timeout=5)
             except RuntimeError:
                 pass

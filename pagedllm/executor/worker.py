@@ -43,6 +43,13 @@ def broadcast_message(message: tuple[str, object] | None) -> tuple[str, object]:
     return box[0]
 
 
+def broadcast_shutdown() -> None:
+    """Rank 0: tell every rank to stop, then wait in a barrier until all have heard it, so
+    that closing the process group cannot cut the message off on its way to another node."""
+    broadcast_message((SHUTDOWN, None))
+    dist.barrier(group=get_cpu_group())
+
+
 def distributed_backend(device: str) -> str:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
@@ -62,6 +69,7 @@ def run_worker_loop(runner: ModelRunner) -> None:
     while True:
         method, argument = broadcast_message(None)
         if method == SHUTDOWN:
+            dist.barrier(group=get_cpu_group())  # see broadcast_shutdown
             return
         if method == INIT_KV_CACHE:
             runner.init_kv_cache(argument)

@@ -73,6 +73,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         watcher.cancel()
         await engine.shutdown()
+        if getattr(app.state, "uvicorn_server", None) is not None:
+            engine.close()  # now: after a SIGTERM, uvicorn re-raises it, ending the process
         app.state.tokenizer.shutdown()
 
 
@@ -293,12 +295,13 @@ def run(args: argparse.Namespace) -> None:
 
 def run_headless_node(headless: bool, engine_args: EngineArgs) -> NoReturn:
     """vLLM's --headless: this node's ranks follow rank 0's node, which serves."""
+    config = engine_args.create_engine_config()
     if not headless:
         raise ValueError(
             f"--node-rank {engine_args.node_rank} runs no API server (node 0 serves): "
             "add --headless"
         )
-    run_headless(engine_args.create_engine_config())
+    run_headless(config)
 
 
 def main(argv: list[str] | None = None) -> None:
