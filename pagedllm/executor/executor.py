@@ -3,16 +3,15 @@ processes (tp > 1): spawned by MultiprocExecutor (multiproc_executor.py), placed
 by RayExecutor (ray_executor.py) or launched by torchrun (torchrun_executor.py); make_executor
 picks (factory.py)."""
 
-import torch.distributed as dist
-
 from pagedllm.config import EngineConfig
 from pagedllm.distributed.parallel_state import destroy_distributed_environment
 from pagedllm.executor.model_runner import ModelRunner, StepInput, StepOutput
 from pagedllm.executor.worker import (
     EXECUTE,
     INIT_KV_CACHE,
+    SHUTDOWN,
     broadcast_message,
-    broadcast_shutdown,
+    shutdown_barrier,
 )
 from pagedllm.sample.metadata import SamplingRow
 from pagedllm.sampling_params import SamplingParams
@@ -75,11 +74,12 @@ class DistributedExecutor(Executor):
         return RuntimeError(f"tensor-parallel collective failed: {error}")
 
     def shutdown(self) -> None:
-        if not dist.is_initialized():  # shut down already
+        """Stop the other ranks (see broadcast_shutdown); a second call does nothing."""
+        if getattr(self, "_shut_down", False):
             return
+        self._shut_down = True
         try:
-            broadcast_shutdown()
-        except RuntimeError as e:
-            raise self._worker_failure(e) from e
+            self._call(SHUTDOWN, None)
+            shutdown_barrier()
         finally:
             destroy_distributed_environment()

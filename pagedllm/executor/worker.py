@@ -47,6 +47,11 @@ def broadcast_shutdown() -> None:
     """Rank 0: tell every rank to stop, then wait in a barrier until all have heard it, so
     that closing the process group cannot cut the message off on its way to another node."""
     broadcast_message((SHUTDOWN, None))
+    shutdown_barrier()
+
+
+def shutdown_barrier() -> None:
+    """Every rank, once the shutdown message is out (see broadcast_shutdown)."""
     dist.barrier(group=get_cpu_group())
 
 
@@ -69,7 +74,7 @@ def run_worker_loop(runner: ModelRunner) -> None:
     while True:
         method, argument = broadcast_message(None)
         if method == SHUTDOWN:
-            dist.barrier(group=get_cpu_group())  # see broadcast_shutdown
+            shutdown_barrier()
             return
         if method == INIT_KV_CACHE:
             runner.init_kv_cache(argument)
