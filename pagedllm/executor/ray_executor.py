@@ -105,7 +105,7 @@ class RayExecutor(DistributedExecutor):
     def _start(self, config: EngineConfig, world_size: int, deadline: float) -> None:
         cuda = torch.device(config.device).type == "cuda"
         node_id, ip = driver_node()
-        group = create_placement_group(world_size, "GPU" if cuda else "CPU", ip)
+        group = create_placement_group(world_size, "GPU" if cuda else "CPU", (node_id, ip))
         self._held["group"] = group
         nodes = bundle_nodes(group)
         local = local_ranks(nodes)

@@ -52,16 +52,32 @@ def driver_node() -> tuple[str, str]:
     raise RuntimeError(f"this process's Ray node {node_id} is not in the cluster's node list")
 
 
-def create_placement_group(world_size: int, device_key: str, driver_ip: str) -> Any:
-    """One bundle of `device_key` ("CPU" or "GPU") per rank, packed onto as few nodes as
-    possible, bundle 0 (rank 0, this process) on the driver's node. Raises if the cluster
-    lacks the devices, or cannot place the group within PLACEMENT_GROUP_TIMEOUT_S."""
-    ray = import_ray()
-    total = ray.cluster_resources().get(device_key, 0)
+def check_devices(
+    nodes: list[dict[str, Any]], driver_id: str, device_key: str, world_size: int
+) -> None:
+    """ValueError unless the live nodes (ray.nodes()) hold a `device_key` per rank, one of
+    them on the driver's node (rank 0 runs there)."""
+    alive = [node for node in nodes if node.get("Alive", True)]
+    total = sum(node["Resources"].get(device_key, 0) for node in alive)
     if total < world_size:
         raise ValueError(
             f"the Ray cluster has {total:g} {device_key}, but {world_size} ranks need one each"
         )
+    driver = [node for node in alive if node["NodeID"] == driver_id]
+    if not driver or driver[0]["Resources"].get(device_key, 0) < 1:
+        raise ValueError(
+            f"the engine's Ray node has no {device_key} for rank 0, which runs in the engine's "
+            "process: start the engine on a node that has one"
+        )
+
+
+def create_placement_group(world_size: int, device_key: str, driver: tuple[str, str]) -> Any:
+    """One bundle of `device_key` ("CPU" or "GPU") per rank, packed onto as few nodes as
+    possible, bundle 0 (rank 0, this process) on the driver's node (id, IP). Raises if the
+    cluster lacks the devices, or cannot place the group within PLACEMENT_GROUP_TIMEOUT_S."""
+    ray = import_ray()
+    check_devices(ray.nodes(), driver[0], device_key, world_size)
+    driver_ip = driver[1]
     bundles: list[dict[str, float]] = [{device_key: 1.0} for _ in range(world_size)]
     bundles[0][f"node:{driver_ip}"] = 0.001  # vLLM's way to pin a bundle to a node
     group = ray.util.placement_group(bundles, strategy="PACK")
