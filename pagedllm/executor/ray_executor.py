@@ -14,6 +14,7 @@ import dataclasses
 import os
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -112,7 +113,7 @@ class RayExecutor(DistributedExecutor):
         port = free_port("0.0.0.0")
         self._create_actors(config, group, local, (ip, port), cuda)
         described = [actor.describe.remote() for actor in self.actors]
-        self._watch(described, lambda: True, deadline)
+        self._watch(described, deadline)
         pids_and_gpus = self.ray.get(described)
         self.worker_pids = [pid for pid, _ in pids_and_gpus]
         gpus = [gpu for _, actor_gpus in pids_and_gpus for gpu in actor_gpus]
@@ -123,12 +124,12 @@ class RayExecutor(DistributedExecutor):
         rendezvous = in_daemon_thread(
             lambda: init_distributed_environment(world_size, 0, f"tcp://{ip}:{port}", backend)
         )
-        self._watch(joined, rendezvous.done, deadline)
+        self._watch(joined, deadline, until=rendezvous.done)
         rendezvous.result()
         on_driver_node = [g for g, node in zip(gpus, nodes[1:]) if node == node_id]
         device = _driver_device(config.device, local[0][1], on_driver_node)
         super().__init__(dataclasses.replace(config, device=device))
-        self._watch(loaded, lambda: True, deadline)
+        self._watch(loaded, deadline)
         self._loaded = True
 
     def _create_actors(
@@ -161,18 +162,19 @@ class RayExecutor(DistributedExecutor):
                 num_gpus=1 if cuda else 0,
                 scheduling_strategy=strategy,
                 runtime_env={"env_vars": env},
-                name=None,
             ).remote(config)
             self.actors.append(actor)
 
-    def _watch(self, refs: list[Any], done: Any, deadline: float) -> None:
-        """Poll until every call in `refs` has returned and `done()`; raise with an actor's
-        error as soon as one of its calls fails."""
+    def _watch(
+        self, refs: list[Any], deadline: float, until: Callable[[], bool] | None = None
+    ) -> None:
+        """Poll until `until()` (default: every call in `refs` has returned); raise with an
+        actor's error as soon as one of its calls fails."""
         while True:
             ready = self.ray.wait(refs, num_returns=len(refs), timeout=_POLL_S)[0] if refs else []
             for ref in ready:
                 self._get(refs.index(ref) + 1, ref, "failed to start")
-            if len(ready) == len(refs) and done():
+            if until() if until is not None else len(ready) == len(refs):
                 return
             if not refs:
                 time.sleep(_POLL_S)
