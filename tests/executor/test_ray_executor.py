@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.executor import ray_executor
+from tests.executor.ray_failing_worker import FailingWorker
 from tests.processes import MARKER_VARIABLE, gone, marked_processes, stop_marked
 
 ray = pytest.importorskip("ray")
@@ -35,9 +37,9 @@ def free_port() -> int:
 def ray_start(*flags: str, env: dict[str, str]) -> None:
     common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--disable-usage-stats"]
     common += ["--dashboard-agent-listen-port", "0"]
-    subprocess.run(
-        [RAY_CLI, "start", *common, *flags], env=env, check=True, capture_output=True, timeout=120
-    )
+    command = [RAY_CLI, "start", *common, *flags]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"{' '.join(command)}:\n{result.stdout}\n{result.stderr}"
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +51,7 @@ def cluster() -> Iterator[str]:
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths
     address, marker = f"127.0.0.1:{free_port()}", f"ray-{os.getpid()}-{time.monotonic_ns()}"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), MARKER_VARIABLE: marker}
+    env["RAY_AUTH_MODE"] = "disabled"  # a token in ~/.ray (from another cluster) is not ours
     env.pop("RAY_ADDRESS", None)
     head = ["--head", "--port", address.split(":")[1], "--temp-dir", temp_dir]
     try:
@@ -66,6 +69,7 @@ def cluster() -> Iterator[str]:
 @pytest.fixture
 def on_cluster(cluster: str, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("RAY_ADDRESS", cluster)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     return cluster
 
 
@@ -118,3 +122,33 @@ def test_cluster_without_enough_devices_is_refused(on_cluster, tiny_model_path) 
             distributed_executor_backend="ray",
             **ENGINE,
         )
+
+
+def test_actor_failing_to_load_its_shard_raises_its_error(on_cluster, tiny_model_path, monkeypatch):
+    """Rank 1's load() raises: LLM(...) raises the actor's traceback at once, not after the
+    start-up deadline, and the actor does not outlive it."""
+    monkeypatch.setattr(ray_executor, "RayWorker", FailingWorker)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="tensor-parallel worker 1 failed to start") as error:
+        LLM(
+            tiny_model_path("llama-gqa4"),
+            tensor_parallel_size=2,
+            distributed_executor_backend="ray",
+            **ENGINE,
+        )
+    assert "MemoryError: injected: the shard does not fit on this worker" in str(error.value)
+    assert time.monotonic() - start < 30
+    assert gone(processes_named("ray::FailingWorker"))
+
+
+def processes_named(prefix: str) -> list[int]:
+    """Live processes whose command line starts with `prefix` (Ray names its actors' worker
+    processes ray::<class>)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes().startswith(prefix.encode()):
+                pids.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return pids
