@@ -7,6 +7,8 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import openai
@@ -43,6 +45,7 @@ def test_two_nodes_on_loopback_serve_one_tp2_model(model_folder: str) -> None:
     nodes = ["--tensor-parallel-size", "2", "--nnodes", "2", "--master-port", str(free_port())]
     engine = ["--num-kv-blocks", "512", "--max-model-len", "128", "--dtype", "float32"]
     marker = f"headless-{os.getpid()}"
+    cores = sorted(os.sched_getaffinity(0))
     node1 = subprocess.Popen(
         [sys.executable, "-m", "pagedllm.entrypoints.openai.api_server", model_folder]
         + [*nodes, *engine, "--node-rank", "1", "--headless"],
@@ -50,9 +53,13 @@ def test_two_nodes_on_loopback_serve_one_tp2_model(model_folder: str) -> None:
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), MARKER_VARIABLE: marker},
+        preexec_fn=lambda: os.sched_setaffinity(0, cores[len(cores) // 2 :]),
     )
     try:
-        with remote_server(*nodes, "--max-model-len", "128", model=model_folder) as server:
+        with (
+            own_cores(cores[: len(cores) // 2] or cores),
+            remote_server(*nodes, "--max-model-len", "128", model=model_folder) as server,
+        ):
             client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
             completion = client.completions.create(
                 model=model_folder, prompt=PROMPT, max_tokens=8, temperature=0
@@ -66,6 +73,19 @@ def test_two_nodes_on_loopback_serve_one_tp2_model(model_folder: str) -> None:
             node1.send_signal(signal.SIGKILL)
             node1.wait()
     assert marked_processes(marker) == []
+
+
+@contextmanager
+def own_cores(cores: list[int]) -> Iterator[None]:
+    """Processes started inside run on `cores`: each "node" gets its own half of this
+    machine's cores, as it would get its own machine (each rank takes all its node's cores,
+    and two nodes' threads on the same cores spin in each other's way)."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def test_node_rank_flags_are_checked(model_folder: str, capsys) -> None:
