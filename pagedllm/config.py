@@ -294,6 +294,9 @@ DISTRIBUTED_EXECUTOR_BACKENDS = ("uni", "mp", "ray", "external_launcher")
 @dataclass
 class ParallelConfig:
     tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    """vLLM's name: MoE layers place whole experts on the tensor-parallel ranks instead of
+    splitting every expert (layers/fused_moe.py); attention and dense layers stay split."""
     distributed_executor_backend: str | None = None  # None: picked from the world size
     # vLLM's multi-node flags for the "mp" backend: world_size / nnodes ranks per node,
     # rendezvous at master_addr:master_port (rank 0's node).

@@ -26,6 +26,7 @@ class EngineArgs:
     dtype: str = "auto"
     quantization: str | None = None
     tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
     distributed_executor_backend: str | None = None
     nnodes: int = 1
     node_rank: int = 0
@@ -82,6 +83,7 @@ class EngineArgs:
             ),
             parallel_config=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size,
+                enable_expert_parallel=self.enable_expert_parallel,
                 distributed_executor_backend=self.distributed_executor_backend,
                 nnodes=self.nnodes,
                 node_rank=self.node_rank,

@@ -7,6 +7,7 @@ import torch
 
 from pagedllm.batch_invariant import set_batch_invariant
 from pagedllm.config import EngineConfig
+from pagedllm.distributed.parallel_state import set_expert_parallel
 from pagedllm.executor.batch import BatchInputs, SeqChunk, prepare_batch
 from pagedllm.executor.cpu_graph import CpuGraphRunner
 from pagedllm.executor.cpu_malloc import keep_freed_memory
@@ -52,7 +53,8 @@ class ModelRunner:
         self.block_size = config.cache_config.block_size
         self.kv_cache_dtype = config.cache_config.kv_dtype(config.model_config.dtype)
         set_batch_invariant(config.batch_invariant)
-        self.model = get_model(config.model_config, self.device)
+        with set_expert_parallel(config.parallel_config.enable_expert_parallel):
+            self.model = get_model(config.model_config, self.device)
         self.vocab_size = config.model_config.vocab_size
         pooler_config = config.model_config.pooler_config
         self.pooling_type = pooler_config.pooling_type if pooler_config is not None else None
