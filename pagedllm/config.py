@@ -305,16 +305,67 @@ class SchedulerConfig:
             raise ValueError(f"max_num_batched_tokens {self.max_num_batched_tokens} must be >= 1")
 
 
+# vLLM's --distributed-executor-backend choices: "uni" runs one rank in this process, "mp"
+# spawns the ranks (on each node, with --nnodes), "ray" places them as Ray actors, and
+# "external_launcher" is torchrun (detected from its environment when not given).
+DISTRIBUTED_EXECUTOR_BACKENDS = ("uni", "mp", "ray", "external_launcher")
+
+
 @dataclass
 class ParallelConfig:
     tensor_parallel_size: int = 1
     enable_expert_parallel: bool = False
     """vLLM's name: MoE layers place whole experts on the tensor-parallel ranks instead of
     splitting every expert (layers/fused_moe.py); attention and dense layers stay split."""
+    distributed_executor_backend: str | None = None  # None: picked from the world size
+    # vLLM's multi-node flags for the "mp" backend: world_size / nnodes ranks per node,
+    # rendezvous at master_addr:master_port (rank 0's node).
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} must be >= 1")
+        self._check_backend()
+        self._check_nodes()
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the world, over all nodes."""
+        return self.tensor_parallel_size
+
+    def _check_backend(self) -> None:
+        backend = self.distributed_executor_backend
+        if backend is not None and backend not in DISTRIBUTED_EXECUTOR_BACKENDS:
+            raise ValueError(
+                f"distributed_executor_backend {backend!r} is not one of "
+                f"{list(DISTRIBUTED_EXECUTOR_BACKENDS)}"
+            )
+        if backend == "uni" and self.world_size > 1:
+            raise ValueError(f'backend "uni" runs one rank, but the world has {self.world_size}')
+
+    def _check_nodes(self) -> None:
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} is outside [0, nnodes={self.nnodes})")
+        if self.nnodes == 1:
+            return
+        if self.distributed_executor_backend not in (None, "mp"):
+            raise ValueError(
+                f"nnodes > 1 starts the ranks of each node with the mp backend, not "
+                f"{self.distributed_executor_backend!r} (Ray places the ranks itself)"
+            )
+        if self.world_size % self.nnodes:
+            raise ValueError(
+                f"the world's {self.world_size} ranks do not split evenly over nnodes={self.nnodes}"
+            )
+        if not 0 < self.master_port < 65536:
+            raise ValueError(f"master_port {self.master_port} is outside [1, 65535]")
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nnodes
 
 
 @dataclass

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pagedllm import config
-from pagedllm.config import CacheConfig, ModelConfig, default_model_path
+from pagedllm.config import CacheConfig, ModelConfig, ParallelConfig, default_model_path
 
 
 def test_default_model_missing_says_how_to_install(monkeypatch) -> None:
@@ -99,3 +99,26 @@ def test_kv_cache_dtype_is_auto_float32_or_bfloat16() -> None:
     assert CacheConfig(cache_dtype="float32").kv_dtype(torch.bfloat16) == torch.float32
     with pytest.raises(ValueError, match="kv_cache_dtype 'fp8' is not supported; use one of auto"):
         CacheConfig(cache_dtype="fp8")
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        (dict(distributed_executor_backend="spark"), "'spark' is not one of"),
+        (dict(tensor_parallel_size=2, distributed_executor_backend="uni"), "runs one rank"),
+        (dict(nnodes=2, node_rank=2), r"node_rank 2 is outside \[0, nnodes=2\)"),
+        (dict(nnodes=0), "outside"),
+        (dict(tensor_parallel_size=3, nnodes=2), "3 ranks do not split evenly over nnodes=2"),
+        (dict(tensor_parallel_size=2, nnodes=2, distributed_executor_backend="ray"), "not 'ray'"),
+        (dict(tensor_parallel_size=2, nnodes=2, master_port=0), "master_port 0 is outside"),
+    ],
+)
+def test_parallel_config_rejects_bad_layouts(kwargs: dict, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        ParallelConfig(**kwargs)
+
+
+def test_ranks_per_node_split_the_world() -> None:
+    """vLLM's --nnodes: world_size / nnodes consecutive ranks on each node."""
+    parallel = ParallelConfig(tensor_parallel_size=8, nnodes=2, node_rank=1)
+    assert (parallel.world_size, parallel.ranks_per_node) == (8, 4)

@@ -27,6 +27,11 @@ class EngineArgs:
     quantization: str | None = None
     tensor_parallel_size: int = 1
     enable_expert_parallel: bool = False
+    distributed_executor_backend: str | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
     max_model_len: int | None = None
     block_size: int = 16
     kv_cache_memory_bytes: int | None = None
@@ -81,6 +86,11 @@ class EngineArgs:
             parallel_config=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size,
                 enable_expert_parallel=self.enable_expert_parallel,
+                distributed_executor_backend=self.distributed_executor_backend,
+                nnodes=self.nnodes,
+                node_rank=self.node_rank,
+                master_addr=self.master_addr,
+                master_port=self.master_port,
             ),
             device=device,
             seed=self.seed,

@@ -32,6 +32,7 @@ from pagedllm.engine.tokenizer import (
     model_eos_token_id,
 )
 from pagedllm.executor.factory import make_executor
+from pagedllm.executor.headless import run_headless
 from pagedllm.executor.kv_cache import num_kv_blocks
 from pagedllm.executor.torchrun_executor import run_torchrun_worker, torchrun_rank
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
@@ -99,11 +100,14 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
-        """The engine; under torchrun, ranks > 0 enter the worker loop instead and exit
-        the process when rank 0 shuts down (see run_torchrun_worker)."""
+        """The engine; under torchrun, ranks > 0 enter the worker loop instead, and with
+        --nnodes, nodes past the first start their ranks instead: both exit the process when
+        rank 0 shuts down (see run_torchrun_worker, run_headless)."""
         config = engine_args.create_engine_config()
         if torchrun_rank():
             run_torchrun_worker(config)
+        if config.parallel_config.node_rank > 0:
+            run_headless(config)
         with _cyclic_gc_paused():
             return cls(config)
 

@@ -47,6 +47,16 @@ def test_flags_round_trip_with_their_types() -> None:
         "--tensor-parallel-size",
         "2",
         "--enable-expert-parallel",
+        "--distributed-executor-backend",
+        "ray",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "10.0.0.1",
+        "--master-port",
+        "1234",
         "--max-model-len",
         "128",
         "--block-size",
@@ -87,6 +97,11 @@ def test_flags_round_trip_with_their_types() -> None:
         dtype="float16",
         tensor_parallel_size=2,
         enable_expert_parallel=True,
+        distributed_executor_backend="ray",
+        nnodes=2,
+        node_rank=1,
+        master_addr="10.0.0.1",
+        master_port=1234,
         max_model_len=128,
         block_size=8,
         kv_cache_memory_bytes=4096,
@@ -124,6 +139,11 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
         dtype="float16",
         tensor_parallel_size=2,
         enable_expert_parallel=True,
+        distributed_executor_backend="mp",
+        nnodes=2,
+        node_rank=1,
+        master_addr="10.0.0.1",
+        master_port=1234,
         max_model_len=128,
         block_size=8,
         kv_cache_memory_bytes=4096,
@@ -160,6 +180,13 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
     )
     assert config.parallel_config.tensor_parallel_size == 2
     assert config.parallel_config.enable_expert_parallel is True
+    parallel = config.parallel_config
+    assert (parallel.distributed_executor_backend, parallel.nnodes, parallel.node_rank) == (
+        "mp",
+        2,
+        1,
+    )
+    assert (parallel.master_addr, parallel.master_port) == ("10.0.0.1", 1234)
     assert (config.device, config.seed, config.skip_tokenizer_init) == ("cpu", 11, True)
     assert (config.max_logprobs, config.max_n, config.logprobs_mode) == (4, 5, "processed_logprobs")
     assert config.logits_processors == ("pkg.Processor",)
