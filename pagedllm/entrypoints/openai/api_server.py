@@ -139,7 +139,13 @@ def build_app(
     add_exception_handlers(app)
     app.add_middleware(RequestSizeLimitMiddleware, max_bytes=max_request_bytes)
     add_access_middleware(app, api_keys(api_key), cors or CorsConfig())
-    metrics = ServerMetrics(lambda: engine.stats, served_model_names[0])
+    config = engine.config
+    metrics = ServerMetrics(
+        lambda: engine.stats,
+        served_model_names[0],
+        config.model_config.max_model_len,
+        config.cache_config,
+    )
     tokenizer = AsyncTokenizer(engine.tokenizer)
     shared = (engine, tokenizer, served_model_names, metrics)
     app.state.engine = engine

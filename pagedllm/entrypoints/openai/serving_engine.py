@@ -147,7 +147,8 @@ class OpenAIServing:
     def generate(
         self, prompt: dict, params: SamplingParams, request_id: str, arrival_time: float
     ) -> AsyncIterator[RequestOutput]:
-        return self.metrics.track(self.engine.generate(prompt, params, request_id), arrival_time)
+        outputs = self.engine.generate(prompt, params, request_id)
+        return self.metrics.track(outputs, arrival_time, params)
 
     async def prime(self, outputs: AsyncIterator[T], raw_request: Request) -> AsyncIterator[T]:
         """`outputs` again, after waiting for its first item: a request the engine rejects

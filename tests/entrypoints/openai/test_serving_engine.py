@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from pagedllm.config import CacheConfig
 from pagedllm.engine.stats import EngineStats
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
@@ -42,7 +43,7 @@ def make_serving(tokenizer: FakeTokenizer | None = None) -> OpenAIServing:
     model_config = SimpleNamespace(max_model_len=MAX_MODEL_LEN, vocab_size=VOCAB_SIZE)
     engine = SimpleNamespace(config=SimpleNamespace(model_config=model_config))
     stats = EngineStats(0, 0, 0, 0.0, 1, 1, 0, 0, 0, 0)
-    metrics = ServerMetrics(lambda: stats, NAMES[0])
+    metrics = ServerMetrics(lambda: stats, NAMES[0], MAX_MODEL_LEN, CacheConfig())
     return OpenAIServing(engine, tokenizer or FakeTokenizer(), NAMES, metrics, "TEMPLATE")
 
 

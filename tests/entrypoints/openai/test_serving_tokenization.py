@@ -11,7 +11,7 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from pagedllm import LLM
-from pagedllm.config import ModelConfig
+from pagedllm.config import CacheConfig, ModelConfig
 from pagedllm.engine.stats import EngineStats
 from pagedllm.engine.tokenizer import get_tokenizer
 from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
@@ -37,7 +37,10 @@ def serving(tokenizer: PreTrainedTokenizerBase) -> Iterator[OpenAIServingTokeniz
     stats = EngineStats(0, 0, 0, 0.0, 1, 1, 0, 0, 0, 0)
     async_tokenizer = AsyncTokenizer(tokenizer, num_threads=1)
     yield OpenAIServingTokenization(
-        engine, async_tokenizer, ["m"], ServerMetrics(lambda: stats, "m")
+        engine,
+        async_tokenizer,
+        ["m"],
+        ServerMetrics(lambda: stats, "m", MAX_MODEL_LEN, CacheConfig()),
     )
     async_tokenizer.shutdown()
 
