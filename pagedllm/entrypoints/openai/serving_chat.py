@@ -135,6 +135,17 @@ class OpenAIServingChat(OpenAIServing):
         request by then); other endpoints (serving_responses.py) reshape either."""
         arrival_time = time.monotonic()
         run = await self.prepare_chat(request)
+        return await self.answer(request, run, raw_request, arrival_time)
+
+    async def answer(
+        self,
+        request: ChatCompletionRequest,
+        run: ChatRun,
+        raw_request: Request | None,
+        arrival_time: float,
+    ) -> ChatCompletionResponse | AsyncIterator[ChatCompletionStreamResponse]:
+        """`chat` once prepared; with no `raw_request` (a background response) no client's
+        disconnection cancels it."""
         model, parsers = run.model, run.parsers
         request_id = random_id("chatcmpl")
         stream = self.generate(run.prompt, run.params, request_id, arrival_time)

@@ -150,7 +150,9 @@ class OpenAIServing:
         outputs = self.engine.generate(prompt, params, request_id)
         return self.metrics.track(outputs, arrival_time, params)
 
-    async def prime(self, outputs: AsyncIterator[T], raw_request: Request) -> AsyncIterator[T]:
+    async def prime(
+        self, outputs: AsyncIterator[T], raw_request: Request | None
+    ) -> AsyncIterator[T]:
         """`outputs` again, after waiting for its first item: a request the engine rejects
         still gets a 4xx, not a 200 stream. Closes `outputs` on failure or disconnect."""
         try:
