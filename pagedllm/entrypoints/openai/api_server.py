@@ -162,7 +162,9 @@ def build_app(
         app.state.serving_chat, ResponseStore(max_stored_responses)
     )
     app.state.serving_messages = AnthropicServingMessages(app.state.serving_chat)
-    app.state.serving_tokenization = OpenAIServingTokenization(*shared, chat_template)
+    app.state.serving_tokenization = OpenAIServingTokenization(
+        *shared, chat_template, tool_parser=TOOL_PARSERS[tool_format]
+    )
     app.state.serving_embedding = OpenAIServingEmbedding(*shared)
     return app
 

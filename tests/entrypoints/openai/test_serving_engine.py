@@ -115,6 +115,7 @@ def test_apply_chat_template_passes_template_messages_and_options() -> None:
         continue_final_message=True,
         chat_template_kwargs={"enable_thinking": False},
         tools=tools,
+        tool_choice="none",  # no generic-format system prompt: the messages as they are
     )
     assert asyncio.run(serving.apply_chat_template(request)) == ("text", [1, 2, 3])
     options = {"enable_thinking": False, "tools": tools, "add_generation_prompt": False}
