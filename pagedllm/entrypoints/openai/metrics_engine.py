@@ -12,6 +12,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from pagedllm.config import CacheConfig
 from pagedllm.engine.stats import EngineStats, HistogramCounts
@@ -47,7 +48,7 @@ class EngineStatsCollector(Collector):
     def _histogram(self, name: str, doc: str, counts: HistogramCounts) -> Metric:
         family = HistogramMetricFamily(name, doc, labels=LABELS)
         cumulative, buckets = 0, []
-        for bound, count in zip([*map(str, counts.buckets), "+Inf"], counts.counts):
+        for bound, count in zip([*map(floatToGoString, counts.buckets), "+Inf"], counts.counts):
             cumulative += count
             buckets.append((bound, cumulative))
         family.add_metric(self.label, buckets, counts.sum)
