@@ -163,6 +163,12 @@ class OpenAIServingResponses:
         if request.previous_response_id is None:
             return []
         stored = self.store.get(request.previous_response_id, "previous_response_id")
+        if stored.response.status in ("queued", "in_progress"):
+            raise OpenAIError(
+                f"previous_response_id {request.previous_response_id!r} is still "
+                f"{stored.response.status}: continue it once it has finished",
+                param="previous_response_id",
+            )
         return list(stored.conversation)
 
     async def _events(

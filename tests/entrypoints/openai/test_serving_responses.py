@@ -215,6 +215,9 @@ def test_background_response_is_cancelled_and_its_request_aborted(
     long = dict(model=MODEL_NAME, temperature=0, max_output_tokens=1500)
     queued = client.responses.create(**long, input="Tell a very long story.", background=True)
     assert queued.status == "queued" and queued.background is True and queued.output == []
+    with pytest.raises(openai.BadRequestError, match="still") as error:
+        client.responses.create(**long, input="Go on.", previous_response_id=queued.id)
+    assert error.value.body["param"] == "previous_response_id"
     cancelled = client.responses.cancel(queued.id)
     assert cancelled.id == queued.id and cancelled.status == "cancelled"
     deadline = time.monotonic() + 10
