@@ -21,9 +21,7 @@ from pagedllm.entrypoints.openai.chat_choice_parser import (
     choice_parser_factory,
 )
 from pagedllm.entrypoints.openai.errors import OpenAIError
-from pagedllm.entrypoints.openai.generic_tools import (
-    generic_tools_constraint,
-)
+from pagedllm.entrypoints.openai.generic_tools import generic_tools_constraint
 from pagedllm.entrypoints.openai.logprobs import chat_logprobs
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,

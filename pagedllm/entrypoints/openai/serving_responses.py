@@ -1,8 +1,8 @@
 """POST /v1/responses (OpenAI's Responses API) on the chat machinery, and the stored
 responses' GET, DELETE and cancel.
 
-A request becomes a chat request (responses_input.py) that OpenAIServingChat.chat answers
-(template, tools, parsers, structured outputs); its message, or its stream of chunks,
+A request becomes a chat request (responses_input.py) that OpenAIServingChat prepares and
+answers (template, tools, parsers, structured outputs); its message, or its stream of chunks,
 becomes the response's output items (responses_stream.py). A stream is SSE with OpenAI's
 `event:` lines and `sequence_number`s: response.created, response.in_progress, the items'
 events, then response.completed (or response.incomplete when `max_output_tokens` cut the
