@@ -23,7 +23,7 @@ from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Request
-from pagedllm.engine.stats import EngineStats
+from pagedllm.engine.stats import ITERATION_TOKENS_BUCKETS, EngineStats, HistogramCounts
 from pagedllm.engine.step_plan import plan_step
 from pagedllm.engine.tokenizer import (
     eos_token_ids,
@@ -97,6 +97,7 @@ class LLMEngine:
             self.model_config.pooler_config,
         )
         self.waiting_for_grammar = WaitingForGrammar()
+        self.iteration_tokens = HistogramCounts.empty(ITERATION_TOKENS_BUCKETS)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -154,6 +155,7 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if out.is_empty:
             return failed
+        self.iteration_tokens.observe(out.num_batched_tokens)
         plan = plan_step(out, self.requests, self.structured_output)
         result = self.executor.execute(plan.step_input, plan.rows)
         self.scheduler.update_after_step(out.scheduled)
@@ -187,6 +189,7 @@ class LLMEngine:
             processor.num_prompt_tokens,
             processor.num_generation_tokens,
             len(self.waiting_for_grammar),
+            self.iteration_tokens,
         )
 
     def is_healthy(self) -> bool:

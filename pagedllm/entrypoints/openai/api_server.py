@@ -142,7 +142,13 @@ def build_app(
     add_exception_handlers(app)
     app.add_middleware(RequestSizeLimitMiddleware, max_bytes=max_request_bytes)
     add_access_middleware(app, api_keys(api_key), cors or CorsConfig())
-    metrics = ServerMetrics(lambda: engine.stats, served_model_names[0])
+    config = engine.config
+    metrics = ServerMetrics(
+        lambda: engine.stats,
+        served_model_names[0],
+        config.model_config.max_model_len,
+        config.cache_config,
+    )
     tokenizer = AsyncTokenizer(engine.tokenizer)
     shared = (engine, tokenizer, served_model_names, metrics)
     app.state.engine = engine
@@ -159,7 +165,9 @@ def build_app(
         app.state.serving_chat, ResponseStore(max_stored_responses)
     )
     app.state.serving_messages = AnthropicServingMessages(app.state.serving_chat)
-    app.state.serving_tokenization = OpenAIServingTokenization(*shared, chat_template)
+    app.state.serving_tokenization = OpenAIServingTokenization(
+        *shared, chat_template, tool_parser=TOOL_PARSERS[tool_format]
+    )
     app.state.serving_embedding = OpenAIServingEmbedding(*shared)
     return app
 
