@@ -241,6 +241,28 @@ def derive_max_model_len(hf_config: PretrainedConfig) -> int:
 
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
 
+ATTENTION_BACKENDS = ("TRITON_ATTN", "CPU_ATTN", "TORCH_SDPA")
+"""vLLM's names of the attention backends (layers/attention_backends/selector.py)."""
+ATTENTION_BACKEND_ENV = "PAGEDLLM_ATTENTION_BACKEND"
+"""vLLM's VLLM_ATTENTION_BACKEND: EngineArgs' default attention_backend."""
+
+
+def env_attention_backend() -> str | None:
+    """PAGEDLLM_ATTENTION_BACKEND, None when unset or empty (the default choice)."""
+    return os.environ.get(ATTENTION_BACKEND_ENV, "").strip() or None
+
+
+def resolve_attention_backend(name: str | None) -> str | None:
+    """A backend's name, any case, as ATTENTION_BACKENDS spells it; None stays None."""
+    if name is None:
+        return None
+    if name.upper() not in ATTENTION_BACKENDS:
+        raise ValueError(
+            f"attention_backend {name!r} is not one of {', '.join(ATTENTION_BACKENDS)} "
+            f"(unset, {ATTENTION_BACKEND_ENV} included, picks the best for the device)"
+        )
+    return name.upper()
+
 
 @dataclass
 class CacheConfig:
@@ -314,8 +336,12 @@ class EngineConfig:
     """Run the torch paths' row reductions one row at a time (pagedllm/batch_invariant.py),
     so a request's answer never depends on its batch there too; the CPU kernels hold that
     anyway."""
+    attention_backend: str | None = None
+    """One of ATTENTION_BACKENDS, or None for the best the device and dtype allow
+    (layers/attention_backends/selector.py)."""
 
     def __post_init__(self) -> None:
+        self.attention_backend = resolve_attention_backend(self.attention_backend)
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}")
         max_len = self.model_config.max_model_len

@@ -12,6 +12,7 @@ from pagedllm.executor.cpu_graph import CpuGraphRunner
 from pagedllm.executor.cpu_malloc import keep_freed_memory
 from pagedllm.executor.kv_cache import bind_kv_cache, kv_cache_bytes_per_token
 from pagedllm.forward_context import set_forward_context
+from pagedllm.layers.attention_backends.selector import use_attn_backend
 from pagedllm.layers.pooler import pool_chunk
 from pagedllm.model_loader.loader import get_model
 from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
@@ -52,7 +53,8 @@ class ModelRunner:
         self.block_size = config.cache_config.block_size
         self.kv_cache_dtype = config.cache_config.kv_dtype(config.model_config.dtype)
         set_batch_invariant(config.batch_invariant)
-        self.model = get_model(config.model_config, self.device)
+        with use_attn_backend(config.attention_backend):
+            self.model = get_model(config.model_config, self.device)
         self.vocab_size = config.model_config.vocab_size
         pooler_config = config.model_config.pooler_config
         self.pooling_type = pooler_config.pooling_type if pooler_config is not None else None
@@ -74,7 +76,8 @@ class ModelRunner:
             self.model, num_blocks, self.block_size, self.kv_cache_dtype, self.device
         )
         config = self.config
-        if CpuGraphRunner.applies(
+        # Captured CPU steps replay pagedllm._C's launches; the Triton interpreter's are not.
+        if config.attention_backend != "TRITON_ATTN" and CpuGraphRunner.applies(
             self.device, config.parallel_config.tensor_parallel_size, config.enforce_eager
         ):
             max_blocks = -(-config.model_config.max_model_len // self.block_size)

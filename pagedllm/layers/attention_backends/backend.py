@@ -13,6 +13,9 @@ from pagedllm.forward_context import AttentionMetadata
 
 class AttentionBackend(Protocol):
     name: str
+    """vLLM's name for it (attention_backend=...)."""
+    requirement: str
+    """Where it runs, in words (for the error when it is named where it cannot)."""
 
     @staticmethod
     def supports(device: torch.device, dtype: torch.dtype) -> bool:

@@ -25,7 +25,8 @@ class _KernelOps:
 
 
 class CpuAttentionBackend(TorchSdpaBackend):
-    name = "cpu"
+    name = "CPU_ATTN"
+    requirement = "float32 or bfloat16 on CPU, with pagedllm._C built"
     ops = _KernelOps
 
     @staticmethod

@@ -18,7 +18,8 @@ class TorchSdpaBackend:
     """`ops` holds the cache write and the decode and prefill attention; a subclass swaps it
     for `_custom_ops` to run them as kernels and keeps the rest."""
 
-    name = "torch_sdpa"
+    name = "TORCH_SDPA"
+    requirement = "any device and dtype"
     ops = _torch_ops
 
     @staticmethod
