@@ -13,7 +13,10 @@ with an online softmax accumulated in float32.
 Long decodes split the context (flash-decoding, split-K): NUM_SEGMENTS programs per
 sequence and kv head each take a share of the tiles and write an unnormalized partial
 (accumulator, running max, exp-sum); `_reduce_segments_kernel` merges them. The split
-changes where the work runs, never what is computed; `default_num_kv_splits` picks it.
+changes where the work runs and the order of a row's sums, never what is computed;
+`default_num_kv_splits` picks it. Unsplit, a row's arithmetic is the same whatever its
+batch: the tiles of keys are fixed, and the tiles a row does not see (past its position, in
+a longer chunk) add exactly nothing; so batch-invariant mode never splits.
 
 The launch reads only host ints (shapes, max_query_len, max_seq_len), so it never waits
 on the device. A CUDA graph may replay it for other lengths of the same shapes: every
@@ -29,6 +32,7 @@ import triton
 import triton.language as tl
 
 from pagedllm._triton_ops import interpreting
+from pagedllm.batch_invariant import is_batch_invariant
 
 TILE_SIZE = 32
 MIN_BLOCK_M = 16  # tl.dot's smallest M on GPUs
@@ -57,8 +61,10 @@ def _find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr)
 @triton.jit
 def _dot(a, b, DOT_FP32: tl.constexpr):
     if DOT_FP32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b)
+        product = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        product = tl.dot(a, b)
+    return product
 
 
 @triton.jit
@@ -232,9 +238,11 @@ def default_num_kv_splits(
     max_query_len: int, max_seq_len: int, num_seqs: int, num_kv_heads: int
 ) -> int:
     """Split the context only where the plain grid leaves a large GPU idle: decodes alone,
-    too few (sequence, kv head) programs to fill it, and contexts long enough to share."""
+    too few (sequence, kv head) programs to fill it, and contexts long enough to share.
+    Never in batch-invariant mode: the split would make a row's sums depend on its batch."""
     if (
-        max_query_len > 1
+        is_batch_invariant()
+        or max_query_len > 1
         or num_seqs * num_kv_heads >= SPLIT_MAX_PROGRAMS
         or max_seq_len < SPLIT_MIN_SEQ_LEN
     ):

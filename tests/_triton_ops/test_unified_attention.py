@@ -127,3 +127,35 @@ def test_bad_splits_and_head_counts_are_named(triton_device: torch.device) -> No
     batch.query = batch.query[:, :3]
     with pytest.raises(ValueError, match="not a multiple"):
         run(batch)
+
+
+def test_in_batch_invariant_mode_each_row_is_the_bits_of_its_token_alone(
+    triton_device: torch.device,
+) -> None:
+    """Reference: each token attended alone, as a decode over its prefix, in a batch of its
+    own: batch-invariant mode never splits the context, so even a long decode beside others
+    gets its bits alone."""
+    from pagedllm.batch_invariant import set_batch_invariant
+
+    batch = make_batch([1, 6, 1], [600, 20, 9], 8, 2, 64, 16, torch.float32, triton_device)
+    set_batch_invariant(True)
+    try:
+        out = run(batch)
+        row = 0
+        for i, (q_len, seq_len) in enumerate(zip(batch.query_lens, batch.seq_lens_list)):
+            for pos in range(seq_len - q_len, seq_len):
+                alone = PagedBatch(
+                    query=batch.query[row : row + 1],
+                    k_cache=batch.k_cache,
+                    v_cache=batch.v_cache,
+                    query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=triton_device),
+                    seq_lens=torch.tensor([pos + 1], dtype=torch.int32, device=triton_device),
+                    block_tables=batch.block_tables[i : i + 1],
+                    query_lens=[1],
+                    seq_lens_list=[pos + 1],
+                    scale=batch.scale,
+                )
+                assert torch.equal(out[row], run(alone)[0]), (i, pos)
+                row += 1
+    finally:
+        set_batch_invariant(False)

@@ -9,6 +9,7 @@ from dataclasses import fields
 import pytest
 import torch
 
+from pagedllm import _triton_ops
 from pagedllm.engine.arg_utils import EngineArgs
 from tests.engine.engine_helpers import LLAMA
 
@@ -257,6 +258,6 @@ def test_an_attention_backend_that_cannot_run_here_is_named(tiny_model_path, mon
         EngineArgs(
             path, device="cpu", dtype="float16", attention_backend="CPU_ATTN"
         ).create_engine_config()
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(_triton_ops, "interpreting", lambda: False)
     with pytest.raises(ValueError, match="TRITON_ATTN cannot run .*TRITON_INTERPRET=1"):
         EngineArgs(path, device="cpu", attention_backend="TRITON_ATTN").create_engine_config()

@@ -85,11 +85,15 @@ def test_cuda_gets_the_triton_backend_where_triton_is_installed(
 
 def test_unnamed_the_cpu_never_gets_the_triton_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_cpu_kernels, "_C", None)
-    assert _triton_ops.interpreting()  # tests/conftest.py sets it on machines without a GPU
+    monkeypatch.setattr(_triton_ops, "interpreting", lambda: True)
+    assert TritonAttentionBackend.supports(torch.device("cpu"), torch.float32)
     assert type(get_attn_backend("cpu", torch.float32)) is TorchSdpaBackend
 
 
-def test_a_named_backend_is_used_for_the_layers_built_inside() -> None:
+def test_a_named_backend_is_used_for_the_layers_built_inside(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_triton_ops, "interpreting", lambda: True)
     with selector.use_attn_backend("TORCH_SDPA"):
         assert Attention(4, 8, 0.5, 2).backend.name == "TORCH_SDPA"
         with selector.use_attn_backend("TRITON_ATTN"):
@@ -101,15 +105,15 @@ def test_a_named_backend_is_used_for_the_layers_built_inside() -> None:
 @pytest.mark.parametrize(
     "name,dtype,interpret,error",
     [
-        ("CPU_ATTN", torch.float16, "1", "CPU_ATTN cannot run torch.float16 on cpu: it needs "),
-        ("TRITON_ATTN", torch.float64, "1", "here use one of TORCH_SDPA$"),
-        ("TRITON_ATTN", torch.float32, "0", "TRITON_INTERPRET=1.*CPU_ATTN, TORCH_SDPA$"),
-        ("flash_attn", torch.float32, "1", "'flash_attn' is not one of TRITON_ATTN, CPU_ATTN"),
+        ("CPU_ATTN", torch.float16, True, "CPU_ATTN cannot run torch.float16 on cpu: it needs "),
+        ("TRITON_ATTN", torch.float64, True, "here use one of TORCH_SDPA$"),
+        ("TRITON_ATTN", torch.float32, False, "TRITON_INTERPRET=1.*CPU_ATTN, TORCH_SDPA$"),
+        ("flash_attn", torch.float32, True, "'flash_attn' is not one of TRITON_ATTN, CPU_ATTN"),
     ],
 )
 def test_a_named_backend_that_cannot_run_is_a_value_error(
-    monkeypatch: pytest.MonkeyPatch, name: str, dtype: torch.dtype, interpret: str, error: str
+    monkeypatch: pytest.MonkeyPatch, name: str, dtype: torch.dtype, interpret: bool, error: str
 ) -> None:
-    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    monkeypatch.setattr(_triton_ops, "interpreting", lambda: interpret)
     with selector.use_attn_backend(name), pytest.raises(ValueError, match=error):
         get_attn_backend("cpu", dtype)
