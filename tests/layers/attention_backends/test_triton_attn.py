@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.executor.kv_cache import attention_layers
 from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.attention_backends import selector
 from pagedllm.layers.attention_backends.torch_sdpa import TorchSdpaBackend
@@ -77,6 +78,9 @@ def test_the_engine_on_triton_attn_gives_transformers_greedy_tokens(
         max_num_batched_tokens=16,
         attention_backend="TRITON_ATTN",
     ) as llm:
+        runner = llm.llm_engine.executor.runner
+        assert {type(a.backend) for a in attention_layers(runner.model)} == {TritonAttentionBackend}
+        assert runner.graph_runner is None  # captured steps replay _C's launches only
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     for out, ref in zip(outputs, reference, strict=True):
         ref.assert_matches(out.outputs[0])
