@@ -239,7 +239,10 @@ def derive_max_model_len(hf_config: PretrainedConfig) -> int:
     return int(length)
 
 
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "fp8", "fp8_e4m3")
+FP8_KV_CACHE = torch.float8_e4m3fn
+"""vLLM's "fp8" KV cache: e4m3, stored unscaled (vLLM's k_scale = v_scale = 1.0), so keys
+and values saturate at +-448."""
 
 ATTENTION_BACKENDS = ("TRITON_ATTN", "CPU_ATTN", "TORCH_SDPA")
 """vLLM's names of the attention backends (layers/attention_backends/selector.py)."""
@@ -274,11 +277,16 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
     cache_dtype: str = "auto"
-    """vLLM's kv_cache_dtype: "auto" (the model's dtype), "float32" or "bfloat16" (half the
-    bytes per token, e.g. under float32 weights)."""
+    """vLLM's kv_cache_dtype: "auto" (the model's dtype), "float32", "bfloat16" (half the
+    bytes per token, e.g. under float32 weights) or "fp8" / "fp8_e4m3" (one byte a value,
+    FP8_KV_CACHE; the Triton and torch attention backends read it, the CPU kernels do not)."""
 
     def kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
-        return model_dtype if self.cache_dtype == "auto" else _DTYPES[self.cache_dtype]
+        if self.cache_dtype == "auto":
+            return model_dtype
+        if self.cache_dtype.startswith("fp8"):
+            return FP8_KV_CACHE
+        return _DTYPES[self.cache_dtype]
 
     def __post_init__(self) -> None:
         if self.cache_dtype not in KV_CACHE_DTYPES:

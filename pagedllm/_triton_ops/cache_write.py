@@ -4,11 +4,17 @@ One program per new token copies its KV * D keys and values into the slot
 slot_mapping[t] = block_id * block_size + offset of caches [num_blocks, block_size, KV, D],
 converting to the caches' dtype. A slot below 0 is skipped, as vLLM does for padded rows
 (a CUDA graph's padding tokens).
+
+Triton's interpreter rounds to float8 wrongly where rounding up carries into the exponent
+(0.499 becomes 0.25), so under it a float8 cache's values are converted by torch first and
+the kernel copies bytes.
 """
 
 import torch
 import triton
 import triton.language as tl
+
+from pagedllm._triton_ops import interpreting
 
 
 @triton.jit
@@ -53,6 +59,8 @@ def reshape_and_cache(
         return
     block_size, num_kv_heads, head_size = k_cache.shape[1:]
     row = num_kv_heads * head_size
+    if k_cache.element_size() == 1 and interpreting():
+        key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
     key, value = (_rows_contiguous(x) for x in (key, value))
     for cache in (k_cache, v_cache):
         if cache.stride()[2:] != (head_size, 1) or cache.stride() != k_cache.stride():

@@ -91,7 +91,8 @@ class EngineArgs:
             attention_backend=self.attention_backend,
         )
         if config.attention_backend is not None:
-            check_attn_backend(config.attention_backend, device, model_config.dtype)
+            kv_cache_dtype = config.cache_config.kv_dtype(model_config.dtype)
+            check_attn_backend(config.attention_backend, device, model_config.dtype, kv_cache_dtype)
         return config
 
     @staticmethod

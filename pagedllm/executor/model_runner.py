@@ -53,7 +53,7 @@ class ModelRunner:
         self.block_size = config.cache_config.block_size
         self.kv_cache_dtype = config.cache_config.kv_dtype(config.model_config.dtype)
         set_batch_invariant(config.batch_invariant)
-        with use_attn_backend(config.attention_backend):
+        with use_attn_backend(config.attention_backend, self.kv_cache_dtype):
             self.model = get_model(config.model_config, self.device)
         self.vocab_size = config.model_config.vocab_size
         pooler_config = config.model_config.pooler_config

@@ -39,10 +39,11 @@ def make_batch(
     dtype: torch.dtype,
     device: torch.device,
     seed: int = 0,
+    cache_dtype: torch.dtype | None = None,
 ) -> PagedBatch:
     """Sequence i has seq_lens[i] tokens in the cache, its last query_lens[i] new; its blocks
-    are a random share of a shuffled pool (one spare block stays unused). Built on the CPU,
-    moved to `device`."""
+    are a random share of a shuffled pool (one spare block stays unused). The caches hold
+    cache_dtype (default: dtype). Built on the CPU, moved to `device`."""
     gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_per_seq) + 1
@@ -53,7 +54,8 @@ def make_batch(
         tables[i, :n] = pool[used : used + n]
         used += n
     shape = (num_blocks, block_size, num_kv_heads, head_size)
-    k_cache, v_cache = (torch.randn(shape, generator=gen).to(dtype) for _ in range(2))
+    cache_dtype = cache_dtype or dtype
+    k_cache, v_cache = (torch.randn(shape, generator=gen).to(cache_dtype) for _ in range(2))
     query = torch.randn(sum(query_lens), num_heads, head_size, generator=gen).to(dtype)
     starts = [0]
     for n in query_lens:

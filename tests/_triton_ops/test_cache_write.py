@@ -15,6 +15,8 @@ from pagedllm import _torch_ops
         (32, 1, 128, torch.bfloat16, torch.bfloat16),
         (16, 4, 64, torch.float16, torch.float16),
         (32, 2, 64, torch.bfloat16, torch.float32),
+        (16, 2, 64, torch.bfloat16, torch.float8_e4m3fn),
+        (16, 2, 64, torch.float32, torch.float8_e4m3fn),
     ],
 )
 def test_the_cache_write_matches_the_reference(
@@ -41,8 +43,8 @@ def test_the_cache_write_matches_the_reference(
     expected = k_cache.clone(), v_cache.clone()
     _torch_ops.reshape_and_cache(key, value, *expected, slots)
     reshape_and_cache(key, value, k_cache, v_cache, slots)
-    assert torch.equal(k_cache, expected[0])
-    assert torch.equal(v_cache, expected[1])
+    for cache, reference in zip((k_cache, v_cache), expected, strict=True):
+        assert torch.equal(cache.view(torch.uint8), reference.view(torch.uint8))
 
 
 def test_a_negative_slot_is_skipped(triton_device: torch.device) -> None:

@@ -94,6 +94,15 @@ def test_split_context_decodes_match_the_reference_and_the_unsplit_kernel(
     torch.testing.assert_close(split, unsplit, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_an_fp8_cache_matches_the_reference_on_the_same_cache(
+    triton_device: torch.device, dtype: torch.dtype
+) -> None:
+    """kv_cache_dtype="fp8": keys and values read as float8 e4m3, widened on load."""
+    batch = make_batch(*MIXED, 8, 2, 64, 16, dtype, triton_device, 6, torch.float8_e4m3fn)
+    check(batch, run(batch, num_kv_splits=1))
+
+
 def test_a_split_chunked_prefill_matches_the_reference(triton_device: torch.device) -> None:
     """The split also serves prefill chunks (rows whose causal limit ends mid-context)."""
     batch = make_batch(*MIXED, 8, 2, 64, 16, torch.float32, triton_device, seed=4)

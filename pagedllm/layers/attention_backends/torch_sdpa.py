@@ -20,6 +20,7 @@ class TorchSdpaBackend:
 
     name = "TORCH_SDPA"
     requirement = "any device and dtype"
+    reads_fp8_kv_cache = True
     ops = _torch_ops
 
     @staticmethod

@@ -24,6 +24,7 @@ class TritonAttentionBackend:
         "triton installed and float32, bfloat16 or float16 on CUDA, or on CPU tensors under "
         f"Triton's interpreter ({_triton_ops.INTERPRET_ENV}=1 before triton is imported)"
     )
+    reads_fp8_kv_cache = True
 
     @staticmethod
     def supports(device: torch.device, dtype: torch.dtype) -> bool:

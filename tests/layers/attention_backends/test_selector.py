@@ -90,6 +90,18 @@ def test_unnamed_the_cpu_never_gets_the_triton_interpreter(monkeypatch: pytest.M
     assert type(get_attn_backend("cpu", torch.float32)) is TorchSdpaBackend
 
 
+def test_an_fp8_kv_cache_rules_out_the_cpu_kernels() -> None:
+    """The layers built for an fp8 cache on a CPU get the torch reference; CPU_ATTN named
+    for one is a ValueError naming those that read it."""
+    with selector.use_attn_backend(None, torch.float8_e4m3fn):
+        assert Attention(4, 8, 0.5, 2).backend.name == "TORCH_SDPA"
+    with (
+        selector.use_attn_backend("CPU_ATTN", torch.float8_e4m3fn),
+        pytest.raises(ValueError, match="needs a KV cache it can read, not torch.float8_e4m3fn"),
+    ):
+        Attention(4, 8, 0.5, 2)
+
+
 def test_a_named_backend_is_used_for_the_layers_built_inside(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

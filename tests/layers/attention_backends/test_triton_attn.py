@@ -59,28 +59,55 @@ def test_the_triton_backend_matches_the_reference_backend(triton_device: torch.d
             seq.num_computed += n
 
 
+def generate(path: str, device: torch.device, prompts: list[list[int]], **engine) -> list:
+    """Greedy, 6 tokens with their logprobs; chunked prefill (16-token chunks beside
+    decodes), block size 16."""
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
+    with LLM(
+        path,
+        skip_tokenizer_init=True,
+        dtype="float32",
+        device=str(device),
+        num_kv_blocks=32,
+        max_model_len=128,
+        max_num_batched_tokens=16,
+        **engine,
+    ) as llm:
+        runner = llm.llm_engine.executor.runner
+        backends = {a.backend.name for a in attention_layers(runner.model)}
+        assert backends == {engine["attention_backend"]}
+        if backends == {"TRITON_ATTN"}:
+            assert runner.graph_runner is None  # captured steps replay _C's launches only
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [out.outputs[0] for out in outputs]
+
+
 @pytest.mark.parametrize("name", ["llama-gqa-llama3", "qwen3"])
 def test_the_engine_on_triton_attn_gives_transformers_greedy_tokens(
     triton_device: torch.device, name: str, tiny_model_path, hf_greedy, spread_prompts
 ) -> None:
-    """Chunked prefill (16-token chunks beside decodes), a prefix-cache hit (a prompt twice),
-    block size 16; tokens equal and logprobs within 1e-4 of transformers'."""
+    """Tokens equal and logprobs within 1e-4 of transformers', a prefix-cache hit included
+    (a prompt twice)."""
     prompts = [spread_prompts[1], spread_prompts[3], spread_prompts[3]]
     reference = hf_greedy(name, prompts, 6)
-    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
-    with LLM(
-        tiny_model_path(name),
-        skip_tokenizer_init=True,
-        dtype="float32",
-        device=str(triton_device),
-        num_kv_blocks=32,
-        max_model_len=128,
-        max_num_batched_tokens=16,
-        attention_backend="TRITON_ATTN",
-    ) as llm:
-        runner = llm.llm_engine.executor.runner
-        assert {type(a.backend) for a in attention_layers(runner.model)} == {TritonAttentionBackend}
-        assert runner.graph_runner is None  # captured steps replay _C's launches only
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    outputs = generate(
+        tiny_model_path(name), triton_device, prompts, attention_backend="TRITON_ATTN"
+    )
     for out, ref in zip(outputs, reference, strict=True):
-        ref.assert_matches(out.outputs[0])
+        ref.assert_matches(out)
+
+
+def test_the_engine_on_an_fp8_cache_matches_the_reference_backend_on_one(
+    triton_device: torch.device, tiny_model_path, spread_prompts
+) -> None:
+    """kv_cache_dtype="fp8" (reference: TORCH_SDPA on the same fp8 cache values): the same
+    tokens, logprobs within 1e-4."""
+    path, prompts = tiny_model_path("llama-gqa-llama3"), spread_prompts[2:4]
+    outputs, reference = (
+        generate(path, triton_device, prompts, attention_backend=name, kv_cache_dtype="fp8")
+        for name in ("TRITON_ATTN", "TORCH_SDPA")
+    )
+    for out, ref in zip(outputs, reference, strict=True):
+        assert out.token_ids == ref.token_ids
+        logprobs = [[lp[t].logprob for lp, t in zip(o.logprobs, o.token_ids)] for o in (out, ref)]
+        assert logprobs[0] == pytest.approx(logprobs[1], abs=1e-4)
