@@ -259,7 +259,32 @@ def derive_max_model_len(hf_config: PretrainedConfig) -> int:
     return int(length)
 
 
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "fp8", "fp8_e4m3")
+FP8_KV_CACHE = torch.float8_e4m3fn
+"""vLLM's "fp8" KV cache: e4m3, stored unscaled (vLLM's k_scale = v_scale = 1.0), so keys
+and values saturate at +-448."""
+
+ATTENTION_BACKENDS = ("TRITON_ATTN", "CPU_ATTN", "TORCH_SDPA")
+"""vLLM's names of the attention backends (layers/attention_backends/selector.py)."""
+ATTENTION_BACKEND_ENV = "PAGEDLLM_ATTENTION_BACKEND"
+"""vLLM's VLLM_ATTENTION_BACKEND: EngineArgs' default attention_backend."""
+
+
+def env_attention_backend() -> str | None:
+    """PAGEDLLM_ATTENTION_BACKEND, None when unset or empty (the default choice)."""
+    return os.environ.get(ATTENTION_BACKEND_ENV, "").strip() or None
+
+
+def resolve_attention_backend(name: str | None) -> str | None:
+    """A backend's name, any case, as ATTENTION_BACKENDS spells it; None stays None."""
+    if name is None:
+        return None
+    if name.upper() not in ATTENTION_BACKENDS:
+        raise ValueError(
+            f"attention_backend {name!r} is not one of {', '.join(ATTENTION_BACKENDS)} "
+            f"(unset, {ATTENTION_BACKEND_ENV} included, picks the best for the device)"
+        )
+    return name.upper()
 
 
 @dataclass
@@ -272,11 +297,16 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
     cache_dtype: str = "auto"
-    """vLLM's kv_cache_dtype: "auto" (the model's dtype), "float32" or "bfloat16" (half the
-    bytes per token, e.g. under float32 weights)."""
+    """vLLM's kv_cache_dtype: "auto" (the model's dtype), "float32", "bfloat16" (half the
+    bytes per token, e.g. under float32 weights) or "fp8" / "fp8_e4m3" (one byte a value,
+    FP8_KV_CACHE; the Triton and torch attention backends read it, the CPU kernels do not)."""
 
     def kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
-        return model_dtype if self.cache_dtype == "auto" else _DTYPES[self.cache_dtype]
+        if self.cache_dtype == "auto":
+            return model_dtype
+        if self.cache_dtype.startswith("fp8"):
+            return FP8_KV_CACHE
+        return _DTYPES[self.cache_dtype]
 
     def __post_init__(self) -> None:
         if self.cache_dtype not in KV_CACHE_DTYPES:
@@ -388,8 +418,12 @@ class EngineConfig:
     """Run the torch paths' row reductions one row at a time (pagedllm/batch_invariant.py),
     so a request's answer never depends on its batch there too; the CPU kernels hold that
     anyway."""
+    attention_backend: str | None = None
+    """One of ATTENTION_BACKENDS, or None for the best the device and dtype allow
+    (layers/attention_backends/selector.py)."""
 
     def __post_init__(self) -> None:
+        self.attention_backend = resolve_attention_backend(self.attention_backend)
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}")
         max_len = self.model_config.max_model_len

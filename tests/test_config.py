@@ -93,12 +93,14 @@ def test_auto_dtype_follows_this_cpu_and_is_logged(
     assert ModelConfig.create(tiny_model_path("llama-gqa4"), dtype="float32").dtype == torch.float32
 
 
-def test_kv_cache_dtype_is_auto_float32_or_bfloat16() -> None:
+def test_kv_cache_dtype_is_auto_float32_bfloat16_or_fp8() -> None:
     assert CacheConfig().kv_dtype(torch.float32) == torch.float32
     assert CacheConfig(cache_dtype="bfloat16").kv_dtype(torch.float32) == torch.bfloat16
     assert CacheConfig(cache_dtype="float32").kv_dtype(torch.bfloat16) == torch.float32
-    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8' is not supported; use one of auto"):
-        CacheConfig(cache_dtype="fp8")
+    for fp8 in ("fp8", "fp8_e4m3"):
+        assert CacheConfig(cache_dtype=fp8).kv_dtype(torch.bfloat16) == torch.float8_e4m3fn
+    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8_e5m2' is not supported; use one"):
+        CacheConfig(cache_dtype="fp8_e5m2")
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from dataclasses import fields
 import pytest
 import torch
 
+from pagedllm import _triton_ops
 from pagedllm.engine.arg_utils import EngineArgs
 from tests.engine.engine_helpers import LLAMA
 
@@ -92,6 +93,8 @@ def test_flags_round_trip_with_their_types() -> None:
         "pooling",
         "--pooler-config",
         '{"pooling_type": "MEAN"}',
+        "--attention-backend",
+        "TORCH_SDPA",
     ]
     args = EngineArgs.from_cli_args(parser_with_flags().parse_args(argv))
     assert args == EngineArgs(
@@ -124,6 +127,7 @@ def test_flags_round_trip_with_their_types() -> None:
         batch_invariant=True,
         runner="pooling",
         pooler_config='{"pooling_type": "MEAN"}',
+        attention_backend="TORCH_SDPA",
     )
     assert {f.name for f in fields(EngineArgs) if f.name not in NOT_CLI} == {
         name for name, value in vars(args).items() if value != getattr(EngineArgs(), name)
@@ -164,6 +168,7 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
         logits_processors=processors,
         enforce_eager=True,
         batch_invariant=True,
+        attention_backend="torch_sdpa",
     )
     config = args.create_engine_config()
     model = config.model_config
@@ -194,6 +199,7 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
     assert (config.max_logprobs, config.max_n, config.logprobs_mode) == (4, 5, "processed_logprobs")
     assert config.logits_processors == ("pkg.Processor",)
     assert (config.enforce_eager, config.batch_invariant) == (True, True)
+    assert config.attention_backend == "TORCH_SDPA"
 
 
 def test_create_engine_config_rejects_a_bad_device(tiny_model_path) -> None:
@@ -260,3 +266,32 @@ def test_a_bad_pagedllm_batch_invariant_is_named(monkeypatch) -> None:
     monkeypatch.setenv("PAGEDLLM_BATCH_INVARIANT", "maybe")
     with pytest.raises(ValueError, match="PAGEDLLM_BATCH_INVARIANT='maybe'"):
         EngineArgs()
+
+
+@pytest.mark.parametrize(("value", "expected"), [("TRITON_ATTN", "TRITON_ATTN"), ("", None)])
+def test_attention_backend_defaults_to_pagedllm_attention_backend(
+    monkeypatch, value, expected
+) -> None:
+    monkeypatch.setenv("PAGEDLLM_ATTENTION_BACKEND", value)
+    assert EngineArgs().attention_backend == expected
+    assert parser_with_flags().parse_args([]).attention_backend == expected
+    flag = ["--attention-backend", "CPU_ATTN"]
+    assert parser_with_flags().parse_args(flag).attention_backend == "CPU_ATTN"
+
+
+def test_an_unknown_attention_backend_is_named_with_the_choices(tiny_model_path) -> None:
+    with pytest.raises(ValueError, match="'FLASH' is not one of TRITON_ATTN, CPU_ATTN, TORCH_SDPA"):
+        EngineArgs(tiny_model_path(LLAMA), attention_backend="FLASH").create_engine_config()
+
+
+def test_an_attention_backend_that_cannot_run_here_is_named(tiny_model_path, monkeypatch) -> None:
+    """CPU_ATTN has no float16 kernels; TRITON_ATTN runs CPU tensors only under Triton's
+    interpreter. Each error names the backends that can run."""
+    path = tiny_model_path(LLAMA)
+    with pytest.raises(ValueError, match="CPU_ATTN cannot run torch.float16 on cpu.*TORCH_SDPA"):
+        EngineArgs(
+            path, device="cpu", dtype="float16", attention_backend="CPU_ATTN"
+        ).create_engine_config()
+    monkeypatch.setattr(_triton_ops, "interpreting", lambda: False)
+    with pytest.raises(ValueError, match="TRITON_ATTN cannot run .*TRITON_INTERPRET=1"):
+        EngineArgs(path, device="cpu", attention_backend="TRITON_ATTN").create_engine_config()
