@@ -1,7 +1,9 @@
 """`pagedllm inspect`: sizes of a model built on the meta device, so any size is free to inspect.
 
 Figures are per tensor-parallel rank where they differ between ranks' shapes: every rank
-of a pagedllm model holds tensors of the same shapes, so rank 0 stands for all. With a
+of a pagedllm model holds tensors of the same shapes, so rank 0 stands for all. Under expert
+parallelism rank 0 holds the most experts (the first E % tp ranks hold one more), so it
+stands for the largest rank. With a
 quantization (a GGUF file type, or pagedllm's int8), weight bytes follow its plan
 (pagedllm.gguf.quant_plan; quantized_weights.py splits fused parameters for it).
 """
@@ -14,7 +16,7 @@ import torch
 from torch import nn
 
 from pagedllm.config import KV_CACHE_DTYPES, CacheConfig, ModelConfig
-from pagedllm.distributed.parallel_state import override_tensor_parallel
+from pagedllm.distributed.parallel_state import override_tensor_parallel, set_expert_parallel
 from pagedllm.entrypoints.quantized_weights import quantized_weight_bytes
 from pagedllm.executor.kv_cache import kv_cache_bytes_per_token
 from pagedllm.gguf.quant_plan import FILE_TYPES
@@ -42,14 +44,16 @@ def inspect_model(
     tp: int = 1,
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
+    enable_expert_parallel: bool = False,
 ) -> dict:
     """Sizes in the model's dtype, or under `quantization` (one of FILE_TYPES): then also
     "bytes_per_rank_by_type", GGUF type name -> bytes. The KV cache holds `kv_cache_dtype`
-    (one of KV_CACHE_DTYPES; "auto": the model's dtype), as the engine's would."""
+    (one of KV_CACHE_DTYPES; "auto": the model's dtype), as the engine's would. With
+    `enable_expert_parallel` each rank holds whole experts (layers/fused_moe.py)."""
     kv_dtype = CacheConfig(cache_dtype=kv_cache_dtype).kv_dtype(model_config.dtype)
     model_config = replace(model_config, quantization=None)  # float weights, even from a GGUF
     full = build_model(model_config, "meta")
-    with override_tensor_parallel(0, tp):
+    with override_tensor_parallel(0, tp), set_expert_parallel(enable_expert_parallel):
         shard = build_model(model_config, "meta")
     element = torch.empty((), dtype=model_config.dtype).element_size()
     total = count_params(full)
@@ -58,6 +62,7 @@ def inspect_model(
         "dtype": str(model_config.dtype).removeprefix("torch."),
         "quantization": quantization,
         "tensor_parallel_size": tp,
+        "enable_expert_parallel": enable_expert_parallel,
         "total_params": total,
         "active_params": total - inactive_expert_params(full),
         "bytes_per_rank": count_params(shard) * element,
@@ -79,6 +84,7 @@ def format_report(report: dict) -> str:
         ("dtype", report["dtype"]),
         ("quantization", report["quantization"] or "none"),
         ("tensor parallel size", report["tensor_parallel_size"]),
+        ("expert parallel", "on" if report["enable_expert_parallel"] else "off"),
         ("total parameters", f"{total:,} ({total / 1e9:.2f} B)"),
         ("active params / token", f"{active:,} ({active / 1e9:.2f} B)"),
         ("weight bytes per rank", _size(report["bytes_per_rank"])),
@@ -107,6 +113,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("model", help="config.json, a HF model folder or a .gguf file")
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (default 1)")
     parser.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="MoE layers place whole experts on the --tp ranks instead of splitting each",
+    )
+    parser.add_argument(
         "--dtype", default=None, help="weight dtype (default: the config's, else float32)"
     )
     parser.add_argument(
@@ -132,7 +143,9 @@ def run(args: argparse.Namespace) -> None:
     model_config = ModelConfig.create(args.model, dtype=args.dtype or "float32")
     if args.dtype is None:
         model_config.dtype = checkpoint_dtype(model_config)
-    report = inspect_model(model_config, args.tp, args.quantization, args.kv_cache_dtype)
+    report = inspect_model(
+        model_config, args.tp, args.quantization, args.kv_cache_dtype, args.enable_expert_parallel
+    )
     print(json.dumps(report) if args.json else format_report(report))
 
 

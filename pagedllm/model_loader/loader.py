@@ -80,12 +80,16 @@ def weight_bytes(model: nn.Module, buffers: bool = True) -> int:
 def get_model(model_config: ModelConfig, device: str | torch.device = "cpu") -> nn.Module:
     quant_config = get_quant_config(model_config)
     model = build_model(model_config, device, quant_config)
-    weights = iterate_weights(model_config, quant_config)
     if model_config.runner_type == "pooling":
         drop_lm_head(model)
-        weights = pooling_weights(weights)
     with torch.no_grad():
-        model.load_weights(weights)
+        if model_config.load_format == "dummy":
+            initialize_dummy_weights(model)
+        else:
+            weights = iterate_weights(model_config, quant_config)
+            if model_config.runner_type == "pooling":
+                weights = pooling_weights(weights)
+            model.load_weights(weights)
         for module in model.modules():
             method = getattr(module, "quant_method", None)
             if method is not None:
@@ -96,6 +100,17 @@ def get_model(model_config: ModelConfig, device: str | torch.device = "cpu") -> 
     scheme = model_config.quantization or str(model_config.dtype).removeprefix("torch.")
     logger.info("weights: %.1f MB resident (%s)", weight_bytes(model) / 1e6, scheme)
     return model
+
+
+def initialize_dummy_weights(model: nn.Module, low: float = -1e-3, high: float = 1e-3) -> None:
+    """vLLM's dummy weights: every parameter uniform in [low, high), drawn where it lies
+    (on a GPU, nothing crosses the bus), seeded so that runs repeat."""
+    generators: dict[torch.device, torch.Generator] = {}
+    for param in model.parameters():
+        if param.device not in generators:
+            generators[param.device] = torch.Generator(param.device).manual_seed(0)
+        if param.is_floating_point():
+            param.uniform_(low, high, generator=generators[param.device])
 
 
 def _weights_in_huge_pages(model: nn.Module) -> None:

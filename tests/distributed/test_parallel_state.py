@@ -11,10 +11,13 @@ from pagedllm.distributed import parallel_state
 from pagedllm.distributed.parallel_state import (
     destroy_distributed_environment,
     get_cpu_group,
+    get_expert_parallel_rank,
+    get_expert_parallel_world_size,
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
     init_distributed_environment,
     override_tensor_parallel,
+    set_expert_parallel,
 )
 
 
@@ -65,3 +68,20 @@ def test_destroy_leaves_no_group_and_cpu_group_needs_init(tmp_path: Path) -> Non
     destroy_distributed_environment()  # a second call is harmless
     with pytest.raises(AssertionError, match="init_distributed_environment"):
         get_cpu_group()
+
+
+def test_expert_parallel_group_is_the_tensor_parallel_group_while_enabled() -> None:
+    """vLLM's EP group with TP x DP = TP: EP rank and size are TP's; off, every rank holds
+    every expert (rank 0 of 1). The setting nests and is restored after an error."""
+    with override_tensor_parallel(3, 4):
+        assert (get_expert_parallel_rank(), get_expert_parallel_world_size()) == (0, 1)
+        with set_expert_parallel(True):
+            assert (get_expert_parallel_rank(), get_expert_parallel_world_size()) == (3, 4)
+            with set_expert_parallel(False):
+                assert get_expert_parallel_world_size() == 1
+            assert get_expert_parallel_world_size() == 4
+        with pytest.raises(RuntimeError), set_expert_parallel(True):
+            raise RuntimeError("building a layer failed")
+        assert get_expert_parallel_world_size() == 1
+    with set_expert_parallel(True):
+        assert (get_expert_parallel_rank(), get_expert_parallel_world_size()) == (0, 1)
