@@ -93,12 +93,37 @@ def test_auto_dtype_follows_this_cpu_and_is_logged(
     assert ModelConfig.create(tiny_model_path("llama-gqa4"), dtype="float32").dtype == torch.float32
 
 
-def test_kv_cache_dtype_is_auto_float32_or_bfloat16() -> None:
+def test_kv_cache_dtype_is_auto_float32_bfloat16_or_fp8() -> None:
     assert CacheConfig().kv_dtype(torch.float32) == torch.float32
     assert CacheConfig(cache_dtype="bfloat16").kv_dtype(torch.float32) == torch.bfloat16
     assert CacheConfig(cache_dtype="float32").kv_dtype(torch.bfloat16) == torch.float32
-    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8' is not supported; use one of auto"):
-        CacheConfig(cache_dtype="fp8")
+    for fp8 in ("fp8", "fp8_e4m3"):
+        assert CacheConfig(cache_dtype=fp8).kv_dtype(torch.bfloat16) == torch.float8_e4m3fn
+    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8_e5m2' is not supported; use one"):
+        CacheConfig(cache_dtype="fp8_e5m2")
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        (dict(distributed_executor_backend="spark"), "'spark' is not one of"),
+        (dict(tensor_parallel_size=2, distributed_executor_backend="uni"), "runs one rank"),
+        (dict(nnodes=2, node_rank=2), r"node_rank 2 is outside \[0, nnodes=2\)"),
+        (dict(nnodes=0), "outside"),
+        (dict(tensor_parallel_size=3, nnodes=2), "3 ranks do not split evenly over nnodes=2"),
+        (dict(tensor_parallel_size=2, nnodes=2, distributed_executor_backend="ray"), "not 'ray'"),
+        (dict(tensor_parallel_size=2, nnodes=2, master_port=0), "master_port 0 is outside"),
+    ],
+)
+def test_parallel_config_rejects_bad_layouts(kwargs: dict, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        ParallelConfig(**kwargs)
+
+
+def test_ranks_per_node_split_the_world() -> None:
+    """vLLM's --nnodes: world_size / nnodes consecutive ranks on each node."""
+    parallel = ParallelConfig(tensor_parallel_size=8, nnodes=2, node_rank=1)
+    assert (parallel.world_size, parallel.ranks_per_node) == (8, 4)
 
 
 @pytest.mark.parametrize("field", ["tensor_parallel_size", "data_parallel_size"])

@@ -16,6 +16,7 @@ One step, as the engine drives it:
     scheduler.finish_seq(seq, status)
 """
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -148,6 +149,8 @@ class Scheduler:
             self.waiting.popleft()
             self.block_manager.allocate(seq)
             seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
             num_new_tokens = min(num_new_tokens, budget)
             out.scheduled.append(ScheduledSequence(seq, num_new_tokens))

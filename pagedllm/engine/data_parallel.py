@@ -26,7 +26,7 @@ from pagedllm.engine.dp_placement import local_ranks, replica_environment
 from pagedllm.engine.dp_remote import accept_remote
 from pagedllm.engine.engine_core_proc import run_engine_core
 from pagedllm.engine.llm_engine import LLMEngine, PromptType
-from pagedllm.engine.stats import EngineStats
+from pagedllm.engine.stats import EngineStats, HistogramCounts
 from pagedllm.engine.tokenizer import get_tokenizer
 from pagedllm.executor.multiproc_executor import BOOTSTRAP_ADVICE
 from pagedllm.logger import init_logger
@@ -296,12 +296,17 @@ def _failed_output(request_id: str, error: Exception) -> RequestOutput:
 
 
 def sum_stats(stats: list[EngineStats]) -> EngineStats:
-    """Replicas' stats as one engine's: counts and counters add up, KV usage is of all
-    blocks."""
-    total = EngineStats(
-        **{f.name: sum(getattr(s, f.name) for s in stats) for f in dataclasses.fields(EngineStats)}
-    )
+    """Replicas' stats as one engine's: counts, counters and per-step histograms add up,
+    KV usage is of all blocks."""
+    names = [f.name for f in dataclasses.fields(EngineStats) if f.name != "iteration_tokens"]
+    total = EngineStats(**{name: sum(getattr(s, name) for s in stats) for name in names})
     total.kv_cache_usage = 1 - total.num_free_blocks / total.num_blocks if total.num_blocks else 0
+    histograms = [s.iteration_tokens for s in stats]
+    total.iteration_tokens = HistogramCounts(
+        histograms[0].buckets,
+        [sum(counts) for counts in zip(*(h.counts for h in histograms))],
+        sum(h.sum for h in histograms),
+    )
     return total
 
 

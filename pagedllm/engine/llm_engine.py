@@ -23,7 +23,7 @@ from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Request
-from pagedllm.engine.stats import EngineStats
+from pagedllm.engine.stats import ITERATION_TOKENS_BUCKETS, EngineStats, HistogramCounts
 from pagedllm.engine.step_plan import plan_step
 from pagedllm.engine.tokenizer import (
     eos_token_ids,
@@ -32,6 +32,7 @@ from pagedllm.engine.tokenizer import (
     model_eos_token_id,
 )
 from pagedllm.executor.factory import make_executor
+from pagedllm.executor.headless import run_headless
 from pagedllm.executor.kv_cache import num_kv_blocks
 from pagedllm.executor.torchrun_executor import run_torchrun_worker, torchrun_rank
 from pagedllm.logger import init_logger
@@ -99,14 +100,18 @@ class LLMEngine:
             self.model_config.pooler_config,
         )
         self.waiting_for_grammar = WaitingForGrammar()
+        self.iteration_tokens = HistogramCounts.empty(ITERATION_TOKENS_BUCKETS)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
-        """The engine; under torchrun, ranks > 0 enter the worker loop instead and exit
-        the process when rank 0 shuts down (see run_torchrun_worker)."""
+        """The engine; under torchrun, ranks > 0 enter the worker loop instead, and with
+        --nnodes, nodes past the first start their ranks instead: both exit the process when
+        rank 0 shuts down (see run_torchrun_worker, run_headless)."""
         config = engine_args.create_engine_config()
         if torchrun_rank():
             run_torchrun_worker(config)
+        if config.parallel_config.node_rank > 0:
+            run_headless(config)
         with _cyclic_gc_paused():
             return cls(config)
 
@@ -161,6 +166,7 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if out.is_empty:
             return failed
+        self.iteration_tokens.observe(out.num_batched_tokens)
         plan = plan_step(out, self.requests, self.structured_output)
         result = self.executor.execute(plan.step_input, plan.rows)
         self.scheduler.update_after_step(out.scheduled)
@@ -194,6 +200,7 @@ class LLMEngine:
             processor.num_prompt_tokens,
             processor.num_generation_tokens,
             len(self.waiting_for_grammar),
+            self.iteration_tokens,
         )
 
     def get_stats_per_engine(self) -> list[EngineStats]:

@@ -1,11 +1,18 @@
 """Executors run the model for the engine: in-process (tp = 1), or across tensor-parallel
-processes (tp > 1): spawned by MultiprocExecutor (multiproc_executor.py) or launched by
-torchrun (torchrun_executor.py); make_executor picks."""
+processes (tp > 1): spawned by MultiprocExecutor (multiproc_executor.py), placed as Ray actors
+by RayExecutor (ray_executor.py) or launched by torchrun (torchrun_executor.py); make_executor
+picks (factory.py)."""
 
 from pagedllm.config import EngineConfig
 from pagedllm.distributed.parallel_state import destroy_distributed_environment
 from pagedllm.executor.model_runner import ModelRunner, StepInput, StepOutput
-from pagedllm.executor.worker import EXECUTE, INIT_KV_CACHE, SHUTDOWN, broadcast_message
+from pagedllm.executor.worker import (
+    EXECUTE,
+    INIT_KV_CACHE,
+    SHUTDOWN,
+    broadcast_message,
+    shutdown_barrier,
+)
 from pagedllm.sample.metadata import SamplingRow
 from pagedllm.sampling_params import SamplingParams
 
@@ -40,10 +47,15 @@ class Executor:
 
 
 class DistributedExecutor(Executor):
-    """Rank 0 of a tensor-parallel world: each call is broadcast, then run here too."""
+    """Rank 0 of a tensor-parallel world: each call is broadcast, then run here too. A
+    failed collective is reported through `_worker_failure`, which an executor that can see
+    its workers overrides to name the one that died."""
 
     def _call(self, method: str, argument: object) -> None:
-        broadcast_message((method, argument))
+        try:
+            broadcast_message((method, argument))
+        except RuntimeError as e:
+            raise self._worker_failure(e) from e
 
     def init_kv_cache(self, num_blocks: int) -> None:
         self._call(INIT_KV_CACHE, num_blocks)
@@ -51,8 +63,23 @@ class DistributedExecutor(Executor):
 
     def execute(self, step: StepInput, rows: list[SamplingRow]) -> StepOutput:
         self._call(EXECUTE, step)
-        return super().execute(step, rows)
+        try:
+            return super().execute(step, rows)
+        except RuntimeError as e:
+            if self.is_healthy():
+                raise
+            raise self._worker_failure(e) from e
+
+    def _worker_failure(self, error: BaseException) -> RuntimeError:
+        return RuntimeError(f"tensor-parallel collective failed: {error}")
 
     def shutdown(self) -> None:
-        self._call(SHUTDOWN, None)
-        destroy_distributed_environment()
+        """Stop the other ranks (see broadcast_shutdown); a second call does nothing."""
+        if getattr(self, "_shut_down", False):
+            return
+        self._shut_down = True
+        try:
+            self._call(SHUTDOWN, None)
+            shutdown_barrier()
+        finally:
+            destroy_distributed_environment()

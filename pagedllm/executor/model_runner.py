@@ -16,6 +16,7 @@ from pagedllm.executor.cpu_malloc import keep_freed_memory
 from pagedllm.executor.cuda_graph import CudaGraphRunner
 from pagedllm.executor.kv_cache import bind_kv_cache, kv_cache_bytes_per_token
 from pagedllm.forward_context import set_forward_context
+from pagedllm.layers.attention_backends.selector import use_attn_backend
 from pagedllm.layers.pooler import pool_chunk
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.loader import get_model
@@ -59,7 +60,10 @@ class ModelRunner:
         self.block_size = config.cache_config.block_size
         self.kv_cache_dtype = config.cache_config.kv_dtype(config.model_config.dtype)
         set_batch_invariant(config.batch_invariant)
-        with set_expert_parallel(config.parallel_config.enable_expert_parallel):
+        with (
+            set_expert_parallel(config.parallel_config.enable_expert_parallel),
+            use_attn_backend(config.attention_backend, self.kv_cache_dtype),
+        ):
             self.model = get_model(config.model_config, self.device)
         self.vocab_size = config.model_config.vocab_size
         pooler_config = config.model_config.pooler_config
@@ -89,7 +93,8 @@ class ModelRunner:
             self.model, cache_blocks, self.block_size, self.kv_cache_dtype, self.device
         )
         max_model_len = config.model_config.max_model_len
-        if CpuGraphRunner.applies(
+        # Captured CPU steps replay pagedllm._C's launches; the Triton interpreter's are not.
+        if config.attention_backend != "TRITON_ATTN" and CpuGraphRunner.applies(
             self.device, config.parallel_config.tensor_parallel_size, config.enforce_eager
         ):
             max_blocks = -(-max_model_len // self.block_size)

@@ -43,6 +43,18 @@ def broadcast_message(message: tuple[str, object] | None) -> tuple[str, object]:
     return box[0]
 
 
+def broadcast_shutdown() -> None:
+    """Rank 0: tell every rank to stop, then wait in a barrier until all have heard it, so
+    that closing the process group cannot cut the message off on its way to another node."""
+    broadcast_message((SHUTDOWN, None))
+    shutdown_barrier()
+
+
+def shutdown_barrier() -> None:
+    """Every rank, once the shutdown message is out (see broadcast_shutdown)."""
+    dist.barrier(group=get_cpu_group())
+
+
 def distributed_backend(device: str) -> str:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
@@ -62,6 +74,7 @@ def run_worker_loop(runner: ModelRunner) -> None:
     while True:
         method, argument = broadcast_message(None)
         if method == SHUTDOWN:
+            shutdown_barrier()
             return
         if method == INIT_KV_CACHE:
             runner.init_kv_cache(argument)
@@ -95,7 +108,8 @@ def worker_main(
     conn.send((STARTED, None))
     try:
         backend = distributed_backend(config.device)
-        device = rank_device(config.device, rank, world_size)
+        per_node = world_size // config.parallel_config.nnodes  # --nnodes: consecutive ranks
+        device = rank_device(config.device, rank % per_node, per_node)
         config = dataclasses.replace(config, device=device)
         init_distributed_environment(world_size, rank, init_method, backend)
         conn.send((JOINED, None))

@@ -5,7 +5,6 @@ sampler applies each step; see manager.py."""
 from pagedllm.structured_output.grammar_text import (
     check_grammar,
     grammar_text,
-    json_or_text_grammar,
 )
 from pagedllm.structured_output.manager import StructuredOutputManager
 from pagedllm.structured_output.matcher import GrammarMatcher
@@ -15,5 +14,4 @@ __all__ = [
     "StructuredOutputManager",
     "check_grammar",
     "grammar_text",
-    "json_or_text_grammar",
 ]

@@ -1,8 +1,6 @@
 """StructuredOutputsParams -> llguidance's grammar text: the cache key of a compiled
 grammar, and what a constraint is checked on before any tokenizer exists."""
 
-import json
-
 from llguidance import LLMatcher, grammar_from
 
 from pagedllm.sampling_params import StructuredOutputsParams
@@ -38,18 +36,6 @@ def grammar_text(params: StructuredOutputsParams, name: str = "structured_output
         return grammar_from("grammar", params.grammar)
     except ValueError as e:
         raise invalid_grammar(name, kind, str(e)) from None
-
-
-def json_or_text_grammar(schema: dict) -> str:
-    """A Lark grammar (for `StructuredOutputsParams.grammar`) whose answers are either JSON
-    valid against `schema`, written compactly, or text that starts with neither `{` nor
-    whitespace, so the first character tells the two apart."""
-    options = {"x-guidance": _COMPACT_JSON}
-    return (
-        "start: json_answer | TEXT\n"
-        f"json_answer: %json {json.dumps(schema | options)}\n"
-        "TEXT: /[^{\\s][\\s\\S]*/\n"
-    )
 
 
 def check_grammar(params: StructuredOutputsParams, name: str = "structured_outputs") -> str:

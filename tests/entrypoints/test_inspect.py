@@ -49,8 +49,10 @@ def test_kv_cache_dtype_sets_the_kv_bytes_not_the_weights() -> None:
     assert report["kv_cache_dtype"] == "float32"
     assert report["kv_cache_bytes_per_token"] == 2 * 80 * 8 * 128 * 4
     assert report["bytes_per_rank"] == inspect_model(config)["bytes_per_rank"]
-    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8' is not supported"):
-        inspect_model(config, kv_cache_dtype="fp8")
+    fp8 = inspect_model(config, tp=1, kv_cache_dtype="fp8")
+    assert fp8["kv_cache_bytes_per_token"] == 2 * 80 * 8 * 128
+    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8_e5m2' is not supported"):
+        inspect_model(config, kv_cache_dtype="fp8_e5m2")
 
 
 def test_llama_70b_tp8_shards_everything_but_norms() -> None:

@@ -68,6 +68,7 @@ def follow(
         return pending.pop(0)
 
     monkeypatch.setattr(worker, "broadcast_message", receive)
+    monkeypatch.setattr(worker, "shutdown_barrier", lambda: None)  # no other rank here
     runner = RecordingRunner()
     run_worker_loop(runner)
     return runner, pending

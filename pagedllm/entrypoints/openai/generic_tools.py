@@ -1,28 +1,44 @@
 """The generic tool-call format, for chat templates that have none (llama.cpp's server has
-one too): the tools are described in a system message, with the JSON shape to answer
-with, and the answer is constrained to that shape or to plain text, so any model can call
-tools and every call parses (tool_parsers/generic_tool_parser.py reads the answers).
+one too): the tools are described in a system message, with the JSON shapes to answer
+with, and every answer is one JSON object, a call or a reply, so any model can call tools
+and every call parses (tool_parsers/generic_tool_parser.py reads the answers).
 
-The shape: `{"tool_calls": [{"name": "f", "arguments": {...}}, ...]}`, each call's
-arguments valid against its tool's parameters; plain text starts with neither `{` nor
-whitespace. A request's own constraint (response_format, structured_outputs) wins over
-the format's: the tools are still described, the answer is not constrained to them."""
+The shapes: `{"tool_calls": [{"name": "f", "arguments": {...}}]}`, each call's arguments
+valid against its tool's parameters, or `{"response": "..."}`. The model chooses between
+the two keys right after `{"`, with the user's request in view: a small model asked to
+choose between text and JSON at its first token answers in text nearly always. One call
+per answer unless the request sets parallel_tool_calls true (llama.cpp's default): a small
+model allowed more repeats its call until max_tokens. A tool already called since the
+user's last message is not offered again: a small model shown a call and its result calls
+the same tool again instead of answering, and an agent framework's loop never ends (a
+client that wants the tool again names it in tool_choice). A request's own constraint
+(response_format, structured_outputs) wins over the format's: the tools are still
+described, the answer is not constrained to them."""
 
 import json
 from typing import Any
 
 from pagedllm.entrypoints.openai.errors import OpenAIError
-from pagedllm.entrypoints.openai.protocol import ChatCompletionToolsParam
+from pagedllm.entrypoints.openai.protocol import ChatCompletionToolsParam, ChatMessage
 from pagedllm.entrypoints.openai.tool_choice import calls_schema, with_defs
 from pagedllm.sampling_params import StructuredOutputsParams
-from pagedllm.structured_output import check_grammar, json_or_text_grammar
+from pagedllm.structured_output import check_grammar
 
 ANSWER_SHAPE = '{"tool_calls": [{"name": "<tool name>", "arguments": {<arguments>}}]}'
+REPLY_SHAPE = '{"response": "<your reply>"}'
+_REPLY_SCHEMA = {
+    "type": "object",
+    "properties": {"response": {"type": "string"}},
+    "required": ["response"],
+    "additionalProperties": False,
+}
 
 
 def tools_system_prompt(tools: list[ChatCompletionToolsParam]) -> str:
-    """The tools (name, description, parameters' JSON schema), one JSON object a line, and
-    how to call them."""
+    """How to answer, then the tools (name, description, parameters' JSON schema), one
+    JSON object a line. The order and wording are what the default model (SmolLM2-135M)
+    follows best: calls when asked for what a tool does, replies to greetings
+    (docs/tool-calling.md has the measurements)."""
     lines = [
         json.dumps(
             tool.function.model_dump(exclude_none=True, exclude={"strict"}), ensure_ascii=False
@@ -30,12 +46,19 @@ def tools_system_prompt(tools: list[ChatCompletionToolsParam]) -> str:
         for tool in tools
     ]
     return (
-        "You have access to the following tools:\n"
-        + "\n".join(lines)
-        + "\n\nTo call one or more tools, respond with only a JSON object in this format:\n"
-        + ANSWER_SHAPE
-        + "\nTo answer without calling a tool, respond in plain text."
+        "Always respond with one JSON object. When the user asks for something one of the "
+        f"tools below does, call it:\n{ANSWER_SHAPE}\n"
+        f"Otherwise, reply to the user:\n{REPLY_SHAPE}\n"
+        "Do not call a tool when the user just greets you or chats.\n\n"
+        "The tools:\n" + "\n".join(lines)
     )
+
+
+def generic_conversation(conversation: list[dict[str, Any]], prompt: str) -> list[dict]:
+    """`conversation` as the generic format shows it to a template that knows no tool
+    calls: `prompt` in the system message, and each assistant message's calls written
+    into its content in the format's shape (a template shows only the content)."""
+    return with_tools_system_prompt([_with_calls_shown(m) for m in conversation], prompt)
 
 
 def with_tools_system_prompt(conversation: list[dict[str, Any]], prompt: str) -> list[dict]:
@@ -48,20 +71,48 @@ def with_tools_system_prompt(conversation: list[dict[str, Any]], prompt: str) ->
     return [{**first, "content": content}, *conversation[1:]]
 
 
+def _with_calls_shown(message: dict[str, Any]) -> dict[str, Any]:
+    if not message.get("tool_calls"):
+        return message
+    calls = [
+        {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}
+        for call in message["tool_calls"]
+    ]
+    shown = json.dumps({"tool_calls": calls}, ensure_ascii=False)
+    content = f"{message['content']}\n\n{shown}" if message.get("content") else shown
+    return {**message, "content": content}
+
+
+def called_since_user(messages: list[ChatMessage]) -> set[str]:
+    """The names of the tools the assistant called after the last user message."""
+    called = set()
+    for message in reversed(messages):
+        if message.role == "user":
+            break
+        called.update(call.function.name for call in message.tool_calls or [])
+    return called
+
+
 def generic_tools_constraint(
-    tools: list[ChatCompletionToolsParam], parallel_tool_calls: bool
+    tools: list[ChatCompletionToolsParam],
+    parallel_tool_calls: bool,
+    called: set[str] | frozenset[str] = frozenset(),
 ) -> StructuredOutputsParams:
-    """The grammar of the format's answers: plain text or the calls' JSON object (one call
-    at most with parallel_tool_calls false); a 400 naming `tools` for a schema llguidance
-    cannot compile."""
-    calls = calls_schema(tools, "arguments", parallel_tool_calls)
-    schema = {
-        "type": "object",
-        "properties": {"tool_calls": calls},
-        "required": ["tool_calls"],
-        "additionalProperties": False,
-    }
-    params = StructuredOutputsParams(grammar=json_or_text_grammar(with_defs(schema, tools)))
+    """The JSON schema of the format's answers: a call of a tool not in `called` (one call
+    at most unless parallel_tool_calls), or the reply (the only answer once every tool is
+    called); a 400 naming `tools` for a schema llguidance cannot compile."""
+    offered = [tool for tool in tools if tool.function.name not in called]
+    answers = [_REPLY_SCHEMA]
+    if offered:
+        calls = calls_schema(offered, "arguments", parallel_tool_calls)
+        schema = {
+            "type": "object",
+            "properties": {"tool_calls": calls},
+            "required": ["tool_calls"],
+            "additionalProperties": False,
+        }
+        answers.insert(0, schema)
+    params = StructuredOutputsParams(json=with_defs({"anyOf": answers}, offered))
     try:
         check_grammar(params, "tools")
     except ValueError as e:

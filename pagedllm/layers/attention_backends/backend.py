@@ -27,7 +27,12 @@ class AttentionCGSupport(enum.Enum):
 
 class AttentionBackend(Protocol):
     name: str
+    """vLLM's name for it (attention_backend=...)."""
     cudagraph_support: ClassVar[AttentionCGSupport]
+    requirement: str
+    """Where it runs, in words (for the error when it is named where it cannot)."""
+    reads_fp8_kv_cache: bool
+    """Whether it takes a float8 KV cache (kv_cache_dtype="fp8")."""
 
     @staticmethod
     def supports(device: torch.device, dtype: torch.dtype) -> bool:

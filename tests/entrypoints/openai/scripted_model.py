@@ -46,6 +46,12 @@ WEATHER = {
 }
 ANSWER_JSON = '{"weather": "sunny"}'
 WORDS.append(ANSWER_JSON)
+# Likewise the only reply of the generic tool format (generic_tools.py) the words allow,
+# in two tokens: its alternatives' common start `{"` is forced, so it must be one.
+GENERIC_REPLY = ['{"', 'response": "It is sunny"}']
+ANSWER_GENERIC_REPLY = "".join(GENERIC_REPLY)
+WORDS += GENERIC_REPLY
+NEXT[GENERIC_REPLY[0]] = GENERIC_REPLY[1]
 
 # Words separated by spaces. A tool result's turn ends with "answer", any other with
 # "assistant"; enable_thinking=false closes an empty think part (Qwen3's way) and

@@ -23,6 +23,7 @@ from pagedllm.entrypoints.openai.reasoning import REASONING_PARSERS
 from pagedllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from tests.entrypoints.openai.scripted_model import (
     ANSWER_CALL,
+    ANSWER_GENERIC_REPLY,
     ANSWER_REASONING,
     WEATHER,
     save_scripted_model,
@@ -108,6 +109,12 @@ def test_auto_tool_calls_after_reasoning_streamed_and_whole(serve: Callable) -> 
     deltas = [c.chunk.choices[0].delta for c in chunks if c.type == "chunk" and c.chunk.choices]
     reasoning = "".join(d.model_extra.get("reasoning_content") or "" for d in deltas)
     assert reasoning == choice.message.reasoning_content
+    # vLLM's way: the name first (with the id), then the arguments in pieces as generated.
+    first, *rest = [t for d in deltas for t in d.tool_calls or []]
+    assert (first.function.name, first.function.arguments) == ("get_weather", "")
+    assert first.id.startswith("chatcmpl-tool-")
+    assert len(rest) == 2 and all(t.id is None and t.function.name is None for t in rest)
+    assert "".join(t.function.arguments for t in rest) == ANSWER_CALL["arguments"]
 
 
 def test_reasoning_parsers_and_the_template_options(serve: Callable) -> None:
@@ -202,11 +209,13 @@ def test_tool_round_trip_renders_calls_and_results(serve: Callable, scripted_llm
 def test_auto_without_flags_is_the_generic_format_and_named_tools_must_exist(
     serve: Callable,
 ) -> None:
-    """The scripted template has no tool format: "auto" constrains the answer to text or
-    the generic calls (the scripted answer, text, passes); "none" leaves it alone."""
+    """The scripted template has no tool format: "auto" constrains the answer to a reply
+    or the generic calls (the words allow one reply, read as content); "none" leaves it
+    alone."""
     with serve() as (client, _):
         auto = ask(client, tools=TOOLS).choices[0].message
-        assert auto.tool_calls is None and auto.content.startswith("<think>")
+        assert auto.tool_calls is None
+        assert auto.content == json.loads(ANSWER_GENERIC_REPLY)["response"]
         named = {"type": "function", "function": {"name": "get_time"}}
         with pytest.raises(openai.BadRequestError, match="'get_time', which is not one"):
             ask(client, tools=TOOLS, tool_choice=named)

@@ -1,25 +1,29 @@
 """pagedllm/entrypoints/openai/generic_tools.py. References: llama.cpp's generic tool format
-(the tools and the answer's JSON shape in a system message) and llguidance run on the
-default model's tokenizer: the constraint accepts plain text or calls whose arguments are
-valid (jsonschema agrees), and nothing else."""
+(the tools and the answer's JSON shapes in a system message, calls shown in the
+conversation as JSON) and llguidance run on the default model's tokenizer: the constraint
+accepts a reply or calls whose arguments are valid (jsonschema agrees), and nothing
+else."""
 
 import json
 
 import jsonschema
 import llguidance.hf
 import pytest
-from llguidance import LLMatcher, grammar_from
+from llguidance import LLMatcher
 
 from pagedllm.config import default_model_path
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.generic_tools import (
     ANSWER_SHAPE,
+    REPLY_SHAPE,
+    generic_conversation,
     generic_tools_constraint,
     tools_system_prompt,
     with_tools_system_prompt,
 )
 from pagedllm.entrypoints.openai.protocol import ChatCompletionRequest
 from pagedllm.gguf.tokenizer import load_gguf_tokenizer
+from pagedllm.structured_output import grammar_text
 
 WEATHER = {
     "type": "object",
@@ -44,12 +48,27 @@ def test_the_system_prompt_describes_the_tools_and_the_answer() -> None:
         {"name": "get_weather", "parameters": WEATHER},
         {"name": "now", "description": "The time."},
     ]
-    assert ANSWER_SHAPE in prompt
+    assert ANSWER_SHAPE in prompt and REPLY_SHAPE in prompt
     user = {"role": "user", "content": "hi"}
     assert with_tools_system_prompt([user], "P") == [{"role": "system", "content": "P"}, user]
     system = {"role": "system", "content": "Be terse."}
     merged = with_tools_system_prompt([system, user], "P")
     assert merged == [{"role": "system", "content": "Be terse.\n\nP"}, user]
+
+
+def test_the_conversation_shows_calls_in_the_format() -> None:
+    """A template with no tool format shows only content: an assistant's calls are written
+    into it as the format's JSON, after any text."""
+    call = {"id": "c", "type": "function", "function": {"name": "now", "arguments": {"z": "é"}}}
+    calls = {"role": "assistant", "content": "", "tool_calls": [call]}
+    result = {"role": "tool", "tool_call_id": "c", "content": "noon"}
+    system, shown, tool = generic_conversation([calls, result], "P")
+    assert system == {"role": "system", "content": "P"} and tool == result
+    expected = {"tool_calls": [{"name": "now", "arguments": {"z": "é"}}]}
+    assert json.loads(shown["content"]) == expected
+    assert "é" in shown["content"] and shown["tool_calls"] == [call]
+    (_, with_text) = generic_conversation([{**calls, "content": "Let me see."}], "P")
+    assert with_text["content"] == "Let me see.\n\n" + shown["content"]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +77,7 @@ def accepts() -> object:
     ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer)
 
     def run(grammar: str, text: str) -> bool:
-        matcher = LLMatcher(ll_tokenizer, grammar_from("grammar", grammar), log_level=0)
+        matcher = LLMatcher(ll_tokenizer, grammar, log_level=0)
         ids = tokenizer.encode(text)
         return all(matcher.consume_token(i) for i in ids) and matcher.is_accepting()
 
@@ -67,9 +86,10 @@ def accepts() -> object:
 
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}'
 ANSWERS = [
-    ("It is sunny.\n{not json", True),
+    ('{"response": "It is sunny.\\n{not json"}', True),
+    ("It is sunny.", False),  # every answer is one JSON object
+    ('{"response": "Hi", "tool_calls": []}', False),
     (f'{{"tool_calls": [{CALL}, {{"name": "now", "arguments": {{}}}}]}}', True),
-    (" It is sunny.", False),  # text starts with neither "{" nor a space
     ('{"tool_calls": []}', False),
     ('{"tool_calls": [{"name": "get_weather", "arguments": {"unit": "C"}}]}', False),
     ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "P", "unit": "K"}}]}', False),
@@ -79,19 +99,19 @@ ANSWERS = [
 
 
 @pytest.mark.parametrize(("text", "allowed"), ANSWERS)
-def test_the_constraint_allows_text_or_valid_calls(
+def test_the_constraint_allows_a_reply_or_valid_calls(
     accepts: object, text: str, allowed: bool
 ) -> None:
-    grammar = generic_tools_constraint(tools(), parallel_tool_calls=True).grammar
+    grammar = grammar_text(generic_tools_constraint(tools(), parallel_tool_calls=True))
     assert accepts(grammar, text) == allowed
-    if allowed and text.startswith("{"):
-        for call in json.loads(text)["tool_calls"]:
+    if allowed:
+        for call in json.loads(text).get("tool_calls", []):
             if call["name"] == "get_weather":
                 jsonschema.validate(call["arguments"], WEATHER)
 
 
 def test_one_call_at_most_without_parallel_tool_calls(accepts: object) -> None:
-    grammar = generic_tools_constraint(tools(), parallel_tool_calls=False).grammar
+    grammar = grammar_text(generic_tools_constraint(tools(), parallel_tool_calls=False))
     assert accepts(grammar, f'{{"tool_calls": [{CALL}]}}')
     assert not accepts(grammar, f'{{"tool_calls": [{CALL}, {CALL}]}}')
 

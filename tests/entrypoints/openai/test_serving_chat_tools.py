@@ -38,7 +38,9 @@ PARAMETERS = {"get_weather": WEATHER, "get_time": TIME}
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 ASK = dict(model=MODEL_NAME, messages=MESSAGES, tools=TOOLS, temperature=0, max_tokens=80)
 # A request the default model answers with a call at temperature 0 in the generic format.
-CALL_MESSAGES = [{"role": "user", "content": "Call get_weather for Paris in celsius."}]
+CALL_MESSAGES = [
+    {"role": "user", "content": "Use the get_weather tool to get the weather in Paris in celsius."}
+]
 
 
 def check_calls(message: object) -> list[tuple[str, dict]]:

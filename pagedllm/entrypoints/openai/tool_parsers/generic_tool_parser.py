@@ -1,114 +1,104 @@
-"""The generic format's answers (generic_tools.py prompts and constrains them): plain text,
-or one JSON object `{"tool_calls": [{"name": "f", "arguments": {...}}, ...]}`.
+"""The generic format's answers (generic_tools.py prompts and constrains them): one JSON
+object, `{"tool_calls": [{"name": "f", "arguments": {...}}, ...]}` or
+`{"response": "..."}`, or plain text (an answer made without the constraint).
 
-An answer whose first non-space character is `{` is calls: each call's name goes out once
-its `"arguments"` key has been read, then its arguments' JSON text in pieces as they come.
-Any other answer is content, streamed as it comes. Calls text that never names a call (an
-answer produced without the constraint) is content at the end; after a call, text that
-does not follow the shape is dropped."""
+An answer whose first non-space character is `{` is an object: in calls, each call's name
+goes out once its `"arguments"` key has been read, then its arguments' JSON text in pieces
+as they come (call_stream.py); a reply's string is content, decoded (escapes included) and
+streamed as it comes. Any other answer is content, streamed as it comes. An object that is
+neither (an answer produced without the constraint) is content at the end; after a call or
+the reply, text that does not follow the shape is dropped."""
 
 import json
 import re
 
 from pagedllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
-    ToolCallDelta,
     ToolParser,
     ToolParserDelta,
 )
+from pagedllm.entrypoints.openai.tool_parsers.call_stream import CallStream, call_object
 
-_NAME = r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*'
-_FIRST_CALL = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[\s*' + _NAME)
-_NEXT_CALL = re.compile(r"\s*\}\s*,\s*" + _NAME)
-_UNDECIDED, _CALLS, _CONTENT = "undecided", "calls", "content"
+_FIRST_CALL = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[\s*' + call_object())
+_NEXT_CALL = re.compile(r"\s*\}\s*,\s*" + call_object())
+_REPLY = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+_PLAIN = re.compile(r'[^"\\]+')
+_UNDECIDED, _OBJECT, _REPLYING, _CONTENT = "undecided", "object", "replying", "content"
 
 
 class GenericToolParser(ToolParser):
     def __init__(self) -> None:
         super().__init__()
         self.text = ""
-        self.pos = 0  # how far the calls text has been read
         self.state = _UNDECIDED
-        self.arguments: _ValueScanner | None = None  # the open call's arguments
+        self.calls = CallStream(self, _FIRST_CALL, _NEXT_CALL)
+        self.pos = 0  # how far the reply's text has been read
+        self.replied = False  # the reply's string has ended
 
     def feed(self, text: str) -> ToolParserDelta:
         self.text += text
         if self.state == _UNDECIDED:
             start = self.text.lstrip()
             if start:
-                self.state = _CALLS if start.startswith("{") else _CONTENT
+                self.state = _OBJECT if start.startswith("{") else _CONTENT
         if self.state == _CONTENT:
             content, self.text = self.text, ""
             return ToolParserDelta(content=content)
-        if self.state == _CALLS:
-            return ToolParserDelta(tool_calls=self._read_calls())
+        if self.state == _OBJECT and not self.num_calls:
+            reply = _REPLY.match(self.text)
+            if reply is not None:
+                self.state, self.pos = _REPLYING, reply.end()
+        if self.state == _REPLYING:
+            return ToolParserDelta(content=self._read_reply())
+        if self.state == _OBJECT:
+            return ToolParserDelta(tool_calls=self.calls.read(self.text))
         return ToolParserDelta()
 
     def finish(self) -> ToolParserDelta:
-        if self.state == _CONTENT or self.num_calls:
+        if self.state in (_CONTENT, _REPLYING) or self.num_calls:
             return ToolParserDelta()
         return ToolParserDelta(content=self.text)
 
-    def _read_calls(self) -> list[ToolCallDelta]:
-        deltas = []
-        while True:
-            if self.arguments is not None:
-                if not self.arguments.started:  # skip the spaces before the value
-                    self.pos = len(self.text) - len(self.text[self.pos :].lstrip())
-                end = self.arguments.scan(self.text, self.pos)
-                piece, self.pos = self.text[self.pos : end], end
-                if deltas:  # the open call's name, read in this same feed
-                    deltas[-1].arguments += piece
-                elif piece:
-                    deltas.append(ToolCallDelta(self.num_calls - 1, arguments=piece))
-                if not self.arguments.done:
-                    return deltas
-                self.arguments = None
-            pattern = _NEXT_CALL if self.num_calls else _FIRST_CALL
-            match = pattern.match(self.text, self.pos)
-            if match is None:
-                return deltas
-            self.pos = match.end()
-            self.num_calls += 1
-            self.arguments = _ValueScanner()
-            deltas.append(ToolCallDelta(self.num_calls - 1, json.loads(match[1])))
+    def _read_reply(self) -> str:
+        """The reply's characters decoded since the last read; an escape cut off at the end
+        of the text waits for the rest."""
+        pieces = []
+        while not self.replied and self.pos < len(self.text):
+            plain = _PLAIN.match(self.text, self.pos)
+            if plain is not None:
+                pieces.append(plain[0])
+                self.pos = plain.end()
+            elif self.text[self.pos] == '"':
+                self.replied = True
+            else:
+                length = _escape_length(self.text, self.pos)
+                if length is None:
+                    break
+                pieces.append(_unescaped(self.text[self.pos : self.pos + length]))
+                self.pos += length
+        return "".join(pieces)
 
 
-class _ValueScanner:
-    """Where one JSON value, read a piece at a time, ends: brackets and strings are
-    tracked, a bare number or literal ends at the first delimiter after it."""
+def _escape_length(text: str, pos: int) -> int | None:
+    """The length of the JSON escape at `text[pos]` (a backslash), None while cut off: a
+    `\\uXXXX` high surrogate takes the `\\uXXXX` after it along."""
+    if pos + 1 >= len(text):
+        return None
+    if text[pos + 1] != "u":
+        return 2
+    if pos + 6 > len(text):
+        return None
+    if not "\\ud800" <= text[pos : pos + 6].lower() < "\\udc00":
+        return 6
+    if pos + 8 > len(text):
+        return None
+    if text[pos + 6 : pos + 8] != "\\u":
+        return 6
+    return 12 if pos + 12 <= len(text) else None
 
-    def __init__(self) -> None:
-        self.depth = 0
-        self.started = False
-        self.in_string = False
-        self.escaped = False
-        self.done = False
 
-    def scan(self, text: str, pos: int) -> int:
-        """Where the value's part of `text[pos:]` ends (its end, or the text's)."""
-        for end in range(pos, len(text)):
-            if self._ends_before(text[end]):
-                self.done = True
-                return end
-            if self.done:
-                return end + 1
-        return len(text)
-
-    def _ends_before(self, char: str) -> bool:
-        """Reads `char`; True if the value ended before it (a bare scalar's delimiter)."""
-        if self.in_string:
-            self.in_string = self.escaped or char != '"'
-            self.escaped = not self.escaped and char == "\\"
-            self.done = not self.in_string and self.depth == 0
-            return False
-        if self.started and self.depth == 0 and (char.isspace() or char in ",}]"):
-            return True
-        self.started = True
-        if char == '"':
-            self.in_string = True
-        elif char in "{[":
-            self.depth += 1
-        elif char in "}]":
-            self.depth -= 1
-            self.done = self.depth == 0
-        return False
+def _unescaped(escape: str) -> str:
+    """A JSON escape's characters; one that is not valid JSON stays as written."""
+    try:
+        return json.loads(f'"{escape}"')
+    except json.JSONDecodeError:
+        return escape

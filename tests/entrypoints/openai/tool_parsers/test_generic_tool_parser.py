@@ -1,8 +1,11 @@
 """pagedllm/entrypoints/openai/tool_parsers/generic_tool_parser.py. Reference: the generic
-format's shape (`{"tool_calls": [{"name", "arguments"}]}` or plain text, as
-generic_tools.py constrains it): calls' arguments are the JSON text as written, text is
-content, calls text that names no call is content. Whole and streamed alike, and a call's
-name goes out before its arguments, which stream in pieces."""
+format's shapes (`{"tool_calls": [{"name", "arguments"}]}` or `{"response": "..."}`, as
+generic_tools.py constrains it, or plain text) and `json.loads`: calls' arguments are the
+JSON text as written, a reply is the string json.loads reads, text is content, an object
+of neither shape is content. Whole and streamed alike, and a call's name goes out before
+its arguments, which stream in pieces, as a reply's characters do."""
+
+import json
 
 import pytest
 
@@ -11,12 +14,16 @@ from pagedllm.entrypoints.openai.tool_parsers import (
     ExtractedToolCallInformation,
     FunctionCall,
 )
-from tests.entrypoints.openai.tool_parsers.parser_checks import check_streaming_matches_whole
+from tests.entrypoints.openai.tool_parsers.parser_checks import (
+    check_arguments_stream,
+    check_streaming_matches_whole,
+)
 
 GENERIC = TOOL_PARSERS["generic"]
 ARGUMENTS = '{"city": "Pa}ris\\"", "days": [1, {"x": null}]}'
 WEATHER = FunctionCall("get_weather", ARGUMENTS)
 NOW = FunctionCall("now", "{}")
+REPLY = '{"response": "It is \\"sunny\\" \\u00e9\\ud83d\\ude00 \\\\ \\/\\n\\té!"}'
 
 
 def calls(*found: FunctionCall, content: str | None = None) -> ExtractedToolCallInformation:
@@ -43,6 +50,10 @@ def calls(*found: FunctionCall, content: str | None = None) -> ExtractedToolCall
         ("It is sunny {really}.", calls(content="It is sunny {really}.")),
         ('{"weather": "sunny"}', calls(content='{"weather": "sunny"}')),
         ('{"tool_calls": [{"name": "now", "arguments": {"a"', calls(FunctionCall("now", '{"a"'))),
+        (REPLY, calls(content=json.loads(REPLY)["response"])),
+        (' { "response" : "Hi"}', calls(content="Hi")),
+        ('{"response": "cut off \\u00', calls(content="cut off ")),
+        ('{"response": 7}', calls(content='{"response": 7}')),
     ],
 )
 def test_calls_and_content(text: str, expected: ExtractedToolCallInformation) -> None:
@@ -57,3 +68,18 @@ def test_the_name_goes_out_first_then_the_arguments_in_pieces() -> None:
     (piece,) = parser.feed('1}}, {"name"').tool_calls
     assert (piece.index, piece.name, piece.arguments) == (0, None, "1}")
     assert parser.finish().tool_calls == []
+    check_arguments_stream(
+        GENERIC,
+        '{"tool_calls": [{"name": "now", "arguments": {"a": 1}}, '
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}]}',
+    )
+
+
+def test_a_reply_streams_as_content_as_it_comes() -> None:
+    parser = GENERIC()
+    assert parser.feed('{"resp').content == ""
+    assert parser.feed('onse": "It is \\').content == "It is "
+    assert parser.feed("n").content == "\n"
+    assert parser.feed("\\ud83d").content == ""  # half of a surrogate pair
+    assert parser.feed('\\ude00 ok"').content == "\U0001f600 ok"
+    assert parser.feed("}").content == "" and parser.finish().content == ""
