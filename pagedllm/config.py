@@ -363,6 +363,11 @@ class ParallelConfig:
             raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} must be >= 1")
         if self.data_parallel_size < 1:
             raise ValueError(f"data_parallel_size {self.data_parallel_size} must be >= 1")
+        if self.data_parallel_size > 1 and self.nnodes > 1:
+            raise ValueError(
+                "data-parallel replicas span nodes with --data-parallel-size-local and "
+                "--data-parallel-address, not --nnodes (which splits one engine's ranks)"
+            )
         self._check_backend()
         self._check_nodes()
 

@@ -130,3 +130,8 @@ def test_ranks_per_node_split_the_world() -> None:
 def test_parallel_sizes_must_be_positive(field: str) -> None:
     with pytest.raises(ValueError, match=f"{field} 0 must be >= 1"):
         ParallelConfig(**{field: 0})
+
+
+def test_data_parallel_replicas_do_not_take_nnodes() -> None:
+    with pytest.raises(ValueError, match="not --nnodes"):
+        ParallelConfig(tensor_parallel_size=2, nnodes=2, data_parallel_size=2)
