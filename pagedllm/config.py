@@ -288,10 +288,20 @@ class SchedulerConfig:
 @dataclass
 class ParallelConfig:
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    """Pipeline stages, each holding a contiguous slice of the decoder layers on
+    tensor_parallel_size ranks (docs/parallelism.md)."""
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} must be >= 1")
+        if self.pipeline_parallel_size < 1:
+            raise ValueError(f"pipeline_parallel_size {self.pipeline_parallel_size} must be >= 1")
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in all: tensor_parallel_size x pipeline_parallel_size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 @dataclass

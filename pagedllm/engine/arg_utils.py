@@ -18,6 +18,8 @@ from pagedllm.sampling_params import DEFAULT_MAX_N
 # Not command-line flags: processors are Python objects, and on the command line --seed is
 # the sampling seed of the request.
 _NOT_CLI = ("logits_processors", "seed")
+# vLLM's short forms
+_SHORT_FLAGS = {"tensor_parallel_size": ("-tp",), "pipeline_parallel_size": ("-pp",)}
 
 
 @dataclass
@@ -26,6 +28,7 @@ class EngineArgs:
     dtype: str = "auto"
     quantization: str | None = None
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     max_model_len: int | None = None
     block_size: int = 16
     kv_cache_memory_bytes: int | None = None
@@ -75,7 +78,10 @@ class EngineArgs:
                 max_num_batched_tokens=self.max_num_batched_tokens,
                 enable_chunked_prefill=self.enable_chunked_prefill,
             ),
-            parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
+            parallel_config=ParallelConfig(
+                tensor_parallel_size=self.tensor_parallel_size,
+                pipeline_parallel_size=self.pipeline_parallel_size,
+            ),
             device=device,
             seed=self.seed,
             skip_tokenizer_init=self.skip_tokenizer_init,
@@ -100,7 +106,8 @@ class EngineArgs:
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
             else:
                 kind = int if "int" in str(f.type) else str
-                group.add_argument(flag, type=kind, default=f.default)
+                short = _SHORT_FLAGS.get(f.name, ())
+                group.add_argument(flag, *short, type=kind, default=f.default)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":

@@ -1,17 +1,49 @@
-"""Executors run the model for the engine: in-process (tp = 1), or across tensor-parallel
-processes (tp > 1): spawned by MultiprocExecutor (multiproc_executor.py) or launched by
-torchrun (torchrun_executor.py); make_executor picks."""
+"""Executors run the model for the engine: in-process (one rank), or across tensor- and
+pipeline-parallel processes: spawned by MultiprocExecutor (multiproc_executor.py) or
+launched by torchrun (torchrun_executor.py); make_executor picks.
+
+`execute_async` submits a step and returns a StepFuture; with pipeline parallelism up to
+`max_concurrent_batches` (one per stage) are in flight at once, so every stage works on
+a micro-batch at every step (vLLM v1's batch queue). Futures resolve in submission order.
+"""
+
+from collections.abc import Callable
 
 from pagedllm.config import EngineConfig
 from pagedllm.distributed.parallel_state import destroy_distributed_environment
 from pagedllm.executor.model_runner import ModelRunner, StepInput, StepOutput
-from pagedllm.executor.worker import EXECUTE, INIT_KV_CACHE, SHUTDOWN, broadcast_message
+from pagedllm.executor.stage_link import StageLink
+from pagedllm.executor.worker import EXECUTE, INIT_KV_CACHE, KV_CACHE_BYTES, SHUTDOWN
 from pagedllm.sample.metadata import SamplingRow
 from pagedllm.sampling_params import SamplingParams
 
 
+class StepFuture:
+    """A submitted step's output: ready now, or received when first asked for."""
+
+    def __init__(self, receive: Callable[[], StepOutput]) -> None:
+        self._receive: Callable[[], StepOutput] | None = receive
+        self._output: StepOutput | None = None
+
+    @classmethod
+    def ready(cls, output: StepOutput) -> "StepFuture":
+        future = cls(lambda: output)
+        future.result()
+        return future
+
+    def done(self) -> bool:
+        return self._receive is None
+
+    def result(self) -> StepOutput:
+        if self._receive is not None:
+            self._output, self._receive = self._receive(), None
+        return self._output
+
+
 class Executor:
-    """tp = 1: the model runs in this process."""
+    """One rank: the model runs in this process."""
+
+    max_concurrent_batches = 1
 
     def __init__(self, config: EngineConfig) -> None:
         self.runner = ModelRunner(config)
@@ -25,6 +57,9 @@ class Executor:
 
     def execute(self, step: StepInput, rows: list[SamplingRow]) -> StepOutput:
         return self.runner.execute(step, rows)
+
+    def execute_async(self, step: StepInput, rows: list[SamplingRow]) -> StepFuture:
+        return StepFuture.ready(self.execute(step, rows))
 
     def validate_params(self, params: SamplingParams) -> None:
         """The logits processors' own checks of a request (they run on rank 0 only)."""
@@ -40,19 +75,51 @@ class Executor:
 
 
 class DistributedExecutor(Executor):
-    """Rank 0 of a tensor-parallel world: each call is broadcast, then run here too."""
+    """Rank 0 of a parallel world: the first stage's tensor-parallel rank 0. Each call is
+    sent to every rank (stage_link.py), then run here too."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self.link = StageLink(self.runner.device)
+        self.max_concurrent_batches = config.parallel_config.pipeline_parallel_size
 
     def _call(self, method: str, argument: object) -> None:
-        broadcast_message((method, argument))
+        self.link.send_message((method, argument))
+
+    @property
+    def kv_cache_bytes_per_token(self) -> int:
+        """The most of any rank's (a stage holding more layers): its cache decides how
+        many blocks every rank's cache holds."""
+        self._call(KV_CACHE_BYTES, None)
+        return self.link.max_over_ranks(super().kv_cache_bytes_per_token)
 
     def init_kv_cache(self, num_blocks: int) -> None:
         self._call(INIT_KV_CACHE, num_blocks)
         super().init_kv_cache(num_blocks)
 
     def execute(self, step: StepInput, rows: list[SamplingRow]) -> StepOutput:
-        self._call(EXECUTE, step)
-        return super().execute(step, rows)
+        return self.execute_async(step, rows).result()
+
+    def execute_async(self, step: StepInput, rows: list[SamplingRow]) -> StepFuture:
+        if self.link.samples:  # no pipeline: this rank samples
+            self._call(EXECUTE, (step, None))
+            return StepFuture.ready(self.runner.execute(step, rows))
+        self._call(EXECUTE, (step, rows))
+        self.link.send_intermediate(self.runner.forward_stage(step, None))
+        return StepFuture(lambda: self._receive_output(rows))
+
+    def _receive_output(self, rows: list[SamplingRow]) -> StepOutput:
+        """The sampling rank's output; its generators advanced there, so these follow."""
+        output, states = self.link.recv_output()
+        for row, state in zip(rows, states, strict=True):
+            if state is not None:
+                row.generator.set_state(state)
+        return output
+
+    def _send_shutdown(self) -> None:
+        self._call(SHUTDOWN, None)
+        self.link.pending.wait()
 
     def shutdown(self) -> None:
-        self._call(SHUTDOWN, None)
+        self._send_shutdown()
         destroy_distributed_environment()

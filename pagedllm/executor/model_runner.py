@@ -14,6 +14,7 @@ from pagedllm.executor.kv_cache import bind_kv_cache, kv_cache_bytes_per_token
 from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.pooler import pool_chunk
 from pagedllm.model_loader.loader import get_model
+from pagedllm.models.pipeline import IntermediateTensors
 from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
 from pagedllm.sample.sampler import Sampler, SamplerOutput
 
@@ -75,7 +76,7 @@ class ModelRunner:
         )
         config = self.config
         if CpuGraphRunner.applies(
-            self.device, config.parallel_config.tensor_parallel_size, config.enforce_eager
+            self.device, config.parallel_config.world_size, config.enforce_eager
         ):
             max_blocks = -(-config.model_config.max_model_len // self.block_size)
             self.graph_runner = CpuGraphRunner(self.model, max_blocks, [self.kv_cache])
@@ -87,9 +88,22 @@ class ModelRunner:
         self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
     @torch.inference_mode()
-    def forward(self, step: StepInput) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """-> (logits [len(sample_indices), V], prompt logits by batch index)."""
-        hidden, starts = self._hidden_states(step)
+    def forward_stage(
+        self, step: StepInput, intermediate: IntermediateTensors | None
+    ) -> IntermediateTensors:
+        """A pipeline stage before the last: its layers' output for the next stage."""
+        self._copy_blocks(step.blocks_to_copy)
+        batch = prepare_batch(step.chunks, self.block_size, self.device)
+        with set_forward_context(batch.attn_metadata):
+            return self.model(batch.input_ids, batch.positions, intermediate)
+
+    @torch.inference_mode()
+    def forward(
+        self, step: StepInput, intermediate: IntermediateTensors | None = None
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """-> (logits [len(sample_indices), V], prompt logits by batch index). `intermediate`:
+        the previous pipeline stage's output, on the last stage of several."""
+        hidden, starts = self._hidden_states(step, intermediate)
         logits = self.model.compute_logits(self._sampled_rows(hidden, starts, step.sample_indices))
         prompt_logits = {}
         for i in step.prompt_logprob_indices:
@@ -98,11 +112,13 @@ class ModelRunner:
         return logits, prompt_logits
 
     @torch.inference_mode()
-    def pool(self, step: StepInput) -> dict[int, torch.Tensor]:
+    def pool(
+        self, step: StepInput, intermediate: IntermediateTensors | None = None
+    ) -> dict[int, torch.Tensor]:
         """A pooling model's step: each pooled chunk's partial [H] float32 by batch index
         (none for a CLS chunk past position 0)."""
         assert self.pooling_type is not None, "pool() runs a pooling model's steps"
-        hidden, starts = self._hidden_states(step)
+        hidden, starts = self._hidden_states(step, intermediate)
         pooled = {}
         for i in step.pool_indices:
             partial = pool_chunk(
@@ -112,12 +128,14 @@ class ModelRunner:
                 pooled[i] = partial
         return pooled
 
-    def _hidden_states(self, step: StepInput) -> tuple[torch.Tensor, list[int]]:
+    def _hidden_states(
+        self, step: StepInput, intermediate: IntermediateTensors | None
+    ) -> tuple[torch.Tensor, list[int]]:
         """The final hidden states [T, hidden] of the step's tokens, and each chunk's start
         row in them (plus the end)."""
         self._copy_blocks(step.blocks_to_copy)
         batch = prepare_batch(step.chunks, self.block_size, self.device)
-        hidden = self._run_model(batch)
+        hidden = self._run_model(batch, intermediate)
         return hidden, [0, *itertools.accumulate(batch.attn_metadata.query_lens_cpu)]
 
     def _sampled_rows(
@@ -130,22 +148,39 @@ class ModelRunner:
         rows = [starts[i + 1] - 1 for i in sample_indices]
         return hidden[torch.tensor(rows, dtype=torch.long, device=self.device)]
 
-    def _run_model(self, batch: BatchInputs) -> torch.Tensor:
+    def _run_model(
+        self, batch: BatchInputs, intermediate: IntermediateTensors | None
+    ) -> torch.Tensor:
         """Hidden states [T, hidden]: replayed when the graph runner can, else eager."""
         if self.graph_runner is not None:
             hidden = self.graph_runner.run(batch)
             if hidden is not None:
                 return hidden
         with set_forward_context(batch.attn_metadata):
-            return self.model(batch.input_ids, batch.positions)
+            return self.model(batch.input_ids, batch.positions, intermediate)
 
     @torch.inference_mode()
-    def execute(self, step: StepInput, rows: list[SamplingRow]) -> StepOutput:
+    def follow(self, step: StepInput, intermediate: IntermediateTensors | None = None) -> None:
+        """A tensor-parallel peer of the sampling rank: the same forward (its collectives
+        need every rank), nothing sampled."""
+        if step.pool_indices:
+            self.pool(step, intermediate)
+        else:
+            self.forward(step, intermediate)
+
+    @torch.inference_mode()
+    def execute(
+        self,
+        step: StepInput,
+        rows: list[SamplingRow],
+        intermediate: IntermediateTensors | None = None,
+    ) -> StepOutput:
+        """Run and sample the step (on the last pipeline stage: from `intermediate`)."""
         if not step.chunks:
             return StepOutput(None, {})
         if step.pool_indices:
-            return StepOutput(None, {}, self.pool(step))
-        logits, prompt_logits = self.forward(step)
+            return StepOutput(None, {}, self.pool(step, intermediate))
+        logits, prompt_logits = self.forward(step, intermediate)
         if not rows:
             return StepOutput(None, prompt_logits)
         metadata = SamplingMetadata.build(rows, self.vocab_size, self.device)

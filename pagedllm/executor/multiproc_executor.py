@@ -10,26 +10,26 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
+from typing import TypeVar
 
 from pagedllm.config import EngineConfig
 from pagedllm.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
 )
-from pagedllm.executor.executor import DistributedExecutor
-from pagedllm.executor.model_runner import StepInput, StepOutput
+from pagedllm.executor.executor import DistributedExecutor, StepFuture
+from pagedllm.executor.model_runner import StepInput
 from pagedllm.executor.worker import (
     ERROR,
     JOINED,
     READY,
-    SHUTDOWN,
-    broadcast_message,
     distributed_backend,
     rank_device,
     worker_main,
 )
 from pagedllm.sample.metadata import SamplingRow
 
+T = TypeVar("T")
 WORKER_START_TIMEOUT_S = 300.0  # a healthy worker loading a large shard; failures show at once
 _POLL_S = 0.05  # how often start-up checks whether rank 0's own rendezvous has finished
 BOOTSTRAP_ADVICE = (
@@ -55,7 +55,8 @@ class MultiprocExecutor(DistributedExecutor):
 
     def __init__(self, config: EngineConfig) -> None:
         _check_not_bootstrapping()
-        world_size = config.parallel_config.tensor_parallel_size
+        world_size = config.parallel_config.world_size
+        pp = config.parallel_config.pipeline_parallel_size
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         self.processes: list[mp.Process] = []
         self.conns: list[Connection] = []
@@ -67,7 +68,9 @@ class MultiprocExecutor(DistributedExecutor):
             self._spawn_workers(config, world_size, init_method)
             backend = distributed_backend(config.device)
             rendezvous = _in_daemon_thread(
-                lambda: init_distributed_environment(world_size, 0, init_method, backend)
+                lambda: init_distributed_environment(
+                    world_size, 0, init_method, backend, pipeline_parallel_size=pp
+                )
             )
             self._watch_workers(JOINED, rendezvous.done, deadline)
             rendezvous.result()
@@ -164,9 +167,16 @@ class MultiprocExecutor(DistributedExecutor):
                 return RuntimeError(f"tensor-parallel worker {rank} died ({error}):\n{why}")
         return RuntimeError(f"tensor-parallel collective failed: {error}")
 
-    def execute(self, step: StepInput, rows: list[SamplingRow]) -> StepOutput:
+    def execute_async(self, step: StepInput, rows: list[SamplingRow]) -> StepFuture:
+        future = self._naming_dead_workers(super().execute_async, step, rows)
+        if future.done():
+            return future
+        return StepFuture(lambda: self._naming_dead_workers(future.result))
+
+    def _naming_dead_workers(self, fn: Callable[..., T], *args: object) -> T:
+        """fn(*args); a RuntimeError raised because a worker died names the worker."""
         try:
-            return super().execute(step, rows)
+            return fn(*args)
         except RuntimeError as e:
             if self.is_healthy():
                 raise
@@ -178,9 +188,9 @@ class MultiprocExecutor(DistributedExecutor):
     def shutdown(self) -> None:
         """Tell the workers to stop if all are in the control loop, then wait for (or kill)
         them; a worker still starting cannot take the message."""
-        if not self._behind(READY) and self.is_healthy():
+        if not self._behind(READY) and self.is_healthy() and hasattr(self, "link"):
             try:
-                broadcast_message((SHUTDOWN, None))
+                self._send_shutdown()
                 self._stopping["graceful"] = True
             except RuntimeError:
                 pass

@@ -1,8 +1,11 @@
-"""Tensor-parallel workers: ranks 1..N-1 run the model on their shard in lockstep with rank 0.
+"""Workers: ranks 1..N-1 run the model on their shard, following rank 0's messages.
 
-Rank 0 (the engine's process) broadcasts each control message, `(method, argument)`, over
-the gloo group; every rank then runs the same forward, whose collectives (all-reduce,
-all-gather) carry the tensors. Only rank 0 samples.
+Rank 0 (the engine's process) sends each control message, `(method, argument)`, on its
+way (stage_link.py); the ranks of a stage run the same forward, whose collectives
+(all-reduce, all-gather) carry the tensors. Under pipeline parallelism a stage runs its
+layers on what the stage before sent and sends its own output on; the last stage's
+tensor-parallel rank 0 samples and returns the step's output to rank 0, with the new
+state of each seeded row's generator. Without pipeline parallelism rank 0 samples.
 """
 
 import ctypes
@@ -14,19 +17,20 @@ import traceback
 from multiprocessing.connection import Connection
 
 import torch
-import torch.distributed as dist
 
 from pagedllm.config import EngineConfig
 from pagedllm.distributed.parallel_state import (
     destroy_distributed_environment,
-    get_cpu_group,
     init_distributed_environment,
 )
-from pagedllm.executor.model_runner import ModelRunner
+from pagedllm.executor.model_runner import ModelRunner, StepInput
+from pagedllm.executor.stage_link import StageLink
+from pagedllm.sample.metadata import SamplingRow
 
 SHUTDOWN = "shutdown"
 INIT_KV_CACHE = "init_kv_cache"
-EXECUTE = "execute"
+KV_CACHE_BYTES = "kv_cache_bytes"  # every rank: the most KV bytes per token of any rank
+EXECUTE = "execute"  # argument: (StepInput, sampler rows, or None where rank 0 samples)
 
 # Start-up reports a spawned worker sends rank 0 over its pipe, in this order. A worker that
 # exits before STARTED never ran worker_main: it failed while re-importing the main module.
@@ -34,13 +38,6 @@ STARTED = "started"
 JOINED = "joined"  # it is in the process group
 READY = "ready"  # its shard is loaded, so it is in the control loop
 ERROR = "error"  # its traceback; the last thing it sends
-
-
-def broadcast_message(message: tuple[str, object] | None) -> tuple[str, object]:
-    """Rank 0 passes the message; the other ranks pass None and receive it."""
-    box = [message]
-    dist.broadcast_object_list(box, src=0, group=get_cpu_group())
-    return box[0]
 
 
 def distributed_backend(device: str) -> str:
@@ -59,18 +56,39 @@ def rank_device(device: str, local_rank: int, ranks_on_host: int = 1) -> str:
 
 def run_worker_loop(runner: ModelRunner) -> None:
     """Follow rank 0's messages until it says shutdown."""
+    link = StageLink(runner.device)
     while True:
-        method, argument = broadcast_message(None)
+        method, argument = link.receive_message()
         if method == SHUTDOWN:
+            link.pending.wait()  # the message on its way to the next stage
             return
         if method == INIT_KV_CACHE:
             runner.init_kv_cache(argument)
-        elif method == EXECUTE and argument.pool_indices:
-            runner.pool(argument)
+        elif method == KV_CACHE_BYTES:
+            link.max_over_ranks(runner.kv_cache_bytes_per_token)
         elif method == EXECUTE:
-            runner.forward(argument)
+            run_step(runner, link, *argument)
         else:
             raise RuntimeError(f"unknown control message {method!r}")
+
+
+def run_step(
+    runner: ModelRunner, link: StageLink, step: StepInput, rows: list[SamplingRow] | None
+) -> None:
+    """This rank's part of one step (rank 0's first stage runs in the executor)."""
+    intermediate = link.recv_intermediate()
+    if not link.pp.is_last_rank:
+        link.send_intermediate(runner.forward_stage(step, intermediate))
+    elif link.samples:
+        output = runner.execute(step, rows, intermediate)
+        link.send_output((output, generator_states(rows)))
+    else:
+        runner.follow(step, intermediate)
+
+
+def generator_states(rows: list[SamplingRow]) -> list[torch.Tensor | None]:
+    """Each row's generator state after sampling, for rank 0's copy of the generator."""
+    return [None if row.generator is None else row.generator.get_state() for row in rows]
 
 
 def _die_with_parent() -> None:
@@ -97,7 +115,13 @@ def worker_main(
         backend = distributed_backend(config.device)
         device = rank_device(config.device, rank, world_size)
         config = dataclasses.replace(config, device=device)
-        init_distributed_environment(world_size, rank, init_method, backend)
+        init_distributed_environment(
+            world_size,
+            rank,
+            init_method,
+            backend,
+            pipeline_parallel_size=config.parallel_config.pipeline_parallel_size,
+        )
         conn.send((JOINED, None))
         runner = ModelRunner(config)
         conn.send((READY, None))
