@@ -32,6 +32,7 @@ from pagedllm.sample.metadata import SamplingRow
 T = TypeVar("T")
 WORKER_START_TIMEOUT_S = 300.0  # a healthy worker loading a large shard; failures show at once
 _POLL_S = 0.05  # how often start-up checks whether rank 0's own rendezvous has finished
+_DEATH_WAIT_S = 1.0
 BOOTSTRAP_ADVICE = (
     'put the code that creates the LLM under `if __name__ == "__main__":`, since each '
     "tensor-parallel worker is a spawned process that re-imports the main module"
@@ -174,10 +175,15 @@ class MultiprocExecutor(DistributedExecutor):
         return StepFuture(lambda: self._naming_dead_workers(future.result))
 
     def _naming_dead_workers(self, fn: Callable[..., T], *args: object) -> T:
-        """fn(*args); a RuntimeError raised because a worker died names the worker."""
+        """fn(*args); a RuntimeError raised because a worker died names the worker. A dead
+        peer's sockets close a moment before its process can be reaped, so a failure waits
+        up to _DEATH_WAIT_S for a worker to show as dead."""
         try:
             return fn(*args)
         except RuntimeError as e:
+            deadline = time.monotonic() + _DEATH_WAIT_S
+            while self.is_healthy() and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
             if self.is_healthy():
                 raise
             raise self._worker_failure(e) from e

@@ -1,10 +1,12 @@
 """Pipeline parallelism end to end (pagedllm/executor/stage_link.py and the executors around
 it): PP=2 and PP=2 x TP=2 over spawned gloo ranks against one rank on the same weights
 (reference: pipeline_parallel_size=1, float32): identical greedy tokens and logprobs, with
-prefix caching, preemption and an abort while a micro-batch is in flight; and while a
-PP=2 job decodes, both stages work at once."""
+prefix caching, preemption, an abort while a micro-batch is in flight and a pooling
+model; while a PP=2 job decodes, both stages work at once; a dead stage is a clear error."""
 
 import os
+import signal
+import time
 
 import pytest
 import transformers
@@ -108,4 +110,25 @@ def test_both_stages_are_busy_at_once_while_decoding(wide_model_path, tmp_path, 
     overlapping = [(a, b) for a in last for b in first if min(a[1], b[1]) - max(a[0], b[0]) > 0]
     assert len(first) >= 6 and len(last) >= 6
     assert len(overlapping) >= 3, (first, last)
-    assert os.path.exists(tmp_path / "rank1.txt")
+
+
+def test_a_killed_last_stage_raises_clear_error_fast(tiny_model_path) -> None:
+    """Rank 0 waits on the last stage's output: a dead last stage is an error, not a hang."""
+    llm = LLM(tiny_model_path("llama-gqa4"), num_kv_blocks=256, pipeline_parallel_size=2, **ENGINE)
+    os.kill(llm.llm_engine.executor.processes[0].pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="tensor-parallel worker 1"):
+        llm.generate(mixed_prompts(), PARAMS, use_tqdm=False)
+    assert time.monotonic() - start < 10
+    llm.close()
+
+
+def test_pp2_pooling_matches_one_rank(tiny_model_path) -> None:
+    """A pooling model's chunks are pooled on the last stage and returned to rank 0."""
+    engine = {**ENGINE, "max_num_batched_tokens": 8, "runner": "pooling", "num_kv_blocks": 256}
+    prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 11, 6)]
+    path = tiny_model_path("llama-tied-mqa")
+    expected = LLM(path, **engine).embed(prompts, use_tqdm=False)
+    with LLM(path, pipeline_parallel_size=2, **engine) as llm:
+        got = llm.embed(prompts, use_tqdm=False)
+    assert [e.outputs.embedding for e in expected] == [g.outputs.embedding for g in got]
