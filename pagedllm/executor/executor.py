@@ -13,7 +13,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.distributed.parallel_state import destroy_distributed_environment
 from pagedllm.executor.model_runner import ModelRunner, StepInput, StepOutput
 from pagedllm.executor.stage_link import StageLink
-from pagedllm.executor.worker import EXECUTE, INIT_KV_CACHE, KV_CACHE_BYTES, SHUTDOWN
+from pagedllm.executor.worker import EXECUTE, INIT_KV_CACHE, KV_CACHE_BYTES, SHUTDOWN, SentRows
 from pagedllm.sample.metadata import SamplingRow
 from pagedllm.sampling_params import SamplingParams
 
@@ -104,7 +104,7 @@ class DistributedExecutor(Executor):
         if self.link.samples:  # no pipeline: this rank samples
             self._call(EXECUTE, (step, None))
             return StepFuture.ready(self.runner.execute(step, rows))
-        self._call(EXECUTE, (step, rows))
+        self._call(EXECUTE, (step, SentRows.of(rows)))
         self.link.send_intermediate(self.runner.forward_stage(step, None))
         return StepFuture(lambda: self._receive_output(rows))
 
@@ -113,7 +113,7 @@ class DistributedExecutor(Executor):
         output, states = self.link.recv_output()
         for row, state in zip(rows, states, strict=True):
             if state is not None:
-                row.generator.set_state(state)
+                row.generator.set_state(state.cpu())
         return output
 
     def _send_shutdown(self) -> None:

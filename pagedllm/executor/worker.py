@@ -30,7 +30,7 @@ from pagedllm.sample.metadata import SamplingRow
 SHUTDOWN = "shutdown"
 INIT_KV_CACHE = "init_kv_cache"
 KV_CACHE_BYTES = "kv_cache_bytes"  # every rank: the most KV bytes per token of any rank
-EXECUTE = "execute"  # argument: (StepInput, sampler rows, or None where rank 0 samples)
+EXECUTE = "execute"  # argument: (StepInput, SentRows, or None where rank 0 samples)
 
 # Start-up reports a spawned worker sends rank 0 over its pipe, in this order. A worker that
 # exits before STARTED never ran worker_main: it failed while re-importing the main module.
@@ -72,23 +72,25 @@ def run_worker_loop(runner: ModelRunner) -> None:
             raise RuntimeError(f"unknown control message {method!r}")
 
 
-def run_step(
-    runner: ModelRunner, link: StageLink, step: StepInput, rows: list[SamplingRow] | None
-) -> None:
-    """This rank's part of one step (rank 0's first stage runs in the executor)."""
-    intermediate = link.recv_intermediate()
-    if not link.pp.is_last_rank:
-        link.send_intermediate(runner.forward_stage(step, intermediate))
-    elif link.samples:
-        output = runner.execute(step, rows, intermediate)
-        link.send_output((output, generator_states(rows)))
-    else:
-        runner.follow(step, intermediate)
+@dataclasses.dataclass
+class SentRows:
+    """Sampler rows on their way to the last pipeline stage: a generator is bound to its
+    device, so it travels as its state and the sampling rank rebuilds it on its own."""
 
+    rows: list[SamplingRow]
+    states: list[torch.Tensor | None]
 
-def generator_states(rows: list[SamplingRow]) -> list[torch.Tensor | None]:
-    """Each row's generator state after sampling, for rank 0's copy of the generator."""
-    return [None if row.generator is None else row.generator.get_state() for row in rows]
+    @classmethod
+    def of(cls, rows: list[SamplingRow]) -> "SentRows":
+        bare = [dataclasses.replace(row, generator=None) for row in rows]
+        return cls(bare, generator_states(rows))
+
+    def rows_on(self, device: torch.device) -> list[SamplingRow]:
+        for row, state in zip(self.rows, self.states, strict=True):
+            if state is not None:
+                row.generator = torch.Generator(device)
+                row.generator.set_state(state.cpu())
+        return self.rows
 
 
 def _die_with_parent() -> None:
@@ -131,3 +133,21 @@ def worker_main(
         raise SystemExit(1) from None
     finally:
         destroy_distributed_environment()
+
+
+def run_step(runner: ModelRunner, link: StageLink, step: StepInput, sent: SentRows | None) -> None:
+    """This rank's part of one step (rank 0's first stage runs in the executor)."""
+    intermediate = link.recv_intermediate()
+    if not link.pp.is_last_rank:
+        link.send_intermediate(runner.forward_stage(step, intermediate))
+    elif link.samples:
+        rows = sent.rows_on(runner.device)
+        output = runner.execute(step, rows, intermediate)
+        link.send_output((output, generator_states(rows)))
+    else:
+        runner.follow(step, intermediate)
+
+
+def generator_states(rows: list[SamplingRow]) -> list[torch.Tensor | None]:
+    """Each row's generator state (a CPU byte tensor; None for a row without one)."""
+    return [None if row.generator is None else row.generator.get_state() for row in rows]

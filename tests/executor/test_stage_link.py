@@ -46,15 +46,18 @@ def test_pp2_matches_one_rank(name: str, tp: int, tiny_model_path) -> None:
     assert_same(expected, got, 0.0 if tp == 1 else 1e-5)
 
 
-def test_pp2_preempts_and_aborts_in_flight(tiny_model_path) -> None:
-    """A cache too small for the job preempts sequences (never one in flight); a request
-    aborted while its micro-batch is in flight ends, and the others are unchanged."""
+def test_pp2_preempts_aborts_in_flight_and_samples_seeded(tiny_model_path) -> None:
+    """A cache too small for the job preempts sequences (never one in flight); seeded
+    random sampling on the last stage follows each request's generator as one rank does; a
+    request aborted while its micro-batch is in flight ends, and the others are unchanged."""
     path = tiny_model_path("llama-gqa4")
-    expected = LLM(path, num_kv_blocks=256, **ENGINE).generate(
-        mixed_prompts(), PARAMS, use_tqdm=False
-    )
+    one = LLM(path, num_kv_blocks=256, **ENGINE)
+    expected = one.generate(mixed_prompts(), PARAMS, use_tqdm=False)
+    seeded = [SamplingParams(temperature=1.0, seed=i, max_tokens=8, logprobs=1) for i in range(6)]
+    expected_seeded = one.generate(mixed_prompts(), seeded, use_tqdm=False)
     with LLM(path, num_kv_blocks=24, max_model_len=80, pipeline_parallel_size=2, **ENGINE) as llm:
         assert_same(expected, llm.generate(mixed_prompts(), PARAMS, use_tqdm=False), 1e-5)
+        assert_same(expected_seeded, llm.generate(mixed_prompts(), seeded, use_tqdm=False), 1e-5)
         engine = llm.llm_engine
         assert engine.scheduler.num_preemptions > 0
         for i, prompt in enumerate(mixed_prompts()):
