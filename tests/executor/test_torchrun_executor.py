@@ -1,6 +1,7 @@
-"""Tensor and pipeline parallelism launched by torchrun (pagedllm/executor/torchrun_executor.py). Reference:
-torchrun's env:// variables (WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE), and the greedy
-tokens of the same model in one process."""
+"""Tensor and pipeline parallelism launched by torchrun
+(pagedllm/executor/torchrun_executor.py). Reference: torchrun's env:// variables (WORLD_SIZE,
+RANK, LOCAL_RANK, LOCAL_WORLD_SIZE), and the greedy tokens of the same model in one
+process."""
 
 import json
 import os
