@@ -7,6 +7,7 @@ launched by torchrun (torchrun_executor.py); make_executor picks.
 a micro-batch at every step (vLLM v1's batch queue). Futures resolve in submission order.
 """
 
+import functools
 from collections.abc import Callable
 
 from pagedllm.config import EngineConfig
@@ -86,10 +87,10 @@ class DistributedExecutor(Executor):
     def _call(self, method: str, argument: object) -> None:
         self.link.send_message((method, argument))
 
-    @property
+    @functools.cached_property
     def kv_cache_bytes_per_token(self) -> int:
         """The most of any rank's (a stage holding more layers): its cache decides how
-        many blocks every rank's cache holds."""
+        many blocks every rank's cache holds. Asked of every rank once."""
         self._call(KV_CACHE_BYTES, None)
         return self.link.max_over_ranks(super().kv_cache_bytes_per_token)
 
