@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pagedllm import config
-from pagedllm.config import CacheConfig, ModelConfig, default_model_path
+from pagedllm.config import CacheConfig, ModelConfig, ParallelConfig, default_model_path
 
 
 def test_default_model_missing_says_how_to_install(monkeypatch) -> None:
@@ -92,3 +92,9 @@ def test_kv_cache_dtype_is_auto_float32_or_bfloat16() -> None:
     assert CacheConfig(cache_dtype="float32").kv_dtype(torch.bfloat16) == torch.float32
     with pytest.raises(ValueError, match="kv_cache_dtype 'fp8' is not supported; use one of auto"):
         CacheConfig(cache_dtype="fp8")
+
+
+def test_parallel_config_world_is_tp_times_pp() -> None:
+    assert ParallelConfig(tensor_parallel_size=4, pipeline_parallel_size=2).world_size == 8
+    with pytest.raises(ValueError, match="pipeline_parallel_size 0 must be >= 1"):
+        ParallelConfig(pipeline_parallel_size=0)
