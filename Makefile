@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: install test lint demo clean
+.PHONY: install test lint demo gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ test: lint
 
 demo: install
 	$(VENV)/bin/pagedllm generate "$(PROMPT)" --max-tokens 64
+
+# On a machine with a GPU (docs/gpus.md): its tests and benchmarks, JSON into GPU_CHECK_OUT.
+GPU_CHECK_OUT ?= gpu-check-out
+gpu-check:
+	PYTHON=$(if $(wildcard $(PY)),$(PY),$(PYTHON)) bash scripts/gpu_check.sh $(GPU_CHECK_OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -129,10 +129,13 @@ def reshape_and_cache(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Stores key/value [T, KV, D] in the caches [num_blocks, block_size, KV, D] at
-    slot_mapping [T] (slot = block_id * block_size + offset), in the caches' dtype."""
-    num_kv_heads, head_size = k_cache.shape[2:]
-    k_cache.view(-1, num_kv_heads, head_size).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_size).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    slot_mapping [T] (slot = block_id * block_size + offset), in the caches' dtype. A float8
+    cache takes the converted bytes (torch has no float8 index_copy_ on CPU)."""
+    for cache, new in ((k_cache, key), (v_cache, value)):
+        rows, new = cache.view(-1, *cache.shape[2:]), new.to(cache.dtype)
+        if cache.element_size() == 1:
+            rows, new = rows.view(torch.uint8), new.view(torch.uint8)
+        rows.index_copy_(0, slot_mapping, new)
 
 
 def gather_blocks(

@@ -115,6 +115,9 @@ class ModelConfig:
     """"generate" (sample tokens) or "pooling" (prefill only; pool the final hidden states)."""
     pooler_config: PoolerConfig | None = None
     """The pooling of a pooling model (every field resolved), None for a generating one."""
+    load_format: str = "auto"
+    """vLLM's name: "auto" loads the checkpoint's weights; "dummy" makes random ones of its
+    shapes on the device instead (benchmarks of a model's shape; nothing is read)."""
 
     @classmethod
     def create(
@@ -126,7 +129,10 @@ class ModelConfig:
         quantization: str | None = None,
         runner: str = "auto",
         pooler_config: PoolerConfig | dict | str | None = None,
+        load_format: str = "auto",
     ) -> "ModelConfig":
+        if load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format {load_format!r}: use one of {', '.join(LOAD_FORMATS)}")
         if model is None:
             model = default_model_path()
         hf_config, gguf_file = load_hf_config(model)
@@ -139,6 +145,11 @@ class ModelConfig:
                 "(the model's max_position_embeddings)"
             )
         quantization = resolve_quantization(quantization, gguf_file)
+        if load_format == "dummy" and quantization == "gguf":
+            raise ValueError(
+                "load_format 'dummy' makes random weights in the dtype, not GGUF blocks: "
+                "pass quantization 'none' with this GGUF file"
+            )
         if dtype == "auto":
             dtype, why = auto_dtype(device)
             logger.info("dtype auto -> %s: %s", str(dtype).removeprefix("torch."), why)
@@ -153,7 +164,15 @@ class ModelConfig:
         elif pooler_config is not None:
             raise ValueError("pooler_config applies to pooling models; set runner='pooling'")
         return cls(
-            model, hf_config, dtype, max_model_len, gguf_file, quantization, runner_type, pooler
+            model,
+            hf_config,
+            dtype,
+            max_model_len,
+            gguf_file,
+            quantization,
+            runner_type,
+            pooler,
+            load_format,
         )
 
     @property
@@ -204,6 +223,7 @@ def resolve_runner(runner: str, model: str, architecture: str) -> str:
 
 
 QUANTIZATION_CHOICES = ("gguf", "int8", "none")
+LOAD_FORMATS = ("auto", "dummy")
 
 
 def resolve_quantization(quantization: str | None, gguf_file: str | None) -> str | None:
@@ -239,7 +259,32 @@ def derive_max_model_len(hf_config: PretrainedConfig) -> int:
     return int(length)
 
 
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "fp8", "fp8_e4m3")
+FP8_KV_CACHE = torch.float8_e4m3fn
+"""vLLM's "fp8" KV cache: e4m3, stored unscaled (vLLM's k_scale = v_scale = 1.0), so keys
+and values saturate at +-448."""
+
+ATTENTION_BACKENDS = ("TRITON_ATTN", "CPU_ATTN", "TORCH_SDPA")
+"""vLLM's names of the attention backends (layers/attention_backends/selector.py)."""
+ATTENTION_BACKEND_ENV = "PAGEDLLM_ATTENTION_BACKEND"
+"""vLLM's VLLM_ATTENTION_BACKEND: EngineArgs' default attention_backend."""
+
+
+def env_attention_backend() -> str | None:
+    """PAGEDLLM_ATTENTION_BACKEND, None when unset or empty (the default choice)."""
+    return os.environ.get(ATTENTION_BACKEND_ENV, "").strip() or None
+
+
+def resolve_attention_backend(name: str | None) -> str | None:
+    """A backend's name, any case, as ATTENTION_BACKENDS spells it; None stays None."""
+    if name is None:
+        return None
+    if name.upper() not in ATTENTION_BACKENDS:
+        raise ValueError(
+            f"attention_backend {name!r} is not one of {', '.join(ATTENTION_BACKENDS)} "
+            f"(unset, {ATTENTION_BACKEND_ENV} included, picks the best for the device)"
+        )
+    return name.upper()
 
 
 @dataclass
@@ -252,11 +297,16 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
     cache_dtype: str = "auto"
-    """vLLM's kv_cache_dtype: "auto" (the model's dtype), "float32" or "bfloat16" (half the
-    bytes per token, e.g. under float32 weights)."""
+    """vLLM's kv_cache_dtype: "auto" (the model's dtype), "float32", "bfloat16" (half the
+    bytes per token, e.g. under float32 weights) or "fp8" / "fp8_e4m3" (one byte a value,
+    FP8_KV_CACHE; the Triton and torch attention backends read it, the CPU kernels do not)."""
 
     def kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
-        return model_dtype if self.cache_dtype == "auto" else _DTYPES[self.cache_dtype]
+        if self.cache_dtype == "auto":
+            return model_dtype
+        if self.cache_dtype.startswith("fp8"):
+            return FP8_KV_CACHE
+        return _DTYPES[self.cache_dtype]
 
     def __post_init__(self) -> None:
         if self.cache_dtype not in KV_CACHE_DTYPES:
@@ -285,23 +335,72 @@ class SchedulerConfig:
             raise ValueError(f"max_num_batched_tokens {self.max_num_batched_tokens} must be >= 1")
 
 
+# vLLM's --distributed-executor-backend choices: "uni" runs one rank in this process, "mp"
+# spawns the ranks (on each node, with --nnodes), "ray" places them as Ray actors, and
+# "external_launcher" is torchrun (detected from its environment when not given).
+DISTRIBUTED_EXECUTOR_BACKENDS = ("uni", "mp", "ray", "external_launcher")
+
+
 @dataclass
 class ParallelConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     """Pipeline stages, each holding a contiguous slice of the decoder layers on
     tensor_parallel_size ranks (docs/parallelism.md)."""
+    enable_expert_parallel: bool = False
+    """vLLM's name: MoE layers place whole experts on the tensor-parallel ranks instead of
+    splitting every expert (layers/fused_moe.py); attention and dense layers stay split."""
+    distributed_executor_backend: str | None = None  # None: picked from the world size
+    # vLLM's multi-node flags for the "mp" backend: world_size / nnodes ranks per node,
+    # rendezvous at master_addr:master_port (rank 0's node).
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} must be >= 1")
         if self.pipeline_parallel_size < 1:
             raise ValueError(f"pipeline_parallel_size {self.pipeline_parallel_size} must be >= 1")
+        self._check_backend()
+        self._check_nodes()
 
     @property
     def world_size(self) -> int:
-        """Ranks in all: tensor_parallel_size x pipeline_parallel_size."""
+        """Ranks in the world, over all nodes: tensor_parallel_size x pipeline_parallel_size."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def _check_backend(self) -> None:
+        backend = self.distributed_executor_backend
+        if backend is not None and backend not in DISTRIBUTED_EXECUTOR_BACKENDS:
+            raise ValueError(
+                f"distributed_executor_backend {backend!r} is not one of "
+                f"{list(DISTRIBUTED_EXECUTOR_BACKENDS)}"
+            )
+        if backend == "uni" and self.world_size > 1:
+            raise ValueError(f'backend "uni" runs one rank, but the world has {self.world_size}')
+
+    def _check_nodes(self) -> None:
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} is outside [0, nnodes={self.nnodes})")
+        if self.nnodes == 1:
+            return
+        if self.distributed_executor_backend not in (None, "mp"):
+            raise ValueError(
+                f"nnodes > 1 starts the ranks of each node with the mp backend, not "
+                f"{self.distributed_executor_backend!r} (Ray places the ranks itself)"
+            )
+        if self.world_size % self.nnodes:
+            raise ValueError(
+                f"the world's {self.world_size} ranks do not split evenly over nnodes={self.nnodes}"
+            )
+        if not 0 < self.master_port < 65536:
+            raise ValueError(f"master_port {self.master_port} is outside [1, 65535]")
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nnodes
 
 
 @dataclass
@@ -318,14 +417,18 @@ class EngineConfig:
     logprobs_mode: str = "raw_logprobs"
     logits_processors: tuple = ()
     enforce_eager: bool = False
-    """vLLM's name: never replay captured decode steps (executor/cpu_graph.py); every step
-    runs the model's Python forward."""
+    """vLLM's name: never replay captured decode steps (executor/cpu_graph.py on CPU,
+    executor/cuda_graph.py on CUDA); every step runs the model's Python forward."""
     batch_invariant: bool = False
     """Run the torch paths' row reductions one row at a time (pagedllm/batch_invariant.py),
     so a request's answer never depends on its batch there too; the CPU kernels hold that
     anyway."""
+    attention_backend: str | None = None
+    """One of ATTENTION_BACKENDS, or None for the best the device and dtype allow
+    (layers/attention_backends/selector.py)."""
 
     def __post_init__(self) -> None:
+        self.attention_backend = resolve_attention_backend(self.attention_backend)
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}")
         max_len = self.model_config.max_model_len

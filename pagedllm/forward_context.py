@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 import torch
 
+from pagedllm.device_copy import to_device
+
 
 class DecodeRows(NamedTuple):
     """The decodes (q_len == 1) of a batch that also holds prefill chunks."""
@@ -73,8 +75,8 @@ class AttentionMetadata:
         device = self.seq_lens.device
         starts = self.query_starts_cpu
         return DecodeRows(
-            torch.tensor(decodes, device=device),
-            torch.tensor([starts[i] for i in decodes], device=device),
+            to_device(decodes, torch.int64, device),
+            to_device([starts[i] for i in decodes], torch.int64, device),
             max(self.seq_lens_cpu[i] for i in decodes),
         )
 

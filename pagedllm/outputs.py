@@ -38,7 +38,11 @@ class CompletionOutput:
 @dataclass
 class RequestOutput:
     """`error` is set when this request alone failed (e.g. no token could be sampled under
-    its parameters, or its stop check raised): it is finished, the other requests go on."""
+    its parameters, or its stop check raised): it is finished, the other requests go on.
+    `metrics`, on the finished output only: the request's timestamps in seconds of
+    time.monotonic(), vLLM's names (`arrival_time`, `first_scheduled_time`,
+    `first_token_time`, `last_token_time`; those it reached), from which /metrics takes
+    its queue, prefill, decode and inference times (engine/stats.py)."""
 
     request_id: str
     prompt: str | None
@@ -67,6 +71,7 @@ class PoolingRequestOutput:
     prompt_token_ids: list[int]
     finished: bool
     error: Exception | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -2,15 +2,24 @@
 checkpoints, and transformers' greedy generations on them (the engine's reference)."""
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Triton decorates its library (and pagedllm's kernels) for its interpreter only if this
+    # is set when triton is first imported, which torch._dynamo (under transformers' models,
+    # imported below) does: set it first, so the Triton tests run their kernels on CPU
+    # tensors. Nothing else here runs Triton.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
 import transformers
 from torch import nn
 
-from pagedllm import _cpu_kernels
+from pagedllm import _cpu_kernels, _triton_ops
 from pagedllm.distributed.parallel_state import override_tensor_parallel
 from pagedllm.outputs import CompletionOutput
 from tests.hf_reference import hf_generate
@@ -25,6 +34,18 @@ def cpu_kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     if request.param == "torch":
         monkeypatch.setattr(_cpu_kernels, "_C", None)
     return request.param
+
+
+@pytest.fixture
+def triton_device() -> torch.device:
+    """Where the Triton kernels' tests run: a CUDA GPU, else CPU tensors under Triton's
+    interpreter (TRITON_INTERPRET, set above); skipped without triton."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if not _triton_ops.interpreting():
+        pytest.fail("no GPU, and TRITON_INTERPRET was off when triton was first imported")
+    return torch.device("cpu")
 
 
 BUILDS = ["avx512", "avx2", "portable"]

@@ -41,6 +41,13 @@ def test_gguf_files_run_as_stored_unless_asked_to_dequantize(tiny_model_path) ->
     assert ModelConfig.create(tiny_model_path("qwen2"), quantization="int8").quantization == "int8"
 
 
+def test_dummy_weights_of_a_gguf_file_are_unquantized_only() -> None:
+    config = ModelConfig.create(quantization="none", load_format="dummy")
+    assert config.load_format == "dummy" and config.quantization is None
+    with pytest.raises(ValueError, match="pass quantization 'none' with this GGUF file"):
+        ModelConfig.create(load_format="dummy")
+
+
 @pytest.mark.parametrize(
     ("quantization", "hf", "message"),
     [
@@ -86,12 +93,40 @@ def test_auto_dtype_follows_this_cpu_and_is_logged(
     assert ModelConfig.create(tiny_model_path("llama-gqa4"), dtype="float32").dtype == torch.float32
 
 
-def test_kv_cache_dtype_is_auto_float32_or_bfloat16() -> None:
+def test_kv_cache_dtype_is_auto_float32_bfloat16_or_fp8() -> None:
     assert CacheConfig().kv_dtype(torch.float32) == torch.float32
     assert CacheConfig(cache_dtype="bfloat16").kv_dtype(torch.float32) == torch.bfloat16
     assert CacheConfig(cache_dtype="float32").kv_dtype(torch.bfloat16) == torch.float32
-    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8' is not supported; use one of auto"):
-        CacheConfig(cache_dtype="fp8")
+    for fp8 in ("fp8", "fp8_e4m3"):
+        assert CacheConfig(cache_dtype=fp8).kv_dtype(torch.bfloat16) == torch.float8_e4m3fn
+    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8_e5m2' is not supported; use one"):
+        CacheConfig(cache_dtype="fp8_e5m2")
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        (dict(distributed_executor_backend="spark"), "'spark' is not one of"),
+        (dict(tensor_parallel_size=2, distributed_executor_backend="uni"), "runs one rank"),
+        (dict(pipeline_parallel_size=2, distributed_executor_backend="uni"), "world has 2"),
+        (dict(nnodes=2, node_rank=2), r"node_rank 2 is outside \[0, nnodes=2\)"),
+        (dict(nnodes=0), "outside"),
+        (dict(tensor_parallel_size=3, nnodes=2), "3 ranks do not split evenly over nnodes=2"),
+        (dict(tensor_parallel_size=2, nnodes=2, distributed_executor_backend="ray"), "not 'ray'"),
+        (dict(tensor_parallel_size=2, nnodes=2, master_port=0), "master_port 0 is outside"),
+    ],
+)
+def test_parallel_config_rejects_bad_layouts(kwargs: dict, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        ParallelConfig(**kwargs)
+
+
+def test_ranks_per_node_split_the_world() -> None:
+    """vLLM's --nnodes: world_size / nnodes consecutive ranks on each node."""
+    parallel = ParallelConfig(tensor_parallel_size=8, nnodes=2, node_rank=1)
+    assert (parallel.world_size, parallel.ranks_per_node) == (8, 4)
+    parallel = ParallelConfig(tensor_parallel_size=2, pipeline_parallel_size=3, nnodes=2)
+    assert (parallel.world_size, parallel.ranks_per_node) == (6, 3)
 
 
 def test_parallel_config_world_is_tp_times_pp() -> None:

@@ -18,7 +18,7 @@ LAYERS = (
     ("layers",),
     ("sample", "structured_output", "forward_context", "distributed"),
     ("_custom_ops",),
-    ("_cpu_kernels", "_torch_ops", "_torch_quant"),
+    ("_cpu_kernels", "_torch_ops", "_torch_quant", "_triton_ops"),
     ("config",),
     (
         "gguf",
@@ -28,6 +28,7 @@ LAYERS = (
         "outputs",
         "cpu_features",
         "cpu_memory",
+        "device_copy",
         "logger",
         "batch_invariant",
     ),

@@ -9,7 +9,7 @@ the torch definition in `_torch_ops`, which is also the reference the kernels ar
 against. Layers call these functions and never ask which path ran.
 
 The ops live by family in this package (common.py: when a kernel applies; linear.py,
-rowwise.py, attention.py, gguf.py); callers import them from here.
+rowwise.py, attention.py, gguf.py, fused_moe.py); callers import them from here.
 """
 
 from pagedllm._custom_ops.attention import (
@@ -21,6 +21,7 @@ from pagedllm._custom_ops.attention import (
     reshape_and_cache_kernel,
 )
 from pagedllm._custom_ops.common import cpu_kernels_apply, has_cpu_kernels
+from pagedllm._custom_ops.fused_moe import MoEKernel, fused_experts, select_moe_kernel
 from pagedllm._custom_ops.gguf import (
     gguf_dequantize,
     gguf_embedding,
@@ -45,9 +46,11 @@ from pagedllm._custom_ops.rowwise import (
 
 __all__ = [
     "LinearKernel",
+    "MoEKernel",
     "argmax",
     "cpu_kernels_apply",
     "fused_add_rms_norm",
+    "fused_experts",
     "gguf_dequantize",
     "gguf_embedding",
     "gguf_linear",
@@ -66,5 +69,6 @@ __all__ = [
     "rms_norm",
     "rotary_embedding",
     "select_linear_kernel",
+    "select_moe_kernel",
     "silu_and_mul",
 ]

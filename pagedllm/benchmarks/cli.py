@@ -78,6 +78,15 @@ def _add_backend(parser: argparse.ArgumentParser, choices: tuple[str, ...], defa
     )
 
 
+def _add_profile(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help=f"after the timed runs, run pagedllm on {what} under torch.profiler and report "
+        "its top ops by device time (CPU time without a GPU)",
+    )
+
+
 def _add_throughput(benchmarks: argparse._SubParsersAction) -> None:
     parser = benchmarks.add_parser(
         "throughput",
@@ -92,6 +101,7 @@ def _add_throughput(benchmarks: argparse._SubParsersAction) -> None:
     parser.add_argument("--output-len", default="32:256", help="N or LOW:HIGH (uniform)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 greedy, e.g. 0.8")
     parser.add_argument("--hf-batch-size", type=int, default=16)
+    _add_profile(parser, "up to 32 more requests of fresh prompts")
     _add_backend(parser, THROUGHPUT_BACKENDS, "all")
     _add_common(parser)
     _add_model_args(parser)
@@ -114,6 +124,7 @@ def _add_latency(benchmarks: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--bandwidth-mb", type=int, default=512, help="size of the bandwidth test tensor"
     )
+    _add_profile(parser, "one more batch of fresh prompts")
     _add_backend(parser, LATENCY_BACKENDS, "pagedllm")
     _add_common(parser)
     _add_model_args(parser)

@@ -28,10 +28,17 @@ if TYPE_CHECKING:
 
 def load_hf_model(model_config: ModelConfig, device: str = "cpu") -> "PreTrainedModel":
     """transformers' model of `model_config` on `device` (the engine's, so that a ratio
-    compares the two on the same hardware)."""
+    compares the two on the same hardware); with load_format "dummy", random weights of its
+    shapes, as the engine's."""
     from transformers import AutoModelForCausalLM
 
     hf_config = model_config.hf_config
+    if model_config.load_format == "dummy":  # random weights of the shape, made on the device
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(
+                hf_config, dtype=model_config.dtype, attn_implementation="sdpa"
+            )
+        return model.eval()
     model = AutoModelForCausalLM.from_config(
         hf_config, dtype=model_config.dtype, attn_implementation="sdpa"
     )

@@ -5,6 +5,7 @@ Each run gets fresh random prompts, so prefix caching cannot skip a prefill.
 """
 
 import argparse
+import functools
 import gc
 import itertools
 import statistics
@@ -28,6 +29,7 @@ from pagedllm.benchmarks.metrics import (
     latency_sample,
     summarize,
 )
+from pagedllm.benchmarks.profile import format_profile, profile_summary
 from pagedllm.benchmarks.vllm_backend import run_vllm_latency, vllm_peer
 from pagedllm.config import ModelConfig, resolve_device
 from pagedllm.engine.arg_utils import EngineArgs
@@ -90,10 +92,12 @@ def _timed_runs(
     model_config: ModelConfig,
     batches: list[list[BenchRequest]],
     probe: Callable[[], float],
+    profile_batch: list[BenchRequest] | None = None,
 ) -> tuple[dict, list[LatencySample], list[float]]:
-    """({"startup_s": loading time, maybe "detail"}, one sample per batch, the read bandwidth
-    each ran at: the best of the probes just before and just after it; vLLM runs every batch
-    in its own process, so its samples get the best of the probes before and after that)."""
+    """({"startup_s": loading time, maybe "detail", with profile_batch pagedllm's "profile"
+    of it}, one sample per batch, the read bandwidth each ran at: the best of the probes
+    just before and just after it; vLLM runs every batch in its own process, so its samples
+    get the best of the probes before and after that)."""
     check_same_device(backend, resolve_device(args.device))
     if backend == "vllm":
         before = probe()
@@ -106,9 +110,12 @@ def _timed_runs(
     for batch in batches:
         samples.append(runner(batch))
         probes.append(probe())
+    loaded = {"startup_s": startup}
+    if profile_batch is not None and backend == "pagedllm":
+        loaded["profile"] = profile_summary(functools.partial(runner, profile_batch))
     del runner
     gc.collect()
-    return {"startup_s": startup}, samples, [max(a, b) for a, b in itertools.pairwise(probes)]
+    return loaded, samples, [max(a, b) for a, b in itertools.pairwise(probes)]
 
 
 def run_backend(
@@ -118,11 +125,14 @@ def run_backend(
     batches: list[list[BenchRequest]],
     probe: Callable[[], float],
     model_bytes: int,
+    profile_batch: list[BenchRequest] | None = None,
 ) -> dict:
     """Load the backend (timed as start-up), run every batch, keep those after warm-up.
     percent_of_bound is the median over the runs of each run's decode speed against the
     bound at the bandwidth probed around it."""
-    loaded, samples, bandwidths = _timed_runs(backend, args, model_config, batches, probe)
+    loaded, samples, bandwidths = _timed_runs(
+        backend, args, model_config, batches, probe, profile_batch
+    )
     samples, bandwidths = samples[args.num_warmup :], bandwidths[args.num_warmup :]
     bounds = [decode_bound_tokens_per_s(bw, model_bytes, args.batch_size) for bw in bandwidths]
     percents = [
@@ -157,6 +167,11 @@ def run_latency(args: argparse.Namespace, backends: list[str]) -> dict:
         random_requests(args.batch_size, *lens, model_config.vocab_size, args.seed + i)
         for i in range(args.num_warmup + args.num_iters)
     ]
+    profile_batch = None
+    if getattr(args, "profile", False):  # fresh prompts: the prefix cache must not skip them
+        profile_batch = random_requests(
+            args.batch_size, *lens, model_config.vocab_size, args.seed + len(batches)
+        )
     model_bytes = model_weight_bytes(model_config)
     read_bandwidth, probed = ReadBandwidthProbe(args.bandwidth_mb * 1024**2, device=device), []
 
@@ -167,7 +182,9 @@ def run_latency(args: argparse.Namespace, backends: list[str]) -> dict:
     results = {}
     for backend in backends:
         try:
-            results[backend] = run_backend(backend, args, model_config, batches, probe, model_bytes)
+            results[backend] = run_backend(
+                backend, args, model_config, batches, probe, model_bytes, profile_batch
+            )
         except BackendUnavailable as e:
             results[backend] = {"skipped": str(e)}
     bandwidth = statistics.median(probed or [probe()])
@@ -223,4 +240,5 @@ def _format_result(result: dict) -> list[str]:
         "each against the bandwidth probed around it); "
         f"start-up {result['startup_s']:.2f} s"
     )
-    return lines + ([result["detail"]] if "detail" in result else [])
+    lines += [result["detail"]] if "detail" in result else []
+    return lines + (format_profile(result["profile"]) if "profile" in result else [])

@@ -39,6 +39,7 @@ class ThroughputResult:
     elapsed_s: float
     startup_s: float
     detail: str = ""
+    profile: dict | None = None  # profile.profile_summary of a further run, if asked
 
     @property
     def requests_per_s(self) -> float:

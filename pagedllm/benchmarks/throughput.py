@@ -20,6 +20,7 @@ from pagedllm.benchmarks.metrics import (
     check_same_device,
     ratios,
 )
+from pagedllm.benchmarks.profile import format_profile, profile_summary
 from pagedllm.benchmarks.vllm_backend import run_vllm_throughput, vllm_peer
 from pagedllm.config import ModelConfig
 from pagedllm.engine.arg_utils import EngineArgs
@@ -30,23 +31,34 @@ THROUGHPUT_BACKENDS = ("pagedllm", "hf", "llama.cpp", "vllm")
 
 
 def run_pagedllm_throughput(
-    engine_args: EngineArgs, requests: list[BenchRequest], temperature: float
+    engine_args: EngineArgs,
+    requests: list[BenchRequest],
+    temperature: float,
+    profile_requests: list[BenchRequest] | None = None,
 ) -> ThroughputResult:
+    """With profile_requests, those are run after the timed job under torch.profiler."""
     start = time.perf_counter()
     llm = LLM(**vars(engine_args))
     startup = time.perf_counter() - start
-    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
-    params = [
-        SamplingParams(temperature=temperature, max_tokens=r.output_len, ignore_eos=True)
-        for r in requests
-    ]
+
+    def generate(batch: list[BenchRequest]) -> list:
+        prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in batch]
+        params = [
+            SamplingParams(temperature=temperature, max_tokens=r.output_len, ignore_eos=True)
+            for r in batch
+        ]
+        return llm.generate(prompts, params, use_tqdm=False)
+
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    outputs = generate(requests)
     elapsed = time.perf_counter() - start
     input_tokens = sum(len(o.prompt_token_ids) for o in outputs)
     output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    profile = (
+        None if profile_requests is None else profile_summary(lambda: generate(profile_requests))
+    )
     return ThroughputResult(
-        "pagedllm", len(requests), input_tokens, output_tokens, elapsed, startup
+        "pagedllm", len(requests), input_tokens, output_tokens, elapsed, startup, profile=profile
     )
 
 
@@ -60,7 +72,18 @@ def _run_backend(
     """device: the engine's, resolved (never "auto")."""
     check_same_device(backend, device)
     if backend == "pagedllm":
-        return run_pagedllm_throughput(EngineArgs.from_cli_args(args), requests, args.temperature)
+        profile_requests = None
+        if getattr(args, "profile", False):  # fresh prompts: the prefix cache must not skip them
+            profile_requests = random_requests(
+                min(32, len(requests)),
+                parse_len_range(args.input_len, "--input-len"),
+                parse_len_range(args.output_len, "--output-len"),
+                model_config.vocab_size,
+                args.seed + 1,
+            )
+        return run_pagedllm_throughput(
+            EngineArgs.from_cli_args(args), requests, args.temperature, profile_requests
+        )
     if backend == "hf":
         return run_hf_throughput(
             model_config, requests, args.hf_batch_size, args.temperature, device
@@ -131,4 +154,7 @@ def format_throughput(report: dict) -> str:
         cells = "".join(f"{peer_ratios[k]:>13.3f}x" for k in THROUGHPUT_RATES)
         lines.append(f"{'pagedllm/' + peer:<20}{cells}")
     details = [f"{b}: {r['detail']}" for b, r in report["results"].items() if r.get("detail")]
+    for backend, r in report["results"].items():
+        if r.get("profile"):
+            details += [f"{backend}:", *format_profile(r["profile"])]
     return "\n".join(lines + details)

@@ -23,6 +23,7 @@ batch then takes at most 1 / num_micro_batches of the unfinished sequences (roun
 so the sequences spread over the micro-batches and every stage has one to work on.
 """
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -172,6 +173,8 @@ class Scheduler:
             self.waiting.popleft()
             self.block_manager.allocate(seq)
             seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
             num_new_tokens = min(num_new_tokens, budget)
             out.scheduled.append(ScheduledSequence(seq, num_new_tokens))

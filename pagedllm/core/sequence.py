@@ -76,6 +76,7 @@ class Sequence:
         self.block_hashes: list[int] = []
         self.num_preemptions = 0
         self.skip_prefix_cache = False
+        self.first_scheduled_time: float | None = None  # time.monotonic(), for metrics
 
     @property
     def num_tokens(self) -> int:

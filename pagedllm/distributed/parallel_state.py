@@ -11,6 +11,10 @@ Without an initialised process group the process is rank 0 of 1 in both, so ever
 works unchanged in a single process. `override_tensor_parallel` and
 `override_pipeline_parallel` let tools (inspect, tests) build one rank's shard on the meta
 device without starting a process group.
+
+Expert parallelism (vLLM's enable_expert_parallel) uses the tensor-parallel group as its
+group: the EP rank and size are the TP rank and size while `set_expert_parallel(True)` is
+in force (the model is built inside it), else 0 and 1.
 """
 
 from collections.abc import Iterator
@@ -119,6 +123,31 @@ def override_pipeline_parallel(rank: int, world_size: int) -> Iterator[None]:
         yield
     finally:
         _pp_override = previous
+
+
+_expert_parallel = False
+
+
+def get_expert_parallel_world_size() -> int:
+    """Ranks the MoE layers built now spread their experts over (1: every rank holds every
+    expert, split along its intermediate dimension)."""
+    return get_tensor_model_parallel_world_size() if _expert_parallel else 1
+
+
+def get_expert_parallel_rank() -> int:
+    return get_tensor_model_parallel_rank() if _expert_parallel else 0
+
+
+@contextmanager
+def set_expert_parallel(enabled: bool) -> Iterator[None]:
+    """MoE layers built inside place whole experts on the tensor-parallel ranks (`enabled`)
+    or split every expert (not)."""
+    global _expert_parallel
+    previous, _expert_parallel = _expert_parallel, enabled
+    try:
+        yield
+    finally:
+        _expert_parallel = previous
 
 
 _cpu_group: dist.ProcessGroup | None = None

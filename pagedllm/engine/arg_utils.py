@@ -10,8 +10,10 @@ from pagedllm.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    env_attention_backend,
     resolve_device,
 )
+from pagedllm.layers.attention_backends.selector import check_attn_backend
 from pagedllm.pooler_config import PoolerConfig
 from pagedllm.sampling_params import DEFAULT_MAX_N
 
@@ -29,6 +31,12 @@ class EngineArgs:
     quantization: str | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    distributed_executor_backend: str | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
     max_model_len: int | None = None
     block_size: int = 16
     kv_cache_memory_bytes: int | None = None
@@ -47,8 +55,10 @@ class EngineArgs:
     logits_processors: tuple = ()
     enforce_eager: bool = False
     batch_invariant: bool = field(default_factory=env_batch_invariant)
+    attention_backend: str | None = field(default_factory=env_attention_backend)
     runner: str = "auto"
     pooler_config: PoolerConfig | dict | str | None = None
+    load_format: str = "auto"
 
     def create_engine_config(self) -> EngineConfig:
         device = resolve_device(self.device)
@@ -60,11 +70,12 @@ class EngineArgs:
             quantization=self.quantization,
             runner=self.runner,
             pooler_config=self.pooler_config,
+            load_format=self.load_format,
         )
         # A pooled request keeps no KV past its prefill, and MEAN and CLS pooling need
         # every prompt token's hidden state: pooling models skip the prefix cache.
         pooling = model_config.runner_type == "pooling"
-        return EngineConfig(
+        config = EngineConfig(
             model_config=model_config,
             cache_config=CacheConfig(
                 block_size=self.block_size,
@@ -81,6 +92,12 @@ class EngineArgs:
             parallel_config=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size,
                 pipeline_parallel_size=self.pipeline_parallel_size,
+                enable_expert_parallel=self.enable_expert_parallel,
+                distributed_executor_backend=self.distributed_executor_backend,
+                nnodes=self.nnodes,
+                node_rank=self.node_rank,
+                master_addr=self.master_addr,
+                master_port=self.master_port,
             ),
             device=device,
             seed=self.seed,
@@ -91,7 +108,12 @@ class EngineArgs:
             logits_processors=tuple(self.logits_processors or ()),
             enforce_eager=self.enforce_eager,
             batch_invariant=self.batch_invariant,
+            attention_backend=self.attention_backend,
         )
+        if config.attention_backend is not None:
+            kv_cache_dtype = config.cache_config.kv_dtype(model_config.dtype)
+            check_attn_backend(config.attention_backend, device, model_config.dtype, kv_cache_dtype)
+        return config
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
@@ -101,13 +123,13 @@ class EngineArgs:
             if f.name in _NOT_CLI or (f.name == "model" and not with_model):
                 continue
             flag = "--" + f.name.replace("_", "-")
+            default = f.default if f.default_factory is MISSING else f.default_factory()
             if f.type in ("bool", bool):
-                default = f.default if f.default_factory is MISSING else f.default_factory()
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
             else:
                 kind = int if "int" in str(f.type) else str
                 short = _SHORT_FLAGS.get(f.name, ())
-                group.add_argument(flag, *short, type=kind, default=f.default)
+                group.add_argument(flag, *short, type=kind, default=default)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":

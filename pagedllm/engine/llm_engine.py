@@ -28,7 +28,7 @@ from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Request
-from pagedllm.engine.stats import EngineStats
+from pagedllm.engine.stats import ITERATION_TOKENS_BUCKETS, EngineStats, HistogramCounts
 from pagedllm.engine.step_plan import StepPlan, plan_step
 from pagedllm.engine.tokenizer import (
     eos_token_ids,
@@ -38,6 +38,7 @@ from pagedllm.engine.tokenizer import (
 )
 from pagedllm.executor.executor import StepFuture
 from pagedllm.executor.factory import make_executor
+from pagedllm.executor.headless import run_headless
 from pagedllm.executor.kv_cache import num_kv_blocks
 from pagedllm.executor.torchrun_executor import run_torchrun_worker, torchrun_rank
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
@@ -112,14 +113,18 @@ class LLMEngine:
         )
         self.waiting_for_grammar = WaitingForGrammar()
         self.batch_queue: deque[_Batch] = deque()
+        self.iteration_tokens = HistogramCounts.empty(ITERATION_TOKENS_BUCKETS)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
-        """The engine; under torchrun, ranks > 0 enter the worker loop instead and exit
-        the process when rank 0 shuts down (see run_torchrun_worker)."""
+        """The engine; under torchrun, ranks > 0 enter the worker loop instead, and with
+        --nnodes, nodes past the first start their ranks instead: both exit the process when
+        rank 0 shuts down (see run_torchrun_worker, run_headless)."""
         config = engine_args.create_engine_config()
         if torchrun_rank():
             run_torchrun_worker(config)
+        if config.parallel_config.node_rank > 0:
+            run_headless(config)
         with _cyclic_gc_paused():
             return cls(config)
 
@@ -166,6 +171,7 @@ class LLMEngine:
         if len(self.batch_queue) < self.executor.max_concurrent_batches:
             out = self.scheduler.schedule()
             if not out.is_empty:
+                self.iteration_tokens.observe(out.num_batched_tokens)
                 plan = plan_step(out, self.requests, self.structured_output)
                 future = self.executor.execute_async(plan.step_input, plan.rows)
                 self.batch_queue.append(_Batch(out, plan, future))
@@ -210,6 +216,7 @@ class LLMEngine:
             processor.num_prompt_tokens,
             processor.num_generation_tokens,
             len(self.waiting_for_grammar),
+            self.iteration_tokens,
         )
 
     def is_healthy(self) -> bool:

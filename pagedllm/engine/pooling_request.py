@@ -6,6 +6,7 @@ import time
 import torch
 
 from pagedllm.core.sequence import Sequence
+from pagedllm.engine.stats import request_metrics
 from pagedllm.layers.pooler import accumulate, finish_pooling
 from pagedllm.outputs import PoolingOutput, PoolingRequestOutput
 from pagedllm.pooler_config import PoolerConfig
@@ -58,6 +59,9 @@ class PoolingRequest:
         if not self.finished:
             return None
         data = self.embedding if self.embedding is not None else torch.empty(0)
+        # Pooling's one "token" is its pooled vector: first token = last token = now.
+        done = time.monotonic() if self.embedding is not None else None
+        metrics = request_metrics(self.arrival_time, self.seq.first_scheduled_time, done, done)
         return PoolingRequestOutput(
-            self.request_id, PoolingOutput(data), self.prompt_token_ids, True, self.error
+            self.request_id, PoolingOutput(data), self.prompt_token_ids, True, self.error, metrics
         )

@@ -8,6 +8,7 @@ import torch
 
 from pagedllm.core.sequence import Sequence
 from pagedllm.engine.detokenizer import IncrementalDetokenizer
+from pagedllm.engine.stats import request_metrics
 from pagedllm.engine.stop_checker import StopDecision
 from pagedllm.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
@@ -92,7 +93,18 @@ class Request:
             outputs=outputs,
             finished=finished,
             num_cached_tokens=self.num_cached_tokens,
+            metrics=self._metrics() if finished else {},
             error=self.error,
+        )
+
+    def _metrics(self) -> dict[str, float]:
+        """The finished request's timestamps; it ends now, at its last token."""
+        first_token = self.first_token_time
+        return request_metrics(
+            self.arrival_time,
+            self.completions[0].seq.first_scheduled_time if self.completions else None,
+            first_token,
+            time.monotonic() if first_token is not None else None,
         )
 
     def _prompt_logprobs_to_send(self, delta: bool) -> PromptLogprobs | None:

@@ -1,15 +1,47 @@
-"""EngineStats: a snapshot of the engine's load and counters, for metrics."""
+"""EngineStats: a snapshot of the engine's load and counters, for metrics; the per-step
+token histogram it carries; and the timestamps a finished request's output reports."""
 
-from dataclasses import dataclass
+from bisect import bisect_left
+from dataclasses import dataclass, field
 
 from pagedllm.core.scheduler import Scheduler
+
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+"""vLLM's buckets for vllm:iteration_tokens_total (tokens per engine step)."""
+
+
+@dataclass
+class HistogramCounts:
+    """Observations counted per bucket (`counts[i]`: values in (buckets[i-1], buckets[i]];
+    the last slot is past the last bucket) and summed: what a Prometheus histogram needs,
+    kept by the engine thread at the cost of one bisect per observation."""
+
+    buckets: tuple[float, ...]
+    counts: list[int]
+    sum: float = 0.0
+
+    @classmethod
+    def empty(cls, buckets: tuple[float, ...]) -> "HistogramCounts":
+        return cls(buckets, [0] * (len(buckets) + 1))
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.buckets, value)] += 1
+        self.sum += value
+
+    def copy(self) -> "HistogramCounts":
+        return HistogramCounts(self.buckets, list(self.counts), self.sum)
+
+
+def _no_iterations() -> HistogramCounts:
+    return HistogramCounts.empty(ITERATION_TOKENS_BUCKETS)
 
 
 @dataclass
 class EngineStats:
-    """Token counts: prompt tokens of requests that got their first token, and every
-    generated token (each of n completions). Waiting counts the requests whose grammar is
-    still compiling too."""
+    """Token counts: prompt tokens of requests that got their first token (or, pooling,
+    were pooled), and every generated token (each of n completions). Waiting counts the
+    requests whose grammar is still compiling too. `iteration_tokens`: the tokens each
+    step ran (prefill chunks plus decodes)."""
 
     num_running: int
     num_waiting: int
@@ -21,6 +53,7 @@ class EngineStats:
     prefix_cache_hits: int
     num_prompt_tokens: int
     num_generation_tokens: int
+    iteration_tokens: HistogramCounts = field(default_factory=_no_iterations)
 
     @classmethod
     def of(
@@ -29,6 +62,7 @@ class EngineStats:
         num_prompt_tokens: int,
         num_generation_tokens: int,
         num_waiting_for_grammar: int = 0,
+        iteration_tokens: HistogramCounts | None = None,
     ) -> "EngineStats":
         blocks = scheduler.block_manager
         return cls(
@@ -42,4 +76,24 @@ class EngineStats:
             prefix_cache_hits=blocks.prefix_cache_hits,
             num_prompt_tokens=num_prompt_tokens,
             num_generation_tokens=num_generation_tokens,
+            iteration_tokens=(iteration_tokens or _no_iterations()).copy(),
         )
+
+
+def request_metrics(
+    arrival_time: float,
+    first_scheduled_time: float | None,
+    first_token_time: float | None,
+    last_token_time: float | None,
+) -> dict[str, float]:
+    """A finished request's RequestOutput.metrics: vLLM's request timestamps (seconds of
+    time.monotonic), those the request reached. The server derives vLLM's phases from
+    them: queue = first scheduled - arrival, prefill = first token - first scheduled,
+    decode = last token - first token, inference = last token - first scheduled."""
+    times = {
+        "arrival_time": arrival_time,
+        "first_scheduled_time": first_scheduled_time,
+        "first_token_time": first_token_time,
+        "last_token_time": last_token_time,
+    }
+    return {name: t for name, t in times.items() if t is not None}

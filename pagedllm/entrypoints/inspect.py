@@ -2,9 +2,10 @@
 
 Figures are per tensor-parallel rank where they differ between ranks' shapes: every rank
 of a pipeline stage holds tensors of the same shapes, so its rank 0 stands for all. Under
-pipeline parallelism stages differ (their layers, the embedding on the first, norm and LM
-head on the last): "bytes_per_rank" is the largest stage's rank, and
-"bytes_per_rank_by_stage" lists each. With a
+expert parallelism rank 0 holds the most experts (the first E % tp ranks hold one more), so
+it stands for the largest rank of its stage. Under pipeline parallelism stages differ (their
+layers, the embedding on the first, norm and LM head on the last): "bytes_per_rank" is the
+largest stage's rank, and "bytes_per_rank_by_stage" lists each. With a
 quantization (a GGUF file type, or pagedllm's int8), weight bytes follow its plan
 (pagedllm.gguf.quant_plan; quantized_weights.py splits fused parameters for it).
 """
@@ -20,6 +21,7 @@ from pagedllm.config import KV_CACHE_DTYPES, CacheConfig, ModelConfig
 from pagedllm.distributed.parallel_state import (
     override_pipeline_parallel,
     override_tensor_parallel,
+    set_expert_parallel,
 )
 from pagedllm.entrypoints.quantized_weights import quantized_weight_bytes
 from pagedllm.executor.kv_cache import kv_cache_bytes_per_token
@@ -43,9 +45,15 @@ def inactive_expert_params(model: nn.Module) -> int:
     return total
 
 
-def build_rank(model_config: ModelConfig, tp: int, stage: int = 0, pp: int = 1) -> nn.Module:
+def build_rank(
+    model_config: ModelConfig, tp: int, stage: int = 0, pp: int = 1, expert_parallel: bool = False
+) -> nn.Module:
     """Tensor-parallel rank 0 of pipeline stage `stage`, on the meta device."""
-    with override_tensor_parallel(0, tp), override_pipeline_parallel(stage, pp):
+    with (
+        override_tensor_parallel(0, tp),
+        override_pipeline_parallel(stage, pp),
+        set_expert_parallel(expert_parallel),
+    ):
         return build_model(model_config, "meta")
 
 
@@ -55,16 +63,19 @@ def inspect_model(
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
     pp: int = 1,
+    enable_expert_parallel: bool = False,
 ) -> dict:
     """Sizes in the model's dtype, or under `quantization` (one of FILE_TYPES): then also
     "bytes_per_rank_by_type", GGUF type name -> bytes (of the largest stage's rank). The KV
     cache holds `kv_cache_dtype` (one of KV_CACHE_DTYPES; "auto": the model's dtype), as
-    the engine's would; per token, the most of any stage's rank (it sizes every cache)."""
+    the engine's would; per token, the most of any stage's rank (it sizes every cache). With
+    `enable_expert_parallel` each rank holds whole experts (layers/fused_moe.py)."""
     kv_dtype = CacheConfig(cache_dtype=kv_cache_dtype).kv_dtype(model_config.dtype)
     model_config = replace(model_config, quantization=None)  # float weights, even from a GGUF
     full = build_model(model_config, "meta")
-    shard = build_rank(model_config, tp)
-    stages = [build_rank(model_config, tp, s, pp) for s in range(pp)] if pp > 1 else [shard]
+    ep = enable_expert_parallel
+    shard = build_rank(model_config, tp, expert_parallel=ep)
+    stages = [build_rank(model_config, tp, s, pp, ep) for s in range(pp)] if pp > 1 else [shard]
     element = torch.empty((), dtype=model_config.dtype).element_size()
     total = count_params(full)
     by_stage = [count_params(stage) * element for stage in stages]
@@ -74,6 +85,7 @@ def inspect_model(
         "quantization": quantization,
         "tensor_parallel_size": tp,
         "pipeline_parallel_size": pp,
+        "enable_expert_parallel": enable_expert_parallel,
         "total_params": total,
         "active_params": total - inactive_expert_params(full),
         "bytes_per_rank": max(by_stage),
@@ -117,6 +129,7 @@ def format_report(report: dict) -> str:
         ("quantization", report["quantization"] or "none"),
         ("tensor parallel size", report["tensor_parallel_size"]),
         ("pipeline parallel size", report["pipeline_parallel_size"]),
+        ("expert parallel", "on" if report["enable_expert_parallel"] else "off"),
         ("total parameters", f"{total:,} ({total / 1e9:.2f} B)"),
         ("active params / token", f"{active:,} ({active / 1e9:.2f} B)"),
         ("weight bytes per rank", _size(report["bytes_per_rank"])),
@@ -169,6 +182,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="pipeline parallel size (default 1): bytes per rank of each stage",
     )
     parser.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="MoE layers place whole experts on the --tp ranks instead of splitting each",
+    )
+    parser.add_argument(
         "--dtype", default=None, help="weight dtype (default: the config's, else float32)"
     )
     parser.add_argument(
@@ -196,7 +214,14 @@ def run(args: argparse.Namespace) -> None:
     model_config = ModelConfig.create(args.model, dtype=args.dtype or "float32")
     if args.dtype is None:
         model_config.dtype = checkpoint_dtype(model_config)
-    report = inspect_model(model_config, args.tp, args.quantization, args.kv_cache_dtype, args.pp)
+    report = inspect_model(
+        model_config,
+        args.tp,
+        args.quantization,
+        args.kv_cache_dtype,
+        pp=args.pp,
+        enable_expert_parallel=args.enable_expert_parallel,
+    )
     print(json.dumps(report) if args.json else format_report(report))
 
 

@@ -5,7 +5,8 @@ The plan types checkpoint tensors, so pagedllm's fused parameters are split back
 qkv_proj into q/k/v_proj and gate_up_proj into gate/up_proj (by the model's
 stacked_params_mapping), FusedMoE's stacks into each expert's gate/up/down_proj (by its
 expert_params_mapping). A quantized row (the input dimension) is whole blocks, so a rank's
-shard along it must be too.
+shard along it must be too. Under expert parallelism a rank holds its experts whole and
+none of the others (rows 0).
 """
 
 from collections.abc import Iterator
@@ -77,6 +78,7 @@ def check_whole_blocks(tensor: RankTensor, qtype: GGMLQuantizationType, tp: int)
             f"tensor parallel size {tp} cuts {qtype.name} blocks of {block_size} in "
             f"{tensor.name}: its rows of {tensor.shape[-1]} split into {tensor.rank_shape[-1]} "
             f"values per rank; use a tensor parallel size that leaves whole blocks"
+            + (", or --enable-expert-parallel" if ".experts." in tensor.name else "")
         )
 
 
@@ -87,7 +89,8 @@ def rank_tensors(full: nn.Module, shard: nn.Module) -> Iterator[RankTensor]:
         module, full_module = shard.get_submodule(module_name), full.get_submodule(module_name)
         full_param = full.get_parameter(name)
         if isinstance(module, FusedMoE):
-            yield from _experts(name, full_param, param, shard.expert_params_mapping())
+            mapping = shard.expert_params_mapping()
+            yield from _experts(name, full_param, param, mapping, module.local_experts)
         elif isinstance(module, (QKVParallelLinear, MergedColumnParallelLinear)):
             yield from _stacked(name, param, module, full_module, shard.stacked_params_mapping)
         elif isinstance(module, VocabParallelEmbedding):
@@ -125,12 +128,15 @@ def _experts(
     full_param: nn.Parameter,
     param: nn.Parameter,
     mapping: list[tuple[str, str, int, str]],
+    local_experts: range,
 ) -> Iterator[RankTensor]:
-    for param_part, weight_part, _, shard_id in mapping:
+    for param_part, weight_part, expert_id, shard_id in mapping:
         if param_part in name:
             checkpoint_name = name.replace(param_part, weight_part)
             full_shape = _expert_shape(full_param, shard_id)
-            yield RankTensor(checkpoint_name, full_shape, _expert_shape(param, shard_id))
+            rows, cols = _expert_shape(param, shard_id)
+            rank_shape = (rows if expert_id in local_experts else 0, cols)
+            yield RankTensor(checkpoint_name, full_shape, rank_shape)
 
 
 def _expert_shape(stacked: nn.Parameter, shard_id: str) -> tuple[int, int]:

@@ -1,5 +1,11 @@
-"""Flatten one step's sequences into the model's inputs and the attention metadata."""
+"""Flatten one step's sequences into the model's inputs and the attention metadata.
 
+The batch is built on the host; on an accelerator in pinned memory, then copied with
+`to(device)` without the host waiting (device_copy.py), or into a captured graph's static
+inputs (cuda_graph.py).
+"""
+
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -22,10 +28,36 @@ class BatchInputs:
     positions: torch.Tensor  # [T]
     attn_metadata: AttentionMetadata
 
+    def to(self, device: torch.device) -> "BatchInputs":
+        """This batch on `device`: itself on the CPU, else its tensors copied without
+        waiting (from pinned memory when prepare_batch pinned them)."""
+        if device.type == "cpu":
+            return self
+        md = self.attn_metadata
+
+        def copy(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=True)
+
+        metadata = dataclasses.replace(
+            md,
+            slot_mapping=copy(md.slot_mapping),
+            query_start_loc=copy(md.query_start_loc),
+            seq_lens=copy(md.seq_lens),
+            block_tables=copy(md.block_tables),
+        )
+        return BatchInputs(copy(self.input_ids), copy(self.positions), metadata)
+
 
 def prepare_batch(
     chunks: list[SeqChunk], block_size: int, device: torch.device | str
 ) -> BatchInputs:
+    """The step's batch on `device`."""
+    device = torch.device(device)
+    return host_batch(chunks, block_size, pin_memory=device.type != "cpu").to(device)
+
+
+def host_batch(chunks: list[SeqChunk], block_size: int, pin_memory: bool = False) -> BatchInputs:
+    """The step's batch on the host (in pinned memory if asked: an accelerator's step)."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -44,7 +76,9 @@ def prepare_batch(
         starts.append(starts[-1] + n)
 
     def as_tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=device)
+        if pin_memory:
+            return torch.tensor(values, dtype=dtype, pin_memory=True)
+        return torch.tensor(values, dtype=dtype)
 
     metadata = AttentionMetadata(
         slot_mapping=as_tensor(slots, torch.int64),

@@ -1,10 +1,10 @@
-"""make_executor: the executor a config asks for."""
+"""make_executor: the executor a config asks for (vLLM's --distributed-executor-backend)."""
 
 import os
 
 import torch
 
-from pagedllm.config import EngineConfig
+from pagedllm.config import EngineConfig, ParallelConfig
 from pagedllm.executor.executor import Executor
 from pagedllm.executor.multiproc_executor import MultiprocExecutor
 from pagedllm.executor.torchrun_executor import TorchrunExecutor, torchrun_rank
@@ -12,7 +12,8 @@ from pagedllm.executor.torchrun_executor import TorchrunExecutor, torchrun_rank
 
 def make_executor(config: EngineConfig) -> Executor:
     parallel = config.parallel_config
-    if torchrun_rank() is not None:
+    backend = executor_backend(parallel)
+    if backend == "external_launcher":
         world_size = int(os.environ["WORLD_SIZE"])
         if world_size != parallel.world_size:
             raise ValueError(
@@ -22,8 +23,29 @@ def make_executor(config: EngineConfig) -> Executor:
             )
         check_gpus_for_ranks(config, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
         return TorchrunExecutor(config)
-    check_gpus_for_ranks(config, parallel.world_size)
-    return MultiprocExecutor(config) if parallel.world_size > 1 else Executor(config)
+    if backend == "ray":  # Ray is an optional extra: imported only when asked for
+        from pagedllm.executor.ray_executor import RayExecutor
+
+        return RayExecutor(config)
+    check_gpus_for_ranks(config, parallel.ranks_per_node)
+    return MultiprocExecutor(config) if backend == "mp" else Executor(config)
+
+
+def executor_backend(parallel: ParallelConfig) -> str:
+    """The backend asked for; without one, torchrun's when it launched this process ("uni"
+    for one rank, "mp" for more, as vLLM picks on one node)."""
+    backend = parallel.distributed_executor_backend
+    launched = torchrun_rank() is not None
+    if backend == "external_launcher" and not launched:
+        raise ValueError(
+            'distributed_executor_backend "external_launcher" is torchrun: launch the script '
+            "with torchrun (docs/parallelism.md)"
+        )
+    if backend is not None:
+        return backend
+    if launched:
+        return "external_launcher"
+    return "mp" if parallel.world_size > 1 else "uni"
 
 
 def check_gpus_for_ranks(config: EngineConfig, ranks_on_host: int) -> None:

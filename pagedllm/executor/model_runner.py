@@ -7,16 +7,24 @@ import torch
 
 from pagedllm.batch_invariant import set_batch_invariant
 from pagedllm.config import EngineConfig
-from pagedllm.executor.batch import BatchInputs, SeqChunk, prepare_batch
+from pagedllm.device_copy import to_device
+from pagedllm.distributed.parallel_state import set_expert_parallel
+from pagedllm.executor import cuda_graph
+from pagedllm.executor.batch import BatchInputs, SeqChunk, host_batch, prepare_batch
 from pagedllm.executor.cpu_graph import CpuGraphRunner
 from pagedllm.executor.cpu_malloc import keep_freed_memory
+from pagedllm.executor.cuda_graph import CudaGraphRunner
 from pagedllm.executor.kv_cache import bind_kv_cache, kv_cache_bytes_per_token
 from pagedllm.forward_context import set_forward_context
+from pagedllm.layers.attention_backends.selector import use_attn_backend
 from pagedllm.layers.pooler import pool_chunk
+from pagedllm.logger import init_logger
 from pagedllm.model_loader.loader import get_model
 from pagedllm.models.pipeline import IntermediateTensors
 from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
 from pagedllm.sample.sampler import Sampler, SamplerOutput
+
+logger = init_logger(__name__)
 
 
 @dataclass
@@ -53,7 +61,11 @@ class ModelRunner:
         self.block_size = config.cache_config.block_size
         self.kv_cache_dtype = config.cache_config.kv_dtype(config.model_config.dtype)
         set_batch_invariant(config.batch_invariant)
-        self.model = get_model(config.model_config, self.device)
+        with (
+            set_expert_parallel(config.parallel_config.enable_expert_parallel),
+            use_attn_backend(config.attention_backend, self.kv_cache_dtype),
+        ):
+            self.model = get_model(config.model_config, self.device)
         self.vocab_size = config.model_config.vocab_size
         pooler_config = config.model_config.pooler_config
         self.pooling_type = pooler_config.pooling_type if pooler_config is not None else None
@@ -64,27 +76,45 @@ class ModelRunner:
             logits_processors=config.logits_processors,
         )
         self.kv_cache: torch.Tensor | None = None
-        self.graph_runner: CpuGraphRunner | None = None
+        self.graph_runner: CpuGraphRunner | CudaGraphRunner | None = None
 
     @property
     def kv_cache_bytes_per_token(self) -> int:
         return kv_cache_bytes_per_token(self.model, self.kv_cache_dtype)
 
     def init_kv_cache(self, num_blocks: int) -> None:
-        self.kv_cache = bind_kv_cache(
-            self.model, num_blocks, self.block_size, self.kv_cache_dtype, self.device
-        )
+        """Allocates the cache of num_blocks blocks (plus, with CUDA graphs, their padding
+        rows' block, which the scheduler never hands out), then captures the graphs."""
         config = self.config
-        if CpuGraphRunner.applies(
+        no_cuda_graphs = cuda_graph.unsupported_reason(
+            self.model, self.device, config.enforce_eager
+        )
+        if no_cuda_graphs is None and config.parallel_config.pipeline_parallel_size > 1:
+            no_cuda_graphs = "pipeline parallelism (a stage runs on the stage before's output)"
+        cache_blocks = num_blocks + (no_cuda_graphs is None)
+        self.kv_cache = bind_kv_cache(
+            self.model, cache_blocks, self.block_size, self.kv_cache_dtype, self.device
+        )
+        max_model_len = config.model_config.max_model_len
+        # Captured CPU steps replay pagedllm._C's launches; the Triton interpreter's are not.
+        if config.attention_backend != "TRITON_ATTN" and CpuGraphRunner.applies(
             self.device, config.parallel_config.world_size, config.enforce_eager
         ):
-            max_blocks = -(-config.model_config.max_model_len // self.block_size)
+            max_blocks = -(-max_model_len // self.block_size)
             self.graph_runner = CpuGraphRunner(self.model, max_blocks, [self.kv_cache])
+        elif no_cuda_graphs is None:
+            sizes = cuda_graph.capture_sizes(config.scheduler_config.max_num_seqs)
+            self.graph_runner = CudaGraphRunner(
+                self.model, sizes, max_model_len, self.block_size, num_blocks, self.device
+            )
+            self.graph_runner.capture_all()
+        elif self.device.type == "cuda":
+            logger.info("CUDA graphs off: %s", no_cuda_graphs)
 
     def _copy_blocks(self, blocks_to_copy: list[tuple[int, int]]) -> None:
         if not blocks_to_copy:
             return
-        src, dst = (torch.tensor(ids, device=self.device) for ids in zip(*blocks_to_copy))
+        src, dst = (to_device(ids, torch.int64, self.device) for ids in zip(*blocks_to_copy))
         self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
     @torch.inference_mode()
@@ -134,7 +164,7 @@ class ModelRunner:
         """The final hidden states [T, hidden] of the step's tokens, and each chunk's start
         row in them (plus the end)."""
         self._copy_blocks(step.blocks_to_copy)
-        batch = prepare_batch(step.chunks, self.block_size, self.device)
+        batch = host_batch(step.chunks, self.block_size, pin_memory=self.device.type != "cpu")
         hidden = self._run_model(batch, intermediate)
         return hidden, [0, *itertools.accumulate(batch.attn_metadata.query_lens_cpu)]
 
@@ -146,16 +176,18 @@ class ModelRunner:
         if hidden.shape[0] == len(starts) - 1 and sample_indices == list(range(len(hidden))):
             return hidden
         rows = [starts[i + 1] - 1 for i in sample_indices]
-        return hidden[torch.tensor(rows, dtype=torch.long, device=self.device)]
+        return hidden[to_device(rows, torch.int64, self.device)]
 
     def _run_model(
         self, batch: BatchInputs, intermediate: IntermediateTensors | None
     ) -> torch.Tensor:
-        """Hidden states [T, hidden]: replayed when the graph runner can, else eager."""
+        """Hidden states [T, hidden] of the batch built on the host: replayed when the graph
+        runner can, else eager on the batch copied to the device."""
         if self.graph_runner is not None:
             hidden = self.graph_runner.run(batch)
             if hidden is not None:
                 return hidden
+        batch = batch.to(self.device)
         with set_forward_context(batch.attn_metadata):
             return self.model(batch.input_ids, batch.positions, intermediate)
 

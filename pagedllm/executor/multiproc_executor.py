@@ -1,5 +1,6 @@
 """MultiprocExecutor: rank 0 in this process, ranks 1..N-1 spawned (multiprocessing spawn),
-tensors moved by torch.distributed; start-up that never hangs on a failed worker."""
+tensors moved by torch.distributed; start-up that never hangs on a failed worker. With
+--nnodes, only this node's ranks are spawned here; the other nodes run headless.py."""
 
 import dataclasses
 import multiprocessing as mp
@@ -10,15 +11,13 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
-from typing import TypeVar
 
-from pagedllm.config import EngineConfig
+from pagedllm.config import EngineConfig, ParallelConfig
 from pagedllm.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
 )
-from pagedllm.executor.executor import DistributedExecutor, StepFuture
-from pagedllm.executor.model_runner import StepInput
+from pagedllm.executor.executor import DistributedExecutor
 from pagedllm.executor.worker import (
     ERROR,
     JOINED,
@@ -27,22 +26,27 @@ from pagedllm.executor.worker import (
     rank_device,
     worker_main,
 )
-from pagedllm.sample.metadata import SamplingRow
 
-T = TypeVar("T")
 WORKER_START_TIMEOUT_S = 300.0  # a healthy worker loading a large shard; failures show at once
 _POLL_S = 0.05  # how often start-up checks whether rank 0's own rendezvous has finished
-_DEATH_WAIT_S = 1.0
 BOOTSTRAP_ADVICE = (
     'put the code that creates the LLM under `if __name__ == "__main__":`, since each '
     "tensor-parallel worker is a spawned process that re-imports the main module"
 )
 
 
-def _free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def rendezvous_address(parallel: ParallelConfig) -> str:
+    """Where the ranks meet: rank 0's master_addr:master_port across nodes (vLLM's
+    --master-addr/--master-port), a free loopback port on one."""
+    if parallel.nnodes > 1:
+        return f"tcp://{parallel.master_addr}:{parallel.master_port}"
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 class MultiprocExecutor(DistributedExecutor):
@@ -54,11 +58,14 @@ class MultiprocExecutor(DistributedExecutor):
     the worker's traceback, or its exit code, as soon as one fails.
     """
 
+    death_wait_s = 1.0
+
     def __init__(self, config: EngineConfig) -> None:
         _check_not_bootstrapping()
-        world_size = config.parallel_config.world_size
-        pp = config.parallel_config.pipeline_parallel_size
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        parallel = config.parallel_config
+        world_size, local_ranks = parallel.world_size, parallel.ranks_per_node
+        pp = parallel.pipeline_parallel_size
+        init_method = rendezvous_address(parallel)
         self.processes: list[mp.Process] = []
         self.conns: list[Connection] = []
         self._stage: dict[int, str] = {}  # rank -> the last start-up report it sent
@@ -66,27 +73,30 @@ class MultiprocExecutor(DistributedExecutor):
         self._finalizer = weakref.finalize(self, _stop_workers, self.processes, self._stopping)
         try:
             deadline = time.monotonic() + WORKER_START_TIMEOUT_S
-            self._spawn_workers(config, world_size, init_method)
+            self._spawn_workers(config, world_size, local_ranks, init_method)
             backend = distributed_backend(config.device)
-            rendezvous = _in_daemon_thread(
+            rendezvous = in_daemon_thread(
                 lambda: init_distributed_environment(
                     world_size, 0, init_method, backend, pipeline_parallel_size=pp
                 )
             )
             self._watch_workers(JOINED, rendezvous.done, deadline)
             rendezvous.result()
-            device = rank_device(config.device, 0, world_size)
+            device = rank_device(config.device, 0, local_ranks)
             super().__init__(dataclasses.replace(config, device=device))
             self._watch_workers(READY, lambda: not self._behind(READY), deadline)
         except BaseException:
             self.shutdown()
             raise
 
-    def _spawn_workers(self, config: EngineConfig, world_size: int, init_method: str) -> None:
-        """Start ranks 1..world_size-1, each with a pipe for its start-up reports. This
+    def _spawn_workers(
+        self, config: EngineConfig, world_size: int, local_ranks: int, init_method: str
+    ) -> None:
+        """Start ranks 1..local_ranks-1 (this node's; with --nnodes the other nodes' ranks are
+        started by their headless processes), each with a pipe for its start-up reports. This
         process closes its copy of the child's end, so a worker's exit reads as EOF."""
         ctx = mp.get_context("spawn")
-        for rank in range(1, world_size):
+        for rank in range(1, local_ranks):
             parent_conn, child_conn = ctx.Pipe(duplex=False)
             process = ctx.Process(
                 target=worker_main,
@@ -152,12 +162,6 @@ class MultiprocExecutor(DistributedExecutor):
             f"is printed above). If the script creates the LLM at module level, {BOOTSTRAP_ADVICE}"
         )
 
-    def _call(self, method: str, argument: object) -> None:
-        try:
-            super()._call(method, argument)
-        except RuntimeError as e:
-            raise self._worker_failure(e) from e
-
     def _worker_failure(self, error: BaseException) -> RuntimeError:
         """A collective failed: name the worker that died and show its traceback."""
         time.sleep(0.2)  # let a failing worker's report arrive
@@ -168,33 +172,18 @@ class MultiprocExecutor(DistributedExecutor):
                 return RuntimeError(f"tensor-parallel worker {rank} died ({error}):\n{why}")
         return RuntimeError(f"tensor-parallel collective failed: {error}")
 
-    def execute_async(self, step: StepInput, rows: list[SamplingRow]) -> StepFuture:
-        future = self._naming_dead_workers(super().execute_async, step, rows)
-        if future.done():
-            return future
-        return StepFuture(lambda: self._naming_dead_workers(future.result))
-
-    def _naming_dead_workers(self, fn: Callable[..., T], *args: object) -> T:
-        """fn(*args); a RuntimeError raised because a worker died names the worker. A dead
-        peer's sockets close a moment before its process can be reaped, so a failure waits
-        up to _DEATH_WAIT_S for a worker to show as dead."""
-        try:
-            return fn(*args)
-        except RuntimeError as e:
-            deadline = time.monotonic() + _DEATH_WAIT_S
-            while self.is_healthy() and time.monotonic() < deadline:
-                time.sleep(_POLL_S)
-            if self.is_healthy():
-                raise
-            raise self._worker_failure(e) from e
-
     def is_healthy(self) -> bool:
         return all(p.is_alive() for p in self.processes)
 
     def shutdown(self) -> None:
         """Tell the workers to stop if all are in the control loop, then wait for (or kill)
-        them; a worker still starting cannot take the message."""
-        if not self._behind(READY) and self.is_healthy() and hasattr(self, "link"):
+        them; a worker still starting cannot take the message. A second call does nothing."""
+        if (
+            self._finalizer.alive
+            and not self._behind(READY)
+            and self.is_healthy()
+            and hasattr(self, "link")
+        ):
             try:
                 self._send_shutdown()
                 self._stopping["graceful"] = True
@@ -214,7 +203,7 @@ def _check_not_bootstrapping() -> None:
         )
 
 
-def _in_daemon_thread(fn: Callable[[], None]) -> Future:
+def in_daemon_thread(fn: Callable[[], None]) -> Future:
     """Run `fn` in a daemon thread so the caller can watch the workers meanwhile; a
     rendezvous left waiting for a dead worker then cannot keep the interpreter alive."""
     future: Future = Future()

@@ -17,10 +17,12 @@ import traceback
 from multiprocessing.connection import Connection
 
 import torch
+import torch.distributed as dist
 
 from pagedllm.config import EngineConfig
 from pagedllm.distributed.parallel_state import (
     destroy_distributed_environment,
+    get_cpu_group,
     init_distributed_environment,
 )
 from pagedllm.executor.model_runner import ModelRunner, StepInput
@@ -38,6 +40,13 @@ STARTED = "started"
 JOINED = "joined"  # it is in the process group
 READY = "ready"  # its shard is loaded, so it is in the control loop
 ERROR = "error"  # its traceback; the last thing it sends
+
+
+def shutdown_barrier() -> None:
+    """Every rank, once the shutdown message is out: rank 0 waits here until all have heard
+    it, so that closing the process group cannot cut the message off on its way to another
+    node (DistributedExecutor._send_shutdown)."""
+    dist.barrier(group=get_cpu_group())
 
 
 def distributed_backend(device: str) -> str:
@@ -61,6 +70,7 @@ def run_worker_loop(runner: ModelRunner) -> None:
         method, argument = link.receive_message()
         if method == SHUTDOWN:
             link.pending.wait()  # the message on its way to the next stage
+            shutdown_barrier()
             return
         if method == INIT_KV_CACHE:
             runner.init_kv_cache(argument)
@@ -115,7 +125,8 @@ def worker_main(
     conn.send((STARTED, None))
     try:
         backend = distributed_backend(config.device)
-        device = rank_device(config.device, rank, world_size)
+        per_node = world_size // config.parallel_config.nnodes  # --nnodes: consecutive ranks
+        device = rank_device(config.device, rank % per_node, per_node)
         config = dataclasses.replace(config, device=device)
         init_distributed_environment(
             world_size,

@@ -87,13 +87,17 @@ def get_model(model_config: ModelConfig, device: str | torch.device = "cpu") -> 
     owned = weight_filter(model)  # under pipeline parallelism: this stage's tensors only
     if model_config.runner_type == "pooling":
         drop_lm_head(model)
-        weights = pooling_weights(
-            iterate_weights(model_config, quant_config, lambda n: owned(causal_lm_name(n)))
-        )
-    else:
-        weights = iterate_weights(model_config, quant_config, owned)
     with torch.no_grad():
-        model.load_weights(weights)
+        if model_config.load_format == "dummy":
+            initialize_dummy_weights(model)
+        else:
+            if model_config.runner_type == "pooling":
+                weights = pooling_weights(
+                    iterate_weights(model_config, quant_config, lambda n: owned(causal_lm_name(n)))
+                )
+            else:
+                weights = iterate_weights(model_config, quant_config, owned)
+            model.load_weights(weights)
         for module in model.modules():
             method = getattr(module, "quant_method", None)
             if method is not None:
@@ -104,6 +108,17 @@ def get_model(model_config: ModelConfig, device: str | torch.device = "cpu") -> 
     scheme = model_config.quantization or str(model_config.dtype).removeprefix("torch.")
     logger.info("weights: %.1f MB resident (%s)", weight_bytes(model) / 1e6, scheme)
     return model
+
+
+def initialize_dummy_weights(model: nn.Module, low: float = -1e-3, high: float = 1e-3) -> None:
+    """vLLM's dummy weights: every parameter uniform in [low, high), drawn where it lies
+    (on a GPU, nothing crosses the bus), seeded so that runs repeat."""
+    generators: dict[torch.device, torch.Generator] = {}
+    for param in model.parameters():
+        if param.device not in generators:
+            generators[param.device] = torch.Generator(param.device).manual_seed(0)
+        if param.is_floating_point():
+            param.uniform_(low, high, generator=generators[param.device])
 
 
 def _weights_in_huge_pages(model: nn.Module) -> None:

@@ -24,6 +24,7 @@ from typing import TypeVar
 
 import torch
 
+from pagedllm.device_copy import tensor_to_device, to_device
 from pagedllm.sampling_params import SamplingParams
 
 
@@ -135,7 +136,7 @@ class MinPLogitsProcessor(LogitsProcessor):
                 values = torch.zeros(batch_update.batch_size, 1)
                 for index, min_p in self.min_p_by_row.items():
                     values[index] = min_p
-                self.min_p = values.to(self.device)
+                self.min_p = tensor_to_device(values, self.device)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if self.min_p is None:
@@ -168,7 +169,7 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
             pairs = [(i, t) for i, bias in self.bias_by_row.items() for t in bias]
             values = [b for bias in self.bias_by_row.values() for b in bias.values()]
             self.indices = _index_pair(pairs, self.device)
-            self.values = torch.tensor(values, dtype=torch.float32, device=self.device)
+            self.values = to_device(values, torch.float32, self.device)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if self.indices is None:
@@ -219,7 +220,7 @@ def _index_pair(
     """[(row, token), ...] -> (rows [N], tokens [N]) for index_put_, or None if empty."""
     if not pairs:
         return None
-    rows, tokens = torch.tensor(pairs, dtype=torch.long, device=device).T
+    rows, tokens = to_device(pairs, torch.long, device).T
     return rows, tokens
 
 

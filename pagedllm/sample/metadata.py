@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pagedllm.device_copy import tensor_to_device, to_device
 from pagedllm.sample.ops.penalties import TokenCounts, get_token_counts
 from pagedllm.sampling_params import SamplingParams, SamplingType
 
@@ -129,8 +130,8 @@ def _sampling_fields(rows: list[SamplingRow], vocab_size: int, device: torch.dev
         all_greedy=all_greedy,
         all_random=all_random,
         temperature=None if all_greedy else _floats(temperature, device),
-        greedy_mask=None if all_greedy or all_random else torch.tensor(greedy, device=device),
-        top_k=None if all(k == vocab_size for k in top_k) else torch.tensor(top_k, device=device),
+        greedy_mask=None if all_greedy or all_random else to_device(greedy, torch.bool, device),
+        top_k=None if all(k == vocab_size for k in top_k) else to_device(top_k, torch.long, device),
         top_p=None if all(p == 1.0 for p in top_p) else _floats(top_p, device),
         generators=generators,
         no_penalties=no_penalties,
@@ -163,9 +164,9 @@ def _allowed_token_ids_mask(
     if not limited:
         return None
     mask = torch.zeros(len(params), vocab_size, dtype=torch.bool, device=device)
-    mask[[i for i, _ in limited]] = True
+    mask[to_device([i for i, _ in limited], torch.long, device)] = True
     pairs = [(i, t) for i, allowed in limited for t in allowed]
-    rows, tokens = torch.tensor(pairs, dtype=torch.long, device=device).T
+    rows, tokens = to_device(pairs, torch.long, device).T
     mask[rows, tokens] = False
     return mask
 
@@ -176,8 +177,8 @@ def _token_bitmask_fields(rows: list[SamplingRow], device: torch.device) -> dict
         return {}
     bitmask = torch.stack([rows[i].token_bitmask for i in constrained])
     return dict(
-        token_bitmask=bitmask.to(device, non_blocking=True),
-        token_bitmask_rows=torch.tensor(constrained, dtype=torch.long, device=device),
+        token_bitmask=tensor_to_device(bitmask, device),
+        token_bitmask_rows=to_device(constrained, torch.long, device),
     )
 
 
@@ -198,4 +199,4 @@ def _max_num_logprobs(params: list[SamplingParams]) -> int | None:
 
 
 def _floats(values: list[float], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32, device=device)
+    return to_device(values, torch.float32, device)

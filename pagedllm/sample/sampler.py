@@ -9,6 +9,11 @@ custom) -> top-k / top-p -> sample -> gather logprobs (processed modes: the fina
 
 Logits processors keep per-row state; see pagedllm/sample/logits_processors.py for how the
 Sampler keeps them in step with the batch.
+
+Off the CPU the sampler never makes the host wait for the device until its end: the rows
+that cannot sample are found on the device, and the sampled ids, those rows and the
+logprobs come back to the host in one batch of copies and one wait (device_copy.to_host);
+its SamplerOutput then holds host tensors.
 """
 
 import math
@@ -20,6 +25,7 @@ import torch
 from torch import nn
 
 from pagedllm import _custom_ops
+from pagedllm.device_copy import to_host
 from pagedllm.sample.logits_processors import (
     BatchUpdate,
     LogitsProcessor,
@@ -31,7 +37,7 @@ from pagedllm.sample.ops.logprobs import LogprobsTensors, compute_logprobs, gath
 from pagedllm.sample.ops.penalties import apply_penalties
 from pagedllm.sample.ops.row_chunks import row_chunks
 from pagedllm.sample.ops.token_bitmask import apply_token_bitmask
-from pagedllm.sample.ops.top_k_top_p import apply_top_k_top_p
+from pagedllm.sample.ops.top_k_top_p import apply_top_k_top_p, apply_top_k_top_p_sorted
 
 LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
 
@@ -68,6 +74,9 @@ class Sampler(nn.Module):
         self.has_custom_processors = bool(logits_processors)
         self._num_rows = 0  # rows the processors currently hold state for
         self._float32_logits = torch.empty(0, device=self.device)  # see _as_float32
+        # The module docstring's one wait for the step; on the CPU reading the result costs
+        # nothing, and the host-side check of the chosen logits is the fastest there.
+        self.sync_free = self.device.type != "cpu"
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """logits [B, V] -> SamplerOutput with sampled_token_ids [B].
@@ -99,12 +108,18 @@ class Sampler(nn.Module):
         if not (metadata.argmax_only and not self.has_custom_processors):
             logits = self.apply_logits_processors(self._as_float32(logits), metadata)
         sampled, final_logits = self.sample(logits, metadata)
-        sampled, errors = _reject_unsampleable(sampled, final_logits)
+        if self.sync_free:
+            sampled, sampleable = _mask_unsampleable(sampled, final_logits)
+        else:
+            sampled, errors = _reject_unsampleable(sampled, final_logits)
         processed = self._processed(final_logits, metadata)
-        if num_logprobs is None:
-            return SamplerOutput(sampled, None, errors)
-        reported = raw if processed is None else processed
-        return SamplerOutput(sampled, gather_logprobs(reported, num_logprobs, sampled), errors)
+        logprobs = None
+        if num_logprobs is not None:
+            reported = raw if processed is None else processed
+            logprobs = gather_logprobs(reported, num_logprobs, sampled)
+        if self.sync_free:
+            return _to_host_output(sampled, sampleable, logprobs)
+        return SamplerOutput(sampled, logprobs, errors)
 
     def _as_float32(self, logits: torch.Tensor) -> torch.Tensor:
         """logits in float32; other dtypes are converted into a buffer kept across steps:
@@ -137,14 +152,17 @@ class Sampler(nn.Module):
         logprobs = LogprobsTensors(*(torch.cat(tensors) for tensors in zip(*parts)))
         return SamplerOutput(sampled, logprobs, errors)
 
-    @staticmethod
-    def _placeholder(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        """Token 0 with logprobs of the right shape, for a row that failed."""
+    def _placeholder(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        """Token 0 with logprobs of the right shape, for a row that failed (where the other
+        rows' outputs are)."""
         sampled = torch.zeros(1, dtype=torch.long, device=logits.device)
-        if metadata.max_num_logprobs is None:
-            return SamplerOutput(sampled, None)
-        zeros = torch.zeros_like(logits, dtype=torch.float32)
-        return SamplerOutput(sampled, gather_logprobs(zeros, metadata.max_num_logprobs, sampled))
+        logprobs = None
+        if metadata.max_num_logprobs is not None:
+            zeros = torch.zeros_like(logits, dtype=torch.float32)
+            logprobs = gather_logprobs(zeros, metadata.max_num_logprobs, sampled)
+        if self.sync_free:
+            return _to_host_output(sampled, torch.ones_like(sampled, dtype=torch.bool), logprobs)
+        return SamplerOutput(sampled, logprobs)
 
     def _refresh_logitsprocs(self, metadata: SamplingMetadata) -> None:
         """Tell every processor the whole batch: each row added at its index, rows past the
@@ -194,7 +212,8 @@ class Sampler(nn.Module):
         logits.div_(metadata.temperature.unsqueeze(1))
         for processor in self.logitsprocs.argmax_invariant:
             logits = processor.apply(logits)
-        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
+        top_k_top_p = apply_top_k_top_p_sorted if self.sync_free else apply_top_k_top_p
+        logits = top_k_top_p(logits, metadata.top_k, metadata.top_p)
         sampled = random_sample(logits, metadata.generators)
         if greedy is not None:
             sampled = torch.where(metadata.greedy_mask, greedy, sampled)
@@ -208,6 +227,13 @@ class Sampler(nn.Module):
         if self.logprobs_mode == "processed_logprobs":
             return compute_logprobs(logits)
         return logits  # not modified after this point
+
+
+_UNSAMPLEABLE = (
+    "no token can be sampled for this request: after structured_outputs, "
+    "allowed_token_ids, bad_words, logit_bias, min_tokens, penalties and temperature "
+    "every logit is -inf or NaN"
+)
 
 
 def _reject_unsampleable(
@@ -227,14 +253,31 @@ def _reject_unsampleable(
     ]
     if not rows:
         return sampled, {}
-    message = (
-        "no token can be sampled for this request: after structured_outputs, "
-        "allowed_token_ids, bad_words, logit_bias, min_tokens, penalties and temperature "
-        "every logit is -inf or NaN"
-    )
     sampled = sampled.clone()
     sampled[rows] = 0
-    return sampled, {row: ValueError(message) for row in rows}
+    return sampled, {row: ValueError(_UNSAMPLEABLE) for row in rows}
+
+
+def _mask_unsampleable(
+    sampled: torch.Tensor, logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """_reject_unsampleable on the device: (the tokens with 0 where no real choice was made,
+    which rows made one [B] bool), nothing read on the host."""
+    vocab_size = logits.shape[1]
+    chosen = logits.gather(1, sampled.clamp(0, vocab_size - 1).unsqueeze(1)).squeeze(1)
+    sampleable = (sampled >= 0) & (sampled < vocab_size) & (chosen > -math.inf)  # NaN: False
+    return torch.where(sampleable, sampled, torch.zeros_like(sampled)), sampleable
+
+
+def _to_host_output(
+    sampled: torch.Tensor, sampleable: torch.Tensor, logprobs: LogprobsTensors | None
+) -> SamplerOutput:
+    """The step's one device-to-host transfer: the sampled ids, which rows could sample and
+    the logprobs, copied together; the errors are then found on the host."""
+    sampled, sampleable, *gathered = to_host([sampled, sampleable, *(logprobs or ())])
+    rows = (~sampleable).nonzero().flatten().tolist()
+    errors: dict[int, Exception] = {row: ValueError(_UNSAMPLEABLE) for row in rows}
+    return SamplerOutput(sampled, LogprobsTensors(*gathered) if gathered else None, errors)
 
 
 def random_sample(logits: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:

@@ -12,6 +12,8 @@ from pagedllm.distributed.parallel_state import (
     GroupCoordinator,
     destroy_distributed_environment,
     get_cpu_group,
+    get_expert_parallel_rank,
+    get_expert_parallel_world_size,
     get_pp_group,
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
@@ -19,6 +21,7 @@ from pagedllm.distributed.parallel_state import (
     init_distributed_environment,
     override_pipeline_parallel,
     override_tensor_parallel,
+    set_expert_parallel,
 )
 
 
@@ -93,3 +96,20 @@ def test_group_coordinator_neighbours() -> None:
 def test_gloo_group_of_one_has_pipeline_and_tensor_groups_of_one(gloo_group_of_one) -> None:
     assert get_pp_group().ranks == (0,) and get_tp_group().ranks == (0,)
     assert get_pp_group().is_first_rank and get_pp_group().is_last_rank
+
+
+def test_expert_parallel_group_is_the_tensor_parallel_group_while_enabled() -> None:
+    """vLLM's EP group with TP x DP = TP: EP rank and size are TP's; off, every rank holds
+    every expert (rank 0 of 1). The setting nests and is restored after an error."""
+    with override_tensor_parallel(3, 4):
+        assert (get_expert_parallel_rank(), get_expert_parallel_world_size()) == (0, 1)
+        with set_expert_parallel(True):
+            assert (get_expert_parallel_rank(), get_expert_parallel_world_size()) == (3, 4)
+            with set_expert_parallel(False):
+                assert get_expert_parallel_world_size() == 1
+            assert get_expert_parallel_world_size() == 4
+        with pytest.raises(RuntimeError), set_expert_parallel(True):
+            raise RuntimeError("building a layer failed")
+        assert get_expert_parallel_world_size() == 1
+    with set_expert_parallel(True):
+        assert (get_expert_parallel_rank(), get_expert_parallel_world_size()) == (0, 1)

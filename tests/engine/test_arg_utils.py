@@ -9,6 +9,7 @@ from dataclasses import fields
 import pytest
 import torch
 
+from pagedllm import _triton_ops
 from pagedllm.engine.arg_utils import EngineArgs
 from tests.engine.engine_helpers import LLAMA
 
@@ -48,6 +49,17 @@ def test_flags_round_trip_with_their_types() -> None:
         "2",
         "-pp",
         "3",
+        "--enable-expert-parallel",
+        "--distributed-executor-backend",
+        "ray",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "10.0.0.1",
+        "--master-port",
+        "1234",
         "--max-model-len",
         "128",
         "--block-size",
@@ -76,11 +88,15 @@ def test_flags_round_trip_with_their_types() -> None:
         "--kv-cache-dtype",
         "bfloat16",
         "--enforce-eager",
+        "--load-format",
+        "dummy",
         "--batch-invariant",
         "--runner",
         "pooling",
         "--pooler-config",
         '{"pooling_type": "MEAN"}',
+        "--attention-backend",
+        "TORCH_SDPA",
     ]
     args = EngineArgs.from_cli_args(parser_with_flags().parse_args(argv))
     assert args == EngineArgs(
@@ -88,6 +104,12 @@ def test_flags_round_trip_with_their_types() -> None:
         dtype="float16",
         tensor_parallel_size=2,
         pipeline_parallel_size=3,
+        enable_expert_parallel=True,
+        distributed_executor_backend="ray",
+        nnodes=2,
+        node_rank=1,
+        master_addr="10.0.0.1",
+        master_port=1234,
         max_model_len=128,
         block_size=8,
         kv_cache_memory_bytes=4096,
@@ -104,9 +126,11 @@ def test_flags_round_trip_with_their_types() -> None:
         quantization="int8",
         kv_cache_dtype="bfloat16",
         enforce_eager=True,
+        load_format="dummy",
         batch_invariant=True,
         runner="pooling",
         pooler_config='{"pooling_type": "MEAN"}',
+        attention_backend="TORCH_SDPA",
     )
     assert {f.name for f in fields(EngineArgs) if f.name not in NOT_CLI} == {
         name for name, value in vars(args).items() if value != getattr(EngineArgs(), name)
@@ -124,6 +148,12 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
         tiny_model_path(LLAMA),
         dtype="float16",
         tensor_parallel_size=2,
+        enable_expert_parallel=True,
+        distributed_executor_backend="mp",
+        nnodes=2,
+        node_rank=1,
+        master_addr="10.0.0.1",
+        master_port=1234,
         max_model_len=128,
         block_size=8,
         kv_cache_memory_bytes=4096,
@@ -141,6 +171,7 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
         logits_processors=processors,
         enforce_eager=True,
         batch_invariant=True,
+        attention_backend="torch_sdpa",
     )
     config = args.create_engine_config()
     model = config.model_config
@@ -159,10 +190,19 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
         True,
     )
     assert config.parallel_config.tensor_parallel_size == 2
+    assert config.parallel_config.enable_expert_parallel is True
+    parallel = config.parallel_config
+    assert (parallel.distributed_executor_backend, parallel.nnodes, parallel.node_rank) == (
+        "mp",
+        2,
+        1,
+    )
+    assert (parallel.master_addr, parallel.master_port) == ("10.0.0.1", 1234)
     assert (config.device, config.seed, config.skip_tokenizer_init) == ("cpu", 11, True)
     assert (config.max_logprobs, config.max_n, config.logprobs_mode) == (4, 5, "processed_logprobs")
     assert config.logits_processors == ("pkg.Processor",)
     assert (config.enforce_eager, config.batch_invariant) == (True, True)
+    assert config.attention_backend == "TORCH_SDPA"
 
 
 def test_create_engine_config_rejects_a_bad_device(tiny_model_path) -> None:
@@ -229,3 +269,32 @@ def test_a_bad_pagedllm_batch_invariant_is_named(monkeypatch) -> None:
     monkeypatch.setenv("PAGEDLLM_BATCH_INVARIANT", "maybe")
     with pytest.raises(ValueError, match="PAGEDLLM_BATCH_INVARIANT='maybe'"):
         EngineArgs()
+
+
+@pytest.mark.parametrize(("value", "expected"), [("TRITON_ATTN", "TRITON_ATTN"), ("", None)])
+def test_attention_backend_defaults_to_pagedllm_attention_backend(
+    monkeypatch, value, expected
+) -> None:
+    monkeypatch.setenv("PAGEDLLM_ATTENTION_BACKEND", value)
+    assert EngineArgs().attention_backend == expected
+    assert parser_with_flags().parse_args([]).attention_backend == expected
+    flag = ["--attention-backend", "CPU_ATTN"]
+    assert parser_with_flags().parse_args(flag).attention_backend == "CPU_ATTN"
+
+
+def test_an_unknown_attention_backend_is_named_with_the_choices(tiny_model_path) -> None:
+    with pytest.raises(ValueError, match="'FLASH' is not one of TRITON_ATTN, CPU_ATTN, TORCH_SDPA"):
+        EngineArgs(tiny_model_path(LLAMA), attention_backend="FLASH").create_engine_config()
+
+
+def test_an_attention_backend_that_cannot_run_here_is_named(tiny_model_path, monkeypatch) -> None:
+    """CPU_ATTN has no float16 kernels; TRITON_ATTN runs CPU tensors only under Triton's
+    interpreter. Each error names the backends that can run."""
+    path = tiny_model_path(LLAMA)
+    with pytest.raises(ValueError, match="CPU_ATTN cannot run torch.float16 on cpu.*TORCH_SDPA"):
+        EngineArgs(
+            path, device="cpu", dtype="float16", attention_backend="CPU_ATTN"
+        ).create_engine_config()
+    monkeypatch.setattr(_triton_ops, "interpreting", lambda: False)
+    with pytest.raises(ValueError, match="TRITON_ATTN cannot run .*TRITON_INTERPRET=1"):
+        EngineArgs(path, device="cpu", attention_backend="TRITON_ATTN").create_engine_config()

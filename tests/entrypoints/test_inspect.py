@@ -49,8 +49,10 @@ def test_kv_cache_dtype_sets_the_kv_bytes_not_the_weights() -> None:
     assert report["kv_cache_dtype"] == "float32"
     assert report["kv_cache_bytes_per_token"] == 2 * 80 * 8 * 128 * 4
     assert report["bytes_per_rank"] == inspect_model(config)["bytes_per_rank"]
-    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8' is not supported"):
-        inspect_model(config, kv_cache_dtype="fp8")
+    fp8 = inspect_model(config, tp=1, kv_cache_dtype="fp8")
+    assert fp8["kv_cache_bytes_per_token"] == 2 * 80 * 8 * 128
+    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8_e5m2' is not supported"):
+        inspect_model(config, kv_cache_dtype="fp8_e5m2")
 
 
 def test_llama_70b_tp8_shards_everything_but_norms() -> None:
@@ -280,3 +282,30 @@ def test_cli_pipeline_parallel_size(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit):
         main(["inspect", LLAMA_70B, "-pp", "81"])
     assert "pipeline_parallel_size 81 is more than the model's 80 layers" in capsys.readouterr().err
+
+
+def test_qwen3_moe_q4_k_m_over_4_ranks_with_expert_parallelism() -> None:
+    """Refused as tensor parallel (Q6_K down_proj rows of 768 split into 192); with
+    enable_expert_parallel each rank holds 32 of the 128 experts whole, the same number of
+    expert weights as a quarter of each, in whole blocks, so the hand count above holds."""
+    config = ModelConfig.create(QWEN3_MOE, dtype="bfloat16")
+    with pytest.raises(ValueError, match="or --enable-expert-parallel"):
+        inspect_model(config, 4, "q4_k_m")
+    report = inspect_model(config, 4, "q4_k_m", enable_expert_parallel=True)
+    assert report["enable_expert_parallel"] is True
+    assert report["bytes_per_rank"] == qwen3_moe_quantized(4)["q4_k_m"]
+    assert report["total_weight_bytes"] == qwen3_moe_quantized(1)["q4_k_m"]
+    float_report = inspect_model(config, 4, enable_expert_parallel=True)
+    assert float_report["bytes_per_rank"] == inspect_model(config, 4)["bytes_per_rank"]
+
+
+def test_cli_expert_parallel(capsys: pytest.CaptureFixture) -> None:
+    argv = ["inspect", QWEN3_MOE, "--quantization", "q4_k_m", "--tp", "4"]
+    main([*argv, "--enable-expert-parallel", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["bytes_per_rank"] == qwen3_moe_quantized(4)["q4_k_m"]
+    main([*argv, "--enable-expert-parallel"])
+    assert "expert parallel         on" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert "tensor parallel size 4 cuts Q6_K blocks of 256" in capsys.readouterr().err

@@ -3,9 +3,11 @@ vLLM's definitions: slot = block_table[p // block_size] * block_size + p % block
 new token at position p, query_start_loc the prefix sums of the new-token counts, seq_lens the
 tokens in the cache after the step, block tables padded with 0."""
 
+import pytest
 import torch
 
-from pagedllm.executor.batch import SeqChunk, prepare_batch
+from pagedllm.executor.batch import SeqChunk, host_batch, prepare_batch
+from tests.devices import DEVICES
 
 BLOCK_SIZE = 4
 CHUNKS = [
@@ -15,11 +17,14 @@ CHUNKS = [
 ]
 
 
-def test_mixed_prefill_and_decode_batch() -> None:
-    batch = prepare_batch(CHUNKS, BLOCK_SIZE, "cpu")
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_prefill_and_decode_batch(device: str) -> None:
+    """On an accelerator built on the host in pinned memory and copied over."""
+    batch = prepare_batch(CHUNKS, BLOCK_SIZE, device)
     meta = batch.attn_metadata
 
     def check(tensor: torch.Tensor, values: list, dtype: torch.dtype) -> None:
+        assert tensor.device.type == device
         assert tensor.dtype == dtype and tensor.tolist() == values
 
     check(batch.input_ids, [10, 11, 12, 13, 14, 20, 30, 31], torch.int64)
@@ -37,3 +42,9 @@ def test_block_tables_are_not_modified() -> None:
     chunks = [SeqChunk([1], 0, [4]), SeqChunk([2, 3], 0, [5, 6])]
     prepare_batch(chunks, 1, "cpu")
     assert [c.block_table for c in chunks] == [[4], [5, 6]]
+
+
+def test_a_host_batch_on_the_cpu_is_itself() -> None:
+    batch = host_batch(CHUNKS, BLOCK_SIZE)
+    assert batch.to(torch.device("cpu")) is batch
+    assert not batch.input_ids.is_pinned()

@@ -69,6 +69,7 @@ def test_validate_params_runs_the_logits_processors_checks(config) -> None:
 def test_distributed_executor_broadcasts_each_call_before_running_it(config, monkeypatch) -> None:
     events = []
     monkeypatch.setattr(StageLink, "send_message", lambda _, message: events.append(message))
+    monkeypatch.setattr(executor, "shutdown_barrier", lambda: events.append("barrier"))
     monkeypatch.setattr(
         executor, "destroy_distributed_environment", lambda: events.append("destroy")
     )
@@ -86,4 +87,6 @@ def test_distributed_executor_broadcasts_each_call_before_running_it(config, mon
     assert out.sampler_output.sampled_token_ids.shape == (1,)
 
     ex.shutdown()
-    assert events[3:] == [(SHUTDOWN, None), "destroy"]
+    assert events[3:] == [(SHUTDOWN, None), "barrier", "destroy"]
+    ex.shutdown()  # once only
+    assert len(events) == 6

@@ -3,6 +3,7 @@
 MultiprocExecutor for tensor_parallel_size > 1, the in-process Executor for 1."""
 
 import dataclasses
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -95,3 +96,40 @@ def test_cuda_ranks_need_a_gpu_each_on_their_machine(
     message += "machine, one GPU each; "
     with pytest.raises(ValueError, match=message + f"torch finds {gpus}"):
         make_executor(on_cuda)
+
+
+@pytest.mark.parametrize(
+    "backend, tp, executor",
+    [(None, 1, "uni"), (None, 2, "multiproc"), ("mp", 1, "multiproc"), ("ray", 2, "ray")],
+)
+def test_distributed_executor_backend_picks_the_executor(
+    tiny_model_path, launched, monkeypatch, backend, tp, executor
+) -> None:
+    """vLLM's --distributed-executor-backend: "mp" spawns even one rank's worker-less world,
+    "ray" places actors; without it one rank runs in process and more are spawned."""
+    from pagedllm.executor import ray_executor
+
+    monkeypatch.setattr(factory, "MultiprocExecutor", stub("multiproc"))
+    monkeypatch.setattr(factory, "Executor", stub("uni"))
+    monkeypatch.setattr(ray_executor, "RayExecutor", stub("ray"))
+    launched(None)
+    args = EngineArgs(tiny_model_path("llama-gqa4"), dtype="float32", device="cpu")
+    args.tensor_parallel_size, args.distributed_executor_backend = tp, backend
+    made = args.create_engine_config()
+    assert make_executor(made) == (executor, made)
+
+
+def test_external_launcher_needs_torchrun(config, launched) -> None:
+    launched(None)
+    made = config(2)
+    made.parallel_config.distributed_executor_backend = "external_launcher"
+    with pytest.raises(ValueError, match="is torchrun: launch the script with torchrun"):
+        make_executor(made)
+
+
+def test_ray_backend_without_ray_says_how_to_install_it(monkeypatch) -> None:
+    from pagedllm.executor.ray_utils import import_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(ImportError, match=r'pip install "pagedllm\[ray\]"'):
+        import_ray()

@@ -2,17 +2,21 @@
 Reference: transformers' float32 logits of the same tiny checkpoint at each sequence's last new
 token (and at every new token for prompt logprobs); the argmax for greedy rows."""
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import pytest
 import torch
 
+from pagedllm import _cpu_kernels, device_copy
 from pagedllm.batch_invariant import is_batch_invariant
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.executor.batch import SeqChunk
 from pagedllm.executor.model_runner import ModelRunner, StepInput
-from pagedllm.sample.metadata import SamplingRow
+from pagedllm.sample import sampler as sampler_module
+from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
 from pagedllm.sampling_params import SamplingParams
+from tests.host_reads import NoHostReads
 
 LLAMA = "llama-gqa-llama3"
 PROMPTS = [[5, 9, 14, 3, 77, 21, 8], list(range(30, 50))]  # blocks [0] and [1, 2] of 16
@@ -109,3 +113,53 @@ def test_the_runner_sets_batch_invariant_mode_from_its_config(tiny_model_path) -
         )
         ModelRunner(args.create_engine_config())
         assert is_batch_invariant() is enabled
+
+
+def test_a_step_on_the_torch_paths_reads_nothing_on_the_host_before_its_one_copy(
+    tiny_model_path: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step as it runs on CUDA (kernels off: the torch paths; the sampler's sync-free
+    path), on CPU tensors under NoHostReads: a prefill with a copied block, then a mixed step
+    of a decode and a prefill chunk with top-k/top-p, penalties and logprobs. Nothing is read
+    on the host before the sampler's single to_host, which is called once a step, but by
+    SamplingMetadata.build, whose tensors are made on the host from the rows' lists; the
+    tokens are those of the sampler's host path."""
+    monkeypatch.setattr(_cpu_kernels, "_C", None)
+    args = EngineArgs(tiny_model_path(LLAMA), dtype="float32", device="cpu", max_model_len=256)
+    runner = ModelRunner(args.create_engine_config())
+    runner.init_kv_cache(num_blocks=6)
+    mode, copies = NoHostReads(), []
+
+    def to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        copies.append(len(tensors))
+        mode.allow()
+        return device_copy.to_host(tensors)
+
+    monkeypatch.setattr(sampler_module, "to_host", to_host)
+    build = SamplingMetadata.build
+
+    def build_on_host(*args: object) -> SamplingMetadata:
+        mode.allowed = True
+        try:
+            return build(*args)
+        finally:
+            mode.allowed = False
+
+    monkeypatch.setattr(SamplingMetadata, "build", build_on_host)
+    params = SamplingParams(temperature=0.8, top_k=5, top_p=0.9, repetition_penalty=1.2, seed=1)
+    steps = [
+        prefill([0, 1]),
+        StepInput([SeqChunk([3], 7, [0]), SeqChunk(PROMPTS[0][:4], 0, [3])], [(0, 4)], [0, 1], []),
+    ]
+    for step in steps:
+        tokens = []
+        for sync_free in (True, False):
+            rows = [
+                SamplingRow(SamplingParams(temperature=0, logprobs=2), PROMPTS[0], []),
+                SamplingRow(params, PROMPTS[1], [4], torch.Generator().manual_seed(1)),
+            ]
+            runner.sampler.sync_free, mode.allowed = sync_free, False
+            with mode if sync_free else contextlib.nullcontext():
+                tokens.append(runner.execute(step, rows).sampler_output.sampled_token_ids.tolist())
+        assert tokens[0] == tokens[1]
+    assert copies == [5, 5]  # the ids, which rows sampled, the three logprobs tensors

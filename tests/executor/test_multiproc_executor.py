@@ -16,6 +16,7 @@ from pagedllm import LLM, SamplingParams
 from pagedllm.config import ModelConfig
 from pagedllm.entrypoints.inspect import inspect_model
 from tests.executor.parallel_jobs import assert_same, mixed_prompts
+from tests.processes import MARKER_VARIABLE, alive, marked_processes
 
 ENGINE = dict(skip_tokenizer_init=True, num_kv_blocks=256, block_size=4, dtype="float32")
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
@@ -83,15 +84,6 @@ def test_default_model_tp_quantized_follows_one_rank() -> None:
         assert abs(lp_a[token].logprob - lp_b[token].logprob) <= 0.3
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
-
-
 def test_close_leaves_no_process(tiny_model_path) -> None:
     llm = LLM(tiny_model_path("llama-gqa4"), tensor_parallel_size=2, **ENGINE)
     pids = worker_pids(llm)
@@ -136,28 +128,8 @@ def run_marked(args: list[str], marker: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "TP_MARKER": marker},
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), MARKER_VARIABLE: marker},
     )
-
-
-def marked_processes(marker: str, grace_s: float = 5.0) -> list[int]:
-    """Live processes with `marker` in their environment, once `grace_s` has let those that
-    exit with their parent (multiprocessing's resource tracker) go."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        environs = Path("/proc").glob("[0-9]*/environ")
-        pids = [int(e.parent.name) for e in environs if marked(e, marker)]
-        pids = [pid for pid in pids if alive(pid)]
-        if not pids or time.monotonic() > deadline:
-            return pids
-        time.sleep(0.1)
-
-
-def marked(environ: Path, marker: str) -> bool:
-    try:
-        return f"TP_MARKER={marker}".encode() in environ.read_bytes()
-    except OSError:  # gone, or not ours
-        return False
 
 
 def test_script_without_main_guard_fails_fast_with_advice(tiny_model_path, tmp_path) -> None:

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from pagedllm.executor import worker
 from pagedllm.executor.model_runner import ModelRunner, StepInput
 from pagedllm.executor.stage_link import StageLink
 from pagedllm.executor.worker import (
@@ -68,6 +69,8 @@ def follow(
     monkeypatch.setattr(StageLink, "receive_message", lambda _: pending.pop(0))
     monkeypatch.setattr(StageLink, "samples", False)
     runner = RecordingRunner()
+    # no other rank here; the loop meets rank 0 in the barrier once SHUTDOWN is out
+    monkeypatch.setattr(worker, "shutdown_barrier", lambda: runner.calls.append(("barrier",)))
     run_worker_loop(runner)
     return runner, pending
 
@@ -83,7 +86,12 @@ def test_worker_loop_runs_each_message_until_shutdown(monkeypatch) -> None:
         (SHUTDOWN, None),
     ]
     runner, pending = follow([*messages, (EXECUTE, (step, None))], monkeypatch)
-    assert runner.calls == [("init_kv_cache", 8), ("forward", step), ("pool", pooled)]
+    assert runner.calls == [
+        ("init_kv_cache", 8),
+        ("forward", step),
+        ("pool", pooled),
+        ("barrier",),
+    ]
     assert pending == [(EXECUTE, (step, None))]
 
 

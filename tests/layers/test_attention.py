@@ -66,5 +66,5 @@ def test_layer_asks_the_selector_once_at_construction(cpu_kernels: str) -> None:
     """Reference: get_attn_backend for the default device and dtype: the pagedllm._C backend
     for float32 CPU when the extension is there, else the torch reference."""
     attn = Attention(4, HEAD_SIZE, SCALE, 2)
-    assert attn.backend.name == ("cpu" if cpu_kernels == "pagedllm._C" else "torch_sdpa")
+    assert attn.backend.name == ("CPU_ATTN" if cpu_kernels == "pagedllm._C" else "TORCH_SDPA")
     assert f"backend={attn.backend.name}" in repr(attn)

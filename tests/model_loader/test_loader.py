@@ -2,6 +2,7 @@
 weights end in one map."""
 
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,3 +42,20 @@ def test_cpu_model_weights_are_moved_into_one_map(tiny_model_path, monkeypatch) 
     tensors = dict(itertools.chain(model.named_parameters(), model.named_buffers()))
     for name, tensor in itertools.chain(reference.named_parameters(), reference.named_buffers()):
         torch.testing.assert_close(tensors[name], tensor, rtol=0, atol=0)
+
+
+def test_dummy_weights_are_vllms_small_uniform_ones_and_read_nothing(
+    tiny_model_path, tmp_path, monkeypatch
+) -> None:
+    """load_format="dummy" on a folder holding only config.json: every parameter uniform in
+    [-1e-3, 1e-3) (not all equal), the same on every load; a GGUF's blocks cannot be dummy."""
+    (tmp_path / "config.json").write_text(
+        (Path(tiny_model_path("llama-gqa-llama3")) / "config.json").read_text()
+    )
+    config = ModelConfig.create(str(tmp_path), "float32", load_format="dummy")
+    first, second = get_model(config), get_model(config)
+    for (name, a), b in zip(first.named_parameters(), second.parameters(), strict=True):
+        assert a.abs().max() <= 1e-3 and a.std() > 0, name
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="load_format 'wrong'"):
+        ModelConfig.create(str(tmp_path), load_format="wrong")

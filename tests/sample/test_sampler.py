@@ -14,8 +14,9 @@ from transformers.generation.logits_process import (
 )
 
 from pagedllm.sample.logits_processors import BatchUpdate, LogitsProcessor, process_dict_updates
-from pagedllm.sample.metadata import SamplingRow
+from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
 from pagedllm.sample.sampler import Sampler
+from tests.devices import needs_cuda
 from tests.sample.sampler_rows import V, row, sample
 
 
@@ -244,3 +245,43 @@ def test_plain_greedy_bf16_logits_give_the_float32_argmax_and_bias_stays_float32
         out = sample(sampler, logits, rows)
         assert out.sampled_token_ids.tolist() == logits.float().argmax(-1).tolist()
     assert sample(sampler, tied, [biased_row]).sampled_token_ids.tolist() == [7]
+
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+def test_the_sync_free_path_equals_the_host_path(mode: str) -> None:
+    """The path the sampler takes off the CPU (rows that cannot sample found on the device,
+    top-k/top-p by sorting, one to_host), run on CPU tensors: the same tokens, logprobs and
+    errors as the CPU's own path, for every kind of row and one that cannot sample."""
+    logits = torch.randn(8, V)
+    logits[7] = float("-inf")
+    outputs = []
+    for sync_free in (False, True):
+        rows = [*mixed_rows(), row([2], [], temperature=0, logprobs=-1)]
+        sampler = Sampler(V, logprobs_mode=mode)
+        sampler.sync_free = sync_free
+        torch.manual_seed(5)
+        outputs.append(sample(sampler, logits, rows))
+    host, sync_free = outputs
+    assert sync_free.sampled_token_ids.tolist() == host.sampled_token_ids.tolist()
+    for ours, theirs in zip(sync_free.logprobs, host.logprobs, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0, equal_nan=True)
+    assert list(sync_free.errors) == list(host.errors) == [7]
+    assert str(sync_free.errors[7]) == str(host.errors[7])
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=needs_cuda)])
+def test_a_gpu_sampler_returns_host_tensors_equal_to_the_cpus(device: str) -> None:
+    """Greedy rows with penalties, top-k/top-p (ignored by greedy rows) and logprobs, and
+    a row that cannot sample: the same tokens and errors as on the CPU, logprobs within
+    float32 noise, every result already on the host."""
+    logits = torch.randn(4, V)
+    logits[3] = float("-inf")
+    kw = {"temperature": 0, "logprobs": 3, "top_k": 4, "repetition_penalty": 1.5}
+    rows = [row([1, 2], [3], **kw) for _ in range(4)]
+    gpu = Sampler(V, device)
+    out = gpu(logits.to(device), SamplingMetadata.build(rows, V, device))
+    expected = sample(Sampler(V), logits, rows)
+    assert out.sampled_token_ids.device.type == out.logprobs.logprobs.device.type == "cpu"
+    assert out.sampled_token_ids.tolist() == expected.sampled_token_ids.tolist()
+    assert list(out.errors) == list(expected.errors) == [3]
+    torch.testing.assert_close(out.logprobs.logprobs, expected.logprobs.logprobs, equal_nan=True)

@@ -16,7 +16,7 @@ import importlib.metadata
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import uvicorn
 from fastapi import FastAPI
@@ -54,6 +54,7 @@ from pagedllm.entrypoints.openai.serving_responses import OpenAIServingResponses
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.entrypoints.openai.tool_format import detect_tool_call_parser
 from pagedllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from pagedllm.executor.headless import run_headless
 from pagedllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -72,6 +73,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         watcher.cancel()
         await engine.shutdown()
+        if getattr(app.state, "uvicorn_server", None) is not None:
+            engine.close()  # now: after a SIGTERM, uvicorn re-raises it, ending the process
         app.state.tokenizer.shutdown()
 
 
@@ -139,7 +142,13 @@ def build_app(
     add_exception_handlers(app)
     app.add_middleware(RequestSizeLimitMiddleware, max_bytes=max_request_bytes)
     add_access_middleware(app, api_keys(api_key), cors or CorsConfig())
-    metrics = ServerMetrics(lambda: engine.stats, served_model_names[0])
+    config = engine.config
+    metrics = ServerMetrics(
+        lambda: engine.stats,
+        served_model_names[0],
+        config.model_config.max_model_len,
+        config.cache_config,
+    )
     tokenizer = AsyncTokenizer(engine.tokenizer)
     shared = (engine, tokenizer, served_model_names, metrics)
     app.state.engine = engine
@@ -156,7 +165,9 @@ def build_app(
         app.state.serving_chat, ResponseStore(max_stored_responses)
     )
     app.state.serving_messages = AnthropicServingMessages(app.state.serving_chat)
-    app.state.serving_tokenization = OpenAIServingTokenization(*shared, chat_template)
+    app.state.serving_tokenization = OpenAIServingTokenization(
+        *shared, chat_template, tool_parser=TOOL_PARSERS[tool_format]
+    )
     app.state.serving_embedding = OpenAIServingEmbedding(*shared)
     return app
 
@@ -223,6 +234,12 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
     )
+    parser.add_argument(
+        "--headless",
+        action="store_true",
+        help="run this node's ranks of a multi-node world (--nnodes, --node-rank > 0) without "
+        "an API server: they follow rank 0, whose node serves (docs/parallelism.md)",
+    )
     EngineArgs.add_cli_args(parser, with_model=False)
     return parser
 
@@ -255,9 +272,12 @@ def run(args: argparse.Namespace) -> None:
     _stop_when_engine_dies)."""
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    engine_args = EngineArgs.from_cli_args(args)
+    if args.headless or engine_args.node_rank > 0:
+        run_headless_node(args.headless, engine_args)
     chat_template = read_chat_template(args.chat_template)
     names = args.served_model_name or [args.model or DEFAULT_SERVED_MODEL_NAME]
-    engine = AsyncLLM.from_engine_args(EngineArgs.from_cli_args(args))
+    engine = AsyncLLM.from_engine_args(engine_args)
     app = build_app(
         engine,
         names,
@@ -279,6 +299,17 @@ def run(args: argparse.Namespace) -> None:
     if engine.dead_error is not None:
         print(f"pagedllm serve: the engine died: {engine.dead_error}", file=sys.stderr)
         sys.exit(1)
+
+
+def run_headless_node(headless: bool, engine_args: EngineArgs) -> NoReturn:
+    """vLLM's --headless: this node's ranks follow rank 0's node, which serves."""
+    config = engine_args.create_engine_config()
+    if not headless:
+        raise ValueError(
+            f"--node-rank {engine_args.node_rank} runs no API server (node 0 serves): "
+            "add --headless"
+        )
+    run_headless(config)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,169 +1,213 @@
 """Prometheus metrics for /metrics under vLLM's names (`vllm:num_requests_running`,
-`vllm:kv_cache_usage_perc`, `vllm:time_to_first_token_seconds`, ...), so routers and
-dashboards built for vLLM (vllm-router, llm-d, production-stack, Grafana boards) read a
-pagedllm server as they read vLLM. Metrics vLLM does not have are `pagedllm:` (KV blocks in
-use and in total, the prefix cache's hit rate).
+`vllm:kv_cache_usage_perc`, `vllm:time_to_first_token_seconds`, ...), types, labels
+(`model_name`, `engine`) and buckets, so routers and dashboards built for vLLM
+(vllm-router, llm-d, production-stack, Grafana boards) read a pagedllm server as they read
+vLLM. Metrics vLLM does not have are `pagedllm:` (KV blocks in use and in total, the
+prefix cache's hit rate).
 
 Engine state and counters (requests running and waiting, KV blocks, prefix cache,
-preemptions, prompt and generated tokens) are read at scrape time from the EngineStats
-snapshot the engine thread publishes after each step. Latency histograms and finished
-requests are observed here, from each request's stream of outputs.
-Each app gets its own registry, so several servers can live in one process (tests).
+preemptions, prompt and generated tokens, tokens per step) are read at scrape time from
+the EngineStats snapshot the engine thread publishes after each step. Per-request
+histograms are observed here, from each request's stream of outputs: latencies as the
+server sees them, and the engine's queue / prefill / decode / inference phases from the
+finished output's timestamps (RequestOutput.metrics). Each app gets its own registry, so
+several servers can live in one process (tests).
 """
 
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
+from pagedllm.config import CacheConfig
 from pagedllm.engine.stats import EngineStats
-from pagedllm.outputs import RequestOutput
+from pagedllm.entrypoints.openai.metrics_engine import EngineStatsCollector
+from pagedllm.outputs import PoolingRequestOutput, RequestOutput
+from pagedllm.sampling_params import SamplingParams
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0)
 TTFT_BUCKETS += (2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0)
 TPOT_BUCKETS += (2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0)
-E2E_BUCKETS += (60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(6) for m in (1, 2, 5))
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0)
+REQUEST_LATENCY_BUCKETS += (40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+N_BUCKETS = (1, 2, 5, 10, 20)
+ENGINE = "0"  # the `engine` label: one engine per server
+# vLLM's request phases: (histogram, from timestamp, to timestamp) of RequestOutput.metrics.
+PHASES = (
+    ("vllm:request_queue_time_seconds", "WAITING", "arrival_time", "first_scheduled_time"),
+    ("vllm:request_prefill_time_seconds", "PREFILL", "first_scheduled_time", "first_token_time"),
+    ("vllm:request_decode_time_seconds", "DECODE", "first_token_time", "last_token_time"),
+    ("vllm:request_inference_time_seconds", "RUNNING", "first_scheduled_time", "last_token_time"),
+)
 
 
-class EngineStatsCollector(Collector):
-    """Gauges and counters from the engine's latest EngineStats snapshot."""
-
-    def __init__(self, read_stats: Callable[[], EngineStats], model_name: str) -> None:
-        self.read_stats = read_stats
-        self.model_name = model_name
-
-    def collect(self) -> Iterator[Metric]:
-        s, gauge, counter = self.read_stats(), GaugeMetricFamily, CounterMetricFamily
-        hit_rate = s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0
-        in_use = s.num_blocks - s.num_free_blocks
-        rows = [
-            (gauge, "vllm:num_requests_running", "Sequences in the running batch.", s.num_running),
-            (gauge, "vllm:num_requests_waiting", "Sequences waiting to run.", s.num_waiting),
-            (gauge, "vllm:kv_cache_usage_perc", "Fraction of KV blocks in use.", s.kv_cache_usage),
-            (gauge, "pagedllm:kv_cache_blocks_in_use", "KV blocks in use.", in_use),
-            (gauge, "pagedllm:kv_cache_blocks_total", "KV blocks in the cache.", s.num_blocks),
-            (
-                gauge,
-                "pagedllm:prefix_cache_hit_rate",
-                "Prompt tokens found cached / looked up.",
-                hit_rate,
-            ),
-            (
-                counter,
-                "vllm:prefix_cache_queries",
-                "Prompt tokens looked up.",
-                s.prefix_cache_queries,
-            ),
-            (counter, "vllm:prefix_cache_hits", "Prompt tokens found cached.", s.prefix_cache_hits),
-            (counter, "vllm:num_preemptions", "Sequences preempted.", s.num_preemptions),
-            (counter, "vllm:prompt_tokens", "Prompt tokens prefilled.", s.num_prompt_tokens),
-            (counter, "vllm:generation_tokens", "Tokens generated.", s.num_generation_tokens),
-        ]
-        for kind, name, doc, value in rows:
-            family = kind(name, doc, labels=["model_name"])
-            family.add_metric([self.model_name], value)
-            yield family
+def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
+    """vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, ... up to max_value."""
+    buckets, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return tuple(buckets)
+            buckets.append(m * scale)
+        scale *= 10
 
 
 class ServerMetrics:
-    def __init__(self, read_stats: Callable[[], EngineStats], model_name: str) -> None:
-        self.registry = CollectorRegistry()
-        self.model_name = model_name
-        labels, registry = ["model_name"], self.registry
+    def __init__(
+        self,
+        read_stats: Callable[[], EngineStats],
+        model_name: str,
+        max_model_len: int,
+        cache_config: CacheConfig,
+    ) -> None:
+        self.registry = registry = CollectorRegistry()
+        self.label = (model_name, ENGINE)
+        tokens = build_1_2_5_buckets(max_model_len)
+
+        def histogram(name: str, doc: str, buckets: tuple) -> Histogram:
+            metric = Histogram(
+                name, doc, ["model_name", "engine"], buckets=buckets, registry=registry
+            )
+            return metric.labels(*self.label)
+
         self.request_success = Counter(
             "vllm:request_success",
-            "Finished completions by finish reason.",
-            labels + ["finished_reason"],
+            "Count of successfully processed requests (each of n completions).",
+            ["model_name", "engine", "finished_reason"],
             registry=registry,
         )
-        self.time_to_first_token = Histogram(
+        self.time_to_first_token = histogram(
             "vllm:time_to_first_token_seconds",
-            "Time from arrival to the first generated token.",
-            labels,
-            buckets=TTFT_BUCKETS,
-            registry=registry,
+            "Histogram of time to first token in seconds.",
+            TTFT_BUCKETS,
         )
-        self.time_per_output_token = Histogram(
+        self.time_per_output_token = histogram(
             "vllm:time_per_output_token_seconds",
-            "Mean time between a request's tokens after the first.",
-            labels,
-            buckets=TPOT_BUCKETS,
-            registry=registry,
+            "Histogram of time per output token in seconds.",
+            TPOT_BUCKETS,
         )
-        self.e2e_request_latency = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Time from arrival to the last output.",
-            labels,
-            buckets=E2E_BUCKETS,
-            registry=registry,
-        )
-        self.inter_token_latency = Histogram(
+        self.inter_token_latency = histogram(
             "vllm:inter_token_latency_seconds",
-            "Time between a request's successive tokens (an output of several tokens counts "
-            "its time once per token).",
-            labels,
-            buckets=TPOT_BUCKETS,
-            registry=registry,
+            "Histogram of inter-token latency in seconds (an output of several tokens "
+            "counts its time once per token).",
+            TPOT_BUCKETS,
         )
-        self.request_prompt_tokens = Histogram(
-            "vllm:request_prompt_tokens",
-            "Prompt tokens of each finished request.",
-            labels,
-            buckets=TOKEN_BUCKETS,
-            registry=registry,
+        self.e2e_request_latency = histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            REQUEST_LATENCY_BUCKETS,
         )
-        self.request_generation_tokens = Histogram(
+        self.phases = [
+            (
+                histogram(
+                    name,
+                    f"Histogram of time spent in {phase} phase for request.",
+                    REQUEST_LATENCY_BUCKETS,
+                ),
+                start,
+                end,
+            )
+            for name, phase, start, end in PHASES
+        ]
+        self.request_prompt_tokens = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens
+        )
+        self.request_generation_tokens = histogram(
             "vllm:request_generation_tokens",
-            "Generated tokens of each finished request.",
-            labels,
-            buckets=TOKEN_BUCKETS,
-            registry=registry,
+            "Number of generation tokens processed (each of n completions).",
+            tokens,
         )
-        registry.register(EngineStatsCollector(read_stats, model_name))
+        self.request_max_num_generation_tokens = histogram(
+            "vllm:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.",
+            tokens,
+        )
+        self.request_params_n = histogram(
+            "vllm:request_params_n", "Histogram of the n request parameter.", N_BUCKETS
+        )
+        self.request_params_max_tokens = histogram(
+            "vllm:request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.",
+            tokens,
+        )
+        registry.register(EngineStatsCollector(read_stats, self.label, cache_config))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
     async def track(
-        self, outputs: AsyncIterator[RequestOutput], arrival_time: float
+        self, outputs: AsyncIterator[RequestOutput], arrival_time: float, params: SamplingParams
     ) -> AsyncIterator[RequestOutput]:
         """Pass a request's DELTA outputs through, observing its latencies; closing this
         iterator closes `outputs` (which aborts the request)."""
-        first_token_time, last_token_time, num_tokens = None, None, 0
-        label = self.model_name
+        first_token_time, last_token_time = None, None
+        tokens: defaultdict[int, int] = defaultdict(int)  # per completion index
         async with aclosing(outputs):
             async for output in outputs:
                 now = time.monotonic()
-                new_tokens = sum(len(c.token_ids) for c in output.outputs)
+                new_tokens = 0
+                for completion in output.outputs:
+                    tokens[completion.index] += len(completion.token_ids)
+                    new_tokens += len(completion.token_ids)
                 if new_tokens and first_token_time is None:
                     first_token_time = now
-                    self.time_to_first_token.labels(label).observe(now - arrival_time)
+                    self.time_to_first_token.observe(now - arrival_time)
                 elif new_tokens:
                     gap = (now - last_token_time) / new_tokens
                     for _ in range(new_tokens):
-                        self.inter_token_latency.labels(label).observe(gap)
+                        self.inter_token_latency.observe(gap)
                 if new_tokens:
                     last_token_time = now
-                num_tokens += new_tokens
                 if output.finished:
-                    self._observe_finished(output, now - arrival_time, first_token_time, num_tokens)
+                    self._observe_finished(output, now - arrival_time, first_token_time, tokens)
+                    self._observe_params(params)
+                yield output
+
+    async def track_pooling(
+        self, outputs: AsyncIterator[PoolingRequestOutput], arrival_time: float
+    ) -> AsyncIterator[PoolingRequestOutput]:
+        """A pooling request's one output, passed through: counted as a finished request
+        ("stop") with its prompt tokens, e2e latency and engine phases."""
+        async with aclosing(outputs):
+            async for output in outputs:
+                if output.finished:
+                    self.e2e_request_latency.observe(time.monotonic() - arrival_time)
+                    self.request_prompt_tokens.observe(len(output.prompt_token_ids))
+                    self.request_success.labels(*self.label, "stop").inc()
+                    self._observe_phases(output.metrics)
                 yield output
 
     def _observe_finished(
-        self, output: RequestOutput, latency: float, first_token_time: float | None, n: int
+        self,
+        output: RequestOutput,
+        latency: float,
+        first_token_time: float | None,
+        tokens: dict[int, int],
     ) -> None:
-        label = self.model_name
-        self.e2e_request_latency.labels(label).observe(latency)
-        self.request_prompt_tokens.labels(label).observe(len(output.prompt_token_ids or ()))
-        self.request_generation_tokens.labels(label).observe(n)
-        if first_token_time is not None and n > 1:
+        """TPOT spans the longest completion: (now - first token) / (its tokens - 1)."""
+        self.e2e_request_latency.observe(latency)
+        self.request_prompt_tokens.observe(len(output.prompt_token_ids or ()))
+        for n in tokens.values() or (0,):
+            self.request_generation_tokens.observe(n)
+        longest = max(tokens.values(), default=0)
+        self.request_max_num_generation_tokens.observe(longest)
+        if first_token_time is not None and longest > 1:
             decode_time = time.monotonic() - first_token_time
-            self.time_per_output_token.labels(label).observe(decode_time / (n - 1))
+            self.time_per_output_token.observe(decode_time / (longest - 1))
         for completion in output.outputs:
-            self.request_success.labels(label, completion.finish_reason).inc()
+            self.request_success.labels(*self.label, completion.finish_reason).inc()
+        self._observe_phases(output.metrics)
+
+    def _observe_params(self, params: SamplingParams) -> None:
+        self.request_params_n.observe(params.n)
+        if params.max_tokens is not None:
+            self.request_params_max_tokens.observe(params.max_tokens)
+
+    def _observe_phases(self, times: dict[str, float]) -> None:
+        """Each phase whose two timestamps the request reached."""
+        for histogram, start, end in self.phases:
+            if start in times and end in times:
+                histogram.observe(times[end] - times[start])

@@ -293,12 +293,15 @@ class ChatCompletionRequest(ChatTemplateFields, SamplingFields):  # SamplingFiel
 
 
 class TokenizeRequest(ChatTemplateFields):
-    """Give `prompt` (plain text) or `messages` (run through the chat template)."""
+    """Give `prompt` (plain text) or `messages` (run through the chat template as the chat
+    endpoint would: with `tools` and `tool_choice`, the generic tool format's system prompt
+    is included where that format applies)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
+    tool_choice: ToolChoice | None = None
 
 
 class DetokenizeRequest(OpenAIRequestModel):

@@ -1,5 +1,5 @@
 """ResponseStore: the server's stored responses (`store: true`), for GET and DELETE
-/v1/responses/{id} and for `previous_response_id`.
+/v1/responses/{id}, its input items, and `previous_response_id`.
 
 It lives in memory, bounded by --max-stored-responses: storing one more evicts the least
 recently stored or read. A response id it does not hold (never stored, deleted or
@@ -7,8 +7,9 @@ evicted) is a 404 in OpenAI's error shape.
 """
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import Any
 
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import ChatMessage
@@ -21,10 +22,12 @@ DEFAULT_MAX_STORED_RESPONSES = 1000
 class StoredResponse:
     """A response and its conversation as chat messages: the input (and the earlier
     responses it continues) and its output, without its instructions, which OpenAI's
-    API does not carry over to the next response."""
+    API does not carry over to the next response; and the request's input items as
+    GET /v1/responses/{id}/input_items lists them (response_items.py)."""
 
     response: ResponseObject
     conversation: list[ChatMessage]
+    input_items: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ResponseStore:
@@ -51,6 +54,10 @@ class ResponseStore:
             raise _not_found(response_id, param)
         self._responses.move_to_end(response_id)
         return stored
+
+    def peek(self, response_id: str) -> StoredResponse | None:
+        """The stored response without counting a use (None if not held)."""
+        return self._responses.get(response_id)
 
     def delete(self, response_id: str) -> None:
         if self._responses.pop(response_id, None) is None:

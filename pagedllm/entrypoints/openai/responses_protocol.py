@@ -37,6 +37,7 @@ class MessageItem(OpenAIRequestModel):
     as `system`, which every template knows."""
 
     type: Literal["message"] = "message"
+    id: str | None = None  # an item sent back keeps its id (input_items lists it)
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[TextPart]
 
@@ -49,6 +50,7 @@ class MessageItem(OpenAIRequestModel):
 
 class FunctionCallItem(OpenAIRequestModel):
     type: Literal["function_call"]
+    id: str | None = None
     call_id: str
     name: str
     arguments: str  # JSON text
@@ -56,6 +58,7 @@ class FunctionCallItem(OpenAIRequestModel):
 
 class FunctionCallOutputItem(OpenAIRequestModel):
     type: Literal["function_call_output"]
+    id: str | None = None
     call_id: str
     output: str | list[TextPart]
 
@@ -76,6 +79,7 @@ class ReasoningItem(OpenAIRequestModel):
     `reasoning_content`, for templates that render it (others leave it out)."""
 
     type: Literal["reasoning"]
+    id: str | None = None
     summary: list[ReasoningTextPart] = Field(default_factory=list)
     content: list[ReasoningTextPart] | None = None
 
@@ -148,7 +152,6 @@ class ReasoningConfig(OpenAIRequestModel):
 
 # field -> (whether a value asks for nothing, why the field is refused otherwise)
 _REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "background": (lambda v: not v, "responses run in the foreground"),
     "conversation": (lambda v: v is None, "use previous_response_id"),
     "prompt": (lambda v: v is None, "the server stores no prompt templates"),
     "top_logprobs": (lambda v: not v, "logprobs are not implemented for responses"),
@@ -271,7 +274,14 @@ class IncompleteDetails(OpenAIBaseModel):
     reason: Literal["max_output_tokens"]
 
 
-ResponseStatus = Literal["in_progress", "completed", "incomplete"]
+ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "cancelled", "failed"]
+
+
+class ResponseError(OpenAIBaseModel):
+    """Why a background response failed."""
+
+    code: Literal["server_error"] = "server_error"
+    message: str
 
 
 class ResponseObject(OpenAIBaseModel):
@@ -282,7 +292,7 @@ class ResponseObject(OpenAIBaseModel):
     object: Literal["response"] = "response"
     created_at: int = Field(default_factory=lambda: int(time.time()))
     status: ResponseStatus = "in_progress"
-    error: None = None
+    error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
     model: str
     output: list[OutputItem] = Field(default_factory=list)
@@ -307,3 +317,14 @@ class DeletedResponse(OpenAIBaseModel):
     id: str
     object: Literal["response"] = "response"
     deleted: Literal[True] = True
+
+
+class InputItemList(OpenAIBaseModel):
+    """GET /v1/responses/{id}/input_items: a page of the response's input items (OpenAI's
+    list shape; `after` the last id pages on)."""
+
+    object: Literal["list"] = "list"
+    data: list[dict[str, Any]]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool

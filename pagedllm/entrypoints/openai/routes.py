@@ -4,6 +4,7 @@ them."""
 
 import importlib.metadata
 from http import HTTPStatus
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -36,6 +37,7 @@ from pagedllm.entrypoints.openai.responses import (
 )
 from pagedllm.entrypoints.openai.responses_protocol import (
     DeletedResponse,
+    InputItemList,
     ResponseObject,
     ResponsesRequest,
 )
@@ -104,6 +106,18 @@ async def create_response(request: ResponsesRequest, raw_request: Request) -> Re
 @router.get("/v1/responses/{response_id}", responses=_ERRORS)
 async def get_response(response_id: str, raw_request: Request) -> ResponseObject:
     return raw_request.app.state.serving_responses.get_response(response_id)
+
+
+@router.get("/v1/responses/{response_id}/input_items", responses=_ERRORS)
+async def list_input_items(
+    response_id: str,
+    raw_request: Request,
+    limit: int = 20,
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+) -> InputItemList:
+    serving = raw_request.app.state.serving_responses
+    return serving.list_input_items(response_id, limit, order, after)
 
 
 @router.delete("/v1/responses/{response_id}", responses=_ERRORS)

@@ -21,10 +21,7 @@ from pagedllm.entrypoints.openai.chat_choice_parser import (
     choice_parser_factory,
 )
 from pagedllm.entrypoints.openai.errors import OpenAIError
-from pagedllm.entrypoints.openai.generic_tools import (
-    generic_tools_constraint,
-    tools_system_prompt,
-)
+from pagedllm.entrypoints.openai.generic_tools import generic_tools_constraint
 from pagedllm.entrypoints.openai.logprobs import chat_logprobs
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -53,9 +50,7 @@ from pagedllm.entrypoints.openai.tool_choice import (
     tool_parser_factory,
 )
 from pagedllm.entrypoints.openai.tool_parsers import (
-    GenericToolParser,
     ToolCallDelta,
-    ToolParser,
     join_tool_call_deltas,
 )
 from pagedllm.entrypoints.openai.unsupported_fields import check_unsupported_fields
@@ -81,17 +76,12 @@ class ChatRun:
 
 class OpenAIServingChat(OpenAIServing):
     def __init__(
-        self,
-        *args: Any,
-        reasoning_parser: type[ReasoningParser] | None = None,
-        tool_parser: type[ToolParser] = GenericToolParser,
+        self, *args: Any, reasoning_parser: type[ReasoningParser] | None = None, **kwargs: Any
     ) -> None:
-        """`args`: OpenAIServing's; `reasoning_parser`: the server's --reasoning-parser;
-        `tool_parser`: what reads "auto" answers (the chat template's format, or
-        --tool-call-parser)."""
-        super().__init__(*args)
+        """`args`, `kwargs`: OpenAIServing's; `reasoning_parser`: the server's
+        --reasoning-parser."""
+        super().__init__(*args, **kwargs)
         self.reasoning_parser = reasoning_parser
-        self.tool_parser = tool_parser
 
     async def prepare_chat(self, request: ChatCompletionRequest) -> ChatRun:
         """The request's prompt, sampling parameters and parsers, checked (a 400 or 404
@@ -102,9 +92,8 @@ class OpenAIServingChat(OpenAIServing):
             raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
         tool_choice = tool_choice_of(request)
         tool_parser = tool_parser_factory(tool_choice, self.tool_parser)
-        generic = tool_choice == "auto" and issubclass(self.tool_parser, GenericToolParser)
-        tools_prompt = tools_system_prompt(request.tools) if generic else None
-        prompt_text, prompt_ids = await self.apply_chat_template(request, tools_prompt)
+        generic = self.uses_generic_format(request)
+        prompt_text, prompt_ids = await self.apply_chat_template(request)
         max_tokens = self.max_tokens(request.requested_max_tokens, len(prompt_ids), "messages")
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
         params = self.sampling_params(request, max_tokens, logprobs)
@@ -135,6 +124,17 @@ class OpenAIServingChat(OpenAIServing):
         request by then); other endpoints (serving_responses.py) reshape either."""
         arrival_time = time.monotonic()
         run = await self.prepare_chat(request)
+        return await self.answer(request, run, raw_request, arrival_time)
+
+    async def answer(
+        self,
+        request: ChatCompletionRequest,
+        run: ChatRun,
+        raw_request: Request | None,
+        arrival_time: float,
+    ) -> ChatCompletionResponse | AsyncIterator[ChatCompletionStreamResponse]:
+        """`chat` once prepared; with no `raw_request` (a background response) no client's
+        disconnection cancels it."""
         model, parsers = run.model, run.parsers
         request_id = random_id("chatcmpl")
         stream = self.generate(run.prompt, run.params, request_id, arrival_time)

@@ -28,6 +28,7 @@ class OpenAIServingEmbedding(OpenAIServing):
     async def create_embedding(
         self, request: EmbeddingRequest, raw_request: Request
     ) -> EmbeddingResponse:
+        arrival_time = time.monotonic()
         model = self.check_model(request.model)
         if self.engine.config.model_config.runner_type != "pooling":
             raise OpenAIError(
@@ -39,7 +40,10 @@ class OpenAIServingEmbedding(OpenAIServing):
         prompts = await self._prompts(request.input)
         request_id = random_id("embd")
         streams = [
-            self.engine.encode({"prompt_token_ids": ids}, params, f"{request_id}-{i}")
+            self.metrics.track_pooling(
+                self.engine.encode({"prompt_token_ids": ids}, params, f"{request_id}-{i}"),
+                arrival_time,
+            )
             for i, ids in enumerate(prompts)
         ]
         outputs = await until_disconnected(_collect(streams), raw_request)

@@ -17,7 +17,7 @@ from pagedllm.engine.input_processor import check_token_ids
 from pagedllm.engine.protocol import EngineClient
 from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
 from pagedllm.entrypoints.openai.errors import OpenAIError, engine_error, invalid_value_error
-from pagedllm.entrypoints.openai.generic_tools import with_tools_system_prompt
+from pagedllm.entrypoints.openai.generic_tools import tools_system_prompt, with_tools_system_prompt
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -25,6 +25,8 @@ from pagedllm.entrypoints.openai.protocol import (
     TokenizeRequest,
 )
 from pagedllm.entrypoints.openai.streaming import accumulate, prepend, until_disconnected
+from pagedllm.entrypoints.openai.tool_choice import tool_choice_of
+from pagedllm.entrypoints.openai.tool_parsers import GenericToolParser, ToolParser
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
@@ -39,14 +41,17 @@ class OpenAIServing:
         served_model_names: list[str],
         metrics: ServerMetrics,
         chat_template: str | None = None,
+        tool_parser: type[ToolParser] = GenericToolParser,
     ) -> None:
-        """`tokenizer` is the server's own (see the module docstring)."""
+        """`tokenizer` is the server's own (see the module docstring); `tool_parser`: what
+        reads "auto" answers (the chat template's format, or --tool-call-parser)."""
         self.engine = engine
         self.async_tokenizer = tokenizer
         self.tokenizer = tokenizer.sync
         self.served_model_names = served_model_names
         self.metrics = metrics
         self.chat_template = chat_template
+        self.tool_parser = tool_parser
         config = engine.config
         self.max_model_len = config.model_config.max_model_len
         self.vocab_size = config.model_config.vocab_size
@@ -78,13 +83,20 @@ class OpenAIServing:
             raise OpenAIError(str(e), param=param) from e
         return list(token_ids)
 
+    def uses_generic_format(self, request: ChatCompletionRequest | TokenizeRequest) -> bool:
+        """Whether the answer is read in the generic tool format (generic_tools.py prompts
+        and constrains it): tool choice "auto" on a server whose format is the generic one.
+        A tool choice the tools cannot meet is a 400."""
+        auto = tool_choice_of(request) == "auto"
+        return auto and issubclass(self.tool_parser, GenericToolParser)
+
     async def apply_chat_template(
-        self, request: ChatCompletionRequest | TokenizeRequest, tools_prompt: str | None = None
+        self, request: ChatCompletionRequest | TokenizeRequest
     ) -> tuple[str, list[int]]:
-        """The prompt's text and token ids: the messages (with `tools_prompt` in the system
-        message, for the generic tool format), tools and template options through the chat
-        template. Any failure of the template (it may raise on roles or orders it does not
-        support) is the request's fault: a 400."""
+        """The prompt's text and token ids, as the chat endpoint renders them: the messages
+        (with the generic tool format's system prompt where that format applies), tools and
+        template options through the chat template. Any failure of the template (it may
+        raise on roles or orders it does not support) is the request's fault: a 400."""
         if request.add_generation_prompt and request.continue_final_message:
             raise OpenAIError(
                 "continue_final_message needs add_generation_prompt=false (the answer "
@@ -92,8 +104,9 @@ class OpenAIServing:
                 param="continue_final_message",
             )
         conversation = [m.as_template_message() for m in request.messages]
-        if tools_prompt is not None:
-            conversation = with_tools_system_prompt(conversation, tools_prompt)
+        if self.uses_generic_format(request):
+            prompt = tools_system_prompt(request.tools)
+            conversation = with_tools_system_prompt(conversation, prompt)
         try:
             return await self.async_tokenizer.apply_chat_template(
                 conversation, self.chat_template, request.template_kwargs()
@@ -147,9 +160,12 @@ class OpenAIServing:
     def generate(
         self, prompt: dict, params: SamplingParams, request_id: str, arrival_time: float
     ) -> AsyncIterator[RequestOutput]:
-        return self.metrics.track(self.engine.generate(prompt, params, request_id), arrival_time)
+        outputs = self.engine.generate(prompt, params, request_id)
+        return self.metrics.track(outputs, arrival_time, params)
 
-    async def prime(self, outputs: AsyncIterator[T], raw_request: Request) -> AsyncIterator[T]:
+    async def prime(
+        self, outputs: AsyncIterator[T], raw_request: Request | None
+    ) -> AsyncIterator[T]:
         """`outputs` again, after waiting for its first item: a request the engine rejects
         still gets a 4xx, not a 200 stream. Closes `outputs` on failure or disconnect."""
         try:

@@ -1,26 +1,33 @@
 """POST /v1/responses (OpenAI's Responses API) on the chat machinery, and the stored
 responses' GET, DELETE and cancel.
 
-A request becomes a chat request (responses_input.py) that OpenAIServingChat.chat answers
-(template, tools, parsers, structured outputs); its message, or its stream of chunks,
+A request becomes a chat request (responses_input.py) that OpenAIServingChat prepares and
+answers (template, tools, parsers, structured outputs); its message, or its stream of chunks,
 becomes the response's output items (responses_stream.py). A stream is SSE with OpenAI's
 `event:` lines and `sequence_number`s: response.created, response.in_progress, the items'
 events, then response.completed (or response.incomplete when `max_output_tokens` cut the
-answer). Responses run in the foreground only, so none can be cancelled: cancel answers a
-stored response with OpenAI's 400 for responses that were not created in the background.
+answer).
+
+With `background: true` (which needs `store`; not with `stream`) the request is checked
+and templated, then answered at once with the stored response `queued`; a task runs it
+(`in_progress`, then `completed`, `incomplete` or `failed`), read with GET and stopped with
+cancel (`cancelled`, the engine request aborted). Only a background response still running
+can be cancelled (OpenAI's rule).
 """
 
+import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from http import HTTPStatus
-from typing import NoReturn
+from typing import Literal
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from pagedllm.entrypoints.openai.errors import OpenAIError, engine_error
-from pagedllm.entrypoints.openai.protocol import ChatMessage
+from pagedllm.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from pagedllm.entrypoints.openai.response_items import input_items_of, page
 from pagedllm.entrypoints.openai.response_store import ResponseStore, StoredResponse
 from pagedllm.entrypoints.openai.responses import (
     ChatCompletionResponse,
@@ -35,11 +42,13 @@ from pagedllm.entrypoints.openai.responses_input import (
 from pagedllm.entrypoints.openai.responses_protocol import (
     DeletedResponse,
     IncompleteDetails,
+    InputItemList,
     InputTokensDetails,
     ItemStatus,
     OutputItem,
     OutputReasoning,
     OutputTokensDetails,
+    ResponseError,
     ResponseObject,
     ResponsesRequest,
     ResponseStatus,
@@ -47,50 +56,119 @@ from pagedllm.entrypoints.openai.responses_protocol import (
     item_text,
 )
 from pagedllm.entrypoints.openai.responses_stream import Event, OutputItems, output_items
-from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from pagedllm.entrypoints.openai.serving_chat import ChatRun, OpenAIServingChat
 
 
 class OpenAIServingResponses:
     def __init__(self, chat: OpenAIServingChat, store: ResponseStore) -> None:
         self.chat = chat
         self.store = store
+        self.background: dict[str, asyncio.Task] = {}  # the background responses running
 
     async def create_response(
         self, request: ResponsesRequest, raw_request: Request
     ) -> ResponseObject | StreamingResponse:
+        arrival_time = time.monotonic()
         model = self.chat.check_model(request.model)
+        _check_background(request)
         conversation = self._history(request) + conversation_of(request.input)
-        answer = await self.chat.chat(chat_request_of(request, conversation), raw_request)
+        chat_request = chat_request_of(request, conversation)
+        run = await self.chat.prepare_chat(chat_request)
         response = _echo(request, model)
+        if request.background:
+            return self._start(request, response, conversation, (chat_request, run, arrival_time))
+        answer = await self.chat.answer(chat_request, run, raw_request, arrival_time)
         if isinstance(answer, ChatCompletionResponse):
-            choice = answer.choices[0]
-            status = _status(choice.finish_reason)
-            items = output_items(choice.message, _item_status(status))
-            response = self._finished(response, items, answer.usage, status)
-            self._store(request, response, conversation)
-            return response
+            return self._complete(request, response, conversation, answer)
         events = self._events(request, response, conversation, answer)
         return StreamingResponse(_sse(events), media_type="text/event-stream")
 
     def get_response(self, response_id: str) -> ResponseObject:
         return self.store.get(response_id).response
 
+    def list_input_items(
+        self, response_id: str, limit: int, order: Literal["asc", "desc"], after: str | None
+    ) -> InputItemList:
+        return page(self.store.get(response_id).input_items, limit, order, after)
+
     def delete_response(self, response_id: str) -> DeletedResponse:
         self.store.delete(response_id)
+        if (task := self.background.pop(response_id, None)) is not None:
+            task.cancel()
         return DeletedResponse(id=response_id)
 
-    def cancel_response(self, response_id: str) -> NoReturn:
-        self.store.get(response_id)
-        raise OpenAIError(
-            "Only responses created with background=true can be cancelled; this server "
-            "answers every response in the foreground",
-            HTTPStatus.BAD_REQUEST,
-        )
+    def cancel_response(self, response_id: str) -> ResponseObject:
+        stored = self.store.get(response_id)
+        task = self.background.pop(response_id, None)
+        if task is None or task.done():
+            raise OpenAIError(
+                "Only a background response still running can be cancelled; this one is "
+                f"{stored.response.status}"
+                + (
+                    ""
+                    if stored.response.background
+                    else " and was not created with background=true"
+                ),
+            )
+        task.cancel()
+        return self._update(stored, {"status": "cancelled"})
+
+    def _start(
+        self,
+        request: ResponsesRequest,
+        response: ResponseObject,
+        conversation: list[ChatMessage],
+        prepared: tuple[ChatCompletionRequest, ChatRun, float],
+    ) -> ResponseObject:
+        """Store the response `queued` and run it in a task; answer with it now."""
+        response = response.model_copy(update={"status": "queued"})
+        stored = StoredResponse(response, conversation, input_items_of(request.input))
+        self.store.put(stored)
+        task = asyncio.create_task(self._run_background(request, stored, prepared))
+        self.background[response.id] = task
+        task.add_done_callback(lambda _: self._forget(response.id, task))
+        return response
+
+    async def _run_background(
+        self,
+        request: ResponsesRequest,
+        stored: StoredResponse,
+        prepared: tuple[ChatCompletionRequest, ChatRun, float],
+    ) -> None:
+        """Run a background response to its end; a failure ends it `failed`, a cancel
+        (which sets `cancelled` itself) ends the task here."""
+        response = self._update(stored, {"status": "in_progress"})
+        try:
+            answer = await self.chat.answer(*prepared[:2], None, prepared[2])
+        except Exception as e:  # noqa: BLE001 - the failure belongs in the response
+            error = ResponseError(message=engine_error(e).message)
+            self._update(stored, {"status": "failed", "error": error})
+            return
+        assert isinstance(answer, ChatCompletionResponse)
+        self._complete(request, response, stored.conversation, answer)
+
+    def _forget(self, response_id: str, task: asyncio.Task) -> None:
+        if self.background.get(response_id) is task:
+            del self.background[response_id]
+
+    def _update(self, stored: StoredResponse, changes: dict) -> ResponseObject:
+        """Store `stored` again with its response changed (if it is still held)."""
+        response = stored.response.model_copy(update=changes)
+        if self.store.peek(response.id) is not None:
+            stored = StoredResponse(response, stored.conversation, stored.input_items)
+            self.store.put(stored)
+        return response
 
     def _history(self, request: ResponsesRequest) -> list[ChatMessage]:
         if request.previous_response_id is None:
             return []
         stored = self.store.get(request.previous_response_id, "previous_response_id")
+        if stored.response.status in ("queued", "in_progress"):
+            raise OpenAIError(
+                f"previous_response_id {request.previous_response_id!r} is still "
+                f"{stored.response.status}: continue it once it has finished",
+                param="previous_response_id",
+            )
         return list(stored.conversation)
 
     async def _events(
@@ -116,6 +194,21 @@ class OpenAIServingResponses:
         response = self._finished(response, items.items, usage, status)
         self._store(request, response, conversation)
         yield {"type": f"response.{status}", "response": _dump(response)}
+
+    def _complete(
+        self,
+        request: ResponsesRequest,
+        response: ResponseObject,
+        conversation: list[ChatMessage],
+        answer: ChatCompletionResponse,
+    ) -> ResponseObject:
+        """The response made of a whole chat answer, stored if asked."""
+        choice = answer.choices[0]
+        status = _status(choice.finish_reason)
+        items = output_items(choice.message, _item_status(status))
+        response = self._finished(response, items, answer.usage, status)
+        self._store(request, response, conversation)
+        return response
 
     def _finished(
         self,
@@ -144,7 +237,7 @@ class OpenAIServingResponses:
             return
         answer = assistant_message(response.output)
         stored = [*conversation, answer] if answer is not None else conversation
-        self.store.put(StoredResponse(response, stored))
+        self.store.put(StoredResponse(response, stored, input_items_of(request.input)))
 
 
 def _echo(request: ResponsesRequest, model: str) -> ResponseObject:
@@ -162,9 +255,21 @@ def _echo(request: ResponsesRequest, model: str) -> ResponseObject:
         top_p=request.top_p,
         previous_response_id=request.previous_response_id,
         store=request.store,
+        background=request.background,
         metadata=request.metadata or {},
         user=request.user,
     )
+
+
+def _check_background(request: ResponsesRequest) -> None:
+    if request.background and not request.store:
+        raise OpenAIError("background=true requires store=true", param="background")
+    if request.background and request.stream:
+        raise OpenAIError(
+            "background=true with stream=true is not supported: fetch the response with "
+            "GET /v1/responses/{id}",
+            param="background",
+        )
 
 
 def _status(finish_reason: str | None) -> ResponseStatus:

@@ -93,8 +93,11 @@ async def merge_streams(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def until_disconnected(awaitable: Awaitable[T], raw_request: Request) -> T:
-    """Await `awaitable`, cancelling it if the client disconnects first (then 499)."""
+async def until_disconnected(awaitable: Awaitable[T], raw_request: Request | None) -> T:
+    """Await `awaitable`, cancelling it if the client disconnects first (then 499); with
+    no request (work no client waits on), just await it."""
+    if raw_request is None:
+        return await awaitable
     work = asyncio.ensure_future(awaitable)
     watcher = asyncio.ensure_future(_wait_for_disconnect(raw_request))
     try:

@@ -4,15 +4,35 @@ Shapes follow forward_context.py: T new tokens of B sequences, H query heads and
 of size D; each layer's caches are [num_blocks, block_size, KV, D].
 """
 
-from typing import Protocol
+import enum
+from typing import ClassVar, Protocol
 
 import torch
 
 from pagedllm.forward_context import AttentionMetadata
 
 
+class AttentionCGSupport(enum.Enum):
+    """vLLM's name: which steps a backend's forward may run in a captured CUDA graph
+    (executor/cuda_graph.py). A graph replays the kernels it recorded with the arguments
+    they had, so a graph-safe forward reads every length from the metadata's device tensors
+    (seq_lens, block_tables, slot_mapping, query_start_loc), never from its Python lists,
+    takes `max_seq_len` as an upper bound (at capture it is max_model_len), and never
+    reads a device tensor on the host."""
+
+    NEVER = 0
+    UNIFORM_SINGLE_TOKEN_DECODE = 1
+    """Steps whose every sequence decodes one token (the graphs' padding rows included)."""
+
+
 class AttentionBackend(Protocol):
     name: str
+    """vLLM's name for it (attention_backend=...)."""
+    cudagraph_support: ClassVar[AttentionCGSupport]
+    requirement: str
+    """Where it runs, in words (for the error when it is named where it cannot)."""
+    reads_fp8_kv_cache: bool
+    """Whether it takes a float8 KV cache (kv_cache_dtype="fp8")."""
 
     @staticmethod
     def supports(device: torch.device, dtype: torch.dtype) -> bool:

@@ -25,7 +25,9 @@ class _KernelOps:
 
 
 class CpuAttentionBackend(TorchSdpaBackend):
-    name = "cpu"
+    name = "CPU_ATTN"
+    requirement = "float32 or bfloat16 on CPU, with pagedllm._C built"
+    reads_fp8_kv_cache = False
     ops = _KernelOps
 
     @staticmethod

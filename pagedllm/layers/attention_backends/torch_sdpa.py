@@ -12,14 +12,20 @@ import torch
 
 from pagedllm import _torch_ops
 from pagedllm.forward_context import AttentionMetadata
+from pagedllm.layers.attention_backends.backend import AttentionCGSupport
 
 
 class TorchSdpaBackend:
     """`ops` holds the cache write and the decode and prefill attention; a subclass swaps it
     for `_custom_ops` to run them as kernels and keeps the rest."""
 
-    name = "torch_sdpa"
+    name = "TORCH_SDPA"
+    requirement = "any device and dtype"
+    reads_fp8_kv_cache = True
     ops = _torch_ops
+    # Its decode gathers every sequence's keys padded to max_seq_len: in a graph, fixed at
+    # max_model_len, each step would read the whole cache span of every row.
+    cudagraph_support = AttentionCGSupport.NEVER
 
     @staticmethod
     def supports(device: torch.device, dtype: torch.dtype) -> bool:

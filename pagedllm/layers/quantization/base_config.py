@@ -115,6 +115,15 @@ class FusedMoEMethodBase(QuantizeMethodBase):
     def apply_expert(self, layer: nn.Module, x: torch.Tensor, expert_id: int) -> torch.Tensor:
         """One expert's SwiGLU MLP on its tokens: [n, H] -> [n, H]."""
 
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """All of the layer's experts on x [T, H] routed as topk_ids [T, K] with weights
+        topk_weights [T, K] -> [T, H], the weighted sum over k. By default the layer runs
+        each active expert's apply_expert over its tokens (FusedMoE.apply_experts); a
+        method with a fused kernel for all experts replaces this."""
+        return layer.apply_experts(x, topk_weights, topk_ids)
+
 
 class QuantizationConfig(ABC):
     """One quantization scheme: its name, how it is built, and the method of each layer."""

@@ -7,7 +7,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm._custom_ops import linear, prepack_linear_weight, select_linear_kernel
+from pagedllm._custom_ops import (
+    MoEKernel,
+    fused_experts,
+    linear,
+    prepack_linear_weight,
+    select_linear_kernel,
+    select_moe_kernel,
+)
 from pagedllm.layers.quantization.base_config import (
     EmbeddingMethodBase,
     FusedMoEMethodBase,
@@ -79,6 +86,10 @@ class UnquantizedEmbeddingMethod(UnquantizedLinearMethod, EmbeddingMethodBase):
 
 
 class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
+    """Float experts, run by the kernel process_weights_after_loading picks (`moe_kernel`):
+    vLLM's Triton fused_experts on GPUs, the grouped per-expert loop on the tuned CPU
+    linear kernels elsewhere."""
+
     def create_weights(
         self,
         layer: nn.Module,
@@ -92,10 +103,16 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         shape13, shape2 = (num_experts, 2 * shard, hidden_size), (num_experts, hidden_size, shard)
         layer.w13_weight = new_weight(shape13, params_dtype, **extra_weight_attrs)
         layer.w2_weight = new_weight(shape2, params_dtype, **extra_weight_attrs)
+        layer.moe_kernel = MoEKernel.GROUPED  # chosen after loading
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Each expert's matrices take the layout their kernel streams fastest, as a linear
-        layer's (prepack_linear_weight), stacked again: w13_weight[e] stays expert e's."""
+        """The layer keeps the kernel that runs its experts (select_moe_kernel). For the
+        grouped loop, each expert's matrices take the layout their kernel streams fastest,
+        as a linear layer's (prepack_linear_weight), stacked again: w13_weight[e] stays
+        expert e's. The Triton kernel reads the plain [E, N, K] weights."""
+        layer.moe_kernel = select_moe_kernel(layer.w13_weight)
+        if layer.moe_kernel is MoEKernel.TRITON:
+            return
         for name in ("w13_weight", "w2_weight"):
             experts = list(getattr(layer, name))
             packed = [prepack_linear_weight(w) for w in experts]
@@ -105,3 +122,22 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
     def apply_expert(self, layer: nn.Module, x: torch.Tensor, expert_id: int) -> torch.Tensor:
         gate_up = linear(x, layer.w13_weight[expert_id])
         return linear(layer.act_fn(gate_up), layer.w2_weight[expert_id])
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """Under expert parallelism the layer's expert_map turns the router's global ids
+        into this rank's weight indices (-1: another rank's expert, zero here)."""
+        if layer.moe_kernel is not MoEKernel.TRITON:
+            return super().apply(layer, x, topk_weights, topk_ids)
+        expert_map = layer.expert_map
+        w13, w2 = layer.w13_weight, layer.w2_weight
+        return fused_experts(
+            x,
+            w13,
+            w2,
+            topk_weights,
+            topk_ids,
+            expert_map=expert_map,
+            global_num_experts=layer.num_experts,
+        )

@@ -2,6 +2,8 @@
 
 import torch
 
+from pagedllm.device_copy import to_device
+
 
 def apply_bad_words(
     logits: torch.Tensor,
@@ -22,6 +24,6 @@ def apply_bad_words(
             if len(prefix) <= len(past) and past[len(past) - len(prefix) :] == prefix:
                 banned.append((row, word[-1]))
     if banned:
-        rows, tokens = torch.tensor(banned, dtype=torch.long, device=logits.device).T
+        rows, tokens = to_device(banned, torch.long, logits.device).T
         logits[rows, tokens] = float("-inf")
     return logits

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedllm.device_copy import tensor_to_device
+
 
 @dataclass
 class TokenCounts:
@@ -32,9 +34,9 @@ def get_token_counts(
     keep = (flat >= 0) & (flat < vocab_size)
     keys, counts = torch.unique(rows[keep] * vocab_size + flat[keep], return_counts=True)
     return TokenCounts(
-        (keys // vocab_size).to(device),
-        (keys % vocab_size).to(device),
-        counts.to(device, torch.float32),
+        tensor_to_device(keys // vocab_size, device),
+        tensor_to_device(keys % vocab_size, device),
+        tensor_to_device(counts.float(), device),
     )
 
 

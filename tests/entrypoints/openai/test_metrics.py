@@ -1,20 +1,28 @@
-"""pagedllm/entrypoints/openai/metrics.py. References: Prometheus' text format (parsed with
-prometheus_client's own parser) and vLLM's definitions of the latency metrics: TTFT = first
-token - arrival, TPOT = (last token - first token) / (tokens - 1), e2e = last output -
-arrival; request_success counts each completion by finish reason."""
+"""pagedllm/entrypoints/openai/metrics.py and metrics_engine.py. References: Prometheus' text
+format (parsed with prometheus_client's own parser) and vLLM's definitions (its
+vllm/v1/metrics/loggers.py and stats.py): TTFT = first token - arrival, TPOT = (last token -
+first token) / (tokens - 1), e2e = last output - arrival, queue = first scheduled - arrival,
+prefill = first token - first scheduled, decode = last token - first token, inference =
+last token - first scheduled; request_success counts each completion by finish reason;
+token-count buckets 1, 2, 5, 10, ... up to max_model_len; labels model_name and engine."""
 
 import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagedllm.engine.stats import EngineStats
+from pagedllm.config import CacheConfig
+from pagedllm.engine.stats import ITERATION_TOKENS_BUCKETS, EngineStats, HistogramCounts
 from pagedllm.entrypoints.openai import metrics as metrics_module
-from pagedllm.entrypoints.openai.metrics import ServerMetrics
-from pagedllm.outputs import CompletionOutput, RequestOutput
+from pagedllm.entrypoints.openai.metrics import ServerMetrics, build_1_2_5_buckets
+from pagedllm.outputs import CompletionOutput, PoolingOutput, PoolingRequestOutput, RequestOutput
+from pagedllm.sampling_params import SamplingParams
 
 MODEL = "m"
+LABELS = {"model_name": MODEL, "engine": "0"}
+MAX_MODEL_LEN = 300
 
 STATS = EngineStats(
     num_running=3,
@@ -30,18 +38,31 @@ STATS = EngineStats(
 )
 
 
+def make_metrics(read_stats=lambda: STATS) -> ServerMetrics:
+    return ServerMetrics(read_stats, MODEL, MAX_MODEL_LEN, CacheConfig(block_size=32))
+
+
 def scrape(metrics: ServerMetrics) -> dict[str, float]:
-    """Sample name -> value for the samples labelled with MODEL (and no other label)."""
+    """Sample name -> value for the samples labelled with LABELS (and no other label)."""
+    families = text_string_to_metric_families(metrics.render().decode())
+    return {s.name: s.value for f in families for s in f.samples if s.labels == LABELS}
+
+
+def buckets(metrics: ServerMetrics, name: str) -> dict[float, float]:
+    """Upper bound -> cumulative count of histogram `name`'s buckets."""
     families = text_string_to_metric_families(metrics.render().decode())
     return {
-        s.name: s.value for f in families for s in f.samples if s.labels == {"model_name": MODEL}
+        float(s.labels["le"]): s.value
+        for f in families
+        for s in f.samples
+        if s.name == name + "_bucket"
     }
 
 
 def test_render_exposes_the_engine_stats_snapshot() -> None:
     """Gauges as they are, blocks in use = total - free, hit rate = hits / queries,
     counters with Prometheus' _total suffix."""
-    values = scrape(ServerMetrics(lambda: STATS, MODEL))
+    values = scrape(make_metrics())
     assert values["vllm:num_requests_running"] == 3
     assert values["vllm:num_requests_waiting"] == 2
     assert values["vllm:kv_cache_usage_perc"] == 0.25
@@ -57,7 +78,7 @@ def test_render_exposes_the_engine_stats_snapshot() -> None:
 
 def test_render_reads_the_latest_snapshot_and_hit_rate_is_0_without_queries() -> None:
     snapshot = {"stats": STATS}
-    metrics = ServerMetrics(lambda: snapshot["stats"], MODEL)
+    metrics = make_metrics(lambda: snapshot["stats"])
     assert scrape(metrics)["vllm:num_requests_running"] == 3
     snapshot["stats"] = EngineStats(0, 0, 0, 0.0, 100, 100, 0, 0, 0, 0)
     values = scrape(metrics)
@@ -67,11 +88,15 @@ def test_render_reads_the_latest_snapshot_and_hit_rate_is_0_without_queries() ->
 
 def test_two_servers_in_one_process_have_their_own_registries() -> None:
     """Each ServerMetrics owns a registry: a second one raises no duplicate-metric error
-    and observations on one do not show in the other."""
-    a, b = ServerMetrics(lambda: STATS, MODEL), ServerMetrics(lambda: STATS, MODEL)
-    a.time_to_first_token.labels(MODEL).observe(1.0)
+    and observations on one do not show in the other (whose series exist at 0, as vLLM's
+    do before any request)."""
+    a, b = make_metrics(), make_metrics()
+    a.time_to_first_token.observe(1.0)
     assert scrape(a)["vllm:time_to_first_token_seconds_count"] == 1
-    assert "vllm:time_to_first_token_seconds_count" not in scrape(b)
+    assert scrape(b)["vllm:time_to_first_token_seconds_count"] == 0
+
+
+PARAMS = SamplingParams(max_tokens=16)
 
 
 class Clock:
@@ -123,8 +148,8 @@ def test_track_observes_ttft_tpot_itl_e2e_and_token_counts(
         (12.0, output([[6, 7]], False, [None])),
         (14.0, output([[8, 9]], True, ["length"])),
     ]
-    metrics, closed = ServerMetrics(lambda: STATS, MODEL), []
-    seen = asyncio.run(drain(metrics.track(engine_stream(clock, steps, closed), 10.0)))
+    metrics, closed = make_metrics(), []
+    seen = asyncio.run(drain(metrics.track(engine_stream(clock, steps, closed), 10.0, PARAMS)))
     assert seen == [out for _, out in steps]  # passed through unchanged
     values = scrape(metrics)
     assert values["vllm:time_to_first_token_seconds_count"] == 1
@@ -142,9 +167,9 @@ def test_track_observes_ttft_tpot_itl_e2e_and_token_counts(
 
 def test_track_counts_each_completion_by_finish_reason() -> None:
     """n=3: one request_success per completion, labelled with its finish reason."""
-    clock, metrics = Clock(), ServerMetrics(lambda: STATS, MODEL)
+    clock, metrics = Clock(), make_metrics()
     steps = [(1.0, output([[5], [6], [7]], True, ["length", "stop", "stop"]))]
-    asyncio.run(drain(metrics.track(engine_stream(clock, steps, []), 0.0)))
+    asyncio.run(drain(metrics.track(engine_stream(clock, steps, []), 0.0, PARAMS)))
     families = text_string_to_metric_families(metrics.render().decode())
     success = {
         s.labels["finished_reason"]: s.value
@@ -159,12 +184,12 @@ def test_track_single_token_request_has_no_tpot(monkeypatch: pytest.MonkeyPatch)
     """TPOT needs two tokens (its denominator is tokens - 1)."""
     clock = Clock()
     monkeypatch.setattr(metrics_module, "time", clock)
-    metrics = ServerMetrics(lambda: STATS, MODEL)
+    metrics = make_metrics()
     steps = [(2.0, output([[5]], True, ["length"]))]
-    asyncio.run(drain(metrics.track(engine_stream(clock, steps, []), 0.0)))
+    asyncio.run(drain(metrics.track(engine_stream(clock, steps, []), 0.0, PARAMS)))
     values = scrape(metrics)
     assert values["vllm:time_to_first_token_seconds_sum"] == pytest.approx(2.0)
-    assert "vllm:time_per_output_token_seconds_count" not in values  # never observed
+    assert values["vllm:time_per_output_token_seconds_count"] == 0  # never observed
     assert values["vllm:e2e_request_latency_seconds_count"] == 1
 
 
@@ -172,11 +197,11 @@ def test_closing_track_early_closes_the_engine_stream_and_counts_no_finish() -> 
     """A client that goes away: closing the tracked stream closes the engine's (which
     aborts the request); an unfinished request is no success."""
     clock, closed = Clock(), []
-    metrics = ServerMetrics(lambda: STATS, MODEL)
+    metrics = make_metrics()
     steps = [(1.0, output([[5]], False, [None])), (2.0, output([[6]], True, ["length"]))]
 
     async def first_then_close() -> None:
-        tracked = metrics.track(engine_stream(clock, steps, closed), 0.0)
+        tracked = metrics.track(engine_stream(clock, steps, closed), 0.0, PARAMS)
         await anext(tracked)
         await tracked.aclose()
 
@@ -184,5 +209,105 @@ def test_closing_track_early_closes_the_engine_stream_and_counts_no_finish() -> 
     assert closed == [True]
     values = scrape(metrics)
     assert values["vllm:time_to_first_token_seconds_count"] == 1
-    assert "vllm:e2e_request_latency_seconds_count" not in values
+    assert values["vllm:e2e_request_latency_seconds_count"] == 0
     assert "vllm:request_success_total" not in values
+
+
+def test_token_buckets_are_vllms_1_2_5_series_up_to_max_model_len() -> None:
+    assert build_1_2_5_buckets(100) == (1, 2, 5, 10, 20, 50, 100)
+    assert build_1_2_5_buckets(300) == (1, 2, 5, 10, 20, 50, 100, 200)
+    values = buckets(make_metrics(), "vllm:request_prompt_tokens")
+    assert sorted(values) == [1, 2, 5, 10, 20, 50, 100, 200, float("inf")]
+
+
+def test_iteration_tokens_histogram_is_the_engines_counts_made_cumulative() -> None:
+    """Steps of 1, 8, 9 and 20000 tokens: le=1 holds 1, le=8 holds 2, le=16 holds 3, the
+    last bucket (16384) still 3 and +Inf all 4; sum 20018."""
+    counts = HistogramCounts.empty(ITERATION_TOKENS_BUCKETS)
+    for n in (1, 8, 9, 20000):
+        counts.observe(n)
+    stats = EngineStats(0, 0, 0, 0.0, 1, 1, 0, 0, 0, 0, counts)
+    metrics = make_metrics(lambda: stats)
+    values = buckets(metrics, "vllm:iteration_tokens_total")
+    assert (values[1], values[8], values[16], values[16384]) == (1, 2, 3, 3)
+    assert values[float("inf")] == 4
+    assert scrape(metrics)["vllm:iteration_tokens_total_sum"] == 20018
+
+
+def test_cache_config_info_labels_the_cache_config_and_its_blocks() -> None:
+    families = text_string_to_metric_families(make_metrics().render().decode())
+    (sample,) = [s for f in families for s in f.samples if s.name == "vllm:cache_config_info"]
+    assert sample.value == 1
+    assert sample.labels["block_size"] == "32"
+    assert sample.labels["num_gpu_blocks"] == "100"  # STATS.num_blocks
+    assert sample.labels["enable_prefix_caching"] == "True"
+    assert sample.labels["cache_dtype"] == "auto"
+    assert sample.labels["engine"] == "0"
+
+
+def test_track_observes_the_engines_phases_and_the_request_params() -> None:
+    """Arrival 1, scheduled 3, first token 6, last token 10 (engine timestamps): queue 2,
+    prefill 3, decode 4, inference 7. n=2 with completions of 3 and 1 tokens: generation
+    tokens observed per completion (3, 1), the max 3 once, n 2 and max_tokens 16 once."""
+    times = {
+        "arrival_time": 1.0,
+        "first_scheduled_time": 3.0,
+        "first_token_time": 6.0,
+        "last_token_time": 10.0,
+    }
+    first = output([[5, 6], [7]], False, [None, None])
+    last = output([[8], []], True, ["length", "stop"])
+    last.metrics = times
+    metrics = make_metrics()
+    params = SamplingParams(n=2, max_tokens=16)
+    steps = [(1.0, first), (2.0, last)]
+    asyncio.run(drain(metrics.track(engine_stream(Clock(), steps, []), 0.0, params)))
+    values = scrape(metrics)
+    for name, seconds in (("queue", 2), ("prefill", 3), ("decode", 4), ("inference", 7)):
+        assert values[f"vllm:request_{name}_time_seconds_count"] == 1
+        assert values[f"vllm:request_{name}_time_seconds_sum"] == seconds
+    assert values["vllm:request_generation_tokens_count"] == 2
+    assert values["vllm:request_generation_tokens_sum"] == 4
+    assert values["vllm:request_max_num_generation_tokens_sum"] == 3
+    assert values["vllm:request_params_n_sum"] == 2
+    assert values["vllm:request_params_max_tokens_sum"] == 16
+    assert buckets(metrics, "vllm:request_params_n")[2] == 1  # vLLM's n buckets: 1, 2, 5, ...
+
+
+def test_a_request_never_scheduled_observes_no_phase() -> None:
+    """Only the phases whose two timestamps the request reached."""
+    done = output([[]], True, ["abort"])
+    done.metrics = {"arrival_time": 1.0}
+    metrics = make_metrics()
+    asyncio.run(drain(metrics.track(engine_stream(Clock(), [(1.0, done)], []), 0.0, PARAMS)))
+    values = scrape(metrics)
+    assert values["vllm:request_queue_time_seconds_count"] == 0
+    assert values["vllm:request_decode_time_seconds_count"] == 0
+
+
+def test_track_pooling_counts_the_request_its_prompt_tokens_and_latency(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An embedding request: arrival 0 (server), done at 5; engine: arrival 1, scheduled 2,
+    pooled 4 (its first = last "token"): queue 1, prefill 2, decode 0, inference 2."""
+    clock = Clock()
+    monkeypatch.setattr(metrics_module, "time", clock)
+    pooled = PoolingRequestOutput("e", PoolingOutput(torch.zeros(2)), [1, 2, 3], True)
+    pooled.metrics = {
+        "arrival_time": 1.0,
+        "first_scheduled_time": 2.0,
+        "first_token_time": 4.0,
+        "last_token_time": 4.0,
+    }
+    metrics = make_metrics()
+    asyncio.run(drain(metrics.track_pooling(engine_stream(clock, [(5.0, pooled)], []), 0.0)))
+    values = scrape(metrics)
+    assert values["vllm:e2e_request_latency_seconds_sum"] == 5
+    assert values["vllm:request_prompt_tokens_sum"] == 3
+    phases = ("queue", 1), ("prefill", 2), ("decode", 0), ("inference", 2)
+    for name, seconds in phases:
+        assert values[f"vllm:request_{name}_time_seconds_sum"] == seconds
+    families = text_string_to_metric_families(metrics.render().decode())
+    success = [s for f in families for s in f.samples if s.name == "vllm:request_success_total"]
+    assert [(s.labels["finished_reason"], s.value) for s in success] == [("stop", 1)]
+    assert values["vllm:time_to_first_token_seconds_count"] == 0

@@ -113,8 +113,8 @@ def test_bad_inputs_are_400s() -> None:
         messages({"input": []})
     with pytest.raises(OpenAIError, match="needs schema"):
         messages({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}})
-    with pytest.raises(ValueError, match="background is not supported"):
-        ResponsesRequest.model_validate({"input": "x", "background": True})
+    with pytest.raises(ValueError, match="conversation is not supported"):
+        ResponsesRequest.model_validate({"input": "x", "conversation": "conv_1"})
     with pytest.raises(ValueError, match="truncation is not supported"):
         ResponsesRequest.model_validate({"input": "x", "truncation": "auto"})
     quiet = {"truncation": "disabled", "top_logprobs": 0, "include": ["x"], "conversation": None}

@@ -13,6 +13,7 @@ import pytest
 import torch
 import transformers
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from pagedllm import LLM
 from pagedllm.engine.async_llm import AsyncLLM
@@ -149,3 +150,33 @@ def test_a_pooling_server_refuses_completions(http: TestClient) -> None:
     response = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
     assert response.status_code == 400
     assert "pooling model" in response.json()["error"]["message"]
+
+
+def test_metrics_count_embedding_requests(client: openai.OpenAI, http: TestClient) -> None:
+    """Each input is one pooling request in /metrics: its success ("stop"), its prompt
+    tokens and its e2e latency."""
+
+    def values() -> dict[str, float]:
+        families = text_string_to_metric_families(http.get("/metrics").text)
+        samples = [s for f in families for s in f.samples]
+        return {
+            name: sum(s.value for s in samples if s.name == name)
+            for name in (
+                "vllm:request_success_total",
+                "vllm:request_prompt_tokens_sum",
+                "vllm:e2e_request_latency_seconds_count",
+                "vllm:request_queue_time_seconds_count",
+                "vllm:prompt_tokens_total",
+            )
+        }
+
+    before = values()
+    client.embeddings.create(model=MODEL, input=[[5, 6, 7], [8, 9]])
+    after = values()
+    assert {name: after[name] - before[name] for name in after} == {
+        "vllm:request_success_total": 2,
+        "vllm:request_prompt_tokens_sum": 5,
+        "vllm:e2e_request_latency_seconds_count": 2,
+        "vllm:request_queue_time_seconds_count": 2,
+        "vllm:prompt_tokens_total": 5,
+    }

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from pagedllm.config import CacheConfig
 from pagedllm.engine.stats import EngineStats
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
@@ -42,7 +43,7 @@ def make_serving(tokenizer: FakeTokenizer | None = None) -> OpenAIServing:
     model_config = SimpleNamespace(max_model_len=MAX_MODEL_LEN, vocab_size=VOCAB_SIZE)
     engine = SimpleNamespace(config=SimpleNamespace(model_config=model_config))
     stats = EngineStats(0, 0, 0, 0.0, 1, 1, 0, 0, 0, 0)
-    metrics = ServerMetrics(lambda: stats, NAMES[0])
+    metrics = ServerMetrics(lambda: stats, NAMES[0], MAX_MODEL_LEN, CacheConfig())
     return OpenAIServing(engine, tokenizer or FakeTokenizer(), NAMES, metrics, "TEMPLATE")
 
 
@@ -114,6 +115,7 @@ def test_apply_chat_template_passes_template_messages_and_options() -> None:
         continue_final_message=True,
         chat_template_kwargs={"enable_thinking": False},
         tools=tools,
+        tool_choice="none",  # no generic-format system prompt: the messages as they are
     )
     assert asyncio.run(serving.apply_chat_template(request)) == ("text", [1, 2, 3])
     options = {"enable_thinking": False, "tools": tools, "add_generation_prompt": False}

@@ -166,20 +166,24 @@ def test_output_config_format_constrains_the_answer(client: anthropic.Anthropic)
     jsonschema.validate(json.loads(message.content[0].text), schema)
 
 
-def test_count_tokens_is_the_chat_template_s_prompt(
+def test_count_tokens_is_the_prompt_messages_sends(
     client: anthropic.Anthropic, offline_llm: LLM
 ) -> None:
-    """Reference: transformers' apply_chat_template on the equivalent chat messages."""
-    counted = client.messages.count_tokens(
-        model=MODEL_NAME, system="Be brief.", messages=QUESTION, tools=TOOLS
-    )
+    """The count equals a message's input_tokens for the same body (with tools and no
+    tool_choice on the default model: the generic format's system prompt included); with
+    tool_choice none, transformers' apply_chat_template on the equivalent chat messages."""
+    body = dict(system="Be brief.", messages=QUESTION, tools=TOOLS)
+    counted = client.messages.count_tokens(model=MODEL_NAME, **body)
+    created = client.messages.create(**{**ASK, "max_tokens": 1}, **body)
+    assert counted.input_tokens == created.usage.input_tokens
+    none = client.messages.count_tokens(model=MODEL_NAME, **body, tool_choice={"type": "none"})
     conversation = [{"role": "system", "content": "Be brief."}, *QUESTION]
     tools = [{"type": "function", "function": {**TOOLS[0], "parameters": WEATHER}}]
     del tools[0]["function"]["input_schema"]
     expected = offline_llm.get_tokenizer().apply_chat_template(
         conversation, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
     )
-    assert counted.input_tokens == len(expected)
+    assert none.input_tokens == len(expected) < counted.input_tokens
 
 
 def test_errors_are_anthropic_s(client: anthropic.Anthropic, http: TestClient) -> None:

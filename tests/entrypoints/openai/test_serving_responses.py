@@ -2,9 +2,11 @@
 official `openai` client (reference: the client's own Response model and stream helper,
 which parse and check what the server sends): text, streams whose deltas add up to the
 non-streamed text, forced function calls and their results, text.format json_schema,
-previous_response_id, GET, DELETE and cancel."""
+previous_response_id, GET, DELETE, input_items, and background responses run, fetched and
+cancelled."""
 
 import json
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -16,6 +18,7 @@ from fastapi.testclient import TestClient
 from pagedllm import LLM
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.entrypoints.openai import api_server
+from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from tests.entrypoints.openai.remote_server import MODEL_NAME, Server
 from tests.entrypoints.openai.scripted_model import (
     ANSWER_CALL,
@@ -197,6 +200,36 @@ def test_get_delete_and_cancel(client: openai.OpenAI, server: Server) -> None:
         client.responses.retrieve(unstored.id)
 
 
+def running(server: Server) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    (line,) = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running{")]
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_background_response_is_cancelled_and_its_request_aborted(
+    client: openai.OpenAI, server: Server
+) -> None:
+    """A long background answer cancelled at once: `cancelled` (GET says so too, with no
+    output), the engine's request aborted long before 1500 tokens; a second cancel, and
+    a cancel of a foreground response, are 400s."""
+    long = dict(model=MODEL_NAME, temperature=0, max_output_tokens=1500)
+    queued = client.responses.create(**long, input="Tell a very long story.", background=True)
+    assert queued.status == "queued" and queued.background is True and queued.output == []
+    with pytest.raises(openai.BadRequestError, match="still") as error:
+        client.responses.create(**long, input="Go on.", previous_response_id=queued.id)
+    assert error.value.body["param"] == "previous_response_id"
+    cancelled = client.responses.cancel(queued.id)
+    assert cancelled.id == queued.id and cancelled.status == "cancelled"
+    deadline = time.monotonic() + 10
+    while running(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running(server) == 0
+    again = client.responses.retrieve(queued.id)
+    assert again.status == "cancelled" and again.output == []
+    with pytest.raises(openai.BadRequestError, match="cancelled"):
+        client.responses.cancel(queued.id)
+
+
 def test_bad_requests_are_openai_errors(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.responses.create(**{**ASK, "model": "gpt-9"}, input="Hi")
@@ -207,9 +240,10 @@ def test_bad_requests_are_openai_errors(client: openai.OpenAI) -> None:
         client.responses.create(
             **ASK, input="Hi", tools=TOOLS, tool_choice={"type": "function", "name": "nope"}
         )
-    with pytest.raises(openai.BadRequestError, match="background is not supported") as error:
-        client.responses.create(**ASK, input="Hi", background=True)
-    assert error.value.body["param"] == "background"
+    for refused in ({"store": False}, {"stream": True}):
+        with pytest.raises(openai.BadRequestError, match="background=true") as error:
+            client.responses.create(**ASK, input="Hi", background=True, **refused)
+        assert error.value.body["param"] == "background"
     with pytest.raises(openai.BadRequestError, match="input is empty"):
         client.responses.create(**ASK, input=[])
 
@@ -261,3 +295,94 @@ def test_reasoning_and_auto_calls_streamed_and_whole(scripted: openai.OpenAI) ->
         max_output_tokens=30,
     )
     assert answer.output_text.strip() == "It is sunny"
+
+
+def wait_for(client: openai.OpenAI, response_id: str) -> object:
+    """The response once it left `queued` / `in_progress` (within 30 s)."""
+    deadline = time.monotonic() + 30
+    while (response := client.responses.retrieve(response_id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, "the background response never finished"
+        time.sleep(0.02)
+    return response
+
+
+def test_background_response_runs_and_equals_the_foreground_one(scripted: openai.OpenAI) -> None:
+    tools = [{"type": "function", "name": "get_weather", "parameters": {}}]
+    kwargs = dict(model="scripted", input="Weather?", tools=tools, temperature=0)
+    whole = scripted.responses.create(**kwargs, max_output_tokens=30)
+    queued = scripted.responses.create(**kwargs, max_output_tokens=30, background=True)
+    assert queued.status == "queued" and queued.output == [] and queued.usage is None
+    done = wait_for(scripted, queued.id)
+    assert done.status == "completed" and done.background is True
+    own = {"id", "call_id"}
+    assert [i.model_dump(exclude=own) for i in done.output] == [
+        i.model_dump(exclude=own) for i in whole.output
+    ]
+    assert done.usage == whole.usage
+    with pytest.raises(openai.BadRequestError, match="completed"):
+        scripted.responses.cancel(queued.id)
+    cut = scripted.responses.create(**kwargs, max_output_tokens=2, background=True)
+    assert wait_for(scripted, cut.id).status == "incomplete"
+    follow = scripted.responses.create(
+        model="scripted",
+        previous_response_id=done.id,
+        input=[{"type": "function_call_output", "call_id": done.output[1].call_id, "output": "x"}],
+        temperature=0,
+        max_output_tokens=30,
+    )
+    assert follow.output_text.strip() == "It is sunny"
+
+
+def test_input_items_list_the_requests_own_input(scripted: openai.OpenAI) -> None:
+    """OpenAI's list: the last item first by default, `order`, `limit` and the client's
+    auto-paging over `after`; ids sent are kept; an earlier response's items are not
+    listed again after previous_response_id."""
+    conversation = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "type": "function_call",
+            "id": "fc_1",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+        },
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+    ]
+    response = scripted.responses.create(
+        model="scripted", input=conversation, temperature=0, max_output_tokens=30
+    )
+    listed = scripted.responses.input_items.list(response.id)
+    assert [i.type for i in listed.data] == ["function_call_output", "function_call", "message"]
+    assert listed.has_more is False
+    output, call, message = listed.data
+    assert (call.id, call.name, call.arguments) == ("fc_1", "get_weather", '{"city": "Paris"}')
+    assert (output.call_id, output.output) == ("call_1", "sunny")
+    assert (message.role, message.content[0].type, message.content[0].text) == (
+        "user",
+        "input_text",
+        "Weather?",
+    )
+    first = scripted.responses.input_items.list(response.id, order="asc", limit=1)
+    assert [i.id for i in first.data] == [message.id] and first.has_more is True
+    paged = [i.id for i in scripted.responses.input_items.list(response.id, order="asc", limit=1)]
+    assert paged == [message.id, "fc_1", output.id]
+    follow = scripted.responses.create(
+        model="scripted", previous_response_id=response.id, input="Weather?", max_output_tokens=5
+    )
+    (only,) = scripted.responses.input_items.list(follow.id).data
+    assert only.content[0].text == "Weather?"
+    with pytest.raises(openai.NotFoundError):
+        scripted.responses.input_items.list("resp_unknown")
+
+
+def test_a_background_failure_ends_the_response_failed(
+    scripted: openai.OpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def fail(*args: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(OpenAIServingChat, "answer", fail)
+    queued = scripted.responses.create(model="scripted", input="Weather?", background=True)
+    failed = wait_for(scripted, queued.id)
+    assert failed.status == "failed" and failed.output == []
+    assert failed.error.code == "server_error" and "boom" in failed.error.message

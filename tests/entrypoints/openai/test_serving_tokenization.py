@@ -1,6 +1,8 @@
 """/tokenize and /detokenize (pagedllm/entrypoints/openai/serving_tokenization.py, vLLM's
 extras). Reference: the default model's tokenizer called directly (encode, decode,
-apply_chat_template), in process over a fake engine and through the running server."""
+apply_chat_template) and the chat endpoint's own prompt for the same messages and tools
+(OpenAIServingChat.prepare_chat, and a chat completion's prompt_tokens), in process over a
+fake engine and through the running server."""
 
 import asyncio
 from collections.abc import Iterator
@@ -11,18 +13,33 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from pagedllm import LLM
-from pagedllm.config import ModelConfig
+from pagedllm.config import CacheConfig, ModelConfig
 from pagedllm.engine.stats import EngineStats
 from pagedllm.engine.tokenizer import get_tokenizer
 from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
 from pagedllm.entrypoints.openai.errors import OpenAIError
+from pagedllm.entrypoints.openai.generic_tools import tools_system_prompt
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
-from pagedllm.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
+from pagedllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
-from tests.entrypoints.openai.remote_server import MAX_MODEL_LEN, Server
+from pagedllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from tests.entrypoints.openai.remote_server import MAX_MODEL_LEN, MODEL_NAME, Server
 
 TEXT = "Hello, paged attention!"
 MESSAGES = [{"role": "user", "content": TEXT}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,15 +48,20 @@ def tokenizer() -> PreTrainedTokenizerBase:
 
 
 @pytest.fixture(scope="module")
-def serving(tokenizer: PreTrainedTokenizerBase) -> Iterator[OpenAIServingTokenization]:
+def shared(tokenizer: PreTrainedTokenizerBase) -> Iterator[tuple]:
+    """OpenAIServing's arguments over a fake engine."""
     model_config = SimpleNamespace(max_model_len=MAX_MODEL_LEN, vocab_size=len(tokenizer))
     engine = SimpleNamespace(config=SimpleNamespace(model_config=model_config))
     stats = EngineStats(0, 0, 0, 0.0, 1, 1, 0, 0, 0, 0)
     async_tokenizer = AsyncTokenizer(tokenizer, num_threads=1)
-    yield OpenAIServingTokenization(
-        engine, async_tokenizer, ["m"], ServerMetrics(lambda: stats, "m")
-    )
+    metrics = ServerMetrics(lambda: stats, "m", MAX_MODEL_LEN, CacheConfig())
+    yield engine, async_tokenizer, ["m"], metrics
     async_tokenizer.shutdown()
+
+
+@pytest.fixture(scope="module")
+def serving(shared: tuple) -> OpenAIServingTokenization:
+    return OpenAIServingTokenization(*shared)
 
 
 def tokenize(serving: OpenAIServingTokenization, **body: object) -> list[int]:
@@ -121,3 +143,38 @@ def test_tokenize_detokenize_round_trip(server: Server, offline_llm: LLM) -> Non
     )
     back = httpx.post(server.url + "/detokenize", json={"tokens": tokens["tokens"]}).json()
     assert back["prompt"] == text
+
+
+@pytest.mark.parametrize("parser", ["generic", "hermes"])
+@pytest.mark.parametrize("tool_choice", [None, "auto", "none", "required"])
+def test_tokenize_with_tools_is_the_chat_endpoints_prompt(
+    shared: tuple, tokenizer: PreTrainedTokenizerBase, parser: str, tool_choice: str | None
+) -> None:
+    """The same messages, tools and tool_choice give /tokenize the prompt the chat endpoint
+    renders; the generic format's system prompt is in it exactly where that format reads
+    the answer (tool choice "auto", the default with tools, on a generic server)."""
+    tool_parser = TOOL_PARSERS[parser]
+    body = {"messages": MESSAGES, "tools": [WEATHER], "tool_choice": tool_choice}
+    tokens = tokenize(OpenAIServingTokenization(*shared, tool_parser=tool_parser), **body)
+    chat = OpenAIServingChat(*shared, tool_parser=tool_parser)
+    run = asyncio.run(chat.prepare_chat(ChatCompletionRequest(**body)))
+    assert tokens == run.prompt_token_ids
+    generic = parser == "generic" and tool_choice in (None, "auto")
+    system = tools_system_prompt(ChatCompletionRequest(**body).tools)
+    assert (system in tokenizer.decode(tokens)) == generic
+    if not generic:  # the template's own rendering of the tools
+        expected = tokenizer.apply_chat_template(
+            MESSAGES, tools=[WEATHER], add_generation_prompt=True, return_dict=False
+        )
+        assert tokens == list(expected)
+
+
+def test_tokenize_with_tools_counts_the_chat_completions_prompt_tokens(server: Server) -> None:
+    """Through the running server (its default model: the generic format)."""
+    body = {"messages": MESSAGES, "tools": [WEATHER]}
+    count = httpx.post(server.url + "/tokenize", json=body).json()["count"]
+    chat = {**body, "model": MODEL_NAME, "max_tokens": 1, "temperature": 0}
+    usage = httpx.post(server.url + "/v1/chat/completions", json=chat).json()["usage"]
+    assert count == usage["prompt_tokens"]
+    plain = httpx.post(server.url + "/tokenize", json={"messages": MESSAGES}).json()["count"]
+    assert count > plain + 20  # the tools' system prompt

@@ -41,6 +41,6 @@ def test_the_stand_in_does_fail_when_a_kernel_is_reached(monkeypatch: pytest.Mon
     monkeypatch.setattr(_cpu_kernels, "_C", _NoKernels())
     attn = make_attention(4, 2, 4)
     (seq,) = make_seqs([3], attn, 4, seed=1)
-    assert attn.backend.name == "cpu"
+    assert attn.backend.name == "CPU_ATTN"
     with pytest.raises(AssertionError, match="called pagedllm._C"):
         step_and_check(attn, [seq], [3], 4)

@@ -5,7 +5,7 @@ import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from pagedllm.sample.ops.row_chunks import ROW_CHUNK
-from pagedllm.sample.ops.top_k_top_p import apply_top_k_top_p
+from pagedllm.sample.ops.top_k_top_p import apply_top_k_top_p, apply_top_k_top_p_sorted
 
 V = 32
 
@@ -72,3 +72,20 @@ def test_ties_are_kept_at_the_top_k_and_top_p_boundaries() -> None:
 def test_nothing_asked_returns_logits_unchanged() -> None:
     logits = torch.randn(2, V)
     assert torch.equal(apply_top_k_top_p(logits.clone(), None, None), logits)
+
+
+@pytest.mark.parametrize(("k_max", "p_min"), [(V, 0.0), (8, 0.5), (1, 0.99)])
+def test_sorting_every_row_gives_the_same_filter(k_max: int, p_min: float) -> None:
+    """apply_top_k_top_p_sorted (the accelerators' path) against the CPU's candidate path,
+    on 2 * ROW_CHUNK rows of a vocabulary wider than its 1024 candidates, with ties."""
+    torch.manual_seed(3)
+    rows, vocab = 2 * ROW_CHUNK, 1500
+    logits = torch.randn(rows, vocab).round(decimals=1) * torch.rand(rows, 1) * 4
+    k = torch.randint(1, k_max + 1, (rows,))
+    k[::3] = vocab
+    p = torch.rand(rows) * (1 - p_min) + p_min
+    p[::4] = 1.0
+    expected = apply_top_k_top_p(logits.clone(), k, p)
+    torch.testing.assert_close(apply_top_k_top_p_sorted(logits.clone(), k, p), expected)
+    expected = apply_top_k_top_p(logits.clone(), None, p)
+    torch.testing.assert_close(apply_top_k_top_p_sorted(logits.clone(), None, p), expected)

@@ -1,11 +1,16 @@
 """Llama 3.1/3.2's JSON calls: the answer is `{"name": "f", "parameters": {...}}` (or
 "arguments"), optionally after `<|python_tag|>`, several separated by `;`.
 
-An answer that starts (after whitespace) with `{` or the tag is held until it ends, then
-read whole: if every part is a call they are the calls, else the whole answer is content
-(as vLLM's llama3_json). Any other answer is content, streamed as it comes."""
+An answer that starts (after whitespace) with `{` or the tag is calls. Calls that start
+`{"name": "f", "parameters": ` stream: each name goes out then, its arguments' JSON text in
+pieces as they are generated (call_stream.py); after the calls, text that does not go on
+with `; {"name": ...` is dropped. Calls text that never starts so (other key orders) is
+held until the answer ends, then read whole: if every part is a call they are the calls,
+else the whole answer is content (as vLLM's llama3_json). Any other answer is content,
+streamed as it comes."""
 
 import json
+import re
 
 from pagedllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
     FunctionCall,
@@ -13,7 +18,11 @@ from pagedllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
     ToolParserDelta,
     as_function_call,
 )
+from pagedllm.entrypoints.openai.tool_parsers.call_stream import CallStream, call_object
 
+_KEYS = "arguments|parameters"
+_FIRST_CALL = re.compile(r"\s*(?:<\|python_tag\|>)?\s*" + call_object(_KEYS))
+_NEXT_CALL = re.compile(r"\s*\}\s*;\s*" + call_object(_KEYS))
 _UNDECIDED, _CALLS, _CONTENT = "undecided", "calls", "content"
 
 
@@ -24,6 +33,7 @@ class Llama3JsonToolParser(ToolParser):
         super().__init__()
         self.text = ""
         self.state = _UNDECIDED
+        self.calls = CallStream(self, _FIRST_CALL, _NEXT_CALL)
 
     def feed(self, text: str) -> ToolParserDelta:
         self.text += text
@@ -36,9 +46,13 @@ class Llama3JsonToolParser(ToolParser):
         if self.state == _CONTENT:
             content, self.text = self.text, ""
             return ToolParserDelta(content=content)
+        if self.state == _CALLS:
+            return ToolParserDelta(tool_calls=self.calls.read(self.text))
         return ToolParserDelta()
 
     def finish(self) -> ToolParserDelta:
+        if self.calls.num_calls:
+            return ToolParserDelta()
         calls = _parse_calls(self.text) if self.state == _CALLS else None
         if calls is None:
             return ToolParserDelta(content=self.text)

@@ -2,11 +2,15 @@
 7B v0.3, Mixtral, Nemo), or `[TOOL_CALLS]name[ARGS]{...}` per call (the v11 tokenizer's
 templates: Mistral Small 3.2, Magistral).
 
-Text before the first `[TOOL_CALLS]` is content, streamed as it comes; the rest is held
-until the answer ends, then read whole: if it is all calls they are the calls, else it
-stays content as the model wrote it (as vLLM's mistral parser does)."""
+Text before the first `[TOOL_CALLS]` is content, streamed as it comes. Calls in either
+format stream: each name goes out once its arguments begin, then the arguments' JSON text
+in pieces as they are generated (call_stream.py); after the calls, text that does not go
+on with the next call is dropped. Calls text that never starts so (other key orders) is
+held until the answer ends, then read whole: if it is all calls they are the calls, else
+it stays content as the model wrote it (as vLLM's mistral parser does)."""
 
 import json
+import re
 
 from pagedllm.entrypoints.openai.reasoning.tag_scanner import TagScanner
 from pagedllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
@@ -14,6 +18,14 @@ from pagedllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
     ToolParser,
     ToolParserDelta,
     as_function_call,
+)
+from pagedllm.entrypoints.openai.tool_parsers.call_stream import CallStream, call_object
+
+_KEYS = "arguments|parameters"
+_RAW_NAME = r'(?P<raw_name>[^\s\[\]{}"][^\[\]]*?)\s*\[ARGS\]\s*'  # v11: name[ARGS]
+_FIRST_CALL = re.compile(r"\s*(?:(?:\[\s*)?" + call_object(_KEYS) + "|" + _RAW_NAME + ")")
+_NEXT_CALL = re.compile(
+    r"\s*(?:\}\s*,\s*" + call_object(_KEYS) + r"|\[TOOL_CALLS\]\s*" + _RAW_NAME + ")"
 )
 
 
@@ -25,18 +37,25 @@ class MistralToolParser(ToolParser):
         super().__init__()
         self.scanner = TagScanner()
         self.in_calls = False
+        self.text = ""  # after the first [TOOL_CALLS]
+        self.calls = CallStream(self, _FIRST_CALL, _NEXT_CALL)
 
     def feed(self, text: str) -> ToolParserDelta:
         self.scanner.add(text)
+        delta = ToolParserDelta()
+        if not self.in_calls:
+            delta.content, self.in_calls = self.scanner.take_until(self.bot_token)
         if self.in_calls:
-            return ToolParserDelta()
-        content, self.in_calls = self.scanner.take_until(self.bot_token)
-        return ToolParserDelta(content=content)
+            self.text += self.scanner.take_all()
+            delta.tool_calls = self.calls.read(self.text)
+        return delta
 
     def finish(self) -> ToolParserDelta:
-        rest = self.scanner.take_all()
+        rest = self.text + self.scanner.take_all()
         if not self.in_calls:
             return ToolParserDelta(content=rest)
+        if self.calls.num_calls:
+            return ToolParserDelta()
         calls = _parse_calls(rest)
         if calls is None:
             return ToolParserDelta(content=self.bot_token + rest)

@@ -1,7 +1,7 @@
 """pagedllm/entrypoints/openai/tool_parsers/forced_tool_parsers.py. Reference: the answers
 that vLLM's forced tool choices constrain (a named function: its arguments' JSON; required:
-a JSON array of {"name", "parameters"}); each call is announced as soon as it is complete,
-and streamed pieces accumulate to the whole answer's calls."""
+a JSON array of {"name", "parameters"}); a call's name goes out first, then its arguments
+as generated, and streamed pieces accumulate to the whole answer's calls."""
 
 import pytest
 
@@ -11,7 +11,10 @@ from pagedllm.entrypoints.openai.tool_parsers import (
     NamedToolParser,
     RequiredToolParser,
 )
-from tests.entrypoints.openai.tool_parsers.parser_checks import check_streaming_matches_whole
+from tests.entrypoints.openai.tool_parsers.parser_checks import (
+    check_arguments_stream,
+    check_streaming_matches_whole,
+)
 
 TWO_CALLS = '[{"name": "f", "parameters": {"a": [1, 2]}}, {"name": "g", "parameters": {}}]'
 
@@ -24,7 +27,7 @@ def calls(*found: FunctionCall, content: str | None = None) -> ExtractedToolCall
     ("text", "expected"),
     [
         (TWO_CALLS, calls(FunctionCall("f", '{"a": [1, 2]}'), FunctionCall("g", "{}"))),
-        (' [ {"name":"f","parameters":{"s":"]"}} ]', calls(FunctionCall("f", '{"s": "]"}'))),
+        (' [ {"name":"f","parameters":{"s":"]"}} ]', calls(FunctionCall("f", '{"s":"]"}'))),
         (TWO_CALLS[:-20], calls(FunctionCall("f", '{"a": [1, 2]}'))),
         ("[1, 2]", calls(content="[1, 2]")),
         ("I will not.", calls(content="I will not.")),
@@ -34,11 +37,11 @@ def test_required_calls(text: str, expected: ExtractedToolCallInformation) -> No
     check_streaming_matches_whole(RequiredToolParser, text, expected)
 
 
-def test_required_announces_each_element_once_complete() -> None:
+def test_required_streams_each_name_then_its_arguments() -> None:
     parser = RequiredToolParser()
-    assert parser.feed(TWO_CALLS[:40]).tool_calls == []
-    assert [c.name for c in parser.feed(TWO_CALLS[40:50]).tool_calls] == ["f"]
-    assert [c.index for c in parser.feed(TWO_CALLS[50:]).tool_calls] == [1]
+    (named,) = parser.feed(TWO_CALLS[:35]).tool_calls
+    assert (named.index, named.name, named.arguments) == (0, "f", '{"a": ')
+    check_arguments_stream(RequiredToolParser, TWO_CALLS.replace("{}", '{"b": 2}'))
 
 
 def test_named_answer_streams_as_the_arguments() -> None:

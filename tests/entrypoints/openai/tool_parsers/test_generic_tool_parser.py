@@ -11,7 +11,10 @@ from pagedllm.entrypoints.openai.tool_parsers import (
     ExtractedToolCallInformation,
     FunctionCall,
 )
-from tests.entrypoints.openai.tool_parsers.parser_checks import check_streaming_matches_whole
+from tests.entrypoints.openai.tool_parsers.parser_checks import (
+    check_arguments_stream,
+    check_streaming_matches_whole,
+)
 
 GENERIC = TOOL_PARSERS["generic"]
 ARGUMENTS = '{"city": "Pa}ris\\"", "days": [1, {"x": null}]}'
@@ -57,3 +60,8 @@ def test_the_name_goes_out_first_then_the_arguments_in_pieces() -> None:
     (piece,) = parser.feed('1}}, {"name"').tool_calls
     assert (piece.index, piece.name, piece.arguments) == (0, None, "1}")
     assert parser.finish().tool_calls == []
+    check_arguments_stream(
+        GENERIC,
+        '{"tool_calls": [{"name": "now", "arguments": {"a": 1}}, '
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}]}',
+    )

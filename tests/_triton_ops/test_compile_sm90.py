@@ -1,0 +1,79 @@
+"""Every Triton kernel compiles to an sm_90 (H100 / H200) cubin with the configs it launches
+with, checked without a GPU: triton's compiler and its bundled ptxas need none. This
+catches what the interpreter cannot (types the compiler rejects, shared memory past the
+GPU's), not wrong results."""
+
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from pagedllm._triton_ops.activation import silu_and_mul_kernel  # noqa: E402
+from pagedllm._triton_ops.fused_moe import fused_moe_kernel  # noqa: E402
+from pagedllm._triton_ops.fused_moe_configs import _TUNED, MoEConfig, get_default_config  # noqa: E402
+from pagedllm._triton_ops.moe_align_block_size import moe_align_block_size_kernel  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter compiles nothing"
+)
+
+H200 = GPUTarget("cuda", 90, 32)
+H200_SHARED_MEMORY = 227 * 1024  # per block, opt-in maximum
+
+
+def compile_sm90(kernel, pointers: dict[str, str], constexprs: dict, **options: int):
+    """Arguments named *_ptr are pointers of `pointers`' types (default `*i32`), the others
+    32-bit ints unless given in `constexprs`."""
+    signature = {
+        name: "constexpr"
+        if name in constexprs
+        else pointers.get(name, "*i32")
+        if name.endswith("_ptr")
+        else "i32"
+        for name in kernel.arg_names
+    }
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    compiled = triton.compile(source, target=H200, options=options)
+    assert compiled.metadata.shared <= H200_SHARED_MEMORY
+    return compiled
+
+
+def moe_configs() -> list[tuple[str, MoEConfig]]:
+    """vLLM's default rule's two shapes in bf16, its small one in float32 (IEEE products),
+    and the table's config with the most shared memory (its staged tiles of A and B)."""
+    defaults = [("bf16", get_default_config(m, 128, torch.bfloat16)) for m in (1, 1024)]
+    tuned = [config for row in _TUNED.values() for config in row.values()]
+
+    def staged_bytes(c: MoEConfig) -> int:
+        tiles = c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_K"] + c["BLOCK_SIZE_K"] * c["BLOCK_SIZE_N"]
+        return 2 * tiles * c["num_stages"]
+
+    largest = max(tuned, key=staged_bytes)
+    return defaults + [("fp32", get_default_config(1, 128, torch.float32)), ("bf16", largest)]
+
+
+@pytest.mark.parametrize("dtype, config", moe_configs())
+def test_fused_moe_kernel(dtype: str, config: MoEConfig) -> None:
+    element = f"*{dtype}"
+    meta = {k: v for k, v in config.items() if k.startswith(("BLOCK", "GROUP"))}
+    precision = "ieee" if dtype == "fp32" else "tf32"
+    constexprs = dict(meta, MUL_ROUTED_WEIGHT=True, top_k=8, DOT_PRECISION=precision, WIDEN=False)
+    pointers = {name: element for name in ("a_ptr", "b_ptr", "c_ptr", "topk_weights_ptr")}
+    options = {k: config[k] for k in ("num_warps", "num_stages") if k in config}
+    compile_sm90(fused_moe_kernel, pointers, constexprs, **options)
+
+
+def test_moe_align_block_size_kernel() -> None:
+    constexprs = {"BLOCK_SIZE_M": 16, "EXPERTS": 128, "CHUNK": 1024, "HAS_EXPERT_MAP": True}
+    pointers = {"topk_ids_ptr": "*i64", "expert_map_ptr": "*i64"}
+    compile_sm90(moe_align_block_size_kernel, pointers, constexprs)
+
+
+def test_silu_and_mul_kernel() -> None:
+    pointers = {"x_ptr": "*bf16", "out_ptr": "*bf16"}
+    compile_sm90(silu_and_mul_kernel, pointers, {"BLOCK": 1024})
