@@ -344,6 +344,9 @@ DISTRIBUTED_EXECUTOR_BACKENDS = ("uni", "mp", "ray", "external_launcher")
 @dataclass
 class ParallelConfig:
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    """Pipeline stages, each holding a contiguous slice of the decoder layers on
+    tensor_parallel_size ranks (docs/parallelism.md)."""
     enable_expert_parallel: bool = False
     """vLLM's name: MoE layers place whole experts on the tensor-parallel ranks instead of
     splitting every expert (layers/fused_moe.py); attention and dense layers stay split."""
@@ -361,6 +364,8 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} must be >= 1")
+        if self.pipeline_parallel_size < 1:
+            raise ValueError(f"pipeline_parallel_size {self.pipeline_parallel_size} must be >= 1")
         if self.data_parallel_size < 1:
             raise ValueError(f"data_parallel_size {self.data_parallel_size} must be >= 1")
         if self.data_parallel_size > 1 and self.nnodes > 1:
@@ -373,8 +378,8 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        """Ranks in the world, over all nodes."""
-        return self.tensor_parallel_size
+        """Ranks in the world, over all nodes: tensor_parallel_size x pipeline_parallel_size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def _check_backend(self) -> None:
         backend = self.distributed_executor_backend

@@ -108,6 +108,7 @@ def test_kv_cache_dtype_is_auto_float32_bfloat16_or_fp8() -> None:
     [
         (dict(distributed_executor_backend="spark"), "'spark' is not one of"),
         (dict(tensor_parallel_size=2, distributed_executor_backend="uni"), "runs one rank"),
+        (dict(pipeline_parallel_size=2, distributed_executor_backend="uni"), "world has 2"),
         (dict(nnodes=2, node_rank=2), r"node_rank 2 is outside \[0, nnodes=2\)"),
         (dict(nnodes=0), "outside"),
         (dict(tensor_parallel_size=3, nnodes=2), "3 ranks do not split evenly over nnodes=2"),
@@ -124,6 +125,14 @@ def test_ranks_per_node_split_the_world() -> None:
     """vLLM's --nnodes: world_size / nnodes consecutive ranks on each node."""
     parallel = ParallelConfig(tensor_parallel_size=8, nnodes=2, node_rank=1)
     assert (parallel.world_size, parallel.ranks_per_node) == (8, 4)
+    parallel = ParallelConfig(tensor_parallel_size=2, pipeline_parallel_size=3, nnodes=2)
+    assert (parallel.world_size, parallel.ranks_per_node) == (6, 3)
+
+
+def test_parallel_config_world_is_tp_times_pp() -> None:
+    assert ParallelConfig(tensor_parallel_size=4, pipeline_parallel_size=2).world_size == 8
+    with pytest.raises(ValueError, match="pipeline_parallel_size 0 must be >= 1"):
+        ParallelConfig(pipeline_parallel_size=0)
 
 
 @pytest.mark.parametrize("field", ["tensor_parallel_size", "data_parallel_size"])

@@ -14,6 +14,13 @@ One step, as the engine drives it:
     scheduler.update_after_step(out.scheduled)
     ...for each s with s.produces_token: seq.append_token(t); on a stop,
     scheduler.finish_seq(seq, status)
+
+Under pipeline parallelism the engine schedules the next batch before the last one's
+results are back (up to one per stage): a sequence stays in flight from the schedule()
+that took it to the update_after_step() of its batch, and no batch takes it meanwhile, so
+the batches in flight hold disjoint sequences. Nor is a sequence in flight preempted. A
+batch then takes at most 1 / num_micro_batches of the unfinished sequences (rounded up),
+so the sequences spread over the micro-batches and every stage has one to work on.
 """
 
 import time
@@ -67,13 +74,17 @@ class Scheduler:
     whole, prompt and outputs).
     """
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(
+        self, config: SchedulerConfig, block_manager: BlockManager, num_micro_batches: int = 1
+    ) -> None:
         self.max_num_seqs = config.max_num_seqs
+        self.num_micro_batches = num_micro_batches
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.enable_chunked_prefill = config.enable_chunked_prefill
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.in_flight: set[int] = set()  # seq_ids of scheduled batches not yet updated
         self.num_preemptions = 0
 
     @property
@@ -98,17 +109,23 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self._schedule_running(out)
+        unfinished = len(self.running) + len(self.waiting)
+        max_seqs = min(self.max_num_seqs, -(-unfinished // self.num_micro_batches))
+        budget = self._schedule_running(out, max_seqs)
         if not out.preempted:
-            self._schedule_waiting(out, budget)
+            self._schedule_waiting(out, budget, max_seqs)
+        self.in_flight.update(s.seq.seq_id for s in out.scheduled)
         return out
 
-    def _schedule_running(self, out: SchedulerOutput) -> int:
+    def _schedule_running(self, out: SchedulerOutput, max_seqs: int) -> int:
         """Schedule running sequences in order; returns the token budget left."""
         budget = self.max_num_batched_tokens
         i = 0
-        while i < len(self.running) and budget > 0 and len(out.scheduled) < self.max_num_seqs:
+        while i < len(self.running) and budget > 0 and len(out.scheduled) < max_seqs:
             seq = self.running[i]
+            if seq.seq_id in self.in_flight:
+                i += 1
+                continue
             num_new_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self._reserve_slots(seq, num_new_tokens, out):
                 break
@@ -118,10 +135,12 @@ class Scheduler:
         return budget
 
     def _reserve_slots(self, seq: Sequence, num_new_tokens: int, out: SchedulerOutput) -> bool:
-        """Get blocks for seq's new tokens, preempting the newest running sequences while
-        they are short. False if seq itself had to be preempted."""
+        """Get blocks for seq's new tokens, preempting the newest running sequences not in
+        flight while they are short. False if seq itself had to be preempted."""
         while not self.block_manager.can_append(seq, num_new_tokens):
-            victim = self.running.pop()
+            candidates = [q for q in self.running if q.seq_id not in self.in_flight]
+            victim = candidates[-1]  # seq itself, at least
+            self.running.remove(victim)
             self._preempt(victim)
             out.preempted.append(victim)
             if victim is seq:
@@ -136,9 +155,14 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, max_seqs: int) -> None:
         """Admit waiting sequences in order while tokens, sequence slots and blocks allow."""
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while (
+            self.waiting
+            and budget > 0
+            and len(self.running) < self.max_num_seqs
+            and len(out.scheduled) < max_seqs
+        ):
             seq = self.waiting[0]
             num_new_tokens = seq.num_tokens - self.block_manager.num_prefix_hit_tokens(seq)
             if not self.enable_chunked_prefill and num_new_tokens > budget:
@@ -165,9 +189,13 @@ class Scheduler:
             )
 
     def update_after_step(self, scheduled: list[ScheduledSequence]) -> None:
-        """Record that the scheduled tokens' KV is now in the cache."""
+        """Record that the scheduled tokens' KV is now in the cache (sequences aborted
+        while their batch was in flight are left as they are)."""
         for s in scheduled:
             seq = s.seq
+            self.in_flight.discard(seq.seq_id)
+            if seq.status is SequenceStatus.FINISHED_ABORTED:
+                continue
             assert seq.status is SequenceStatus.RUNNING
             seq.num_computed_tokens += s.num_new_tokens
             assert seq.num_computed_tokens <= seq.num_tokens

@@ -1,15 +1,16 @@
-"""Collectives over the tensor-parallel group; identity when tp size is 1."""
+"""Collectives over the tensor-parallel group (one pipeline stage's ranks); identity when tp
+size is 1."""
 
 import torch
 import torch.distributed as dist
 
-from pagedllm.distributed.parallel_state import get_tensor_model_parallel_world_size
+from pagedllm.distributed.parallel_state import get_tensor_model_parallel_world_size, get_tp_group
 
 
 def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
     if get_tensor_model_parallel_world_size() == 1:
         return x
-    dist.all_reduce(x)
+    dist.all_reduce(x, group=get_tp_group().device_group)
     return x
 
 
@@ -19,5 +20,5 @@ def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Te
     if world_size == 1:
         return x
     parts = [torch.empty_like(x) for _ in range(world_size)]
-    dist.all_gather(parts, x.contiguous())
+    dist.all_gather(parts, x.contiguous(), group=get_tp_group().device_group)
     return torch.cat(parts, dim=dim)

@@ -20,6 +20,12 @@ from pagedllm.sampling_params import DEFAULT_MAX_N
 # Not command-line flags: processors are Python objects, and on the command line --seed is
 # the sampling seed of the request.
 _NOT_CLI = ("logits_processors", "seed")
+# vLLM's short forms
+_SHORT_FLAGS = {
+    "tensor_parallel_size": ("-tp",),
+    "pipeline_parallel_size": ("-pp",),
+    "data_parallel_size": ("-dp",),
+}
 
 
 @dataclass
@@ -28,6 +34,7 @@ class EngineArgs:
     dtype: str = "auto"
     quantization: str | None = None
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     enable_expert_parallel: bool = False
     distributed_executor_backend: str | None = None
     nnodes: int = 1
@@ -96,6 +103,7 @@ class EngineArgs:
             ),
             parallel_config=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size,
+                pipeline_parallel_size=self.pipeline_parallel_size,
                 enable_expert_parallel=self.enable_expert_parallel,
                 distributed_executor_backend=self.distributed_executor_backend,
                 nnodes=self.nnodes,
@@ -133,7 +141,8 @@ class EngineArgs:
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
             else:
                 kind = int if "int" in str(f.type) else str
-                group.add_argument(flag, type=kind, default=default)
+                short = _SHORT_FLAGS.get(f.name, ())
+                group.add_argument(flag, *short, type=kind, default=default)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":

@@ -102,8 +102,8 @@ class DPEngine:
                 args=(engine_args, rank, child_end),
                 name=f"pagedllm-dp-engine-{rank}",
             )
-            tp_size = self.config.parallel_config.tensor_parallel_size
-            with replica_environment(self.config.device, rank, len(ranks), tp_size):
+            world_size = self.config.parallel_config.world_size  # its TP x PP ranks
+            with replica_environment(self.config.device, rank, len(ranks), world_size):
                 process.start()
             child_end.close()
             logger.info("data-parallel engine %d: pid %d", rank, process.pid)

@@ -1,8 +1,8 @@
 """Where a node's data-parallel replicas run: each on its own GPUs, or its own CPU cores.
 
-On CUDA, replica i of a node's L sees GPUs i*TP .. (i+1)*TP-1 of the node's visible ones
-(CUDA_VISIBLE_DEVICES, set for its process before it starts, as vLLM sets it per DP rank),
-so its tensor-parallel ranks are its cuda:0..TP-1. On CPU, replica i is pinned to the i-th
+On CUDA, replica i of a node's L sees GPUs i*W .. (i+1)*W-1 of the node's visible ones,
+W its ranks (TP x PP) (CUDA_VISIBLE_DEVICES, set for its process before it starts, as vLLM
+sets it per DP rank), so its ranks are its cuda:0..W-1. On CPU, replica i is pinned to the i-th
 1/L of the cores this process may use, and takes that many torch threads; its
 tensor-parallel workers inherit the pinning and split it again (executor/worker.py's
 rank_device). Without enough GPUs or cores for a share each, replicas share them.
@@ -40,11 +40,11 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
-def gpu_share(gpus: list[str], index: int, num_local: int, tp_size: int) -> list[str] | None:
+def gpu_share(gpus: list[str], index: int, num_local: int, world_size: int) -> list[str] | None:
     """Replica `index`'s GPUs, or None when the node has too few for a share each."""
-    if len(gpus) < num_local * tp_size:
+    if len(gpus) < num_local * world_size:
         return None
-    return gpus[index * tp_size : (index + 1) * tp_size]
+    return gpus[index * world_size : (index + 1) * world_size]
 
 
 def cpu_share(cores: list[int], index: int, num_local: int) -> list[int] | None:
@@ -56,14 +56,14 @@ def cpu_share(cores: list[int], index: int, num_local: int) -> list[int] | None:
 
 
 @contextmanager
-def replica_environment(device: str, index: int, num_local: int, tp_size: int) -> Iterator[None]:
+def replica_environment(device: str, index: int, num_local: int, world_size: int) -> Iterator[None]:
     """Around starting replica `index`'s process: its CUDA_VISIBLE_DEVICES on a plain
     "cuda" device (an explicit cuda:N, or too few GPUs, leaves the GPUs shared)."""
     share = None
     if device == "cuda":
-        share = gpu_share(visible_gpus(), index, num_local, tp_size)
+        share = gpu_share(visible_gpus(), index, num_local, world_size)
         if share is None and index == 0:
-            logger.warning("fewer GPUs than data-parallel replicas x TP: replicas share them")
+            logger.warning("fewer GPUs than data-parallel replicas x TP x PP: replicas share them")
     if share is None:
         yield
         return

@@ -103,7 +103,8 @@ def run_headless(engine_args: EngineArgs, start_timeout_s: float) -> int:
     ]
     device = resolve_device(engine_args.device)
     for index, (rank, process) in enumerate(zip(ranks, processes)):
-        with replica_environment(device, index, len(ranks), engine_args.tensor_parallel_size):
+        world_size = engine_args.tensor_parallel_size * engine_args.pipeline_parallel_size
+        with replica_environment(device, index, len(ranks), world_size):
             process.start()
         logger.info("data-parallel engine %d: pid %d", rank, process.pid)
     try:

@@ -2,21 +2,26 @@
 
 add_request: InputProcessor (validate, tokenize) -> Request -> Scheduler's waiting queue
              (a request with structured outputs waits in WaitingForGrammar until compiled)
-step:        Scheduler.schedule -> plan_step -> Executor.execute (model runner, sampler)
+step:        Scheduler.schedule -> plan_step -> Executor.execute_async (model runner, sampler)
              -> OutputProcessor (tokens, text, logprobs, stops) -> RequestOutputs
+Under pipeline parallelism a step submits a batch and returns without its results while
+fewer than one batch per stage is in flight (vLLM v1's batch queue), so every stage has a
+micro-batch; otherwise it waits for the oldest batch and processes its results.
 A pooling model (runner "pooling") takes PoolingParams instead: its requests run their
 prompt's prefill through the same scheduler and end as PoolingRequestOutputs.
 """
 
 import gc
+from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
 from pagedllm.config import EngineConfig
 from pagedllm.core.block_manager import BlockManager
-from pagedllm.core.scheduler import Scheduler
+from pagedllm.core.scheduler import Scheduler, SchedulerOutput
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.grammar_wait import WaitingForGrammar
 from pagedllm.engine.input_processor import InputProcessor, PromptType
@@ -24,13 +29,14 @@ from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Request
 from pagedllm.engine.stats import ITERATION_TOKENS_BUCKETS, EngineStats, HistogramCounts
-from pagedllm.engine.step_plan import plan_step
+from pagedllm.engine.step_plan import StepPlan, plan_step
 from pagedllm.engine.tokenizer import (
     eos_token_ids,
     generation_config_dict,
     get_tokenizer,
     model_eos_token_id,
 )
+from pagedllm.executor.executor import StepFuture
 from pagedllm.executor.factory import make_executor
 from pagedllm.executor.headless import run_headless
 from pagedllm.executor.kv_cache import num_kv_blocks
@@ -47,6 +53,15 @@ logger = init_logger(__name__)
 
 # How long a step with nothing to run waits for a grammar to finish compiling.
 GRAMMAR_WAIT_S = 0.05
+
+
+@dataclass
+class _Batch:
+    """A submitted step whose results have not been processed yet."""
+
+    out: SchedulerOutput
+    plan: StepPlan
+    future: StepFuture
 
 
 @contextmanager
@@ -78,7 +93,7 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.num_blocks, cache.block_size, cache.enable_prefix_caching
         )
-        self.scheduler = Scheduler(sched, self.block_manager)
+        self.scheduler = Scheduler(sched, self.block_manager, self.executor.max_concurrent_batches)
         generation_config = generation_config_dict(self.model_config)
         self.structured_output = StructuredOutputManager(
             self.tokenizer, eos_token_ids(eos_token_id, generation_config)
@@ -100,6 +115,7 @@ class LLMEngine:
             self.model_config.pooler_config,
         )
         self.waiting_for_grammar = WaitingForGrammar()
+        self.batch_queue: deque[_Batch] = deque()
         self.iteration_tokens = HistogramCounts.empty(ITERATION_TOKENS_BUCKETS)
 
     @classmethod
@@ -163,14 +179,25 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         failed = self._admit_compiled()
-        out = self.scheduler.schedule()
-        if out.is_empty:
+        if len(self.batch_queue) < self.executor.max_concurrent_batches:
+            out = self.scheduler.schedule()
+            if not out.is_empty:
+                self.iteration_tokens.observe(out.num_batched_tokens)
+                plan = plan_step(out, self.requests, self.structured_output)
+                future = self.executor.execute_async(plan.step_input, plan.rows)
+                self.batch_queue.append(_Batch(out, plan, future))
+                if len(self.batch_queue) < self.executor.max_concurrent_batches:
+                    if not future.done():
+                        return failed
+        if not self.batch_queue:
             return failed
-        self.iteration_tokens.observe(out.num_batched_tokens)
-        plan = plan_step(out, self.requests, self.structured_output)
-        result = self.executor.execute(plan.step_input, plan.rows)
-        self.scheduler.update_after_step(out.scheduled)
-        return failed + self.output_processor.process(out, result, plan.owners)
+        return failed + self._finish_oldest_batch()
+
+    def _finish_oldest_batch(self) -> list[RequestOutput | PoolingRequestOutput]:
+        batch = self.batch_queue.popleft()
+        result = batch.future.result()
+        self.scheduler.update_after_step(batch.out.scheduled)
+        return self.output_processor.process(batch.out, result, batch.plan.owners)
 
     def _admit_compiled(self) -> list[RequestOutput]:
         """Requests whose grammar has compiled join the scheduler; those whose grammar
@@ -213,5 +240,7 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop tensor-parallel workers; the engine is unusable afterwards."""
+        while self.batch_queue and self.executor.is_healthy():
+            self._finish_oldest_batch()  # the stages' channels drain before they stop
         self.structured_output.shutdown()
         self.executor.shutdown()

@@ -54,10 +54,13 @@ class OutputProcessor:
     def process(
         self, out: SchedulerOutput, result: StepOutput, owners: list[tuple[int, int]]
     ) -> list[RequestOutput | PoolingRequestOutput]:
-        """The outputs of the requests this step touched; finished ones are forgotten."""
-        touched = self._process_prompt_logprobs(out, result)
-        touched |= self._process_samples(out, result, owners)
-        touched |= self._process_pooled(out, result)
+        """The outputs of the requests this step touched; finished ones are forgotten.
+        Sequences aborted while their batch was in flight (pipeline parallelism) are
+        skipped."""
+        stale = {i for i, s in enumerate(out.scheduled) if s.seq.status.is_finished}
+        touched = self._process_prompt_logprobs(out, result, stale)
+        touched |= self._process_samples(out, result, owners, stale)
+        touched |= self._process_pooled(out, result, stale)
         outputs = []
         for request_id in touched:
             request = self.requests[request_id]
@@ -68,9 +71,13 @@ class OutputProcessor:
                 del self.requests[request_id]
         return outputs
 
-    def _process_prompt_logprobs(self, out: SchedulerOutput, result: StepOutput) -> set[str]:
+    def _process_prompt_logprobs(
+        self, out: SchedulerOutput, result: StepOutput, stale: set[int]
+    ) -> set[str]:
         touched = set()
         for i, logits in result.prompt_logits.items():
+            if i in stale:
+                continue
             s = out.scheduled[i]
             request = self.requests[s.seq.request_id]
             start = s.seq.num_computed_tokens - s.num_new_tokens
@@ -81,12 +88,16 @@ class OutputProcessor:
             touched.add(request.request_id)
         return touched
 
-    def _process_pooled(self, out: SchedulerOutput, result: StepOutput) -> set[str]:
+    def _process_pooled(
+        self, out: SchedulerOutput, result: StepOutput, stale: set[int]
+    ) -> set[str]:
         """Add each pooled chunk to its request; a prompt's last chunk finishes it."""
         if self.pooler_config is None:
             return set()
         touched = set()
         for i, s in enumerate(out.scheduled):
+            if i in stale:
+                continue
             request = self.requests[s.seq.request_id]
             if not isinstance(request, PoolingRequest):
                 continue
@@ -101,18 +112,25 @@ class OutputProcessor:
         return touched
 
     def _process_samples(
-        self, out: SchedulerOutput, result: StepOutput, owners: list[tuple[int, int]]
+        self,
+        out: SchedulerOutput,
+        result: StepOutput,
+        owners: list[tuple[int, int]],
+        stale: set[int],
     ) -> set[str]:
         sampler_output = result.sampler_output
         if sampler_output is None:
             return set()
-        requests = [self.requests[out.scheduled[i].seq.request_id] for i, _ in owners]
+        requests = [
+            None if i in stale else self.requests[out.scheduled[i].seq.request_id]
+            for i, _ in owners
+        ]
         tokens = sampler_output.sampled_token_ids.tolist()
-        num_logprobs = [r.params.logprobs for r in requests]
+        num_logprobs = [None if r is None else r.params.logprobs for r in requests]
         logprobs = logprobs_rows(sampler_output.logprobs, num_logprobs, self.tokenizer)
         rows = zip(requests, owners, tokens, logprobs)
         for row, (request, (_, k), token, lp) in enumerate(rows):
-            if request.error is not None:
+            if request is None or request.error is not None:
                 continue
             try:
                 if row in sampler_output.errors:
@@ -122,7 +140,7 @@ class OutputProcessor:
                 self._append_token(request, request.completions[k], token, lp)
             except Exception as e:  # noqa: BLE001 - this request's failure, not the batch's
                 self._fail_request(request, e)
-        return {r.request_id for r in requests}
+        return {r.request_id for r in requests if r is not None}
 
     def _fork_completions(self, request: Request) -> None:
         """Completions 1..n-1 start as copies of the parent, sharing its KV blocks."""

@@ -1,9 +1,11 @@
 """`pagedllm inspect`: sizes of a model built on the meta device, so any size is free to inspect.
 
 Figures are per tensor-parallel rank where they differ between ranks' shapes: every rank
-of a pagedllm model holds tensors of the same shapes, so rank 0 stands for all. Under expert
-parallelism rank 0 holds the most experts (the first E % tp ranks hold one more), so it
-stands for the largest rank. With a
+of a pipeline stage holds tensors of the same shapes, so its rank 0 stands for all. Under
+expert parallelism rank 0 holds the most experts (the first E % tp ranks hold one more), so
+it stands for the largest rank of its stage. Under pipeline parallelism stages differ (their
+layers, the embedding on the first, norm and LM head on the last): "bytes_per_rank" is the
+largest stage's rank, and "bytes_per_rank_by_stage" lists each. With a
 quantization (a GGUF file type, or pagedllm's int8), weight bytes follow its plan
 (pagedllm.gguf.quant_plan; quantized_weights.py splits fused parameters for it).
 """
@@ -16,7 +18,11 @@ import torch
 from torch import nn
 
 from pagedllm.config import KV_CACHE_DTYPES, CacheConfig, ModelConfig
-from pagedllm.distributed.parallel_state import override_tensor_parallel, set_expert_parallel
+from pagedllm.distributed.parallel_state import (
+    override_pipeline_parallel,
+    override_tensor_parallel,
+    set_expert_parallel,
+)
 from pagedllm.entrypoints.quantized_weights import quantized_weight_bytes
 from pagedllm.executor.kv_cache import kv_cache_bytes_per_token
 from pagedllm.gguf.quant_plan import FILE_TYPES
@@ -39,41 +45,79 @@ def inactive_expert_params(model: nn.Module) -> int:
     return total
 
 
+def build_rank(
+    model_config: ModelConfig, tp: int, stage: int = 0, pp: int = 1, expert_parallel: bool = False
+) -> nn.Module:
+    """Tensor-parallel rank 0 of pipeline stage `stage`, on the meta device."""
+    with (
+        override_tensor_parallel(0, tp),
+        override_pipeline_parallel(stage, pp),
+        set_expert_parallel(expert_parallel),
+    ):
+        return build_model(model_config, "meta")
+
+
 def inspect_model(
     model_config: ModelConfig,
     tp: int = 1,
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
+    pp: int = 1,
     enable_expert_parallel: bool = False,
 ) -> dict:
     """Sizes in the model's dtype, or under `quantization` (one of FILE_TYPES): then also
-    "bytes_per_rank_by_type", GGUF type name -> bytes. The KV cache holds `kv_cache_dtype`
-    (one of KV_CACHE_DTYPES; "auto": the model's dtype), as the engine's would. With
+    "bytes_per_rank_by_type", GGUF type name -> bytes (of the largest stage's rank). The KV
+    cache holds `kv_cache_dtype` (one of KV_CACHE_DTYPES; "auto": the model's dtype), as
+    the engine's would; per token, the most of any stage's rank (it sizes every cache). With
     `enable_expert_parallel` each rank holds whole experts (layers/fused_moe.py)."""
     kv_dtype = CacheConfig(cache_dtype=kv_cache_dtype).kv_dtype(model_config.dtype)
     model_config = replace(model_config, quantization=None)  # float weights, even from a GGUF
     full = build_model(model_config, "meta")
-    with override_tensor_parallel(0, tp), set_expert_parallel(enable_expert_parallel):
-        shard = build_model(model_config, "meta")
+    ep = enable_expert_parallel
+    shard = build_rank(model_config, tp, expert_parallel=ep)
+    stages = [build_rank(model_config, tp, s, pp, ep) for s in range(pp)] if pp > 1 else [shard]
     element = torch.empty((), dtype=model_config.dtype).element_size()
     total = count_params(full)
+    by_stage = [count_params(stage) * element for stage in stages]
     report = {
         "architecture": model_config.architecture,
         "dtype": str(model_config.dtype).removeprefix("torch."),
         "quantization": quantization,
         "tensor_parallel_size": tp,
+        "pipeline_parallel_size": pp,
         "enable_expert_parallel": enable_expert_parallel,
         "total_params": total,
         "active_params": total - inactive_expert_params(full),
-        "bytes_per_rank": count_params(shard) * element,
+        "bytes_per_rank": max(by_stage),
+        "bytes_per_rank_by_stage": by_stage,
         "total_weight_bytes": total * element,
         "kv_cache_dtype": str(kv_dtype).removeprefix("torch."),
-        "kv_cache_bytes_per_token": kv_cache_bytes_per_token(shard, kv_dtype),
+        "kv_cache_bytes_per_token": max(kv_cache_bytes_per_token(s, kv_dtype) for s in stages),
         "max_model_len": model_config.max_model_len,
     }
     if quantization is not None:
-        report |= quantized_weight_bytes(model_config, full, shard, quantization, tp)
+        report |= _quantized(model_config, full, shard, stages, quantization, tp)
     return report
+
+
+def _quantized(
+    model_config: ModelConfig,
+    full: nn.Module,
+    shard: nn.Module,
+    stages: list[nn.Module],
+    quantization: str,
+    tp: int,
+) -> dict:
+    """The quantized figures: the total over the whole shard, the rest per stage."""
+    total = quantized_weight_bytes(model_config, full, shard, quantization, tp)
+    if len(stages) == 1:
+        return total | {"bytes_per_rank_by_stage": [total["bytes_per_rank"]]}
+    per_stage = [quantized_weight_bytes(model_config, full, s, quantization, tp) for s in stages]
+    largest = max(per_stage, key=lambda figures: figures["bytes_per_rank"])
+    return largest | {
+        "total_weight_bytes": total["total_weight_bytes"],
+        "bytes_per_rank_by_stage": [figures["bytes_per_rank"] for figures in per_stage],
+    }
 
 
 def format_report(report: dict) -> str:
@@ -84,11 +128,13 @@ def format_report(report: dict) -> str:
         ("dtype", report["dtype"]),
         ("quantization", report["quantization"] or "none"),
         ("tensor parallel size", report["tensor_parallel_size"]),
+        ("pipeline parallel size", report["pipeline_parallel_size"]),
         ("expert parallel", "on" if report["enable_expert_parallel"] else "off"),
         ("total parameters", f"{total:,} ({total / 1e9:.2f} B)"),
         ("active params / token", f"{active:,} ({active / 1e9:.2f} B)"),
         ("weight bytes per rank", _size(report["bytes_per_rank"])),
         *((f"  {name}", _size(size)) for name, size in by_type.items()),
+        *_stage_rows(report["bytes_per_rank_by_stage"]),
         ("total weight bytes", _size(report["total_weight_bytes"])),
         (
             "KV cache / token / rank",
@@ -97,6 +143,13 @@ def format_report(report: dict) -> str:
         ("max model len", f"{report['max_model_len']:,}"),
     ]
     return "\n".join(f"{name:<24}{value}" for name, value in rows)
+
+
+def _stage_rows(by_stage: list[int]) -> list[tuple[str, str]]:
+    """Each pipeline stage's rank, when there are several."""
+    if len(by_stage) == 1:
+        return []
+    return [(f"  stage {i} rank", _size(size)) for i, size in enumerate(by_stage)]
 
 
 def _size(nbytes: int) -> str:
@@ -111,7 +164,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Build the model on the meta device (no memory) and report its sizes.",
     )
     parser.add_argument("model", help="config.json, a HF model folder or a .gguf file")
-    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (default 1)")
+    parser.add_argument(
+        "--tp",
+        "--tensor-parallel-size",
+        "-tp",
+        dest="tp",
+        type=int,
+        default=1,
+        help="tensor parallel size (default 1)",
+    )
+    parser.add_argument(
+        "--pipeline-parallel-size",
+        "-pp",
+        dest="pp",
+        type=int,
+        default=1,
+        help="pipeline parallel size (default 1): bytes per rank of each stage",
+    )
     parser.add_argument(
         "--enable-expert-parallel",
         action="store_true",
@@ -140,11 +209,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     if args.tp < 1:
         raise ValueError(f"--tp {args.tp} must be >= 1")
+    if args.pp < 1:
+        raise ValueError(f"--pipeline-parallel-size {args.pp} must be >= 1")
     model_config = ModelConfig.create(args.model, dtype=args.dtype or "float32")
     if args.dtype is None:
         model_config.dtype = checkpoint_dtype(model_config)
     report = inspect_model(
-        model_config, args.tp, args.quantization, args.kv_cache_dtype, args.enable_expert_parallel
+        model_config,
+        args.tp,
+        args.quantization,
+        args.kv_cache_dtype,
+        pp=args.pp,
+        enable_expert_parallel=args.enable_expert_parallel,
     )
     print(json.dumps(report) if args.json else format_report(report))
 

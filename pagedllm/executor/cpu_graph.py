@@ -137,11 +137,12 @@ class CpuGraphRunner:
         self.graphs: dict[int, _DecodeGraph | None] = {}  # None: that size runs eagerly
 
     @staticmethod
-    def applies(device: torch.device, tensor_parallel_size: int, enforce_eager: bool) -> bool:
+    def applies(device: torch.device, world_size: int, enforce_eager: bool) -> bool:
+        """One rank only (world_size: tensor x pipeline parallel ranks)."""
         return (
             device.type == "cpu"
             and _cpu_kernels.available()
-            and tensor_parallel_size == 1
+            and world_size == 1
             and not enforce_eager
         )
 
@@ -194,7 +195,7 @@ class CpuGraphRunner:
                 _cpu_kernels.record_launches() as launches,
                 mode,
             ):
-                eager = self.model(None, graph.positions, graph.inputs_embeds)
+                eager = self.model(None, graph.positions, inputs_embeds=graph.inputs_embeds)
         except CaptureUnsupported as e:
             # str(e): a log record holding e would hold its traceback's frames, the whole
             # engine among them, for as long as a handler keeps records

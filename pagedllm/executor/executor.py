@@ -1,24 +1,60 @@
-"""Executors run the model for the engine: in-process (tp = 1), or across tensor-parallel
-processes (tp > 1): spawned by MultiprocExecutor (multiproc_executor.py), placed as Ray actors
-by RayExecutor (ray_executor.py) or launched by torchrun (torchrun_executor.py); make_executor
-picks (factory.py)."""
+"""Executors run the model for the engine: in-process (one rank), or across tensor- and
+pipeline-parallel processes: spawned by MultiprocExecutor (multiproc_executor.py), placed as
+Ray actors by RayExecutor (ray_executor.py) or launched by torchrun (torchrun_executor.py);
+make_executor picks (factory.py).
+
+`execute_async` submits a step and returns a StepFuture; with pipeline parallelism up to
+`max_concurrent_batches` (one per stage) are in flight at once, so every stage works on
+a micro-batch at every step (vLLM v1's batch queue). Futures resolve in submission order.
+"""
+
+import functools
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from pagedllm.config import EngineConfig
 from pagedllm.distributed.parallel_state import destroy_distributed_environment
 from pagedllm.executor.model_runner import ModelRunner, StepInput, StepOutput
+from pagedllm.executor.stage_link import StageLink
 from pagedllm.executor.worker import (
     EXECUTE,
     INIT_KV_CACHE,
+    KV_CACHE_BYTES,
     SHUTDOWN,
-    broadcast_message,
+    SentRows,
     shutdown_barrier,
 )
 from pagedllm.sample.metadata import SamplingRow
 from pagedllm.sampling_params import SamplingParams
 
 
+class StepFuture:
+    """A submitted step's output: ready now, or received when first asked for."""
+
+    def __init__(self, receive: Callable[[], StepOutput]) -> None:
+        self._receive: Callable[[], StepOutput] | None = receive
+        self._output: StepOutput | None = None
+
+    @classmethod
+    def ready(cls, output: StepOutput) -> "StepFuture":
+        future = cls(lambda: output)
+        future.result()
+        return future
+
+    def done(self) -> bool:
+        return self._receive is None
+
+    def result(self) -> StepOutput:
+        if self._receive is not None:
+            self._output, self._receive = self._receive(), None
+        return self._output
+
+
 class Executor:
-    """tp = 1: the model runs in this process."""
+    """One rank: the model runs in this process."""
+
+    max_concurrent_batches = 1
 
     def __init__(self, config: EngineConfig) -> None:
         self.runner = ModelRunner(config)
@@ -32,6 +68,9 @@ class Executor:
 
     def execute(self, step: StepInput, rows: list[SamplingRow]) -> StepOutput:
         return self.runner.execute(step, rows)
+
+    def execute_async(self, step: StepInput, rows: list[SamplingRow]) -> StepFuture:
+        return StepFuture.ready(self.execute(step, rows))
 
     def validate_params(self, params: SamplingParams) -> None:
         """The logits processors' own checks of a request (they run on rank 0 only)."""
@@ -47,39 +86,90 @@ class Executor:
 
 
 class DistributedExecutor(Executor):
-    """Rank 0 of a tensor-parallel world: each call is broadcast, then run here too. A
-    failed collective is reported through `_worker_failure`, which an executor that can see
-    its workers overrides to name the one that died."""
+    """Rank 0 of a parallel world: the first stage's tensor-parallel rank 0. Each call is
+    sent to every rank (stage_link.py), then run here too. A failed collective is reported
+    through `_worker_failure`, which an executor that can see its workers overrides to name
+    the one that died."""
+
+    # A dead peer's sockets close a moment before its process shows as dead: how long a
+    # failure waits for is_healthy() to turn false before it is raised as it is.
+    death_wait_s = 0.0
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self.link = StageLink(self.runner.device)
+        self.max_concurrent_batches = config.parallel_config.pipeline_parallel_size
 
     def _call(self, method: str, argument: object) -> None:
         try:
-            broadcast_message((method, argument))
+            self.link.send_message((method, argument))
         except RuntimeError as e:
             raise self._worker_failure(e) from e
+
+    @functools.cached_property
+    def kv_cache_bytes_per_token(self) -> int:
+        """The most of any rank's (a stage holding more layers): its cache decides how
+        many blocks every rank's cache holds. Asked of every rank once."""
+        self._call(KV_CACHE_BYTES, None)
+        with self._failures():
+            return self.link.max_over_ranks(super().kv_cache_bytes_per_token)
 
     def init_kv_cache(self, num_blocks: int) -> None:
         self._call(INIT_KV_CACHE, num_blocks)
         super().init_kv_cache(num_blocks)
 
     def execute(self, step: StepInput, rows: list[SamplingRow]) -> StepOutput:
-        self._call(EXECUTE, step)
+        return self.execute_async(step, rows).result()
+
+    def execute_async(self, step: StepInput, rows: list[SamplingRow]) -> StepFuture:
+        if self.link.samples:  # no pipeline: this rank samples
+            self._call(EXECUTE, (step, None))
+            with self._failures():
+                return StepFuture.ready(self.runner.execute(step, rows))
+        self._call(EXECUTE, (step, SentRows.of(rows)))
+        with self._failures():
+            self.link.send_intermediate(self.runner.forward_stage(step, None))
+        return StepFuture(lambda: self._receive_output(rows))
+
+    def _receive_output(self, rows: list[SamplingRow]) -> StepOutput:
+        """The sampling rank's output; its generators advanced there, so these follow."""
+        with self._failures():
+            output, states = self.link.recv_output()
+        for row, state in zip(rows, states, strict=True):
+            if state is not None:
+                row.generator.set_state(state.cpu())
+        return output
+
+    @contextmanager
+    def _failures(self) -> Iterator[None]:
+        """A RuntimeError raised while a worker is dead is that worker's failure."""
         try:
-            return super().execute(step, rows)
+            yield
         except RuntimeError as e:
+            deadline = time.monotonic() + self.death_wait_s
+            while self.is_healthy() and time.monotonic() < deadline:
+                time.sleep(0.05)
             if self.is_healthy():
                 raise
             raise self._worker_failure(e) from e
 
     def _worker_failure(self, error: BaseException) -> RuntimeError:
-        return RuntimeError(f"tensor-parallel collective failed: {error}")
+        return RuntimeError(f"collective with another rank failed: {error}")
+
+    def _send_shutdown(self) -> None:
+        """Tell every rank to stop, then wait in a barrier until all have heard it, so
+        that closing the process group cannot cut the message off on its way to another
+        node."""
+        self._call(SHUTDOWN, None)
+        self.link.pending.wait()
+        shutdown_barrier()
 
     def shutdown(self) -> None:
-        """Stop the other ranks (see broadcast_shutdown); a second call does nothing."""
+        """Stop the other ranks (see _send_shutdown); a second call does nothing."""
         if getattr(self, "_shut_down", False):
             return
         self._shut_down = True
         try:
-            self._call(SHUTDOWN, None)
-            shutdown_barrier()
+            self._send_shutdown()
         finally:
             destroy_distributed_environment()

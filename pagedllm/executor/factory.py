@@ -17,8 +17,9 @@ def make_executor(config: EngineConfig) -> Executor:
         world_size = int(os.environ["WORLD_SIZE"])
         if world_size != parallel.world_size:
             raise ValueError(
-                f"torchrun started {world_size} ranks but tensor_parallel_size is "
-                f"{parallel.tensor_parallel_size}"
+                f"torchrun started {world_size} ranks but tensor_parallel_size "
+                f"{parallel.tensor_parallel_size} x pipeline_parallel_size "
+                f"{parallel.pipeline_parallel_size} is {parallel.world_size}"
             )
         check_gpus_for_ranks(config, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
         return TorchrunExecutor(config)
@@ -51,9 +52,11 @@ def check_gpus_for_ranks(config: EngineConfig, ranks_on_host: int) -> None:
     """On CUDA each rank of this host takes its own GPU (cuda:<local rank>)."""
     if torch.device(config.device).type != "cuda" or ranks_on_host < 2:
         return
+    parallel = config.parallel_config
     gpus = torch.cuda.device_count()
     if ranks_on_host > gpus:
         raise ValueError(
-            f"tensor_parallel_size {config.parallel_config.tensor_parallel_size} puts "
-            f"{ranks_on_host} ranks on this machine, one GPU each; torch finds {gpus}"
+            f"tensor_parallel_size {parallel.tensor_parallel_size} x pipeline_parallel_size "
+            f"{parallel.pipeline_parallel_size} puts {ranks_on_host} ranks on this machine, one "
+            f"GPU each; torch finds {gpus}"
         )

@@ -10,7 +10,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.device_copy import to_device
 from pagedllm.distributed.parallel_state import set_expert_parallel
 from pagedllm.executor import cuda_graph
-from pagedllm.executor.batch import BatchInputs, SeqChunk, host_batch
+from pagedllm.executor.batch import BatchInputs, SeqChunk, host_batch, prepare_batch
 from pagedllm.executor.cpu_graph import CpuGraphRunner
 from pagedllm.executor.cpu_malloc import keep_freed_memory
 from pagedllm.executor.cuda_graph import CudaGraphRunner
@@ -20,6 +20,7 @@ from pagedllm.layers.attention_backends.selector import use_attn_backend
 from pagedllm.layers.pooler import pool_chunk
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.loader import get_model
+from pagedllm.models.pipeline import IntermediateTensors
 from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
 from pagedllm.sample.sampler import Sampler, SamplerOutput
 
@@ -88,6 +89,8 @@ class ModelRunner:
         no_cuda_graphs = cuda_graph.unsupported_reason(
             self.model, self.device, config.enforce_eager
         )
+        if no_cuda_graphs is None and config.parallel_config.pipeline_parallel_size > 1:
+            no_cuda_graphs = "pipeline parallelism (a stage runs on the stage before's output)"
         cache_blocks = num_blocks + (no_cuda_graphs is None)
         self.kv_cache = bind_kv_cache(
             self.model, cache_blocks, self.block_size, self.kv_cache_dtype, self.device
@@ -95,7 +98,7 @@ class ModelRunner:
         max_model_len = config.model_config.max_model_len
         # Captured CPU steps replay pagedllm._C's launches; the Triton interpreter's are not.
         if config.attention_backend != "TRITON_ATTN" and CpuGraphRunner.applies(
-            self.device, config.parallel_config.tensor_parallel_size, config.enforce_eager
+            self.device, config.parallel_config.world_size, config.enforce_eager
         ):
             max_blocks = -(-max_model_len // self.block_size)
             self.graph_runner = CpuGraphRunner(self.model, max_blocks, [self.kv_cache])
@@ -115,9 +118,22 @@ class ModelRunner:
         self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
     @torch.inference_mode()
-    def forward(self, step: StepInput) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """-> (logits [len(sample_indices), V], prompt logits by batch index)."""
-        hidden, starts = self._hidden_states(step)
+    def forward_stage(
+        self, step: StepInput, intermediate: IntermediateTensors | None
+    ) -> IntermediateTensors:
+        """A pipeline stage before the last: its layers' output for the next stage."""
+        self._copy_blocks(step.blocks_to_copy)
+        batch = prepare_batch(step.chunks, self.block_size, self.device)
+        with set_forward_context(batch.attn_metadata):
+            return self.model(batch.input_ids, batch.positions, intermediate)
+
+    @torch.inference_mode()
+    def forward(
+        self, step: StepInput, intermediate: IntermediateTensors | None = None
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """-> (logits [len(sample_indices), V], prompt logits by batch index). `intermediate`:
+        the previous pipeline stage's output, on the last stage of several."""
+        hidden, starts = self._hidden_states(step, intermediate)
         logits = self.model.compute_logits(self._sampled_rows(hidden, starts, step.sample_indices))
         prompt_logits = {}
         for i in step.prompt_logprob_indices:
@@ -126,11 +142,13 @@ class ModelRunner:
         return logits, prompt_logits
 
     @torch.inference_mode()
-    def pool(self, step: StepInput) -> dict[int, torch.Tensor]:
+    def pool(
+        self, step: StepInput, intermediate: IntermediateTensors | None = None
+    ) -> dict[int, torch.Tensor]:
         """A pooling model's step: each pooled chunk's partial [H] float32 by batch index
         (none for a CLS chunk past position 0)."""
         assert self.pooling_type is not None, "pool() runs a pooling model's steps"
-        hidden, starts = self._hidden_states(step)
+        hidden, starts = self._hidden_states(step, intermediate)
         pooled = {}
         for i in step.pool_indices:
             partial = pool_chunk(
@@ -140,12 +158,14 @@ class ModelRunner:
                 pooled[i] = partial
         return pooled
 
-    def _hidden_states(self, step: StepInput) -> tuple[torch.Tensor, list[int]]:
+    def _hidden_states(
+        self, step: StepInput, intermediate: IntermediateTensors | None
+    ) -> tuple[torch.Tensor, list[int]]:
         """The final hidden states [T, hidden] of the step's tokens, and each chunk's start
         row in them (plus the end)."""
         self._copy_blocks(step.blocks_to_copy)
         batch = host_batch(step.chunks, self.block_size, pin_memory=self.device.type != "cpu")
-        hidden = self._run_model(batch)
+        hidden = self._run_model(batch, intermediate)
         return hidden, [0, *itertools.accumulate(batch.attn_metadata.query_lens_cpu)]
 
     def _sampled_rows(
@@ -158,7 +178,9 @@ class ModelRunner:
         rows = [starts[i + 1] - 1 for i in sample_indices]
         return hidden[to_device(rows, torch.int64, self.device)]
 
-    def _run_model(self, batch: BatchInputs) -> torch.Tensor:
+    def _run_model(
+        self, batch: BatchInputs, intermediate: IntermediateTensors | None
+    ) -> torch.Tensor:
         """Hidden states [T, hidden] of the batch built on the host: replayed when the graph
         runner can, else eager on the batch copied to the device."""
         if self.graph_runner is not None:
@@ -167,15 +189,30 @@ class ModelRunner:
                 return hidden
         batch = batch.to(self.device)
         with set_forward_context(batch.attn_metadata):
-            return self.model(batch.input_ids, batch.positions)
+            return self.model(batch.input_ids, batch.positions, intermediate)
 
     @torch.inference_mode()
-    def execute(self, step: StepInput, rows: list[SamplingRow]) -> StepOutput:
+    def follow(self, step: StepInput, intermediate: IntermediateTensors | None = None) -> None:
+        """A tensor-parallel peer of the sampling rank: the same forward (its collectives
+        need every rank), nothing sampled."""
+        if step.pool_indices:
+            self.pool(step, intermediate)
+        else:
+            self.forward(step, intermediate)
+
+    @torch.inference_mode()
+    def execute(
+        self,
+        step: StepInput,
+        rows: list[SamplingRow],
+        intermediate: IntermediateTensors | None = None,
+    ) -> StepOutput:
+        """Run and sample the step (on the last pipeline stage: from `intermediate`)."""
         if not step.chunks:
             return StepOutput(None, {})
         if step.pool_indices:
-            return StepOutput(None, {}, self.pool(step))
-        logits, prompt_logits = self.forward(step)
+            return StepOutput(None, {}, self.pool(step, intermediate))
+        logits, prompt_logits = self.forward(step, intermediate)
         if not rows:
             return StepOutput(None, prompt_logits)
         metadata = SamplingMetadata.build(rows, self.vocab_size, self.device)

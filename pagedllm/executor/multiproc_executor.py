@@ -22,7 +22,6 @@ from pagedllm.executor.worker import (
     ERROR,
     JOINED,
     READY,
-    broadcast_shutdown,
     distributed_backend,
     rank_device,
     worker_main,
@@ -59,10 +58,13 @@ class MultiprocExecutor(DistributedExecutor):
     the worker's traceback, or its exit code, as soon as one fails.
     """
 
+    death_wait_s = 1.0
+
     def __init__(self, config: EngineConfig) -> None:
         _check_not_bootstrapping()
         parallel = config.parallel_config
         world_size, local_ranks = parallel.world_size, parallel.ranks_per_node
+        pp = parallel.pipeline_parallel_size
         init_method = rendezvous_address(parallel)
         self.processes: list[mp.Process] = []
         self.conns: list[Connection] = []
@@ -74,7 +76,9 @@ class MultiprocExecutor(DistributedExecutor):
             self._spawn_workers(config, world_size, local_ranks, init_method)
             backend = distributed_backend(config.device)
             rendezvous = in_daemon_thread(
-                lambda: init_distributed_environment(world_size, 0, init_method, backend)
+                lambda: init_distributed_environment(
+                    world_size, 0, init_method, backend, pipeline_parallel_size=pp
+                )
             )
             self._watch_workers(JOINED, rendezvous.done, deadline)
             rendezvous.result()
@@ -174,9 +178,14 @@ class MultiprocExecutor(DistributedExecutor):
     def shutdown(self) -> None:
         """Tell the workers to stop if all are in the control loop, then wait for (or kill)
         them; a worker still starting cannot take the message. A second call does nothing."""
-        if self._finalizer.alive and not self._behind(READY) and self.is_healthy():
+        if (
+            self._finalizer.alive
+            and not self._behind(READY)
+            and self.is_healthy()
+            and hasattr(self, "link")
+        ):
             try:
-                broadcast_shutdown()
+                self._send_shutdown()
                 self._stopping["graceful"] = True
             except RuntimeError:
                 pass

@@ -1,6 +1,7 @@
 """RayExecutor (vLLM's "ray" distributed executor backend): rank 0 in this process (the
-driver), ranks 1..N-1 as Ray actors placed by a placement group (ray_utils.py), tensors moved
-by torch.distributed as under the multiprocessing executor.
+driver), ranks 1..N-1 of the tensor x pipeline parallel world as Ray actors placed by a
+placement group (ray_utils.py), tensors moved by torch.distributed as under the
+multiprocessing executor.
 
 Each actor is started on its rank's bundle with its rank's environment (RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: the driver node's IP and a free
@@ -39,12 +40,7 @@ from pagedllm.executor.ray_utils import (
     import_ray,
     local_ranks,
 )
-from pagedllm.executor.worker import (
-    broadcast_shutdown,
-    distributed_backend,
-    rank_device,
-    run_worker_loop,
-)
+from pagedllm.executor.worker import distributed_backend, rank_device, run_worker_loop
 
 _POLL_S = 0.05
 DEATH_NOTICE_S = 10.0  # how long a failed collective waits for Ray to report the dead actor
@@ -70,7 +66,13 @@ class RayWorker:
         device = rank_device(self.config.device, local_rank, int(os.environ["LOCAL_WORLD_SIZE"]))
         self.config = dataclasses.replace(self.config, device=device)
         world_size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-        init_distributed_environment(world_size, rank, "env://", distributed_backend(device))
+        init_distributed_environment(
+            world_size,
+            rank,
+            "env://",
+            distributed_backend(device),
+            pipeline_parallel_size=self.config.parallel_config.pipeline_parallel_size,
+        )
 
     def load(self) -> None:
         self.runner = ModelRunner(self.config)
@@ -121,8 +123,11 @@ class RayExecutor(DistributedExecutor):
         loaded = [actor.load.remote() for actor in self.actors]
         self.loops = [actor.run.remote() for actor in self.actors]
         backend = distributed_backend(config.device)
+        pp = config.parallel_config.pipeline_parallel_size
         rendezvous = in_daemon_thread(
-            lambda: init_distributed_environment(world_size, 0, f"tcp://{ip}:{port}", backend)
+            lambda: init_distributed_environment(
+                world_size, 0, f"tcp://{ip}:{port}", backend, pipeline_parallel_size=pp
+            )
         )
         self._watch(joined, deadline, until=rendezvous.done)
         rendezvous.result()
@@ -215,7 +220,7 @@ class RayExecutor(DistributedExecutor):
         placement group (and stop Ray if this executor started it)."""
         if self._loaded and self.is_healthy():
             try:
-                broadcast_shutdown()
+                self._send_shutdown()
                 self.ray.wait(self.loops, num_returns=len(self.loops), timeout=5)
             except RuntimeError:
                 pass

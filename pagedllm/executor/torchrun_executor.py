@@ -20,7 +20,11 @@ class TorchrunExecutor(DistributedExecutor):
 
     def __init__(self, config: EngineConfig) -> None:
         init_distributed_environment(
-            int(os.environ["WORLD_SIZE"]), 0, "env://", distributed_backend(config.device)
+            int(os.environ["WORLD_SIZE"]),
+            0,
+            "env://",
+            distributed_backend(config.device),
+            pipeline_parallel_size=config.parallel_config.pipeline_parallel_size,
         )
         super().__init__(dataclasses.replace(config, device=_torchrun_device(config)))
 
@@ -34,7 +38,13 @@ def run_torchrun_worker(config: EngineConfig) -> NoReturn:
     """The worker entry of ranks > 0 under torchrun: follow rank 0 until it shuts down,
     then exit the process (the script's code after `LLM(...)` is rank 0's alone)."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    init_distributed_environment(world_size, rank, "env://", distributed_backend(config.device))
+    init_distributed_environment(
+        world_size,
+        rank,
+        "env://",
+        distributed_backend(config.device),
+        pipeline_parallel_size=config.parallel_config.pipeline_parallel_size,
+    )
     try:
         run_worker_loop(ModelRunner(dataclasses.replace(config, device=_torchrun_device(config))))
     finally:

@@ -1,8 +1,11 @@
-"""Tensor-parallel workers: ranks 1..N-1 run the model on their shard in lockstep with rank 0.
+"""Workers: ranks 1..N-1 run the model on their shard, following rank 0's messages.
 
-Rank 0 (the engine's process) broadcasts each control message, `(method, argument)`, over
-the gloo group; every rank then runs the same forward, whose collectives (all-reduce,
-all-gather) carry the tensors. Only rank 0 samples.
+Rank 0 (the engine's process) sends each control message, `(method, argument)`, on its
+way (stage_link.py); the ranks of a stage run the same forward, whose collectives
+(all-reduce, all-gather) carry the tensors. Under pipeline parallelism a stage runs its
+layers on what the stage before sent and sends its own output on; the last stage's
+tensor-parallel rank 0 samples and returns the step's output to rank 0, with the new
+state of each seeded row's generator. Without pipeline parallelism rank 0 samples.
 """
 
 import ctypes
@@ -22,11 +25,14 @@ from pagedllm.distributed.parallel_state import (
     get_cpu_group,
     init_distributed_environment,
 )
-from pagedllm.executor.model_runner import ModelRunner
+from pagedllm.executor.model_runner import ModelRunner, StepInput
+from pagedllm.executor.stage_link import StageLink
+from pagedllm.sample.metadata import SamplingRow
 
 SHUTDOWN = "shutdown"
 INIT_KV_CACHE = "init_kv_cache"
-EXECUTE = "execute"
+KV_CACHE_BYTES = "kv_cache_bytes"  # every rank: the most KV bytes per token of any rank
+EXECUTE = "execute"  # argument: (StepInput, SentRows, or None where rank 0 samples)
 
 # Start-up reports a spawned worker sends rank 0 over its pipe, in this order. A worker that
 # exits before STARTED never ran worker_main: it failed while re-importing the main module.
@@ -36,22 +42,10 @@ READY = "ready"  # its shard is loaded, so it is in the control loop
 ERROR = "error"  # its traceback; the last thing it sends
 
 
-def broadcast_message(message: tuple[str, object] | None) -> tuple[str, object]:
-    """Rank 0 passes the message; the other ranks pass None and receive it."""
-    box = [message]
-    dist.broadcast_object_list(box, src=0, group=get_cpu_group())
-    return box[0]
-
-
-def broadcast_shutdown() -> None:
-    """Rank 0: tell every rank to stop, then wait in a barrier until all have heard it, so
-    that closing the process group cannot cut the message off on its way to another node."""
-    broadcast_message((SHUTDOWN, None))
-    shutdown_barrier()
-
-
 def shutdown_barrier() -> None:
-    """Every rank, once the shutdown message is out (see broadcast_shutdown)."""
+    """Every rank, once the shutdown message is out: rank 0 waits here until all have heard
+    it, so that closing the process group cannot cut the message off on its way to another
+    node (DistributedExecutor._send_shutdown)."""
     dist.barrier(group=get_cpu_group())
 
 
@@ -71,19 +65,42 @@ def rank_device(device: str, local_rank: int, ranks_on_host: int = 1) -> str:
 
 def run_worker_loop(runner: ModelRunner) -> None:
     """Follow rank 0's messages until it says shutdown."""
+    link = StageLink(runner.device)
     while True:
-        method, argument = broadcast_message(None)
+        method, argument = link.receive_message()
         if method == SHUTDOWN:
+            link.pending.wait()  # the message on its way to the next stage
             shutdown_barrier()
             return
         if method == INIT_KV_CACHE:
             runner.init_kv_cache(argument)
-        elif method == EXECUTE and argument.pool_indices:
-            runner.pool(argument)
+        elif method == KV_CACHE_BYTES:
+            link.max_over_ranks(runner.kv_cache_bytes_per_token)
         elif method == EXECUTE:
-            runner.forward(argument)
+            run_step(runner, link, *argument)
         else:
             raise RuntimeError(f"unknown control message {method!r}")
+
+
+@dataclasses.dataclass
+class SentRows:
+    """Sampler rows on their way to the last pipeline stage: a generator is bound to its
+    device, so it travels as its state and the sampling rank rebuilds it on its own."""
+
+    rows: list[SamplingRow]
+    states: list[torch.Tensor | None]
+
+    @classmethod
+    def of(cls, rows: list[SamplingRow]) -> "SentRows":
+        bare = [dataclasses.replace(row, generator=None) for row in rows]
+        return cls(bare, generator_states(rows))
+
+    def rows_on(self, device: torch.device) -> list[SamplingRow]:
+        for row, state in zip(self.rows, self.states, strict=True):
+            if state is not None:
+                row.generator = torch.Generator(device)
+                row.generator.set_state(state.cpu())
+        return self.rows
 
 
 def _die_with_parent() -> None:
@@ -111,7 +128,13 @@ def worker_main(
         per_node = world_size // config.parallel_config.nnodes  # --nnodes: consecutive ranks
         device = rank_device(config.device, rank % per_node, per_node)
         config = dataclasses.replace(config, device=device)
-        init_distributed_environment(world_size, rank, init_method, backend)
+        init_distributed_environment(
+            world_size,
+            rank,
+            init_method,
+            backend,
+            pipeline_parallel_size=config.parallel_config.pipeline_parallel_size,
+        )
         conn.send((JOINED, None))
         runner = ModelRunner(config)
         conn.send((READY, None))
@@ -121,3 +144,21 @@ def worker_main(
         raise SystemExit(1) from None
     finally:
         destroy_distributed_environment()
+
+
+def run_step(runner: ModelRunner, link: StageLink, step: StepInput, sent: SentRows | None) -> None:
+    """This rank's part of one step (rank 0's first stage runs in the executor)."""
+    intermediate = link.recv_intermediate()
+    if not link.pp.is_last_rank:
+        link.send_intermediate(runner.forward_stage(step, intermediate))
+    elif link.samples:
+        rows = sent.rows_on(runner.device)
+        output = runner.execute(step, rows, intermediate)
+        link.send_output((output, generator_states(rows)))
+    else:
+        runner.follow(step, intermediate)
+
+
+def generator_states(rows: list[SamplingRow]) -> list[torch.Tensor | None]:
+    """Each row's generator state (a CPU byte tensor; None for a row without one)."""
+    return [None if row.generator is None else row.generator.get_state() for row in rows]

@@ -46,30 +46,38 @@ _EXPERT_NAMES = {
 
 
 def iterate_gguf_weights(
-    path: str, dtype: torch.dtype, keep_blocks: KeepBlocks | None = None
+    path: str,
+    dtype: torch.dtype,
+    keep_blocks: KeepBlocks | None = None,
+    keep: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """`(HF name, tensor)` for every weight of the GGUF file, one at a time: as its blocks
     (uint8 [..., bytes per row], see read_blocks) where keep_blocks says so, else dequantized
     to `dtype`. Shapes are HF's: a linear weight is [out, in]. Stacked expert tensors come
     out per expert, as `model.layers.N.mlp.experts.E.gate_proj.weight` [I, H]. For llama,
     the q/k row permutation of llama.cpp is undone (whole rows move, so blocks stay whole).
-    rope_freqs is skipped: its scaling is in the config.
+    rope_freqs is skipped: its scaling is in the config, and so are the tensors whose HF
+    name `keep` rejects (another pipeline stage's): their data is never read.
 
     The header is read now, so a bad file raises here rather than at the first tensor.
     """
     gguf = read_gguf(path)
     arch = architecture(gguf)
-    return _iterate_weights(gguf, arch, dtype, keep_blocks)
+    return _iterate_weights(gguf, arch, dtype, keep_blocks, keep)
 
 
 def _iterate_weights(
-    gguf: GGUFFile, arch: str, dtype: torch.dtype, keep_blocks: KeepBlocks | None
+    gguf: GGUFFile,
+    arch: str,
+    dtype: torch.dtype,
+    keep_blocks: KeepBlocks | None,
+    keep: Callable[[str], bool] | None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Where keep_blocks is given (a quantized run), one log line names the quantized types
     it did not keep, which were dequantized."""
     dequantized = set()
     for info in gguf.tensors.values():
-        if info.name == ROPE_FREQS:
+        if info.name == ROPE_FREQS or (keep is not None and not keep(hf_name(gguf, info.name))):
             continue
         as_blocks = keep_blocks is not None and keep_blocks(hf_name(gguf, info.name))
         tensor = read_blocks(gguf, info) if as_blocks else read_tensor(gguf, info)

@@ -1,6 +1,6 @@
 """Build a model from a ModelConfig and load its weights on a device."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -10,8 +10,9 @@ from pagedllm.config import ModelConfig
 from pagedllm.layers.quantization import get_quantization_config
 from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.logger import init_logger
-from pagedllm.model_loader.pooling_model import drop_lm_head, pooling_weights
+from pagedllm.model_loader.pooling_model import causal_lm_name, drop_lm_head, pooling_weights
 from pagedllm.model_loader.weight_arena import move_weights_to_arena
+from pagedllm.models.pipeline import weight_filter
 from pagedllm.models.registry import ModelRegistry
 
 logger = init_logger(__name__)
@@ -58,16 +59,19 @@ def build_model(
 
 
 def iterate_weights(
-    model_config: ModelConfig, quant_config: QuantizationConfig | None = None
+    model_config: ModelConfig,
+    quant_config: QuantizationConfig | None = None,
+    keep: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors; those whose name `keep` rejects are never read."""
     if model_config.gguf_file is not None:
         from pagedllm.gguf.tensor_names import iterate_gguf_weights
 
         keep_blocks = getattr(quant_config, "is_raw", None)
-        return iterate_gguf_weights(model_config.gguf_file, model_config.dtype, keep_blocks)
+        return iterate_gguf_weights(model_config.gguf_file, model_config.dtype, keep_blocks, keep)
     from pagedllm.model_loader.safetensors import iterate_safetensors_weights
 
-    return iterate_safetensors_weights(model_config.model, model_config.dtype)
+    return iterate_safetensors_weights(model_config.model, model_config.dtype, keep)
 
 
 def weight_bytes(model: nn.Module, buffers: bool = True) -> int:
@@ -80,15 +84,19 @@ def weight_bytes(model: nn.Module, buffers: bool = True) -> int:
 def get_model(model_config: ModelConfig, device: str | torch.device = "cpu") -> nn.Module:
     quant_config = get_quant_config(model_config)
     model = build_model(model_config, device, quant_config)
+    owned = weight_filter(model)  # under pipeline parallelism: this stage's tensors only
     if model_config.runner_type == "pooling":
         drop_lm_head(model)
     with torch.no_grad():
         if model_config.load_format == "dummy":
             initialize_dummy_weights(model)
         else:
-            weights = iterate_weights(model_config, quant_config)
             if model_config.runner_type == "pooling":
-                weights = pooling_weights(weights)
+                weights = pooling_weights(
+                    iterate_weights(model_config, quant_config, lambda n: owned(causal_lm_name(n)))
+                )
+            else:
+                weights = iterate_weights(model_config, quant_config, owned)
             model.load_weights(weights)
         for module in model.modules():
             method = getattr(module, "quant_method", None)

@@ -21,4 +21,9 @@ def pooling_weights(
     for name, tensor in weights:
         if name.startswith("lm_head."):
             continue
-        yield (name if name.startswith("model.") else "model." + name), tensor
+        yield causal_lm_name(name), tensor
+
+
+def causal_lm_name(name: str) -> str:
+    """A checkpoint tensor's name in the `*ForCausalLM` model."""
+    return name if name.startswith("model.") else "model." + name

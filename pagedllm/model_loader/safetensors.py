@@ -2,7 +2,7 @@
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -27,12 +27,14 @@ def safetensors_files(folder: str) -> list[str]:
 
 
 def iterate_safetensors_weights(
-    folder: str, dtype: torch.dtype
+    folder: str, dtype: torch.dtype, keep: Callable[[str], bool] | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors whose name `keep` rejects (another pipeline stage's) are never read."""
     for path in safetensors_files(folder):
         try:
             with safe_open(path, framework="pt") as f:
                 for name in f.keys():
-                    yield name, f.get_tensor(name).to(dtype)
+                    if keep is None or keep(name):
+                        yield name, f.get_tensor(name).to(dtype)
         except (SafetensorError, OSError) as e:
             raise ValueError(f"cannot read weight file {path}: {e}") from e

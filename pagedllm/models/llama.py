@@ -4,7 +4,7 @@ Attention options cover the family's differences: q/k/v bias (Qwen2), o_proj bia
 (Llama's attention_bias), and per-head q/k RMSNorm before rotary (Qwen3).
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +12,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from pagedllm.distributed import get_tensor_model_parallel_world_size
+from pagedllm.distributed.parallel_state import get_pp_group
 from pagedllm.layers.activation import SiluAndMul
 from pagedllm.layers.attention import Attention
 from pagedllm.layers.inference_module import InferenceModule
@@ -26,6 +27,12 @@ from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.layers.rotary_embedding import get_rope
 from pagedllm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedllm.models.config_fields import head_dim, rope_parameters
+from pagedllm.models.pipeline import (
+    IntermediateTensors,
+    PPMissingLayer,
+    make_layers,
+    missing_prefixes,
+)
 from pagedllm.models.weight_loading import load_named_weights
 
 
@@ -152,22 +159,34 @@ class LlamaDecoderLayer(InferenceModule):
 
 
 class LlamaModel(nn.Module):
+    """The decoder; under pipeline parallelism only this stage's share: the embedding on
+    the first stage (and on the last when the LM head is tied to it), layers
+    [start_layer, end_layer), the final norm on the last stage."""
+
     def __init__(
         self,
         config: PretrainedConfig,
-        layers: list[LlamaDecoderLayer],
+        layer_fn: Callable[[int], LlamaDecoderLayer],
         quant_config: QuantizationConfig | None = None,
         prefix: str = "model",
     ) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(
-            config.vocab_size,
-            config.hidden_size,
-            quant_config=quant_config,
-            prefix=f"{prefix}.embed_tokens",
+        pp = get_pp_group()
+        self.is_first_rank, self.is_last_rank = pp.is_first_rank, pp.is_last_rank
+        self.embed_tokens: nn.Module = PPMissingLayer()
+        if pp.is_first_rank or (config.tie_word_embeddings and pp.is_last_rank):
+            self.embed_tokens = VocabParallelEmbedding(
+                config.vocab_size,
+                config.hidden_size,
+                quant_config=quant_config,
+                prefix=f"{prefix}.embed_tokens",
+            )
+        self.start_layer, self.end_layer, self.layers = make_layers(
+            config.num_hidden_layers, layer_fn
         )
-        self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm: nn.Module = PPMissingLayer()
+        if pp.is_last_rank:
+            self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -176,14 +195,21 @@ class LlamaModel(nn.Module):
         self,
         input_ids: torch.Tensor | None,
         positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
         inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if inputs_embeds is None:
-            inputs_embeds = self.get_input_embeddings(input_ids)
-        hidden_states = inputs_embeds
-        residual = None
-        for layer in self.layers:
+    ) -> torch.Tensor | IntermediateTensors:
+        if self.is_first_rank:
+            if inputs_embeds is None:
+                inputs_embeds = self.get_input_embeddings(input_ids)
+            hidden_states, residual = inputs_embeds, None
+        else:
+            assert intermediate_tensors is not None, "a later stage continues from the last"
+            hidden_states = intermediate_tensors["hidden_states"]
+            residual = intermediate_tensors["residual"]
+        for layer in self.layers[self.start_layer : self.end_layer]:
             hidden_states, residual = layer(positions, hidden_states, residual)
+        if not self.is_last_rank:
+            return IntermediateTensors({"hidden_states": hidden_states, "residual": residual})
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
@@ -205,17 +231,20 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         options = self.attention_options(config)
-        layers = []
-        for i in range(config.num_hidden_layers):
+
+        def layer_fn(i: int) -> LlamaDecoderLayer:
             prefix = f"model.layers.{i}"
             mlp = self.make_mlp(config, i, quant_config, f"{prefix}.mlp")
-            layers.append(LlamaDecoderLayer(config, options, mlp, quant_config, prefix))
-        self.model = LlamaModel(config, layers, quant_config)
-        self.lm_head = ParallelLMHead(
-            config.vocab_size, config.hidden_size, quant_config=quant_config, prefix="lm_head"
-        )
-        if config.tie_word_embeddings:
-            self.lm_head.tie_weights(self.model.embed_tokens)
+            return LlamaDecoderLayer(config, options, mlp, quant_config, prefix)
+
+        self.model = LlamaModel(config, layer_fn, quant_config)
+        self.lm_head: nn.Module = PPMissingLayer()
+        if get_pp_group().is_last_rank:
+            self.lm_head = ParallelLMHead(
+                config.vocab_size, config.hidden_size, quant_config=quant_config, prefix="lm_head"
+            )
+            if config.tie_word_embeddings:
+                self.lm_head.tie_weights(self.model.embed_tokens)
         self.logits_processor = LogitsProcessor(
             config.vocab_size,
             scale=getattr(config, "logit_scale", None) or 1.0,
@@ -253,11 +282,14 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor | None,
         positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
         inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | IntermediateTensors:
         """inputs_embeds [T, hidden], when given, stand for the embeddings of input_ids (vLLM's
-        signature; the CPU decode graphs pass their static buffer)."""
-        return self.model(input_ids, positions, inputs_embeds)
+        signature; the CPU decode graphs pass their static buffer). A stage after the first
+        continues from the previous stage's intermediate_tensors; one before the last
+        returns its own."""
+        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.logits_processor(self.lm_head, hidden_states)
@@ -272,7 +304,7 @@ class LlamaForCausalLM(nn.Module):
             weights,
             self.stacked_params_mapping,
             self.expert_params_mapping(),
-            skip_prefixes=skip,
+            skip_prefixes=skip + missing_prefixes(self),
         )
 
 

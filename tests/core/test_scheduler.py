@@ -246,3 +246,49 @@ def test_random_traffic_keeps_every_invariant(seed: int, chunked: bool) -> None:
     assert engine.bm.num_free_blocks == 16
     engine.bm.check_invariants([])
     assert engine.scheduler.num_preemptions > 0 and engine.bm.prefix_cache_hits > 0
+
+
+def finish_batch(scheduler: Scheduler, out: SchedulerOutput) -> None:
+    """What the engine does when a batch's results come back (one token per sampled seq)."""
+    scheduler.update_after_step(out.scheduled)
+    for s in out.scheduled:
+        if s.produces_token:
+            s.seq.append_token(7)
+
+
+def test_micro_batches_in_flight_hold_disjoint_sequences() -> None:
+    """Pipeline parallelism (2 micro-batches): a second schedule() before the first batch's
+    update takes only the other sequences, half of them each; an update frees its own."""
+    bm = BlockManager(64, 4)
+    scheduler = Scheduler(SchedulerConfig(8, 64), bm, num_micro_batches=2)
+    seqs = [Sequence(i, [1, 2, 3], 4, sampling_params=4) for i in range(6)]
+    for seq in seqs:
+        scheduler.add_seq(seq)
+    a = scheduler.schedule()
+    b = scheduler.schedule()
+    ids = lambda out: {s.seq.seq_id for s in out.scheduled}  # noqa: E731
+    assert ids(a) == {0, 1, 2} and ids(b) == {3, 4, 5}
+    assert scheduler.schedule().is_empty  # everything is in flight
+    finish_batch(scheduler, a)
+    c = scheduler.schedule()
+    assert ids(c) == {0, 1, 2} and scheduler.in_flight == {0, 1, 2, 3, 4, 5}
+    finish_batch(scheduler, b)
+    finish_batch(scheduler, c)
+    assert not scheduler.in_flight
+
+
+def test_a_sequence_in_flight_is_never_preempted() -> None:
+    """Blocks run out while the newest running sequence is in flight: the older one, not in
+    flight, gives way (preempts itself) instead of the newest, as it otherwise would."""
+    bm = BlockManager(4, 2)
+    scheduler = Scheduler(SchedulerConfig(8, 64), bm, num_micro_batches=2)
+    old, new = Sequence(0, [1, 2, 3, 4], 2, sampling_params=9), Sequence(1, [5, 6, 7], 2, 9)
+    scheduler.add_seq(old)
+    scheduler.add_seq(new)
+    a = scheduler.schedule()  # old: 2 blocks
+    b = scheduler.schedule()  # new: the other 2
+    assert [s.seq for s in a.scheduled] == [old] and [s.seq for s in b.scheduled] == [new]
+    finish_batch(scheduler, a)  # old has 5 tokens: its next one needs a 3rd block
+    c = scheduler.schedule()
+    assert c.preempted == [old] and not c.scheduled
+    assert new.status is SequenceStatus.RUNNING and old.status is SequenceStatus.WAITING

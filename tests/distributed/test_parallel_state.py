@@ -9,13 +9,17 @@ import torch.distributed as dist
 
 from pagedllm.distributed import parallel_state
 from pagedllm.distributed.parallel_state import (
+    GroupCoordinator,
     destroy_distributed_environment,
     get_cpu_group,
     get_expert_parallel_rank,
     get_expert_parallel_world_size,
+    get_pp_group,
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
+    get_tp_group,
     init_distributed_environment,
+    override_pipeline_parallel,
     override_tensor_parallel,
     set_expert_parallel,
 )
@@ -68,6 +72,30 @@ def test_destroy_leaves_no_group_and_cpu_group_needs_init(tmp_path: Path) -> Non
     destroy_distributed_environment()  # a second call is harmless
     with pytest.raises(AssertionError, match="init_distributed_environment"):
         get_cpu_group()
+
+
+def test_pipeline_override_sets_the_stage_and_leaves_tensor_parallel_alone() -> None:
+    with override_pipeline_parallel(1, 2), override_tensor_parallel(3, 4):
+        pp = get_pp_group()
+        assert (pp.rank_in_group, pp.world_size, pp.is_first_rank, pp.is_last_rank) == (
+            1,
+            2,
+            False,
+            True,
+        )
+        assert get_tensor_model_parallel_world_size() == 4
+    assert get_pp_group().world_size == 1 and get_pp_group().is_first_rank
+
+
+def test_group_coordinator_neighbours() -> None:
+    """vLLM's layout, tp 2 x pp 3: rank 3 is tp rank 1 of stage 1, its pipeline [1, 3, 5]."""
+    group = GroupCoordinator((1, 3, 5), 1)
+    assert (group.prev_rank, group.next_rank, group.first_rank, group.last_rank) == (1, 5, 1, 5)
+
+
+def test_gloo_group_of_one_has_pipeline_and_tensor_groups_of_one(gloo_group_of_one) -> None:
+    assert get_pp_group().ranks == (0,) and get_tp_group().ranks == (0,)
+    assert get_pp_group().is_first_rank and get_pp_group().is_last_rank
 
 
 def test_expert_parallel_group_is_the_tensor_parallel_group_while_enabled() -> None:

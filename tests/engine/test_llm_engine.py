@@ -12,6 +12,7 @@ from concurrent.futures import Future
 import pytest
 
 from pagedllm import LLM, LLMEngine
+from pagedllm.executor.executor import StepFuture
 from pagedllm.sampling_params import ReasoningTokens, SamplingParams, StructuredOutputsParams
 from pagedllm.structured_output import check_grammar
 from tests.engine.engine_helpers import (
@@ -300,3 +301,27 @@ def test_the_cyclic_gc_waits_while_the_engine_is_built(
         assert during == [False] and gc.isenabled() == enabled
     finally:
         gc.enable()
+
+
+def test_two_micro_batches_in_flight_keep_transformers_greedy(
+    tiny_model_path, hf_greedy, spread_prompts
+) -> None:
+    """The batch queue as pipeline parallelism drives it (max_concurrent_batches 2), with each
+    step's results deferred until the engine asks for them: the engine keeps two disjoint
+    batches in flight, preempts (17 blocks of 16 for ~950 tokens), and still gives
+    transformers' greedy tokens."""
+    engine = make_engine(tiny_model_path(LLAMA), num_kv_blocks=17)
+    executor = engine.executor
+    executor.max_concurrent_batches = engine.scheduler.num_micro_batches = 2
+    depths = []
+
+    def deferred(step, rows) -> StepFuture:  # noqa: ANN001
+        depths.append(len(engine.batch_queue) + 1)
+        return StepFuture(lambda: executor.execute(step, rows))
+
+    executor.execute_async = deferred
+    ids = add_prompts(engine, spread_prompts, greedy())
+    run = run_all(engine)
+    assert max(depths) == 2 and engine.scheduler.num_preemptions > 0
+    assert not engine.batch_queue and not engine.scheduler.in_flight
+    assert_matches_reference(run, ids, hf_greedy(LLAMA, spread_prompts, MAX_TOKENS))

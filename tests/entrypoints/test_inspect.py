@@ -247,6 +247,43 @@ def test_cli_names_the_tensor_a_tp_cuts(capsys: pytest.CaptureFixture) -> None:
     assert "model.layers.0.mlp.experts.0.down_proj.weight" in err
 
 
+def test_llama_70b_pp2_tp4_bytes_per_rank_by_stage() -> None:
+    """By hand: each stage 40 of the 80 layers at tp 4; the embedding on stage 0, the final
+    norm and LM head on stage 1; the KV cache of 40 layers, 2 kv heads a rank."""
+    r = llama_70b_rank(4)
+    layer = 2 * r["q"] + 2 * r["kv"] + 3 * r["mlp"] + 2 * 8192
+    first, last = 40 * layer + r["vocab"], 40 * layer + 8192 + r["vocab"]
+    report = inspect_model(ModelConfig.create(LLAMA_70B, dtype="bfloat16"), tp=4, pp=2)
+    assert report["bytes_per_rank_by_stage"] == [2 * first, 2 * last]
+    assert report["bytes_per_rank"] == 2 * last
+    assert report["kv_cache_bytes_per_token"] == 2 * 40 * 2 * 128 * 2
+    assert report["total_weight_bytes"] == 2 * llama_70b_params()[0]
+
+
+def test_llama_70b_pp2_quantized_stages_add_up_to_one_stage() -> None:
+    """Untied, no tensor is on two stages: their bytes add up to the pp 1 figure."""
+    config = ModelConfig.create(LLAMA_70B, dtype="bfloat16")
+    report = inspect_model(config, tp=4, quantization="q4_k_m", pp=2)
+    assert sum(report["bytes_per_rank_by_stage"]) == llama_70b_quantized(4)["q4_k_m"]
+    assert report["bytes_per_rank"] == max(report["bytes_per_rank_by_stage"])
+    assert sum(report["bytes_per_rank_by_type"].values()) == report["bytes_per_rank"]
+    assert report["total_weight_bytes"] == llama_70b_quantized(1)["q4_k_m"]
+
+
+def test_cli_pipeline_parallel_size(capsys: pytest.CaptureFixture) -> None:
+    main(["inspect", LLAMA_70B, "-tp", "4", "--pipeline-parallel-size", "2", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert (report["tensor_parallel_size"], report["pipeline_parallel_size"]) == (4, 2)
+    main(["inspect", LLAMA_70B, "--tp", "4", "-pp", "2"])
+    text = capsys.readouterr().out
+    assert "pipeline parallel size  2" in text
+    stage_1 = next(line for line in text.splitlines() if line.startswith("  stage 1 rank"))
+    assert f"{report['bytes_per_rank_by_stage'][1]:,} (" in stage_1
+    with pytest.raises(SystemExit):
+        main(["inspect", LLAMA_70B, "-pp", "81"])
+    assert "pipeline_parallel_size 81 is more than the model's 80 layers" in capsys.readouterr().err
+
+
 def test_qwen3_moe_q4_k_m_over_4_ranks_with_expert_parallelism() -> None:
     """Refused as tensor parallel (Q6_K down_proj rows of 768 split into 192); with
     enable_expert_parallel each rank holds 32 of the 128 experts whole, the same number of

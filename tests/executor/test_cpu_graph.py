@@ -118,7 +118,7 @@ def test_enforce_eager_and_tensor_parallel_take_no_graph_runner(
     )
     assert _runner(llm).graph_runner is None
     cpu = torch.device("cpu")
-    assert not CpuGraphRunner.applies(cpu, tensor_parallel_size=2, enforce_eager=False)
+    assert not CpuGraphRunner.applies(cpu, world_size=2, enforce_eager=False)
     assert not CpuGraphRunner.applies(torch.device("meta"), 1, False)
 
 

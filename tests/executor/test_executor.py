@@ -14,6 +14,7 @@ from pagedllm.executor import executor
 from pagedllm.executor.batch import SeqChunk
 from pagedllm.executor.executor import DistributedExecutor, Executor
 from pagedllm.executor.model_runner import StepInput
+from pagedllm.executor.stage_link import StageLink
 from pagedllm.executor.worker import EXECUTE, INIT_KV_CACHE, SHUTDOWN
 from pagedllm.sample.logits_processors import BatchUpdate, LogitsProcessor
 from pagedllm.sample.metadata import SamplingRow
@@ -67,7 +68,7 @@ def test_validate_params_runs_the_logits_processors_checks(config) -> None:
 
 def test_distributed_executor_broadcasts_each_call_before_running_it(config, monkeypatch) -> None:
     events = []
-    monkeypatch.setattr(executor, "broadcast_message", lambda message: events.append(message))
+    monkeypatch.setattr(StageLink, "send_message", lambda _, message: events.append(message))
     monkeypatch.setattr(executor, "shutdown_barrier", lambda: events.append("barrier"))
     monkeypatch.setattr(
         executor, "destroy_distributed_environment", lambda: events.append("destroy")
@@ -82,7 +83,7 @@ def test_distributed_executor_broadcasts_each_call_before_running_it(config, mon
     step = StepInput([SeqChunk([5, 6, 7], 0, [0])], [], [0], [])
     rows = [SamplingRow(SamplingParams(temperature=0), [5, 6, 7], [])]
     out = ex.execute(step, rows)
-    assert events[1:] == [(EXECUTE, step), "run"]
+    assert events[1:] == [(EXECUTE, (step, None)), "run"]  # rank 0 samples: no rows sent
     assert out.sampler_output.sampled_token_ids.shape == (1,)
 
     ex.shutdown()

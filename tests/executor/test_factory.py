@@ -63,7 +63,10 @@ def test_tp2_spawns_workers_unless_torchrun_launched_them(
 @pytest.mark.parametrize("tp, world_size", [(1, 2), (2, 4)])
 def test_torchrun_world_must_be_the_tensor_parallel_size(config, launched, tp, world_size) -> None:
     launched(world_size)
-    message = f"torchrun started {world_size} ranks but tensor_parallel_size is {tp}"
+    message = (
+        f"torchrun started {world_size} ranks but tensor_parallel_size {tp} x "
+        f"pipeline_parallel_size 1 is {tp}"
+    )
     with pytest.raises(ValueError, match=message):
         make_executor(config(tp))
 
@@ -89,7 +92,8 @@ def test_cuda_ranks_need_a_gpu_each_on_their_machine(
         assert make_executor(on_cuda)[1] is on_cuda
         return
     ranks = local_ranks or tp
-    message = f"tensor_parallel_size {tp} puts {ranks} ranks on this machine, one GPU each; "
+    message = f"tensor_parallel_size {tp} x pipeline_parallel_size 1 puts {ranks} ranks on this "
+    message += "machine, one GPU each; "
     with pytest.raises(ValueError, match=message + f"torch finds {gpus}"):
         make_executor(on_cuda)
 

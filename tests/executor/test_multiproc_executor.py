@@ -15,19 +15,11 @@ import pytest
 from pagedllm import LLM, SamplingParams
 from pagedllm.config import ModelConfig
 from pagedllm.entrypoints.inspect import inspect_model
+from tests.executor.parallel_jobs import assert_same, mixed_prompts
 from tests.processes import MARKER_VARIABLE, alive, marked_processes
 
 ENGINE = dict(skip_tokenizer_init=True, num_kv_blocks=256, block_size=4, dtype="float32")
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
-SHARED = list(range(10, 42))  # a shared 32-token prefix, so prefix caching serves blocks
-
-
-def mixed_prompts() -> list[dict]:
-    lengths = (1, 9, 23, 40)
-    return [{"prompt_token_ids": SHARED[: n // 2] + list(range(50, 50 + n))} for n in lengths] + [
-        {"prompt_token_ids": SHARED + [7, 8, 9]},
-        {"prompt_token_ids": SHARED + [11, 12]},
-    ]
 
 
 def param_bytes(llm: LLM) -> int:
@@ -56,11 +48,7 @@ def test_tp2_matches_tp1(name: str, tiny_model_path) -> None:
         assert tp.llm_engine.block_manager.prefix_cache_hits > 0
         tp_bytes = param_bytes(tp)
         report = inspect_model(ModelConfig.create(path, dtype="float32"), tp=2)
-    for want, have in zip(expected, got, strict=True):
-        a, b = want.outputs[0], have.outputs[0]
-        assert a.token_ids == b.token_ids
-        for lp_a, lp_b, token in zip(a.logprobs, b.logprobs, a.token_ids, strict=True):
-            assert abs(lp_a[token].logprob - lp_b[token].logprob) <= 1e-5
+    assert_same(expected, got, 1e-5)
     assert tp_bytes == report["bytes_per_rank"]
     assert 0.45 * single_bytes < tp_bytes < 0.75 * single_bytes
 

@@ -1,7 +1,8 @@
 """RayExecutor (pagedllm/executor/ray_executor.py) on a two-node Ray cluster that the module
 starts on loopback (`ray start --head`, then `ray start --address`, one CPU and a distinct
 custom resource each), so the placement group must put the two ranks on different nodes.
-Reference: the multiprocessing executor's tokens and logprobs on the same tiny checkpoint."""
+Reference: the multiprocessing executor's tokens and logprobs on the same tiny checkpoint
+(tensor parallel), one rank's (pipeline parallel)."""
 
 import os
 import shutil
@@ -17,6 +18,7 @@ import pytest
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.executor import ray_executor
+from tests.executor.parallel_jobs import assert_same, mixed_prompts
 from tests.executor.ray_failing_worker import FailingWorker
 from tests.processes import MARKER_VARIABLE, gone, marked_processes, stop_marked
 
@@ -91,6 +93,24 @@ def test_tp2_on_two_nodes_matches_multiprocessing(on_cluster, tiny_model_path) -
     assert gone(pids)
     assert ray.util.placement_group_table()  # the group was removed: none left in use
     assert all(g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
+
+
+def test_pp2_on_two_nodes_matches_one_rank(on_cluster, tiny_model_path) -> None:
+    """A stage per node: the actor runs the pipeline's worker loop (StageLink), rank 0 gets
+    the last stage's tokens back; pipeline parallelism alone is bit for bit one rank's."""
+    path = tiny_model_path("llama-gqa4")
+    engine = {**ENGINE, "max_num_batched_tokens": 16}  # several micro-batches in flight
+    with LLM(path, **engine) as one:
+        expected = one.generate(mixed_prompts(), PARAMS, use_tqdm=False)
+    with LLM(path, pipeline_parallel_size=2, distributed_executor_backend="ray", **engine) as llm:
+        executor = llm.llm_engine.executor
+        nodes = ray.util.placement_group_table(executor._held["group"])["bundles_to_node_id"]
+        assert len(nodes) == 2 and len(set(nodes.values())) == 2
+        assert executor.max_concurrent_batches == 2
+        got = llm.generate(mixed_prompts(), PARAMS, use_tqdm=False)
+        pids = executor.worker_pids
+    assert_same(expected, got, 0.0)
+    assert gone(pids)
 
 
 def test_killed_actor_raises_within_30s_and_leaves_no_process(on_cluster, tiny_model_path):

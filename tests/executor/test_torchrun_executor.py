@@ -1,6 +1,7 @@
-"""Tensor parallelism launched by torchrun (pagedllm/executor/torchrun_executor.py). Reference:
-torchrun's env:// variables (WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE), and the greedy
-tokens of the same model in one process."""
+"""Tensor and pipeline parallelism launched by torchrun
+(pagedllm/executor/torchrun_executor.py). Reference: torchrun's env:// variables (WORLD_SIZE,
+RANK, LOCAL_RANK, LOCAL_WORLD_SIZE), and the greedy tokens of the same model in one
+process."""
 
 import json
 import os
@@ -52,8 +53,10 @@ def test_cpu_ranks_on_a_host_share_its_cores(local_world_size, threads, monkeypa
     assert calls == [threads]
 
 
-def test_torchrun_launch_matches_single_process(tiny_model_path) -> None:
-    """`torchrun --nproc-per-node 2 script.py`: ranks join through the env:// variables."""
+@pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)])
+def test_torchrun_launch_matches_single_process(tp: int, pp: int, tiny_model_path) -> None:
+    """`torchrun --nproc-per-node 2 script.py`: ranks join through the env:// variables, as
+    two tensor-parallel ranks or two pipeline stages."""
     path, prompt = tiny_model_path("llama-gqa4"), list(range(3, 20))
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     single = LLM(path, skip_tokenizer_init=True, num_kv_blocks=256, dtype="float32")
@@ -62,7 +65,7 @@ def test_torchrun_launch_matches_single_process(tiny_model_path) -> None:
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port())]
     result = subprocess.run(
-        [*cmd, str(script), path, json.dumps(prompt)],
+        [*cmd, str(script), path, json.dumps(prompt), str(tp), str(pp)],
         capture_output=True,
         text=True,
         timeout=180,

@@ -1,6 +1,6 @@
 """Tensor-parallel worker helpers (pagedllm/executor/worker.py). Reference: their contracts:
 NCCL for CUDA devices and gloo otherwise; a CUDA rank on GPU local_rank, CPU ranks sharing the
-cores; the control loop doing what rank 0 broadcasts until it says shutdown."""
+cores; the control loop doing what rank 0 sends until it says shutdown."""
 
 import os
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from pagedllm.executor import worker
-from pagedllm.executor.model_runner import StepInput
+from pagedllm.executor.model_runner import ModelRunner, StepInput
+from pagedllm.executor.stage_link import StageLink
 from pagedllm.executor.worker import (
     EXECUTE,
     INIT_KV_CACHE,
@@ -43,33 +44,33 @@ def test_cuda_rank_takes_the_gpu_of_its_local_rank(monkeypatch) -> None:
 
 
 class RecordingRunner:
+    device = torch.device("cpu")
+    follow = ModelRunner.follow
+
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
 
     def init_kv_cache(self, num_blocks: int) -> None:
         self.calls.append(("init_kv_cache", num_blocks))
 
-    def forward(self, step: object) -> None:
+    def forward(self, step: object, intermediate: object = None) -> None:
         self.calls.append(("forward", step))
 
-    def pool(self, step: object) -> None:
+    def pool(self, step: object, intermediate: object = None) -> None:
         self.calls.append(("pool", step))
 
 
 def follow(
     messages: list[tuple[str, object]], monkeypatch: pytest.MonkeyPatch
 ) -> tuple[RecordingRunner, list]:
-    """Run the loop on `messages` as rank 0's broadcasts; returns the runner and the
-    messages the loop did not take."""
+    """Run the loop on `messages` as a tensor-parallel peer of rank 0 (which samples);
+    returns the runner and the messages the loop did not take."""
     pending = list(messages)
-
-    def receive(message: None) -> tuple[str, object]:
-        assert message is None  # a worker only receives
-        return pending.pop(0)
-
-    monkeypatch.setattr(worker, "broadcast_message", receive)
-    monkeypatch.setattr(worker, "shutdown_barrier", lambda: None)  # no other rank here
+    monkeypatch.setattr(StageLink, "receive_message", lambda _: pending.pop(0))
+    monkeypatch.setattr(StageLink, "samples", False)
     runner = RecordingRunner()
+    # no other rank here; the loop meets rank 0 in the barrier once SHUTDOWN is out
+    monkeypatch.setattr(worker, "shutdown_barrier", lambda: runner.calls.append(("barrier",)))
     run_worker_loop(runner)
     return runner, pending
 
@@ -78,10 +79,20 @@ def test_worker_loop_runs_each_message_until_shutdown(monkeypatch) -> None:
     """Only rank 0 samples: EXECUTE runs the forward alone, or the pooling of a pooling
     model's step."""
     step, pooled = StepInput([], [], [0], []), StepInput([], [], [], [], pool_indices=[0])
-    messages = [(INIT_KV_CACHE, 8), (EXECUTE, step), (EXECUTE, pooled), (SHUTDOWN, None)]
-    runner, pending = follow([*messages, (EXECUTE, step)], monkeypatch)
-    assert runner.calls == [("init_kv_cache", 8), ("forward", step), ("pool", pooled)]
-    assert pending == [(EXECUTE, step)]
+    messages = [
+        (INIT_KV_CACHE, 8),
+        (EXECUTE, (step, None)),
+        (EXECUTE, (pooled, None)),
+        (SHUTDOWN, None),
+    ]
+    runner, pending = follow([*messages, (EXECUTE, (step, None))], monkeypatch)
+    assert runner.calls == [
+        ("init_kv_cache", 8),
+        ("forward", step),
+        ("pool", pooled),
+        ("barrier",),
+    ]
+    assert pending == [(EXECUTE, (step, None))]
 
 
 def test_worker_loop_rejects_an_unknown_message(monkeypatch) -> None:

@@ -8,6 +8,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.initialization import no_init_weights
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
+from pagedllm.gguf import tensor_names
 from pagedllm.gguf.hf_config import load_gguf_config
 from pagedllm.gguf.tensor_names import iterate_gguf_weights
 from tests.gguf.tiny_gguf import TINY
@@ -69,3 +70,20 @@ def test_tiny_round_trip_weights(arch: str, tiny_files: dict) -> None:
     assert set(loaded) == set(expected)
     for name, tensor in loaded.items():
         assert torch.equal(tensor, expected[name]), name
+
+
+@pytest.mark.parametrize("arch", list(TINY))
+def test_keep_skips_tensors_before_reading_them(arch: str, tiny_files: dict, monkeypatch) -> None:
+    """Another pipeline stage's tensors (rejected by `keep`) are never read from the file."""
+    path, _, expected = tiny_files[arch]
+    read = []
+    original = tensor_names.read_tensor
+    monkeypatch.setattr(
+        tensor_names,
+        "read_tensor",
+        lambda gguf, info: (read.append(info.name), original(gguf, info))[1],
+    )
+    keep = lambda name: name.startswith("model.layers.1.")  # noqa: E731
+    loaded = dict(iterate_gguf_weights(path, torch.float32, keep=keep))
+    assert set(loaded) == {name for name in expected if keep(name)} != set()
+    assert read and all(name.startswith("blk.1.") for name in read)
