@@ -1,7 +1,6 @@
 """LogitsProcessor against hidden @ W^T on the unpadded vocabulary, single-process and in a
 real 2-rank gloo group (where the tp layers' collectives actually run)."""
 
-import datetime
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from pagedllm.distributed.parallel_state import (
+    destroy_distributed_environment,
+    init_distributed_environment,
+)
 from pagedllm.layers.linear import ColumnParallelLinear, RowParallelLinear
 from pagedllm.layers.logits_processor import LogitsProcessor
 from pagedllm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -90,13 +93,7 @@ def _tp_layer_outputs(w: dict[str, torch.Tensor], x: torch.Tensor, ids: torch.Te
 
 def _tp_worker(rank: int, init_file: str, w: dict, x: torch.Tensor, ids: torch.Tensor) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=30),
-    )
+    init_distributed_environment(2, rank, f"file://{init_file}", "gloo", timeout_s=30.0)
     try:
         outputs = _tp_layer_outputs(w, x, ids)
         expected = {
@@ -108,7 +105,7 @@ def _tp_worker(rank: int, init_file: str, w: dict, x: torch.Tensor, ids: torch.T
         for name, value in expected.items():
             torch.testing.assert_close(outputs[name], value, msg=f"rank {rank}: {name}")
     finally:
-        dist.destroy_process_group()
+        destroy_distributed_environment()
 
 
 def test_tp2_gloo_layers_equal_the_single_process_reference(tmp_path: Path) -> None:
