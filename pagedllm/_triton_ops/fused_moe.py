@@ -15,9 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedllm._triton_ops import interpreting
 from pagedllm._triton_ops.activation import silu_and_mul
 from pagedllm._triton_ops.fused_moe_configs import MoEConfig, get_config
-from pagedllm._triton_ops.launch import for_device, interpreted
+from pagedllm._triton_ops.launch import for_device
 from pagedllm._triton_ops.moe_align_block_size import moe_align_block_size
 
 
@@ -111,7 +112,7 @@ def invoke_fused_moe_kernel(
     # The interpreter's tl.dot multiplies numpy arrays, and numpy holds bf16 as raw uint16
     # bits: there the tiles are widened to float32 first, which is exact, so the products
     # and their float32 sums are the GPU's.
-    widen = interpreted(fused_moe_kernel)
+    widen = interpreting()
     for_device(fused_moe_kernel, a.device)[grid](
         a,
         w,

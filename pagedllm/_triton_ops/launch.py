@@ -19,8 +19,3 @@ def for_device(kernel: KernelInterface, device: torch.device) -> KernelInterface
             "pagedllm._triton_ops is imported"
         )
     return kernel
-
-
-def interpreted(kernel: KernelInterface) -> bool:
-    """Whether `kernel` runs under Triton's interpreter (TRITON_INTERPRET=1 at import)."""
-    return not isinstance(kernel, JITFunction)
