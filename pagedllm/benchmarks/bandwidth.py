@@ -4,15 +4,19 @@ At batch 1 every decode step reads every weight once and does little arithmetic 
 so no implementation can beat bandwidth / weight bytes tokens per second (KV reads and
 activations only lower the bound further). A GGUF run as stored (quantization "gguf") reads
 its tensors' bytes as they lie in the file; otherwise the weights are the model's parameters
-in its dtype.
+in its dtype. A mixture-of-experts layer reads only the experts its tokens are routed to: at
+batch 1, top_k of them (Qwen3-30B-A3B: 8 of 128, ~3.3 of its ~30.5 B parameters), so the
+bound counts those, not the whole model.
 """
 
 import time
 
 import torch
+from torch import nn
 
 from pagedllm.config import ModelConfig
 from pagedllm.cpu_memory import huge_page_map, huge_page_size
+from pagedllm.layers.fused_moe import FusedMoE
 from pagedllm.model_loader.loader import build_model, weight_bytes
 
 
@@ -58,11 +62,38 @@ def probe_tensor(numel: int, device: str | torch.device = "cpu") -> torch.Tensor
     return huge_page_map(numel * 4, page).view(torch.float32).fill_(1.0)
 
 
-def model_weight_bytes(model_config: ModelConfig) -> int:
-    """The bytes one decode step must read: the model's parameters as it holds them, built
-    on the meta device (no memory) with each layer's quant method, so a GGUF run as stored
-    counts its blocks and anything dequantized counts in its dtype."""
-    return weight_bytes(build_model(model_config, "meta"), buffers=False)
+def model_weight_bytes(model_config: ModelConfig, batch_size: int = 1) -> tuple[int, int]:
+    """(bytes of all weights, bytes one decode step of `batch_size` sequences reads): the
+    model's parameters as it holds them, built on the meta device (no memory) with each
+    layer's quant method, so a GGUF run as stored counts its blocks and anything dequantized
+    counts in its dtype; the two differ only in MoE layers (decode_read_bytes)."""
+    model = build_model(model_config, "meta")
+    return weight_bytes(model, buffers=False), decode_read_bytes(model, batch_size)
+
+
+def decode_read_bytes(model: nn.Module, batch_size: int = 1) -> int:
+    """Every weight once, but of each FusedMoE layer's per-expert tensors (those whose first
+    dimension is its experts) only the share of experts the batch is expected to route to."""
+    total = weight_bytes(model, buffers=False)
+    for module in model.modules():
+        if not isinstance(module, FusedMoE):
+            continue
+        experts = module.local_num_experts
+        per_expert = sum(
+            p.numel() * p.element_size()
+            for p in module.parameters(recurse=False)
+            if p.dim() > 0 and p.shape[0] == experts
+        )
+        active = expected_active_experts(module.num_experts, module.top_k, batch_size)
+        total -= round(per_expert * (1 - active / module.num_experts))
+    return total
+
+
+def expected_active_experts(num_experts: int, top_k: int, num_tokens: int) -> float:
+    """Distinct experts `num_tokens` tokens route to, each to top_k of num_experts, if every
+    token picks its experts uniformly and independently of the others: an expert is missed
+    by one token with probability 1 - top_k / num_experts. Exactly top_k for one token."""
+    return num_experts * (1 - (1 - top_k / num_experts) ** num_tokens)
 
 
 def decode_bound_tokens_per_s(bandwidth: float, model_bytes: int, batch_size: int = 1) -> float:

@@ -101,6 +101,14 @@ def _add_throughput(benchmarks: argparse._SubParsersAction) -> None:
     parser.add_argument("--output-len", default="32:256", help="N or LOW:HIGH (uniform)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 greedy, e.g. 0.8")
     parser.add_argument("--hf-batch-size", type=int, default=16)
+    parser.add_argument(
+        "--hf-num-prompts",
+        type=int,
+        default=None,
+        help="the hf peer runs only the first N requests (a random sample of the same job; "
+        "its rates stand for the whole, as it runs batch by batch): for models where "
+        "transformers would take minutes (default: all)",
+    )
     _add_profile(parser, "up to 32 more requests of fresh prompts")
     _add_backend(parser, THROUGHPUT_BACKENDS, "all")
     _add_common(parser)

@@ -172,7 +172,7 @@ def run_latency(args: argparse.Namespace, backends: list[str]) -> dict:
         profile_batch = random_requests(
             args.batch_size, *lens, model_config.vocab_size, args.seed + len(batches)
         )
-    model_bytes = model_weight_bytes(model_config)
+    all_bytes, model_bytes = model_weight_bytes(model_config, args.batch_size)
     read_bandwidth, probed = ReadBandwidthProbe(args.bandwidth_mb * 1024**2, device=device), []
 
     def probe() -> float:
@@ -202,7 +202,8 @@ def run_latency(args: argparse.Namespace, backends: list[str]) -> dict:
         "config": config,
         "bandwidth_bytes_per_s": bandwidth,
         "bandwidth_probes_bytes_per_s": probed,
-        "weight_bytes": model_bytes,
+        "weight_bytes": all_bytes,
+        "read_bytes_per_step": model_bytes,
         "bound_tokens_per_s": decode_bound_tokens_per_s(bandwidth, model_bytes, args.batch_size),
         "results": results,
     }
@@ -219,12 +220,20 @@ def format_latency(report: dict) -> str:
         f"{c['device']} memory read bandwidth {report['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s "
         f"(median of {len(probes)} probes around the runs, "
         f"{min(probes) / 1e9:.2f}-{max(probes) / 1e9:.2f}), "
-        f"weights {report['weight_bytes'] / 1e6:.1f} MB -> bandwidth bound "
+        f"weights {report['weight_bytes'] / 1e6:.1f} MB{_active_share(report)} -> bandwidth bound "
         f"{report['bound_tokens_per_s']:.2f} tok/s at batch {c['batch_size']}",
     ]
     for backend, result in report["results"].items():
         lines += ["", f"[{backend}]"] + _format_result(result)
     return "\n".join(lines)
+
+
+def _active_share(report: dict) -> str:
+    """How much of the weights a step reads, where that is not all of them (MoE)."""
+    read, batch = report["read_bytes_per_step"], report["config"]["batch_size"]
+    if read == report["weight_bytes"]:
+        return ""
+    return f", {read / 1e6:.1f} MB read per step (the experts a batch of {batch} routes to)"
 
 
 def _format_result(result: dict) -> list[str]:

@@ -85,9 +85,17 @@ def _run_backend(
             EngineArgs.from_cli_args(args), requests, args.temperature, profile_requests
         )
     if backend == "hf":
-        return run_hf_throughput(
-            model_config, requests, args.hf_batch_size, args.temperature, device
+        sample = requests[: args.hf_num_prompts or None]
+        result = run_hf_throughput(
+            model_config, sample, args.hf_batch_size, args.temperature, device
         )
+        if len(sample) < len(requests):  # the requests are random, so any prefix samples them
+            result.detail = (
+                f"ran the first {len(sample)} of the {len(requests)} requests "
+                "(--hf-num-prompts); its rates stand for the whole job, which it runs batch "
+                "by batch"
+            )
+        return result
     if backend == "vllm":
         return run_vllm_throughput(vllm_peer(args), model_config, requests, args.temperature)
     require_llama_cpp()
@@ -99,6 +107,8 @@ def _run_backend(
 def run_throughput(args: argparse.Namespace, backends: list[str]) -> dict:
     if args.temperature < 0:
         raise ValueError(f"--temperature {args.temperature} must be >= 0")
+    if getattr(args, "hf_num_prompts", None) is not None and args.hf_num_prompts < 1:
+        raise ValueError(f"--hf-num-prompts {args.hf_num_prompts} must be >= 1")
     engine_config = EngineArgs.from_cli_args(args).create_engine_config()
     model_config = engine_config.model_config
     input_len = parse_len_range(args.input_len, "--input-len")
@@ -128,6 +138,7 @@ def run_throughput(args: argparse.Namespace, backends: list[str]) -> dict:
         "output_len": list(output_len),
     }
     config |= {k: getattr(args, k) for k in ("num_prompts", "temperature", "seed", "hf_batch_size")}
+    config["hf_num_prompts"] = getattr(args, "hf_num_prompts", None)
     return {"benchmark": "throughput", "config": config, "results": results, "ratios": peer_ratios}
 
 

@@ -1,13 +1,21 @@
-"""pagedllm/benchmarks/bandwidth.py: the bound is bandwidth / weight bytes (formula), read
-from the kind of pages the weights lie in."""
+"""pagedllm/benchmarks/bandwidth.py: the bound is bandwidth / bytes a step reads (formula;
+a MoE layer's experts counted as far as a batch routes to them), read from the kind of pages
+the weights lie in."""
 
 import pathlib
+from collections.abc import Callable
 
 import pytest
 import torch
 
 from pagedllm.benchmarks import bandwidth
-from pagedllm.benchmarks.bandwidth import ReadBandwidthProbe, decode_bound_tokens_per_s
+from pagedllm.benchmarks.bandwidth import (
+    ReadBandwidthProbe,
+    decode_bound_tokens_per_s,
+    expected_active_experts,
+    model_weight_bytes,
+)
+from pagedllm.config import ModelConfig
 from pagedllm.cpu_memory import huge_page_size
 from tests.devices import DEVICES
 from tests.memory_maps import mapping_of
@@ -37,6 +45,28 @@ def test_probe_rejects_bad_sizes() -> None:
 def test_decode_bound() -> None:
     assert decode_bound_tokens_per_s(20e9, 500_000_000) == 40.0
     assert decode_bound_tokens_per_s(20e9, 500_000_000, batch_size=4) == 160.0
+
+
+def test_expected_active_experts() -> None:
+    assert expected_active_experts(128, 8, 1) == pytest.approx(8)
+    assert expected_active_experts(8, 2, 2) == pytest.approx(8 * (1 - 0.75**2))  # 3.5
+    assert expected_active_experts(128, 8, 1000) == pytest.approx(128)
+    assert expected_active_experts(4, 4, 3) == 4
+
+
+def test_a_moe_step_reads_the_routed_experts_and_every_other_weight(
+    tiny_model_path: Callable[[str], str],
+) -> None:
+    """Tiny Qwen3-MoE: 8 experts, top 2, in one of its two layers (the other is dense)."""
+    config = ModelConfig.create(tiny_model_path("qwen3-moe"), "float32")
+    everything, one_token = model_weight_bytes(config, batch_size=1)
+    hf = config.hf_config
+    expert = 3 * hf.hidden_size * hf.moe_intermediate_size * 4  # gate, up, down in float32
+    assert everything - one_token == (8 - 2) * expert  # one MoE layer, 6 experts not read
+    _, two_tokens = model_weight_bytes(config, batch_size=2)
+    assert two_tokens - one_token == round((3.5 - 2) * expert)
+    dense = ModelConfig.create(tiny_model_path("llama-tied-mqa"), "float32")
+    assert len(set(model_weight_bytes(dense, batch_size=4))) == 1
 
 
 @pytest.mark.skipif(

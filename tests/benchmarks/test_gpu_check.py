@@ -1,9 +1,12 @@
-"""scripts/gpu_check.sh: without a GPU it stops at once with status 2 and says why; the
-bench commands it runs (random weights of a shape read from a folder with only config.json,
---profile) run here on the CPU, on the tiny model's shape, with its flags."""
+"""pagedllm/benchmarks/gpu_check.py (scripts/gpu_check.sh): without a GPU it stops at once
+with status 2 and says why; every benchmark phase it would run on a GPU runs here, on the
+CPU, with exactly its flags but the device and the sizes, on tiny shapes (a dense one and
+a MoE one) whose config.json is all there is; phases are cut at their limit and the deadline.
+"""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -11,6 +14,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from pagedllm.benchmarks import gpu_check
+from pagedllm.benchmarks.gpu_check import Phase, benchmark_phases, run_phases, summarize
 from tests.benchmarks.conftest import TINY_ENGINE_FLAGS, TINY_MODEL
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "gpu_check.sh")
@@ -22,48 +27,75 @@ def test_the_script_fails_fast_without_a_gpu(tmp_path: object) -> None:
     done = subprocess.run(
         ["bash", SCRIPT, str(tmp_path)], env=env, capture_output=True, text=True, timeout=60
     )
-    assert done.returncode == 2
+    assert done.returncode == 2, done.stderr
     assert "gpu_check: no GPU here" in done.stderr and "finds no CUDA GPU" in done.stderr
 
 
-@pytest.fixture
-def shape_only(tiny_model_path: Callable[[str], str], tmp_path: object) -> str:
-    """A folder with the tiny model's config.json and no weights."""
-    folder = f"{tmp_path}/shape"
+def shape_only(model_folder: str, folder: str) -> str:
+    """A folder with `model_folder`'s config.json and no weights."""
     os.makedirs(folder)
-    with open(f"{tiny_model_path(TINY_MODEL)}/config.json") as f:
-        config = f.read()
-    with open(f"{folder}/config.json", "w") as f:
-        f.write(config)
+    shutil.copy(f"{model_folder}/config.json", f"{folder}/config.json")
     return folder
 
 
-# The script's flags, but the device and the sizes.
-RANDOM_BF16 = ["--load-format", "dummy", "--quantization", "none", "--dtype", "bfloat16"]
-RANDOM_BF16 += ["--device", "cpu", "--profile", *TINY_ENGINE_FLAGS]
-
-
-def test_latency_on_random_weights_with_a_profile(
-    run_bench: Callable[[list[str]], str], shape_only: str, tmp_path: object
+def test_the_check_runs_every_shape_latency_first_and_the_wide_tests_last(
+    tmp_path: object,
 ) -> None:
-    argv = ["latency", "--model", shape_only, *RANDOM_BF16, "--max-num-seqs", "8"]
-    argv += ["--input-len", "4", "--output-len", "3", "--num-iters", "1", "--num-warmup", "0"]
-    out = run_bench([*argv, "--bandwidth-mb", "1", "--json", f"{tmp_path}/l.json"])
-    profile = json.load(open(f"{tmp_path}/l.json"))["results"]["pagedllm"]["profile"]
-    assert profile["device"] == "cpu" and profile["ops"] and profile["wall_us"] > 0
-    assert sum(op["share"] for op in profile["ops"]) <= 1 + 1e-9
-    assert "profile (cpu self time)" in out
+    phases = gpu_check.all_phases(gpu_check.shape_folders(str(tmp_path)), str(tmp_path))
+    names = [p.name for p in phases]
+    assert names[0] == "tests-triton" and names[-1] == "tests-cuda"
+    shapes = ["smollm2", "llama3-8b", "qwen3-30b-a3b"]
+    assert names[1:-1] == [f"{s}-latency" for s in shapes] + [f"{s}-throughput" for s in shapes]
+    for shape in shapes[1:]:  # written out; the default model's may be the installed GGUF
+        with open(f"{tmp_path}/{shape}/config.json") as f:
+            assert json.load(f) == gpu_check.SHAPES[shape]
+    assert all(p.bench_argv[p.bench_argv.index("--device") + 1] == "cuda" for p in phases[1:-1])
 
 
-def test_throughput_against_transformers_on_random_weights(
-    run_bench: Callable[[list[str]], str], shape_only: str, tmp_path: object
+# What the CPU run changes of each benchmark's flags (argparse keeps an option's last value).
+SMALLER = {
+    "latency": ["--input-len", "4", "--output-len", "3", "--num-iters", "1", "--num-warmup", "0"]
+    + ["--bandwidth-mb", "1", "--max-model-len", "64"],
+    "throughput": ["--num-prompts", "3", "--input-len", "4", "--output-len", "2:3"]
+    + ["--hf-batch-size", "2", "--max-model-len", "64"],
+}
+
+
+def test_every_benchmark_phase_runs_on_the_cpu_with_its_flags(
+    run_bench: Callable[[list[str]], str],
+    tiny_model_path: Callable[[str], str],
+    tmp_path: object,
 ) -> None:
-    argv = ["throughput", "--model", shape_only, *RANDOM_BF16, "--backend", "pagedllm,hf"]
-    argv += ["--num-prompts", "3", "--input-len", "4", "--output-len", "2:3"]
-    run_bench([*argv, "--hf-batch-size", "2", "--json", f"{tmp_path}/t.json"])
-    report = json.load(open(f"{tmp_path}/t.json"))
-    assert (
-        report["results"]["pagedllm"]["output_tokens"] == report["results"]["hf"]["output_tokens"]
-    )
-    assert report["results"]["pagedllm"]["profile"]["ops"]
-    assert "pagedllm" not in report["ratios"] and report["ratios"]["hf"]
+    shapes = {
+        "smollm2": shape_only(tiny_model_path(TINY_MODEL), f"{tmp_path}/dense"),
+        "llama3-8b": f"{tmp_path}/dense",
+        "qwen3-30b-a3b": shape_only(tiny_model_path("qwen3-moe"), f"{tmp_path}/moe"),
+    }
+    phases = benchmark_phases(shapes, str(tmp_path), device="cpu")
+    for phase in phases:
+        argv = [*phase.bench_argv, *SMALLER[phase.bench_argv[0]], *TINY_ENGINE_FLAGS]
+        if "--hf-num-prompts" in argv:
+            argv += ["--hf-num-prompts", "2"]
+        run_bench(argv)
+    records = [{"phase": p.name, "status": "passed"} for p in phases]
+    figures = summarize(records, phases)["figures"]
+    assert sorted(figures) == sorted(p.name for p in phases)
+    moe = figures["qwen3-30b-a3b-latency"]
+    assert 0 < moe["percent_of_bound"] and 0 < moe["read_gb_per_step"] and moe["startup_s"] > 0
+    assert all(f["ratio_to_hf"] > 0 for n, f in figures.items() if n.endswith("-throughput"))
+    with open(f"{tmp_path}/llama3-8b-throughput.json") as f:
+        assert "ran the first 2 of the 3 requests" in json.load(f)["results"]["hf"]["detail"]
+    lines = gpu_check.format_summary({"figures": figures})
+    assert len(lines) == 6 and "x transformers" in lines[-1] and "% of the bound" in lines[0]
+
+
+def test_phases_are_cut_at_their_limit_and_at_the_deadline(tmp_path: object) -> None:
+    phases = [
+        Phase("ok", 30, ["-c", "print('hello')"]),
+        Phase("fails", 30, ["-c", "raise SystemExit(3)"]),
+        Phase("slow", 1, ["-c", "import time; time.sleep(30)"]),
+        Phase("late", 30, ["-c", "pass"]),
+    ]
+    records = run_phases(phases, str(tmp_path), deadline_s=21.0, python=sys.executable)
+    assert [r["status"] for r in records] == ["passed", "failed (exit 3)", "cut at 1 s", "skipped"]
+    assert open(f"{tmp_path}/ok.log").read() == "hello\n"

@@ -71,3 +71,11 @@ def test_throughput_rejects_unknown_backend(
 ) -> None:
     with pytest.raises(ValueError, match="--backend 'sglang'"):
         run_bench(["throughput", "--model", tiny_model_path(TINY_MODEL), "--backend", "sglang"])
+
+
+def test_throughput_rejects_an_empty_hf_sample(
+    run_bench: Callable[[list[str]], str], tiny_model_path: Callable[[str], str]
+) -> None:
+    argv = ["throughput", "--model", tiny_model_path(TINY_MODEL), "--hf-num-prompts", "0"]
+    with pytest.raises(ValueError, match="--hf-num-prompts 0 must be >= 1"):
+        run_bench([*argv, "--backend", "hf", *TINY_ENGINE_FLAGS])

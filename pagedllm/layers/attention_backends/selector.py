@@ -121,7 +121,7 @@ def _log_once(backend: type[AttentionBackend], device: torch.device, dtype: torc
     others = [b.name for b, types in _CANDIDATES if device.type in types and b is not backend]
     why = (
         f" ({', '.join(others)} not for {device.type} {dtype})"
-        if backend is TorchSdpaBackend and _named is None
+        if others and backend is TorchSdpaBackend and _named is None
         else ""
     )
     logger.info("attention backend: %s%s", backend.name, why)
