@@ -29,6 +29,7 @@ LAYERS = (
         "cpu_features",
         "cpu_memory",
         "device_copy",
+        "tensor_layout",
         "logger",
         "batch_invariant",
     ),

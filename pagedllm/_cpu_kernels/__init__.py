@@ -41,7 +41,6 @@ from pagedllm._cpu_kernels.boundary import (
     Launch,
     record_launches,
     replay_launches,
-    rows_dense,
 )
 from pagedllm._cpu_kernels.flags import GGUF_TYPES, FloatType, RotaryStyle, WeightLayout, c_names
 from pagedllm._cpu_kernels.gemm import (
@@ -104,7 +103,6 @@ __all__ = [
     "reshape_and_cache",
     "rms_norm",
     "rotary_embedding",
-    "rows_dense",
     "silu_and_mul",
     "skinny_gemm",
     "skinny_gemm_bf16",

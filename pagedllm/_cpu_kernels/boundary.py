@@ -33,6 +33,7 @@ import torch
 
 from pagedllm import _cpu_kernels as package
 from pagedllm._cpu_kernels.flags import ISA_BEST
+from pagedllm.tensor_layout import rows_dense
 
 _F32, _BF16 = torch.float32, torch.bfloat16
 ANY_RANK = ()
@@ -73,20 +74,6 @@ def replay_launches(launches: list[Launch]) -> None:
     keeps every tensor they point into alive. The bindings' index checks run as before."""
     for run, args, _ in launches:
         run(*args)
-
-
-def rows_dense(t: torch.Tensor) -> bool:
-    """Each row t[i] of a tensor of 1 or more dimensions is one dense block; rows may be
-    further apart (column slices of a fused qkv projection, their per-head views)."""
-    stride, shape = t.stride(), t.shape
-    if not stride or stride[-1] != 1:
-        return False
-    size = shape[-1]
-    for i in range(len(shape) - 2, 0, -1):
-        if shape[i] != 1 and stride[i] != size:
-            return False
-        size *= shape[i]
-    return True
 
 
 def float_dtype(t: object) -> torch.dtype:

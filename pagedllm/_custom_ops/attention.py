@@ -9,9 +9,9 @@ from pagedllm._custom_ops.common import (
     _FLOAT32_OR_BF16,
     _as_dense,
     _as_float32,
-    _with_dense_rows,
     cpu_kernels_apply,
 )
+from pagedllm.tensor_layout import with_dense_rows
 
 
 def reshape_and_cache(
@@ -41,8 +41,8 @@ def reshape_and_cache_kernel(
     """reshape_and_cache on pagedllm._C alone, for a caller that chose the kernel (the CPU
     attention backend); _cpu_kernels raises ValueError on tensors it cannot take."""
     _cpu_kernels.reshape_and_cache(
-        _with_dense_rows(key),
-        _with_dense_rows(value),
+        with_dense_rows(key),
+        with_dense_rows(value),
         k_cache,
         v_cache,
         _as_dense(slot_mapping, torch.int64),

@@ -43,12 +43,6 @@ def _as_dense(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if x.dtype is dtype and x.is_contiguous() else x.to(dtype).contiguous()
 
 
-def _with_dense_rows(x: torch.Tensor) -> torch.Tensor:
-    """x [T, ...] whose rows x[t] are each one dense block: a column slice of a fused qkv
-    projection is kept as it is, anything else is copied."""
-    return x if _cpu_kernels.rows_dense(x) else x.contiguous()
-
-
 def _as_float32(x: torch.Tensor) -> torch.Tensor:
     """A contiguous float32 or bfloat16 x in float32, converted by the kernel (a launch that
     record_launches sees, unlike torch's .to)."""

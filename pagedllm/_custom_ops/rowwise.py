@@ -8,15 +8,15 @@ from pagedllm._custom_ops.common import (
     _FLOAT32_OR_BF16,
     _as_dense,
     _one_float_dtype,
-    _with_dense_rows,
     cpu_kernels_apply,
 )
+from pagedllm.tensor_layout import with_dense_rows
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., n] * rsqrt(mean(x^2) + eps) * weight [n]."""
     if cpu_kernels_apply(x, weight, dtypes=_one_float_dtype(x)):
-        return _cpu_kernels.rms_norm(_with_dense_rows(x), weight.contiguous(), eps)
+        return _cpu_kernels.rms_norm(with_dense_rows(x), weight.contiguous(), eps)
     return _torch_ops.rms_norm(x, weight, eps)
 
 
@@ -60,8 +60,8 @@ def rotary_embedding(
         )
     return _cpu_kernels.rotary_embedding(
         _as_dense(positions, torch.int64),
-        _with_dense_rows(query),
-        _with_dense_rows(key),
+        with_dense_rows(query),
+        with_dense_rows(key),
         head_size,
         cos_sin_cache.contiguous(),
         is_neox_style,

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from pagedllm._triton_ops import interpreting
+from pagedllm.tensor_layout import with_dense_rows
 
 
 @triton.jit
@@ -61,7 +62,7 @@ def reshape_and_cache(
     row = num_kv_heads * head_size
     if k_cache.element_size() == 1 and interpreting():
         key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
-    key, value = (_rows_contiguous(x) for x in (key, value))
+    key, value = with_dense_rows(key), with_dense_rows(value)
     for cache in (k_cache, v_cache):
         if cache.stride()[2:] != (head_size, 1) or cache.stride() != k_cache.stride():
             raise ValueError("the caches must be [num_blocks, block_size, KV, D] with KV, D dense")
@@ -79,11 +80,3 @@ def reshape_and_cache(
         ROW=row,
         ROW_PADDED=triton.next_power_of_2(row),
     )
-
-
-def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
-    """x [T, KV, D] whose (KV, D) lanes are dense, as a view where they already are (the
-    key and value split out of a fused qkv projection are)."""
-    if x.stride(2) == 1 and x.stride(1) == x.shape[2]:
-        return x
-    return x.contiguous()

@@ -146,7 +146,7 @@ class DPEngine:
             message = pickle.dumps(("add", request_id, prompt, params))
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise ValueError(f"the request cannot be sent to an engine replica: {e}") from e
-        key = prefix_key(prompt, self.tokenizer, self.config.cache_config.block_size)
+        key = prefix_key(prompt, self.config.cache_config.block_size)
         rank = self.balancer.choose(key)
         self._engine_of[request_id] = rank
         self._send_bytes(rank, message)

@@ -3,8 +3,9 @@ the replica that recently served the same first KV block, while it is not much b
 
 A replica's prefix cache holds the blocks of prompts it ran, so a prompt whose first block
 (a system prompt, a few-shot header, a conversation's earlier turns) was seen before runs
-its prefill from cache only on that replica. The balancer remembers, for the hash of each
-recent prompt's first full block, the replica it went to; a later prompt with that block
+its prefill from cache only on that replica. The balancer remembers, for the key of each
+recent prompt's first full block (`prefix_key`: its first token ids, or for a text prompt
+the characters such a block covers on average), the replica it went to; a later prompt with that key
 goes there too unless that replica has `affinity_slack` more requests outstanding than the
 least loaded one. Ties among the least loaded rotate, so even one request at a time
 spreads over the replicas.
@@ -13,11 +14,16 @@ spreads over the replicas.
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from transformers import PreTrainedTokenizerBase
-
 DEFAULT_AFFINITY_SLACK = 8
 MAX_REMEMBERED_PREFIXES = 65536
-CHARS_PER_TOKEN_BOUND = 8  # a text prompt's first block lies within this many chars a token
+# A text prompt stands for its first KV block with its first block_size * CHARS_PER_TOKEN
+# characters, the text that block covers on average: 4 characters a token is BPE
+# tokenizers' mean over English prose and code (OpenAI's rule of thumb). A longer prefix
+# would split prompts that share their first block but differ soon after it (a missed
+# prefix-cache hit); a shorter one would group prompts that share less than a block (steered
+# together for no hit, within `affinity_slack`). Neither changes an answer: the key only
+# steers routing, and each replica's own cache decides what it reuses.
+CHARS_PER_TOKEN = 4
 
 
 class DPLoadBalancer:
@@ -54,12 +60,13 @@ class DPLoadBalancer:
         self.outstanding[engine] -= 1
 
 
-def prefix_key(
-    prompt: object, tokenizer: PreTrainedTokenizerBase | None, block_size: int
-) -> int | None:
-    """The hash of the prompt's first `block_size` tokens, or None when it has fewer (or
-    is not a prompt: the engine replica that gets it reports why). A text prompt is
-    tokenized only as far as its first block can reach."""
+def prefix_key(prompt: object, block_size: int) -> int | None:
+    """The key of the prompt's first KV block, from what the request carries (never a
+    tokenizer: the replica tokenizes the prompt once): the hash of its first `block_size`
+    token ids where it has them (token prompts; the server's chat, completion and
+    embedding requests, tokenized before they are routed), else of its text's first
+    `block_size * CHARS_PER_TOKEN` characters. None when the prompt is shorter than that
+    (no full block) or is not a prompt (the engine replica that gets it reports why)."""
     tokens: Sequence[int] | None = None
     text = None
     if isinstance(prompt, dict):
@@ -68,9 +75,15 @@ def prefix_key(
         text = prompt
     elif isinstance(prompt, list | tuple):
         tokens = prompt
-    if tokens is None and isinstance(text, str) and tokenizer is not None:
-        tokens = tokenizer.encode(text[: block_size * CHARS_PER_TOKEN_BOUND])
-    if tokens is None or len(tokens) < block_size:
+    if tokens is not None:
+        return _tokens_key(tokens, block_size)
+    if isinstance(text, str) and len(text) >= block_size * CHARS_PER_TOKEN:
+        return hash(text[: block_size * CHARS_PER_TOKEN])
+    return None
+
+
+def _tokens_key(tokens: Sequence[int], block_size: int) -> int | None:
+    if len(tokens) < block_size:
         return None
     try:
         return hash(tuple(int(t) for t in tokens[:block_size]))

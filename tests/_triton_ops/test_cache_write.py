@@ -57,3 +57,26 @@ def test_a_negative_slot_is_skipped(triton_device: torch.device) -> None:
     assert torch.equal(k_cache.view(-1, 2, 64)[17], key[1])
     assert k_cache.count_nonzero() == key[1].count_nonzero()
     assert torch.equal(k_cache, v_cache)
+
+
+@pytest.mark.parametrize("layout", ["one head, any stride", "heads transposed"])
+def test_keys_dense_by_row_are_read_in_place_and_others_copied(
+    triton_device: torch.device, layout: str
+) -> None:
+    """A single head's stride is never stepped along (pagedllm/tensor_layout.py), so such a
+    key is read as it is; a key whose rows are not dense is copied first. Reference:
+    _torch_ops.reshape_and_cache."""
+    from pagedllm._triton_ops.cache_write import reshape_and_cache
+
+    if layout == "one head, any stride":
+        base = torch.randn(3 * 16, device=triton_device)
+        key = base.as_strided((3, 1, 16), (16, 99, 1))
+    else:
+        key = torch.randn(3, 16, 2, device=triton_device).transpose(1, 2)
+    shape = (2, 16, *key.shape[1:])
+    k_cache, v_cache = (torch.zeros(shape, device=triton_device) for _ in range(2))
+    expected = k_cache.clone(), v_cache.clone()
+    slots = torch.tensor([5, 16, 2], device=triton_device)
+    _torch_ops.reshape_and_cache(key, key, *expected, slots)
+    reshape_and_cache(key, key, k_cache, v_cache, slots)
+    assert torch.equal(k_cache, expected[0]) and torch.equal(v_cache, expected[1])

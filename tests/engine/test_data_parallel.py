@@ -3,11 +3,13 @@ gives, in input order; bad requests and a dead replica fail as on one engine."""
 
 import os
 import signal
+from types import SimpleNamespace
 
 import pytest
 
 from pagedllm import LLM
 from pagedllm.engine.data_parallel import DataParallelEngineError, DPEngine
+from pagedllm.engine.dp_balancer import DPLoadBalancer
 from pagedllm.sampling_params import SamplingParams
 from tests.engine.engine_helpers import LLAMA
 
@@ -53,3 +55,52 @@ def test_offline_data_parallel_equals_one_engine_in_order(tiny_model_path) -> No
     assert all(s.num_generation_tokens > 0 for s in per_engine)
     assert sum(s.num_generation_tokens for s in per_engine) == 6 * len(got)
     assert not any(p.is_alive() for p in engine.processes)
+
+
+class _WatchedTokenizer:
+    """A tokenizer that records every use (and fails it): routing must not tokenize."""
+
+    def __init__(self) -> None:
+        self.used: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        self.used.append(name)
+        raise AssertionError(f"routing used the tokenizer's {name}")
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        return self.__getattr__("__call__")
+
+
+class _Pipe:
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def send_bytes(self, message: bytes) -> None:
+        self.sent.append(message)
+
+
+def _routing_engine(num_engines: int) -> DPEngine:
+    """A DPEngine's router alone: its balancer, a watched tokenizer, pipes to no process."""
+    engine = DPEngine.__new__(DPEngine)
+    engine.config = SimpleNamespace(cache_config=SimpleNamespace(block_size=16))
+    engine.tokenizer = _WatchedTokenizer()
+    engine.wait_for_add = False
+    engine.balancer = DPLoadBalancer(num_engines)
+    engine._engine_of = {}
+    engine.conns = [_Pipe() for _ in range(num_engines)]
+    return engine
+
+
+def test_text_prompts_route_on_a_shared_prefix_without_the_tokenizer() -> None:
+    """A text prompt sharing a long prefix with an earlier one goes to its replica, where
+    the least loaded would be the other; the tokenizer is never touched."""
+    engine = _routing_engine(2)
+    system = "You are a careful assistant who answers briefly. " * 3
+    engine.add_request("a", system + "What is 2 + 2?")
+    engine.add_request("b", "A short prompt.")
+    engine.add_request("c", {"prompt": "Another short one."})
+    assert engine.balancer.outstanding == [2, 1]  # the least loaded is 1 ...
+    engine.add_request("d", {"prompt": system + "Name a prime."})
+    assert engine.requests["d"] == engine.requests["a"] == 0  # ... the prefix's owner is 0
+    assert engine.tokenizer.used == []
+    assert [len(pipe.sent) for pipe in engine.conns] == [3, 1]

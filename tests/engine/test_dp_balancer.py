@@ -1,7 +1,7 @@
 """DPLoadBalancer and prefix_key: least outstanding first (ties rotating), a known first
 block back to its replica unless that one is much busier."""
 
-from pagedllm.engine.dp_balancer import DPLoadBalancer, prefix_key
+from pagedllm.engine.dp_balancer import CHARS_PER_TOKEN, DPLoadBalancer, prefix_key
 
 BLOCK = [1] * 16
 
@@ -35,10 +35,21 @@ def test_a_known_prefix_goes_back_to_its_replica_unless_much_busier() -> None:
 
 
 def test_prefix_key_is_of_the_first_full_block() -> None:
-    key = prefix_key(BLOCK + [3], None, 16)
+    key = prefix_key(BLOCK + [3], 16)
     assert key is not None
-    assert prefix_key({"prompt_token_ids": BLOCK + [2]}, None, 16) == key
-    assert prefix_key({"prompt_token_ids": BLOCK[:15]}, None, 16) is None
-    assert prefix_key("text without a tokenizer", None, 16) is None
-    assert prefix_key({"prompt_token_ids": ["x"] * 16}, None, 16) is None
-    assert prefix_key(3, None, 16) is None
+    assert prefix_key({"prompt_token_ids": BLOCK + [2]}, 16) == key
+    assert prefix_key({"prompt_token_ids": BLOCK + [2], "prompt": "other text"}, 16) == key
+    assert prefix_key({"prompt_token_ids": BLOCK[:15]}, 16) is None
+    assert prefix_key({"prompt_token_ids": ["x"] * 16}, 16) is None
+    assert prefix_key(3, 16) is None
+
+
+def test_text_prefix_key_is_of_the_text_a_first_block_covers() -> None:
+    """A text prompt's key is its first block_size * CHARS_PER_TOKEN characters."""
+    reach = 16 * CHARS_PER_TOKEN
+    shared = "s" * reach
+    key = prefix_key(shared + " one question", 16)
+    assert key is not None
+    assert prefix_key({"prompt": shared + " another"}, 16) == key
+    assert prefix_key(shared[:-1] + "t and more", 16) != key
+    assert prefix_key(shared[:-1], 16) is None  # shorter than a block's text
