@@ -185,6 +185,17 @@ def read_tensor(gguf: GGUFFile, info: TensorInfo) -> torch.Tensor:
     return torch.from_numpy(np.require(values, np.float32, "W"))
 
 
+def narrow(info: TensorInfo, start: int, length: int) -> TensorInfo:
+    """Rows [start, start + length) of the tensor's first dimension (experts of a stacked
+    [E, out, in] tensor), as a tensor of its own that read_tensor and read_blocks read without
+    touching the rest: each row of the first dimension is whole blocks and they lie one after
+    another, so the part is one contiguous run of the file's bytes."""
+    assert 0 <= start <= start + length <= info.shape[0], (info.name, start, length)
+    per_row = info.nbytes // info.shape[0]
+    shape = (length, *info.shape[1:])
+    return TensorInfo(info.name, shape, info.qtype, info.start + start * per_row, length * per_row)
+
+
 def read_blocks(gguf: GGUFFile, info: TensorInfo) -> torch.Tensor:
     """The tensor's bytes as stored, [*shape[:-1], bytes per row] uint8: rows of the type's
     blocks, a read-only view of the mapped file (copy it before writing)."""

@@ -11,7 +11,15 @@ from collections.abc import Callable, Iterator
 import torch
 
 from pagedllm.gguf.hf_config import ROPE_FREQS, architecture
-from pagedllm.gguf.reader import GGUFFile, read_blocks, read_gguf, read_tensor, required
+from pagedllm.gguf.reader import (
+    GGUFFile,
+    TensorInfo,
+    narrow,
+    read_blocks,
+    read_gguf,
+    read_tensor,
+    required,
+)
 
 logger = logging.getLogger(__name__)
 KeepBlocks = Callable[[str], bool]
@@ -57,7 +65,9 @@ def iterate_gguf_weights(
     out per expert, as `model.layers.N.mlp.experts.E.gate_proj.weight` [I, H]. For llama,
     the q/k row permutation of llama.cpp is undone (whole rows move, so blocks stay whole).
     rope_freqs is skipped: its scaling is in the config, and so are the tensors whose HF
-    name `keep` rejects (another pipeline stage's): their data is never read.
+    name `keep` rejects (another pipeline stage's, another expert-parallel rank's experts):
+    their data is never read. Of a stacked expert tensor only the kept experts' rows are
+    read (or dequantized), each run of consecutive experts at once.
 
     The header is read now, so a bad file raises here rather than at the first tensor.
     """
@@ -77,23 +87,51 @@ def _iterate_weights(
     it did not keep, which were dequantized."""
     dequantized = set()
     for info in gguf.tensors.values():
-        if info.name == ROPE_FREQS or (keep is not None and not keep(hf_name(gguf, info.name))):
+        if info.name == ROPE_FREQS:
             continue
-        as_blocks = keep_blocks is not None and keep_blocks(hf_name(gguf, info.name))
-        tensor = read_blocks(gguf, info) if as_blocks else read_tensor(gguf, info)
+        names = _hf_names(gguf, info)
+        wanted = [i for i, name in enumerate(names) if keep is None or keep(name)]
+        if not wanted:
+            continue
+        as_blocks = keep_blocks is not None and keep_blocks(names[0])
         if keep_blocks and not as_blocks and info.qtype.name not in ("F32", "F16", "BF16"):
             dequantized.add(info.qtype.name)
-        if arch == "llama":
-            tensor = _unpermute_llama_qk(gguf, info.name, tensor)
-        for name, hf_tensor in _hf_tensors(gguf, info.name, tensor):
-            yield name, hf_tensor if as_blocks else hf_tensor.to(dtype)
+        read = read_blocks if as_blocks else read_tensor
+        if _is_expert_stack(info.name):
+            tensors = _read_experts(gguf, info, names, wanted, read)
+        elif arch == "llama":
+            tensors = [(names[0], _unpermute_llama_qk(gguf, info.name, read(gguf, info)))]
+        else:
+            tensors = [(names[0], read(gguf, info))]
+        for name, tensor in tensors:
+            yield name, tensor if as_blocks else tensor.to(dtype)
     if dequantized:
         logger.info("dequantized at load (no native kernels): %s", ", ".join(sorted(dequantized)))
 
 
-def hf_name(gguf: GGUFFile, name: str) -> str:
-    """The HF name of GGUF tensor `name`; stacked experts as expert 0's."""
-    return next(_hf_tensors(gguf, name, [None]))[0]
+def _read_experts(
+    gguf: GGUFFile,
+    info: TensorInfo,
+    names: list[str],
+    wanted: list[int],
+    read: Callable[[GGUFFile, TensorInfo], torch.Tensor],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The wanted experts of a stacked [E, out, in] tensor, one [out, in] each: only their
+    rows are read, one run of consecutive experts at a time (an expert-parallel rank's run)."""
+    for run in _runs(wanted):
+        part = read(gguf, narrow(info, run.start, len(run)))
+        yield from zip(names[run.start : run.stop], part, strict=True)
+
+
+def _runs(indices: list[int]) -> list[range]:
+    """Ascending indices as runs of consecutive ones: [0, 1, 2, 5] -> range(0, 3), range(5, 6)."""
+    runs: list[range] = []
+    for i in indices:
+        if runs and runs[-1].stop == i:
+            runs[-1] = range(runs[-1].start, i + 1)
+        else:
+            runs.append(range(i, i + 1))
+    return runs
 
 
 def hf_tensor_types(path: str) -> dict[str, int]:
@@ -103,7 +141,7 @@ def hf_tensor_types(path: str) -> dict[str, int]:
     types = {}
     for info in gguf.tensors.values():
         if info.name != ROPE_FREQS:
-            name = hf_name(gguf, info.name).replace(".experts.0.", ".experts.")
+            name = _hf_names(gguf, info)[0].replace(".experts.0.", ".experts.")
             types[name] = int(info.qtype)
     return types
 
@@ -124,19 +162,21 @@ def _unpermute_llama_qk(gguf: GGUFFile, name: str, tensor: torch.Tensor) -> torc
     return per_head.transpose(1, 2).reshape(shape)
 
 
-def _hf_tensors(
-    gguf: GGUFFile, name: str, tensor: torch.Tensor | list
-) -> Iterator[tuple[str, torch.Tensor]]:
+def _is_expert_stack(name: str) -> bool:
+    """Whether GGUF tensor `name` stacks a layer's experts ([E, out, in])."""
+    parts = name.rpartition(".")[0].split(".")
+    return len(parts) == 3 and parts[0] == "blk" and parts[2] in _EXPERT_NAMES
+
+
+def _hf_names(gguf: GGUFFile, info: TensorInfo) -> list[str]:
     """The HF name(s) of one GGUF tensor: one, or one per expert for stacked experts."""
-    base, _, suffix = name.rpartition(".")
+    base, _, suffix = info.name.rpartition(".")
     parts = base.split(".")
     if base in _GLOBAL_NAMES:
-        yield f"{_GLOBAL_NAMES[base]}.{suffix}", tensor
-    elif len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        yield f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}", tensor
-    elif len(parts) == 3 and parts[0] == "blk" and parts[2] in _EXPERT_NAMES:
+        return [f"{_GLOBAL_NAMES[base]}.{suffix}"]
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return [f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"]
+    if _is_expert_stack(info.name):
         prefix = f"model.layers.{parts[1]}.mlp.experts"
-        for expert, weight in enumerate(tensor):
-            yield f"{prefix}.{expert}.{_EXPERT_NAMES[parts[2]]}.{suffix}", weight
-    else:
-        raise ValueError(f"{gguf.path}: tensor {name!r} has no known Hugging Face name")
+        return [f"{prefix}.{e}.{_EXPERT_NAMES[parts[2]]}.{suffix}" for e in range(info.shape[0])]
+    raise ValueError(f"{gguf.path}: tensor {info.name!r} has no known Hugging Face name")

@@ -22,6 +22,8 @@ GPU run instead as vLLM's fused_experts, two grouped Triton GEMMs for all expert
 expert parallelism it takes the layer's expert_map.
 """
 
+import re
+
 import torch
 from torch import nn
 
@@ -47,6 +49,15 @@ from pagedllm.layers.quantization.base_config import (
 from pagedllm.layers.quantization.unquantized import UnquantizedFusedMoEMethod
 
 _CHECKPOINT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+_CHECKPOINT_EXPERT = re.compile(rf"(.+)\.(\d+)\.(?:{'|'.join(_CHECKPOINT_NAMES.values())})\.")
+
+
+def checkpoint_expert(name: str) -> tuple[str, int] | None:
+    """(FusedMoE module name, expert id) of a per-expert checkpoint tensor:
+    "model.layers.3.mlp.experts.5.up_proj.weight" -> ("model.layers.3.mlp.experts", 5);
+    None for any other name."""
+    match = _CHECKPOINT_EXPERT.match(name)
+    return None if match is None else (match.group(1), int(match.group(2)))
 
 
 def local_expert_range(ep_size: int, ep_rank: int, global_num_experts: int) -> range:
@@ -150,7 +161,8 @@ class FusedMoE(InferenceModule):
     ) -> None:
         """Load one expert's full checkpoint matrix and keep this rank's slice of it: its
         rows of the intermediate dimension, or, under expert parallelism, the whole matrix
-        when the expert is this rank's and nothing (after the same checks) when not.
+        when the expert is this rank's and nothing (after the same checks) when not (the
+        loader does not read those: models/rank_weights.py).
 
         shard_id "w1" (gate_proj) and "w3" (up_proj) are [I, H] and go to w13_weight;
         "w2" (down_proj) is [H, I] and goes to w2_weight.

@@ -12,7 +12,7 @@ from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.pooling_model import causal_lm_name, drop_lm_head, pooling_weights
 from pagedllm.model_loader.weight_arena import move_weights_to_arena
-from pagedllm.models.pipeline import weight_filter
+from pagedllm.models.rank_weights import rank_weight_filter
 from pagedllm.models.registry import ModelRegistry
 
 logger = init_logger(__name__)
@@ -84,7 +84,7 @@ def weight_bytes(model: nn.Module, buffers: bool = True) -> int:
 def get_model(model_config: ModelConfig, device: str | torch.device = "cpu") -> nn.Module:
     quant_config = get_quant_config(model_config)
     model = build_model(model_config, device, quant_config)
-    owned = weight_filter(model)  # under pipeline parallelism: this stage's tensors only
+    owned = rank_weight_filter(model)  # this stage's tensors, this rank's experts
     if model_config.runner_type == "pooling":
         drop_lm_head(model)
     with torch.no_grad():

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from pagedllm.layers.fused_moe import FusedMoE
 from pagedllm.layers.parameter import default_weight_loader
 
 StackedMapping = list[tuple[str, str, object]]
@@ -62,8 +63,18 @@ def _resolve(
     raise ValueError(f"checkpoint tensor {name!r} matches no parameter of the model")
 
 
-def _expected_shards(name: str, stacked: StackedMapping, experts: ExpertMapping) -> set[tuple]:
-    expected = {(shard_id, expert_id) for part, _, expert_id, shard_id in experts if part in name}
+def _expected_shards(
+    model: nn.Module, name: str, stacked: StackedMapping, experts: ExpertMapping
+) -> set[tuple]:
+    """The loads parameter `name` needs: each of its stacked shards, or each (shard, expert)
+    of the experts its FusedMoE holds (under expert parallelism, this rank's only)."""
+    module = model.get_submodule(name.rpartition(".")[0])
+    held = module.local_experts if isinstance(module, FusedMoE) else None
+    expected = {
+        (shard_id, expert_id)
+        for part, _, expert_id, shard_id in experts
+        if part in name and (held is None or expert_id in held)
+    }
     expected |= {(shard_id,) for part, _, shard_id in stacked if part in name}
     return expected or {()}
 
@@ -81,7 +92,7 @@ def _check_all_loaded(
         by_id.setdefault(id(params[name]), set()).update(shards)
     missing = []
     for name, param in model.named_parameters():
-        absent = _expected_shards(name, stacked, experts) - by_id.get(id(param), set())
+        absent = _expected_shards(model, name, stacked, experts) - by_id.get(id(param), set())
         missing += [f"{name}{list(shard) if shard else ''}" for shard in sorted(absent, key=str)]
     if missing:
         shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")

@@ -87,3 +87,26 @@ def test_keep_skips_tensors_before_reading_them(arch: str, tiny_files: dict, mon
     loaded = dict(iterate_gguf_weights(path, torch.float32, keep=keep))
     assert set(loaded) == {name for name in expected if keep(name)} != set()
     assert read and all(name.startswith("blk.1.") for name in read)
+
+
+@pytest.mark.parametrize("experts, runs", [([2], [1]), ([0, 1, 3], [2, 1]), ([1, 2], [2])])
+def test_keep_reads_only_the_kept_experts_rows(
+    experts: list[int], runs: list[int], tiny_files: dict, monkeypatch
+) -> None:
+    """Of each stacked expert tensor (4 experts) only the kept experts' rows are read, one
+    read per run of consecutive experts, and they are the checkpoint's experts exactly."""
+    path, _, expected = tiny_files["qwen3moe"]
+    reads = []
+    original = tensor_names.read_tensor
+    monkeypatch.setattr(
+        tensor_names,
+        "read_tensor",
+        lambda gguf, info: (reads.append(info), original(gguf, info))[1],
+    )
+    keep = lambda name: ".experts." not in name or int(name.split(".")[5]) in experts  # noqa: E731
+    loaded = dict(iterate_gguf_weights(path, torch.float32, keep=keep))
+    assert set(loaded) == {name for name in expected if keep(name)}
+    for name, tensor in loaded.items():
+        assert torch.equal(tensor, expected[name]), name
+    stacked = [info.shape[0] for info in reads if info.name.endswith("_exps.weight")]
+    assert stacked == runs * 2 * 3  # per run, in each of 2 layers' gate, up and down

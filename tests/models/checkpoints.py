@@ -2,8 +2,10 @@
 way the loader builds it: the registry's class for config.json's architecture), and the
 reference mapping between the two: a fused parameter is its parts concatenated."""
 
+import pytest
 import torch
 import transformers
+from safetensors import safe_open
 from torch import nn
 
 from pagedllm.config import ModelConfig
@@ -28,6 +30,19 @@ def save_and_read(config: transformers.PretrainedConfig, folder: str) -> Checkpo
 
 def read_checkpoint(folder: str) -> Checkpoint:
     return dict(iterate_safetensors_weights(folder, torch.float32))
+
+
+def record_safetensors_reads(monkeypatch: pytest.MonkeyPatch, folder: str) -> list[str]:
+    """The names of the tensors safetensors reads from the checkpoint in `folder` from now
+    on, in order (the list fills as they are read)."""
+    read: list[str] = []
+    with safe_open(f"{folder}/model.safetensors", framework="pt") as f:
+        handle_type = type(f)
+    original = handle_type.get_tensor
+    monkeypatch.setattr(
+        handle_type, "get_tensor", lambda self, name: (read.append(name), original(self, name))[1]
+    )
+    return read
 
 
 def empty_model(folder: str) -> nn.Module:

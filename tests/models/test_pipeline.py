@@ -13,6 +13,7 @@ from pagedllm.executor.batch import SeqChunk
 from pagedllm.executor.model_runner import ModelRunner, StepInput
 from pagedllm.model_loader.loader import get_model, iterate_weights
 from pagedllm.models.pipeline import PPMissingLayer, weight_filter
+from tests.models.checkpoints import record_safetensors_reads
 
 
 def stage_model(path: str, rank: int, size: int) -> nn.Module:
@@ -47,16 +48,8 @@ def test_a_tied_lm_head_holds_the_embedding_on_the_last_stage(tiny_model_path) -
 
 def test_other_stages_tensors_are_never_read(tiny_model_path, monkeypatch) -> None:
     """The name filter runs before safetensors reads a tensor."""
-    from safetensors import safe_open
-
     path = tiny_model_path("llama-gqa4")
-    read = []
-    with safe_open(f"{path}/model.safetensors", framework="pt") as f:
-        handle_type = type(f)
-    original = handle_type.get_tensor
-    monkeypatch.setattr(
-        handle_type, "get_tensor", lambda self, name: (read.append(name), original(self, name))[1]
-    )
+    read = record_safetensors_reads(monkeypatch, path)
     with override_pipeline_parallel(1, 2):
         model_config = ModelConfig.create(path, dtype="float32")
         stage = get_model(model_config)

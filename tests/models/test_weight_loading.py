@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from pagedllm.distributed.parallel_state import override_tensor_parallel, set_expert_parallel
 from pagedllm.layers.fused_moe import FusedMoE
 from pagedllm.models.weight_loading import load_named_weights
 
@@ -96,6 +97,21 @@ def test_unfilled_parameter_shard_is_named(missing: str, named: str) -> None:
     with pytest.raises(ValueError) as info:
         load(Toy(), tensors)
     assert str(info.value) == f"checkpoint has no weights for 1 parameters: {named}"
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_expert_parallel_rank_needs_only_its_own_experts(rank: int) -> None:
+    """Rank r of 2 holds expert r: a checkpoint without the other expert (the loader does not
+    read it) loads, and one without its own expert is named."""
+    with override_tensor_parallel(rank, 2), set_expert_parallel(True):
+        model = Toy()
+    tensors = {n: t for n, t in checkpoint().items() if f".experts.{1 - rank}." not in n}
+    load(model, tensors)
+    assert model.mlp.experts.w2_weight.tolist() == [[[10.0 * rank + 2]] * 2]
+    del tensors[f"mlp.experts.{rank}.up_proj.weight"]
+    with pytest.raises(ValueError) as info:
+        load(model, tensors)
+    assert str(info.value).endswith(f"1 parameters: mlp.experts.w13_weight['w3', {rank}]")
 
 
 def test_many_unfilled_parameters_are_counted_and_the_first_eight_named() -> None:
