@@ -42,7 +42,9 @@ class RequestOutput:
     `metrics`, on the finished output only: the request's timestamps in seconds of
     time.monotonic(), vLLM's names (`arrival_time`, `first_scheduled_time`,
     `first_token_time`, `last_token_time`; those it reached), from which /metrics takes
-    its queue, prefill, decode and inference times (engine/stats.py)."""
+    its queue, prefill, decode and inference times (engine/stats.py). `engine_index`: the
+    data-parallel replica that ran it (vLLM's EngineCoreOutputs field; 0 with one engine),
+    the `engine` label of its /metrics observations."""
 
     request_id: str
     prompt: str | None
@@ -53,6 +55,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     error: Exception | None = None
+    engine_index: int = 0
 
 
 @dataclass
@@ -64,7 +67,8 @@ class PoolingOutput:
 
 @dataclass
 class PoolingRequestOutput:
-    """A pooling request's result (vLLM's); `error` as in RequestOutput."""
+    """A pooling request's result (vLLM's); `error`, `metrics`, `engine_index` as in
+    RequestOutput."""
 
     request_id: str
     outputs: PoolingOutput
@@ -72,6 +76,7 @@ class PoolingRequestOutput:
     finished: bool
     error: Exception | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    engine_index: int = 0
 
 
 @dataclass

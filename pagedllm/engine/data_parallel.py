@@ -239,7 +239,7 @@ class DPEngine:
             return []
         if kind == "outputs":
             self._stats[rank] = message[2]
-            return self._take(message[1])
+            return self._take(rank, message[1])
         if kind == "added":
             _, request_id, error = message
             if error is None or self._forget(request_id) is None:
@@ -251,10 +251,12 @@ class DPEngine:
             return [_failed_output(rid, RuntimeError(text)) for rid in taken]
         raise DataParallelEngineError(f"data-parallel engine {rank} sent {kind!r}")
 
-    def _take(self, outputs: list[Output]) -> list[Output]:
-        """The outputs of requests still open (not aborted meanwhile); finished ones close."""
+    def _take(self, rank: int, outputs: list[Output]) -> list[Output]:
+        """Replica `rank`'s outputs of requests still open (not aborted meanwhile), marked
+        with its index; finished ones close."""
         taken = [o for o in outputs if o.request_id in self._engine_of]
         for output in taken:
+            output.engine_index = rank
             if output.finished:
                 self._forget(output.request_id)
         return taken

@@ -64,14 +64,15 @@ class ServerMetrics:
         cache_config: CacheConfig,
     ) -> None:
         self.registry = registry = CollectorRegistry()
+        self.model_name = model_name
         self.label = (model_name, ENGINE)
         tokens = build_1_2_5_buckets(max_model_len)
 
         def histogram(name: str, doc: str, buckets: tuple) -> Histogram:
-            metric = Histogram(
+            """Labelled per observation: `engine` is the replica that ran the request."""
+            return Histogram(
                 name, doc, ["model_name", "engine"], buckets=buckets, registry=registry
             )
-            return metric.labels(*self.label)
 
         self.request_success = Counter(
             "vllm:request_success",
@@ -134,6 +135,13 @@ class ServerMetrics:
             tokens,
         )
         registry.register(EngineStatsCollector(read_stats, self.label, cache_config))
+        for engine in range(max(1, len(read_stats()))):  # every series exists at 0, as vLLM's
+            self._create_series((model_name, str(engine)))
+
+    def _create_series(self, labels: tuple[str, str]) -> None:
+        histograms = [m for m in vars(self).values() if isinstance(m, Histogram)]
+        for histogram in histograms + [h for h, _, _ in self.phases]:
+            histogram.labels(*labels)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -152,18 +160,19 @@ class ServerMetrics:
                 for completion in output.outputs:
                     tokens[completion.index] += len(completion.token_ids)
                     new_tokens += len(completion.token_ids)
+                labels = self._labels(output)
                 if new_tokens and first_token_time is None:
                     first_token_time = now
-                    self.time_to_first_token.observe(now - arrival_time)
+                    self.time_to_first_token.labels(*labels).observe(now - arrival_time)
                 elif new_tokens:
                     gap = (now - last_token_time) / new_tokens
                     for _ in range(new_tokens):
-                        self.inter_token_latency.observe(gap)
+                        self.inter_token_latency.labels(*labels).observe(gap)
                 if new_tokens:
                     last_token_time = now
                 if output.finished:
                     self._observe_finished(output, now - arrival_time, first_token_time, tokens)
-                    self._observe_params(params)
+                    self._observe_params(labels, params)
                 yield output
 
     async def track_pooling(
@@ -174,10 +183,12 @@ class ServerMetrics:
         async with aclosing(outputs):
             async for output in outputs:
                 if output.finished:
-                    self.e2e_request_latency.observe(time.monotonic() - arrival_time)
-                    self.request_prompt_tokens.observe(len(output.prompt_token_ids))
-                    self.request_success.labels(*self.label, "stop").inc()
-                    self._observe_phases(output.metrics)
+                    labels = self._labels(output)
+                    latency = time.monotonic() - arrival_time
+                    self.e2e_request_latency.labels(*labels).observe(latency)
+                    self.request_prompt_tokens.labels(*labels).observe(len(output.prompt_token_ids))
+                    self.request_success.labels(*labels, "stop").inc()
+                    self._observe_phases(labels, output.metrics)
                 yield output
 
     def _observe_finished(
@@ -188,26 +199,31 @@ class ServerMetrics:
         tokens: dict[int, int],
     ) -> None:
         """TPOT spans the longest completion: (now - first token) / (its tokens - 1)."""
-        self.e2e_request_latency.observe(latency)
-        self.request_prompt_tokens.observe(len(output.prompt_token_ids or ()))
+        labels = self._labels(output)
+        self.e2e_request_latency.labels(*labels).observe(latency)
+        self.request_prompt_tokens.labels(*labels).observe(len(output.prompt_token_ids or ()))
         for n in tokens.values() or (0,):
-            self.request_generation_tokens.observe(n)
+            self.request_generation_tokens.labels(*labels).observe(n)
         longest = max(tokens.values(), default=0)
-        self.request_max_num_generation_tokens.observe(longest)
+        self.request_max_num_generation_tokens.labels(*labels).observe(longest)
         if first_token_time is not None and longest > 1:
             decode_time = time.monotonic() - first_token_time
-            self.time_per_output_token.observe(decode_time / (longest - 1))
+            self.time_per_output_token.labels(*labels).observe(decode_time / (longest - 1))
         for completion in output.outputs:
-            self.request_success.labels(*self.label, completion.finish_reason).inc()
-        self._observe_phases(output.metrics)
+            self.request_success.labels(*labels, completion.finish_reason).inc()
+        self._observe_phases(labels, output.metrics)
 
-    def _observe_params(self, params: SamplingParams) -> None:
-        self.request_params_n.observe(params.n)
+    def _labels(self, output: RequestOutput | PoolingRequestOutput) -> tuple[str, str]:
+        """(model_name, engine): the replica that ran the request, as vLLM labels it."""
+        return self.model_name, str(output.engine_index)
+
+    def _observe_params(self, labels: tuple[str, str], params: SamplingParams) -> None:
+        self.request_params_n.labels(*labels).observe(params.n)
         if params.max_tokens is not None:
-            self.request_params_max_tokens.observe(params.max_tokens)
+            self.request_params_max_tokens.labels(*labels).observe(params.max_tokens)
 
-    def _observe_phases(self, times: dict[str, float]) -> None:
+    def _observe_phases(self, labels: tuple[str, str], times: dict[str, float]) -> None:
         """Each phase whose two timestamps the request reached."""
         for histogram, start, end in self.phases:
             if start in times and end in times:
-                histogram.observe(times[end] - times[start])
+                histogram.labels(*labels).observe(times[end] - times[start])

@@ -80,6 +80,7 @@ def test_mixed_load_is_answered_once_each_as_one_engine_answers(
 ) -> None:
     load = _mixed_load()
     before = _per_engine(dp_server, "vllm:generation_tokens_total")
+    requests = _per_engine(dp_server, "vllm:e2e_request_latency_seconds_count")
     with ThreadPoolExecutor(len(load)) as pool:
         answers = list(pool.map(lambda job: _answer(_client(dp_server), *job), load))
     expected = [_answer(client, *job) for job in load]  # the one-engine server, one by one
@@ -89,6 +90,11 @@ def test_mixed_load_is_answered_once_each_as_one_engine_answers(
     assert sorted(generated) == ["0", "1"]
     assert all(n > 0 for n in generated.values()), generated  # both replicas took requests
     assert sum(generated.values()) == sum(tokens for _, tokens in answers)  # none ran twice
+    # The server's request histograms carry the replica that ran each request.
+    finished = _per_engine(dp_server, "vllm:e2e_request_latency_seconds_count")
+    counted = {engine: finished[engine] - requests.get(engine, 0) for engine in finished}
+    assert sorted(counted) == ["0", "1"] and all(n > 0 for n in counted.values()), counted
+    assert sum(counted.values()) == len(load)
 
 
 def test_a_repeated_prefix_goes_back_to_the_replica_that_cached_it(dp_server: Server) -> None:

@@ -91,7 +91,7 @@ def test_two_servers_in_one_process_have_their_own_registries() -> None:
     and observations on one do not show in the other (whose series exist at 0, as vLLM's
     do before any request)."""
     a, b = make_metrics(), make_metrics()
-    a.time_to_first_token.observe(1.0)
+    a.time_to_first_token.labels(MODEL, "0").observe(1.0)
     assert scrape(a)["vllm:time_to_first_token_seconds_count"] == 1
     assert scrape(b)["vllm:time_to_first_token_seconds_count"] == 0
 
