@@ -24,7 +24,7 @@ so the sequences spread over the micro-batches and every stage has one to work o
 """
 
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from pagedllm.config import SchedulerConfig
@@ -56,6 +56,9 @@ class SchedulerOutput:
     scheduled: list[ScheduledSequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst)
+    # Requests whose last sequence ended (finished or aborted) since the last output that
+    # scheduled anything: the executor drops what it keeps of them (vLLM's finished_req_ids).
+    finished_req_ids: set[str] = field(default_factory=set)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -86,6 +89,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.in_flight: set[int] = set()  # seq_ids of scheduled batches not yet updated
         self.num_preemptions = 0
+        self.num_unfinished: Counter[str] = Counter()  # unfinished sequences by request id
+        self.finished_req_ids: set[str] = set()  # for the next output that schedules
 
     @property
     def num_waiting(self) -> int:
@@ -106,6 +111,7 @@ class Scheduler:
                 f"{self.max_num_batched_tokens}; enable chunked prefill or shorten the prompt"
             )
         self.waiting.append(seq)
+        self.num_unfinished[seq.request_id] += 1
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -115,6 +121,8 @@ class Scheduler:
         if not out.preempted:
             self._schedule_waiting(out, budget, max_seqs)
         self.in_flight.update(s.seq.seq_id for s in out.scheduled)
+        if out.scheduled:  # an empty output is not run: its news waits for the next
+            out.finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
         return out
 
     def _schedule_running(self, out: SchedulerOutput, max_seqs: int) -> int:
@@ -206,6 +214,7 @@ class Scheduler:
         self.running.remove(seq)
         seq.status = status
         self.block_manager.free(seq)
+        self._ended(seq)
 
     def fork_seq(self, parent: Sequence, child: Sequence) -> None:
         """Run child (same tokens as the running parent) on the parent's shared blocks."""
@@ -213,6 +222,7 @@ class Scheduler:
         self.block_manager.fork(parent, child)
         child.status = SequenceStatus.RUNNING
         self.running.append(child)
+        self.num_unfinished[child.request_id] += 1
 
     def abort_seq(self, seq_id_or_request_id: int | str) -> bool:
         """Abort every unfinished sequence with this seq_id (int) or request_id (str)."""
@@ -229,4 +239,12 @@ class Scheduler:
                 self.running.remove(seq)
             seq.status = SequenceStatus.FINISHED_ABORTED
             self.block_manager.free(seq)
+            self._ended(seq)
         return bool(matches)
+
+    def _ended(self, seq: Sequence) -> None:
+        """seq finished or was aborted: its request ends with its last sequence."""
+        self.num_unfinished[seq.request_id] -= 1
+        if not self.num_unfinished[seq.request_id]:
+            del self.num_unfinished[seq.request_id]
+            self.finished_req_ids.add(seq.request_id)

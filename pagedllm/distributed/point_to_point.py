@@ -32,11 +32,23 @@ class PendingSends:
         self._works.clear()
 
 
-def send_object(obj: object, dst: int, group: dist.ProcessGroup, pending: PendingSends) -> None:
-    """Send `obj` to global rank `dst` (a gloo group)."""
+def dump_object(obj: object) -> torch.Tensor:
+    """`obj` as the bytes a message carries [N] uint8."""
     buffer = io.BytesIO()
     torch.save(obj, buffer)
-    payload = torch.frombuffer(bytearray(buffer.getbuffer()), dtype=torch.uint8)
+    return torch.frombuffer(bytearray(buffer.getbuffer()), dtype=torch.uint8)
+
+
+def load_object(payload: torch.Tensor, device: torch.device | str = "cpu") -> object:
+    """The object `dump_object` made `payload` of, its tensors on `device`."""
+    return torch.load(
+        io.BytesIO(payload.numpy().tobytes()), map_location=device, weights_only=False
+    )
+
+
+def send_object(obj: object, dst: int, group: dist.ProcessGroup, pending: PendingSends) -> None:
+    """Send `obj` to global rank `dst` (a gloo group)."""
+    payload = dump_object(obj)
     pending.add(torch.tensor([payload.numel()], dtype=torch.int64), dst, group)
     pending.add(payload, dst, group)
 
@@ -48,9 +60,7 @@ def recv_object(src: int, group: dist.ProcessGroup, device: torch.device | str =
     dist.recv(size, src, group=group)
     payload = torch.empty(int(size.item()), dtype=torch.uint8)
     dist.recv(payload, src, group=group)
-    return torch.load(
-        io.BytesIO(payload.numpy().tobytes()), map_location=device, weights_only=False
-    )
+    return load_object(payload, device)
 
 
 def send_tensor_dict(

@@ -52,12 +52,20 @@ def plan_step(
         for k in _completion_indices(request, seq):
             if request.matchers and request.matchers[k].is_active:
                 constrained.append((len(rows), request.matchers[k]))
-            rows.append(SamplingRow(request.params, prompt_ids, output_ids, request.generators[k]))
+            generator, key = request.generators[k], (request.request_id, k)
+            rows.append(SamplingRow(request.params, prompt_ids, output_ids, generator, key=key))
             sample_indices.append(i)
             owners.append((i, k))
     if constrained:
         _add_token_bitmasks(rows, constrained, structured_output)
-    step_input = StepInput(chunks, out.blocks_to_copy, sample_indices, prompt_indices, pool_indices)
+    step_input = StepInput(
+        chunks,
+        out.blocks_to_copy,
+        sample_indices,
+        prompt_indices,
+        pool_indices,
+        out.finished_req_ids,
+    )
     return StepPlan(step_input, rows, owners)
 
 

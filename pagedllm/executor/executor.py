@@ -16,13 +16,13 @@ from contextlib import contextmanager
 from pagedllm.config import EngineConfig
 from pagedllm.distributed.parallel_state import destroy_distributed_environment
 from pagedllm.executor.model_runner import ModelRunner, StepInput, StepOutput
+from pagedllm.executor.row_deltas import RowDeltaSender
 from pagedllm.executor.stage_link import StageLink
 from pagedllm.executor.worker import (
     EXECUTE,
     INIT_KV_CACHE,
     KV_CACHE_BYTES,
     SHUTDOWN,
-    SentRows,
     shutdown_barrier,
 )
 from pagedllm.sample.metadata import SamplingRow
@@ -87,9 +87,10 @@ class Executor:
 
 class DistributedExecutor(Executor):
     """Rank 0 of a parallel world: the first stage's tensor-parallel rank 0. Each call is
-    sent to every rank (stage_link.py), then run here too. A failed collective is reported
-    through `_worker_failure`, which an executor that can see its workers overrides to name
-    the one that died."""
+    sent to every rank (stage_link.py), then run here too. Under pipeline parallelism the
+    last stage samples, from the rows it keeps: each step sends it only what changed
+    (row_deltas.py). A failed collective is reported through `_worker_failure`, which an
+    executor that can see its workers overrides to name the one that died."""
 
     # A dead peer's sockets close a moment before its process shows as dead: how long a
     # failure waits for is_healthy() to turn false before it is raised as it is.
@@ -99,6 +100,7 @@ class DistributedExecutor(Executor):
         super().__init__(config)
         self.link = StageLink(self.runner.device)
         self.max_concurrent_batches = config.parallel_config.pipeline_parallel_size
+        self.row_sender = RowDeltaSender()
 
     def _call(self, method: str, argument: object) -> None:
         try:
@@ -126,19 +128,14 @@ class DistributedExecutor(Executor):
             self._call(EXECUTE, (step, None))
             with self._failures():
                 return StepFuture.ready(self.runner.execute(step, rows))
-        self._call(EXECUTE, (step, SentRows.of(rows)))
+        self._call(EXECUTE, (step, self.row_sender.deltas(rows, step.finished_req_ids)))
         with self._failures():
             self.link.send_intermediate(self.runner.forward_stage(step, None))
-        return StepFuture(lambda: self._receive_output(rows))
+        return StepFuture(self._receive_output)
 
-    def _receive_output(self, rows: list[SamplingRow]) -> StepOutput:
-        """The sampling rank's output; its generators advanced there, so these follow."""
+    def _receive_output(self) -> StepOutput:
         with self._failures():
-            output, states = self.link.recv_output()
-        for row, state in zip(rows, states, strict=True):
-            if state is not None:
-                row.generator.set_state(state.cpu())
-        return output
+            return self.link.recv_output()
 
     @contextmanager
     def _failures(self) -> Iterator[None]:

@@ -36,6 +36,8 @@ class StepInput:
     prompt_logprob_indices: batch indices whose logits at every new token are returned.
     pool_indices: batch indices of pooled prompts (a pooling model's steps hold only
     these): their chunk's partial pooling is returned (layers/pooler.py).
+    finished_req_ids: requests that ended since the last step: a sampling rank that keeps
+    their rows' state drops it (executor/row_deltas.py).
     """
 
     chunks: list[SeqChunk]
@@ -43,6 +45,7 @@ class StepInput:
     sample_indices: list[int]
     prompt_logprob_indices: list[int]
     pool_indices: list[int] = field(default_factory=list)
+    finished_req_ids: set[str] = field(default_factory=set)
 
 
 @dataclass

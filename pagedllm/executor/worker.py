@@ -4,8 +4,8 @@ Rank 0 (the engine's process) sends each control message, `(method, argument)`, 
 way (stage_link.py); the ranks of a stage run the same forward, whose collectives
 (all-reduce, all-gather) carry the tensors. Under pipeline parallelism a stage runs its
 layers on what the stage before sent and sends its own output on; the last stage's
-tensor-parallel rank 0 samples and returns the step's output to rank 0, with the new
-state of each seeded row's generator. Without pipeline parallelism rank 0 samples.
+tensor-parallel rank 0 samples, from the rows it keeps across steps (row_deltas.py), and
+returns the step's output to rank 0. Without pipeline parallelism rank 0 samples.
 """
 
 import ctypes
@@ -26,13 +26,13 @@ from pagedllm.distributed.parallel_state import (
     init_distributed_environment,
 )
 from pagedllm.executor.model_runner import ModelRunner, StepInput
+from pagedllm.executor.row_deltas import PersistentRows, RowDelta
 from pagedllm.executor.stage_link import StageLink
-from pagedllm.sample.metadata import SamplingRow
 
 SHUTDOWN = "shutdown"
 INIT_KV_CACHE = "init_kv_cache"
 KV_CACHE_BYTES = "kv_cache_bytes"  # every rank: the most KV bytes per token of any rank
-EXECUTE = "execute"  # argument: (StepInput, SentRows, or None where rank 0 samples)
+EXECUTE = "execute"  # argument: (StepInput, its rows' list[RowDelta], or None: rank 0 samples)
 
 # Start-up reports a spawned worker sends rank 0 over its pipe, in this order. A worker that
 # exits before STARTED never ran worker_main: it failed while re-importing the main module.
@@ -66,6 +66,7 @@ def rank_device(device: str, local_rank: int, ranks_on_host: int = 1) -> str:
 def run_worker_loop(runner: ModelRunner) -> None:
     """Follow rank 0's messages until it says shutdown."""
     link = StageLink(runner.device)
+    persistent = PersistentRows(runner.device) if link.samples else None
     while True:
         method, argument = link.receive_message()
         if method == SHUTDOWN:
@@ -77,30 +78,9 @@ def run_worker_loop(runner: ModelRunner) -> None:
         elif method == KV_CACHE_BYTES:
             link.max_over_ranks(runner.kv_cache_bytes_per_token)
         elif method == EXECUTE:
-            run_step(runner, link, *argument)
+            run_step(runner, link, persistent, *argument)
         else:
             raise RuntimeError(f"unknown control message {method!r}")
-
-
-@dataclasses.dataclass
-class SentRows:
-    """Sampler rows on their way to the last pipeline stage: a generator is bound to its
-    device, so it travels as its state and the sampling rank rebuilds it on its own."""
-
-    rows: list[SamplingRow]
-    states: list[torch.Tensor | None]
-
-    @classmethod
-    def of(cls, rows: list[SamplingRow]) -> "SentRows":
-        bare = [dataclasses.replace(row, generator=None) for row in rows]
-        return cls(bare, generator_states(rows))
-
-    def rows_on(self, device: torch.device) -> list[SamplingRow]:
-        for row, state in zip(self.rows, self.states, strict=True):
-            if state is not None:
-                row.generator = torch.Generator(device)
-                row.generator.set_state(state.cpu())
-        return self.rows
 
 
 def _die_with_parent() -> None:
@@ -146,19 +126,20 @@ def worker_main(
         destroy_distributed_environment()
 
 
-def run_step(runner: ModelRunner, link: StageLink, step: StepInput, sent: SentRows | None) -> None:
-    """This rank's part of one step (rank 0's first stage runs in the executor)."""
+def run_step(
+    runner: ModelRunner,
+    link: StageLink,
+    persistent: PersistentRows | None,
+    step: StepInput,
+    deltas: list[RowDelta] | None,
+) -> None:
+    """This rank's part of one step (rank 0's first stage runs in the executor).
+    `persistent`: the sampling rank's rows, which `deltas` bring up to date."""
     intermediate = link.recv_intermediate()
     if not link.pp.is_last_rank:
         link.send_intermediate(runner.forward_stage(step, intermediate))
     elif link.samples:
-        rows = sent.rows_on(runner.device)
-        output = runner.execute(step, rows, intermediate)
-        link.send_output((output, generator_states(rows)))
+        rows = persistent.apply(deltas, step.finished_req_ids)
+        link.send_output(runner.execute(step, rows, intermediate))
     else:
         runner.follow(step, intermediate)
-
-
-def generator_states(rows: list[SamplingRow]) -> list[torch.Tensor | None]:
-    """Each row's generator state (a CPU byte tensor; None for a row without one)."""
-    return [None if row.generator is None else row.generator.get_state() for row in rows]

@@ -12,6 +12,8 @@ from pagedllm.device_copy import tensor_to_device, to_device
 from pagedllm.sample.ops.penalties import TokenCounts, get_token_counts
 from pagedllm.sampling_params import SamplingParams, SamplingType
 
+RowKey = tuple[str, int]  # (request id, completion index)
+
 
 @dataclass
 class SamplingRow:
@@ -21,7 +23,8 @@ class SamplingRow:
     request (`torch.Generator(device).manual_seed(seed)`) and passes the same one each step,
     so the request's tokens do not depend on the rest of the batch. `token_bitmask` [W]
     int32 is the tokens its structured-output grammar allows next (see
-    ops/token_bitmask.py); None for an unconstrained row.
+    ops/token_bitmask.py); None for an unconstrained row. `key` names the row across steps
+    for a sampling rank that keeps its state (pipeline parallelism: executor/row_deltas.py).
     """
 
     params: SamplingParams
@@ -29,6 +32,7 @@ class SamplingRow:
     output_token_ids: list[int]
     generator: torch.Generator | None = None
     token_bitmask: torch.Tensor | None = None
+    key: RowKey | None = None
 
 
 @dataclass

@@ -292,3 +292,24 @@ def test_a_sequence_in_flight_is_never_preempted() -> None:
     c = scheduler.schedule()
     assert c.preempted == [old] and not c.scheduled
     assert new.status is SequenceStatus.RUNNING and old.status is SequenceStatus.WAITING
+
+
+def test_finished_req_ids_name_a_request_once_its_last_sequence_ends() -> None:
+    """vLLM's finished_req_ids: a request of two sequences (a fork shares its request id)
+    ends with the later one; an abort ends its request; an output that schedules nothing
+    is not run, so it leaves them for the next."""
+    engine = FakeEngine()
+    parent = engine.add(list(range(6)), max_tokens=3)
+    other = engine.add(list(range(10, 16)), max_tokens=8)
+    assert engine.step().finished_req_ids == set()
+    child = Sequence(99, parent.token_ids, 4, sampling_params=1, request_id=parent.request_id)
+    engine.seqs.append(child)
+    engine.scheduler.fork_seq(parent, child)
+    engine.step()  # the child's one token: it ends, its parent goes on
+    assert child.is_finished and not parent.is_finished
+    assert engine.step().finished_req_ids == set()  # the parent's last token
+    assert engine.step().finished_req_ids == {parent.request_id}
+    engine.scheduler.abort_seq(other.request_id)
+    assert engine.scheduler.schedule().finished_req_ids == set()  # empty: not run
+    engine.add(list(range(20, 23)), max_tokens=1)
+    assert engine.step().finished_req_ids == {other.request_id}

@@ -13,9 +13,10 @@ def mixed_prompts() -> list[dict]:
 
 
 def assert_same(expected: list, got: list, tolerance: float = 0.0) -> None:
-    """Identical tokens; each sampled token's logprob within `tolerance`."""
+    """Identical tokens in every completion; each sampled token's logprob within
+    `tolerance`."""
     for want, have in zip(expected, got, strict=True):
-        a, b = want.outputs[0], have.outputs[0]
-        assert a.token_ids == b.token_ids
-        for lp_a, lp_b, token in zip(a.logprobs, b.logprobs, a.token_ids, strict=True):
-            assert abs(lp_a[token].logprob - lp_b[token].logprob) <= tolerance
+        for a, b in zip(want.outputs, have.outputs, strict=True):
+            assert a.token_ids == b.token_ids
+            for lp_a, lp_b, token in zip(a.logprobs, b.logprobs, a.token_ids, strict=True):
+                assert abs(lp_a[token].logprob - lp_b[token].logprob) <= tolerance

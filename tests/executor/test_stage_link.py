@@ -12,8 +12,11 @@ import pytest
 import transformers
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.core.scheduler import Scheduler
+from pagedllm.core.sequence import Sequence
 from pagedllm.executor import multiproc_executor
 from pagedllm.executor.model_runner import ModelRunner
+from pagedllm.executor.row_deltas import CachedRow, NewRow, RowDeltaSender
 from tests.executor import busy_intervals
 from tests.executor.parallel_jobs import assert_same, mixed_prompts
 from tests.models.tiny_models import COMMON, save_tiny_model
@@ -72,6 +75,48 @@ def test_pp2_preempts_aborts_in_flight_and_samples_seeded(tiny_model_path) -> No
         assert victim not in finished and not engine.scheduler.in_flight
         kept = [i for i in range(len(expected)) if str(i) != victim]
         assert_same([expected[i] for i in kept], [finished[str(i)] for i in kept], 1e-5)
+
+
+def penalized_params() -> list[SamplingParams]:
+    """Every penalty on every request: greedy, and seeded random with n=2."""
+    penalties = dict(repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.4)
+    common = dict(max_tokens=12, ignore_eos=True, logprobs=2, **penalties)
+    greedy = SamplingParams(temperature=0, **common)
+    return [greedy if i % 2 else SamplingParams(seed=i, n=2, **common) for i in range(6)]
+
+
+@pytest.mark.parametrize("num_kv_blocks", [256, 24])
+def test_pp2_penalties_and_seeds_match_one_rank(num_kv_blocks, tiny_model_path, monkeypatch):
+    """The sampling rank keeps each row's tokens and generator: it gets a row in full once,
+    then each step only its new token, and samples as one rank does, bit for bit. With a
+    cache too small for the job, sequences are preempted after sampling tokens and resume
+    with their state (their recomputed prefill is within 1e-5 of one rank's decodes, as
+    in the test above)."""
+    path = tiny_model_path("llama-gqa4")
+    params = penalized_params()
+    expected = LLM(path, num_kv_blocks=256, **ENGINE).generate(mixed_prompts(), params)
+    deltas, preempted = [], []
+    send, preempt = RowDeltaSender.deltas, Scheduler._preempt
+
+    def record_deltas(sender: RowDeltaSender, *args: object) -> list:
+        sent = send(sender, *args)
+        deltas.extend(sent)
+        return sent
+
+    def record_preemption(scheduler: Scheduler, seq: Sequence) -> None:
+        preempted.append(seq.num_output_tokens)
+        preempt(scheduler, seq)
+
+    monkeypatch.setattr(RowDeltaSender, "deltas", record_deltas)
+    monkeypatch.setattr(Scheduler, "_preempt", record_preemption)
+    engine = dict(num_kv_blocks=num_kv_blocks, max_model_len=80, pipeline_parallel_size=2)
+    with LLM(path, **engine, **ENGINE) as llm:
+        got = llm.generate(mixed_prompts(), params, use_tqdm=False)
+    assert_same(expected, got, 0.0 if num_kv_blocks == 256 else 1e-5)
+    new_keys = [d.row.key for d in deltas if isinstance(d, NewRow)]
+    assert len(new_keys) == len(set(new_keys)) == sum(p.n for p in params)
+    assert all(len(d.new_token_ids) == 1 for d in deltas if isinstance(d, CachedRow))
+    assert (max(preempted, default=0) > 0) == (num_kv_blocks == 24)
 
 
 def test_default_gguf_model_pp2_matches_one_rank() -> None:
