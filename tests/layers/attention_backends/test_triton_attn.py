@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.executor.cuda_graph import CudaGraphRunner
 from pagedllm.executor.kv_cache import attention_layers
 from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.attention_backends import selector
@@ -77,7 +78,9 @@ def generate(path: str, device: torch.device, prompts: list[list[int]], **engine
         backends = {a.backend.name for a in attention_layers(runner.model)}
         assert backends == {engine["attention_backend"]}
         if backends == {"TRITON_ATTN"}:
-            assert runner.graph_runner is None  # captured steps replay _C's launches only
+            # Captured CPU steps replay _C's launches only; CUDA graphs replay Triton's.
+            graphs = CudaGraphRunner if device.type == "cuda" else type(None)
+            assert isinstance(runner.graph_runner, graphs)
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [out.outputs[0] for out in outputs]
 
