@@ -22,9 +22,9 @@ from tests.layers.paged_attention_steps import (
 )
 
 
-def triton_attention(num_heads: int, num_kv_heads: int, block_size: int):
+def triton_attention(num_heads: int, num_kv_heads: int, block_size: int, device: torch.device):
     with selector.use_attn_backend("TRITON_ATTN"):
-        attn = make_attention(num_heads, num_kv_heads, block_size)
+        attn = make_attention(num_heads, num_kv_heads, block_size, device)
     assert isinstance(attn.backend, TritonAttentionBackend)
     return attn
 
@@ -35,7 +35,7 @@ def test_the_triton_backend_matches_dense_attention_step_after_step(
 ) -> None:
     """Reference: dense attention and the cache contents (step_and_check): a mixed step of
     prefill chunks, a chunk after cached context beside decodes, then decodes."""
-    attn = triton_attention(num_heads, num_kv_heads, block_size)
+    attn = triton_attention(num_heads, num_kv_heads, block_size, triton_device)
     seqs = make_seqs([31, 41, 9], attn, block_size, seed=num_heads)
     for num_new in ([12, 17, 9], [18, 1, 0], [1, 1, 0]):
         active = [(s, n) for s, n in zip(seqs, num_new) if n]
@@ -44,7 +44,7 @@ def test_the_triton_backend_matches_dense_attention_step_after_step(
 
 def test_the_triton_backend_matches_the_reference_backend(triton_device: torch.device) -> None:
     """Reference: TorchSdpaBackend on copies of the same caches, within 1e-5."""
-    attn, ref = triton_attention(8, 1, 16), make_attention(8, 1, 16)
+    attn, ref = triton_attention(8, 1, 16, triton_device), make_attention(8, 1, 16, triton_device)
     ref.backend = TorchSdpaBackend()
     seqs = make_seqs([25, 7], attn, 16, seed=7)
     for num_new in ([20, 6], [5, 1]):
