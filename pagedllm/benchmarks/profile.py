@@ -23,7 +23,8 @@ def _self_time(event: object, device: bool) -> float:
     if not device:
         return event.self_cpu_time_total
     on_cpu = event.device_type == DeviceType.CPU
-    if (on_cpu and not event.is_legacy) or getattr(event, "is_user_annotation", False):
+    legacy = getattr(event, "is_legacy", False)  # read as older torch may lack it
+    if (on_cpu and not legacy) or getattr(event, "is_user_annotation", False):
         return 0.0
     return getattr(event, "self_device_time_total", None) or getattr(
         event, "self_cuda_time_total", 0.0
