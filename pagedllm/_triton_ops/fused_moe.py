@@ -22,7 +22,9 @@ from pagedllm._triton_ops.launch import for_device
 from pagedllm._triton_ops.moe_align_block_size import moe_align_block_size
 
 
-@triton.jit
+# The step's token count sets num_blocks and num_valid_tokens: not specialized on, so one
+# kernel per block config serves every count (as in unified_attention.py).
+@triton.jit(do_not_specialize=["num_blocks", "num_valid_tokens"])
 def fused_moe_kernel(
     a_ptr,  # [M, K]: hidden states (top_k > 1) or one row per assignment (top_k == 1)
     b_ptr,  # [E, N, K]: the experts' weights, rows as out features

@@ -16,7 +16,8 @@ import triton.language as tl
 from pagedllm._triton_ops.launch import for_device
 
 
-@triton.jit
+# Not specialized on the step's counts (see fused_moe.py).
+@triton.jit(do_not_specialize=["num_assignments", "num_blocks"])
 def moe_align_block_size_kernel(
     topk_ids_ptr,  # [T*K]
     sorted_ids_ptr,  # [num_blocks * BLOCK_SIZE_M]

@@ -67,7 +67,10 @@ def _dot(a, b, DOT_FP32: tl.constexpr):
     return product
 
 
-@triton.jit
+# The batch's size and its block tables' width change from step to step: specialized (Triton
+# compiles a kernel per int argument equal to 1 or divisible by 16), a run would compile
+# variants mid-step, which a benchmark times.
+@triton.jit(do_not_specialize=["num_seqs", "stride_block_table"])
 def _attention_kernel(
     out_ptr,  # [T, H, D], when NUM_SEGMENTS == 1
     segm_out_ptr,  # [T, H, NUM_SEGMENTS, HEAD_PADDED] float32, when NUM_SEGMENTS > 1

@@ -6,7 +6,9 @@ activations only lower the bound further). A GGUF run as stored (quantization "g
 its tensors' bytes as they lie in the file; otherwise the weights are the model's parameters
 in its dtype. A mixture-of-experts layer reads only the experts its tokens are routed to: at
 batch 1, top_k of them (Qwen3-30B-A3B: 8 of 128, ~3.3 of its ~30.5 B parameters), so the
-bound counts those, not the whole model.
+bound counts those, not the whole model. Likewise an input embedding that is not also the LM
+head is looked up, not streamed: a step reads its batch's rows (Llama-3-8B's is 1 of its
+16 GB).
 """
 
 import time
@@ -17,6 +19,7 @@ from torch import nn
 from pagedllm.config import ModelConfig
 from pagedllm.cpu_memory import huge_page_map, huge_page_size
 from pagedllm.layers.fused_moe import FusedMoE
+from pagedllm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedllm.model_loader.loader import build_model, weight_bytes
 
 
@@ -66,15 +69,17 @@ def model_weight_bytes(model_config: ModelConfig, batch_size: int = 1) -> tuple[
     """(bytes of all weights, bytes one decode step of `batch_size` sequences reads): the
     model's parameters as it holds them, built on the meta device (no memory) with each
     layer's quant method, so a GGUF run as stored counts its blocks and anything dequantized
-    counts in its dtype; the two differ only in MoE layers (decode_read_bytes)."""
+    counts in its dtype; the two differ in MoE layers and untied input embeddings
+    (decode_read_bytes)."""
     model = build_model(model_config, "meta")
     return weight_bytes(model, buffers=False), decode_read_bytes(model, batch_size)
 
 
 def decode_read_bytes(model: nn.Module, batch_size: int = 1) -> int:
     """Every weight once, but of each FusedMoE layer's per-expert tensors (those whose first
-    dimension is its experts) only the share of experts the batch is expected to route to."""
-    total = weight_bytes(model, buffers=False)
+    dimension is its experts) only the share of experts the batch is expected to route to,
+    and of an input embedding that is not the LM head's weight too only `batch_size` rows."""
+    total = weight_bytes(model, buffers=False) - _unread_embedding_bytes(model, batch_size)
     for module in model.modules():
         if not isinstance(module, FusedMoE):
             continue
@@ -87,6 +92,20 @@ def decode_read_bytes(model: nn.Module, batch_size: int = 1) -> int:
         active = expected_active_experts(module.num_experts, module.top_k, batch_size)
         total -= round(per_expert * (1 - active / module.num_experts))
     return total
+
+
+def _unread_embedding_bytes(model: nn.Module, batch_size: int) -> int:
+    """Bytes of the input embeddings' rows a decode step does not look up (all but
+    batch_size rows of each), where the LM head does not stream the same weight."""
+    heads = {id(m.weight) for m in model.modules() if isinstance(m, ParallelLMHead)}
+    unread = 0
+    for module in model.modules():
+        if type(module) is not VocabParallelEmbedding or id(module.weight) in heads:
+            continue
+        weight = module.weight
+        rows = weight.shape[0]
+        unread += weight.numel() * weight.element_size() * max(rows - batch_size, 0) // rows
+    return unread
 
 
 def expected_active_experts(num_experts: int, top_k: int, num_tokens: int) -> float:

@@ -4,19 +4,28 @@ One extra run (after the timed ones, so it does not slow them) is recorded with 
 on a GPU, CUDA activities. The summary lists the ops with the most self time on the device
 (the CPU's when there is no GPU), and how busy the device was over the run's wall time: a
 share well under 1 means the host (Python, launches, scheduling) is on the critical path.
+On a GPU only the device's own rows count (kernels, copies, memsets), as in torch's own
+table: the CPU op or runtime call that launched a kernel reports that kernel's time as its
+self device time too, and a user annotation on the device spans the kernels inside it.
 """
 
 import time
 from collections.abc import Callable
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 
 def _self_time(event: object, device: bool) -> float:
-    """Self microseconds of a key_averages() row on the device (or the CPU)."""
+    """Self microseconds of a key_averages() row on the device (or the CPU); 0 for a row
+    whose device time is another row's (the module docstring)."""
     if not device:
         return event.self_cpu_time_total
+    on_cpu = event.device_type == DeviceType.CPU
+    legacy = getattr(event, "is_legacy", False)  # read as older torch may lack it
+    if (on_cpu and not legacy) or getattr(event, "is_user_annotation", False):
+        return 0.0
     return getattr(event, "self_device_time_total", None) or getattr(
         event, "self_cuda_time_total", 0.0
     )

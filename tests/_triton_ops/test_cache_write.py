@@ -36,9 +36,12 @@ def test_the_cache_write_matches_the_reference(
     qkv = torch.randn(num_tokens, 3 * row, generator=gen).to(triton_device, dtype)
     key, value = (x.view(num_tokens, num_kv_heads, head_size) for x in qkv[:, row:].split(row, 1))
     shape = (6, block_size, num_kv_heads, head_size)
-    k_cache, v_cache = (torch.randn(shape, generator=gen).to(cache_dtype) for _ in range(2))
+    k_cache, v_cache = (
+        torch.randn(shape, generator=gen).to(triton_device, cache_dtype) for _ in range(2)
+    )
     slots = torch.tensor(
-        [3 * block_size + 2, block_size - 1, 0, 5 * block_size + 7, 2 * block_size]
+        [3 * block_size + 2, block_size - 1, 0, 5 * block_size + 7, 2 * block_size],
+        device=triton_device,
     )
     expected = k_cache.clone(), v_cache.clone()
     _torch_ops.reshape_and_cache(key, value, *expected, slots)

@@ -77,3 +77,41 @@ def test_moe_align_block_size_kernel() -> None:
 def test_silu_and_mul_kernel() -> None:
     pointers = {"x_ptr": "*bf16", "out_ptr": "*bf16"}
     compile_sm90(silu_and_mul_kernel, pointers, {"BLOCK": 1024})
+
+
+def launch_keys(kernel, varying: dict[str, list[int]]) -> set[tuple]:
+    """The specialization part of the cache key of `kernel`'s launches (what a new compile
+    is made for), over launches that differ only in `varying`'s int arguments: values 1, a
+    multiple of 16 and neither, which Triton would otherwise compile a variant for each of."""
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import create_function_from_signature
+
+    bind = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
+    base = {p.name: torch.zeros(4) if p.name.endswith("_ptr") else 3 for p in kernel.params}
+    keys = set()
+    for values in zip(*varying.values(), strict=True):
+        _, specialization, _ = bind(**base | dict(zip(varying, values, strict=True)))
+        keys.add(tuple(map(str, specialization)))
+    return keys
+
+
+@pytest.mark.parametrize(
+    "kernel, varying",
+    [
+        ("attention", {"num_seqs": [1, 16, 7], "stride_block_table": [1, 64, 5]}),
+        ("fused_moe", {"num_blocks": [1, 32, 9], "num_valid_tokens": [1, 2048, 24]}),
+        ("moe_align", {"num_assignments": [1, 1024, 24], "num_blocks": [1, 32, 9]}),
+    ],
+)
+def test_the_counts_a_step_changes_compile_no_new_kernel(kernel: str, varying: dict) -> None:
+    """Reference: one key. The batch's size, its block tables' width and the MoE's token
+    counts change from step to step; a kernel specialized on them would be compiled anew
+    in the middle of a run (seconds each, inside a benchmark's timed steps)."""
+    from pagedllm._triton_ops.unified_attention import _attention_kernel
+
+    kernels = {
+        "attention": _attention_kernel,
+        "fused_moe": fused_moe_kernel,
+        "moe_align": moe_align_block_size_kernel,
+    }
+    assert len(launch_keys(kernels[kernel], varying)) == 1

@@ -54,19 +54,35 @@ def test_expected_active_experts() -> None:
     assert expected_active_experts(4, 4, 3) == 4
 
 
+def _embedding_row_bytes(config: ModelConfig) -> int:
+    return config.hf_config.hidden_size * 4  # float32
+
+
 def test_a_moe_step_reads_the_routed_experts_and_every_other_weight(
     tiny_model_path: Callable[[str], str],
 ) -> None:
-    """Tiny Qwen3-MoE: 8 experts, top 2, in one of its two layers (the other is dense)."""
+    """Tiny Qwen3-MoE: 8 experts, top 2, in one of its two layers (the other is dense); its
+    input embedding (320 rows, untied) is looked up, a row per token."""
     config = ModelConfig.create(tiny_model_path("qwen3-moe"), "float32")
     everything, one_token = model_weight_bytes(config, batch_size=1)
     hf = config.hf_config
     expert = 3 * hf.hidden_size * hf.moe_intermediate_size * 4  # gate, up, down in float32
-    assert everything - one_token == (8 - 2) * expert  # one MoE layer, 6 experts not read
+    unread_rows = 319 * _embedding_row_bytes(config)
+    assert everything - one_token == (8 - 2) * expert + unread_rows  # 6 experts not read
     _, two_tokens = model_weight_bytes(config, batch_size=2)
-    assert two_tokens - one_token == round((3.5 - 2) * expert)
-    dense = ModelConfig.create(tiny_model_path("llama-tied-mqa"), "float32")
-    assert len(set(model_weight_bytes(dense, batch_size=4))) == 1
+    row = _embedding_row_bytes(config)
+    assert two_tokens - one_token == round((3.5 - 2) * expert) + row
+
+
+def test_a_dense_step_reads_every_weight_but_an_untied_embedding_s_unused_rows(
+    tiny_model_path: Callable[[str], str],
+) -> None:
+    """Tied, the embedding is the LM head's weight, which every step streams."""
+    tied = ModelConfig.create(tiny_model_path("llama-tied-mqa"), "float32")
+    assert len(set(model_weight_bytes(tied, batch_size=4))) == 1
+    untied = ModelConfig.create(tiny_model_path("llama-gqa-llama3"), "float32")
+    everything, four_tokens = model_weight_bytes(untied, batch_size=4)
+    assert everything - four_tokens == (320 - 4) * _embedding_row_bytes(untied)
 
 
 @pytest.mark.skipif(

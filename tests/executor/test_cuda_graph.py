@@ -71,7 +71,14 @@ class _GraphSafeTorch(TorchSdpaBackend):
 
 
 def test_unsupported_reasons(tiny_model_path: Callable[[str], str]) -> None:
-    llm = LLM(tiny_model_path("llama-gqa-llama3"), enforce_eager=True, skip_tokenizer_init=True)
+    # On the CPU (the default device would be a GPU where there is one), whose attention
+    # backend has no CUDA graph support.
+    llm = LLM(
+        tiny_model_path("llama-gqa-llama3"),
+        enforce_eager=True,
+        skip_tokenizer_init=True,
+        device="cpu",
+    )
     model = llm.llm_engine.executor.runner.model
     cuda = torch.device("cuda")
     assert "not a CUDA device" in unsupported_reason(model, torch.device("cpu"), False)
@@ -127,7 +134,7 @@ def test_replayed_steps_equal_eager_ones_on_cpu(
     """The engine through the CUDA graph runner (graphs stood in for by reruns), max_num_seqs
     8: sizes 1, 2, 4, 8; a padding block past the 64 the scheduler gets."""
     kwargs = {"num_kv_blocks": 64, "max_model_len": 64, "skip_tokenizer_init": True}
-    kwargs |= {"max_num_seqs": 8}
+    kwargs |= {"max_num_seqs": 8, "device": "cpu"}  # also where a GPU is the default
     model = tiny_model_path("llama-gqa-llama3")
     eager = _generate(LLM(model, enforce_eager=True, **kwargs))
     monkeypatch.setattr(CpuGraphRunner, "applies", staticmethod(lambda *args: False))

@@ -1,6 +1,7 @@
 """Random paged sequences stepped through an Attention layer, checked against dense causal
 attention softmax(Q K^T * scale + causal mask) V over each whole sequence, kv heads expanded.
-Shared by the tests of the layer and of each attention backend."""
+Shared by the tests of the layer and of each attention backend; on the CPU unless a test
+names its device (the Triton backend's: a GPU, or the CPU under the interpreter)."""
 
 import torch
 
@@ -17,9 +18,10 @@ class PagedSeq:
     """A sequence's random q, k, v for its whole life and its shuffled physical blocks."""
 
     def __init__(self, length: int, block_ids: list[int], attn: Attention, gen: torch.Generator):
-        self.q = torch.randn(length, attn.num_heads * HEAD_SIZE, generator=gen)
-        self.k = torch.randn(length, attn.num_kv_heads * HEAD_SIZE, generator=gen)
-        self.v = torch.randn(length, attn.num_kv_heads * HEAD_SIZE, generator=gen)
+        device = attn.kv_cache[0].device
+        self.q = torch.randn(length, attn.num_heads * HEAD_SIZE, generator=gen).to(device)
+        self.k = torch.randn(length, attn.num_kv_heads * HEAD_SIZE, generator=gen).to(device)
+        self.v = torch.randn(length, attn.num_kv_heads * HEAD_SIZE, generator=gen).to(device)
         self.block_ids = block_ids
         self.num_computed = 0
 
@@ -36,11 +38,15 @@ def make_seqs(lengths: list[int], attn: Attention, block_size: int, seed: int) -
     return seqs
 
 
-def make_attention(num_heads: int, num_kv_heads: int, block_size: int) -> Attention:
-    attn = Attention(num_heads, HEAD_SIZE, SCALE, num_kv_heads)
+def make_attention(
+    num_heads: int, num_kv_heads: int, block_size: int, device: torch.device | str = "cpu"
+) -> Attention:
+    """The layer built for `device` (its backend chosen for it), its caches there."""
+    with torch.device(device):
+        attn = Attention(num_heads, HEAD_SIZE, SCALE, num_kv_heads)
     shape = (NUM_BLOCKS, block_size, num_kv_heads, HEAD_SIZE)
     gen = torch.Generator().manual_seed(123)
-    attn.kv_cache = (torch.randn(shape, generator=gen), torch.randn(shape, generator=gen))
+    attn.kv_cache = tuple(torch.randn(shape, generator=gen).to(device) for _ in range(2))
     return attn
 
 
@@ -54,13 +60,15 @@ def dense_reference(
     k = k.view(seq_len, num_kv_heads, HEAD_SIZE).repeat_interleave(group, dim=1)
     v = v.view(seq_len, num_kv_heads, HEAD_SIZE).repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q, k) * SCALE
-    query_pos = torch.arange(seq_len - n, seq_len)[:, None]
-    scores = scores.masked_fill(torch.arange(seq_len) > query_pos, float("-inf"))
+    query_pos = torch.arange(seq_len - n, seq_len, device=q.device)[:, None]
+    scores = scores.masked_fill(torch.arange(seq_len, device=q.device) > query_pos, float("-inf"))
     out = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
     return out.reshape(n, num_heads * HEAD_SIZE)
 
 
 def build_metadata(seqs: list[PagedSeq], num_new: list[int], block_size: int) -> AttentionMetadata:
+    """The step's metadata on the sequences' device."""
+    device = seqs[0].q.device
     slots, seq_lens = [], []
     for seq, n in zip(seqs, num_new, strict=True):
         for pos in range(seq.num_computed, seq.num_computed + n):
@@ -72,10 +80,10 @@ def build_metadata(seqs: list[PagedSeq], num_new: list[int], block_size: int) ->
         block_tables[i, : len(seq.block_ids)] = torch.tensor(seq.block_ids)
     query_start_loc = torch.tensor([0, *num_new], dtype=torch.int32).cumsum(0).to(torch.int32)
     return AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        query_start_loc=query_start_loc,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_tables=block_tables,
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        query_start_loc=query_start_loc.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables=block_tables.to(device),
         query_lens_cpu=list(num_new),
         seq_lens_cpu=seq_lens,
     )
@@ -101,7 +109,7 @@ def step_and_check(
     for cache, old, new_kv in zip(attn.kv_cache, before, (k, v), strict=True):
         flat, old_flat = cache.view(-1, kv_size), old.view(-1, kv_size)
         assert torch.equal(flat[slots], new_kv)
-        untouched = torch.ones(flat.shape[0], dtype=torch.bool)
+        untouched = torch.ones(flat.shape[0], dtype=torch.bool, device=flat.device)
         untouched[slots] = False
         assert torch.equal(flat[untouched], old_flat[untouched])
 

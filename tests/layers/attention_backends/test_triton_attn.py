@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.executor.cuda_graph import CudaGraphRunner
 from pagedllm.executor.kv_cache import attention_layers
 from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.attention_backends import selector
@@ -21,9 +22,9 @@ from tests.layers.paged_attention_steps import (
 )
 
 
-def triton_attention(num_heads: int, num_kv_heads: int, block_size: int):
+def triton_attention(num_heads: int, num_kv_heads: int, block_size: int, device: torch.device):
     with selector.use_attn_backend("TRITON_ATTN"):
-        attn = make_attention(num_heads, num_kv_heads, block_size)
+        attn = make_attention(num_heads, num_kv_heads, block_size, device)
     assert isinstance(attn.backend, TritonAttentionBackend)
     return attn
 
@@ -34,7 +35,7 @@ def test_the_triton_backend_matches_dense_attention_step_after_step(
 ) -> None:
     """Reference: dense attention and the cache contents (step_and_check): a mixed step of
     prefill chunks, a chunk after cached context beside decodes, then decodes."""
-    attn = triton_attention(num_heads, num_kv_heads, block_size)
+    attn = triton_attention(num_heads, num_kv_heads, block_size, triton_device)
     seqs = make_seqs([31, 41, 9], attn, block_size, seed=num_heads)
     for num_new in ([12, 17, 9], [18, 1, 0], [1, 1, 0]):
         active = [(s, n) for s, n in zip(seqs, num_new) if n]
@@ -43,7 +44,7 @@ def test_the_triton_backend_matches_dense_attention_step_after_step(
 
 def test_the_triton_backend_matches_the_reference_backend(triton_device: torch.device) -> None:
     """Reference: TorchSdpaBackend on copies of the same caches, within 1e-5."""
-    attn, ref = triton_attention(8, 1, 16), make_attention(8, 1, 16)
+    attn, ref = triton_attention(8, 1, 16, triton_device), make_attention(8, 1, 16, triton_device)
     ref.backend = TorchSdpaBackend()
     seqs = make_seqs([25, 7], attn, 16, seed=7)
     for num_new in ([20, 6], [5, 1]):
@@ -77,7 +78,9 @@ def generate(path: str, device: torch.device, prompts: list[list[int]], **engine
         backends = {a.backend.name for a in attention_layers(runner.model)}
         assert backends == {engine["attention_backend"]}
         if backends == {"TRITON_ATTN"}:
-            assert runner.graph_runner is None  # captured steps replay _C's launches only
+            # Captured CPU steps replay _C's launches only; CUDA graphs replay Triton's.
+            graphs = CudaGraphRunner if device.type == "cuda" else type(None)
+            assert isinstance(runner.graph_runner, graphs)
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [out.outputs[0] for out in outputs]
 
