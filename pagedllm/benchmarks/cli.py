@@ -1,6 +1,7 @@
 """`pagedllm bench throughput | latency | perplexity | serve | linear | report`."""
 
 import argparse
+import functools
 import json
 
 from pagedllm.benchmarks.gguf_copy import GGUF_TYPES, gguf_copy_path
@@ -101,6 +102,15 @@ def _add_throughput(benchmarks: argparse._SubParsersAction) -> None:
     parser.add_argument("--output-len", default="32:256", help="N or LOW:HIGH (uniform)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 greedy, e.g. 0.8")
     parser.add_argument("--hf-batch-size", type=int, default=16)
+    parser.add_argument(
+        "--num-warmup-prompts",
+        type=int,
+        default=0,
+        help="untimed requests (fresh random prompts of the same lengths) that pagedllm and "
+        "the hf peer run after loading, before the timed job, so that one-time work (Triton "
+        "compiling a kernel for a new shape, a library's first calls) is not timed "
+        "(default 0)",
+    )
     parser.add_argument(
         "--hf-num-prompts",
         type=int,
@@ -247,6 +257,10 @@ def backends_of(args: argparse.Namespace, choices: tuple[str, ...]) -> list[str]
 
 def _emit(report: dict, text: str, json_path: str | None) -> None:
     print(text)
+    _write_json(report, json_path)
+
+
+def _write_json(report: dict, json_path: str | None) -> None:
     if json_path:
         with open(json_path, "w") as f:
             json.dump(report, f, indent=2)
@@ -266,7 +280,9 @@ def on_gguf_copy(args: argparse.Namespace) -> argparse.Namespace:
 
 def _run_throughput(args: argparse.Namespace) -> None:
     args = on_gguf_copy(args)
-    report = run_throughput(args, backends_of(args, THROUGHPUT_BACKENDS))
+    # The JSON is rewritten after each backend: a run cut short keeps what it measured.
+    partial = functools.partial(_write_json, json_path=args.json)
+    report = run_throughput(args, backends_of(args, THROUGHPUT_BACKENDS), partial)
     _emit(report, format_throughput(report), args.json)
 
 

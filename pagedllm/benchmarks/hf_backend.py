@@ -115,13 +115,17 @@ def run_hf_throughput(
     batch_size: int,
     temperature: float,
     device: str = "cpu",
+    warmup: list[BenchRequest] | None = None,
 ) -> ThroughputResult:
-    """Each batch generates its longest requested output; only the requested tokens count."""
+    """Each batch generates its longest requested output; only the requested tokens count.
+    The warmup requests run first, untimed, in batches as the job's."""
     if batch_size < 1:
         raise ValueError(f"hf batch size {batch_size} must be >= 1")
     start = time.perf_counter()
     model = load_hf_model(model_config, device)
     startup = time.perf_counter() - start
+    for batch in batches_by_output_len(warmup or [], batch_size):
+        generate_batch(model, batch, max(r.output_len for r in batch), temperature)
     start, output_tokens = time.perf_counter(), 0
     for batch in batches_by_output_len(requests, batch_size):
         generate_batch(model, batch, max(r.output_len for r in batch), temperature)

@@ -7,6 +7,7 @@ the requested number of tokens each (ignore_eos), and is timed after it has load
 import argparse
 import gc
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -35,8 +36,10 @@ def run_pagedllm_throughput(
     requests: list[BenchRequest],
     temperature: float,
     profile_requests: list[BenchRequest] | None = None,
+    warmup_requests: list[BenchRequest] | None = None,
 ) -> ThroughputResult:
-    """With profile_requests, those are run after the timed job under torch.profiler."""
+    """warmup_requests run untimed before the job; profile_requests after it, under
+    torch.profiler."""
     start = time.perf_counter()
     llm = LLM(**vars(engine_args))
     startup = time.perf_counter() - start
@@ -49,6 +52,8 @@ def run_pagedllm_throughput(
         ]
         return llm.generate(prompts, params, use_tqdm=False)
 
+    if warmup_requests:
+        generate(warmup_requests)
     start = time.perf_counter()
     outputs = generate(requests)
     elapsed = time.perf_counter() - start
@@ -62,6 +67,22 @@ def run_pagedllm_throughput(
     )
 
 
+def fresh_requests(
+    args: argparse.Namespace, model_config: ModelConfig, count: int, seed_offset: int
+) -> list[BenchRequest]:
+    """`count` requests of the job's length ranges on other prompts (seed + seed_offset),
+    which the prefix cache cannot answer from the job's; none for a count of 0."""
+    if count == 0:
+        return []
+    return random_requests(
+        count,
+        parse_len_range(args.input_len, "--input-len"),
+        parse_len_range(args.output_len, "--output-len"),
+        model_config.vocab_size,
+        args.seed + seed_offset,
+    )
+
+
 def _run_backend(
     backend: str,
     args: argparse.Namespace,
@@ -71,23 +92,18 @@ def _run_backend(
 ) -> ThroughputResult:
     """device: the engine's, resolved (never "auto")."""
     check_same_device(backend, device)
+    warmup = fresh_requests(args, model_config, getattr(args, "num_warmup_prompts", 0), 2)
     if backend == "pagedllm":
         profile_requests = None
         if getattr(args, "profile", False):  # fresh prompts: the prefix cache must not skip them
-            profile_requests = random_requests(
-                min(32, len(requests)),
-                parse_len_range(args.input_len, "--input-len"),
-                parse_len_range(args.output_len, "--output-len"),
-                model_config.vocab_size,
-                args.seed + 1,
-            )
+            profile_requests = fresh_requests(args, model_config, min(32, len(requests)), 1)
         return run_pagedllm_throughput(
-            EngineArgs.from_cli_args(args), requests, args.temperature, profile_requests
+            EngineArgs.from_cli_args(args), requests, args.temperature, profile_requests, warmup
         )
     if backend == "hf":
         sample = requests[: args.hf_num_prompts or None]
         result = run_hf_throughput(
-            model_config, sample, args.hf_batch_size, args.temperature, device
+            model_config, sample, args.hf_batch_size, args.temperature, device, warmup
         )
         if len(sample) < len(requests):  # the requests are random, so any prefix samples them
             result.detail = (
@@ -104,11 +120,18 @@ def _run_backend(
     )
 
 
-def run_throughput(args: argparse.Namespace, backends: list[str]) -> dict:
+def run_throughput(
+    args: argparse.Namespace,
+    backends: list[str],
+    partial: Callable[[dict], None] | None = None,
+) -> dict:
+    """The report; `partial` gets it so far after each backend."""
     if args.temperature < 0:
         raise ValueError(f"--temperature {args.temperature} must be >= 0")
     if getattr(args, "hf_num_prompts", None) is not None and args.hf_num_prompts < 1:
         raise ValueError(f"--hf-num-prompts {args.hf_num_prompts} must be >= 1")
+    if getattr(args, "num_warmup_prompts", 0) < 0:
+        raise ValueError(f"--num-warmup-prompts {args.num_warmup_prompts} must be >= 0")
     engine_config = EngineArgs.from_cli_args(args).create_engine_config()
     model_config = engine_config.model_config
     input_len = parse_len_range(args.input_len, "--input-len")
@@ -116,6 +139,7 @@ def run_throughput(args: argparse.Namespace, backends: list[str]) -> dict:
     requests = random_requests(
         args.num_prompts, input_len, output_len, model_config.vocab_size, args.seed
     )
+    config = _config(args, model_config, input_len, output_len)
     results: dict[str, dict] = {}
     measured: dict[str, ThroughputResult] = {}
     for backend in backends:
@@ -127,8 +151,17 @@ def run_throughput(args: argparse.Namespace, backends: list[str]) -> dict:
         except BackendUnavailable as e:
             results[backend] = {"skipped": str(e)}
         gc.collect()
-    ours = measured.pop("pagedllm", None)
-    peer_ratios = {name: ratios(ours, peer) for name, peer in measured.items()} if ours else {}
+        if partial is not None:
+            partial(_report(config, results, measured))
+    return _report(config, results, measured)
+
+
+def _config(
+    args: argparse.Namespace,
+    model_config: ModelConfig,
+    input_len: tuple[int, int],
+    output_len: tuple[int, int],
+) -> dict:
     config = {
         "model": model_config.model,
         "dtype": str(model_config.dtype).removeprefix("torch."),
@@ -137,8 +170,17 @@ def run_throughput(args: argparse.Namespace, backends: list[str]) -> dict:
         "input_len": list(input_len),
         "output_len": list(output_len),
     }
-    config |= {k: getattr(args, k) for k in ("num_prompts", "temperature", "seed", "hf_batch_size")}
-    config["hf_num_prompts"] = getattr(args, "hf_num_prompts", None)
+    names = ("num_prompts", "temperature", "seed", "hf_batch_size")
+    config |= {k: getattr(args, k) for k in names}
+    return config | {k: getattr(args, k, None) for k in ("hf_num_prompts", "num_warmup_prompts")}
+
+
+def _report(config: dict, results: dict, measured: dict[str, ThroughputResult]) -> dict:
+    """pagedllm's results and each peer's, with pagedllm's ratios to each peer measured."""
+    ours = measured.get("pagedllm")
+    peers = {name: peer for name, peer in measured.items() if name != "pagedllm"}
+    peer_ratios = {name: ratios(ours, peer) for name, peer in peers.items()} if ours else {}
+    results = dict(results)  # as it is now: later backends add to the caller's
     return {"benchmark": "throughput", "config": config, "results": results, "ratios": peer_ratios}
 
 
@@ -151,7 +193,8 @@ def format_throughput(report: dict) -> str:
         f"model {c['model']} ({c['dtype']}, quantization {c['quantization']}, "
         f"{c['threads']} threads), {c['num_prompts']} prompts, "
         f"input {c['input_len'][0]}:{c['input_len'][1]}, output "
-        f"{c['output_len'][0]}:{c['output_len'][1]}, temperature {c['temperature']}",
+        f"{c['output_len'][0]}:{c['output_len'][1]}, temperature {c['temperature']}"
+        + (f", after {c['num_warmup_prompts']} warm-up" if c.get("num_warmup_prompts") else ""),
         f"{'backend':<20}" + "".join(f"{name:>14}" for name in _COLUMNS) + f"{'start-up s':>14}",
     ]
     for backend, r in report["results"].items():

@@ -57,7 +57,7 @@ SMALLER = {
     "latency": ["--input-len", "4", "--output-len", "3", "--num-iters", "1", "--num-warmup", "0"]
     + ["--bandwidth-mb", "1", "--max-model-len", "64"],
     "throughput": ["--num-prompts", "3", "--input-len", "4", "--output-len", "2:3"]
-    + ["--hf-batch-size", "2", "--max-model-len", "64"],
+    + ["--hf-batch-size", "2", "--max-model-len", "64", "--num-warmup-prompts", "1"],
 }
 
 

@@ -1,13 +1,17 @@
 """`pagedllm bench throughput` on a tiny model: the accounting, not the speed. Reference: the
 token counts of the seeded requests (datasets.random_requests) and the printed table."""
 
+import argparse
 import importlib.util
 import json
 from collections.abc import Callable
 
 import pytest
 
+from pagedllm.benchmarks import hf_backend
+from pagedllm.benchmarks.cli import add_parser
 from pagedllm.benchmarks.datasets import random_requests
+from pagedllm.benchmarks.throughput import run_throughput
 from tests.benchmarks.conftest import TINY_ENGINE_FLAGS, TINY_MODEL
 from tests.devices import DEVICES
 
@@ -79,3 +83,32 @@ def test_throughput_rejects_an_empty_hf_sample(
     argv = ["throughput", "--model", tiny_model_path(TINY_MODEL), "--hf-num-prompts", "0"]
     with pytest.raises(ValueError, match="--hf-num-prompts 0 must be >= 1"):
         run_bench([*argv, "--backend", "hf", *TINY_ENGINE_FLAGS])
+
+
+def test_warmup_prompts_run_untimed_and_the_json_follows_each_backend(
+    tiny_model_path: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each backend runs the warm-up requests (fresh prompts) before the timed job, which
+    alone is counted; the partial report after pagedllm already has its result."""
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    argv = ["bench", "throughput", "--model", tiny_model_path(TINY_MODEL), "--num-prompts", "3"]
+    argv += ["--input-len", "4", "--output-len", "2", "--backend", "pagedllm,hf"]
+    args = parser.parse_args([*argv, "--num-warmup-prompts", "2", *TINY_ENGINE_FLAGS])
+    generated: list[list[int]] = []  # prompts each backend ran, in order
+    real_generate = hf_backend.generate_batch
+
+    def hf_generate(model: object, batch: list, *rest: object) -> object:
+        generated.extend(r.prompt_token_ids for r in batch)
+        return real_generate(model, batch, *rest)
+
+    monkeypatch.setattr(hf_backend, "generate_batch", hf_generate)
+    partial: list[dict] = []
+    report = run_throughput(args, ["pagedllm", "hf"], partial.append)
+    job = [r.prompt_token_ids for r in random_requests(3, (4, 4), (2, 2), 320, seed=0)]
+    warmup = [r.prompt_token_ids for r in random_requests(2, (4, 4), (2, 2), 320, seed=2)]
+    assert sorted(generated[:2]) == sorted(warmup) and sorted(generated[2:]) == sorted(job)
+    assert report["results"]["hf"]["num_requests"] == 3
+    assert report["config"]["num_warmup_prompts"] == 2
+    assert [sorted(p["results"]) for p in partial] == [["pagedllm"], ["hf", "pagedllm"]]
+    assert partial[0]["ratios"] == {} and partial[1] == report
