@@ -4,8 +4,10 @@ CPU, with exactly its flags but the device and the sizes, on tiny shapes (a dens
 a MoE one) whose config.json is all there is; phases are cut at their limit and the deadline.
 """
 
+import importlib.util
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -99,3 +101,32 @@ def test_phases_are_cut_at_their_limit_and_at_the_deadline(tmp_path: object) -> 
     records = run_phases(phases, str(tmp_path), deadline_s=21.0, python=sys.executable)
     assert [r["status"] for r in records] == ["passed", "failed (exit 3)", "cut at 1 s", "skipped"]
     assert open(f"{tmp_path}/ok.log").read() == "hello\n"
+
+
+def test_tests_needing_a_package_the_machine_lacks_are_left_out(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Directly, through a tests module, or (a conftest.py) with their whole folder."""
+    root = pathlib.Path(str(tmp_path))
+    files = {
+        "tests/helper.py": "import json\nimport absent_client\n",
+        "tests/test_plain.py": "import os\nimport torch\nfrom pagedllm import LLM\n",
+        "tests/test_direct.py": "from absent_client.types import X\n",
+        "tests/test_through_helper.py": "from tests.helper import thing\n",
+        "tests/test_lazy.py": "def test_x():\n    import absent_client\n",
+        "tests/server/conftest.py": "import absent_client\n",
+        "tests/server/test_any.py": "import os\n",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "absent_client" else real(n, *a)
+    )
+    gpu_check._lacks_a_package.cache_clear()
+    found = gpu_check.unimportable_tests(root)
+    expected = ["tests/server", "tests/test_direct.py", "tests/test_through_helper.py"]
+    assert found == [str(root / name) for name in expected]
+    phases = gpu_check.all_phases({}, str(root), str(root))
+    assert all(f"--ignore={root / 'tests/server'}" in p.argv for p in (phases[0], phases[-1]))

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Wheels of the packages pagedllm needs that a lent GPU machine's image lacks (docs/gpus.md,
+# "On a lent GPU machine"). The image holds torch, Triton, CUDA, numpy, pytest and
+# transformers' own needs, but not pagedllm's server, GGUF and grammar packages, and an
+# older transformers; nothing can be fetched there. Each package comes at the version this
+# tree's virtualenv holds (what `make install` resolved), built for that machine's Python
+# (3.12, x86-64 manylinux), into OUT_DIR (default .whl/, git-ignored): well under the 64 MiB
+# a call may carry.
+# Usage: scripts/gpu_wheels.sh [OUT_DIR]
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+PY="${PYTHON:-$ROOT/.venv/bin/python}"
+DEST="${1:-$ROOT/.whl}"
+PACKAGES=(
+    transformers tokenizers gguf llguidance
+    fastapi starlette pydantic pydantic-core annotated-types typing-inspection annotated-doc
+    typing-extensions opentelemetry-api uvicorn
+)
+PLATFORMS=()
+for p in manylinux_2_{17,24,27,28,31,34,35}_x86_64 manylinux2014_x86_64; do
+    PLATFORMS+=(--platform "$p")
+done
+mkdir -p "$DEST"
+for name in "${PACKAGES[@]}"; do
+    version="$("$PY" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$name")"
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp "${PLATFORMS[@]}" -d "$DEST" "$name==$version"
+done
+echo "gpu_wheels: $(ls "$DEST" | wc -l) wheels, $(du -sh "$DEST" | cut -f1) in $DEST"
