@@ -234,8 +234,12 @@ def shape_folders(root: str) -> dict[str, str]:
     return folders
 
 
-def run_phases(phases: list[Phase], out_dir: str, deadline_s: float, python: str) -> list[dict]:
-    """Each phase under its limit, cut to the time left; one record per phase."""
+def run_phases(
+    phases: list[Phase], out_dir: str, deadline_s: float, python: str, root: str = "."
+) -> list[dict]:
+    """Each phase under its limit, cut to the time left, from the tree's root with it first
+    on the import path; one record per phase."""
+    path = os.pathsep.join(filter(None, [os.path.abspath(root), os.environ.get("PYTHONPATH")]))
     start, records = time.monotonic(), []
     for phase in phases:
         left = deadline_s - (time.monotonic() - start)
@@ -250,7 +254,8 @@ def run_phases(phases: list[Phase], out_dir: str, deadline_s: float, python: str
                     [python, *phase.argv],
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env={**os.environ, **phase.env},
+                    env={**os.environ, "PYTHONPATH": path, **phase.env},
+                    cwd=root,
                     timeout=limit,
                 ).returncode
                 status = "passed" if rc == 0 else f"failed (exit {rc})"
@@ -347,12 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = os.path.abspath(args.out_dir)
     os.makedirs(out_dir, exist_ok=True)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    os.chdir(root)  # the tests' paths are the tree's
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     print(f"gpu_check: {gpu}; results in {out_dir}")
     with tempfile.TemporaryDirectory() as shapes_root:
         phases = all_phases(shape_folders(shapes_root), out_dir, root)
-        records = run_phases(phases, out_dir, args.deadline, sys.executable)
+        records = run_phases(phases, out_dir, args.deadline, sys.executable, root)
         summary = {"gpu": gpu} | summarize(records, phases)
     with open(f"{out_dir}/summary.json", "w") as f:
         json.dump(summary, f, indent=1)

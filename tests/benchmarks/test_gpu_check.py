@@ -130,3 +130,27 @@ def test_tests_needing_a_package_the_machine_lacks_are_left_out(
     assert found == [str(root / name) for name in expected]
     phases = gpu_check.all_phases({}, str(root), str(root))
     assert all(f"--ignore={root / 'tests/server'}" in p.argv for p in (phases[0], phases[-1]))
+
+
+def test_main_runs_the_phases_and_writes_the_summary(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """With a GPU (faked here) the check runs its phases from the tree's root and writes
+    summary.json; a failed phase makes its status 1."""
+    monkeypatch.setattr(gpu_check, "gpu_description", lambda: "a fake GPU")
+    report = {"benchmark": "latency", "bandwidth_bytes_per_s": 4e12, "read_bytes_per_step": 16e9}
+    report["results"] = {"pagedllm": {"tpot_s": {"mean": 0.005}, "percent_of_bound": 80.0}}
+    report["results"]["pagedllm"]["startup_s"] = 9.0
+    written = f"{tmp_path}/l.json"
+    script = f"import json; json.dump({report!r}, open({written!r}, 'w'))"
+    phases = [Phase("writes", 30, ["-c", script], written), Phase("fails", 30, ["-c", "1/0"])]
+    monkeypatch.setattr(gpu_check, "all_phases", lambda shapes, out, root: phases)
+    monkeypatch.chdir(str(tmp_path))
+    assert gpu_check.main([f"{tmp_path}/out", "--deadline", "100"]) == 1
+    summary = json.load(open(f"{tmp_path}/out/summary.json"))
+    assert summary["gpu"] == "a fake GPU"
+    assert [r["status"] for r in summary["phases"]] == ["passed", "failed (exit 1)"]
+    assert summary["figures"]["writes"]["decode_ms_per_step"] == pytest.approx(5.0)
+    out = capsys.readouterr()
+    assert "writes: 5.00 ms a step, 80.0% of the bound" in out.out
+    assert "not passed: fails" in out.err
