@@ -114,6 +114,10 @@ LIMITS = {
 # configuration (the fused MoE's per token count) on first use.
 WARMUP_PROMPTS = 16
 DEFAULT_DEADLINE_S = 450
+# pytest-xdist workers for the Triton kernels' tests where it is installed (a GPU image's
+# is): small beside the GPU's memory, each compiling its own kernels side by side. The
+# wider cuda tests run in one process (servers, ports, distributed groups).
+PYTEST_WORKERS = 8
 TRITON_TESTS = ["tests/_triton_ops", "tests/layers/attention_backends/test_triton_attn.py"]
 
 
@@ -169,8 +173,11 @@ def all_phases(shapes: dict[str, str], out_dir: str, root: str = ".") -> list[Ph
     """root: the tree, whose tests needing a package this machine lacks are left out."""
     pytest = ["-m", "pytest", "-q", "--maxfail=5", "-p", "no:cacheprovider"]
     pytest += [f"--ignore={path}" for path in unimportable_tests(Path(root))]
+    workers = []  # the kernel tests' time is mostly Triton compiling, on one core a kernel
+    if importlib.util.find_spec("xdist") is not None:
+        workers = ["-n", str(PYTEST_WORKERS)]
     return [
-        Phase("tests-triton", LIMITS["tests-triton"], [*pytest, *TRITON_TESTS]),
+        Phase("tests-triton", LIMITS["tests-triton"], [*pytest, *workers, *TRITON_TESTS]),
         *benchmark_phases(shapes, out_dir),
         Phase("tests-cuda", LIMITS["tests-cuda"], [*pytest, "-k", "cuda", "tests"]),
     ]
