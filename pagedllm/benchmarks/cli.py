@@ -119,7 +119,7 @@ def _add_throughput(benchmarks: argparse._SubParsersAction) -> None:
         "its rates stand for the whole, as it runs batch by batch): for models where "
         "transformers would take minutes (default: all)",
     )
-    _add_profile(parser, "up to 32 more requests of fresh prompts")
+    _add_profile(parser, "up to 32 more requests of fresh prompts, each of at most 64 tokens")
     _add_backend(parser, THROUGHPUT_BACKENDS, "all")
     _add_common(parser)
     _add_model_args(parser)

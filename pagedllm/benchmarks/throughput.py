@@ -29,6 +29,10 @@ from pagedllm.llm import LLM
 from pagedllm.sampling_params import SamplingParams
 
 THROUGHPUT_BACKENDS = ("pagedllm", "hf", "llama.cpp", "vllm")
+# The profiled run's requests stop at this many output tokens: its steps show where the time
+# goes as well as all of them would, and a GPU profile of a large model's full run (every
+# kernel of every step an event) takes torch.profiler longer to summarize than to run.
+PROFILE_MAX_OUTPUT = 64
 
 
 def run_pagedllm_throughput(
@@ -96,7 +100,10 @@ def _run_backend(
     if backend == "pagedllm":
         profile_requests = None
         if getattr(args, "profile", False):  # fresh prompts: the prefix cache must not skip them
-            profile_requests = fresh_requests(args, model_config, min(32, len(requests)), 1)
+            profile_requests = [
+                BenchRequest(r.prompt_token_ids, min(r.output_len, PROFILE_MAX_OUTPUT))
+                for r in fresh_requests(args, model_config, min(32, len(requests)), 1)
+            ]
         return run_pagedllm_throughput(
             EngineArgs.from_cli_args(args), requests, args.temperature, profile_requests, warmup
         )
