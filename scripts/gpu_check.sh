@@ -3,4 +3,4 @@
 # it runs. Usage: scripts/gpu_check.sh [OUT_DIR] [--deadline S]  (default OUT_DIR: $OUT,
 # else ./gpu-check-out). Exit status 0 passed, 1 a phase failed or was cut, 2 no GPU.
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$ROOT" && exec "${PYTHON:-python3}" -m pagedllm.benchmarks.gpu_check "$@"
+PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m pagedllm.benchmarks.gpu_check "$@"
