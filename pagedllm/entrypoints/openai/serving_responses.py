@@ -15,7 +15,7 @@ the engine request aborted). Only a background response still running can be can
 (OpenAI's rule). With `stream` too, the task keeps the events it produces with the stored
 response (response_events.py): the POST streams them, and GET with `stream=true` (and
 `starting_after`) replays them and follows the live ones; no client's disconnection stops
-the run. A cancel ends those streams with `response.cancelled`.
+the run. A cancel ends those streams (OpenAI's stream events have no cancelled one).
 """
 
 import asyncio
@@ -134,8 +134,7 @@ class OpenAIServingResponses:
             )
         task.cancel()
         response = self._update(stored, {"status": "cancelled"})
-        if stored.events is not None:
-            stored.events.append({"type": "response.cancelled", "response": _dump(response)})
+        if stored.events is not None:  # OpenAI's event set has no cancelled one: they end
             stored.events.close()
         return response
 

@@ -82,10 +82,11 @@ def test_cancel_mid_stream_ends_the_streams_cancelled(client: openai.OpenAI) -> 
             break
     response_id = events[0].response.id
     assert client.responses.cancel(response_id).status == "cancelled"
-    events += list(stream)  # the POST's stream ends after the cancel
-    # OpenAI's SDK has no class for response.cancelled: it reads the response as a dict
-    assert events[-1].type == "response.cancelled"
-    assert events[-1].model_dump()["response"]["status"] == "cancelled"
+    events += list(stream)  # the POST's stream ends after the cancel, with no event of its own
+    assert events[-1].type.startswith("response.output_text") or events[-1].type.startswith(
+        "response.content_part"
+    ), events[-1].type
+    assert not any(e.type in ("response.completed", "response.incomplete") for e in events)
     assert [e.sequence_number for e in events] == list(range(len(events)))
     resumed = list(client.responses.retrieve(response_id, stream=True))
     assert [e.model_dump() for e in resumed] == [e.model_dump() for e in events]
