@@ -13,6 +13,7 @@ from typing import Any
 
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import ChatMessage
+from pagedllm.entrypoints.openai.response_events import ResponseEvents
 from pagedllm.entrypoints.openai.responses_protocol import ResponseObject
 
 DEFAULT_MAX_STORED_RESPONSES = 1000
@@ -23,11 +24,14 @@ class StoredResponse:
     """A response and its conversation as chat messages: the input (and the earlier
     responses it continues) and its output, without its instructions, which OpenAI's
     API does not carry over to the next response; and the request's input items as
-    GET /v1/responses/{id}/input_items lists them (response_items.py)."""
+    GET /v1/responses/{id}/input_items lists them (response_items.py); and for a
+    background streamed response, its events (response_events.py), which live as long
+    as it does."""
 
     response: ResponseObject
     conversation: list[ChatMessage]
     input_items: list[dict[str, Any]] = field(default_factory=list)
+    events: ResponseEvents | None = None
 
 
 class ResponseStore:

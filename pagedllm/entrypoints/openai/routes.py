@@ -103,9 +103,17 @@ async def create_response(request: ResponsesRequest, raw_request: Request) -> Re
     return await raw_request.app.state.serving_responses.create_response(request, raw_request)
 
 
-@router.get("/v1/responses/{response_id}", responses=_ERRORS)
-async def get_response(response_id: str, raw_request: Request) -> ResponseObject:
-    return raw_request.app.state.serving_responses.get_response(response_id)
+@router.get(
+    "/v1/responses/{response_id}", response_model=ResponseObject, responses={**_ERRORS, **_SSE}
+)
+async def get_response(
+    response_id: str,
+    raw_request: Request,
+    stream: bool = False,
+    starting_after: int | None = None,
+) -> Response:
+    serving = raw_request.app.state.serving_responses
+    return serving.get_response(response_id, stream, starting_after)
 
 
 @router.get("/v1/responses/{response_id}/input_items", responses=_ERRORS)

@@ -8,11 +8,14 @@ becomes the response's output items (responses_stream.py). A stream is SSE with 
 events, then response.completed (or response.incomplete when `max_output_tokens` cut the
 answer).
 
-With `background: true` (which needs `store`; not with `stream`) the request is checked
-and templated, then answered at once with the stored response `queued`; a task runs it
-(`in_progress`, then `completed`, `incomplete` or `failed`), read with GET and stopped with
-cancel (`cancelled`, the engine request aborted). Only a background response still running
-can be cancelled (OpenAI's rule).
+With `background: true` (which needs `store`) the request is checked and templated, then
+answered at once with the stored response `queued`; a task runs it (`in_progress`, then
+`completed`, `incomplete` or `failed`), read with GET and stopped with cancel (`cancelled`,
+the engine request aborted). Only a background response still running can be cancelled
+(OpenAI's rule). With `stream` too, the task keeps the events it produces with the stored
+response (response_events.py): the POST streams them, and GET with `stream=true` (and
+`starting_after`) replays them and follows the live ones; no client's disconnection stops
+the run. A cancel ends those streams (OpenAI's stream events have no cancelled one).
 """
 
 import asyncio
@@ -20,6 +23,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import replace
 from typing import Literal
 
 from fastapi import Request
@@ -27,6 +31,7 @@ from fastapi.responses import StreamingResponse
 
 from pagedllm.entrypoints.openai.errors import OpenAIError, engine_error
 from pagedllm.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from pagedllm.entrypoints.openai.response_events import ResponseEvents
 from pagedllm.entrypoints.openai.response_items import input_items_of, page
 from pagedllm.entrypoints.openai.response_store import ResponseStore, StoredResponse
 from pagedllm.entrypoints.openai.responses import (
@@ -83,8 +88,22 @@ class OpenAIServingResponses:
         events = self._events(request, response, conversation, answer)
         return StreamingResponse(_sse(events), media_type="text/event-stream")
 
-    def get_response(self, response_id: str) -> ResponseObject:
-        return self.store.get(response_id).response
+    def get_response(
+        self, response_id: str, stream: bool = False, starting_after: int | None = None
+    ) -> ResponseObject | StreamingResponse:
+        """The stored response; with `stream`, its events after `starting_after` and then
+        the live ones (only a response created with background and stream has them)."""
+        stored = self.store.get(response_id)
+        if not stream:
+            return stored.response
+        if stored.events is None:
+            raise OpenAIError(
+                f"Response {response_id!r} cannot be streamed: only a response created with "
+                "background=true and stream=true can be",
+                param="stream",
+            )
+        events = stored.events.follow(starting_after)
+        return StreamingResponse(_sse_lines(events), media_type="text/event-stream")
 
     def list_input_items(
         self, response_id: str, limit: int, order: Literal["asc", "desc"], after: str | None
@@ -92,7 +111,10 @@ class OpenAIServingResponses:
         return page(self.store.get(response_id).input_items, limit, order, after)
 
     def delete_response(self, response_id: str) -> DeletedResponse:
+        stored = self.store.get(response_id)
         self.store.delete(response_id)
+        if stored.events is not None:
+            stored.events.close()
         if (task := self.background.pop(response_id, None)) is not None:
             task.cancel()
         return DeletedResponse(id=response_id)
@@ -111,7 +133,10 @@ class OpenAIServingResponses:
                 ),
             )
         task.cancel()
-        return self._update(stored, {"status": "cancelled"})
+        response = self._update(stored, {"status": "cancelled"})
+        if stored.events is not None:  # OpenAI's event set has no cancelled one: they end
+            stored.events.close()
+        return response
 
     def _start(
         self,
@@ -119,15 +144,20 @@ class OpenAIServingResponses:
         response: ResponseObject,
         conversation: list[ChatMessage],
         prepared: tuple[ChatCompletionRequest, ChatRun, float],
-    ) -> ResponseObject:
-        """Store the response `queued` and run it in a task; answer with it now."""
+    ) -> ResponseObject | StreamingResponse:
+        """Store the response `queued` and run it in a task; answer with it now, or with
+        `stream` with its events."""
         response = response.model_copy(update={"status": "queued"})
-        stored = StoredResponse(response, conversation, input_items_of(request.input))
+        events = ResponseEvents() if request.stream else None
+        stored = StoredResponse(response, conversation, input_items_of(request.input), events)
         self.store.put(stored)
-        task = asyncio.create_task(self._run_background(request, stored, prepared))
+        run = self._run_streamed if events is not None else self._run_background
+        task = asyncio.create_task(run(request, stored, prepared))
         self.background[response.id] = task
         task.add_done_callback(lambda _: self._forget(response.id, task))
-        return response
+        if events is None:
+            return response
+        return StreamingResponse(_sse_lines(events.follow()), media_type="text/event-stream")
 
     async def _run_background(
         self,
@@ -147,6 +177,29 @@ class OpenAIServingResponses:
         assert isinstance(answer, ChatCompletionResponse)
         self._complete(request, response, stored.conversation, answer)
 
+    async def _run_streamed(
+        self,
+        request: ResponsesRequest,
+        stored: StoredResponse,
+        prepared: tuple[ChatCompletionRequest, ChatRun, float],
+    ) -> None:
+        """Run a background streamed response to its end, keeping its events; a failure
+        ends it `failed` (a `response.failed` event), a cancel ends the task here."""
+        events = stored.events
+        assert events is not None
+        response = self._update(stored, {"status": "in_progress"})
+        try:
+            chunks = await self.chat.answer(*prepared[:2], None, prepared[2])
+            assert not isinstance(chunks, ChatCompletionResponse)
+            async for event in self._events(request, response, stored.conversation, chunks):
+                events.append(event)
+        except Exception as e:  # noqa: BLE001 - the failure belongs in the response
+            error = ResponseError(message=engine_error(e).message)
+            failed = self._update(stored, {"status": "failed", "error": error})
+            events.append({"type": "response.failed", "response": _dump(failed)})
+        finally:
+            events.close()
+
     def _forget(self, response_id: str, task: asyncio.Task) -> None:
         if self.background.get(response_id) is task:
             del self.background[response_id]
@@ -155,8 +208,7 @@ class OpenAIServingResponses:
         """Store `stored` again with its response changed (if it is still held)."""
         response = stored.response.model_copy(update=changes)
         if self.store.peek(response.id) is not None:
-            stored = StoredResponse(response, stored.conversation, stored.input_items)
-            self.store.put(stored)
+            self.store.put(replace(stored, response=response))
         return response
 
     def _history(self, request: ResponsesRequest) -> list[ChatMessage]:
@@ -237,7 +289,9 @@ class OpenAIServingResponses:
             return
         answer = assistant_message(response.output)
         stored = [*conversation, answer] if answer is not None else conversation
-        self.store.put(StoredResponse(response, stored, input_items_of(request.input)))
+        held = self.store.peek(response.id)  # a background streamed one keeps its events
+        events = held.events if held is not None else None
+        self.store.put(StoredResponse(response, stored, input_items_of(request.input), events))
 
 
 def _echo(request: ResponsesRequest, model: str) -> ResponseObject:
@@ -264,12 +318,6 @@ def _echo(request: ResponsesRequest, model: str) -> ResponseObject:
 def _check_background(request: ResponsesRequest) -> None:
     if request.background and not request.store:
         raise OpenAIError("background=true requires store=true", param="background")
-    if request.background and request.stream:
-        raise OpenAIError(
-            "background=true with stream=true is not supported: fetch the response with "
-            "GET /v1/responses/{id}",
-            param="background",
-        )
 
 
 def _status(finish_reason: str | None) -> ResponseStatus:
@@ -314,6 +362,13 @@ async def _sse(events: AsyncIterator[Event]) -> AsyncIterator[str]:
                 "param": error.param,
                 "sequence_number": sequence_number,
             }
+            yield _sse_event(event)
+
+
+async def _sse_lines(events: AsyncIterator[Event]) -> AsyncIterator[str]:
+    """Events already numbered (a background streamed response's), as `_sse` sends them."""
+    async with aclosing(events):
+        async for event in events:
             yield _sse_event(event)
 
 

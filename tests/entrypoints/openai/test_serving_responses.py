@@ -240,10 +240,9 @@ def test_bad_requests_are_openai_errors(client: openai.OpenAI) -> None:
         client.responses.create(
             **ASK, input="Hi", tools=TOOLS, tool_choice={"type": "function", "name": "nope"}
         )
-    for refused in ({"store": False}, {"stream": True}):
-        with pytest.raises(openai.BadRequestError, match="background=true") as error:
-            client.responses.create(**ASK, input="Hi", background=True, **refused)
-        assert error.value.body["param"] == "background"
+    with pytest.raises(openai.BadRequestError, match="background=true") as error:
+        client.responses.create(**ASK, input="Hi", background=True, store=False)
+    assert error.value.body["param"] == "background"
     with pytest.raises(openai.BadRequestError, match="input is empty"):
         client.responses.create(**ASK, input=[])
 
@@ -386,3 +385,10 @@ def test_a_background_failure_ends_the_response_failed(
     failed = wait_for(scripted, queued.id)
     assert failed.status == "failed" and failed.output == []
     assert failed.error.code == "server_error" and "boom" in failed.error.message
+    streamed = scripted.responses.create(
+        model="scripted", input="Weather?", background=True, stream=True
+    )
+    (event,) = list(streamed)  # the run failed before its first event
+    assert event.type == "response.failed" and event.sequence_number == 0
+    assert event.response.status == "failed" and "boom" in event.response.error.message
+    assert scripted.responses.retrieve(event.response.id).status == "failed"
