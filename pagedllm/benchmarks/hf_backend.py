@@ -124,15 +124,21 @@ def run_hf_throughput(
     start = time.perf_counter()
     model = load_hf_model(model_config, device)
     startup = time.perf_counter() - start
-    for batch in batches_by_output_len(warmup or [], batch_size):
-        generate_batch(model, batch, max(r.output_len for r in batch), temperature)
-    start, output_tokens = time.perf_counter(), 0
-    for batch in batches_by_output_len(requests, batch_size):
-        generate_batch(model, batch, max(r.output_len for r in batch), temperature)
-        output_tokens += sum(r.output_len for r in batch)
+    _generate_in_batches(model, warmup or [], batch_size, temperature)
+    start = time.perf_counter()
+    output_tokens = _generate_in_batches(model, requests, batch_size, temperature)
     elapsed = time.perf_counter() - start
     input_tokens = sum(r.prompt_len for r in requests)
     return ThroughputResult("hf", len(requests), input_tokens, output_tokens, elapsed, startup)
+
+
+def _generate_in_batches(
+    model: "PreTrainedModel", requests: list[BenchRequest], batch_size: int, temperature: float
+) -> int:
+    """Each batch to its longest requested output -> the tokens the requests asked for."""
+    for batch in batches_by_output_len(requests, batch_size):
+        generate_batch(model, batch, max(r.output_len for r in batch), temperature)
+    return sum(r.output_len for r in requests)
 
 
 class _TimingStreamer(BaseStreamer):

@@ -229,11 +229,15 @@ def format_latency(report: dict) -> str:
 
 
 def _active_share(report: dict) -> str:
-    """How much of the weights a step reads, where that is not all of them (MoE)."""
+    """How much of the weights a step reads, where that is not all of them (a MoE model's
+    unrouted experts, an untied input embedding's rows not looked up: decode_read_bytes)."""
     read, batch = report["read_bytes_per_step"], report["config"]["batch_size"]
     if read == report["weight_bytes"]:
         return ""
-    return f", {read / 1e6:.1f} MB read per step (the experts a batch of {batch} routes to)"
+    return (
+        f", {read / 1e6:.1f} MB read per step (the experts and embedding rows a batch of "
+        f"{batch} uses)"
+    )
 
 
 def _format_result(result: dict) -> list[str]:
