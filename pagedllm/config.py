@@ -1,6 +1,7 @@
 """Model configuration: where the model is, its HF config, dtype and context length."""
 
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 
@@ -101,6 +102,18 @@ def load_hf_config(model: str) -> tuple[PretrainedConfig, str | None]:
     return AutoConfig.from_pretrained(model, trust_remote_code=False), None
 
 
+def parse_hf_overrides(value: dict | str) -> dict:
+    """A dict of config fields from itself or a JSON object (the CLI's --hf-overrides)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"hf_overrides {value!r} is not a JSON object: {e}") from e
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise ValueError(f"hf_overrides must be an object of config fields, got {value!r}")
+    return value
+
+
 @dataclass
 class ModelConfig:
     model: str
@@ -130,12 +143,17 @@ class ModelConfig:
         runner: str = "auto",
         pooler_config: PoolerConfig | dict | str | None = None,
         load_format: str = "auto",
+        hf_overrides: dict | str | None = None,
     ) -> "ModelConfig":
+        """`hf_overrides` (vLLM's): config fields set over the checkpoint's, a dict or a
+        JSON object (a model's shape changed, for benchmarks on random weights)."""
         if load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format {load_format!r}: use one of {', '.join(LOAD_FORMATS)}")
         if model is None:
             model = default_model_path()
         hf_config, gguf_file = load_hf_config(model)
+        if hf_overrides is not None:
+            hf_config.update(parse_hf_overrides(hf_overrides))
         derived = derive_max_model_len(hf_config)
         if max_model_len is None:
             max_model_len = derived

@@ -40,6 +40,7 @@ class ThroughputResult:
     startup_s: float
     detail: str = ""
     profile: dict | None = None  # profile.profile_summary of a further run, if asked
+    steps: int | None = None  # pagedllm's engine steps in the run (one engine)
 
     @property
     def requests_per_s(self) -> float:

@@ -107,6 +107,8 @@ class BlockManager:
             return
         start = self._num_registered_blocks[seq.seq_id]
         end = seq.num_computed_tokens // self.block_size
+        if end <= start:  # no block filled up since the last call (most decode steps)
+            return
         hashes = self._update_block_hashes(seq)
         for i in range(start, end):
             block = self.blocks[seq.block_table[i]]
@@ -114,7 +116,7 @@ class BlockManager:
                 assert block.block_hash is None
                 block.block_hash = hashes[i]
                 self.hash_to_block_id[hashes[i]] = block.block_id
-        self._num_registered_blocks[seq.seq_id] = max(start, end)
+        self._num_registered_blocks[seq.seq_id] = end
 
     def reset_prefix_cache(self) -> None:
         """Forget every registered hash; blocks in use keep their KV but are not shared."""
@@ -187,6 +189,21 @@ class BlockManager:
         table = seq.block_table
         return [i for i in range(first, last + 1) if self.blocks[table[i]].ref_count > 1]
 
+    def appends_in_place(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
+        """Whether seq's new tokens land in blocks it already holds alone, so that
+        `append_slots` would do nothing: a decode step's usual case, checked without
+        building the lists `can_append` and `append_slots` do (the scheduler asks it for
+        every running sequence every step)."""
+        start, block_size, table = seq.num_computed_tokens, self.block_size, seq.block_table
+        end = start + num_new_tokens
+        if end > len(table) * block_size:
+            return False
+        blocks = self.blocks
+        for i in range(start // block_size, (end - 1) // block_size + 1):
+            if blocks[table[i]].ref_count > 1:
+                return False
+        return True
+
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
         needed = self._num_missing_blocks(seq, num_new_tokens)
         needed += len(self._shared_blocks_to_write(seq, num_new_tokens))
@@ -197,7 +214,10 @@ class BlockManager:
         blocks that seq alone writes. Returns (src_block, dst_block) copies the runner must
         do before the forward pass (copy-on-write after a fork)."""
         copies = []
-        for i in self._shared_blocks_to_write(seq, num_new_tokens):
+        shared = self._shared_blocks_to_write(seq, num_new_tokens)
+        if shared:  # a new list, not an edit: see Sequence.block_table
+            seq.block_table = list(seq.block_table)
+        for i in shared:
             src = seq.block_table[i]
             dst = self._take_free_block()
             self._unref(src)

@@ -145,6 +145,8 @@ class Scheduler:
     def _reserve_slots(self, seq: Sequence, num_new_tokens: int, out: SchedulerOutput) -> bool:
         """Get blocks for seq's new tokens, preempting the newest running sequences not in
         flight while they are short. False if seq itself had to be preempted."""
+        if self.block_manager.appends_in_place(seq, num_new_tokens):
+            return True
         while not self.block_manager.can_append(seq, num_new_tokens):
             candidates = [q for q in self.running if q.seq_id not in self.in_flight]
             victim = candidates[-1]  # seq itself, at least

@@ -47,7 +47,9 @@ class Sequence:
     Tokens [0, num_computed_tokens) have their KV in the blocks of `block_table`
     (prefix-cache hits included); the rest still has to go through the model.
     `block_hashes[i]` is the prefix-cache hash of full block i, filled lazily by the
-    block manager; token ids only grow, so a hash never goes stale.
+    block manager; token ids only grow, so a hash never goes stale. `block_table` only
+    grows at its end in place; any other change (reallocation, copy on write) gives it a
+    new list, which is how the model runner's HostBlockTables tells what changed.
     """
 
     def __init__(
@@ -66,6 +68,11 @@ class Sequence:
         self.request_id = str(seq_id) if request_id is None else request_id
         self.status = SequenceStatus.WAITING
         self.token_ids = list(token_ids)
+        # The prompt and the tokens past it as lists of their own, the second growing in
+        # place (as vLLM's request keeps them): the sampler's rows and logits processors
+        # take them every step, which slices of token_ids would copy every step.
+        self.prompt_token_ids = list(token_ids)
+        self.output_token_ids: list[int] = []
         self.num_prompt_tokens = len(token_ids)
         self.block_size = block_size
         self.sampling_params = sampling_params
@@ -83,12 +90,8 @@ class Sequence:
         return len(self.token_ids)
 
     @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
-
-    @property
     def num_output_tokens(self) -> int:
-        return self.num_tokens - self.num_prompt_tokens
+        return len(self.output_token_ids)
 
     @property
     def num_blocks(self) -> int:
@@ -113,6 +116,7 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+        self.output_token_ids.append(token_id)
 
     def __repr__(self) -> str:
         return (

@@ -71,6 +71,7 @@ class EngineArgs:
     runner: str = "auto"
     pooler_config: PoolerConfig | dict | str | None = None
     load_format: str = "auto"
+    hf_overrides: dict | str | None = None
 
     def create_engine_config(self) -> EngineConfig:
         device = resolve_device(self.device)
@@ -83,6 +84,7 @@ class EngineArgs:
             runner=self.runner,
             pooler_config=self.pooler_config,
             load_format=self.load_format,
+            hf_overrides=self.hf_overrides,
         )
         # A pooled request keeps no KV past its prefill, and MEAN and CLS pooling need
         # every prompt token's hidden state: pooling models skip the prefix cache.

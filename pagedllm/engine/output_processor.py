@@ -63,11 +63,11 @@ class OutputProcessor:
         touched |= self._process_pooled(out, result, stale)
         outputs = []
         for request_id in touched:
-            request = self.requests[request_id]
-            output = request.make_output()
-            if output is not None:
-                outputs.append(output)
-            if request.finished:
+            output = self.requests[request_id].make_output()
+            if output is None:  # final_only and not finished
+                continue
+            outputs.append(output)
+            if output.finished:
                 del self.requests[request_id]
         return outputs
 
@@ -175,7 +175,9 @@ class OutputProcessor:
             request.num_cached_tokens = request.completions[0].seq.num_cached_tokens
             self.num_prompt_tokens += len(request.prompt_token_ids)
         if logprobs is not None:
-            completion.logprobs = (completion.logprobs or []) + [logprobs]
+            if completion.logprobs is None:
+                completion.logprobs = []
+            completion.logprobs.append(logprobs)  # outputs get slices of it, never the list
             completion.cumulative_logprob += logprobs[token].logprob
         new_chars = completion.add_text(token)
         terminated = matcher is not None and matcher.is_terminated

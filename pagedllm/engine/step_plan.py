@@ -48,7 +48,7 @@ def plan_step(
             prompt_indices.append(i)
         if not s.produces_token:
             continue
-        prompt_ids, output_ids = seq.token_ids[: seq.num_prompt_tokens], seq.output_token_ids
+        prompt_ids, output_ids = seq.prompt_token_ids, seq.output_token_ids
         for k in _completion_indices(request, seq):
             if request.matchers and request.matchers[k].is_active:
                 constrained.append((len(rows), request.matchers[k]))
@@ -81,8 +81,13 @@ def _add_token_bitmasks(
         rows[row].token_bitmask = mask
 
 
+_FIRST = [0]
+
+
 def _completion_indices(request: Request, seq: Sequence) -> list[int]:
     """Which completions this sequence's token feeds: all n at the first token."""
+    if request.params.n == 1:
+        return _FIRST
     if len(request.completions) < request.params.n:
         return list(range(request.params.n))
     return [next(c.index for c in request.completions if c.seq is seq)]

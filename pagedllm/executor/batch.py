@@ -6,10 +6,12 @@ inputs (cuda_graph.py).
 """
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 import torch
 
+from pagedllm.executor.host_block_tables import HostBlockTables
 from pagedllm.forward_context import AttentionMetadata
 
 
@@ -56,29 +58,39 @@ def prepare_batch(
     return host_batch(chunks, block_size, pin_memory=device.type != "cpu").to(device)
 
 
-def host_batch(chunks: list[SeqChunk], block_size: int, pin_memory: bool = False) -> BatchInputs:
-    """The step's batch on the host (in pinned memory if asked: an accelerator's step)."""
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
+def host_batch(
+    chunks: list[SeqChunk],
+    block_size: int,
+    pin_memory: bool = False,
+    tables: HostBlockTables | None = None,
+) -> BatchInputs:
+    """The step's batch on the host (in pinned memory if asked: an accelerator's step);
+    `tables`: the runner's block-table rows kept across steps (else built from the lists)."""
     query_lens = [len(c.token_ids) for c in chunks]
     seq_lens = [c.start + n for c, n in zip(chunks, query_lens, strict=True)]
-    for chunk, end in zip(chunks, seq_lens, strict=True):
+    input_ids: list[int] = []
+    for chunk in chunks:
         input_ids += chunk.token_ids
-        span = range(chunk.start, end)
-        positions += span
-        table = chunk.block_table
-        slots += [table[p // block_size] * block_size + p % block_size for p in span]
-    max_blocks = max(len(c.block_table) for c in chunks)
-    block_tables = [c.block_table + [0] * (max_blocks - len(c.block_table)) for c in chunks]
-    starts = [0]
-    for n in query_lens:
-        starts.append(starts[-1] + n)
+    if tables is not None:
+        block_tables = tables.gather([c.block_table for c in chunks])
+    else:
+        block_tables = _block_tables(chunks)
+    starts = [0, *itertools.accumulate(query_lens)]
+    if len(input_ids) == len(chunks):  # one token each (decode): a few Python ops a row
+        positions = torch.tensor([c.start for c in chunks], dtype=torch.int64)
+        slots = torch.tensor(
+            [
+                c.block_table[c.start // block_size] * block_size + c.start % block_size
+                for c in chunks
+            ],
+            dtype=torch.int64,
+        )
+    else:  # prefill chunks: per token, in tensor ops rather than Python
+        positions, slots = _positions_and_slots(chunks, query_lens, block_tables, block_size)
 
-    def as_tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-        if pin_memory:
-            return torch.tensor(values, dtype=dtype, pin_memory=True)
-        return torch.tensor(values, dtype=dtype)
+    def as_tensor(values: list | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        tensor = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+        return tensor.pin_memory() if pin_memory else tensor
 
     metadata = AttentionMetadata(
         slot_mapping=as_tensor(slots, torch.int64),
@@ -93,3 +105,30 @@ def host_batch(chunks: list[SeqChunk], block_size: int, pin_memory: bool = False
         positions=as_tensor(positions, torch.int64),
         attn_metadata=metadata,
     )
+
+
+def _block_tables(chunks: list[SeqChunk]) -> torch.Tensor:
+    """[B, longest table] int32, zero past each table's end."""
+    max_blocks = max(len(c.block_table) for c in chunks)
+    flat: list[int] = []
+    for chunk in chunks:
+        flat += chunk.block_table
+        flat += [0] * (max_blocks - len(chunk.block_table))
+    return torch.tensor(flat, dtype=torch.int32).view(len(chunks), max_blocks)
+
+
+def _positions_and_slots(
+    chunks: list[SeqChunk], query_lens: list[int], block_tables: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's position [T] int64 and KV-cache slot [T] int64 (block_tables [B, M])."""
+    lens = torch.tensor(query_lens, dtype=torch.int64)
+    first_token = torch.cumsum(lens, 0) - lens  # each chunk's first row in the batch
+    # Each token's chunk: 1 where a chunk begins, summed (repeat_interleave, without the
+    # host read it would be on a device).
+    row = torch.zeros(sum(query_lens), dtype=torch.int64)
+    row[first_token[1:]] = 1
+    row = row.cumsum(0)
+    chunk_starts = torch.tensor([c.start for c in chunks], dtype=torch.int64)
+    positions = chunk_starts[row] + torch.arange(row.shape[0]) - first_token[row]
+    blocks = block_tables[row, positions // block_size].to(torch.int64)
+    return positions, blocks * block_size + positions % block_size

@@ -14,6 +14,7 @@ from pagedllm.executor.batch import BatchInputs, SeqChunk, host_batch, prepare_b
 from pagedllm.executor.cpu_graph import CpuGraphRunner
 from pagedllm.executor.cpu_malloc import keep_freed_memory
 from pagedllm.executor.cuda_graph import CudaGraphRunner
+from pagedllm.executor.host_block_tables import HostBlockTables
 from pagedllm.executor.kv_cache import bind_kv_cache, kv_cache_bytes_per_token
 from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.attention_backends.selector import use_attn_backend
@@ -62,6 +63,7 @@ class ModelRunner:
         if self.device.type == "cpu":
             keep_freed_memory()
         self.block_size = config.cache_config.block_size
+        self.host_block_tables = HostBlockTables()
         self.kv_cache_dtype = config.cache_config.kv_dtype(config.model_config.dtype)
         set_batch_invariant(config.batch_invariant)
         with (
@@ -167,7 +169,8 @@ class ModelRunner:
         """The final hidden states [T, hidden] of the step's tokens, and each chunk's start
         row in them (plus the end)."""
         self._copy_blocks(step.blocks_to_copy)
-        batch = host_batch(step.chunks, self.block_size, pin_memory=self.device.type != "cpu")
+        pin = self.device.type != "cpu"
+        batch = host_batch(step.chunks, self.block_size, pin, self.host_block_tables)
         hidden = self._run_model(batch, intermediate)
         return hidden, [0, *itertools.accumulate(batch.attn_metadata.query_lens_cpu)]
 

@@ -72,7 +72,7 @@ class Sampler(nn.Module):
         self.device = torch.device(device)
         self.logitsprocs = build_logitsprocs(vocab_size, self.device, custom=logits_processors)
         self.has_custom_processors = bool(logits_processors)
-        self._num_rows = 0  # rows the processors currently hold state for
+        self._row_outputs: list[list[int]] = []  # the rows the processors hold, see below
         self._float32_logits = torch.empty(0, device=self.device)  # see _as_float32
         # The module docstring's one wait for the step; on the CPU reading the result costs
         # nothing, and the host-side check of the chosen logits is the fastest there.
@@ -166,20 +166,26 @@ class Sampler(nn.Module):
 
     def _refresh_logitsprocs(self, metadata: SamplingMetadata) -> None:
         """Tell every processor the whole batch: each row added at its index, rows past the
-        new batch size removed (the full-refresh contract of logits_processors.py)."""
-        num_rows = len(metadata.rows)
-        update = BatchUpdate(
-            batch_size=num_rows,
-            removed=list(range(num_rows, self._num_rows)),
-            added=[
-                (i, row.params, row.prompt_token_ids, row.output_token_ids)
-                for i, row in enumerate(metadata.rows)
-            ],
-            moved=[],
-        )
+        new batch size removed; or None when the rows are those of the last call, in the
+        same order (the contract of logits_processors.py). A row is known by its output
+        list, its sequence's own (held here, so that no new list takes its id)."""
+        outputs = [row.output_token_ids for row in metadata.rows]
+        last, self._row_outputs = self._row_outputs, []  # until every processor took it
+        update = None
+        if len(outputs) != len(last) or any(a is not b for a, b in zip(outputs, last)):
+            num_rows = len(metadata.rows)
+            update = BatchUpdate(
+                batch_size=num_rows,
+                removed=list(range(num_rows, len(last))),
+                added=[
+                    (i, row.params, row.prompt_token_ids, row.output_token_ids)
+                    for i, row in enumerate(metadata.rows)
+                ],
+                moved=[],
+            )
         for processor in self.logitsprocs.all:
             processor.update_state(update)
-        self._num_rows = num_rows
+        self._row_outputs = outputs
 
     def apply_logits_processors(
         self, logits: torch.Tensor, metadata: SamplingMetadata

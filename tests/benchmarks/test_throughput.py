@@ -68,6 +68,10 @@ def test_throughput_accounting_ratios_and_json(
     assert result["output_tokens_per_s"] == pytest.approx(
         output_tokens / result["elapsed_s"], rel=1e-9
     )
+    # Each request's tokens take a step each (its first with its prompt's last chunk).
+    assert max(r.output_len for r in requests) <= result["steps"] <= output_tokens
+    ms = 1e3 * result["elapsed_s"] / result["steps"]
+    assert f"pagedllm: {result['steps']} engine steps, {ms:.3f} ms a step" in out
 
 
 def test_throughput_rejects_unknown_backend(

@@ -213,6 +213,44 @@ def test_can_append_counts_copy_on_write_blocks() -> None:
     assert not bm.can_append(parent, 3)  # copy of the tail plus a new block
 
 
+def test_appends_in_place_exactly_when_append_slots_would_do_nothing() -> None:
+    """The scheduler's fast path agrees with append_slots on every case: a slot in an own
+    block, a new block needed, a shared block to copy, several tokens across blocks."""
+    bm = BlockManager(num_blocks=8, block_size=4)
+    parent = new_seq(0, list(range(6)))
+    admit_and_compute(bm, parent)
+    parent.append_token(6)
+    assert bm.appends_in_place(parent)  # slot 6 lies in block 1, parent's alone
+    assert not bm.appends_in_place(parent, 3)  # slots 6..8: block 2 is missing
+    child = new_seq(1, list(range(7)))
+    bm.fork(parent, child)
+    assert not bm.appends_in_place(parent) and not bm.appends_in_place(child)  # shared tail
+    for seq in (parent, child):
+        for n in (1, 2, 3):
+            snapshot = (list(seq.block_table), [b.ref_count for b in bm.blocks])
+            nothing_to_do = not bm._num_missing_blocks(seq, n)
+            nothing_to_do = nothing_to_do and not bm._shared_blocks_to_write(seq, n)
+            assert bm.appends_in_place(seq, n) == nothing_to_do
+            assert snapshot == (list(seq.block_table), [b.ref_count for b in bm.blocks])
+    assert bm.append_slots(parent) != [] and bm.appends_in_place(parent)  # now its own copy
+    bm.check_invariants([parent, child])
+
+
+def test_mark_computed_registers_each_block_once_it_fills() -> None:
+    bm = BlockManager(num_blocks=4, block_size=4)
+    seq = new_seq(0, list(range(3)))
+    admit_and_compute(bm, seq)
+    assert not bm.hash_to_block_id  # no full block yet
+    for token in range(3, 9):
+        seq.append_token(token)
+        bm.append_slots(seq)
+        seq.num_computed_tokens = seq.num_tokens - 1  # the new token is the next step's
+        bm.mark_computed(seq)
+        assert len(bm.hash_to_block_id) == (seq.num_tokens - 1) // 4
+    assert bm.num_prefix_hit_tokens(new_seq(1, list(range(9)))) == 8
+    bm.check_invariants([seq])
+
+
 def test_prefix_caching_disabled_never_hits() -> None:
     bm = BlockManager(num_blocks=6, block_size=4, enable_prefix_caching=False)
     a = new_seq(0, list(range(9)))

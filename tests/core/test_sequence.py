@@ -17,6 +17,17 @@ def test_counts_and_blocks_follow_appended_tokens() -> None:
     assert seq.block_token_ids(1) == [5, 6, 7, 8] and seq.block_token_ids(2) == [9]
 
 
+def test_prompt_and_output_lists_are_the_sequences_own_and_grow_in_place() -> None:
+    prompt = [1, 2, 3]
+    seq = Sequence(0, prompt, block_size=4)
+    outputs = seq.output_token_ids
+    prompt.append(99)  # the caller's list is not the sequence's
+    seq.append_token(4)
+    seq.append_token(5)
+    assert outputs is seq.output_token_ids and outputs == [4, 5]
+    assert seq.prompt_token_ids == [1, 2, 3] and seq.token_ids == [1, 2, 3, 4, 5]
+
+
 def test_is_prefill_while_more_than_one_token_lacks_kv() -> None:
     seq = Sequence(0, [1, 2, 3], block_size=4)
     assert seq.is_prefill

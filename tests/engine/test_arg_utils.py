@@ -97,6 +97,8 @@ def test_flags_round_trip_with_their_types() -> None:
         '{"pooling_type": "MEAN"}',
         "--attention-backend",
         "TORCH_SDPA",
+        "--hf-overrides",
+        '{"num_hidden_layers": 1}',
         "-dp",
         "3",
         "--data-parallel-size-local",
@@ -141,6 +143,7 @@ def test_flags_round_trip_with_their_types() -> None:
         runner="pooling",
         pooler_config='{"pooling_type": "MEAN"}',
         attention_backend="TORCH_SDPA",
+        hf_overrides='{"num_hidden_layers": 1}',
         data_parallel_size=3,
         data_parallel_size_local=2,
         data_parallel_start_rank=1,
@@ -187,6 +190,7 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
         enforce_eager=True,
         batch_invariant=True,
         attention_backend="torch_sdpa",
+        hf_overrides='{"num_hidden_layers": 1, "rope_theta": 500.0}',
     )
     config = args.create_engine_config()
     model = config.model_config
@@ -218,6 +222,13 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
     assert config.logits_processors == ("pkg.Processor",)
     assert (config.enforce_eager, config.batch_invariant) == (True, True)
     assert config.attention_backend == "TORCH_SDPA"
+    assert (model.hf_config.num_hidden_layers, model.hf_config.rope_theta) == (1, 500.0)
+
+
+@pytest.mark.parametrize("overrides", ["{not json", "[1, 2]", {1: 2}])
+def test_hf_overrides_must_be_an_object_of_fields(tiny_model_path, overrides) -> None:
+    with pytest.raises(ValueError, match="hf_overrides"):
+        EngineArgs(tiny_model_path(LLAMA), hf_overrides=overrides).create_engine_config()
 
 
 def test_create_engine_config_rejects_a_bad_device(tiny_model_path) -> None:

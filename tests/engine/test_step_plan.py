@@ -25,7 +25,8 @@ def make_request(rid: str, prompt: list[int], n: int = 1, **params: object) -> R
 
 def make_seq(rid: str, prompt: list[int], output: list[int], computed: int = 0) -> Sequence:
     seq = Sequence(new_seq_id(), prompt, 4, request_id=rid)
-    seq.token_ids += output
+    for token in output:
+        seq.append_token(token)
     seq.num_computed_tokens = computed
     seq.block_table = list(range(seq.seq_id, seq.seq_id + seq.num_blocks))  # any distinct ids
     seq.status = SequenceStatus.RUNNING

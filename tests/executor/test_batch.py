@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pagedllm.executor.batch import SeqChunk, host_batch, prepare_batch
+from pagedllm.executor.host_block_tables import HostBlockTables
 from tests.devices import DEVICES
 
 BLOCK_SIZE = 4
@@ -35,6 +36,20 @@ def test_mixed_prefill_and_decode_batch(device: str) -> None:
     check(meta.seq_lens, [5, 7, 5], torch.int32)
     check(meta.block_tables, [[7, 3, 0], [1, 5, 0], [2, 9, 4]], torch.int32)
     assert (meta.query_lens_cpu, meta.seq_lens_cpu) == ([5, 1, 2], [5, 7, 5])
+
+
+def test_decode_only_batch_and_kept_block_tables() -> None:
+    """One token a sequence takes its own path, and the runner's kept block-table rows give
+    the same tensors as tables built from the lists."""
+    chunks = [SeqChunk([20], 6, [1, 5]), SeqChunk([40], 0, [8]), SeqChunk([50], 9, [3, 6, 2])]
+    for tables in (None, HostBlockTables()):
+        batch = host_batch(chunks, BLOCK_SIZE, tables=tables)
+        assert batch.positions.tolist() == [6, 0, 9] and batch.input_ids.tolist() == [20, 40, 50]
+        assert batch.attn_metadata.slot_mapping.tolist() == [22, 32, 9]  # 5*4+2, 8*4, 2*4+1
+        assert batch.attn_metadata.block_tables.tolist() == [[1, 5, 0], [8, 0, 0], [3, 6, 2]]
+    mixed = host_batch(CHUNKS, BLOCK_SIZE, tables=HostBlockTables())
+    assert mixed.attn_metadata.block_tables.tolist() == [[7, 3, 0], [1, 5, 0], [2, 9, 4]]
+    assert mixed.attn_metadata.slot_mapping.tolist() == [28, 29, 30, 31, 12, 22, 11, 36]
 
 
 def test_block_tables_are_not_modified() -> None:

@@ -184,6 +184,25 @@ def test_custom_processor_sees_the_batch_each_step() -> None:
     assert out.sampled_token_ids.shape == (1,)
 
 
+class RecordUpdates(ForceToken):
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        self.updates = [*getattr(self, "updates", []), batch_update]
+
+
+def test_processors_get_none_while_the_rows_stay_the_same() -> None:
+    """The same rows (their output lists) in the same order: None; any change: the whole
+    batch again, with the rows of the longer batch before removed."""
+    sampler = Sampler(V, logits_processors=[RecordUpdates])
+    a, b, c = row([1], []), row([2], [3]), row([4], [])
+    for rows in ([a, b, c], [a, b, c], [a, b], [b, a], [b, a]):
+        a.output_token_ids.append(7)  # outputs grow in place from step to step
+        sample(sampler, torch.randn(len(rows), V), rows)
+    updates = sampler.logitsprocs.all[-1].updates
+    assert [u is None for u in updates] == [False, True, False, False, True]
+    assert [i for i, *_ in updates[2].added] == [0, 1] and list(updates[2].removed) == [2]
+    assert updates[3].added[0][3] is b.output_token_ids and not updates[3].removed
+
+
 def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
     """Pearson's statistic over cells with expected >= 5 (the rest pooled); the p-value
     from the chi-square survival function Q(dof / 2, stat / 2) (torch.special.gammaincc)."""
