@@ -37,9 +37,8 @@ def plan_step(
     rows, owners, constrained = [], [], []
     for i, s in enumerate(out.scheduled):
         seq, start = s.seq, s.seq.num_computed_tokens
-        chunks.append(
-            SeqChunk(seq.token_ids[start : start + s.num_new_tokens], start, seq.block_table)
-        )
+        new_token_ids = seq.token_ids[start : start + s.num_new_tokens]
+        chunks.append(SeqChunk(new_token_ids, start, seq.block_table, (seq.request_id, seq.seq_id)))
         request = requests[seq.request_id]
         if isinstance(request, PoolingRequest):
             pool_indices.append(i)

@@ -22,6 +22,9 @@ class SeqChunk:
     token_ids: list[int]
     start: int
     block_table: list[int]
+    # (request id, sequence id): how the other ranks know the chunk's table from step to
+    # step (table_deltas.py); None for a chunk built outside the engine.
+    key: tuple[str, int] | None = None
 
 
 @dataclass

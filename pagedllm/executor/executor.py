@@ -18,6 +18,7 @@ from pagedllm.distributed.parallel_state import destroy_distributed_environment
 from pagedllm.executor.model_runner import ModelRunner, StepInput, StepOutput
 from pagedllm.executor.row_deltas import RowDeltaSender
 from pagedllm.executor.stage_link import StageLink
+from pagedllm.executor.table_deltas import BlockTableSender
 from pagedllm.executor.worker import (
     EXECUTE,
     INIT_KV_CACHE,
@@ -101,6 +102,7 @@ class DistributedExecutor(Executor):
         self.link = StageLink(self.runner.device)
         self.max_concurrent_batches = config.parallel_config.pipeline_parallel_size
         self.row_sender = RowDeltaSender()
+        self.table_sender = BlockTableSender()
 
     def _call(self, method: str, argument: object) -> None:
         try:
@@ -124,11 +126,12 @@ class DistributedExecutor(Executor):
         return self.execute_async(step, rows).result()
 
     def execute_async(self, step: StepInput, rows: list[SamplingRow]) -> StepFuture:
+        sent = self.table_sender.encode(step)
         if self.link.samples:  # no pipeline: this rank samples
-            self._call(EXECUTE, (step, None))
+            self._call(EXECUTE, (sent, None))
             with self._failures():
                 return StepFuture.ready(self.runner.execute(step, rows))
-        self._call(EXECUTE, (step, self.row_sender.deltas(rows, step.finished_req_ids)))
+        self._call(EXECUTE, (sent, self.row_sender.deltas(rows, step.finished_req_ids)))
         with self._failures():
             self.link.send_intermediate(self.runner.forward_stage(step, None))
         return StepFuture(self._receive_output)

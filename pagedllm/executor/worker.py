@@ -28,6 +28,7 @@ from pagedllm.distributed.parallel_state import (
 from pagedllm.executor.model_runner import ModelRunner, StepInput
 from pagedllm.executor.row_deltas import PersistentRows, RowDelta
 from pagedllm.executor.stage_link import StageLink
+from pagedllm.executor.table_deltas import BlockTableReceiver
 
 SHUTDOWN = "shutdown"
 INIT_KV_CACHE = "init_kv_cache"
@@ -67,6 +68,7 @@ def run_worker_loop(runner: ModelRunner) -> None:
     """Follow rank 0's messages until it says shutdown."""
     link = StageLink(runner.device)
     persistent = PersistentRows(runner.device) if link.samples else None
+    tables = BlockTableReceiver()
     while True:
         method, argument = link.receive_message()
         if method == SHUTDOWN:
@@ -78,7 +80,8 @@ def run_worker_loop(runner: ModelRunner) -> None:
         elif method == KV_CACHE_BYTES:
             link.max_over_ranks(runner.kv_cache_bytes_per_token)
         elif method == EXECUTE:
-            run_step(runner, link, persistent, *argument)
+            step, deltas = argument
+            run_step(runner, link, persistent, tables.decode(step), deltas)
         else:
             raise RuntimeError(f"unknown control message {method!r}")
 

@@ -42,8 +42,8 @@ def test_first_token_samples_n_rows_and_prefill_asks_prompt_logits() -> None:
     plan = plan_step(out, {"a": a, "b": b})
     step = plan.step_input
     assert step.chunks == [
-        SeqChunk([5, 6, 7, 8, 9], 0, a0.block_table),
-        SeqChunk(list(range(10, 16)), 0, b0.block_table),
+        SeqChunk([5, 6, 7, 8, 9], 0, a0.block_table, ("a", a0.seq_id)),
+        SeqChunk(list(range(10, 16)), 0, b0.block_table, ("b", b0.seq_id)),
     ]
     assert step.blocks_to_copy == [(3, 4)]
     assert step.sample_indices == [0, 0, 0] and plan.owners == [(0, 0), (0, 1), (0, 2)]
@@ -161,5 +161,5 @@ def test_pooling_chunks_are_pooled_and_sample_nothing() -> None:
     plan = plan_step(out, {"p": first, "q": last})
     step = plan.step_input
     assert step.pool_indices == [0, 1]
-    assert step.chunks[1] == SeqChunk(prompt[6:], 6, last.seq.block_table)
+    assert step.chunks[1] == SeqChunk(prompt[6:], 6, last.seq.block_table, ("q", last.seq.seq_id))
     assert step.sample_indices == [] and plan.rows == [] and step.prompt_logprob_indices == []

@@ -2,14 +2,11 @@
 steps of a real BlockManager: appends, forks with copy on write, frees and reallocation,
 eviction of stale rows and growth past the first array."""
 
-import random
-
 import torch
 
-from pagedllm.core.block_manager import BlockManager
-from pagedllm.core.sequence import Sequence, new_seq_id
 from pagedllm.executor.batch import SeqChunk, _block_tables
 from pagedllm.executor.host_block_tables import STALE_STEPS, HostBlockTables
+from tests.executor.block_manager_steps import random_block_steps
 
 
 def reference(tables: list[list[int]]) -> torch.Tensor:
@@ -17,43 +14,12 @@ def reference(tables: list[list[int]]) -> torch.Tensor:
 
 
 def test_rows_follow_a_block_manager_through_random_steps() -> None:
-    rng = random.Random(0)
-    bm = BlockManager(num_blocks=400, block_size=4)
     cache = HostBlockTables(num_rows=2, num_cols=2)  # grows in both directions
-    live: list[Sequence] = []
-    for _ in range(300):
-        action = rng.random()
-        if action < 0.15 and bm.num_free_blocks > 40:
-            seq = Sequence(
-                new_seq_id(), [rng.randrange(50) for _ in range(rng.randrange(1, 30))], 4
-            )
-            bm.allocate(seq)
-            seq.num_computed_tokens = seq.num_tokens
-            live.append(seq)
-        elif action < 0.22 and live and bm.num_free_blocks > 40:
-            parent = rng.choice(live)
-            child = Sequence(new_seq_id(), parent.token_ids, 4)
-            bm.fork(parent, child)
-            live.append(child)
-        elif action < 0.3 and live:
-            seq = live.pop(rng.randrange(len(live)))
-            bm.free(seq)
-            if rng.random() < 0.5:  # preempted and readmitted: a new list, maybe equal ids
-                seq.num_computed_tokens = 0
-                bm.allocate(seq)
-                seq.num_computed_tokens = seq.num_tokens
-                live.append(seq)
-        for seq in live:  # a decode step each: appends, and copies shared tails on write
-            if bm.can_append(seq, 1):
-                seq.append_token(1)
-                bm.append_slots(seq, 1)
-                seq.num_computed_tokens += 1
-        if live:
-            batch = rng.sample(live, rng.randrange(1, len(live) + 1))
-            tables = [seq.block_table for seq in batch]
+    for step in random_block_steps(seed=0):
+        if step.batch:
+            tables = [seq.block_table for seq in step.batch]
             assert torch.equal(cache.gather(tables), reference(tables))
-    bm.check_invariants(live)
-    assert len(cache.entries) <= 2 * len(live) + 64 + len(live)
+    assert len(cache.entries) <= 3 * len(step.live) + 64
 
 
 def test_tables_edited_only_at_their_end_are_written_once() -> None:
