@@ -9,11 +9,13 @@ appended since the step before; the batch's tables are one gather of their rows.
 them from the lists instead converts every block id of every sequence every step (about
 35 ns each: a millisecond at 256 sequences of 700 tokens), which is host time a GPU's
 step waits for (vLLM keeps its block tables the same way, `BlockTable` in its worker).
+`pagedllm bench throughput` on a shape with next to no forward re-measures the step's
+host time (BENCHMARKS.md, "The engine's host work a step").
 
 A table not seen for `STALE_STEPS` steps (its sequence finished, was preempted or
-replaced its list) loses its row once the rows outnumber twice the batch's sequences.
-A list passed from another process (a tensor-parallel worker's pickled chunks) is new
-every step, so there every table is written whole, as without this cache.
+replaced its list) loses its row once the tables held outnumber twice the batch's
+sequences plus 64. The other ranks of a parallel world get their tables as what was
+appended to them (table_deltas.py) into lists they keep, so they hit this cache too.
 """
 
 import numpy as np

@@ -73,6 +73,7 @@ class Sampler(nn.Module):
         self.logitsprocs = build_logitsprocs(vocab_size, self.device, custom=logits_processors)
         self.has_custom_processors = bool(logits_processors)
         self._row_outputs: list[list[int]] = []  # the rows the processors hold, see below
+        self._num_rows = 0  # how many
         self._float32_logits = torch.empty(0, device=self.device)  # see _as_float32
         # The module docstring's one wait for the step; on the CPU reading the result costs
         # nothing, and the host-side check of the chosen logits is the fastest there.
@@ -169,14 +170,16 @@ class Sampler(nn.Module):
         new batch size removed; or None when the rows are those of the last call, in the
         same order (the contract of logits_processors.py). A row is known by its output
         list, its sequence's own (held here, so that no new list takes its id)."""
-        outputs = [row.output_token_ids for row in metadata.rows]
-        last, self._row_outputs = self._row_outputs, []  # until every processor took it
+        outputs, num_rows = [row.output_token_ids for row in metadata.rows], len(metadata.rows)
+        last, held = self._row_outputs, self._num_rows
+        # Until every processor has taken the update: the next call refreshes, and removes
+        # whatever either batch may have left.
+        self._row_outputs, self._num_rows = [], max(held, num_rows)
         update = None
         if len(outputs) != len(last) or any(a is not b for a, b in zip(outputs, last)):
-            num_rows = len(metadata.rows)
             update = BatchUpdate(
                 batch_size=num_rows,
-                removed=list(range(num_rows, len(last))),
+                removed=list(range(num_rows, held)),
                 added=[
                     (i, row.params, row.prompt_token_ids, row.output_token_ids)
                     for i, row in enumerate(metadata.rows)
@@ -185,7 +188,7 @@ class Sampler(nn.Module):
             )
         for processor in self.logitsprocs.all:
             processor.update_state(update)
-        self._row_outputs = outputs
+        self._row_outputs, self._num_rows = outputs, num_rows
 
     def apply_logits_processors(
         self, logits: torch.Tensor, metadata: SamplingMetadata
