@@ -2,6 +2,8 @@
 TopK, TopP, chained in vLLM's order), numpy formulas for frequency/presence, the definitions
 of the masks and logprobs, and chi-square tests of the sampled distribution."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -201,6 +203,20 @@ def test_processors_get_none_while_the_rows_stay_the_same() -> None:
     assert [u is None for u in updates] == [False, True, False, False, True]
     assert [i for i, *_ in updates[2].added] == [0, 1] and list(updates[2].removed) == [2]
     assert updates[3].added[0][3] is b.output_token_ids and not updates[3].removed
+
+
+def test_after_an_update_that_raised_the_next_is_whole_and_removes_the_old_rows() -> None:
+    sampler = Sampler(V, logits_processors=[RecordUpdates])
+    recorder = sampler.logitsprocs.all[-1]
+    a, b, c = row([1], []), row([2], []), row([3], [])
+    sampler._refresh_logitsprocs(SimpleNamespace(rows=[a, b, c]))
+    recorder.update_state = lambda update: 1 / 0  # a processor failing on this batch
+    with pytest.raises(ZeroDivisionError):
+        sampler._refresh_logitsprocs(SimpleNamespace(rows=[a, b]))
+    del recorder.update_state
+    sampler._refresh_logitsprocs(SimpleNamespace(rows=[a, b]))
+    assert [i for i, *_ in recorder.updates[-1].added] == [0, 1]
+    assert list(recorder.updates[-1].removed) == [2]
 
 
 def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
