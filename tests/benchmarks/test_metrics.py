@@ -59,6 +59,7 @@ def test_throughput_rates_exclude_startup() -> None:
         "startup_s": 3.0,
         "detail": "",
         "profile": None,
+        "steps": None,
         "requests_per_s": pytest.approx(4.0),
         "total_tokens_per_s": pytest.approx(600.0),
         "output_tokens_per_s": pytest.approx(200.0),
