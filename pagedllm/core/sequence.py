@@ -73,7 +73,6 @@ class Sequence:
         # take them every step, which slices of token_ids would copy every step.
         self.prompt_token_ids = list(token_ids)
         self.output_token_ids: list[int] = []
-        self.num_prompt_tokens = len(token_ids)
         self.block_size = block_size
         self.sampling_params = sampling_params
         self.arrival_time = arrival_time
@@ -88,6 +87,10 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
 
     @property
     def num_output_tokens(self) -> int:

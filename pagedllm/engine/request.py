@@ -73,12 +73,9 @@ class Request:
     def finished(self) -> bool:
         if self.error is not None:
             return True
-        if len(self.completions) != self.params.n:
-            return False
-        for c in self.completions:  # a loop, not all(): read for every request every step
-            if not c.seq.status.is_finished:
-                return False
-        return True
+        return len(self.completions) == self.params.n and all(
+            c.seq.is_finished for c in self.completions
+        )
 
     def make_output(self) -> RequestOutput | None:
         """The output to show now, or None (final_only and not finished)."""

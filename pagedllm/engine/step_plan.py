@@ -80,13 +80,10 @@ def _add_token_bitmasks(
         rows[row].token_bitmask = mask
 
 
-_FIRST = [0]
-
-
 def _completion_indices(request: Request, seq: Sequence) -> list[int]:
     """Which completions this sequence's token feeds: all n at the first token."""
     if request.params.n == 1:
-        return _FIRST
+        return [0]
     if len(request.completions) < request.params.n:
         return list(range(request.params.n))
     return [next(c.index for c in request.completions if c.seq is seq)]

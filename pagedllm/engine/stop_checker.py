@@ -26,21 +26,20 @@ def check_stop(
     """Decide after `seq` got its newest token and `new_text_len` characters of text.
     `grammar_terminated`: its structured-output constraint is complete (only EOS could
     follow), which stops it even before min_tokens, since nothing else can be sampled."""
-    token, num_output_tokens = seq.token_ids[-1], len(seq.output_token_ids)
+    token, num_output_tokens = seq.last_token_id, seq.num_output_tokens
     if num_output_tokens >= params.min_tokens:
-        if token == eos_token_id and not params.ignore_eos:
+        if not params.ignore_eos and token == eos_token_id:
             return StopDecision(SequenceStatus.FINISHED_STOPPED)
-        if params.stop_token_ids and token in params.stop_token_ids:
+        if token in params.stop_token_ids:
             return StopDecision(SequenceStatus.FINISHED_STOPPED, stop_reason=token)
-        if params.stop and new_text_len:
-            found = find_stop_string(output_text, new_text_len, params)
-            if found is not None:
-                return found
+        found = find_stop_string(output_text, new_text_len, params)
+        if found is not None:
+            return found
     if grammar_terminated:
         return StopDecision(SequenceStatus.FINISHED_STOPPED)
     if params.max_tokens is not None and num_output_tokens >= params.max_tokens:
         return StopDecision(SequenceStatus.FINISHED_LENGTH)
-    if len(seq.token_ids) >= max_model_len:
+    if seq.num_tokens >= max_model_len:
         return StopDecision(SequenceStatus.FINISHED_LENGTH)
     return None
 

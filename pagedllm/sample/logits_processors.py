@@ -11,10 +11,10 @@ step, so before every forward the Sampler sends each processor either None, when
 holds the same rows in the same order as at the last call (a run of decode steps), or a
 full refresh: every row in `added` at its index, the indices past the new batch size in
 `removed`, `moved` empty. A processor written for vLLM's persistent batch therefore works
-unchanged. Processors whose
-`is_argmax_invariant()` is False run before the penalties, on every row; argmax-invariant
-ones run after temperature, and only affect rows that sample randomly. Custom processors
-read their per-request arguments from `SamplingParams.extra_args`.
+unchanged. Processors whose `is_argmax_invariant()` is False run before the penalties, on
+every row; argmax-invariant ones run after temperature, and only affect rows that sample
+randomly. Custom processors read their per-request arguments from
+`SamplingParams.extra_args`.
 """
 
 import importlib

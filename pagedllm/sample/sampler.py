@@ -72,8 +72,7 @@ class Sampler(nn.Module):
         self.device = torch.device(device)
         self.logitsprocs = build_logitsprocs(vocab_size, self.device, custom=logits_processors)
         self.has_custom_processors = bool(logits_processors)
-        self._row_outputs: list[list[int]] = []  # the rows the processors hold, see below
-        self._num_rows = 0  # how many
+        self._row_outputs: list[list[int] | None] = []  # the rows the processors hold, see below
         self._float32_logits = torch.empty(0, device=self.device)  # see _as_float32
         # The module docstring's one wait for the step; on the CPU reading the result costs
         # nothing, and the host-side check of the chosen logits is the fastest there.
@@ -171,10 +170,10 @@ class Sampler(nn.Module):
         same order (the contract of logits_processors.py). A row is known by its output
         list, its sequence's own (held here, so that no new list takes its id)."""
         outputs, num_rows = [row.output_token_ids for row in metadata.rows], len(metadata.rows)
-        last, held = self._row_outputs, self._num_rows
-        # Until every processor has taken the update: the next call refreshes, and removes
-        # whatever either batch may have left.
-        self._row_outputs, self._num_rows = [], max(held, num_rows)
+        last, held = self._row_outputs, len(self._row_outputs)
+        # Until every processor has taken the update, rows no batch matches (a refresh
+        # next time), as many as either batch may have left.
+        self._row_outputs = [None] * max(held, num_rows)
         update = None
         if len(outputs) != len(last) or any(a is not b for a, b in zip(outputs, last)):
             update = BatchUpdate(
@@ -188,7 +187,7 @@ class Sampler(nn.Module):
             )
         for processor in self.logitsprocs.all:
             processor.update_state(update)
-        self._row_outputs, self._num_rows = outputs, num_rows
+        self._row_outputs = outputs
 
     def apply_logits_processors(
         self, logits: torch.Tensor, metadata: SamplingMetadata
