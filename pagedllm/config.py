@@ -345,6 +345,9 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
+    async_scheduling: bool = False
+    """vLLM's name: schedule the next step while the last one runs on the device, its
+    sequences' next tokens read there (core/scheduler.py); one rank only."""
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -465,6 +468,15 @@ class EngineConfig:
             raise ValueError(
                 f"max_num_batched_tokens {sched.max_num_batched_tokens} must be >= "
                 f"max_model_len {max_len} when chunked prefill is off"
+            )
+        parallel = self.parallel_config
+        if sched.async_scheduling and (
+            parallel.world_size > 1 or parallel.distributed_executor_backend not in (None, "uni")
+        ):
+            raise ValueError(
+                "async_scheduling runs one rank in this process: it does not combine with "
+                "tensor or pipeline parallelism or another distributed_executor_backend "
+                "(data parallelism's replicas may each use it)"
             )
 
 

@@ -31,13 +31,35 @@ def tensor_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor
     return tensor.to(device, non_blocking=True)
 
 
+class HostCopies:
+    """Device tensors on their way to the host: the copies are started into pinned memory
+    without waiting, and `wait` waits once, for all of them (on the CPU: the tensors as
+    they are). The wait is on an event recorded after the copies, not on the stream, so
+    work queued after them (the next step, under async scheduling) is not waited for."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+        devices = {t.device for t in tensors if t.device.type != "cpu"}
+        self._tensors = [t.to("cpu", non_blocking=True) for t in tensors]
+        self._events = []
+        for device in devices:
+            module = torch.get_device_module(device)
+            event = module.Event()
+            event.record(module.current_stream(device))
+            self._events.append(event)
+
+    def wait(self) -> list[torch.Tensor]:
+        for event in self._events:
+            event.synchronize()
+        self._events = []
+        return self._tensors
+
+
+def copy_to_host(tensors: Sequence[torch.Tensor]) -> HostCopies:
+    """Start copying the tensors to the host (HostCopies)."""
+    return HostCopies(tensors)
+
+
 def to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The tensors on the CPU: device tensors are copied into pinned memory without waiting,
     then the host waits once, for all of them (the step's single device-to-host sync)."""
-    devices = {t.device for t in tensors if t.device.type != "cpu"}
-    if not devices:
-        return list(tensors)
-    copies = [t.to("cpu", non_blocking=True) for t in tensors]
-    for device in devices:
-        torch.get_device_module(device).current_stream(device).synchronize()
-    return copies
+    return copy_to_host(tensors).wait()

@@ -4,7 +4,7 @@ them, on the CPU without a copy, and to_host waits once for every copy it starts
 import pytest
 import torch
 
-from pagedllm.device_copy import tensor_to_device, to_device, to_host
+from pagedllm.device_copy import copy_to_host, tensor_to_device, to_device, to_host
 from tests.devices import DEVICES
 
 
@@ -28,3 +28,16 @@ def test_to_host_brings_every_tensor_back(device: str) -> None:
     assert back[0].tolist() == [0, 1, 2, 3] and back[1].sum().item() == 6
     if device == "cpu":
         assert all(a is b for a, b in zip(back, tensors, strict=True))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_copy_to_host_waits_when_asked(device: str) -> None:
+    """copy_to_host starts the copies; wait() gives them on the host (every call the same
+    tensors); on the CPU the tensors themselves."""
+    tensors = [torch.arange(3, device=device) * 2]
+    copies = copy_to_host(tensors)
+    later = torch.ones(1000, 1000, device=device) @ torch.ones(1000, 1000, device=device)
+    back = copies.wait()
+    assert back[0].device.type == "cpu" and back[0].tolist() == [0, 2, 4]
+    assert copies.wait() is back and later.shape == (1000, 1000)
+    assert (back[0] is tensors[0]) == (device == "cpu")

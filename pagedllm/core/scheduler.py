@@ -10,7 +10,7 @@ waiting queue, to be re-prefilled (prompt and outputs so far) when blocks allow.
 One step, as the engine drives it:
     out = scheduler.schedule()
     ...the runner copies out.blocks_to_copy, then computes each scheduled sequence's
-    tokens [seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens)...
+    tokens [s.start, s.start + s.num_new_tokens)...
     scheduler.update_after_step(out.scheduled)
     ...for each s with s.produces_token: seq.append_token(t); on a stop,
     scheduler.finish_seq(seq, status)
@@ -21,10 +21,20 @@ that took it to the update_after_step() of its batch, and no batch takes it mean
 the batches in flight hold disjoint sequences. Nor is a sequence in flight preempted. A
 batch then takes at most 1 / num_micro_batches of the unfinished sequences (rounded up),
 so the sequences spread over the micro-batches and every stage has one to work on.
+
+Async scheduling (vLLM's): the engine schedules the next step while the last one runs on
+the device, and a sequence of the step in flight may be scheduled again, before the token
+it is sampling there is known. Its next chunk starts at `seq.num_scheduled_tokens`; when
+that is the token being sampled (`seq.num_output_placeholders`), the step reads it from
+the step before's sampled ids on the device, and only sequences `can_run_ahead` accepts
+are taken (the engine's rule: their sampling needs no token on the host). A sequence is in
+at most two steps at once, since the engine processes a step before it schedules a third.
+A sequence in flight is never preempted: one short of blocks waits for the next step.
 """
 
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pagedllm.config import SchedulerConfig
@@ -34,21 +44,28 @@ from pagedllm.core.sequence import Sequence, SequenceStatus
 
 @dataclass
 class ScheduledSequence:
-    """seq computes tokens [seq.num_computed_tokens, + num_new_tokens) this step.
+    """seq computes tokens [start, start + num_new_tokens) this step; start is where the
+    tokens computed or in flight ended when it was scheduled (seq.num_scheduled_tokens).
 
-    produces_token: the chunk reaches seq's last token, so the model's logits at it are
-    sampled and the engine appends a token. Fixed at scheduling time.
+    produces_token: the chunk reaches seq's last token (or the last one a step in flight
+    samples), so the model's logits at it are sampled and the engine appends a token.
+    Fixed at scheduling time.
     """
 
     seq: Sequence
     num_new_tokens: int
+    start: int = field(init=False)
     produces_token: bool = field(init=False)
+    reads_placeholder: bool = field(init=False)
+    """The chunk's last token is one the step in flight is still sampling (async)."""
 
     def __post_init__(self) -> None:
         assert self.num_new_tokens > 0
-        end = self.seq.num_computed_tokens + self.num_new_tokens
-        assert end <= self.seq.num_tokens
-        self.produces_token = end == self.seq.num_tokens
+        self.start = self.seq.num_scheduled_tokens
+        end = self.start + self.num_new_tokens
+        assert end <= self.seq.num_tokens_with_placeholders
+        self.produces_token = end == self.seq.num_tokens_with_placeholders
+        self.reads_placeholder = end > self.seq.num_tokens
 
 
 @dataclass
@@ -85,6 +102,9 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.enable_chunked_prefill = config.enable_chunked_prefill
         self.block_manager = block_manager
+        # Async scheduling's rule for a sequence whose next token is still being sampled
+        # (None: such a sequence waits, as every sequence in flight does without it).
+        self.can_run_ahead: Callable[[Sequence], bool] | None = None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.in_flight: set[int] = set()  # seq_ids of scheduled batches not yet updated
@@ -117,36 +137,56 @@ class Scheduler:
         out = SchedulerOutput()
         unfinished = len(self.running) + len(self.waiting)
         max_seqs = min(self.max_num_seqs, -(-unfinished // self.num_micro_batches))
-        budget = self._schedule_running(out, max_seqs)
-        if not out.preempted:
+        budget, short = self._schedule_running(out, max_seqs)
+        if not (short or out.preempted):
             self._schedule_waiting(out, budget, max_seqs)
+        for s in out.scheduled:
+            s.seq.num_in_flight_tokens += s.num_new_tokens
+            s.seq.num_output_placeholders += s.produces_token
         self.in_flight.update(s.seq.seq_id for s in out.scheduled)
         if out.scheduled:  # an empty output is not run: its news waits for the next
             out.finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, max_seqs: int) -> int:
-        """Schedule running sequences in order; returns the token budget left."""
+    def _schedule_running(self, out: SchedulerOutput, max_seqs: int) -> tuple[int, bool]:
+        """Schedule running sequences in order; returns the token budget left and whether
+        one was short of blocks (then no waiting sequence is admitted)."""
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0 and len(out.scheduled) < max_seqs:
             seq = self.running[i]
-            if seq.seq_id in self.in_flight:
-                i += 1
+            i += 1
+            if seq.seq_id in self.in_flight and not self._runs_ahead(seq):
                 continue
-            num_new_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new_tokens = min(
+                seq.num_tokens_with_placeholders - seq.num_scheduled_tokens, budget
+            )
             if not self._reserve_slots(seq, num_new_tokens, out):
-                break
+                return budget, True
             out.scheduled.append(ScheduledSequence(seq, num_new_tokens))
             budget -= num_new_tokens
-            i += 1
-        return budget
+        return budget, False
+
+    def _runs_ahead(self, seq: Sequence) -> bool:
+        """Whether a sequence in flight is scheduled again now (async scheduling): when it
+        has tokens left to schedule, and its next one is known or it may read it from the
+        step in flight."""
+        if (
+            self.can_run_ahead is None
+            or seq.num_scheduled_tokens >= seq.num_tokens_with_placeholders
+        ):
+            return False
+        return seq.num_scheduled_tokens < seq.num_tokens or self.can_run_ahead(seq)
 
     def _reserve_slots(self, seq: Sequence, num_new_tokens: int, out: SchedulerOutput) -> bool:
         """Get blocks for seq's new tokens, preempting the newest running sequences not in
-        flight while they are short. False if seq itself had to be preempted."""
+        flight while they are short. False if seq is short: preempted, or in flight."""
+        num_new_tokens += seq.num_in_flight_tokens  # the block manager counts from computed
         if self.block_manager.appends_in_place(seq, num_new_tokens):
             return True
+        if seq.seq_id in self.in_flight:  # never preempted: it waits for the next step
+            if not self.block_manager.can_append(seq, num_new_tokens):
+                return False
         while not self.block_manager.can_append(seq, num_new_tokens):
             candidates = [q for q in self.running if q.seq_id not in self.in_flight]
             victim = candidates[-1]  # seq itself, at least
@@ -199,12 +239,15 @@ class Scheduler:
             )
 
     def update_after_step(self, scheduled: list[ScheduledSequence]) -> None:
-        """Record that the scheduled tokens' KV is now in the cache (sequences aborted
+        """Record that the scheduled tokens' KV is now in the cache (sequences that ended
         while their batch was in flight are left as they are)."""
         for s in scheduled:
             seq = s.seq
-            self.in_flight.discard(seq.seq_id)
-            if seq.status is SequenceStatus.FINISHED_ABORTED:
+            seq.num_in_flight_tokens -= s.num_new_tokens
+            seq.num_output_placeholders -= s.produces_token
+            if not seq.num_in_flight_tokens:
+                self.in_flight.discard(seq.seq_id)
+            if seq.status.is_finished:  # ended while in flight: its last step is discarded
                 continue
             assert seq.status is SequenceStatus.RUNNING
             seq.num_computed_tokens += s.num_new_tokens

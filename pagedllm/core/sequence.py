@@ -50,6 +50,11 @@ class Sequence:
     block manager; token ids only grow, so a hash never goes stale. `block_table` only
     grows at its end in place; any other change (reallocation, copy on write) gives it a
     new list, which is how the model runner's HostBlockTables tells what changed.
+
+    Between a step's scheduling and its update, its new tokens count in
+    `num_in_flight_tokens`, and the token it will sample (if its chunk reaches the end) in
+    `num_output_placeholders`: under async scheduling the next step is scheduled before
+    that token is known (core/scheduler.py).
     """
 
     def __init__(
@@ -77,6 +82,8 @@ class Sequence:
         self.sampling_params = sampling_params
         self.arrival_time = arrival_time
         self.num_computed_tokens = 0
+        self.num_in_flight_tokens = 0
+        self.num_output_placeholders = 0
         self.num_cached_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
@@ -87,6 +94,16 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """Tokens computed or being computed: where the next scheduled chunk starts."""
+        return self.num_computed_tokens + self.num_in_flight_tokens
+
+    @property
+    def num_tokens_with_placeholders(self) -> int:
+        """num_tokens plus the tokens steps in flight will sample."""
+        return len(self.token_ids) + self.num_output_placeholders
 
     @property
     def num_prompt_tokens(self) -> int:

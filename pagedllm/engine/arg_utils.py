@@ -57,6 +57,7 @@ class EngineArgs:
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    async_scheduling: bool = False
     kv_cache_dtype: str = "auto"
     seed: int = 0
     skip_tokenizer_init: bool = False
@@ -102,6 +103,7 @@ class EngineArgs:
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=self.max_num_batched_tokens,
                 enable_chunked_prefill=self.enable_chunked_prefill,
+                async_scheduling=self.async_scheduling,
             ),
             parallel_config=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size,

@@ -6,7 +6,9 @@ step:        Scheduler.schedule -> plan_step -> Executor.execute_async (model ru
              -> OutputProcessor (tokens, text, logprobs, stops) -> RequestOutputs
 Under pipeline parallelism a step submits a batch and returns without its results while
 fewer than one batch per stage is in flight (vLLM v1's batch queue), so every stage has a
-micro-batch; otherwise it waits for the oldest batch and processes its results.
+micro-batch; otherwise it waits for the oldest batch and processes its results. Async
+scheduling keeps two batches the same way on one rank: the next step is scheduled and
+launched while the last runs, and its sequences read their last token on the device.
 A pooling model (runner "pooling") takes PoolingParams instead: its requests run their
 prompt's prefill through the same scheduler and end as PoolingRequestOutputs.
 """
@@ -22,6 +24,7 @@ import torch
 from pagedllm.config import EngineConfig
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.scheduler import Scheduler, SchedulerOutput
+from pagedllm.core.sequence import Sequence
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.grammar_wait import WaitingForGrammar
 from pagedllm.engine.input_processor import InputProcessor, PromptType
@@ -29,7 +32,7 @@ from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Request
 from pagedllm.engine.stats import ITERATION_TOKENS_BUCKETS, EngineStats, HistogramCounts
-from pagedllm.engine.step_plan import StepPlan, plan_step
+from pagedllm.engine.step_plan import StepPlan, plan_step, sampled_rows
 from pagedllm.engine.tokenizer import (
     eos_token_ids,
     generation_config_dict,
@@ -93,7 +96,11 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.num_blocks, cache.block_size, cache.enable_prefix_caching
         )
-        self.scheduler = Scheduler(sched, self.block_manager, self.executor.max_concurrent_batches)
+        self.scheduler = Scheduler(
+            sched, self.block_manager, config.parallel_config.pipeline_parallel_size
+        )
+        if sched.async_scheduling and not config.logits_processors:
+            self.scheduler.can_run_ahead = self._can_run_ahead
         generation_config = generation_config_dict(self.model_config)
         self.structured_output = StructuredOutputManager(
             self.tokenizer, eos_token_ids(eos_token_id, generation_config)
@@ -183,7 +190,7 @@ class LLMEngine:
             out = self.scheduler.schedule()
             if not out.is_empty:
                 self.iteration_tokens.observe(out.num_batched_tokens)
-                plan = plan_step(out, self.requests, self.structured_output)
+                plan = plan_step(out, self.requests, self.structured_output, self._prev_rows())
                 future = self.executor.execute_async(plan.step_input, plan.rows)
                 self.batch_queue.append(_Batch(out, plan, future))
                 if len(self.batch_queue) < self.executor.max_concurrent_batches:
@@ -192,6 +199,25 @@ class LLMEngine:
         if not self.batch_queue:
             return failed
         return failed + self._finish_oldest_batch()
+
+    def _prev_rows(self) -> dict[int, int] | None:
+        """The sampler rows of the newest batch in flight, by seq id (async scheduling:
+        where the next step's placeholders read their tokens)."""
+        if self.scheduler.can_run_ahead is None or not self.batch_queue:
+            return None
+        newest = self.batch_queue[-1]
+        return sampled_rows(newest.plan, newest.out)
+
+    def _can_run_ahead(self, seq: Sequence) -> bool:
+        """Async scheduling's rule: seq's next step may read its last token on the device
+        when its sampling needs no output token on the host (custom logits processors may:
+        with them no sequence runs ahead), min_tokens does not count that token, and it
+        forks no completions at it."""
+        request = self.requests.get(seq.request_id)
+        if not isinstance(request, Request) or request.reads_host_tokens:
+            return False
+        params = request.params
+        return len(request.completions) == params.n and seq.num_output_tokens >= params.min_tokens
 
     def _finish_oldest_batch(self) -> list[RequestOutput | PoolingRequestOutput]:
         batch = self.batch_queue.popleft()

@@ -55,8 +55,8 @@ class OutputProcessor:
         self, out: SchedulerOutput, result: StepOutput, owners: list[tuple[int, int]]
     ) -> list[RequestOutput | PoolingRequestOutput]:
         """The outputs of the requests this step touched; finished ones are forgotten.
-        Sequences aborted while their batch was in flight (pipeline parallelism) are
-        skipped."""
+        Sequences that ended while their batch was in flight (aborted under pipeline
+        parallelism; stopped a step before, under async scheduling) are skipped."""
         stale = {i for i, s in enumerate(out.scheduled) if s.seq.status.is_finished}
         touched = self._process_prompt_logprobs(out, result, stale)
         touched |= self._process_samples(out, result, owners, stale)
@@ -80,9 +80,8 @@ class OutputProcessor:
                 continue
             s = out.scheduled[i]
             request = self.requests[s.seq.request_id]
-            start = s.seq.num_computed_tokens - s.num_new_tokens
             try:
-                append_prompt_logprobs(request, logits, start, self.tokenizer)
+                append_prompt_logprobs(request, logits, s.start, self.tokenizer)
             except Exception as e:  # noqa: BLE001 - this request's failure, not the batch's
                 self._fail_request(request, e)
             touched.add(request.request_id)
@@ -101,9 +100,8 @@ class OutputProcessor:
             request = self.requests[s.seq.request_id]
             if not isinstance(request, PoolingRequest):
                 continue
-            start = s.seq.num_computed_tokens - s.num_new_tokens
             if i in result.pooled:
-                request.add_chunk(result.pooled[i], start, self.pooler_config.pooling_type)
+                request.add_chunk(result.pooled[i], s.start, self.pooler_config.pooling_type)
             if s.produces_token:
                 request.finish(self.pooler_config)
                 self.num_prompt_tokens += len(request.prompt_token_ids)

@@ -70,6 +70,20 @@ class Request:
         self.error: Exception | None = None
 
     @property
+    def reads_host_tokens(self) -> bool:
+        """Whether sampling its next token reads its output tokens on the host (penalties,
+        bad words, a structured-output grammar), so that under async scheduling it is not
+        scheduled while its last token is still being sampled."""
+        params = self.params
+        return (
+            params.structured_outputs is not None
+            or bool(params.bad_words_token_ids)
+            or params.presence_penalty != 0
+            or params.frequency_penalty != 0
+            or params.repetition_penalty != 1
+        )
+
+    @property
     def finished(self) -> bool:
         if self.error is not None:
             return True

@@ -6,6 +6,9 @@ token this step contributes sampler rows: one normally, n for a request's first 
 structured-output constraint carries its completion's token bitmask, built for all such
 rows at once; free rows, and constrained ones still in their reasoning part, add nothing.
 A pooling request's chunks sample nothing: they are pooled (StepInput.pool_indices).
+Under async scheduling a chunk whose last token the step in flight is still sampling
+holds a 0 there, and StepInput.placeholder_rows says which of that step's sampled ids
+the runner puts in its place on the device (`prev_rows`, from the engine).
 """
 
 from dataclasses import dataclass
@@ -31,13 +34,20 @@ def plan_step(
     out: SchedulerOutput,
     requests: dict[str, Request | PoolingRequest],
     structured_output: StructuredOutputManager | None = None,
+    prev_rows: dict[int, int] | None = None,
 ) -> StepPlan:
-    """`structured_output` builds the bitmasks of constrained rows (needed when any)."""
+    """`structured_output` builds the bitmasks of constrained rows (needed when any);
+    `prev_rows`: the sampler row, in the step in flight, of each sequence it samples (by
+    seq id; needed when a chunk reads a placeholder)."""
     chunks, sample_indices, prompt_indices, pool_indices = [], [], [], []
-    rows, owners, constrained = [], [], []
+    rows, owners, constrained, placeholder_rows = [], [], [], []
     for i, s in enumerate(out.scheduled):
-        seq, start = s.seq, s.seq.num_computed_tokens
+        seq, start = s.seq, s.start
         new_token_ids = seq.token_ids[start : start + s.num_new_tokens]
+        if s.reads_placeholder:
+            assert prev_rows is not None, "a placeholder needs the step in flight's rows"
+            placeholder_rows.append((i, prev_rows[seq.seq_id]))
+            new_token_ids.append(0)
         chunks.append(SeqChunk(new_token_ids, start, seq.block_table, (seq.request_id, seq.seq_id)))
         request = requests[seq.request_id]
         if isinstance(request, PoolingRequest):
@@ -64,8 +74,16 @@ def plan_step(
         prompt_indices,
         pool_indices,
         out.finished_req_ids,
+        placeholder_rows,
     )
     return StepPlan(step_input, rows, owners)
+
+
+def sampled_rows(plan: StepPlan, out: SchedulerOutput) -> dict[int, int]:
+    """Each sampled sequence's row in the step's sampler output, by seq id (a sequence
+    forking n rows at its first token: its last; async scheduling runs none such ahead)."""
+    scheduled = out.scheduled
+    return {scheduled[i].seq.seq_id: row for row, (i, _) in enumerate(plan.owners)}
 
 
 def _add_token_bitmasks(

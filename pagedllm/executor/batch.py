@@ -53,6 +53,17 @@ class BatchInputs:
         return BatchInputs(copy(self.input_ids), copy(self.positions), metadata)
 
 
+def write_placeholders(
+    input_ids: torch.Tensor, placeholders: tuple[torch.Tensor, torch.Tensor] | None
+) -> None:
+    """input_ids[where] = ids on the tensors' device, for (where, ids) = placeholders: the
+    tokens a step in flight sampled, in place of the 0s its placeholders hold (async
+    scheduling; ModelRunner._placeholder_tokens). None: nothing to write."""
+    if placeholders is not None:
+        where, ids = placeholders
+        input_ids.index_copy_(0, where, ids)
+
+
 def prepare_batch(
     chunks: list[SeqChunk], block_size: int, device: torch.device | str
 ) -> BatchInputs:

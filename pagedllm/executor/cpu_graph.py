@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pagedllm import _cpu_kernels
 from pagedllm.executor import launch_memory
-from pagedllm.executor.batch import BatchInputs
+from pagedllm.executor.batch import BatchInputs, write_placeholders
 from pagedllm.forward_context import AttentionMetadata, set_forward_context
 
 logger = logging.getLogger(__name__)
@@ -146,7 +146,13 @@ class CpuGraphRunner:
             and not enforce_eager
         )
 
-    def run(self, batch: BatchInputs) -> torch.Tensor | None:
+    def run(
+        self,
+        batch: BatchInputs,
+        placeholders: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor | None:
+        """placeholders: input ids written into the batch first (write_placeholders)."""
+        write_placeholders(batch.input_ids, placeholders)
         md = batch.attn_metadata
         b = md.num_seqs
         if (

@@ -39,7 +39,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from pagedllm.executor.batch import BatchInputs
+from pagedllm.executor.batch import BatchInputs, write_placeholders
 from pagedllm.executor.kv_cache import attention_layers
 from pagedllm.forward_context import AttentionMetadata, set_forward_context
 from pagedllm.layers.attention_backends.backend import AttentionCGSupport
@@ -104,8 +104,9 @@ class StaticDecodeInputs:
         self.query_start_loc = torch.arange(max_size + 1, dtype=torch.int32, device=device)
         self.pad_block = pad_block
         self.pad_slot = pad_block * block_size
-        # The host copies are rewritten only after the last step's copies have run (they
-        # have by then: the step read its sampled tokens back).
+        # The host copies are rewritten only after the last step's copies have run. They
+        # have by then: they ran after the step before them, whose sampled tokens the host
+        # has read back (the last step, or under async scheduling the one before it).
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
 
     def load(self, batch: BatchInputs, size: int) -> None:
@@ -249,12 +250,18 @@ class CudaGraphRunner:
             return None
         return self.sizes[bisect.bisect_left(self.sizes, md.num_seqs)]
 
-    def run(self, batch: BatchInputs) -> torch.Tensor | None:
-        """batch: the step on the host (host_batch)."""
+    def run(
+        self,
+        batch: BatchInputs,
+        placeholders: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor | None:
+        """batch: the step on the host (host_batch); placeholders: input ids written on
+        the device after it is copied there (write_placeholders)."""
         size = self.size_for(batch.attn_metadata)
         if size is None:
             return None
         self.inputs.load(batch, size)
+        write_placeholders(self.inputs.device["input_ids"], placeholders)
         graph, output = self.graphs[size]
         graph.replay()
         return output[: batch.attn_metadata.num_seqs]

@@ -6,6 +6,8 @@ make_executor picks (factory.py).
 `execute_async` submits a step and returns a StepFuture; with pipeline parallelism up to
 `max_concurrent_batches` (one per stage) are in flight at once, so every stage works on
 a micro-batch at every step (vLLM v1's batch queue). Futures resolve in submission order.
+Under async scheduling one rank keeps two: the step it launched on the device without
+waiting, and the one the engine schedules meanwhile.
 """
 
 import functools
@@ -55,10 +57,10 @@ class StepFuture:
 class Executor:
     """One rank: the model runs in this process."""
 
-    max_concurrent_batches = 1
-
     def __init__(self, config: EngineConfig) -> None:
         self.runner = ModelRunner(config)
+        self.async_scheduling = config.scheduler_config.async_scheduling
+        self.max_concurrent_batches = 2 if self.async_scheduling else 1
 
     @property
     def kv_cache_bytes_per_token(self) -> int:
@@ -71,6 +73,11 @@ class Executor:
         return self.runner.execute(step, rows)
 
     def execute_async(self, step: StepInput, rows: list[SamplingRow]) -> StepFuture:
+        """Under async scheduling the step is launched and its future waits for it when
+        asked (on the CPU, where the step has run by then, too: the engine then runs the
+        same schedule as on a GPU)."""
+        if self.async_scheduling:
+            return StepFuture(self.runner.launch(step, rows))
         return StepFuture.ready(self.execute(step, rows))
 
     def validate_params(self, params: SamplingParams) -> None:

@@ -1,6 +1,12 @@
-"""Runs one scheduled step: flat batch -> model -> logits -> sampler."""
+"""Runs one scheduled step: flat batch -> model -> logits -> sampler.
+
+`launch` runs a step without waiting for the device and returns what waits for its
+output; the step's sampled ids stay on the device (`last_sampled`), where the next step
+reads the tokens its placeholders stand for (async scheduling, core/scheduler.py).
+"""
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -10,7 +16,13 @@ from pagedllm.config import EngineConfig
 from pagedllm.device_copy import to_device
 from pagedllm.distributed.parallel_state import set_expert_parallel
 from pagedllm.executor import cuda_graph
-from pagedllm.executor.batch import BatchInputs, SeqChunk, host_batch, prepare_batch
+from pagedllm.executor.batch import (
+    BatchInputs,
+    SeqChunk,
+    host_batch,
+    prepare_batch,
+    write_placeholders,
+)
 from pagedllm.executor.cpu_graph import CpuGraphRunner
 from pagedllm.executor.cpu_malloc import keep_freed_memory
 from pagedllm.executor.cuda_graph import CudaGraphRunner
@@ -39,6 +51,9 @@ class StepInput:
     these): their chunk's partial pooling is returned (layers/pooler.py).
     finished_req_ids: requests that ended since the last step: a sampling rank that keeps
     their rows' state drops it (executor/row_deltas.py).
+    placeholder_rows: (batch index, row) of chunks whose last token is a placeholder for
+    the token the previous step sampled in that row (async scheduling): the runner writes
+    it into the input ids on the device, where that step's sampled ids still are.
     """
 
     chunks: list[SeqChunk]
@@ -47,6 +62,7 @@ class StepInput:
     prompt_logprob_indices: list[int]
     pool_indices: list[int] = field(default_factory=list)
     finished_req_ids: set[str] = field(default_factory=set)
+    placeholder_rows: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -82,6 +98,7 @@ class ModelRunner:
         )
         self.kv_cache: torch.Tensor | None = None
         self.graph_runner: CpuGraphRunner | CudaGraphRunner | None = None
+        self.last_sampled: torch.Tensor | None = None  # the last step's sampled ids [B]
 
     @property
     def kv_cache_bytes_per_token(self) -> int:
@@ -171,8 +188,23 @@ class ModelRunner:
         self._copy_blocks(step.blocks_to_copy)
         pin = self.device.type != "cpu"
         batch = host_batch(step.chunks, self.block_size, pin, self.host_block_tables)
-        hidden = self._run_model(batch, intermediate)
-        return hidden, [0, *itertools.accumulate(batch.attn_metadata.query_lens_cpu)]
+        starts = [0, *itertools.accumulate(batch.attn_metadata.query_lens_cpu)]
+        placeholders = self._placeholder_tokens(step.placeholder_rows, starts)
+        return self._run_model(batch, intermediate, placeholders), starts
+
+    def _placeholder_tokens(
+        self, placeholder_rows: list[tuple[int, int]], starts: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(where in the input ids, the last step's sampled ids to put there), on the
+        device, for the chunks whose last token is a placeholder; None when none is."""
+        if not placeholder_rows:
+            return None
+        assert self.last_sampled is not None, "placeholders read the last step's samples"
+        where = to_device(
+            [starts[i + 1] - 1 for i, _ in placeholder_rows], torch.int64, self.device
+        )
+        rows = to_device([row for _, row in placeholder_rows], torch.int64, self.device)
+        return where, self.last_sampled[rows]
 
     def _sampled_rows(
         self, hidden: torch.Tensor, starts: list[int], sample_indices: list[int]
@@ -185,15 +217,21 @@ class ModelRunner:
         return hidden[to_device(rows, torch.int64, self.device)]
 
     def _run_model(
-        self, batch: BatchInputs, intermediate: IntermediateTensors | None
+        self,
+        batch: BatchInputs,
+        intermediate: IntermediateTensors | None,
+        placeholders: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Hidden states [T, hidden] of the batch built on the host: replayed when the graph
-        runner can, else eager on the batch copied to the device."""
+        runner can, else eager on the batch copied to the device (`placeholders`: input
+        ids written on the device, see _placeholder_tokens)."""
         if self.graph_runner is not None:
-            hidden = self.graph_runner.run(batch)
+            hidden = self.graph_runner.run(batch, placeholders)
             if hidden is not None:
                 return hidden
         batch = batch.to(self.device)
+        if placeholders is not None:
+            write_placeholders(batch.input_ids, placeholders)
         with set_forward_context(batch.attn_metadata):
             return self.model(batch.input_ids, batch.positions, intermediate)
 
@@ -206,7 +244,6 @@ class ModelRunner:
         else:
             self.forward(step, intermediate)
 
-    @torch.inference_mode()
     def execute(
         self,
         step: StepInput,
@@ -214,12 +251,28 @@ class ModelRunner:
         intermediate: IntermediateTensors | None = None,
     ) -> StepOutput:
         """Run and sample the step (on the last pipeline stage: from `intermediate`)."""
+        return self.launch(step, rows, intermediate)()
+
+    @torch.inference_mode()
+    def launch(
+        self,
+        step: StepInput,
+        rows: list[SamplingRow],
+        intermediate: IntermediateTensors | None = None,
+    ) -> Callable[[], StepOutput]:
+        """`execute` up to the wait for the device: -> what waits and gives its output."""
         if not step.chunks:
-            return StepOutput(None, {})
+            self.last_sampled = None
+            return lambda: StepOutput(None, {})
         if step.pool_indices:
-            return StepOutput(None, {}, self.pool(step, intermediate))
+            pooled = StepOutput(None, {}, self.pool(step, intermediate))
+            self.last_sampled = None
+            return lambda: pooled
         logits, prompt_logits = self.forward(step, intermediate)
         if not rows:
-            return StepOutput(None, prompt_logits)
+            self.last_sampled = None
+            return lambda: StepOutput(None, prompt_logits)
         metadata = SamplingMetadata.build(rows, self.vocab_size, self.device)
-        return StepOutput(self.sampler(logits, metadata), prompt_logits)
+        pending = self.sampler.launch(logits, metadata)
+        self.last_sampled = pending.sampled_on_device
+        return lambda: StepOutput(pending.result(), prompt_logits)

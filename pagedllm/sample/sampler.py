@@ -13,11 +13,13 @@ Sampler keeps them in step with the batch.
 Off the CPU the sampler never makes the host wait for the device until its end: the rows
 that cannot sample are found on the device, and the sampled ids, those rows and the
 logprobs come back to the host in one batch of copies and one wait (device_copy.to_host);
-its SamplerOutput then holds host tensors.
+its SamplerOutput then holds host tensors. `launch` stops before that wait: its
+PendingSamplerOutput keeps the sampled ids on the device, for the next step to read
+before this one's result is on the host (async scheduling), and waits in `result()`.
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -25,7 +27,7 @@ import torch
 from torch import nn
 
 from pagedllm import _custom_ops
-from pagedllm.device_copy import to_host
+from pagedllm.device_copy import copy_to_host
 from pagedllm.sample.logits_processors import (
     BatchUpdate,
     LogitsProcessor,
@@ -50,6 +52,26 @@ class SamplerOutput:
     sampled_token_ids: torch.Tensor  # [B] int64
     logprobs: LogprobsTensors | None  # None when no row asked for logprobs
     errors: dict[int, Exception] = field(default_factory=dict)
+
+
+class PendingSamplerOutput:
+    """A step's SamplerOutput on its way to the host: `sampled_on_device` now, the output
+    from `result()`, which waits for the device (once; later calls return it again)."""
+
+    def __init__(self, sampled_on_device: torch.Tensor, finish: Callable[[], SamplerOutput]):
+        self.sampled_on_device = sampled_on_device
+        self._finish: Callable[[], SamplerOutput] | None = finish
+        self._output: SamplerOutput | None = None
+
+    @classmethod
+    def ready(cls, output: SamplerOutput) -> "PendingSamplerOutput":
+        """An output already on the host (the CPU's, or a slow path's)."""
+        return cls(output.sampled_token_ids, lambda: output)
+
+    def result(self) -> SamplerOutput:
+        if self._finish is not None:
+            self._output, self._finish = self._finish(), None
+        return self._output
 
 
 class Sampler(nn.Module):
@@ -79,7 +101,11 @@ class Sampler(nn.Module):
         self.sync_free = self.device.type != "cpu"
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        """logits [B, V] -> SamplerOutput with sampled_token_ids [B].
+        """logits [B, V] -> SamplerOutput with sampled_token_ids [B]."""
+        return self.launch(logits, metadata).result()
+
+    def launch(self, logits: torch.Tensor, metadata: SamplingMetadata) -> PendingSamplerOutput:
+        """`forward` without its wait for the device.
 
         Custom processors are user code that may fail for one request's arguments: if the
         batch fails with them, each row is sampled alone from a saved copy of the logits,
@@ -93,9 +119,11 @@ class Sampler(nn.Module):
         except Exception:
             if saved is None:
                 raise
-            return self._sample_rows_alone(saved, metadata)
+            return PendingSamplerOutput.ready(self._sample_rows_alone(saved, metadata))
 
-    def _sample_batch(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+    def _sample_batch(
+        self, logits: torch.Tensor, metadata: SamplingMetadata
+    ) -> PendingSamplerOutput:
         self._refresh_logitsprocs(metadata)
         if metadata.token_bitmask is not None:
             apply_token_bitmask(logits, metadata.token_bitmask_rows, metadata.token_bitmask)
@@ -119,7 +147,7 @@ class Sampler(nn.Module):
             logprobs = gather_logprobs(reported, num_logprobs, sampled)
         if self.sync_free:
             return _to_host_output(sampled, sampleable, logprobs)
-        return SamplerOutput(sampled, logprobs, errors)
+        return PendingSamplerOutput.ready(SamplerOutput(sampled, logprobs, errors))
 
     def _as_float32(self, logits: torch.Tensor) -> torch.Tensor:
         """logits in float32; other dtypes are converted into a buffer kept across steps:
@@ -139,7 +167,7 @@ class Sampler(nn.Module):
             alone = SamplingMetadata.build([row], self.vocab_size, self.device)
             alone.max_num_logprobs = metadata.max_num_logprobs
             try:
-                outputs.append(self._sample_batch(logits[i : i + 1].clone(), alone))
+                outputs.append(self._sample_batch(logits[i : i + 1].clone(), alone).result())
             except Exception as e:  # noqa: BLE001 - the row's own failure, reported to it
                 errors[i] = e
                 outputs.append(self._placeholder(logits[i : i + 1], alone))
@@ -161,7 +189,8 @@ class Sampler(nn.Module):
             zeros = torch.zeros_like(logits, dtype=torch.float32)
             logprobs = gather_logprobs(zeros, metadata.max_num_logprobs, sampled)
         if self.sync_free:
-            return _to_host_output(sampled, torch.ones_like(sampled, dtype=torch.bool), logprobs)
+            sampleable = torch.ones_like(sampled, dtype=torch.bool)
+            return _to_host_output(sampled, sampleable, logprobs).result()
         return SamplerOutput(sampled, logprobs)
 
     def _refresh_logitsprocs(self, metadata: SamplingMetadata) -> None:
@@ -279,13 +308,19 @@ def _mask_unsampleable(
 
 def _to_host_output(
     sampled: torch.Tensor, sampleable: torch.Tensor, logprobs: LogprobsTensors | None
-) -> SamplerOutput:
+) -> PendingSamplerOutput:
     """The step's one device-to-host transfer: the sampled ids, which rows could sample and
-    the logprobs, copied together; the errors are then found on the host."""
-    sampled, sampleable, *gathered = to_host([sampled, sampleable, *(logprobs or ())])
-    rows = (~sampleable).nonzero().flatten().tolist()
-    errors: dict[int, Exception] = {row: ValueError(_UNSAMPLEABLE) for row in rows}
-    return SamplerOutput(sampled, LogprobsTensors(*gathered) if gathered else None, errors)
+    the logprobs, copied together; once they are on the host, the errors are found there."""
+    copies = copy_to_host([sampled, sampleable, *(logprobs or ())])
+
+    def finish() -> SamplerOutput:
+        host_sampled, host_sampleable, *gathered = copies.wait()
+        rows = (~host_sampleable).nonzero().flatten().tolist()
+        errors: dict[int, Exception] = {row: ValueError(_UNSAMPLEABLE) for row in rows}
+        logprobs = LogprobsTensors(*gathered) if gathered else None
+        return SamplerOutput(host_sampled, logprobs, errors)
+
+    return PendingSamplerOutput(sampled, finish)
 
 
 def random_sample(logits: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:

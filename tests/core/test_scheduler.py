@@ -313,3 +313,74 @@ def test_finished_req_ids_name_a_request_once_its_last_sequence_ends() -> None:
     assert engine.scheduler.schedule().finished_req_ids == set()  # empty: not run
     engine.add(list(range(20, 23)), max_tokens=1)
     assert engine.step().finished_req_ids == {other.request_id}
+
+
+def _sampled(seq: Sequence, index: int) -> int:
+    """The fake model's output token `index` of seq: a function of both, so that a token is
+    known before the step that samples it is processed."""
+    return 1000 * (index + 1) + seq.seq_id
+
+
+def _token_at(seq: Sequence, pos: int) -> int:
+    return (
+        seq.token_ids[pos] if pos < seq.num_tokens else _sampled(seq, pos - seq.num_prompt_tokens)
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_async_schedules_read_the_kv_of_the_step_in_flight(seed: int) -> None:
+    """Async scheduling against the fake KV cache: the next step is scheduled before the
+    last is processed; sequences the rule accepts (two in three) run ahead on placeholders,
+    the others wait; prefill chunks run ahead too. Every chunk finds its tokens' KV (the
+    step in flight's included), no sequence in flight is preempted (the checks of
+    check_state), and every sequence gets its max_tokens tokens."""
+    rng = random.Random(seed)
+    engine = FakeEngine(num_blocks=14, block_size=4, max_num_seqs=6, max_num_batched_tokens=16)
+    scheduler = engine.scheduler
+    scheduler.can_run_ahead = lambda seq: seq.seq_id % 3 != 0
+    queue: list[SchedulerOutput] = []
+    ran_ahead = 0
+
+    def run(out: SchedulerOutput) -> None:
+        for s in out.scheduled:
+            seq = s.seq
+            assert not s.reads_placeholder or seq.seq_id % 3 != 0
+            for pos in range(s.start):
+                block, offset = engine.slot(seq, pos)
+                assert engine.kv[block][offset] == _token_at(seq, pos), f"{seq} reads bad KV"
+            for pos in range(s.start, s.start + s.num_new_tokens):
+                block, offset = engine.slot(seq, pos)
+                engine.kv[block][offset] = _token_at(seq, pos)
+
+    def process(out: SchedulerOutput) -> None:
+        scheduler.update_after_step(out.scheduled)
+        for s in out.scheduled:
+            if s.produces_token and not s.seq.is_finished:
+                s.seq.append_token(_sampled(s.seq, s.seq.num_output_tokens))
+                if s.seq.num_output_tokens >= s.seq.sampling_params:
+                    scheduler.finish_seq(s.seq, SequenceStatus.FINISHED_LENGTH)
+
+    for _ in range(12):
+        engine.add([rng.randrange(100) for _ in range(rng.randint(1, 20))], rng.randint(1, 12))
+    for _ in range(2000):
+        if not scheduler.has_unfinished_seqs():
+            break
+        out = scheduler.schedule()
+        for s in out.scheduled:  # blocks for the chunk, the copies done before it runs
+            assert len(s.seq.block_table) * engine.bm.block_size >= s.start + s.num_new_tokens
+        ran_ahead += sum(s.reads_placeholder for s in out.scheduled)
+        for src, dst in out.blocks_to_copy:
+            engine.kv[dst] = list(engine.kv[src])
+        run(out)
+        if not out.is_empty:
+            queue.append(out)
+        if len(queue) == 2 or (queue and out.is_empty):
+            process(queue.pop(0))
+        engine.check_state()
+    while queue:
+        process(queue.pop(0))
+    assert not scheduler.has_unfinished_seqs() and ran_ahead > 10
+    assert scheduler.num_preemptions > 0
+    assert engine.bm.num_free_blocks == engine.bm.num_blocks
+    for seq in engine.seqs:
+        assert seq.output_token_ids == [_sampled(seq, i) for i in range(seq.sampling_params)]

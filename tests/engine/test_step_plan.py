@@ -163,3 +163,20 @@ def test_pooling_chunks_are_pooled_and_sample_nothing() -> None:
     assert step.pool_indices == [0, 1]
     assert step.chunks[1] == SeqChunk(prompt[6:], 6, last.seq.block_table, ("q", last.seq.seq_id))
     assert step.sample_indices == [] and plan.rows == [] and step.prompt_logprob_indices == []
+
+
+def test_a_chunk_that_reads_a_placeholder_takes_its_token_from_the_step_in_flight() -> None:
+    """Async scheduling: a prompt's prefill is in flight (sampling its first token) when the
+    sequence is scheduled again; its chunk is that token, a 0 in the batch, and
+    placeholder_rows names the row of the step in flight that the runner reads it from."""
+    a, b = make_request("a", [5, 6, 7]), make_request("b", [8, 9])
+    a0, b0 = a.completions[0].seq, b.completions[0].seq
+    a0.num_in_flight_tokens, a0.num_output_placeholders = 3, 1
+    out = SchedulerOutput([ScheduledSequence(b0, 2), ScheduledSequence(a0, 1)])
+    assert [s.reads_placeholder for s in out.scheduled] == [False, True]
+    assert out.scheduled[1].start == 3 and out.scheduled[1].produces_token
+    plan = plan_step(out, {"a": a, "b": b}, prev_rows={a0.seq_id: 4})
+    chunks = plan.step_input.chunks
+    assert [(c.token_ids, c.start) for c in chunks] == [([8, 9], 0), ([0], 3)]
+    assert plan.step_input.placeholder_rows == [(1, 4)]
+    assert plan.step_input.sample_indices == [0, 1] and plan.owners == [(0, 0), (1, 0)]

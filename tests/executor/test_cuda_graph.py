@@ -128,11 +128,13 @@ def _graph_runner(llm: LLM) -> CudaGraphRunner:
     return runner.graph_runner
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
 def test_replayed_steps_equal_eager_ones_on_cpu(
-    tiny_model_path: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+    tiny_model_path: Callable[[str], str], monkeypatch: pytest.MonkeyPatch, async_scheduling: bool
 ) -> None:
     """The engine through the CUDA graph runner (graphs stood in for by reruns), max_num_seqs
-    8: sizes 1, 2, 4, 8; a padding block past the 64 the scheduler gets."""
+    8: sizes 1, 2, 4, 8; a padding block past the 64 the scheduler gets. Under async
+    scheduling the placeholders' tokens are written into the static input ids."""
     kwargs = {"num_kv_blocks": 64, "max_model_len": 64, "skip_tokenizer_init": True}
     kwargs |= {"max_num_seqs": 8, "device": "cpu"}  # also where a GPU is the default
     model = tiny_model_path("llama-gqa-llama3")
@@ -140,7 +142,7 @@ def test_replayed_steps_equal_eager_ones_on_cpu(
     monkeypatch.setattr(CpuGraphRunner, "applies", staticmethod(lambda *args: False))
     monkeypatch.setattr(cuda_graph, "unsupported_reason", lambda *args: None)
     monkeypatch.setattr(cuda_graph, "cuda_capture", _rerun_capture)
-    llm = LLM(model, **kwargs)
+    llm = LLM(model, async_scheduling=async_scheduling, **kwargs)
     assert _generate(llm) == eager
     graphs = _graph_runner(llm).graphs
     assert sorted(graphs) == [1, 2, 4, 8]
@@ -162,20 +164,25 @@ def test_prefill_steps_and_large_batches_run_eagerly() -> None:
     )
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=needs_cuda)])
 def test_cuda_graphs_equal_eager_steps(
-    tiny_model_path: Callable[[str], str], monkeypatch: pytest.MonkeyPatch, device: str
+    tiny_model_path: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+    device: str,
+    async_scheduling: bool,
 ) -> None:
     """Real torch.cuda graphs, float32, whatever the attention backend declares (the torch
     reference is right at any max_seq_len bound, only slow): the same tokens as eager
     steps, logprobs within float32 noise (the graphs' decode attention is padded to
-    max_model_len)."""
+    max_model_len); under async scheduling too, each step launched before the last one's
+    tokens are read on the host."""
     kwargs = {"num_kv_blocks": 64, "max_model_len": 64, "skip_tokenizer_init": True}
     kwargs |= {"max_num_seqs": 8, "device": device, "dtype": "float32"}
     model = tiny_model_path("llama-gqa-llama3")
     eager = _generate(LLM(model, enforce_eager=True, **kwargs))
     monkeypatch.setattr(cuda_graph, "unsupported_reason", lambda *args: None)
-    llm = LLM(model, **kwargs)
+    llm = LLM(model, async_scheduling=async_scheduling, **kwargs)
     replayed = _generate(llm)
     assert sorted(_graph_runner(llm).graphs) == [1, 2, 4, 8]
     assert [tokens for tokens, _ in replayed] == [tokens for tokens, _ in eager]

@@ -121,7 +121,7 @@ def test_a_step_on_the_torch_paths_reads_nothing_on_the_host_before_its_one_copy
     """The step as it runs on CUDA (kernels off: the torch paths; the sampler's sync-free
     path), on CPU tensors under NoHostReads: a prefill with a copied block, then a mixed step
     of a decode and a prefill chunk with top-k/top-p, penalties and logprobs. Nothing is read
-    on the host before the sampler's single to_host, which is called once a step, but by
+    on the host before the sampler's single copy_to_host, called once a step, but by
     SamplingMetadata.build, whose tensors are made on the host from the rows' lists; the
     tokens are those of the sampler's host path."""
     monkeypatch.setattr(_cpu_kernels, "_C", None)
@@ -130,12 +130,12 @@ def test_a_step_on_the_torch_paths_reads_nothing_on_the_host_before_its_one_copy
     runner.init_kv_cache(num_blocks=6)
     mode, copies = NoHostReads(), []
 
-    def to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    def copy_to_host(tensors: list[torch.Tensor]) -> device_copy.HostCopies:
         copies.append(len(tensors))
         mode.allow()
-        return device_copy.to_host(tensors)
+        return device_copy.copy_to_host(tensors)
 
-    monkeypatch.setattr(sampler_module, "to_host", to_host)
+    monkeypatch.setattr(sampler_module, "copy_to_host", copy_to_host)
     build = SamplingMetadata.build
 
     def build_on_host(*args: object) -> SamplingMetadata:

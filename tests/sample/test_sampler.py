@@ -15,6 +15,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from pagedllm.sample import sampler as sampler_module
 from pagedllm.sample.logits_processors import BatchUpdate, LogitsProcessor, process_dict_updates
 from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
 from pagedllm.sample.sampler import Sampler
@@ -302,6 +303,43 @@ def test_the_sync_free_path_equals_the_host_path(mode: str) -> None:
         torch.testing.assert_close(ours, theirs, rtol=0, atol=0, equal_nan=True)
     assert list(sync_free.errors) == list(host.errors) == [7]
     assert str(sync_free.errors[7]) == str(host.errors[7])
+
+
+def test_launch_keeps_the_sampled_ids_and_waits_for_the_host_copies_in_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sampler.launch on the sync-free path: the sampled ids at once (where the next step's
+    placeholders read them), the host copies waited for only in result(), once; the output
+    is forward's."""
+    waits = []
+
+    class Copies:
+        def __init__(self, tensors: list[torch.Tensor]) -> None:
+            self.tensors = tensors
+
+        def wait(self) -> list[torch.Tensor]:
+            waits.append(len(self.tensors))
+            return self.tensors
+
+    monkeypatch.setattr(sampler_module, "copy_to_host", Copies)
+    logits = torch.randn(8, V)
+    logits[7] = float("-inf")
+    rows = [*mixed_rows(), row([2], [], temperature=0, logprobs=-1)]
+    sampler = Sampler(V)
+    sampler.sync_free = True
+    torch.manual_seed(5)
+    pending = sampler.launch(logits.clone(), SamplingMetadata.build(rows, V, "cpu"))
+    assert not waits
+    output = pending.result()
+    assert waits == [5] and pending.result() is output
+    assert pending.sampled_on_device.tolist() == output.sampled_token_ids.tolist()
+    assert list(output.errors) == [7]
+    torch.manual_seed(5)  # the same rows again, their generators new
+    rows = [*mixed_rows(), row([2], [], temperature=0, logprobs=-1)]
+    assert (
+        sample(sampler, logits, rows).sampled_token_ids.tolist()
+        == output.sampled_token_ids.tolist()
+    )
 
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=needs_cuda)])

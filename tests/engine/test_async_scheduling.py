@@ -1,0 +1,140 @@
+"""Async scheduling (EngineArgs.async_scheduling; core/scheduler.py, engine/llm_engine.py):
+the engine schedules and launches the next step before processing the last, and a
+sequence's next token is read from the last step's sampled ids on the device. On the CPU
+the executor runs the same schedule as on a GPU (its futures report done only once asked),
+so the placeholders are exercised here. Reference: transformers' greedy tokens, and the
+synchronous engine's tokens, logprobs and finish reasons for every sampling feature."""
+
+import pytest
+
+from pagedllm.sampling_params import SamplingParams
+from tests.engine.engine_helpers import (
+    LLAMA,
+    MAX_TOKENS,
+    add_prompts,
+    assert_all_blocks_free,
+    assert_matches_reference,
+    greedy,
+    make_engine,
+    run_all,
+    step_once,
+)
+from tests.engine.engine_helpers import Run as EngineRun
+
+
+def _count_placeholders(engine) -> list[int]:  # noqa: ANN001
+    """Wraps the runner's launch: the placeholder rows of every step, in a list."""
+    counts, launch = [], engine.executor.runner.launch
+
+    def counting(step, rows):  # noqa: ANN001, ANN202
+        counts.append(len(step.placeholder_rows))
+        return launch(step, rows)
+
+    engine.executor.runner.launch = counting
+    return counts
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(num_kv_blocks=17), dict(max_num_batched_tokens=16), dict(enforce_eager=True)],
+)
+def test_async_scheduling_keeps_transformers_greedy(
+    kwargs, tiny_model_path, hf_greedy, spread_prompts
+) -> None:
+    """Under preemption (17 blocks of 16 for ~950 tokens), chunked prefill (16-token steps)
+    and with every step eager (else decode steps replay the CPU's captured launches): most
+    decode steps read their tokens from the step before."""
+    engine = make_engine(tiny_model_path(LLAMA), async_scheduling=True, **kwargs)
+    counts = _count_placeholders(engine)
+    ids = add_prompts(engine, spread_prompts, greedy())
+    run = run_all(engine)
+    assert sum(counts) > len(spread_prompts) * MAX_TOKENS // 2
+    if "num_kv_blocks" in kwargs:
+        assert engine.scheduler.num_preemptions > 0
+    assert_matches_reference(run, ids, hf_greedy(LLAMA, spread_prompts, MAX_TOKENS))
+
+
+def _mixed_requests() -> list[tuple[list[int], SamplingParams]]:
+    """Requests that run ahead and requests that may not (penalties, bad words, min_tokens
+    counting the token in flight, n > 1 at its fork), with stops at different steps."""
+    prompt = [5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49, 53, 57, 61, 65, 69, 73]
+    seeded = dict(temperature=0.9, top_p=0.9, seed=7, logprobs=3)
+    params = [
+        SamplingParams(temperature=0, max_tokens=20, logprobs=2),
+        SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+        SamplingParams(max_tokens=17, ignore_eos=True, **seeded),
+        SamplingParams(n=3, max_tokens=9, ignore_eos=True, **seeded),
+        SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.3, presence_penalty=0.5),
+        SamplingParams(temperature=0, max_tokens=10, min_tokens=6, stop_token_ids=[3, 4, 6]),
+        SamplingParams(temperature=0, max_tokens=14, stop_token_ids=[7, 11], logprobs=1),
+        SamplingParams(temperature=0.7, top_k=5, max_tokens=11, seed=3, prompt_logprobs=2),
+    ]
+    # Shared prefixes (the prefix cache) and prompts of different lengths.
+    return [(prompt[: 6 + 2 * i] + [i], p) for i, p in enumerate(params)]
+
+
+def _outputs(engine, requests) -> dict:  # noqa: ANN001
+    for i, (prompt, params) in enumerate(requests):
+        engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, params)
+    run = run_all(engine)
+    return {
+        rid: [(c.token_ids, c.logprobs, c.finish_reason, c.cumulative_logprob) for c in out.outputs]
+        + [out.prompt_logprobs]
+        for rid, out in run.outputs.items()
+    }
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(num_kv_blocks=16, max_num_batched_tokens=24)])
+def test_async_scheduling_gives_the_synchronous_engines_outputs(kwargs, tiny_model_path) -> None:
+    """Every request's tokens, logprobs, finish reasons and prompt logprobs are those of the
+    synchronous engine, with seeded sampling, n > 1, stops, min_tokens and penalties; with
+    room for all, and under preemption with chunked prefill."""
+    path = tiny_model_path(LLAMA)
+    sync = _outputs(make_engine(path, **kwargs), _mixed_requests())
+    engine = make_engine(path, async_scheduling=True, **kwargs)
+    counts = _count_placeholders(engine)
+    assert _outputs(engine, _mixed_requests()) == sync
+    assert sum(counts) > 0
+    assert (engine.scheduler.num_preemptions > 0) == bool(kwargs)
+
+
+def test_sequences_that_read_host_tokens_never_run_ahead(tiny_model_path) -> None:
+    """A request with penalties is never scheduled while its token is being sampled: every
+    step that reads a placeholder reads it for the other request."""
+    engine = make_engine(tiny_model_path(LLAMA), async_scheduling=True)
+    penalized = SamplingParams(temperature=0, max_tokens=8, frequency_penalty=1.0)
+    engine.add_request("free", {"prompt_token_ids": [1, 2, 3]}, greedy(8))
+    engine.add_request("penalized", {"prompt_token_ids": [4, 5, 6]}, penalized)
+    read = []
+    launch = engine.executor.runner.launch
+
+    def recording(step, rows):  # noqa: ANN001, ANN202
+        read.extend(step.chunks[i].key[0] for i, _ in step.placeholder_rows)
+        return launch(step, rows)
+
+    engine.executor.runner.launch = recording
+    run = run_all(engine)
+    assert set(read) == {"free"} and len(read) >= 5
+    assert len(run.outputs["penalized"].outputs[0].token_ids) == 8
+
+
+def test_an_abort_while_two_steps_are_in_flight(tiny_model_path, hf_greedy, spread_prompts):
+    """A request aborted between steps (its sequence in both batches in flight) ends there;
+    the others keep transformers' greedy tokens and every block comes back."""
+    engine = make_engine(tiny_model_path(LLAMA), async_scheduling=True)
+    ids = add_prompts(engine, spread_prompts, greedy())
+    run = EngineRun()
+    for _ in range(4):
+        step_once(engine, run)
+    assert len(engine.batch_queue) == 1  # one step in flight between calls
+    engine.abort_request(ids[0])
+    run_all(engine, run)
+    assert ids[0] not in run.outputs
+    reference = hf_greedy(LLAMA, spread_prompts, MAX_TOKENS)
+    assert_matches_reference(run, ids[1:], reference[1:])
+    assert_all_blocks_free(engine)
+
+
+def test_async_scheduling_needs_one_rank(tiny_model_path) -> None:
+    with pytest.raises(ValueError, match="async_scheduling runs one rank"):
+        make_engine(tiny_model_path(LLAMA), async_scheduling=True, tensor_parallel_size=2)
