@@ -347,7 +347,8 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     async_scheduling: bool = False
     """vLLM's name: schedule the next step while the last one runs on the device, its
-    sequences' next tokens read there (core/scheduler.py); one rank only."""
+    sequences' next tokens read there (core/scheduler.py); one rank only. EngineArgs
+    turns it on where default_async_scheduling says, unless told."""
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -432,6 +433,17 @@ class ParallelConfig:
     @property
     def ranks_per_node(self) -> int:
         return self.world_size // self.nnodes
+
+
+def default_async_scheduling(device: str, parallel: ParallelConfig, runner_type: str) -> bool:
+    """Async scheduling where vLLM has it on and it helps: a model that generates, on one
+    rank of a GPU (on a CPU the forward runs on the host itself: nothing overlaps)."""
+    return (
+        torch.device(device).type == "cuda"
+        and parallel.world_size == 1
+        and parallel.distributed_executor_backend in (None, "uni")
+        and runner_type == "generate"
+    )
 
 
 @dataclass

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from pagedllm import config
-from pagedllm.config import CacheConfig, ModelConfig, ParallelConfig, default_model_path
+from pagedllm.config import (
+    CacheConfig,
+    ModelConfig,
+    ParallelConfig,
+    default_async_scheduling,
+    default_model_path,
+)
+from pagedllm.engine.arg_utils import EngineArgs
 
 
 def test_default_model_missing_says_how_to_install(monkeypatch) -> None:
@@ -144,3 +151,24 @@ def test_parallel_sizes_must_be_positive(field: str) -> None:
 def test_data_parallel_replicas_do_not_take_nnodes() -> None:
     with pytest.raises(ValueError, match="not --nnodes"):
         ParallelConfig(tensor_parallel_size=2, nnodes=2, data_parallel_size=2)
+
+
+def test_async_scheduling_is_on_by_default_where_it_overlaps_a_gpu(tiny_model_path) -> None:
+    """vLLM's default: on for a generating model on one GPU rank; off on the CPU (nothing
+    overlaps there), across ranks, and for pooling models; asking for it where it is
+    not supported is an error."""
+    one = ParallelConfig()
+    assert default_async_scheduling("cuda", one, "generate")
+    assert not default_async_scheduling("cpu", one, "generate")
+    assert not default_async_scheduling("cuda", one, "pooling")
+    assert not default_async_scheduling("cuda", ParallelConfig(tensor_parallel_size=2), "generate")
+    mp = ParallelConfig(distributed_executor_backend="mp")
+    assert not default_async_scheduling("cuda", mp, "generate")
+    path = tiny_model_path("llama-gqa-llama3")
+    config = EngineArgs(path, device="cpu").create_engine_config()
+    assert config.scheduler_config.async_scheduling is False
+    config = EngineArgs(path, device="cpu", async_scheduling=True).create_engine_config()
+    assert config.scheduler_config.async_scheduling is True
+    two_ranks = EngineArgs(path, device="cpu", async_scheduling=True, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="async_scheduling runs one rank"):
+        two_ranks.create_engine_config()

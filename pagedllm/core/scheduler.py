@@ -22,19 +22,19 @@ the batches in flight hold disjoint sequences. Nor is a sequence in flight preem
 batch then takes at most 1 / num_micro_batches of the unfinished sequences (rounded up),
 so the sequences spread over the micro-batches and every stage has one to work on.
 
-Async scheduling (vLLM's): the engine schedules the next step while the last one runs on
-the device, and a sequence of the step in flight may be scheduled again, before the token
-it is sampling there is known. Its next chunk starts at `seq.num_scheduled_tokens`; when
-that is the token being sampled (`seq.num_output_placeholders`), the step reads it from
-the step before's sampled ids on the device, and only sequences `can_run_ahead` accepts
-are taken (the engine's rule: their sampling needs no token on the host). A sequence is in
-at most two steps at once, since the engine processes a step before it schedules a third.
-A sequence in flight is never preempted: one short of blocks waits for the next step.
+Async scheduling (vLLM's; SchedulerConfig.async_scheduling): the engine schedules the
+next step while the last one runs on the device, and a sequence of the step in flight is
+scheduled again, before the token it is sampling there is known. Its next chunk starts at
+`seq.num_scheduled_tokens`; when that is the token being sampled
+(`seq.num_output_placeholders`), the step reads it from the step before's sampled ids on
+the device. The engine decides which sequences may do that: it processes a step before it
+schedules the next when one that step samples for may not. A sequence is in at most two
+steps at once, since the engine processes a step before it schedules a third. A sequence
+in flight is never preempted: one short of blocks waits for the next step.
 """
 
 import time
 from collections import Counter, deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pagedllm.config import SchedulerConfig
@@ -102,9 +102,8 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.enable_chunked_prefill = config.enable_chunked_prefill
         self.block_manager = block_manager
-        # Async scheduling's rule for a sequence whose next token is still being sampled
-        # (None: such a sequence waits, as every sequence in flight does without it).
-        self.can_run_ahead: Callable[[Sequence], bool] | None = None
+        # Whether a sequence in flight is scheduled again (else it waits for its update).
+        self.async_scheduling = config.async_scheduling
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.in_flight: set[int] = set()  # seq_ids of scheduled batches not yet updated
@@ -168,15 +167,9 @@ class Scheduler:
         return budget, False
 
     def _runs_ahead(self, seq: Sequence) -> bool:
-        """Whether a sequence in flight is scheduled again now (async scheduling): when it
-        has tokens left to schedule, and its next one is known or it may read it from the
-        step in flight."""
-        if (
-            self.can_run_ahead is None
-            or seq.num_scheduled_tokens >= seq.num_tokens_with_placeholders
-        ):
-            return False
-        return seq.num_scheduled_tokens < seq.num_tokens or self.can_run_ahead(seq)
+        """Whether a sequence in flight is scheduled again now: under async scheduling,
+        when it has tokens left to schedule (known, or the one the step in flight samples)."""
+        return self.async_scheduling and seq.num_scheduled_tokens < seq.num_tokens_with_placeholders
 
     def _reserve_slots(self, seq: Sequence, num_new_tokens: int, out: SchedulerOutput) -> bool:
         """Get blocks for seq's new tokens, preempting the newest running sequences not in

@@ -10,6 +10,7 @@ from pagedllm.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    default_async_scheduling,
     env_attention_backend,
     resolve_device,
 )
@@ -57,7 +58,7 @@ class EngineArgs:
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    async_scheduling: bool = False
+    async_scheduling: bool | None = None  # None: where it is supported (default_async_scheduling)
     kv_cache_dtype: str = "auto"
     seed: int = 0
     skip_tokenizer_init: bool = False
@@ -90,6 +91,17 @@ class EngineArgs:
         # A pooled request keeps no KV past its prefill, and MEAN and CLS pooling need
         # every prompt token's hidden state: pooling models skip the prefix cache.
         pooling = model_config.runner_type == "pooling"
+        parallel_config = ParallelConfig(
+            tensor_parallel_size=self.tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
+            enable_expert_parallel=self.enable_expert_parallel,
+            distributed_executor_backend=self.distributed_executor_backend,
+            nnodes=self.nnodes,
+            node_rank=self.node_rank,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+            data_parallel_size=self.data_parallel_size,
+        )
         config = EngineConfig(
             model_config=model_config,
             cache_config=CacheConfig(
@@ -103,19 +115,13 @@ class EngineArgs:
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=self.max_num_batched_tokens,
                 enable_chunked_prefill=self.enable_chunked_prefill,
-                async_scheduling=self.async_scheduling,
+                async_scheduling=default_async_scheduling(
+                    device, parallel_config, model_config.runner_type
+                )
+                if self.async_scheduling is None
+                else self.async_scheduling,
             ),
-            parallel_config=ParallelConfig(
-                tensor_parallel_size=self.tensor_parallel_size,
-                pipeline_parallel_size=self.pipeline_parallel_size,
-                enable_expert_parallel=self.enable_expert_parallel,
-                distributed_executor_backend=self.distributed_executor_backend,
-                nnodes=self.nnodes,
-                node_rank=self.node_rank,
-                master_addr=self.master_addr,
-                master_port=self.master_port,
-                data_parallel_size=self.data_parallel_size,
-            ),
+            parallel_config=parallel_config,
             device=device,
             seed=self.seed,
             skip_tokenizer_init=self.skip_tokenizer_init,
@@ -141,7 +147,7 @@ class EngineArgs:
                 continue
             flag = "--" + f.name.replace("_", "-")
             default = f.default if f.default_factory is MISSING else f.default_factory()
-            if f.type in ("bool", bool):
+            if f.type in ("bool", bool, bool | None):
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
             else:
                 kind = int if "int" in str(f.type) else str

@@ -8,7 +8,9 @@ Under pipeline parallelism a step submits a batch and returns without its result
 fewer than one batch per stage is in flight (vLLM v1's batch queue), so every stage has a
 micro-batch; otherwise it waits for the oldest batch and processes its results. Async
 scheduling keeps two batches the same way on one rank: the next step is scheduled and
-launched while the last runs, and its sequences read their last token on the device.
+launched while the last runs, and its sequences read their last token on the device;
+a batch sampling for a sequence whose sampling needs its tokens on the host is processed
+before the next step is scheduled.
 A pooling model (runner "pooling") takes PoolingParams instead: its requests run their
 prompt's prefill through the same scheduler and end as PoolingRequestOutputs.
 """
@@ -65,6 +67,10 @@ class _Batch:
     out: SchedulerOutput
     plan: StepPlan
     future: StepFuture
+    # Async scheduling: a sequence it samples cannot run ahead, so it is processed before
+    # the next step is scheduled (that step is synchronous) rather than the sequence
+    # sitting the next step out.
+    waits_for_host: bool = False
 
 
 @contextmanager
@@ -99,8 +105,6 @@ class LLMEngine:
         self.scheduler = Scheduler(
             sched, self.block_manager, config.parallel_config.pipeline_parallel_size
         )
-        if sched.async_scheduling and not config.logits_processors:
-            self.scheduler.can_run_ahead = self._can_run_ahead
         generation_config = generation_config_dict(self.model_config)
         self.structured_output = StructuredOutputManager(
             self.tokenizer, eos_token_ids(eos_token_id, generation_config)
@@ -186,13 +190,15 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         failed = self._admit_compiled()
+        if self.batch_queue and self.batch_queue[-1].waits_for_host:
+            failed += self._finish_oldest_batch()  # a synchronous step: see _Batch
         if len(self.batch_queue) < self.executor.max_concurrent_batches:
             out = self.scheduler.schedule()
             if not out.is_empty:
                 self.iteration_tokens.observe(out.num_batched_tokens)
                 plan = plan_step(out, self.requests, self.structured_output, self._prev_rows())
                 future = self.executor.execute_async(plan.step_input, plan.rows)
-                self.batch_queue.append(_Batch(out, plan, future))
+                self.batch_queue.append(_Batch(out, plan, future, self._waits_for_host(out)))
                 if len(self.batch_queue) < self.executor.max_concurrent_batches:
                     if not future.done():
                         return failed
@@ -203,16 +209,25 @@ class LLMEngine:
     def _prev_rows(self) -> dict[int, int] | None:
         """The sampler rows of the newest batch in flight, by seq id (async scheduling:
         where the next step's placeholders read their tokens)."""
-        if self.scheduler.can_run_ahead is None or not self.batch_queue:
+        if not self.scheduler.async_scheduling or not self.batch_queue:
             return None
         newest = self.batch_queue[-1]
         return sampled_rows(newest.plan, newest.out)
 
+    def _waits_for_host(self, out: SchedulerOutput) -> bool:
+        """Whether the step samples a token for a sequence that cannot run ahead (async
+        scheduling): whose next step could not read that token on the device."""
+        if not self.scheduler.async_scheduling:
+            return False
+        custom = bool(self.config.logits_processors)
+        return any(
+            s.produces_token and (custom or not self._can_run_ahead(s.seq)) for s in out.scheduled
+        )
+
     def _can_run_ahead(self, seq: Sequence) -> bool:
         """Async scheduling's rule: seq's next step may read its last token on the device
-        when its sampling needs no output token on the host (custom logits processors may:
-        with them no sequence runs ahead), min_tokens does not count that token, and it
-        forks no completions at it."""
+        when its sampling reads no output token on the host (custom logits processors may),
+        min_tokens does not count that token, and it forks no completions at it."""
         request = self.requests.get(seq.request_id)
         if not isinstance(request, Request) or request.reads_host_tokens:
             return False

@@ -1,6 +1,7 @@
 """A request's state across steps: its sequences (n samples), text, logprobs, and the
 RequestOutput it shows according to output_kind."""
 
+import functools
 import time
 from concurrent.futures import Future
 
@@ -69,7 +70,7 @@ class Request:
         self.num_sent_prompt_logprobs = 0
         self.error: Exception | None = None
 
-    @property
+    @functools.cached_property
     def reads_host_tokens(self) -> bool:
         """Whether sampling its next token reads its output tokens on the host (penalties,
         bad words, a structured-output grammar), so that under async scheduling it is not

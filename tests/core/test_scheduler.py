@@ -330,21 +330,30 @@ def _token_at(seq: Sequence, pos: int) -> int:
 @pytest.mark.parametrize("seed", range(4))
 def test_async_schedules_read_the_kv_of_the_step_in_flight(seed: int) -> None:
     """Async scheduling against the fake KV cache: the next step is scheduled before the
-    last is processed; sequences the rule accepts (two in three) run ahead on placeholders,
-    the others wait; prefill chunks run ahead too. Every chunk finds its tokens' KV (the
-    step in flight's included), no sequence in flight is preempted (the checks of
-    check_state), and every sequence gets its max_tokens tokens."""
+    last is processed, and sequences in flight run ahead, on placeholders or with their
+    next prefill chunk; as the engine does, a step that samples for a sequence that may
+    not (one in three here, for its first 3 tokens) is processed before the next is
+    scheduled. Every chunk finds its tokens' KV (the step in flight's included), no
+    sequence in flight is preempted (the checks of check_state), and every sequence gets
+    its max_tokens tokens."""
     rng = random.Random(seed)
     engine = FakeEngine(num_blocks=14, block_size=4, max_num_seqs=6, max_num_batched_tokens=16)
     scheduler = engine.scheduler
-    scheduler.can_run_ahead = lambda seq: seq.seq_id % 3 != 0
+    scheduler.async_scheduling = True
     queue: list[SchedulerOutput] = []
+
+    def must_wait(seq: Sequence) -> bool:  # as min_tokens does, for its first tokens
+        return seq.seq_id % 3 == 0 and seq.num_output_tokens < 3
+
+    def waits(out: SchedulerOutput) -> bool:
+        return any(s.produces_token and must_wait(s.seq) for s in out.scheduled)
+
     ran_ahead = 0
 
     def run(out: SchedulerOutput) -> None:
         for s in out.scheduled:
             seq = s.seq
-            assert not s.reads_placeholder or seq.seq_id % 3 != 0
+            assert not (s.reads_placeholder and must_wait(seq))
             for pos in range(s.start):
                 block, offset = engine.slot(seq, pos)
                 assert engine.kv[block][offset] == _token_at(seq, pos), f"{seq} reads bad KV"
@@ -365,6 +374,8 @@ def test_async_schedules_read_the_kv_of_the_step_in_flight(seed: int) -> None:
     for _ in range(2000):
         if not scheduler.has_unfinished_seqs():
             break
+        if queue and waits(queue[-1]):
+            process(queue.pop(0))
         out = scheduler.schedule()
         for s in out.scheduled:  # blocks for the chunk, the copies done before it runs
             assert len(s.seq.block_table) * engine.bm.block_size >= s.start + s.num_new_tokens

@@ -98,24 +98,29 @@ def test_async_scheduling_gives_the_synchronous_engines_outputs(kwargs, tiny_mod
     assert (engine.scheduler.num_preemptions > 0) == bool(kwargs)
 
 
-def test_sequences_that_read_host_tokens_never_run_ahead(tiny_model_path) -> None:
-    """A request with penalties is never scheduled while its token is being sampled: every
-    step that reads a placeholder reads it for the other request."""
+def test_a_step_sampling_for_a_request_that_reads_host_tokens_is_synchronous(
+    tiny_model_path,
+) -> None:
+    """While a request with penalties runs, each step is processed before the next is
+    scheduled (no placeholder is read); after it ends the other request runs ahead."""
     engine = make_engine(tiny_model_path(LLAMA), async_scheduling=True)
-    penalized = SamplingParams(temperature=0, max_tokens=8, frequency_penalty=1.0)
-    engine.add_request("free", {"prompt_token_ids": [1, 2, 3]}, greedy(8))
+    penalized = SamplingParams(temperature=0, max_tokens=4, frequency_penalty=1.0)
+    engine.add_request("free", {"prompt_token_ids": [1, 2, 3]}, greedy(16))
     engine.add_request("penalized", {"prompt_token_ids": [4, 5, 6]}, penalized)
-    read = []
+    steps = []  # per step: (penalized still unfinished, keys reading placeholders)
     launch = engine.executor.runner.launch
 
     def recording(step, rows):  # noqa: ANN001, ANN202
-        read.extend(step.chunks[i].key[0] for i, _ in step.placeholder_rows)
+        read = [step.chunks[i].key[0] for i, _ in step.placeholder_rows]
+        steps.append(("penalized" in engine.requests, read))
         return launch(step, rows)
 
     engine.executor.runner.launch = recording
     run = run_all(engine)
-    assert set(read) == {"free"} and len(read) >= 5
-    assert len(run.outputs["penalized"].outputs[0].token_ids) == 8
+    assert all(not read for unfinished, read in steps if unfinished)
+    assert sum(len(read) for _, read in steps) >= 8
+    assert {key for _, read in steps for key in read} == {"free"}
+    assert len(run.outputs["penalized"].outputs[0].token_ids) == 4
 
 
 def test_an_abort_while_two_steps_are_in_flight(tiny_model_path, hf_greedy, spread_prompts):
