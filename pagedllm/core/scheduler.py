@@ -173,13 +173,13 @@ class Scheduler:
 
     def _reserve_slots(self, seq: Sequence, num_new_tokens: int, out: SchedulerOutput) -> bool:
         """Get blocks for seq's new tokens, preempting the newest running sequences not in
-        flight while they are short. False if seq is short: preempted, or in flight."""
+        flight while they are short. False if seq is short: preempted, or in flight (then
+        it preempts nothing, and waits)."""
         num_new_tokens += seq.num_in_flight_tokens  # the block manager counts from computed
         if self.block_manager.appends_in_place(seq, num_new_tokens):
             return True
-        if seq.seq_id in self.in_flight:  # never preempted: it waits for the next step
-            if not self.block_manager.can_append(seq, num_new_tokens):
-                return False
+        if seq.seq_id in self.in_flight and not self.block_manager.can_append(seq, num_new_tokens):
+            return False
         while not self.block_manager.can_append(seq, num_new_tokens):
             candidates = [q for q in self.running if q.seq_id not in self.in_flight]
             victim = candidates[-1]  # seq itself, at least

@@ -189,9 +189,9 @@ class LLMEngine:
         return request_ids
 
     def step(self) -> list[RequestOutput | PoolingRequestOutput]:
-        failed = self._admit_compiled()
+        outputs = self._admit_compiled()  # requests whose grammar failed, if any
         if self.batch_queue and self.batch_queue[-1].waits_for_host:
-            failed += self._finish_oldest_batch()  # a synchronous step: see _Batch
+            outputs += self._finish_oldest_batch()  # a synchronous step: see _Batch
         if len(self.batch_queue) < self.executor.max_concurrent_batches:
             out = self.scheduler.schedule()
             if not out.is_empty:
@@ -201,10 +201,10 @@ class LLMEngine:
                 self.batch_queue.append(_Batch(out, plan, future, self._waits_for_host(out)))
                 if len(self.batch_queue) < self.executor.max_concurrent_batches:
                     if not future.done():
-                        return failed
+                        return outputs
         if not self.batch_queue:
-            return failed
-        return failed + self._finish_oldest_batch()
+            return outputs
+        return outputs + self._finish_oldest_batch()
 
     def _prev_rows(self) -> dict[int, int] | None:
         """The sampler rows of the newest batch in flight, by seq id (async scheduling:

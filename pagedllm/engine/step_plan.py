@@ -48,6 +48,7 @@ def plan_step(
             assert prev_rows is not None, "a placeholder needs the step in flight's rows"
             placeholder_rows.append((i, prev_rows[seq.seq_id]))
             new_token_ids.append(0)
+            assert len(new_token_ids) == s.num_new_tokens, "one placeholder, at the end"
         chunks.append(SeqChunk(new_token_ids, start, seq.block_table, (seq.request_id, seq.seq_id)))
         request = requests[seq.request_id]
         if isinstance(request, PoolingRequest):
