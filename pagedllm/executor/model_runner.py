@@ -230,8 +230,7 @@ class ModelRunner:
             if hidden is not None:
                 return hidden
         batch = batch.to(self.device)
-        if placeholders is not None:
-            write_placeholders(batch.input_ids, placeholders)
+        write_placeholders(batch.input_ids, placeholders)
         with set_forward_context(batch.attn_metadata):
             return self.model(batch.input_ids, batch.positions, intermediate)
 
