@@ -347,8 +347,8 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     async_scheduling: bool = False
     """vLLM's name: schedule the next step while the last one runs on the device, its
-    sequences' next tokens read there (core/scheduler.py); one rank only. EngineArgs
-    turns it on where default_async_scheduling says, unless told."""
+    sequences' next tokens read there (core/scheduler.py); not with pipeline parallelism.
+    EngineArgs turns it on where default_async_scheduling says, unless told."""
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -436,12 +436,12 @@ class ParallelConfig:
 
 
 def default_async_scheduling(device: str, parallel: ParallelConfig, runner_type: str) -> bool:
-    """Async scheduling where vLLM has it on and it helps: a model that generates, on one
-    rank of a GPU (on a CPU the forward runs on the host itself: nothing overlaps)."""
+    """Async scheduling where vLLM has it on and it helps: a model that generates on GPUs,
+    without pipeline parallelism (on a CPU the forward runs on the host itself: nothing
+    overlaps)."""
     return (
         torch.device(device).type == "cuda"
-        and parallel.world_size == 1
-        and parallel.distributed_executor_backend in (None, "uni")
+        and parallel.pipeline_parallel_size == 1
         and runner_type == "generate"
     )
 
@@ -481,14 +481,10 @@ class EngineConfig:
                 f"max_num_batched_tokens {sched.max_num_batched_tokens} must be >= "
                 f"max_model_len {max_len} when chunked prefill is off"
             )
-        parallel = self.parallel_config
-        if sched.async_scheduling and (
-            parallel.world_size > 1 or parallel.distributed_executor_backend not in (None, "uni")
-        ):
+        if sched.async_scheduling and self.parallel_config.pipeline_parallel_size > 1:
             raise ValueError(
-                "async_scheduling runs one rank in this process: it does not combine with "
-                "tensor or pipeline parallelism or another distributed_executor_backend "
-                "(data parallelism's replicas may each use it)"
+                "async_scheduling does not combine with pipeline parallelism, whose stages "
+                "already run one micro-batch each at once"
             )
 
 

@@ -154,21 +154,21 @@ def test_data_parallel_replicas_do_not_take_nnodes() -> None:
 
 
 def test_async_scheduling_is_on_by_default_where_it_overlaps_a_gpu(tiny_model_path) -> None:
-    """vLLM's default: on for a generating model on one GPU rank; off on the CPU (nothing
-    overlaps there), across ranks, and for pooling models; asking for it where it is
-    not supported is an error."""
-    one = ParallelConfig()
+    """vLLM's default: on for a generating model on GPUs, tensor parallel or not; off on
+    the CPU (nothing overlaps there), under pipeline parallelism and for pooling models;
+    asking for it with pipeline parallelism is an error."""
+    one, tp2 = ParallelConfig(), ParallelConfig(tensor_parallel_size=2)
     assert default_async_scheduling("cuda", one, "generate")
+    assert default_async_scheduling("cuda", tp2, "generate")
     assert not default_async_scheduling("cpu", one, "generate")
     assert not default_async_scheduling("cuda", one, "pooling")
-    assert not default_async_scheduling("cuda", ParallelConfig(tensor_parallel_size=2), "generate")
-    mp = ParallelConfig(distributed_executor_backend="mp")
-    assert not default_async_scheduling("cuda", mp, "generate")
+    pp2 = ParallelConfig(pipeline_parallel_size=2)
+    assert not default_async_scheduling("cuda", pp2, "generate")
     path = tiny_model_path("llama-gqa-llama3")
     config = EngineArgs(path, device="cpu").create_engine_config()
     assert config.scheduler_config.async_scheduling is False
     config = EngineArgs(path, device="cpu", async_scheduling=True).create_engine_config()
     assert config.scheduler_config.async_scheduling is True
-    two_ranks = EngineArgs(path, device="cpu", async_scheduling=True, tensor_parallel_size=2)
-    with pytest.raises(ValueError, match="async_scheduling runs one rank"):
-        two_ranks.create_engine_config()
+    stages = EngineArgs(path, device="cpu", async_scheduling=True, pipeline_parallel_size=2)
+    with pytest.raises(ValueError, match="async_scheduling does not combine with pipeline"):
+        stages.create_engine_config()

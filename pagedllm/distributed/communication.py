@@ -22,3 +22,13 @@ def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Te
     parts = [torch.empty_like(x) for _ in range(world_size)]
     dist.all_gather(parts, x.contiguous(), group=get_tp_group().device_group)
     return torch.cat(parts, dim=dim)
+
+
+def tensor_model_parallel_broadcast(x: torch.Tensor) -> torch.Tensor:
+    """The group's first rank's `x`, in place on every rank (contiguous, of one shape on
+    all); on NCCL queued on the device without the host waiting."""
+    group = get_tp_group()
+    if group.world_size == 1:
+        return x
+    dist.broadcast(x, src=group.first_rank, group=group.device_group)
+    return x

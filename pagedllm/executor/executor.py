@@ -107,7 +107,8 @@ class DistributedExecutor(Executor):
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         self.link = StageLink(self.runner.device)
-        self.max_concurrent_batches = config.parallel_config.pipeline_parallel_size
+        if not self.async_scheduling:
+            self.max_concurrent_batches = config.parallel_config.pipeline_parallel_size
         self.row_sender = RowDeltaSender()
         self.table_sender = BlockTableSender()
 
@@ -137,11 +138,18 @@ class DistributedExecutor(Executor):
         if self.link.samples:  # no pipeline: this rank samples
             self._call(EXECUTE, (sent, None))
             with self._failures():
-                return StepFuture.ready(self.runner.execute(step, rows))
+                wait = self.runner.launch(step, rows)
+            if not self.async_scheduling:
+                return StepFuture.ready(wait())
+            return StepFuture(lambda: self._wait_for(wait))
         self._call(EXECUTE, (sent, self.row_sender.deltas(rows, step.finished_req_ids)))
         with self._failures():
             self.link.send_intermediate(self.runner.forward_stage(step, None))
         return StepFuture(self._receive_output)
+
+    def _wait_for(self, wait: Callable[[], StepOutput]) -> StepOutput:
+        with self._failures():
+            return wait()
 
     def _receive_output(self) -> StepOutput:
         with self._failures():

@@ -2,7 +2,8 @@
 
 `launch` runs a step without waiting for the device and returns what waits for its
 output; the step's sampled ids stay on the device (`last_sampled`), where the next step
-reads the tokens its placeholders stand for (async scheduling, core/scheduler.py).
+reads the tokens its placeholders stand for (async scheduling, core/scheduler.py). Under
+tensor parallelism the sampling rank broadcasts them to its peers, which `follow` it.
 """
 
 import itertools
@@ -14,6 +15,7 @@ import torch
 from pagedllm.batch_invariant import set_batch_invariant
 from pagedllm.config import EngineConfig
 from pagedllm.device_copy import to_device
+from pagedllm.distributed.communication import tensor_model_parallel_broadcast
 from pagedllm.distributed.parallel_state import set_expert_parallel
 from pagedllm.executor import cuda_graph
 from pagedllm.executor.batch import (
@@ -99,6 +101,10 @@ class ModelRunner:
         self.kv_cache: torch.Tensor | None = None
         self.graph_runner: CpuGraphRunner | CudaGraphRunner | None = None
         self.last_sampled: torch.Tensor | None = None  # the last step's sampled ids [B]
+        self.shares_samples = (
+            config.scheduler_config.async_scheduling
+            and config.parallel_config.tensor_parallel_size > 1
+        )
 
     @property
     def kv_cache_bytes_per_token(self) -> int:
@@ -237,11 +243,16 @@ class ModelRunner:
     @torch.inference_mode()
     def follow(self, step: StepInput, intermediate: IntermediateTensors | None = None) -> None:
         """A tensor-parallel peer of the sampling rank: the same forward (its collectives
-        need every rank), nothing sampled."""
+        need every rank), nothing sampled; under async scheduling it receives the sampled
+        ids, for the next step's placeholders."""
         if step.pool_indices:
             self.pool(step, intermediate)
-        else:
-            self.forward(step, intermediate)
+            return
+        self.forward(step, intermediate)
+        self.last_sampled = None
+        if self.shares_samples and step.sample_indices:
+            sampled = torch.empty(len(step.sample_indices), dtype=torch.int64, device=self.device)
+            self.last_sampled = tensor_model_parallel_broadcast(sampled)
 
     def execute(
         self,
@@ -274,4 +285,6 @@ class ModelRunner:
         metadata = SamplingMetadata.build(rows, self.vocab_size, self.device)
         pending = self.sampler.launch(logits, metadata)
         self.last_sampled = pending.sampled_on_device
+        if self.shares_samples:
+            tensor_model_parallel_broadcast(self.last_sampled)
         return lambda: StepOutput(pending.result(), prompt_logits)

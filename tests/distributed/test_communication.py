@@ -1,7 +1,8 @@
 """pagedllm/distributed/communication.py. References: the identity for a world of one rank
 (with or without a process group), and for two gloo ranks in spawned processes the
-definitions of all-reduce (the elementwise sum over ranks) and all-gather (every rank's
-tensor concatenated along `dim` in rank order), computed here with torch.cat and sum."""
+definitions of all-reduce (the elementwise sum over ranks), all-gather (every rank's
+tensor concatenated along `dim` in rank order) and broadcast (the first rank's tensor),
+computed here with torch.cat and sum."""
 
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch.multiprocessing as mp
 from pagedllm.distributed.communication import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
+    tensor_model_parallel_broadcast,
 )
 from pagedllm.distributed.parallel_state import (
     destroy_distributed_environment,
@@ -31,6 +33,7 @@ def check_identity() -> None:
     assert tensor_model_parallel_all_reduce(x) is x
     assert tensor_model_parallel_all_gather(x) is x
     assert tensor_model_parallel_all_gather(x, dim=0) is x
+    assert tensor_model_parallel_broadcast(x) is x
     torch.testing.assert_close(x, expected, rtol=0, atol=0)
 
 
@@ -52,6 +55,7 @@ def two_rank_worker(rank: int, rendezvous: str, out_dir: str) -> None:
             "gather_0": tensor_model_parallel_all_gather(x, dim=0),
             "gather_non_contiguous": tensor_model_parallel_all_gather(x.t(), dim=0),
             "reduce": tensor_model_parallel_all_reduce(x.clone()),
+            "broadcast": tensor_model_parallel_broadcast(x.clone()),
         }
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
@@ -71,6 +75,7 @@ def test_two_gloo_ranks_sum_and_concatenate_in_rank_order(tmp_path: Path) -> Non
         "gather_0": torch.cat(parts, dim=0),
         "gather_non_contiguous": torch.cat([p.t() for p in parts], dim=0),
         "reduce": sum(parts),
+        "broadcast": parts[0],
     }
     for rank in range(WORLD_SIZE):
         results = torch.load(tmp_path / f"rank{rank}.pt")

@@ -138,8 +138,3 @@ def test_an_abort_while_two_steps_are_in_flight(tiny_model_path, hf_greedy, spre
     reference = hf_greedy(LLAMA, spread_prompts, MAX_TOKENS)
     assert_matches_reference(run, ids[1:], reference[1:])
     assert_all_blocks_free(engine)
-
-
-def test_async_scheduling_needs_one_rank(tiny_model_path) -> None:
-    with pytest.raises(ValueError, match="async_scheduling runs one rank"):
-        make_engine(tiny_model_path(LLAMA), async_scheduling=True, tensor_parallel_size=2)

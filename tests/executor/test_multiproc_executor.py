@@ -53,6 +53,27 @@ def test_tp2_matches_tp1(name: str, tiny_model_path) -> None:
     assert 0.45 * single_bytes < tp_bytes < 0.75 * single_bytes
 
 
+def test_tp2_with_async_scheduling_matches_tp1(tiny_model_path) -> None:
+    """Async scheduling over two ranks: rank 0 broadcasts each step's sampled ids, which
+    both ranks write into the next step's placeholders; the same tokens and logprobs as
+    one rank without it."""
+    path = tiny_model_path("llama-gqa4")
+    expected = generate_twice(LLM(path, max_num_batched_tokens=16, **ENGINE))
+    kwargs = dict(max_num_batched_tokens=16, tensor_parallel_size=2, async_scheduling=True)
+    with LLM(path, **kwargs, **ENGINE) as tp:
+        runner = tp.llm_engine.executor.runner
+        placeholders, launch = [], runner.launch
+
+        def counting(step, rows):  # noqa: ANN001, ANN202
+            placeholders.append(len(step.placeholder_rows))
+            return launch(step, rows)
+
+        runner.launch = counting
+        got = generate_twice(tp)
+    assert_same(expected, got, 1e-5)
+    assert sum(placeholders) > len(mixed_prompts()) * PARAMS.max_tokens
+
+
 def test_default_model_tp_same_greedy_text() -> None:
     """SmolLM2-135M has 9 query and 3 kv heads, so it splits over 3 ranks, not 2. Dequantized
     to float32, 3 ranks give the same 16 tokens as one."""
