@@ -65,18 +65,23 @@ class NotAProcessor:
         return logits
 
 
-@pytest.mark.parametrize("spec", [BanToken, f"{__name__}:BanToken"], ids=["class", "string"])
+@pytest.mark.parametrize(
+    "spec, async_scheduling",
+    [(BanToken, False), (f"{__name__}:BanToken", False), (BanToken, True)],
+    ids=["class", "string", "async"],
+)
 def test_ban_token_processor_matches_transformers_suppress_tokens(
-    spec, tiny_llm, hf_model, hf_greedy, spread_prompts
+    spec, async_scheduling, tiny_llm, hf_model, hf_greedy, spread_prompts
 ) -> None:
     """Reference: transformers' greedy `generate(suppress_tokens=[t])` for the request that
-    sets extra_args, plain greedy `generate` for the two that do not (same batch)."""
+    sets extra_args, plain greedy `generate` for the two that do not (same batch); under
+    async scheduling too (each step's sampling after the step before is processed)."""
     prompt = spread_prompts[3]
     (plain,) = hf_greedy(LLAMA, [prompt], MAX_TOKENS)
     banned = plain.token_ids[0]
     suppressed = hf_generate_greedy(hf_model(LLAMA), prompt, MAX_TOKENS, suppress_tokens=[banned])
     assert banned not in suppressed
-    llm = tiny_llm(LLAMA, logits_processors=(spec,))
+    llm = tiny_llm(LLAMA, logits_processors=(spec,), async_scheduling=async_scheduling)
     params = [greedy(ignore_eos=True), greedy(ignore_eos=True, extra_args={"ban": banned})]
     outputs = completions(llm, as_prompts([prompt] * 3), params + params[:1])
     assert [c.token_ids for c in outputs] == [plain.token_ids, suppressed, plain.token_ids]

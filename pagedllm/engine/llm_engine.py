@@ -9,8 +9,8 @@ fewer than one batch per stage is in flight (vLLM v1's batch queue), so every st
 micro-batch; otherwise it waits for the oldest batch and processes its results. Async
 scheduling keeps two batches the same way on one rank: the next step is scheduled and
 launched while the last runs, and its sequences read their last token on the device;
-a batch sampling for a sequence whose sampling needs its tokens on the host is processed
-before the next step is scheduled.
+when a sequence's sampling needs that token on the host, the step's forward is launched
+first and its sampling after the last step is processed.
 A pooling model (runner "pooling") takes PoolingParams instead: its requests run their
 prompt's prefill through the same scheduler and end as PoolingRequestOutputs.
 """
@@ -34,7 +34,7 @@ from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Request
 from pagedllm.engine.stats import ITERATION_TOKENS_BUCKETS, EngineStats, HistogramCounts
-from pagedllm.engine.step_plan import StepPlan, plan_step, sampled_rows
+from pagedllm.engine.step_plan import StepPlan, plan_step, sampled_rows, sampling_rows
 from pagedllm.engine.tokenizer import (
     eos_token_ids,
     generation_config_dict,
@@ -67,10 +67,12 @@ class _Batch:
     out: SchedulerOutput
     plan: StepPlan
     future: StepFuture
-    # Async scheduling: a sequence it samples cannot run ahead, so it is processed before
-    # the next step is scheduled (that step is synchronous) rather than the sequence
-    # sitting the next step out.
-    waits_for_host: bool = False
+    # Async scheduling. forks: it samples a request's n completions at their first token,
+    # so it is processed before the next step is scheduled (which runs the forked ones).
+    # samples_from_host: it samples for a sequence whose next sampling needs that token on
+    # the host, so the next step's sampling waits until it is processed (its forward not).
+    forks: bool = False
+    samples_from_host: bool = False
 
 
 @contextmanager
@@ -190,21 +192,38 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         outputs = self._admit_compiled()  # requests whose grammar failed, if any
-        if self.batch_queue and self.batch_queue[-1].waits_for_host:
+        if self.batch_queue and self.batch_queue[-1].forks:
             outputs += self._finish_oldest_batch()  # a synchronous step: see _Batch
         if len(self.batch_queue) < self.executor.max_concurrent_batches:
             out = self.scheduler.schedule()
             if not out.is_empty:
                 self.iteration_tokens.observe(out.num_batched_tokens)
-                plan = plan_step(out, self.requests, self.structured_output, self._prev_rows())
-                future = self.executor.execute_async(plan.step_input, plan.rows)
-                self.batch_queue.append(_Batch(out, plan, future, self._waits_for_host(out)))
+                future = self._submit(out, outputs)
                 if len(self.batch_queue) < self.executor.max_concurrent_batches:
                     if not future.done():
                         return outputs
         if not self.batch_queue:
             return outputs
         return outputs + self._finish_oldest_batch()
+
+    def _submit(self, out: SchedulerOutput, outputs: list) -> StepFuture:
+        """Plan and launch the step. Under async scheduling, when the step in flight samples
+        for a request whose next sampling needs that token on the host, this step's forward
+        is launched, the step in flight is processed (its outputs added to `outputs`), and
+        only then are this step's rows built and its sampling launched."""
+        in_flight = self.batch_queue[-1] if self.batch_queue else None
+        late = in_flight is not None and in_flight.samples_from_host
+        args = (self.requests, self.structured_output)
+        plan = plan_step(out, *args, prev_rows=self._prev_rows(), with_rows=not late)
+        if late:
+            forward = self.executor.launch_forward(plan.step_input)
+            outputs += self._finish_oldest_batch()
+            plan.rows = sampling_rows(out, plan.owners, *args)
+            future = self.executor.launch_sampling(plan.step_input, forward, plan.rows)
+        else:
+            future = self.executor.execute_async(plan.step_input, plan.rows)
+        self.batch_queue.append(_Batch(out, plan, future, *self._host_needs(out, plan)))
+        return future
 
     def _prev_rows(self) -> dict[int, int] | None:
         """The sampler rows of the newest batch in flight, by seq id (async scheduling:
@@ -214,25 +233,26 @@ class LLMEngine:
         newest = self.batch_queue[-1]
         return sampled_rows(newest.plan, newest.out)
 
-    def _waits_for_host(self, out: SchedulerOutput) -> bool:
-        """Whether the step samples a token for a sequence that cannot run ahead (async
-        scheduling): whose next step could not read that token on the device."""
+    def _host_needs(self, out: SchedulerOutput, plan: StepPlan) -> tuple[bool, bool]:
+        """Async scheduling: whether the step forks a request's completions, and whether it
+        samples for a sequence whose next sampling needs that token on the host (_Batch)."""
         if not self.scheduler.async_scheduling:
-            return False
-        custom = bool(self.config.logits_processors)
-        return any(
-            s.produces_token and (custom or not self._can_run_ahead(s.seq)) for s in out.scheduled
-        )
+            return False, False
+        forks = len(plan.owners) > len({i for i, _ in plan.owners})
+        from_host = any(s.produces_token and self._samples_from_host(s.seq) for s in out.scheduled)
+        return forks, from_host
 
-    def _can_run_ahead(self, seq: Sequence) -> bool:
-        """Async scheduling's rule: seq's next step may read its last token on the device
-        when its sampling reads no output token on the host (custom logits processors may),
-        min_tokens does not count that token, and it forks no completions at it."""
+    def _samples_from_host(self, seq: Sequence) -> bool:
+        """Whether sampling seq's next token needs its last one on the host: custom logits
+        processors (user code that may read it), a structured-output grammar or a bad word
+        of several tokens (Request.reads_host_tokens), min_tokens still counting it.
+        Penalties count it on the device."""
         request = self.requests.get(seq.request_id)
-        if not isinstance(request, Request) or request.reads_host_tokens:
+        if not isinstance(request, Request):
             return False
-        params = request.params
-        return len(request.completions) == params.n and seq.num_output_tokens >= params.min_tokens
+        if self.config.logits_processors or request.reads_host_tokens:
+            return True
+        return seq.num_output_tokens < request.params.min_tokens
 
     def _finish_oldest_batch(self) -> list[RequestOutput | PoolingRequestOutput]:
         batch = self.batch_queue.popleft()

@@ -72,16 +72,13 @@ class Request:
 
     @functools.cached_property
     def reads_host_tokens(self) -> bool:
-        """Whether sampling its next token reads its output tokens on the host (penalties,
-        bad words, a structured-output grammar), so that under async scheduling it is not
-        scheduled while its last token is still being sampled."""
+        """Whether sampling its next token reads its last output token on the host (a
+        structured-output grammar; a bad word of several tokens, whose start it matches),
+        so that under async scheduling it is not scheduled while that token is still being
+        sampled. Penalties count such a token on the device (sample/ops/penalties.py)."""
         params = self.params
-        return (
-            params.structured_outputs is not None
-            or bool(params.bad_words_token_ids)
-            or params.presence_penalty != 0
-            or params.frequency_penalty != 0
-            or params.repetition_penalty != 1
+        return params.structured_outputs is not None or any(
+            len(word) > 1 for word in params.bad_words_token_ids or ()
         )
 
     @property

@@ -8,7 +8,9 @@ rows at once; free rows, and constrained ones still in their reasoning part, add
 A pooling request's chunks sample nothing: they are pooled (StepInput.pool_indices).
 Under async scheduling a chunk whose last token the step in flight is still sampling
 holds a 0 there, and StepInput.placeholder_rows says which of that step's sampled ids
-the runner puts in its place on the device (`prev_rows`, from the engine).
+the runner puts in its place on the device (`prev_rows`, from the engine); the rows of a
+step whose sampling needs the step in flight's tokens on the host are built after that
+step is processed (`sampling_rows`).
 """
 
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from pagedllm.engine.request import Request
 from pagedllm.executor.batch import SeqChunk
 from pagedllm.executor.model_runner import StepInput
 from pagedllm.sample.metadata import SamplingRow
+from pagedllm.sampling_params import SamplingParams
 from pagedllm.structured_output import GrammarMatcher, StructuredOutputManager
 
 
@@ -35,12 +38,14 @@ def plan_step(
     requests: dict[str, Request | PoolingRequest],
     structured_output: StructuredOutputManager | None = None,
     prev_rows: dict[int, int] | None = None,
+    with_rows: bool = True,
 ) -> StepPlan:
     """`structured_output` builds the bitmasks of constrained rows (needed when any);
     `prev_rows`: the sampler row, in the step in flight, of each sequence it samples (by
-    seq id; needed when a chunk reads a placeholder)."""
+    seq id; needed when a chunk reads a placeholder). `with_rows` False leaves the sampler
+    rows to `sampling_rows`, once the step in flight's tokens are on the host."""
     chunks, sample_indices, prompt_indices, pool_indices = [], [], [], []
-    rows, owners, constrained, placeholder_rows = [], [], [], []
+    owners, placeholder_rows = [], []
     for i, s in enumerate(out.scheduled):
         seq, start = s.seq, s.start
         new_token_ids = seq.token_ids[start : start + s.num_new_tokens]
@@ -56,18 +61,10 @@ def plan_step(
             continue
         if request.params.prompt_logprobs is not None and start < seq.num_prompt_tokens:
             prompt_indices.append(i)
-        if not s.produces_token:
-            continue
-        prompt_ids, output_ids = seq.prompt_token_ids, seq.output_token_ids
-        for k in _completion_indices(request, seq):
-            if request.matchers and request.matchers[k].is_active:
-                constrained.append((len(rows), request.matchers[k]))
-            generator, key = request.generators[k], (request.request_id, k)
-            rows.append(SamplingRow(request.params, prompt_ids, output_ids, generator, key=key))
-            sample_indices.append(i)
-            owners.append((i, k))
-    if constrained:
-        _add_token_bitmasks(rows, constrained, structured_output)
+        if s.produces_token:
+            for k in _completion_indices(request, seq):
+                sample_indices.append(i)
+                owners.append((i, k))
     step_input = StepInput(
         chunks,
         out.blocks_to_copy,
@@ -77,7 +74,38 @@ def plan_step(
         out.finished_req_ids,
         placeholder_rows,
     )
+    rows = sampling_rows(out, owners, requests, structured_output) if with_rows else []
     return StepPlan(step_input, rows, owners)
+
+
+# The row of a sequence that ended while its step was in flight (async scheduling): sampled
+# like any other, its token dropped.
+_DROPPED_ROW_PARAMS = SamplingParams(temperature=0)
+
+
+def sampling_rows(
+    out: SchedulerOutput,
+    owners: list[tuple[int, int]],
+    requests: dict[str, Request | PoolingRequest],
+    structured_output: StructuredOutputManager | None = None,
+) -> list[SamplingRow]:
+    """The sampler rows of `owners` (batch index, completion index), constrained ones with
+    their completion's bitmask."""
+    rows, constrained = [], []
+    for i, k in owners:
+        seq = out.scheduled[i].seq
+        request = requests.get(seq.request_id)
+        if seq.is_finished or request is None:
+            rows.append(SamplingRow(_DROPPED_ROW_PARAMS, [], []))
+            continue
+        if request.matchers and request.matchers[k].is_active:
+            constrained.append((len(rows), request.matchers[k]))
+        generator, key = request.generators[k], (request.request_id, k)
+        prompt_ids, output_ids = seq.prompt_token_ids, seq.output_token_ids
+        rows.append(SamplingRow(request.params, prompt_ids, output_ids, generator, key=key))
+    if constrained:
+        _add_token_bitmasks(rows, constrained, structured_output)
+    return rows
 
 
 def sampled_rows(plan: StepPlan, out: SchedulerOutput) -> dict[int, int]:

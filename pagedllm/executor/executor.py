@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 from pagedllm.config import EngineConfig
 from pagedllm.distributed.parallel_state import destroy_distributed_environment
-from pagedllm.executor.model_runner import ModelRunner, StepInput, StepOutput
+from pagedllm.executor.model_runner import ForwardOutput, ModelRunner, StepInput, StepOutput
 from pagedllm.executor.row_deltas import RowDeltaSender
 from pagedllm.executor.stage_link import StageLink
 from pagedllm.executor.table_deltas import BlockTableSender
@@ -79,6 +79,18 @@ class Executor:
         if self.async_scheduling:
             return StepFuture(self.runner.launch(step, rows))
         return StepFuture.ready(self.execute(step, rows))
+
+    def launch_forward(self, step: StepInput) -> ForwardOutput:
+        """Async scheduling, for a step whose rows need the step in flight's tokens on the
+        host: its forward now, its sampling (`launch_sampling`) once they are there."""
+        return self.runner.launch_forward(step)
+
+    def launch_sampling(
+        self, step: StepInput, forward: ForwardOutput, rows: list[SamplingRow]
+    ) -> StepFuture:
+        """The sampling of a forward `launch_forward` launched, from rows built after the
+        step before was processed (their output lists hold its tokens)."""
+        return StepFuture(self.runner.launch_sampling(step, forward, rows, False))
 
     def validate_params(self, params: SamplingParams) -> None:
         """The logits processors' own checks of a request (they run on rank 0 only)."""
@@ -146,6 +158,19 @@ class DistributedExecutor(Executor):
         with self._failures():
             self.link.send_intermediate(self.runner.forward_stage(step, None))
         return StepFuture(self._receive_output)
+
+    def launch_forward(self, step: StepInput) -> ForwardOutput:
+        assert self.link.samples, "async scheduling runs without pipeline parallelism"
+        self._call(EXECUTE, (self.table_sender.encode(step), None))
+        with self._failures():
+            return self.runner.launch_forward(step)
+
+    def launch_sampling(
+        self, step: StepInput, forward: ForwardOutput, rows: list[SamplingRow]
+    ) -> StepFuture:
+        with self._failures():
+            wait = self.runner.launch_sampling(step, forward, rows, False)
+        return StepFuture(lambda: self._wait_for(wait))
 
     def _wait_for(self, wait: Callable[[], StepOutput]) -> StepOutput:
         with self._failures():

@@ -68,6 +68,16 @@ class StepInput:
 
 
 @dataclass
+class ForwardOutput:
+    """A launched forward: the logits of the rows that sample (None for a step that
+    samples nothing) and the prompt logits; a pooling model's pooling instead."""
+
+    logits: torch.Tensor | None
+    prompt_logits: dict[int, torch.Tensor]
+    pooled: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
 class StepOutput:
     sampler_output: SamplerOutput | None
     prompt_logits: dict[int, torch.Tensor]  # batch index -> [new tokens, V] float32
@@ -212,6 +222,15 @@ class ModelRunner:
         rows = to_device([row for _, row in placeholder_rows], torch.int64, self.device)
         return where, self.last_sampled[rows]
 
+    def _pending_tokens(self, step: StepInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sampler rows, their tokens on the device) of the rows whose sequence's last
+        output token is a placeholder: the last step's, not yet in their output lists."""
+        prev_row = dict(step.placeholder_rows)  # batch index -> row in the last step
+        rows = [r for r, i in enumerate(step.sample_indices) if i in prev_row]
+        prev = [prev_row[step.sample_indices[r]] for r in rows]
+        tokens = self.last_sampled[to_device(prev, torch.int64, self.device)]
+        return to_device(rows, torch.int64, self.device), tokens
+
     def _sampled_rows(
         self, hidden: torch.Tensor, starts: list[int], sample_indices: list[int]
     ) -> torch.Tensor:
@@ -263,7 +282,6 @@ class ModelRunner:
         """Run and sample the step (on the last pipeline stage: from `intermediate`)."""
         return self.launch(step, rows, intermediate)()
 
-    @torch.inference_mode()
     def launch(
         self,
         step: StepInput,
@@ -271,20 +289,40 @@ class ModelRunner:
         intermediate: IntermediateTensors | None = None,
     ) -> Callable[[], StepOutput]:
         """`execute` up to the wait for the device: -> what waits and gives its output."""
+        return self.launch_sampling(step, self.launch_forward(step, intermediate), rows)
+
+    @torch.inference_mode()
+    def launch_forward(
+        self, step: StepInput, intermediate: IntermediateTensors | None = None
+    ) -> ForwardOutput:
+        """The step's forward, launched: its logits (and a pooling model's pooling)."""
         if not step.chunks:
-            self.last_sampled = None
-            return lambda: StepOutput(None, {})
+            return ForwardOutput(None, {})
         if step.pool_indices:
-            pooled = StepOutput(None, {}, self.pool(step, intermediate))
+            return ForwardOutput(None, {}, self.pool(step, intermediate))
+        return ForwardOutput(*self.forward(step, intermediate))
+
+    @torch.inference_mode()
+    def launch_sampling(
+        self,
+        step: StepInput,
+        forward: ForwardOutput,
+        rows: list[SamplingRow],
+        rows_lack_placeholders: bool = True,
+    ) -> Callable[[], StepOutput]:
+        """Sample the launched forward's logits: -> what waits and gives the step's output.
+        `rows_lack_placeholders`: the rows' output lists lack the tokens the step's
+        placeholders stand for (rows built when the step was scheduled, async scheduling):
+        the penalties count them on the device."""
+        if forward.logits is None or not rows:
             self.last_sampled = None
-            return lambda: pooled
-        logits, prompt_logits = self.forward(step, intermediate)
-        if not rows:
-            self.last_sampled = None
-            return lambda: StepOutput(None, prompt_logits)
+            output = StepOutput(None, forward.prompt_logits, forward.pooled)
+            return lambda: output
         metadata = SamplingMetadata.build(rows, self.vocab_size, self.device)
-        pending = self.sampler.launch(logits, metadata)
+        if rows_lack_placeholders and step.placeholder_rows and not metadata.no_penalties:
+            metadata.pending_tokens = self._pending_tokens(step)
+        pending = self.sampler.launch(forward.logits, metadata)
         self.last_sampled = pending.sampled_on_device
         if self.shares_samples:
             tensor_model_parallel_broadcast(self.last_sampled)
-        return lambda: StepOutput(pending.result(), prompt_logits)
+        return lambda: StepOutput(pending.result(), forward.prompt_logits)

@@ -55,6 +55,10 @@ class SamplingMetadata:
     token_bitmask:      [C, W] int32, the grammar bitmasks of the C constrained rows;
                         None if no row is constrained.
     token_bitmask_rows: [C] int64, the rows those bitmasks belong to.
+    pending_tokens:     (rows [P], tokens [P]) on the device: the token each of those rows'
+                        sequences is still sampling in the step in flight (async
+                        scheduling), not in its output list; the penalties count it. Set
+                        by the model runner, which has them; None otherwise.
     argmax_only:        every row is greedy and nothing changes or reports its logits (no
                         mask, bad words, logit_bias, min_tokens, penalties or logprobs).
     """
@@ -79,6 +83,7 @@ class SamplingMetadata:
     token_bitmask: torch.Tensor | None = None
     token_bitmask_rows: torch.Tensor | None = None
     argmax_only: bool = False
+    pending_tokens: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def output_token_ids(self) -> list[list[int]]:

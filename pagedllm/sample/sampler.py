@@ -236,6 +236,7 @@ class Sampler(nn.Module):
                 metadata.presence_penalties,
                 metadata.frequency_penalties,
                 metadata.repetition_penalties,
+                metadata.pending_tokens,
             )
         return logits
 

@@ -7,7 +7,8 @@ synchronous engine's tokens, logprobs and finish reasons for every sampling feat
 
 import pytest
 
-from pagedllm.sampling_params import SamplingParams
+from pagedllm import LLM
+from pagedllm.sampling_params import ReasoningTokens, SamplingParams, StructuredOutputsParams
 from tests.engine.engine_helpers import (
     LLAMA,
     MAX_TOKENS,
@@ -20,6 +21,7 @@ from tests.engine.engine_helpers import (
     step_once,
 )
 from tests.engine.engine_helpers import Run as EngineRun
+from tests.entrypoints.openai.scripted_model import ANSWER_JSON, WEATHER, save_scripted_model
 
 
 def _count_placeholders(engine) -> list[int]:  # noqa: ANN001
@@ -98,29 +100,77 @@ def test_async_scheduling_gives_the_synchronous_engines_outputs(kwargs, tiny_mod
     assert (engine.scheduler.num_preemptions > 0) == bool(kwargs)
 
 
-def test_a_step_sampling_for_a_request_that_reads_host_tokens_is_synchronous(
+def test_sampling_that_needs_the_last_token_on_the_host_waits_for_it_but_not_the_forward(
     tiny_model_path,
 ) -> None:
-    """While a request with penalties runs, each step is processed before the next is
-    scheduled (no placeholder is read); after it ends the other request runs ahead."""
-    engine = make_engine(tiny_model_path(LLAMA), async_scheduling=True)
-    penalized = SamplingParams(temperature=0, max_tokens=4, frequency_penalty=1.0)
-    engine.add_request("free", {"prompt_token_ids": [1, 2, 3]}, greedy(16))
-    engine.add_request("penalized", {"prompt_token_ids": [4, 5, 6]}, penalized)
-    steps = []  # per step: (penalized still unfinished, keys reading placeholders)
-    launch = engine.executor.runner.launch
+    """While min_tokens still counts a request's tokens, its next step's forward still runs
+    ahead on a placeholder, and that step's sampling is launched once the step before is
+    processed (executor.launch_sampling): the synchronous engine's tokens."""
+    counting = SamplingParams(temperature=0, max_tokens=12, min_tokens=6, stop_token_ids=[3])
+    requests = [([1, 2, 3], greedy(16)), ([4, 5, 6], counting)]
+    path = tiny_model_path(LLAMA)
+    sync = _outputs(make_engine(path), requests)
+    engine = make_engine(path, async_scheduling=True)
+    late, launch_sampling = [], engine.executor.launch_sampling
 
-    def recording(step, rows):  # noqa: ANN001, ANN202
-        read = [step.chunks[i].key[0] for i, _ in step.placeholder_rows]
-        steps.append(("penalized" in engine.requests, read))
-        return launch(step, rows)
+    def recording(step, forward, rows):  # noqa: ANN001, ANN202
+        late.append([step.chunks[i].key[0] for i, _ in step.placeholder_rows])
+        return launch_sampling(step, forward, rows)
 
-    engine.executor.runner.launch = recording
-    run = run_all(engine)
-    assert all(not read for unfinished, read in steps if unfinished)
-    assert sum(len(read) for _, read in steps) >= 8
-    assert {key for _, read in steps for key in read} == {"free"}
-    assert len(run.outputs["penalized"].outputs[0].token_ids) == 4
+    engine.executor.launch_sampling = recording
+    assert _outputs(engine, requests) == sync
+    assert 4 <= len(late) and sum("r1" in read for read in late) >= 4
+
+
+def test_structured_outputs_run_ahead_with_their_grammar_applied_late(tmp_path) -> None:
+    """The scripted model (tests/entrypoints/openai/scripted_model.py) with a schema after
+    a reasoning part, n = 2, beside a free request: under async scheduling the same
+    completions as without it (the forked and constrained steps sampled once the step
+    before is processed)."""
+    save_scripted_model(str(tmp_path))
+    outputs = []
+    for async_scheduling in (False, True):
+        llm = LLM(
+            str(tmp_path),
+            num_kv_blocks=64,
+            max_model_len=256,
+            device="cpu",
+            async_scheduling=async_scheduling,
+        )
+        tokenizer = llm.get_tokenizer()
+        end = tokenizer.convert_tokens_to_ids("</think>")
+        constrained = SamplingParams(
+            temperature=0,
+            max_tokens=10,
+            n=2,
+            structured_outputs=StructuredOutputsParams(json=WEATHER),
+            reasoning_tokens=ReasoningTokens([end], in_reasoning=True),
+        )
+        free = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        prompts = ["user Weather? assistant"] * 2
+        results = llm.generate(prompts, [constrained, free], use_tqdm=False)
+        outputs.append([[(c.token_ids, c.finish_reason) for c in r.outputs] for r in results])
+    assert outputs[0] == outputs[1]
+    assert outputs[1][0][0][0][-1] == tokenizer.convert_tokens_to_ids(ANSWER_JSON)
+
+
+@pytest.mark.parametrize(
+    "penalties",
+    [dict(repetition_penalty=1.5), dict(frequency_penalty=0.8, presence_penalty=0.6)],
+)
+def test_penalized_requests_run_ahead_with_the_synchronous_engines_tokens(
+    penalties, tiny_model_path, spread_prompts
+) -> None:
+    """Penalties count a row's token still in flight on the device: penalized requests run
+    ahead, and their tokens and logprobs are the synchronous engine's."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2, **penalties)
+    requests = [(prompt, params) for prompt in spread_prompts]
+    path = tiny_model_path(LLAMA)
+    sync = _outputs(make_engine(path), requests)
+    engine = make_engine(path, async_scheduling=True)
+    counts = _count_placeholders(engine)
+    assert _outputs(engine, requests) == sync
+    assert sum(counts) > len(spread_prompts) * 24 // 2
 
 
 def test_an_abort_while_two_steps_are_in_flight(tiny_model_path, hf_greedy, spread_prompts):

@@ -78,8 +78,8 @@ def test_distributed_executor_broadcasts_each_call_before_running_it(config, mon
     ex.init_kv_cache(3)
     assert events == [(INIT_KV_CACHE, 3)] and ex.runner.kv_cache.shape[2] == 3
 
-    run = ex.runner.execute
-    monkeypatch.setattr(ex.runner, "execute", lambda *args: (events.append("run"), run(*args))[1])
+    run = ex.runner.launch
+    monkeypatch.setattr(ex.runner, "launch", lambda *args: (events.append("run"), run(*args))[1])
     step = StepInput([SeqChunk([5, 6, 7], 0, [0])], [], [0], [])
     rows = [SamplingRow(SamplingParams(temperature=0), [5, 6, 7], [])]
     out = ex.execute(step, rows)

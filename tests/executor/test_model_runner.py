@@ -120,10 +120,12 @@ def test_a_step_on_the_torch_paths_reads_nothing_on_the_host_before_its_one_copy
 ) -> None:
     """The step as it runs on CUDA (kernels off: the torch paths; the sampler's sync-free
     path), on CPU tensors under NoHostReads: a prefill with a copied block, then a mixed step
-    of a decode and a prefill chunk with top-k/top-p, penalties and logprobs. Nothing is read
-    on the host before the sampler's single copy_to_host, called once a step, but by
-    SamplingMetadata.build, whose tensors are made on the host from the rows' lists; the
-    tokens are those of the sampler's host path."""
+    of a decode and a prefill chunk with top-k/top-p, penalties and logprobs, then decodes
+    of which one reads its token from the step before's samples (async scheduling), its
+    penalties counting that token on the device. Nothing is read on the host before the
+    sampler's single copy_to_host, called once a step, but by SamplingMetadata.build, whose
+    tensors are made on the host from the rows' lists; the tokens are those of the
+    sampler's host path."""
     monkeypatch.setattr(_cpu_kernels, "_C", None)
     args = EngineArgs(tiny_model_path(LLAMA), dtype="float32", device="cpu", max_model_len=256)
     runner = ModelRunner(args.create_engine_config())
@@ -147,19 +149,22 @@ def test_a_step_on_the_torch_paths_reads_nothing_on_the_host_before_its_one_copy
 
     monkeypatch.setattr(SamplingMetadata, "build", build_on_host)
     params = SamplingParams(temperature=0.8, top_k=5, top_p=0.9, repetition_penalty=1.2, seed=1)
+    placeholder = SeqChunk([0], 8, [0])  # async scheduling: the last step's row 1 token
     steps = [
         prefill([0, 1]),
         StepInput([SeqChunk([3], 7, [0]), SeqChunk(PROMPTS[0][:4], 0, [3])], [(0, 4)], [0, 1], []),
+        StepInput([SeqChunk([5], 4, [3]), placeholder], [], [0, 1], [], placeholder_rows=[(1, 1)]),
     ]
     for step in steps:
-        tokens = []
+        tokens, last_sampled = [], runner.last_sampled
         for sync_free in (True, False):
             rows = [
                 SamplingRow(SamplingParams(temperature=0, logprobs=2), PROMPTS[0], []),
                 SamplingRow(params, PROMPTS[1], [4], torch.Generator().manual_seed(1)),
             ]
             runner.sampler.sync_free, mode.allowed = sync_free, False
+            runner.last_sampled = last_sampled
             with mode if sync_free else contextlib.nullcontext():
                 tokens.append(runner.execute(step, rows).sampler_output.sampled_token_ids.tolist())
         assert tokens[0] == tokens[1]
-    assert copies == [5, 5]  # the ids, which rows sampled, the three logprobs tensors
+    assert copies == [5, 5, 5]  # the ids, which rows sampled, the three logprobs tensors

@@ -46,6 +46,7 @@ def test_cuda_rank_takes_the_gpu_of_its_local_rank(monkeypatch) -> None:
 class RecordingRunner:
     device = torch.device("cpu")
     follow = ModelRunner.follow
+    shares_samples = False  # no async scheduling: nothing to receive after a step
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []

@@ -4,6 +4,10 @@ vLLM builds dense [B, V] count tensors; only the tokens a row has seen change, s
 they travel as sparse (row, token, count) triples and the penalties touch only those
 entries. On a CPU with V = 152k, 64 rows and 300 tokens each, counting and applying
 take ~4 ms instead of ~180 ms.
+
+Under async scheduling a row's last output token may still be on the device (sampled by
+the step in flight, not yet in the host's lists the counts are built from): such rows'
+pending tokens are counted on the device, one more occurrence each.
 """
 
 import itertools
@@ -47,19 +51,41 @@ def apply_penalties(
     presence_penalties: torch.Tensor,
     frequency_penalties: torch.Tensor,
     repetition_penalties: torch.Tensor,
+    pending: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Penalise logits [B, V] in place; penalties [B].
 
     Repetition, over `seen_tokens` (prompt and output): positive logits are divided by the
     penalty, the others multiplied. Frequency and presence, over `output_tokens`:
     logits -= f * count_in_output + p * (count_in_output > 0). None skips that part.
+    `pending` (rows [P], tokens [P], distinct rows): one more output token of those rows,
+    not in the counts; all on the device, nothing read on the host.
     """
     if seen_tokens is not None:
         rows, tokens = seen_tokens.rows, seen_tokens.tokens
         values, penalty = logits[rows, tokens], repetition_penalties[rows]
         logits[rows, tokens] = torch.where(values > 0, values / penalty, values * penalty)
+        if pending is not None:  # a token seen before is penalised once, already
+            rows, tokens = pending
+            penalty = torch.where(
+                _counted(pending, seen_tokens, logits.shape[1]), 1.0, repetition_penalties[rows]
+            )
+            values = logits[rows, tokens]
+            logits[rows, tokens] = torch.where(values > 0, values / penalty, values * penalty)
     if output_tokens is not None:
         rows, tokens = output_tokens.rows, output_tokens.tokens
         shift = frequency_penalties[rows] * output_tokens.counts + presence_penalties[rows]
         logits[rows, tokens] -= shift
+        if pending is not None:  # one more occurrence; present if it was not yet
+            rows, tokens = pending
+            new = ~_counted(pending, output_tokens, logits.shape[1])
+            logits[rows, tokens] -= frequency_penalties[rows] + presence_penalties[rows] * new
     return logits
+
+
+def _counted(
+    pending: tuple[torch.Tensor, torch.Tensor], counts: TokenCounts, vocab_size: int
+) -> torch.Tensor:
+    """[P] bool: whether each pending (row, token) is among the counts' entries."""
+    rows, tokens = pending
+    return torch.isin(rows * vocab_size + tokens, counts.rows * vocab_size + counts.tokens)

@@ -57,3 +57,28 @@ def test_frequency_and_presence_equal_numpy_formula() -> None:
     c = np.stack([np.bincount(o, minlength=V) for o in outputs])
     expected = logits.numpy() - freq[:, None] * c - pres[:, None] * (c > 0)
     np.testing.assert_allclose(ours.numpy(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_pending_tokens_count_as_one_more_output_token_each() -> None:
+    """Rows whose last output token is still on the device (async scheduling): counted by
+    `pending`, the penalties equal those of the counts with the token in the lists, whether
+    the token was seen before (in the prompt, in the output) or not."""
+    torch.manual_seed(0)
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 7]]
+    outputs = [[3, 9], [10], [], [11, 12]]
+    pending_rows, pending_tokens = [0, 1, 2], [9, 4, 13]  # in output; in prompt; new
+    rep = torch.tensor([1.3, 0.8, 1.5, 1.2])
+    freq = torch.tensor([0.5, -0.25, 1.0, 0.7])
+    pres = torch.tensor([0.2, 1.0, 0.4, 0.1])
+    logits = torch.randn(4, V) * 3
+    after = [list(o) for o in outputs]
+    for row, token in zip(pending_rows, pending_tokens, strict=True):
+        after[row].append(token)
+
+    def penalised(outs: list[list[int]], pending: tuple | None) -> torch.Tensor:
+        seen = get_token_counts([p + o for p, o in zip(prompts, outs, strict=True)], V, CPU)
+        counts = get_token_counts(outs, V, CPU)
+        return apply_penalties(logits.clone(), seen, counts, pres, freq, rep, pending)
+
+    pending = (torch.tensor(pending_rows), torch.tensor(pending_tokens))
+    torch.testing.assert_close(penalised(outputs, pending), penalised(after, None))
