@@ -71,6 +71,8 @@ def run_pagedllm_throughput(
     # On a shape whose forward costs next to nothing (--hf-overrides), the time a step is
     # the host's: scheduling, the batch's inputs, sampling and the outputs.
     detail = f"{steps} engine steps, {1e3 * elapsed / steps:.3f} ms a step" if steps else ""
+    if llm.llm_engine.config.scheduler_config.async_scheduling:
+        detail += ", async scheduling"
     return ThroughputResult(
         "pagedllm",
         len(requests),

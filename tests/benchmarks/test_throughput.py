@@ -72,6 +72,7 @@ def test_throughput_accounting_ratios_and_json(
     assert max(r.output_len for r in requests) <= result["steps"] <= output_tokens
     ms = 1e3 * result["elapsed_s"] / result["steps"]
     assert f"pagedllm: {result['steps']} engine steps, {ms:.3f} ms a step" in out
+    assert ("async scheduling" in result["detail"]) == (device == "cuda")
 
 
 def test_throughput_rejects_unknown_backend(
