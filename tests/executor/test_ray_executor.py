@@ -76,10 +76,13 @@ def on_cluster(cluster: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_tp2_on_two_nodes_matches_multiprocessing(on_cluster, tiny_model_path) -> None:
+    """The Ray run with async scheduling (its actors get each step's sampled ids by a
+    broadcast), the multiprocessing one without."""
     path = tiny_model_path("llama-gqa4")
     with LLM(path, tensor_parallel_size=2, **ENGINE) as mp_llm:
         expected = mp_llm.generate(PROMPTS, PARAMS, use_tqdm=False)
-    with LLM(path, tensor_parallel_size=2, distributed_executor_backend="ray", **ENGINE) as llm:
+    ray_engine = dict(distributed_executor_backend="ray", async_scheduling=True, **ENGINE)
+    with LLM(path, tensor_parallel_size=2, **ray_engine) as llm:
         executor = llm.llm_engine.executor
         nodes = ray.util.placement_group_table(executor._held["group"])["bundles_to_node_id"]
         assert len(set(nodes.values())) == 2  # one CPU per node: the ranks are on both
