@@ -191,6 +191,14 @@ class LLMEngine:
         return request_ids
 
     def step(self) -> list[RequestOutput | PoolingRequestOutput]:
+        outputs = self._step()
+        while self.batch_queue and not self.requests:
+            # What is left in flight ran ahead for requests that have ended: its results
+            # (and their device memory) are dropped now, not when the next request comes.
+            self._finish_oldest_batch()
+        return outputs
+
+    def _step(self) -> list[RequestOutput | PoolingRequestOutput]:
         outputs = self._admit_compiled()  # requests whose grammar failed, if any
         if self.batch_queue and self.batch_queue[-1].forks:
             outputs += self._finish_oldest_batch()  # a synchronous step: see _Batch
