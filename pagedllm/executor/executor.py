@@ -152,7 +152,7 @@ class DistributedExecutor(Executor):
             with self._failures():
                 wait = self.runner.launch(step, rows)
             if not self.async_scheduling:
-                return StepFuture.ready(wait())
+                return StepFuture.ready(self._wait_for(wait))
             return StepFuture(lambda: self._wait_for(wait))
         self._call(EXECUTE, (sent, self.row_sender.deltas(rows, step.finished_req_ids)))
         with self._failures():
