@@ -67,11 +67,8 @@ class _Batch:
     out: SchedulerOutput
     plan: StepPlan
     future: StepFuture
-    # Async scheduling. forks: it samples a request's n completions at their first token,
-    # so it is processed before the next step is scheduled (which runs the forked ones).
-    # samples_from_host: it samples for a sequence whose next sampling needs that token on
+    # Async scheduling: it samples for a sequence whose next sampling needs that token on
     # the host, so the next step's sampling waits until it is processed (its forward not).
-    forks: bool = False
     samples_from_host: bool = False
 
 
@@ -200,8 +197,6 @@ class LLMEngine:
 
     def _step(self) -> list[RequestOutput | PoolingRequestOutput]:
         outputs = self._admit_compiled()  # requests whose grammar failed, if any
-        if self.batch_queue and self.batch_queue[-1].forks:
-            outputs += self._finish_oldest_batch()  # a synchronous step: see _Batch
         if len(self.batch_queue) < self.executor.max_concurrent_batches:
             out = self.scheduler.schedule()
             if not out.is_empty:
@@ -230,7 +225,7 @@ class LLMEngine:
             future = self.executor.launch_sampling(plan.step_input, forward, plan.rows)
         else:
             future = self.executor.execute_async(plan.step_input, plan.rows)
-        self.batch_queue.append(_Batch(out, plan, future, *self._host_needs(out, plan)))
+        self.batch_queue.append(_Batch(out, plan, future, self._samples_from_host(out)))
         return future
 
     def _prev_rows(self) -> dict[int, int] | None:
@@ -241,16 +236,14 @@ class LLMEngine:
         newest = self.batch_queue[-1]
         return sampled_rows(newest.plan, newest.out)
 
-    def _host_needs(self, out: SchedulerOutput, plan: StepPlan) -> tuple[bool, bool]:
-        """Async scheduling: whether the step forks a request's completions, and whether it
-        samples for a sequence whose next sampling needs that token on the host (_Batch)."""
+    def _samples_from_host(self, out: SchedulerOutput) -> bool:
+        """Async scheduling: whether the step samples for a sequence whose next sampling
+        needs that token on the host (_Batch)."""
         if not self.scheduler.async_scheduling:
-            return False, False
-        forks = len(plan.owners) > len({i for i, _ in plan.owners})
-        from_host = any(s.produces_token and self._samples_from_host(s.seq) for s in out.scheduled)
-        return forks, from_host
+            return False
+        return any(s.produces_token and self._needs_host_token(s.seq) for s in out.scheduled)
 
-    def _samples_from_host(self, seq: Sequence) -> bool:
+    def _needs_host_token(self, seq: Sequence) -> bool:
         """Whether sampling seq's next token needs its last one on the host: custom logits
         processors (user code that may read it), a structured-output grammar or a bad word
         of several tokens (Request.reads_host_tokens), min_tokens still counting it.

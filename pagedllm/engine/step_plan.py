@@ -15,8 +15,7 @@ step is processed (`sampling_rows`).
 
 from dataclasses import dataclass
 
-from pagedllm.core.scheduler import SchedulerOutput
-from pagedllm.core.sequence import Sequence
+from pagedllm.core.scheduler import ScheduledSequence, SchedulerOutput
 from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Request
 from pagedllm.executor.batch import SeqChunk
@@ -62,7 +61,7 @@ def plan_step(
         if request.params.prompt_logprobs is not None and start < seq.num_prompt_tokens:
             prompt_indices.append(i)
         if s.produces_token:
-            for k in _completion_indices(request, seq):
+            for k in _completion_indices(request, s):
                 sample_indices.append(i)
                 owners.append((i, k))
     step_input = StepInput(
@@ -109,10 +108,13 @@ def sampling_rows(
 
 
 def sampled_rows(plan: StepPlan, out: SchedulerOutput) -> dict[int, int]:
-    """Each sampled sequence's row in the step's sampler output, by seq id (a sequence
-    forking n rows at its first token: its last; async scheduling runs none such ahead)."""
-    scheduled = out.scheduled
-    return {scheduled[i].seq.seq_id: row for row, (i, _) in enumerate(plan.owners)}
+    """Each sampled sequence's row in the step's sampler output, by seq id: of a sequence
+    sampling its request's n completions' first tokens, the first, its own (completion
+    0's: it goes on as that completion, the others fork from it)."""
+    rows: dict[int, int] = {}
+    for row, (i, _) in enumerate(plan.owners):
+        rows.setdefault(out.scheduled[i].seq.seq_id, row)
+    return rows
 
 
 def _add_token_bitmasks(
@@ -127,10 +129,14 @@ def _add_token_bitmasks(
         rows[row].token_bitmask = mask
 
 
-def _completion_indices(request: Request, seq: Sequence) -> list[int]:
-    """Which completions this sequence's token feeds: all n at the first token."""
+def _completion_indices(request: Request, s: ScheduledSequence) -> list[int]:
+    """Which completions the token `s` samples feeds: all n at the request's first token
+    (the one right after the prompt, which the completions fork from), else its own.
+    Under async scheduling the first may still be in flight when the second is planned."""
     if request.params.n == 1:
         return [0]
-    if len(request.completions) < request.params.n:
+    seq = s.seq
+    if s.start + s.num_new_tokens == seq.num_prompt_tokens:
+        assert len(request.completions) == 1, "the completions fork at the first token"
         return list(range(request.params.n))
     return [next(c.index for c in request.completions if c.seq is seq)]

@@ -101,6 +101,20 @@ def test_async_scheduling_gives_the_synchronous_engines_outputs(kwargs, tiny_mod
     assert (engine.scheduler.num_preemptions > 0) == bool(kwargs)
 
 
+def test_a_forking_request_runs_ahead_as_its_first_completion(tiny_model_path) -> None:
+    """n = 3: while its first tokens are in flight, the sequence runs ahead as completion
+    0 (the step after the prompt reads one placeholder); the forked completions join the
+    step after. The synchronous engine's seeded tokens and logprobs."""
+    params = SamplingParams(n=3, temperature=0.8, seed=5, max_tokens=6, ignore_eos=True, logprobs=1)
+    requests = [([3, 1, 4, 1, 5], params)]
+    path = tiny_model_path(LLAMA)
+    sync = _outputs(make_engine(path), requests)
+    engine = make_engine(path, async_scheduling=True)
+    counts = _count_placeholders(engine)
+    assert _outputs(engine, requests) == sync
+    assert counts[:3] == [0, 1, 1]
+
+
 def test_sampling_that_needs_the_last_token_on_the_host_waits_for_it_but_not_the_forward(
     tiny_model_path,
 ) -> None:
