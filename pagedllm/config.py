@@ -486,6 +486,11 @@ class EngineConfig:
                 "async_scheduling does not combine with pipeline parallelism, whose stages "
                 "already run one micro-batch each at once"
             )
+        if sched.async_scheduling and self.model_config.runner_type == "pooling":
+            raise ValueError(
+                "async_scheduling is for models that generate: a pooling model's requests "
+                "end with their prompt, and there is no next token to schedule ahead"
+            )
 
 
 def resolve_device(device: str) -> str:

@@ -203,3 +203,9 @@ def test_an_abort_while_two_steps_are_in_flight(tiny_model_path, hf_greedy, spre
     reference = hf_greedy(LLAMA, spread_prompts, MAX_TOKENS)
     assert_matches_reference(run, ids[1:], reference[1:])
     assert_all_blocks_free(engine)
+
+
+def test_a_pooling_model_refuses_async_scheduling(tiny_model_path) -> None:
+    kwargs = dict(runner="pooling", pooler_config={"pooling_type": "MEAN"}, device="cpu")
+    with pytest.raises(ValueError, match="async_scheduling is for models that generate"):
+        make_engine(tiny_model_path("qwen3"), async_scheduling=True, **kwargs)
