@@ -209,3 +209,17 @@ def test_a_pooling_model_refuses_async_scheduling(tiny_model_path) -> None:
     kwargs = dict(runner="pooling", pooler_config={"pooling_type": "MEAN"}, device="cpu")
     with pytest.raises(ValueError, match="async_scheduling is for models that generate"):
         make_engine(tiny_model_path("qwen3"), async_scheduling=True, **kwargs)
+
+
+def test_a_sequence_reaching_max_model_len_stops_as_without_async_scheduling(
+    tiny_model_path,
+) -> None:
+    """max_model_len 64: the step run ahead of the token that fills the context computes
+    position 63, the last there is, and its token is dropped; the same tokens as without
+    async scheduling, ended by "length"."""
+    requests = [(list(range(5, 65 - k)), greedy(40)) for k in (4, 7)]
+    path = tiny_model_path(LLAMA)
+    sync = _outputs(make_engine(path, max_model_len=64), requests)
+    got = _outputs(make_engine(path, max_model_len=64, async_scheduling=True), requests)
+    assert got == sync
+    assert [out[0][2] for out in got.values()] == ["length", "length"]
