@@ -6,8 +6,8 @@ make_executor picks (factory.py).
 `execute_async` submits a step and returns a StepFuture; with pipeline parallelism up to
 `max_concurrent_batches` (one per stage) are in flight at once, so every stage works on
 a micro-batch at every step (vLLM v1's batch queue). Futures resolve in submission order.
-Under async scheduling one rank keeps two: the step it launched on the device without
-waiting, and the one the engine schedules meanwhile.
+Under async scheduling (no pipeline parallelism) two are: the step launched on the device
+without waiting, and the one the engine schedules meanwhile.
 """
 
 import functools
