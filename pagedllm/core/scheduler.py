@@ -27,8 +27,8 @@ next step while the last one runs on the device, and a sequence of the step in f
 scheduled again, before the token it is sampling there is known. Its next chunk starts at
 `seq.num_scheduled_tokens`; when that is the token being sampled
 (`seq.num_output_placeholders`), the step reads it from the step before's sampled ids on
-the device. The engine decides which sequences may do that: it processes a step before it
-schedules the next when one that step samples for may not. A sequence is in at most two
+the device (where sampling needs that token on the host, the engine samples the step only
+once the step before is processed; engine/llm_engine.py). A sequence is in at most two
 steps at once, since the engine processes a step before it schedules a third. A sequence
 in flight is never preempted: one short of blocks waits for the next step.
 """

@@ -90,7 +90,9 @@ class Executor:
     ) -> StepFuture:
         """The sampling of a forward `launch_forward` launched, from rows built after the
         step before was processed (their output lists hold its tokens)."""
-        return StepFuture(self.runner.launch_sampling(step, forward, rows, False))
+        return StepFuture(
+            self.runner.launch_sampling(step, forward, rows, rows_lack_placeholders=False)
+        )
 
     def validate_params(self, params: SamplingParams) -> None:
         """The logits processors' own checks of a request (they run on rank 0 only)."""
@@ -169,7 +171,7 @@ class DistributedExecutor(Executor):
         self, step: StepInput, forward: ForwardOutput, rows: list[SamplingRow]
     ) -> StepFuture:
         with self._failures():
-            wait = self.runner.launch_sampling(step, forward, rows, False)
+            wait = self.runner.launch_sampling(step, forward, rows, rows_lack_placeholders=False)
         return StepFuture(lambda: self._wait_for(wait))
 
     def _wait_for(self, wait: Callable[[], StepOutput]) -> StepOutput:

@@ -63,15 +63,11 @@ def apply_penalties(
     """
     if seen_tokens is not None:
         rows, tokens = seen_tokens.rows, seen_tokens.tokens
-        values, penalty = logits[rows, tokens], repetition_penalties[rows]
-        logits[rows, tokens] = torch.where(values > 0, values / penalty, values * penalty)
+        _repeat(logits, rows, tokens, repetition_penalties[rows])
         if pending is not None:  # a token seen before is penalised once, already
             rows, tokens = pending
-            penalty = torch.where(
-                _counted(pending, seen_tokens, logits.shape[1]), 1.0, repetition_penalties[rows]
-            )
-            values = logits[rows, tokens]
-            logits[rows, tokens] = torch.where(values > 0, values / penalty, values * penalty)
+            seen = _counted(pending, seen_tokens, logits.shape[1])
+            _repeat(logits, rows, tokens, torch.where(seen, 1.0, repetition_penalties[rows]))
     if output_tokens is not None:
         rows, tokens = output_tokens.rows, output_tokens.tokens
         shift = frequency_penalties[rows] * output_tokens.counts + presence_penalties[rows]
@@ -81,6 +77,15 @@ def apply_penalties(
             new = ~_counted(pending, output_tokens, logits.shape[1])
             logits[rows, tokens] -= frequency_penalties[rows] + presence_penalties[rows] * new
     return logits
+
+
+def _repeat(
+    logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, penalty: torch.Tensor
+) -> None:
+    """The repetition penalty at (rows, tokens), in place: positive logits divided by it,
+    the others multiplied."""
+    values = logits[rows, tokens]
+    logits[rows, tokens] = torch.where(values > 0, values / penalty, values * penalty)
 
 
 def _counted(
