@@ -5,6 +5,8 @@ the executor runs the same schedule as on a GPU (its futures report done only on
 so the placeholders are exercised here. Reference: transformers' greedy tokens, and the
 synchronous engine's tokens, logprobs and finish reasons for every sampling feature."""
 
+import random
+
 import pytest
 
 from pagedllm import LLM
@@ -22,6 +24,7 @@ from tests.engine.engine_helpers import (
 )
 from tests.engine.engine_helpers import Run as EngineRun
 from tests.entrypoints.openai.scripted_model import ANSWER_JSON, WEATHER, save_scripted_model
+from tests.models.tiny_models import tiny_configs
 
 
 def _count_placeholders(engine) -> list[int]:  # noqa: ANN001
@@ -223,3 +226,87 @@ def test_a_sequence_reaching_max_model_len_stops_as_without_async_scheduling(
     got = _outputs(make_engine(path, max_model_len=64, async_scheduling=True), requests)
     assert got == sync
     assert [out[0][2] for out in got.values()] == ["length", "length"]
+
+
+def _random_params(rng: random.Random, vocab_size: int) -> SamplingParams:
+    """Greedy or seeded sampling with any mix of n, logprobs, prompt logprobs, stop ids,
+    min_tokens, penalties, logit bias and allowed tokens."""
+    kwargs: dict = dict(max_tokens=rng.randint(1, 20), temperature=rng.choice([0, 0, 0.8]))
+    if kwargs["temperature"]:
+        kwargs.update(
+            seed=rng.randrange(1000), top_p=rng.choice([1.0, 0.9]), top_k=rng.choice([0, 9])
+        )
+    optional = {
+        "n": lambda: rng.randint(2, 3),
+        "logprobs": lambda: rng.randint(0, 2),
+        "prompt_logprobs": lambda: rng.randint(0, 1),
+        "stop_token_ids": lambda: rng.sample(range(vocab_size), 8),
+        "min_tokens": lambda: rng.randint(0, kwargs["max_tokens"]),
+        "repetition_penalty": lambda: rng.choice([1.2, 0.8]),
+        "presence_penalty": lambda: rng.choice([0.5, -0.5]),
+        "logit_bias": lambda: {rng.randrange(vocab_size): 5.0},
+        "allowed_token_ids": lambda: rng.sample(range(vocab_size), 20),
+    }
+    for name, value in optional.items():
+        if rng.random() < 0.2:
+            kwargs[name] = value()
+    return SamplingParams(ignore_eos=rng.random() < 0.5, **kwargs)
+
+
+def _run_arrivals(engine, requests, arrivals: list[int], aborts: dict[int, int]) -> dict:  # noqa: ANN001
+    """Adds request i before step arrivals[i], aborts it before step aborts[i]; -> the
+    finished requests' completions, prompt logprobs and errors."""
+    outputs, step = {}, 0
+    while step <= max(arrivals) or engine.has_unfinished_requests():
+        for i, (prompt, params) in enumerate(requests):
+            if arrivals[i] == step:
+                engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, params)
+            if aborts.get(i) == step:
+                engine.abort_request(f"r{i}")
+        for out in engine.step():
+            if out.finished:
+                completions = [
+                    (c.token_ids, c.logprobs, c.finish_reason, c.stop_reason) for c in out.outputs
+                ]
+                outputs[out.request_id] = (completions, out.prompt_logprobs, out.error)
+        engine.block_manager.check_invariants(engine.scheduler.running)
+        step += 1
+    assert_all_blocks_free(engine)
+    return outputs
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_request_mixes_give_the_synchronous_engines_outputs(seed, tiny_model_path) -> None:
+    """Random requests (random sampling features, shared prefixes) arriving and aborted at
+    random steps, under a random cache size, token budget, sequence limit, block size and
+    prefix caching: every request not aborted finishes with the synchronous engine's
+    completions, and every block comes back."""
+    rng = random.Random(seed)
+    name = rng.choice([LLAMA, "qwen3"])
+    vocab_size = tiny_configs()[name].vocab_size
+    config = {
+        "num_kv_blocks": rng.choice([16, 24, 64]),
+        "max_num_batched_tokens": rng.choice([16, 40, 256]),
+        "max_num_seqs": rng.choice([3, 256]),
+        "block_size": rng.choice([16, 16, 32]),
+        "enable_prefix_caching": rng.random() < 0.7,
+    }
+    prefix = [rng.randrange(vocab_size) for _ in range(40)]
+    requests = [
+        (
+            prefix[: rng.randint(0, 40)]
+            + [rng.randrange(vocab_size) for _ in range(rng.randint(1, 50))],
+            _random_params(rng, vocab_size),
+        )
+        for _ in range(rng.randint(6, 16))
+    ]
+    arrivals = [rng.choice([0, rng.randint(0, 20)]) for _ in requests]
+    aborts = {i: at + rng.randint(0, 8) for i, at in enumerate(arrivals) if rng.random() < 0.2}
+    path = tiny_model_path(name)
+    sync = _run_arrivals(make_engine(path, **config), requests, arrivals, aborts)
+    engine = make_engine(path, async_scheduling=True, **config)
+    got = _run_arrivals(engine, requests, arrivals, aborts)
+    for i in aborts:
+        sync.pop(f"r{i}", None), got.pop(f"r{i}", None)
+    assert got == sync
+    assert len(got) == len(requests) - len(aborts)
