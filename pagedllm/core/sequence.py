@@ -16,9 +16,9 @@ class SequenceStatus(enum.Enum):
     FINISHED_LENGTH = enum.auto()
     FINISHED_ABORTED = enum.auto()
 
-    @property
-    def is_finished(self) -> bool:
-        return self not in (SequenceStatus.WAITING, SequenceStatus.RUNNING)
+    def __init__(self, value: int) -> None:
+        # An attribute, not a property: the engine asks it of every row several times a step.
+        self.is_finished = self.name.startswith("FINISHED_")
 
     @property
     def finish_reason(self) -> str | None:

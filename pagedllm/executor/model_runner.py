@@ -111,6 +111,8 @@ class ModelRunner:
         self.kv_cache: torch.Tensor | None = None
         self.graph_runner: CpuGraphRunner | CudaGraphRunner | None = None
         self.last_sampled: torch.Tensor | None = None  # the last step's sampled ids [B]
+        # The last step's, whose parameter tensors the next reuses when its rows are alike.
+        self._metadata: SamplingMetadata | None = None
         self.shares_samples = (
             config.scheduler_config.async_scheduling
             and config.parallel_config.tensor_parallel_size > 1
@@ -318,7 +320,8 @@ class ModelRunner:
             self.last_sampled = None
             output = StepOutput(None, forward.prompt_logits, forward.pooled)
             return lambda: output
-        metadata = SamplingMetadata.build(rows, self.vocab_size, self.device)
+        metadata = SamplingMetadata.build(rows, self.vocab_size, self.device, self._metadata)
+        self._metadata = metadata
         if rows_lack_placeholders and step.placeholder_rows and not metadata.no_penalties:
             metadata.pending_tokens = self._pending_tokens(step)
         pending = self.sampler.launch(forward.logits, metadata)

@@ -91,31 +91,70 @@ class SamplingMetadata:
 
     @classmethod
     def build(
-        cls, rows: list[SamplingRow], vocab_size: int, device: torch.device | str
+        cls,
+        rows: list[SamplingRow],
+        vocab_size: int,
+        device: torch.device | str,
+        previous: "SamplingMetadata | None" = None,
     ) -> "SamplingMetadata":
+        """`previous`: the step before's metadata, whose fields that depend on the rows'
+        parameters alone are taken as they are when its rows had the same parameters and
+        generators in the same order (a decode step of an unchanged batch)."""
         assert rows, "a sampling batch needs at least one row"
         device = torch.device(device)
-        params = [row.params for row in rows]
-        sampling = _sampling_fields(rows, vocab_size, device)
-        penalties = {} if sampling["no_penalties"] else _penalty_fields(rows, vocab_size, device)
-        allowed_token_ids_mask = _allowed_token_ids_mask(params, vocab_size, device)
-        bad_words_token_ids = _bad_words(params)
-        max_num_logprobs = _max_num_logprobs(params)
-        return cls(
-            rows=rows,
-            **sampling,
-            **penalties,
-            allowed_token_ids_mask=allowed_token_ids_mask,
-            bad_words_token_ids=bad_words_token_ids,
-            max_num_logprobs=max_num_logprobs,
-            **_token_bitmask_fields(rows, device),
-            argmax_only=sampling["all_greedy"]
-            and sampling["no_penalties"]
-            and allowed_token_ids_mask is None
-            and not bad_words_token_ids
-            and max_num_logprobs is None
-            and not any(p.logit_bias or p.min_tokens for p in params),
-        )
+        if previous is not None and _same_params(previous.rows, rows):
+            fields = {name: getattr(previous, name) for name in _PARAMS_FIELDS}
+        else:
+            fields = _params_fields(rows, vocab_size, device)
+        if not fields["no_penalties"]:
+            fields.update(_penalty_fields(rows, vocab_size, device))
+        return cls(rows=rows, **fields, **_token_bitmask_fields(rows, device))
+
+
+# The fields that depend only on the rows' SamplingParams and generators, in their order.
+_PARAMS_FIELDS = (
+    "all_greedy",
+    "all_random",
+    "temperature",
+    "greedy_mask",
+    "top_k",
+    "top_p",
+    "generators",
+    "no_penalties",
+    "allowed_token_ids_mask",
+    "bad_words_token_ids",
+    "max_num_logprobs",
+    "argmax_only",
+)
+
+
+def _same_params(before: list[SamplingRow], rows: list[SamplingRow]) -> bool:
+    """Whether both lists' rows hold the same SamplingParams and generators, in order."""
+    return len(before) == len(rows) and all(
+        a.params is b.params and a.generator is b.generator
+        for a, b in zip(before, rows, strict=True)
+    )
+
+
+def _params_fields(rows: list[SamplingRow], vocab_size: int, device: torch.device) -> dict:
+    """The _PARAMS_FIELDS of `rows`."""
+    params = [row.params for row in rows]
+    sampling = _sampling_fields(rows, vocab_size, device)
+    allowed_token_ids_mask = _allowed_token_ids_mask(params, vocab_size, device)
+    bad_words_token_ids = _bad_words(params)
+    max_num_logprobs = _max_num_logprobs(params)
+    return dict(
+        **sampling,
+        allowed_token_ids_mask=allowed_token_ids_mask,
+        bad_words_token_ids=bad_words_token_ids,
+        max_num_logprobs=max_num_logprobs,
+        argmax_only=sampling["all_greedy"]
+        and sampling["no_penalties"]
+        and allowed_token_ids_mask is None
+        and not bad_words_token_ids
+        and max_num_logprobs is None
+        and not any(p.logit_bias or p.min_tokens for p in params),
+    )
 
 
 def _sampling_fields(rows: list[SamplingRow], vocab_size: int, device: torch.device) -> dict:

@@ -100,3 +100,57 @@ def test_token_bitmasks_stack_only_the_constrained_rows() -> None:
     md = build(*constrained)
     assert md.token_bitmask_rows.tolist() == [0, 2]
     assert md.token_bitmask.tolist() == [[5], [-1]] and md.token_bitmask.dtype == torch.int32
+
+
+def _same_row(before: SamplingRow, output: list[int]) -> SamplingRow:
+    """The row of the same request a step later: its params and generator, a longer output."""
+    return SamplingRow(before.params, before.prompt_token_ids, output, before.generator)
+
+
+def test_a_batch_of_the_same_requests_reuses_the_parameter_tensors() -> None:
+    """The step after, with the same requests in the same order: the tensors that depend
+    on the parameters alone are those of the step before; the penalty counts and the
+    grammar's bitmasks are the new step's. Reference: a build without `previous`."""
+    first = [
+        row([1], [2], temperature=0.5, top_k=3, seed=1, repetition_penalty=1.5),
+        row([5], [6], top_p=0.9, allowed_token_ids=[2, 5], logprobs=1),
+    ]
+    before = build(*first)
+    rows = [_same_row(first[0], [2, 7]), _same_row(first[1], [6, 6])]
+    rows[1].token_bitmask = torch.tensor([3], dtype=torch.int32)
+    after = SamplingMetadata.build(rows, V, "cpu", previous=before)
+    assert after.rows is rows
+    for name in ("temperature", "top_k", "top_p", "allowed_token_ids_mask", "generators"):
+        assert getattr(after, name) is getattr(before, name)
+    fresh = SamplingMetadata.build(rows, V, "cpu")
+    for name, value in vars(fresh).items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(getattr(after, name), value), name
+        elif name != "seen_token_counts":
+            assert getattr(after, name) == value, name
+    counts = lambda c: (c.rows.tolist(), c.tokens.tolist(), c.counts.tolist())  # noqa: E731
+    assert counts(after.seen_token_counts) == counts(fresh.seen_token_counts)
+    assert counts(after.seen_token_counts) != counts(before.seen_token_counts)
+
+
+@pytest.mark.parametrize("change", ["order", "params", "generator", "size"])
+def test_a_changed_batch_builds_its_parameter_tensors_anew(change: str) -> None:
+    """Rows reordered, one request replaced (even by equal parameters), a generator not the
+    same object, a row more: nothing is taken from the step before."""
+    first = [row(temperature=0.5, seed=1), row(temperature=0.7, top_k=2, seed=2)]
+    rows = [_same_row(r, [1]) for r in first]
+    if change == "order":
+        rows.reverse()
+    elif change == "params":
+        rows[1] = row([], [1], temperature=0.7, top_k=2, seed=2)
+    elif change == "generator":
+        rows[0].generator = torch.Generator().manual_seed(1)
+    else:
+        rows.append(row([], [1], temperature=0.5))
+    before = build(*first)
+    after = SamplingMetadata.build(rows, V, "cpu", previous=before)
+    assert after.temperature is not before.temperature
+    assert after.generators == {i: r.generator for i, r in enumerate(rows) if r.generator}
+    if change == "order":
+        assert after.temperature.tolist() == pytest.approx([0.7, 0.5])
+        assert after.top_k.tolist() == [2, V]
