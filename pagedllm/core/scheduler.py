@@ -60,12 +60,12 @@ class ScheduledSequence:
     """The chunk's last token is one the step in flight is still sampling (async)."""
 
     def __post_init__(self) -> None:
-        assert self.num_new_tokens > 0
-        self.start = self.seq.num_scheduled_tokens
-        end = self.start + self.num_new_tokens
-        assert end <= self.seq.num_tokens_with_placeholders
-        self.produces_token = end == self.seq.num_tokens_with_placeholders
-        self.reads_placeholder = end > self.seq.num_tokens
+        seq = self.seq
+        self.start = seq.num_scheduled_tokens
+        end, num_tokens = self.start + self.num_new_tokens, seq.num_tokens_with_placeholders
+        assert self.num_new_tokens > 0 and end <= num_tokens
+        self.produces_token = end == num_tokens
+        self.reads_placeholder = end > seq.num_tokens
 
 
 @dataclass
