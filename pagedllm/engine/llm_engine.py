@@ -104,6 +104,11 @@ class LLMEngine:
         self.scheduler = Scheduler(
             sched, self.block_manager, config.parallel_config.pipeline_parallel_size
         )
+        if sched.async_scheduling:
+            logger.info(
+                "Async scheduling on: each step is scheduled while the one before runs "
+                "(--no-async-scheduling turns it off)"
+            )
         generation_config = generation_config_dict(self.model_config)
         self.structured_output = StructuredOutputManager(
             self.tokenizer, eos_token_ids(eos_token_id, generation_config)
