@@ -34,6 +34,22 @@ class CompletionOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def extended(self, delta: "CompletionOutput") -> "CompletionOutput":
+        """This completion followed by `delta`, the next DELTA output's part of it (a new
+        object: neither is changed)."""
+        logprobs = None
+        if self.logprobs is not None or delta.logprobs is not None:
+            logprobs = (self.logprobs or []) + (delta.logprobs or [])
+        return CompletionOutput(
+            index=self.index,
+            text=self.text + delta.text,
+            token_ids=self.token_ids + delta.token_ids,
+            cumulative_logprob=delta.cumulative_logprob,
+            logprobs=logprobs,
+            finish_reason=delta.finish_reason,
+            stop_reason=delta.stop_reason,
+        )
+
 
 @dataclass
 class RequestOutput:
@@ -56,6 +72,34 @@ class RequestOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     error: Exception | None = None
     engine_index: int = 0
+
+    def add(self, next_output: "RequestOutput") -> None:
+        """Merge the request's next DELTA output into this one (vLLM's
+        `RequestOutput.add` with aggregate): each completion's new text, tokens and
+        logprobs are appended, and the prompt logprobs' next piece; whether it finished,
+        its cached tokens, metrics and error are the next output's. `next_output` is not
+        changed, nor are the lists of this one's completions (they are replaced)."""
+        by_index = {c.index: c for c in self.outputs}
+        for delta in next_output.outputs:
+            before = by_index.get(delta.index)
+            by_index[delta.index] = delta if before is None else before.extended(delta)
+        self.outputs = [by_index[i] for i in sorted(by_index)]
+        self.prompt_logprobs = join_prompt_logprobs(
+            self.prompt_logprobs, next_output.prompt_logprobs
+        )
+        self.finished = next_output.finished
+        self.num_cached_tokens = next_output.num_cached_tokens
+        self.metrics = next_output.metrics
+        self.error = next_output.error
+
+
+def join_prompt_logprobs(
+    total: PromptLogprobs | None, delta: PromptLogprobs | None
+) -> PromptLogprobs | None:
+    """DELTA outputs carry prompt logprobs piece by piece (one per prefill chunk)."""
+    if delta is None:
+        return total
+    return (total or []) + delta
 
 
 @dataclass

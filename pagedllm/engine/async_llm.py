@@ -2,9 +2,11 @@
 
 One background thread owns the LLMEngine: it alone calls add_request, abort_request and
 step, so the engine needs no locks. Callers talk to it through a FIFO command queue
-(add / abort / stop) and get outputs back on a per-request asyncio.Queue, filled from the
-thread with `loop.call_soon_threadsafe`. A step runs while the event loop keeps serving,
-and a request that arrives mid-step joins the running batch at the next step.
+(add / abort / stop) and get outputs back through a per-request RequestOutputCollector,
+filled from the thread with `loop.call_soon_threadsafe` (a caller that falls behind gets
+the outputs it missed merged into one: output_collector.py). A step runs while the event
+loop keeps serving, and a request that arrives mid-step joins the running batch at the
+next step.
 """
 
 import asyncio
@@ -19,10 +21,11 @@ from pagedllm.config import EngineConfig
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.data_parallel import DPEngine, make_engine
 from pagedllm.engine.llm_engine import LLMEngine, PromptType
+from pagedllm.engine.output_collector import RequestOutputCollector
 from pagedllm.logger import init_logger
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = init_logger(__name__)
 
@@ -62,7 +65,7 @@ class AsyncLLM:
         self.stats = self.engine.get_stats()
         self.stats_per_engine = self.engine.get_stats_per_engine()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._queues: dict[str, asyncio.Queue] = {}
+        self._collectors: dict[str, RequestOutputCollector] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.dead_error: EngineDeadError | None = None  # why the engine thread ended early
@@ -114,7 +117,7 @@ class AsyncLLM:
             command = self._commands.get_nowait()
             if isinstance(command, _Add):
                 _settle(command.added, error)
-        self._fail(list(self._queues), error)
+        self._fail(list(self._collectors), error)
 
     def encode(
         self, prompt: PromptType, params: PoolingParams, request_id: str
@@ -136,10 +139,10 @@ class AsyncLLM:
             raise self.dead_error
         if not self.is_running:
             raise RuntimeError("AsyncLLM.start() was not called, or the engine stopped")
-        if request_id in self._queues:
+        if request_id in self._collectors:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        outputs: asyncio.Queue = asyncio.Queue()
-        self._queues[request_id] = outputs
+        delta = isinstance(params, SamplingParams) and params.output_kind is RequestOutputKind.DELTA
+        outputs = self._collectors[request_id] = RequestOutputCollector(aggregate=delta)
         added = self._loop.create_future()
         finished = False
         self._commands.put(_Add(request_id, prompt, params, added))
@@ -147,12 +150,10 @@ class AsyncLLM:
             await added
             while not finished:
                 output = await outputs.get()
-                if isinstance(output, BaseException):
-                    raise output
                 finished = output.finished
                 yield output
         finally:
-            del self._queues[request_id]
+            del self._collectors[request_id]
             if not finished:
                 self.abort(request_id)
 
@@ -233,19 +234,16 @@ class AsyncLLM:
 
     def _dispatch(self, outputs: list[RequestOutput | PoolingRequestOutput]) -> None:
         for output in outputs:
-            outputs_queue = self._queues.get(output.request_id)
-            if outputs_queue is None:
+            collector = self._collectors.get(output.request_id)
+            if collector is None:
                 continue
-            if output.error is not None:
-                outputs_queue.put_nowait(_request_error(output.error))
-            else:
-                outputs_queue.put_nowait(output)
+            collector.put(output if output.error is None else _request_error(output.error))
 
     def _on_dead(self) -> None:
         """Fail every open request and every add still queued (generate checks dead_error
         before queueing, on this loop, so none can slip in after), then set `dead` so the
         server can exit and a supervisor restart it."""
-        self._fail(list(self._queues), self.dead_error)
+        self._fail(list(self._collectors), self.dead_error)
         while not self._commands.empty():
             command = self._commands.get_nowait()
             if isinstance(command, _Add):
@@ -254,9 +252,9 @@ class AsyncLLM:
 
     def _fail(self, request_ids: list[str], error: BaseException) -> None:
         for request_id in request_ids:
-            outputs_queue = self._queues.get(request_id)
-            if outputs_queue is not None:
-                outputs_queue.put_nowait(error)
+            collector = self._collectors.get(request_id)
+            if collector is not None:
+                collector.put(error)
 
 
 def _request_error(error: Exception) -> Exception:

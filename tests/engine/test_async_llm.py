@@ -241,3 +241,29 @@ def test_idle_engine_notices_a_broken_executor(
         assert "tensor-parallel worker (or engine replica) died" in str(llm.dead_error)
 
     run_async(engine, body)
+
+
+def test_a_consumer_that_falls_behind_gets_the_outputs_it_missed_merged(
+    tiny_model_path: Callable,
+) -> None:
+    """A consumer that waits for several steps between reads gets fewer outputs than
+    tokens, each holding every token made since its last read: the synchronous engine's
+    greedy tokens, in order."""
+    path = tiny_model_path(LLAMA)
+    reference = make_engine(path)
+    reference.add_request("r", {"prompt_token_ids": PROMPTS[0]}, greedy(24))
+    expected = []
+    while reference.has_unfinished_requests():
+        for out in reference.step():
+            expected += out.outputs[0].token_ids
+
+    async def body(llm: AsyncLLM) -> list[list[int]]:
+        pieces = []
+        async for output in llm.generate({"prompt_token_ids": PROMPTS[0]}, greedy(24), "r"):
+            pieces.append(output.outputs[0].token_ids)
+            await asyncio.sleep(0.02)  # the engine steps meanwhile
+        return pieces
+
+    pieces = run_async(make_engine(path), body)
+    assert [t for piece in pieces for t in piece] == expected
+    assert len(pieces) < len(expected) and max(map(len, pieces)) > 1

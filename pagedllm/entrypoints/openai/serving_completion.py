@@ -22,14 +22,9 @@ from pagedllm.entrypoints.openai.responses import (
     UsageInfo,
 )
 from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
-from pagedllm.entrypoints.openai.streaming import (
-    join_prompt_logprobs,
-    merge_streams,
-    sse_response,
-    until_disconnected,
-)
+from pagedllm.entrypoints.openai.streaming import merge_streams, sse_response, until_disconnected
 from pagedllm.entrypoints.openai.unsupported_fields import check_unsupported_fields
-from pagedllm.outputs import CompletionOutput, RequestOutput
+from pagedllm.outputs import CompletionOutput, RequestOutput, join_prompt_logprobs
 
 Prompt = tuple[str, TokenIds]  # (text, token ids)
 

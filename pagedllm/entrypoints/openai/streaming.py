@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from pagedllm.entrypoints.openai.errors import OpenAIError, engine_error, error_body
-from pagedllm.outputs import CompletionOutput, PromptLogprobs, RequestOutput
+from pagedllm.outputs import RequestOutput
 
 T = TypeVar("T")
 
@@ -21,41 +21,9 @@ def accumulate(total: RequestOutput | None, delta: RequestOutput) -> RequestOutp
     """`total` extended by a DELTA output (a new object; `total` is not changed)."""
     if total is None:
         return copy.copy(delta)
-    by_index = {c.index: c for c in total.outputs}
-    for c in delta.outputs:
-        by_index[c.index] = _extend(by_index.get(c.index), c)
     total = copy.copy(total)
-    total.outputs = [by_index[i] for i in sorted(by_index)]
-    total.finished = delta.finished
-    total.num_cached_tokens = delta.num_cached_tokens  # known from the first token on
-    total.prompt_logprobs = join_prompt_logprobs(total.prompt_logprobs, delta.prompt_logprobs)
+    total.add(delta)
     return total
-
-
-def join_prompt_logprobs(
-    total: PromptLogprobs | None, delta: PromptLogprobs | None
-) -> PromptLogprobs | None:
-    """DELTA outputs carry prompt logprobs piece by piece (one per prefill chunk)."""
-    if delta is None:
-        return total
-    return (total or []) + delta
-
-
-def _extend(total: CompletionOutput | None, delta: CompletionOutput) -> CompletionOutput:
-    if total is None:
-        return copy.copy(delta)
-    logprobs = None
-    if total.logprobs is not None or delta.logprobs is not None:
-        logprobs = (total.logprobs or []) + (delta.logprobs or [])
-    return CompletionOutput(
-        index=total.index,
-        text=total.text + delta.text,
-        token_ids=total.token_ids + delta.token_ids,
-        cumulative_logprob=delta.cumulative_logprob,
-        logprobs=logprobs,
-        finish_reason=delta.finish_reason,
-        stop_reason=delta.stop_reason,
-    )
 
 
 async def merge_streams(
