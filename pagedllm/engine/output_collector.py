@@ -6,8 +6,8 @@ last, DELTA outputs are merged into one (`RequestOutput.add`) and a CUMULATIVE o
 replaces the older one (it holds all of it). So a consumer that falls behind, such as a
 server streaming hundreds of requests, sends one larger chunk per request rather than one
 per step, and its work a step stays bounded by the number of requests rather than growing
-with how far behind it is. An exception (the request failed) replaces what is held and is
-raised by `get`.
+with how far behind it is. An exception (the request failed) replaces what is held, is
+kept over any output put after it, and is raised by `get`.
 """
 
 import asyncio
@@ -28,6 +28,8 @@ class RequestOutputCollector:
 
     def put(self, output: Output | BaseException) -> None:
         held = self.output
+        if isinstance(held, BaseException) and not isinstance(output, BaseException):
+            return  # the request failed: what it made after that is not shown
         if self.aggregate and isinstance(held, RequestOutput) and isinstance(output, RequestOutput):
             held.add(output)
         else:

@@ -57,6 +57,7 @@ def test_get_waits_for_a_put_and_raises_an_error_that_replaced_the_output() -> N
         got = [await waiting]
         collector.put(_output("b", [2]))
         collector.put(ValueError("failed"))
+        collector.put(_output("c", [3]))
         with pytest.raises(ValueError, match="failed"):
             await collector.get()
         late = asyncio.ensure_future(collector.get())
