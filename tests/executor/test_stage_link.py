@@ -150,7 +150,7 @@ def test_both_stages_are_busy_at_once_while_decoding(wide_model_path, tmp_path, 
     monkeypatch.setattr(ModelRunner, "execute", ModelRunner.execute)
     busy_intervals.record_busy(0)
     prompts = [{"prompt_token_ids": [5 + i, 6, 7]} for i in range(48)]
-    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     engine = {**ENGINE, "max_num_batched_tokens": 512}
     with LLM(wide_model_path, num_kv_blocks=256, pipeline_parallel_size=2, **engine) as llm:
         llm.generate(prompts, params, use_tqdm=False)
