@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedllm import _cpu_kernels, _custom_ops, _torch_ops
+from pagedllm._custom_ops import common
 from pagedllm.layers.linear import ColumnParallelLinear
 from pagedllm.layers.quantization.base_config import LayerKind
 from pagedllm.layers.quantization.unquantized import (
@@ -415,6 +416,34 @@ def test_kernels_apply_only_to_cpu_float32_without_autograd(
         assert _custom_ops.cpu_kernels_apply(x, torch.zeros(8, requires_grad=True))
     monkeypatch.setattr(_cpu_kernels, "_C", None)
     assert not _custom_ops.cpu_kernels_apply(x)
+
+
+def test_triton_kernels_apply_only_to_cuda_tensors_of_one_float_dtype() -> None:
+    x = torch.zeros(2, 8)
+    assert not common.triton_kernels_apply(x, torch.zeros(8))
+    if not torch.cuda.is_available() or not common.has_triton():
+        return
+    cuda = x.to("cuda", torch.bfloat16)
+    assert common.triton_kernels_apply(cuda, torch.zeros(8, device="cuda", dtype=torch.bfloat16))
+    assert not common.triton_kernels_apply(cuda, torch.zeros(8, device="cuda"))
+    assert not common.triton_kernels_apply(cuda, x)
+    assert not common.triton_kernels_apply(cuda.double())
+
+
+@pytest.mark.parametrize("value, expected", [("triton", True), (" Torch", False)])
+def test_the_environment_picks_the_row_wise_kernels_of_cuda_tensors(
+    monkeypatch: pytest.MonkeyPatch, value: str, expected: bool
+) -> None:
+    monkeypatch.setenv(common.ROWWISE_KERNELS_ENV, value)
+    common.rowwise_triton.cache_clear()
+    try:
+        assert common.rowwise_triton() is (expected and common.has_triton())
+        monkeypatch.setenv(common.ROWWISE_KERNELS_ENV, "cuda")
+        common.rowwise_triton.cache_clear()
+        with pytest.raises(ValueError, match='PAGEDLLM_ROWWISE_KERNELS must be "triton" or'):
+            common.rowwise_triton()
+    finally:
+        common.rowwise_triton.cache_clear()
 
 
 def _rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -1,5 +1,9 @@
-"""When a kernel applies (the extension built; CPU tensors of its dtypes; no autograd) and
-the layouts the kernels take."""
+"""When a kernel applies (the extension built; CPU tensors of its dtypes; no autograd; or
+Triton's row-wise kernels on CUDA tensors) and the layouts the kernels take."""
+
+import functools
+import importlib.util
+import os
 
 import torch
 
@@ -27,6 +31,41 @@ def cpu_kernels_apply(
     grad = torch.is_grad_enabled()
     for t in tensors:
         if t is not None and (not t.is_cpu or t.dtype not in dtypes or (grad and t.requires_grad)):
+            return False
+    return True
+
+
+_TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ROWWISE_KERNELS_ENV = "PAGEDLLM_ROWWISE_KERNELS"
+
+
+@functools.cache
+def has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+@functools.cache
+def rowwise_triton() -> bool:
+    """Whether CUDA tensors' row-wise ops take the Triton kernels: triton is installed and
+    PAGEDLLM_ROWWISE_KERNELS is "triton" (the default), not "torch" (torch's definitions,
+    for comparing the two: the GPU check does)."""
+    choice = os.environ.get(ROWWISE_KERNELS_ENV, "triton").strip().lower()
+    if choice not in ("triton", "torch"):
+        raise ValueError(f'{ROWWISE_KERNELS_ENV} must be "triton" or "torch", got {choice!r}')
+    return choice == "triton" and has_triton()
+
+
+def triton_kernels_apply(*tensors: torch.Tensor) -> bool:
+    """True when pagedllm._triton_ops' row-wise kernels take these tensors: CUDA, one float
+    dtype (float32, bfloat16 or float16) shared by all, no autograd, `rowwise_triton()`. On
+    a GPU torch's definitions of these ops are a launch per elementwise step; in a decode
+    step those small kernels, not the bytes, set the time (docs/gpus.md)."""
+    first = tensors[0]
+    if not first.is_cuda or first.dtype not in _TRITON_DTYPES or not rowwise_triton():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if not t.is_cuda or t.dtype is not first.dtype or (grad and t.requires_grad):
             return False
     return True
 

@@ -1,5 +1,6 @@
 """Row-wise ops: RMSNorm (with the residual add), SiLU-and-multiply, rotary embedding and the
-greedy argmax."""
+greedy argmax. Each runs pagedllm._C's kernel on CPU tensors it takes, a Triton kernel
+(pagedllm/_triton_ops) on CUDA tensors, and the torch definition elsewhere."""
 
 import torch
 
@@ -9,6 +10,7 @@ from pagedllm._custom_ops.common import (
     _as_dense,
     _one_float_dtype,
     cpu_kernels_apply,
+    triton_kernels_apply,
 )
 from pagedllm.tensor_layout import with_dense_rows
 
@@ -17,6 +19,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., n] * rsqrt(mean(x^2) + eps) * weight [n]."""
     if cpu_kernels_apply(x, weight, dtypes=_one_float_dtype(x)):
         return _cpu_kernels.rms_norm(with_dense_rows(x), weight.contiguous(), eps)
+    if triton_kernels_apply(x, weight):
+        from pagedllm._triton_ops import layernorm
+
+        if layernorm.applies(x):
+            return layernorm.rms_norm(x, weight, eps)
     return _torch_ops.rms_norm(x, weight, eps)
 
 
@@ -28,6 +35,11 @@ def fused_add_rms_norm(
         return _cpu_kernels.fused_add_rms_norm(
             x.contiguous(), residual.contiguous(), weight.contiguous(), eps
         )
+    if triton_kernels_apply(x, residual, weight) and x.shape == residual.shape:
+        from pagedllm._triton_ops import layernorm
+
+        if layernorm.applies(x):
+            return layernorm.fused_add_rms_norm(x, residual, weight, eps)
     return _torch_ops.fused_add_rms_norm(x, residual, weight, eps)
 
 
@@ -35,6 +47,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [..., 2d] -> silu(x[..., :d]) * x[..., d:]."""
     if cpu_kernels_apply(x, dtypes=_one_float_dtype(x)):
         return _cpu_kernels.silu_and_mul(x.contiguous())
+    if triton_kernels_apply(x):
+        from pagedllm._triton_ops.activation import silu_and_mul as triton_silu_and_mul
+
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        return triton_silu_and_mul(rows).view(*x.shape[:-1], x.shape[-1] // 2)
     return _torch_ops.silu_and_mul(x)
 
 
@@ -48,10 +65,18 @@ def rotary_embedding(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """query [T, H * head_size] and key [T, KV * head_size], rotated; their rows may be
     strided (column slices of a fused qkv). cos_sin_cache [max_pos, rotary_dim] must cover
-    every position (the kernel raises ValueError, torch IndexError, if not). query and key
-    share a dtype; the cache is float32."""
+    every position (the C kernel raises ValueError, torch IndexError, if not; the Triton
+    kernel does not look, as that would wait on the GPU). query and key share a dtype; the
+    cache is float32."""
+    two_dims = query.dim() == key.dim() == 2
+    if two_dims and triton_kernels_apply(query, key) and cos_sin_cache.device == query.device:
+        from pagedllm._triton_ops.rotary import rotary_embedding as triton_rotary_embedding
+
+        return triton_rotary_embedding(
+            positions, query, key, head_size, cos_sin_cache.float(), is_neox_style
+        )
     if not (
-        query.dim() == key.dim() == 2
+        two_dims
         and cpu_kernels_apply(query, key, dtypes=_one_float_dtype(query))
         and cpu_kernels_apply(cos_sin_cache)
     ):

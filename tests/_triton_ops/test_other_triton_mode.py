@@ -21,6 +21,8 @@ INTERPRETED_TESTS = [
     "tests/_triton_ops/test_moe_align_block_size.py",
     "tests/_triton_ops/test_fused_moe.py",
     "tests/_triton_ops/test_activation.py",
+    "tests/_triton_ops/test_layernorm.py",
+    "tests/_triton_ops/test_rotary.py",
 ]
 COMPILED_TESTS = ["tests/_triton_ops/test_compile_sm90.py", "tests/_triton_ops/test_launch.py"]
 

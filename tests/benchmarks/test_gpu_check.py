@@ -49,7 +49,10 @@ def test_the_check_runs_every_shape_latency_first_and_the_wide_tests_last(
     shapes = ["smollm2", "llama3-8b", "qwen3-30b-a3b"]
     assert names[1:-1] == [f"{s}-latency" for s in shapes] + [f"{s}-throughput" for s in shapes] + [
         f"{s}-throughput-sync" for s in shapes[:2]
-    ]
+    ] + [f"{s}-latency-torch-rowwise" for s in shapes[:2]]
+    torch_rowwise = [p for p in phases if p.name.endswith("-torch-rowwise")]
+    assert all(p.env == {"PAGEDLLM_ROWWISE_KERNELS": "torch"} for p in torch_rowwise)
+    assert all(not p.env for p in phases if p not in torch_rowwise)
     for shape in shapes[1:]:  # written out; the default model's may be the installed GGUF
         with open(f"{tmp_path}/{shape}/config.json") as f:
             assert json.load(f) == gpu_check.SHAPES[shape]
@@ -88,11 +91,14 @@ def test_every_benchmark_phase_runs_on_the_cpu_with_its_flags(
     assert 0 < moe["percent_of_bound"] and 0 < moe["read_gb_per_step"] and moe["startup_s"] > 0
     assert all(f["ratio_to_hf"] > 0 for n, f in figures.items() if n.endswith("-throughput"))
     assert all(f["default_over_sync"] > 0 for n, f in figures.items() if n.endswith("-sync"))
+    rowwise = [f for n, f in figures.items() if n.endswith("-torch-rowwise")]
+    assert len(rowwise) == 2 and all(f["torch_over_default"] > 0 for f in rowwise)
     with open(f"{tmp_path}/llama3-8b-throughput.json") as f:
         assert "ran the first 2 of the 3 requests" in json.load(f)["results"]["hf"]["detail"]
     lines = gpu_check.format_summary({"figures": figures})
-    assert len(lines) == 8 and "% of the bound" in lines[0]
-    assert "x transformers" in lines[5] and "async scheduling (the default)" in lines[-1]
+    assert len(lines) == 10 and "% of the bound" in lines[0]
+    assert "x transformers" in lines[5] and "async scheduling (the default)" in lines[7]
+    assert "x the Triton row-wise kernels' time" in lines[-1]
 
 
 def test_phases_are_cut_at_their_limit_and_at_the_deadline(tmp_path: object) -> None:
