@@ -121,6 +121,19 @@ def apply_rotary_emb(
     return torch.stack((o1, o2), dim=-1).flatten(-2)
 
 
+def topk_softmax(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A MoE layer's routing: softmax over the experts in float32, the top_k largest
+    (weights [T, top_k] in `dtype`, ids [T, top_k] int64), divided by their sum if
+    `renormalize`."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    return topk_weights.to(dtype), topk_ids
+
+
 def reshape_and_cache(
     key: torch.Tensor,
     value: torch.Tensor,

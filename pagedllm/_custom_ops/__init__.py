@@ -21,7 +21,12 @@ from pagedllm._custom_ops.attention import (
     reshape_and_cache_kernel,
 )
 from pagedllm._custom_ops.common import cpu_kernels_apply, has_cpu_kernels
-from pagedllm._custom_ops.fused_moe import MoEKernel, fused_experts, select_moe_kernel
+from pagedllm._custom_ops.fused_moe import (
+    MoEKernel,
+    fused_experts,
+    select_moe_kernel,
+    topk_softmax,
+)
 from pagedllm._custom_ops.gguf import (
     gguf_dequantize,
     gguf_embedding,
@@ -71,4 +76,5 @@ __all__ = [
     "select_linear_kernel",
     "select_moe_kernel",
     "silu_and_mul",
+    "topk_softmax",
 ]

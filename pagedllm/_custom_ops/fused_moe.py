@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from pagedllm import _torch_ops
+from pagedllm._custom_ops.common import triton_kernels_apply
 from pagedllm.batch_invariant import is_batch_invariant
 
 
@@ -35,6 +37,20 @@ def select_moe_kernel(w13: torch.Tensor) -> MoEKernel:
     if w13.is_cuda and triton_available() and not is_batch_invariant():
         return MoEKernel.TRITON
     return MoEKernel.GROUPED
+
+
+def topk_softmax(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A MoE layer's routing (_torch_ops.topk_softmax): one Triton launch for CUDA logits
+    (_triton_ops/topk_softmax.py, one program a token, so batch-invariant too), torch's
+    five kernels elsewhere."""
+    if triton_kernels_apply(router_logits) and router_logits.dim() == 2:
+        from pagedllm._triton_ops import topk_softmax as triton_routing
+
+        if triton_routing.applies(top_k, router_logits.shape[1]):
+            return triton_routing.topk_softmax(router_logits, top_k, renormalize, dtype)
+    return _torch_ops.topk_softmax(router_logits, top_k, renormalize, dtype)
 
 
 def fused_experts(*tensors: torch.Tensor, **options: Any) -> torch.Tensor:

@@ -27,7 +27,7 @@ import re
 import torch
 from torch import nn
 
-from pagedllm._custom_ops.fused_moe import MoEKernel
+from pagedllm._custom_ops.fused_moe import MoEKernel, topk_softmax
 from pagedllm.distributed import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
@@ -208,12 +208,9 @@ class FusedMoE(InferenceModule):
     def select_experts(
         self, router_logits: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Softmax in float32, top-k, optional renormalisation: [T, K] weights and expert ids."""
-        probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
-        topk_weights, topk_ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.renormalize:
-            topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
-        return topk_weights.to(dtype), topk_ids
+        """Softmax in float32, top-k, optional renormalisation: [T, K] weights and expert ids
+        (`_custom_ops.topk_softmax`)."""
+        return topk_softmax(router_logits, self.top_k, self.renormalize, dtype)
 
     def apply_experts(
         self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor

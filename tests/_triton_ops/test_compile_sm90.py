@@ -19,6 +19,7 @@ from pagedllm._triton_ops.fused_moe_configs import _TUNED, MoEConfig, get_defaul
 from pagedllm._triton_ops.layernorm import rms_norm_kernel  # noqa: E402
 from pagedllm._triton_ops.moe_align_block_size import moe_align_block_size_kernel  # noqa: E402
 from pagedllm._triton_ops.rotary import rotary_embedding_kernel  # noqa: E402
+from pagedllm._triton_ops.topk_softmax import topk_softmax_kernel  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter compiles nothing"
@@ -157,3 +158,15 @@ def test_rotary_embedding_kernel(is_neox: bool, head_size: int, rotary_dim: int)
         IS_NEOX=is_neox,
     )
     compile_sm90(rotary_embedding_kernel, pointers, constexprs, num_warps=4)
+
+
+@pytest.mark.parametrize("top_k, experts", [(8, 128), (6, 64)])
+def test_topk_softmax_kernel(top_k: int, experts: int) -> None:
+    pointers = {"logits_ptr": "*bf16", "weights_ptr": "*bf16", "ids_ptr": "*i64"}
+    constexprs = dict(
+        TOP_K=top_k,
+        TOP_K_PADDED=triton.next_power_of_2(top_k),
+        EXPERTS=experts,
+        RENORMALIZE=True,
+    )
+    compile_sm90(topk_softmax_kernel, pointers, constexprs)

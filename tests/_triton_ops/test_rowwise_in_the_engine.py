@@ -1,8 +1,8 @@
-"""The row-wise Triton kernels (RMSNorm with and without the residual, RoPE, SiLU-and-mul)
-inside the engine: what _custom_ops runs for CUDA tensors. On a GPU that is the plain
-dispatch; on CPU tensors under Triton's interpreter the dispatch is pointed at the Triton
-kernels here, so the whole model runs through them. Either way, transformers' greedy tokens
-and logprobs within 1e-4, and every kernel called."""
+"""The row-wise Triton kernels (RMSNorm with and without the residual, RoPE, SiLU-and-mul,
+a MoE layer's routing) inside the engine: what _custom_ops runs for CUDA tensors. On a GPU
+that is the plain dispatch; on CPU tensors under Triton's interpreter the dispatch is
+pointed at the Triton kernels here, so the whole model runs through them. Either way,
+transformers' greedy tokens and logprobs within 1e-4, and every kernel called."""
 
 import collections
 
@@ -12,14 +12,15 @@ import torch
 pytest.importorskip("triton")
 
 from pagedllm import LLM, SamplingParams  # noqa: E402
-from pagedllm._custom_ops import rowwise  # noqa: E402
-from pagedllm._triton_ops import activation, layernorm, rotary  # noqa: E402
+from pagedllm._custom_ops import fused_moe, rowwise  # noqa: E402
+from pagedllm._triton_ops import activation, layernorm, rotary, topk_softmax  # noqa: E402
 
 KERNELS = [
     (layernorm, "rms_norm"),
     (layernorm, "fused_add_rms_norm"),
     (rotary, "rotary_embedding"),
     (activation, "silu_and_mul"),
+    (topk_softmax, "topk_softmax"),
 ]
 
 
@@ -39,11 +40,12 @@ def triton_calls(
         monkeypatch.setattr(module, name, counted)
     if triton_device.type == "cpu":
         monkeypatch.setattr(rowwise, "cpu_kernels_apply", lambda *tensors, **dtypes: False)
-        monkeypatch.setattr(rowwise, "triton_kernels_apply", lambda *tensors: True)
+        for module in (rowwise, fused_moe):
+            monkeypatch.setattr(module, "triton_kernels_apply", lambda *tensors: True)
     return calls
 
 
-@pytest.mark.parametrize("name", ["llama-gqa-llama3", "qwen3"])
+@pytest.mark.parametrize("name", ["llama-gqa-llama3", "qwen3", "qwen3-moe"])
 def test_the_engine_through_the_row_wise_kernels_gives_transformers_tokens(
     triton_device: torch.device,
     triton_calls: collections.Counter,
@@ -52,7 +54,9 @@ def test_the_engine_through_the_row_wise_kernels_gives_transformers_tokens(
     hf_greedy,
     spread_prompts,
 ) -> None:
-    """qwen3 norms q and k per head (RMSNorm on [T, heads, head_size] slices of qkv)."""
+    """qwen3 norms q and k per head (RMSNorm on [T, heads, head_size] slices of qkv);
+    qwen3-moe routes its tokens (on a CPU its experts run torch's loop, each expert's
+    activation the SiLU-and-mul kernel)."""
     prompts = [spread_prompts[1], spread_prompts[3]]
     reference = hf_greedy(name, prompts, 4)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=0)
@@ -68,4 +72,7 @@ def test_the_engine_through_the_row_wise_kernels_gives_transformers_tokens(
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     for out, ref in zip(outputs, reference, strict=True):
         ref.assert_matches(out.outputs[0])
-    assert set(triton_calls) == {name for _, name in KERNELS}
+    expected = {name for _, name in KERNELS}
+    if name != "qwen3-moe":
+        expected.remove("topk_softmax")
+    assert set(triton_calls) == expected
