@@ -307,12 +307,15 @@ def resolve_attention_backend(name: str | None) -> str | None:
 
 @dataclass
 class CacheConfig:
-    """KV cache size: num_kv_blocks exactly, else kv_cache_memory_bytes, else a share of
-    the free memory (see executor/kv_cache.py)."""
+    """KV cache size: num_kv_blocks exactly, else kv_cache_memory_bytes, else on a GPU what
+    gpu_memory_utilization leaves it (executor/gpu_memory.py), else a share of the free
+    memory (see executor/kv_cache.py)."""
 
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    """vLLM's: the share of a GPU's total memory the engine may use, KV cache included."""
     enable_prefix_caching: bool = True
     cache_dtype: str = "auto"
     """vLLM's kv_cache_dtype: "auto" (the model's dtype), "float32", "bfloat16" (half the
@@ -338,6 +341,10 @@ class CacheConfig:
             raise ValueError(f"num_kv_blocks {self.num_kv_blocks} must be >= 1")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
             raise ValueError(f"kv_cache_memory_bytes {self.kv_cache_memory_bytes} must be >= 1")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization {self.gpu_memory_utilization} must be in (0, 1]"
+            )
 
 
 @dataclass

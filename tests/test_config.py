@@ -136,6 +136,13 @@ def test_ranks_per_node_split_the_world() -> None:
     assert (parallel.world_size, parallel.ranks_per_node) == (6, 3)
 
 
+@pytest.mark.parametrize("utilization", [0.0, -0.1, 1.01])
+def test_gpu_memory_utilization_is_a_share(utilization: float) -> None:
+    with pytest.raises(ValueError, match=f"gpu_memory_utilization {utilization} must be in"):
+        CacheConfig(gpu_memory_utilization=utilization)
+    assert CacheConfig(gpu_memory_utilization=1.0).gpu_memory_utilization == 1.0
+
+
 def test_parallel_config_world_is_tp_times_pp() -> None:
     assert ParallelConfig(tensor_parallel_size=4, pipeline_parallel_size=2).world_size == 8
     with pytest.raises(ValueError, match="pipeline_parallel_size 0 must be >= 1"):

@@ -54,6 +54,7 @@ class EngineArgs:
     block_size: int = 16
     kv_cache_memory_bytes: int | None = None
     num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
@@ -108,6 +109,7 @@ class EngineArgs:
                 block_size=self.block_size,
                 num_kv_blocks=self.num_kv_blocks,
                 kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                gpu_memory_utilization=self.gpu_memory_utilization,
                 enable_prefix_caching=self.enable_prefix_caching and not pooling,
                 cache_dtype=self.kv_cache_dtype,
             ),
@@ -150,7 +152,7 @@ class EngineArgs:
             if f.type in ("bool", bool, bool | None):
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
             else:
-                kind = int if "int" in str(f.type) else str
+                kind = int if "int" in str(f.type) else float if "float" in str(f.type) else str
                 short = _SHORT_FLAGS.get(f.name, ())
                 group.add_argument(flag, *short, type=kind, default=default)
 

@@ -44,7 +44,7 @@ from pagedllm.engine.tokenizer import (
 from pagedllm.executor.executor import StepFuture
 from pagedllm.executor.factory import make_executor
 from pagedllm.executor.headless import run_headless
-from pagedllm.executor.kv_cache import num_kv_blocks
+from pagedllm.executor.kv_cache import num_kv_blocks, profiles_gpu_memory
 from pagedllm.executor.torchrun_executor import run_torchrun_worker, torchrun_rank
 from pagedllm.logger import init_logger
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
@@ -95,7 +95,10 @@ class LLMEngine:
         self.tokenizer = None if config.skip_tokenizer_init else get_tokenizer(self.model_config)
         eos_token_id = model_eos_token_id(self.model_config, self.tokenizer)
         self.executor = make_executor(config)
-        self.num_blocks = num_kv_blocks(config, self.executor.kv_cache_bytes_per_token)
+        available = None
+        if profiles_gpu_memory(config):
+            available = self.executor.available_kv_cache_bytes()
+        self.num_blocks = num_kv_blocks(config, self.executor.kv_cache_bytes_per_token, available)
         self.executor.init_kv_cache(self.num_blocks)
         cache, sched = config.cache_config, config.scheduler_config
         self.block_manager = BlockManager(

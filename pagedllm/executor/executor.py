@@ -25,6 +25,7 @@ from pagedllm.executor.worker import (
     EXECUTE,
     INIT_KV_CACHE,
     KV_CACHE_BYTES,
+    PROFILE_RUN,
     SHUTDOWN,
     shutdown_barrier,
 )
@@ -68,6 +69,10 @@ class Executor:
 
     def init_kv_cache(self, num_blocks: int) -> None:
         self.runner.init_kv_cache(num_blocks)
+
+    def available_kv_cache_bytes(self) -> int:
+        """What gpu_memory_utilization leaves the KV cache, from a profile run (a GPU's)."""
+        return self.runner.available_kv_cache_bytes()
 
     def execute(self, step: StepInput, rows: list[SamplingRow]) -> StepOutput:
         return self.runner.execute(step, rows)
@@ -143,6 +148,13 @@ class DistributedExecutor(Executor):
     def init_kv_cache(self, num_blocks: int) -> None:
         self._call(INIT_KV_CACHE, num_blocks)
         super().init_kv_cache(num_blocks)
+
+    def available_kv_cache_bytes(self) -> int:
+        """The least of any rank's: every rank runs the profile step (its collectives
+        need all of them), and every rank's cache holds the same blocks."""
+        self._call(PROFILE_RUN, None)
+        with self._failures():
+            return -self.link.max_over_ranks(-super().available_kv_cache_bytes())
 
     def execute(self, step: StepInput, rows: list[SamplingRow]) -> StepOutput:
         return self.execute_async(step, rows).result()

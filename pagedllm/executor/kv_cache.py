@@ -81,24 +81,49 @@ def default_kv_cache_bytes(device: torch.device, max_tokens_needed_bytes: int) -
     return min(int(available_memory_bytes(device) * fraction), max_tokens_needed_bytes)
 
 
-def num_kv_blocks(config: EngineConfig, bytes_per_token: int) -> int:
+def profiles_gpu_memory(config: EngineConfig) -> bool:
+    """Whether the cache's size comes from a profile of the GPU's memory (gpu_memory.py):
+    on CUDA, no size given, one pipeline stage (a stage's profile would need the stage
+    before's output; with several the share of free memory is used)."""
+    cache = config.cache_config
+    return (
+        torch.device(config.device).type == "cuda"
+        and cache.num_kv_blocks is None
+        and cache.kv_cache_memory_bytes is None
+        and config.parallel_config.pipeline_parallel_size == 1
+    )
+
+
+def num_kv_blocks(
+    config: EngineConfig, bytes_per_token: int, available_bytes: int | None = None
+) -> int:
     """The cache's size in blocks: num_kv_blocks exactly, else kv_cache_memory_bytes, else
-    a share of free memory; it must hold one max_model_len sequence. Logs the choice."""
+    `available_bytes` (what gpu_memory_utilization leaves it, when profiled), else a share
+    of free memory; never more than max_num_seqs full sequences need, and at least one
+    max_model_len sequence. Logs the choice."""
     cache, block_size = config.cache_config, config.cache_config.block_size
     max_len = config.model_config.max_model_len
     num_blocks = cache.num_kv_blocks
     if num_blocks is None:
         most = config.scheduler_config.max_num_seqs * (max_len + block_size) * bytes_per_token
-        budget = cache.kv_cache_memory_bytes or default_kv_cache_bytes(
-            torch.device(config.device), most
-        )
+        if cache.kv_cache_memory_bytes:
+            budget = cache.kv_cache_memory_bytes
+        elif available_bytes is not None:
+            budget = min(max(0, available_bytes), most)
+        else:
+            budget = default_kv_cache_bytes(torch.device(config.device), most)
         num_blocks = budget // (bytes_per_token * block_size)
     num_tokens = num_blocks * block_size
     if num_tokens < max_len:
+        more = "kv_cache_memory_bytes / num_kv_blocks"
+        if available_bytes is not None and not cache.kv_cache_memory_bytes:
+            more = (
+                f"gpu_memory_utilization (now {cache.gpu_memory_utilization}), or lower "
+                "max_num_batched_tokens / max_num_seqs (the profiled step's size)"
+            )
         raise ValueError(
             f"the KV cache holds {num_blocks} blocks x {block_size} = {num_tokens} tokens, "
-            f"fewer than max_model_len={max_len}; lower max_model_len or give more "
-            "kv_cache_memory_bytes / num_kv_blocks"
+            f"fewer than max_model_len={max_len}; lower max_model_len or give more {more}"
         )
     logger.info(
         "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB); max concurrency at "

@@ -28,8 +28,14 @@ from pagedllm.executor.batch import (
 from pagedllm.executor.cpu_graph import CpuGraphRunner
 from pagedllm.executor.cpu_malloc import keep_freed_memory
 from pagedllm.executor.cuda_graph import CudaGraphRunner
+from pagedllm.executor.gpu_memory import (
+    MemorySnapshot,
+    check_free_memory,
+    profile_kv_cache_budget,
+)
 from pagedllm.executor.host_block_tables import HostBlockTables
-from pagedllm.executor.kv_cache import bind_kv_cache, kv_cache_bytes_per_token
+from pagedllm.executor.kv_cache import attention_layers, bind_kv_cache, kv_cache_bytes_per_token
+from pagedllm.executor.profile_step import profile_chunks, profile_rows
 from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.attention_backends.selector import use_attn_backend
 from pagedllm.layers.pooler import pool_chunk
@@ -94,11 +100,18 @@ class ModelRunner:
         self.host_block_tables = HostBlockTables()
         self.kv_cache_dtype = config.cache_config.kv_dtype(config.model_config.dtype)
         set_batch_invariant(config.batch_invariant)
+        # On a GPU: its memory before and after the load (gpu_memory.py).
+        self.memory_at_start = self.memory_loaded = None
+        if self.device.type == "cuda":
+            self.memory_at_start = MemorySnapshot.take(self.device, release=True)
+            check_free_memory(self.memory_at_start, config.cache_config.gpu_memory_utilization)
         with (
             set_expert_parallel(config.parallel_config.enable_expert_parallel),
             use_attn_backend(config.attention_backend, self.kv_cache_dtype),
         ):
             self.model = get_model(config.model_config, self.device)
+        if self.device.type == "cuda":
+            self.memory_loaded = MemorySnapshot.take(self.device)
         self.vocab_size = config.model_config.vocab_size
         pooler_config = config.model_config.pooler_config
         self.pooling_type = pooler_config.pooling_type if pooler_config is not None else None
@@ -121,6 +134,51 @@ class ModelRunner:
     @property
     def kv_cache_bytes_per_token(self) -> int:
         return kv_cache_bytes_per_token(self.model, self.kv_cache_dtype)
+
+    def available_kv_cache_bytes(self, sample: bool = True) -> int:
+        """On a GPU: the bytes gpu_memory_utilization leaves the KV cache, measured by a
+        profile run (gpu_memory.py). `sample`: this rank samples (a tensor-parallel peer
+        follows)."""
+        assert self.memory_at_start is not None and self.memory_loaded is not None
+        budget = profile_kv_cache_budget(
+            self.device,
+            self.memory_at_start,
+            self.memory_loaded,
+            self.config.cache_config.gpu_memory_utilization,
+            lambda: self.profile_run(sample),
+        )
+        logger.info("GPU memory: %s", budget.describe())
+        return budget.kv_cache
+
+    @torch.inference_mode()
+    def profile_run(self, sample: bool = True) -> int:
+        """The largest step the scheduler can make (profile_step.py), on a KV cache of its
+        own that is dropped after; -> that cache's bytes."""
+        config = self.config
+        chunks, blocks = profile_chunks(
+            config.scheduler_config.max_num_batched_tokens,
+            config.scheduler_config.max_num_seqs,
+            config.model_config.max_model_len,
+            self.block_size,
+        )
+        indices = list(range(len(chunks)))
+        self.kv_cache = bind_kv_cache(
+            self.model, blocks, self.block_size, self.kv_cache_dtype, self.device
+        )
+        try:
+            cache_bytes = self.kv_cache.numel() * self.kv_cache.element_size()
+            if self.pooling_type is not None:
+                self.pool(StepInput(chunks, [], [], [], pool_indices=indices))
+            elif sample:
+                rows = profile_rows(chunks, config.max_logprobs, self.vocab_size)
+                self.execute(StepInput(chunks, [], indices, []), rows)
+            else:
+                self.follow(StepInput(chunks, [], indices, []))
+        finally:
+            for layer in attention_layers(self.model):
+                layer.kv_cache = None
+            self.kv_cache, self.last_sampled, self._metadata = None, None, None
+        return cache_bytes
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocates the cache of num_blocks blocks (plus, with CUDA graphs, their padding

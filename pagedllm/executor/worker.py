@@ -33,6 +33,7 @@ from pagedllm.executor.table_deltas import BlockTableReceiver
 SHUTDOWN = "shutdown"
 INIT_KV_CACHE = "init_kv_cache"
 KV_CACHE_BYTES = "kv_cache_bytes"  # every rank: the most KV bytes per token of any rank
+PROFILE_RUN = "profile_run"  # every rank: the least KV cache bytes of any rank's GPU
 EXECUTE = "execute"  # argument: (StepInput, its rows' list[RowDelta], or None: rank 0 samples)
 
 # Start-up reports a spawned worker sends rank 0 over its pipe, in this order. A worker that
@@ -79,6 +80,8 @@ def run_worker_loop(runner: ModelRunner) -> None:
             runner.init_kv_cache(argument)
         elif method == KV_CACHE_BYTES:
             link.max_over_ranks(runner.kv_cache_bytes_per_token)
+        elif method == PROFILE_RUN:
+            link.max_over_ranks(-runner.available_kv_cache_bytes(sample=False))
         elif method == EXECUTE:
             step, deltas = argument
             run_step(runner, link, persistent, tables.decode(step), deltas)

@@ -68,6 +68,8 @@ def test_flags_round_trip_with_their_types() -> None:
         "4096",
         "--num-kv-blocks",
         "9",
+        "--gpu-memory-utilization",
+        "0.75",
         "--max-num-seqs",
         "3",
         "--max-num-batched-tokens",
@@ -127,6 +129,7 @@ def test_flags_round_trip_with_their_types() -> None:
         block_size=8,
         kv_cache_memory_bytes=4096,
         num_kv_blocks=9,
+        gpu_memory_utilization=0.75,
         max_num_seqs=3,
         max_num_batched_tokens=64,
         enable_prefix_caching=False,
@@ -178,6 +181,7 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
         block_size=8,
         kv_cache_memory_bytes=4096,
         num_kv_blocks=20,
+        gpu_memory_utilization=0.5,
         max_num_seqs=3,
         max_num_batched_tokens=64,
         enable_prefix_caching=False,
@@ -203,6 +207,7 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
     )
     cache = config.cache_config
     assert (cache.block_size, cache.num_kv_blocks, cache.kv_cache_memory_bytes) == (8, 20, 4096)
+    assert cache.gpu_memory_utilization == 0.5
     assert cache.enable_prefix_caching is False
     sched = config.scheduler_config
     assert (sched.max_num_seqs, sched.max_num_batched_tokens, sched.enable_chunked_prefill) == (

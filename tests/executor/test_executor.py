@@ -3,19 +3,21 @@ the in-process executor hands each call to its ModelRunner and runs the logits p
 request checks; rank 0 of a tensor-parallel world broadcasts each call (the step, never the
 sampler rows: only rank 0 samples) before running it itself."""
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
 import torch
 
 from pagedllm.config import EngineConfig
+from pagedllm.engine import llm_engine
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.executor import executor
 from pagedllm.executor.batch import SeqChunk
 from pagedllm.executor.executor import DistributedExecutor, Executor
 from pagedllm.executor.model_runner import StepInput
 from pagedllm.executor.stage_link import StageLink
-from pagedllm.executor.worker import EXECUTE, INIT_KV_CACHE, SHUTDOWN
+from pagedllm.executor.worker import EXECUTE, INIT_KV_CACHE, PROFILE_RUN, SHUTDOWN
 from pagedllm.sample.logits_processors import BatchUpdate, LogitsProcessor
 from pagedllm.sample.metadata import SamplingRow
 from pagedllm.sampling_params import SamplingParams
@@ -90,3 +92,27 @@ def test_distributed_executor_broadcasts_each_call_before_running_it(config, mon
     assert events[3:] == [(SHUTDOWN, None), "barrier", "destroy"]
     ex.shutdown()  # once only
     assert len(events) == 6
+
+
+def test_the_gpu_profile_is_asked_of_every_rank_and_the_least_kept(config, monkeypatch) -> None:
+    """Rank 0 sends the profile call, profiles itself (sampling), and keeps the least of
+    the ranks' budgets: here another rank reports 3 MiB, under rank 0's 5."""
+    events = []
+    monkeypatch.setattr(StageLink, "send_message", lambda _, message: events.append(message))
+    monkeypatch.setattr(StageLink, "max_over_ranks", lambda _, value: max(value, -(3 << 20)))
+    ex = DistributedExecutor(config)
+    samples = []
+    monkeypatch.setattr(
+        ex.runner, "available_kv_cache_bytes", lambda sample=True: samples.append(sample) or 5 << 20
+    )
+    assert ex.available_kv_cache_bytes() == 3 << 20
+    assert events == [(PROFILE_RUN, None)] and samples == [True]
+
+
+def test_the_engine_sizes_a_profiled_gpu_cache_by_the_profile(config, monkeypatch) -> None:
+    """Where the GPU is profiled (kv_cache.profiles_gpu_memory) the executor's figure is the
+    budget: 512 bytes a token, 16-token blocks, 40 blocks' worth and a little more."""
+    monkeypatch.setattr(llm_engine, "profiles_gpu_memory", lambda c: True)
+    monkeypatch.setattr(Executor, "available_kv_cache_bytes", lambda self: 40 * 512 * 16 + 100)
+    config = dataclasses.replace(config, skip_tokenizer_init=True)
+    assert llm_engine.LLMEngine(config).num_blocks == 40

@@ -4,6 +4,7 @@ else budget // (bytes_per_token x block_size), the budget being kv_cache_memory_
 of free memory capped at what max_num_seqs sequences of max_model_len could use; the cache must
 hold one max_model_len sequence."""
 
+import dataclasses
 import pathlib
 from collections.abc import Callable
 
@@ -75,6 +76,39 @@ def test_cache_that_cannot_hold_max_model_len_is_rejected(engine_config, kwargs)
     message = r"holds 15 blocks x 16 = 240 tokens, fewer than max_model_len=256"
     with pytest.raises(ValueError, match=message):
         num_kv_blocks(engine_config(**kwargs), BYTES_PER_TOKEN)
+
+
+@pytest.mark.parametrize(
+    "available_blocks, expected",
+    [(20, 20), (10_000, 34)],  # at most 34 blocks, as above
+)
+def test_num_kv_blocks_from_a_gpu_profile(engine_config, available_blocks, expected) -> None:
+    available = available_blocks * BLOCK_BYTES + BLOCK_BYTES - 1
+    assert num_kv_blocks(engine_config(), BYTES_PER_TOKEN, available) == expected
+    # A size given wins over the profile's.
+    config = engine_config(kv_cache_memory_bytes=17 * BLOCK_BYTES)
+    assert num_kv_blocks(config, BYTES_PER_TOKEN, available) == 17
+
+
+@pytest.mark.parametrize("available", [15 * BLOCK_BYTES, -5 * 2**30])
+def test_a_profile_leaving_too_little_names_gpu_memory_utilization(
+    engine_config, available: int
+) -> None:
+    message = r"fewer than max_model_len=256; .*give more gpu_memory_utilization \(now 0.9\)"
+    with pytest.raises(ValueError, match=message):
+        num_kv_blocks(engine_config(), BYTES_PER_TOKEN, available)
+
+
+def test_only_a_gpu_without_a_size_given_is_profiled(engine_config) -> None:
+    config = engine_config()
+    assert not kv_cache.profiles_gpu_memory(config)  # on the CPU
+    gpu = dataclasses.replace(config, device="cuda")
+    assert kv_cache.profiles_gpu_memory(gpu)
+    for cache in (dict(num_kv_blocks=20), dict(kv_cache_memory_bytes=2**20)):
+        sized = dataclasses.replace(gpu.cache_config, **cache)
+        assert not kv_cache.profiles_gpu_memory(dataclasses.replace(gpu, cache_config=sized))
+    stages = dataclasses.replace(gpu.parallel_config, pipeline_parallel_size=2)
+    assert not kv_cache.profiles_gpu_memory(dataclasses.replace(gpu, parallel_config=stages))
 
 
 def test_bind_kv_cache_gives_each_layer_views_of_one_zeroed_tensor() -> None:

@@ -12,10 +12,12 @@ from pagedllm import _cpu_kernels, device_copy
 from pagedllm.batch_invariant import is_batch_invariant
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.executor.batch import SeqChunk
+from pagedllm.executor.kv_cache import attention_layers
 from pagedllm.executor.model_runner import ModelRunner, StepInput
 from pagedllm.sample import sampler as sampler_module
 from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
 from pagedllm.sampling_params import SamplingParams
+from tests.devices import needs_cuda
 from tests.host_reads import NoHostReads
 
 LLAMA = "llama-gqa-llama3"
@@ -168,3 +170,71 @@ def test_a_step_on_the_torch_paths_reads_nothing_on_the_host_before_its_one_copy
                 tokens.append(runner.execute(step, rows).sampler_output.sampled_token_ids.tolist())
         assert tokens[0] == tokens[1]
     assert copies == [5, 5, 5]  # the ids, which rows sampled, the three logprobs tensors
+
+
+@pytest.mark.parametrize("sample", [True, False])
+def test_the_profile_run_runs_the_largest_step_on_a_cache_it_drops(
+    tiny_model_path: Callable[[str], str], hf_model, monkeypatch, sample: bool
+) -> None:
+    """max_num_batched_tokens tokens over max_num_seqs sequences, sampled with every costly
+    feature (or followed, on a tensor-parallel peer); after it the runner holds no cache and
+    its first real step is transformers'."""
+    args = EngineArgs(
+        tiny_model_path(LLAMA),
+        dtype="float32",
+        device="cpu",
+        max_model_len=256,
+        max_num_seqs=3,
+        max_num_batched_tokens=50,
+    )
+    runner = ModelRunner(args.create_engine_config())
+    executed: list[tuple[StepInput, list[SamplingRow]]] = []
+    execute = runner.execute
+    monkeypatch.setattr(runner, "execute", lambda s, r: executed.append((s, r)) or execute(s, r))
+    followed: list[StepInput] = []
+    follow = runner.follow
+    monkeypatch.setattr(runner, "follow", lambda s: followed.append(s) or follow(s))
+    cache_bytes = runner.profile_run(sample)
+    steps = [s for s, _ in executed] if sample else followed
+    assert len(steps) == 1 and not (followed if sample else executed)
+    assert [len(c.token_ids) for c in steps[0].chunks] == [17, 17, 16]
+    assert steps[0].sample_indices == [0, 1, 2]
+    if sample:
+        assert executed[0][1][0].params.top_p == 0.9
+    blocks = 2 + 2 + 1  # of 16 tokens
+    assert cache_bytes == blocks * 16 * runner.kv_cache_bytes_per_token
+    assert runner.kv_cache is None and runner.last_sampled is None
+    assert all(layer.kv_cache is None for layer in attention_layers(runner.model))
+    runner.init_kv_cache(num_blocks=6)
+    logits, _ = runner.forward(prefill([0, 1]))
+    ref = [hf_logits(hf_model, p)[-1] for p in PROMPTS]
+    torch.testing.assert_close(logits, torch.stack(ref), atol=1e-4, rtol=0)
+
+
+def test_a_pooling_model_profiles_its_pooling(tiny_model_path: Callable[[str], str]) -> None:
+    args = EngineArgs(
+        tiny_model_path(LLAMA), dtype="float32", device="cpu", runner="pooling",
+        max_model_len=64, max_num_batched_tokens=40,
+    )  # fmt: skip
+    runner = ModelRunner(args.create_engine_config())
+    assert runner.profile_run() > 0 and runner.kv_cache is None
+
+
+@needs_cuda
+def test_on_a_gpu_the_kv_cache_gets_what_gpu_memory_utilization_leaves(
+    tiny_model_path: Callable[[str], str], caplog
+) -> None:
+    """The profile's figures are logged; a share the GPU does not have free is refused."""
+    free, total = torch.cuda.mem_get_info()
+    args = EngineArgs(tiny_model_path(LLAMA), dtype="float32", device="cuda", max_model_len=256)
+    runner = ModelRunner(args.create_engine_config())
+    with caplog.at_level("INFO"):
+        available = runner.available_kv_cache_bytes()
+    assert 0 < available <= 0.9 * total
+    assert "GiB for the KV cache of" in caplog.text
+    too_much = min(1.0, free / total + 0.01)
+    args = EngineArgs(
+        tiny_model_path(LLAMA), device="cuda", gpu_memory_utilization=too_much, max_model_len=64
+    )
+    with pytest.raises(ValueError, match="lower gpu_memory_utilization"):
+        ModelRunner(args.create_engine_config())
