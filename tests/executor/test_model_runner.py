@@ -221,7 +221,7 @@ def test_a_pooling_model_profiles_its_pooling(tiny_model_path: Callable[[str], s
 
 
 @needs_cuda
-def test_on_a_gpu_the_kv_cache_gets_what_gpu_memory_utilization_leaves(
+def test_on_cuda_the_kv_cache_gets_what_gpu_memory_utilization_leaves(
     tiny_model_path: Callable[[str], str], caplog
 ) -> None:
     """The profile's figures are logged; a share the GPU does not have free is refused."""
