@@ -93,6 +93,39 @@ def rotary_embedding(
     )
 
 
+def qk_norm_rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox_style: bool,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rotary_embedding of q and k whose heads are first RMS-normed (Qwen3's q_norm and
+    k_norm, weights [head_size]): one Triton launch on CUDA, else rms_norm of each then
+    rotary_embedding."""
+    two_dims = query.dim() == key.dim() == 2
+    if (
+        two_dims
+        and triton_kernels_apply(query, key, q_weight, k_weight)
+        and cos_sin_cache.device == query.device
+    ):
+        from pagedllm._triton_ops.rotary import rotary_embedding as triton_rotary_embedding
+
+        qk_norm = (q_weight.contiguous(), k_weight.contiguous(), eps)
+        return triton_rotary_embedding(
+            positions, query, key, head_size, cos_sin_cache.float(), is_neox_style, qk_norm
+        )
+    query, key = (
+        rms_norm(x.view(*x.shape[:-1], -1, head_size), weight, eps).view(x.shape)
+        for x, weight in ((query, q_weight), (key, k_weight))
+    )
+    return rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox_style)
+
+
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """logits [rows, n].argmax(dim=-1), the greedy tokens: pagedllm._C's kernel for
     contiguous CPU float32 or bfloat16 rows, 4.5-5x faster than torch.argmax's walk element

@@ -15,6 +15,7 @@ import torch
 from pagedllm import _custom_ops
 from pagedllm.forward_context import get_max_seq_len
 from pagedllm.layers.inference_module import InferenceModule
+from pagedllm.layers.layernorm import RMSNorm
 
 RopeParameters = dict[str, object]
 # (inverse frequencies [rotary_dim / 2], attention scaling of cos/sin, positions to cache)
@@ -57,14 +58,23 @@ class RotaryEmbedding(InferenceModule):
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def forward(
-        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        qk_norms: tuple[RMSNorm, RMSNorm] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64, query [T, num_heads * head_size], key [T, num_kv_heads * head_size]
-        -> (query, key) rotated, in their shapes and dtypes; computed in float32."""
+        -> (query, key) rotated, in their shapes and dtypes; computed in float32.
+        qk_norms: (q_norm, k_norm), RMSNorms of head_size applied to each head first
+        (Qwen3's), fused with the rotation where a kernel does both."""
         self._fit_cache(positions.device)
-        return _custom_ops.rotary_embedding(
-            positions, query, key, self.head_size, self.cos_sin_cache, self.is_neox_style
-        )
+        args = (positions, query, key, self.head_size, self.cos_sin_cache, self.is_neox_style)
+        if qk_norms is None:
+            return _custom_ops.rotary_embedding(*args)
+        q_norm, k_norm = qk_norms
+        assert q_norm.eps == k_norm.eps, "one eps for q_norm and k_norm"
+        return _custom_ops.qk_norm_rotary_embedding(*args, q_norm.weight, k_norm.weight, q_norm.eps)
 
     def _fit_cache(self, device: torch.device) -> None:
         cache = self.cos_sin_cache

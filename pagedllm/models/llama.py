@@ -117,16 +117,11 @@ class LlamaAttention(InferenceModule):
             self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         assert tp_size * self.num_heads == config.num_attention_heads
 
-    def _norm_heads(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-        """Per-head RMSNorm on [T, heads * head_dim]."""
-        return norm(x.view(*x.shape[:-1], -1, self.head_dim)).view(x.shape)
-
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.q_norm is not None:
-            q, k = self._norm_heads(q, self.q_norm), self._norm_heads(k, self.k_norm)
-        q, k = self.rotary_emb(positions, q, k)
+        qk_norms = None if self.q_norm is None else (self.q_norm, self.k_norm)
+        q, k = self.rotary_emb(positions, q, k, qk_norms)  # each head normed first
         return self.o_proj(self.attn(q, k, v))
 
 

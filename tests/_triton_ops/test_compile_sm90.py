@@ -137,8 +137,12 @@ def test_rms_norm_kernel(has_residual: bool, block: int, num_warps: int) -> None
     )
 
 
-@pytest.mark.parametrize("is_neox, head_size, rotary_dim", [(True, 128, 128), (False, 80, 64)])
-def test_rotary_embedding_kernel(is_neox: bool, head_size: int, rotary_dim: int) -> None:
+@pytest.mark.parametrize(
+    "is_neox, head_size, rotary_dim, qk_norm", [(True, 128, 128, True), (False, 80, 64, False)]
+)
+def test_rotary_embedding_kernel(
+    is_neox: bool, head_size: int, rotary_dim: int, qk_norm: bool
+) -> None:
     pointers = {
         "positions_ptr": "*i64",
         "query_ptr": "*bf16",
@@ -146,6 +150,8 @@ def test_rotary_embedding_kernel(is_neox: bool, head_size: int, rotary_dim: int)
         "cos_sin_ptr": "*fp32",
         "query_out_ptr": "*bf16",
         "key_out_ptr": "*bf16",
+        "q_weight_ptr": "*bf16",
+        "k_weight_ptr": "*bf16",
     }
     constexprs = dict(
         NUM_HEADS=32,
@@ -156,8 +162,11 @@ def test_rotary_embedding_kernel(is_neox: bool, head_size: int, rotary_dim: int)
         HEAD_PADDED=triton.next_power_of_2(head_size),
         ROTARY_DIM=rotary_dim,
         IS_NEOX=is_neox,
+        QK_NORM=qk_norm,
     )
-    compile_sm90(rotary_embedding_kernel, pointers, constexprs, num_warps=4)
+    compile_sm90(
+        rotary_embedding_kernel, pointers, constexprs, scalars={"eps": "fp32"}, num_warps=4
+    )
 
 
 @pytest.mark.parametrize("top_k, experts", [(8, 128), (6, 64)])
