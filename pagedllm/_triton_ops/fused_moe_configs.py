@@ -24,19 +24,53 @@ def _config(m: int, n: int, k: int, group: int, warps: int = 4, stages: int = 3)
     }
 
 
-# Starting points for the seed MoE shape (Qwen3-30B-A3B: 128 experts, intermediate 768 at
-# tp=1), chosen by the rule below, not yet measured: decode's few tokens per expert want the
-# smallest M block and long K tiles to stream the weights; prefill's hundreds per expert
-# want square 128-row tiles. Re-measure on the GPU and paste the row it prints:
+# The seed MoE shape (Qwen3-30B-A3B: 128 experts, intermediate 768 at tp=1) on an H200 and
+# an H100: the block sizes vLLM measured for its fused_moe_kernel, whose tiling this kernel
+# shares (vLLM's configs E=128,N=768,device_name=NVIDIA_H200.json and
+# ...=NVIDIA_H100_80GB_HBM3.json). Decode's few tokens per expert take 16-row blocks and long
+# K tiles that stream the weights; prefill's hundreds take 128 x 256 tiles. Not yet
+# re-measured with this kernel: on the GPU, run and paste the row it prints:
 #     python -m pagedllm.benchmarks.fused_moe_tune
 _TUNED: dict[tuple[int, int, str], dict[int, MoEConfig]] = {
     (128, 768, "NVIDIA_H200"): {
-        1: _config(16, 64, 128, 1, stages=4),
-        16: _config(16, 64, 128, 1, stages=4),
-        64: _config(16, 128, 128, 1, stages=3),
-        256: _config(32, 128, 128, 8, stages=3),
-        1024: _config(64, 128, 64, 8, warps=8, stages=4),
-        4096: _config(128, 128, 64, 8, warps=8, stages=4),
+        1: _config(16, 64, 64, 1, stages=5),
+        2: _config(16, 64, 64, 1, stages=4),
+        4: _config(16, 64, 128, 16, stages=2),
+        8: _config(16, 64, 128, 1, stages=3),
+        16: _config(16, 64, 256, 1, stages=2),
+        24: _config(16, 64, 128, 1, stages=4),
+        32: _config(16, 64, 128, 16, stages=2),
+        48: _config(16, 128, 128, 16, stages=3),
+        64: _config(16, 256, 128, 1, warps=8, stages=2),
+        96: _config(16, 128, 128, 1, stages=2),
+        128: _config(16, 128, 128, 1, stages=2),
+        256: _config(32, 256, 128, 16, stages=2),
+        512: _config(64, 128, 64, 1, stages=3),
+        1024: _config(128, 256, 64, 16, warps=8, stages=4),
+        1536: _config(128, 256, 64, 1, warps=8, stages=4),
+        2048: _config(128, 256, 64, 1, warps=8, stages=4),
+        3072: _config(128, 256, 64, 1, warps=8, stages=4),
+        4096: _config(128, 256, 64, 16, warps=8, stages=4),
+    },
+    (128, 768, "NVIDIA_H100_80GB_HBM3"): {
+        1: _config(16, 32, 64, 1, stages=4),
+        2: _config(16, 64, 64, 32, stages=3),
+        4: _config(16, 128, 64, 1, stages=4),
+        8: _config(16, 64, 64, 64, stages=5),
+        16: _config(16, 32, 256, 64, stages=2),
+        24: _config(16, 64, 128, 16, stages=3),
+        32: _config(16, 32, 128, 1, stages=5),
+        48: _config(16, 64, 128, 1, stages=3),
+        64: _config(16, 256, 128, 1, warps=8, stages=3),
+        96: _config(16, 128, 128, 1, stages=2),
+        128: _config(16, 256, 128, 1, warps=8, stages=2),
+        256: _config(32, 256, 128, 1, warps=8, stages=3),
+        512: _config(64, 128, 64, 1, stages=3),
+        1024: _config(64, 256, 64, 1, warps=8, stages=5),
+        1536: _config(128, 256, 64, 1, warps=8, stages=4),
+        2048: _config(128, 256, 64, 1, warps=8, stages=4),
+        3072: _config(128, 256, 64, 1, warps=8, stages=4),
+        4096: _config(128, 256, 64, 1, warps=8, stages=4),
     },
 }
 

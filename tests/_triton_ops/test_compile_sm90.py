@@ -51,16 +51,11 @@ def compile_sm90(
 
 def moe_configs() -> list[tuple[str, MoEConfig]]:
     """vLLM's default rule's two shapes in bf16, its small one in float32 (IEEE products),
-    and the table's config with the most shared memory (its staged tiles of A and B)."""
+    and every distinct config of the table."""
     defaults = [("bf16", get_default_config(m, 128, torch.bfloat16)) for m in (1, 1024)]
-    tuned = [config for row in _TUNED.values() for config in row.values()]
-
-    def staged_bytes(c: MoEConfig) -> int:
-        tiles = c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_K"] + c["BLOCK_SIZE_K"] * c["BLOCK_SIZE_N"]
-        return 2 * tiles * c["num_stages"]
-
-    largest = max(tuned, key=staged_bytes)
-    return defaults + [("fp32", get_default_config(1, 128, torch.float32)), ("bf16", largest)]
+    tuned = {tuple(sorted(c.items())) for row in _TUNED.values() for c in row.values()}
+    table = [("bf16", dict(config)) for config in sorted(tuned)]
+    return [*defaults, ("fp32", get_default_config(1, 128, torch.float32)), *table]
 
 
 @pytest.mark.parametrize("dtype, config", moe_configs())

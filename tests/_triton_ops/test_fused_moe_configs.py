@@ -21,7 +21,8 @@ def test_table_row_nearest_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fused_moe_configs, "device_name", lambda device: "NVIDIA_H200")
     row = _TUNED[(128, 768, "NVIDIA_H200")]
     assert get_config(20, 128, 768, torch.bfloat16, CUDA) == row[16]
-    assert get_config(3000, 128, 768, torch.bfloat16, CUDA) == row[4096]
+    assert get_config(3000, 128, 768, torch.bfloat16, CUDA) == row[3072]
+    assert get_config(9000, 128, 768, torch.bfloat16, CUDA) == row[4096]
     assert get_config(20, 128, 768, torch.float32, CUDA) == get_default_config(
         20, 128, torch.float32
     )
