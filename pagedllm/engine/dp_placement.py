@@ -63,7 +63,11 @@ def replica_environment(device: str, index: int, num_local: int, world_size: int
     if device == "cuda":
         share = gpu_share(visible_gpus(), index, num_local, world_size)
         if share is None and index == 0:
-            logger.warning("fewer GPUs than data-parallel replicas x TP x PP: replicas share them")
+            logger.warning(
+                "fewer GPUs than data-parallel replicas x TP x PP: replicas share them, so "
+                "give each a share of their memory (gpu_memory_utilization, summing to at "
+                "most 1)"
+            )
     if share is None:
         yield
         return
