@@ -301,7 +301,8 @@ def run_phases(
 
 def summarize(records: list[dict], phases: list[Phase]) -> dict:
     """The phases' status and, from each benchmark's report, the figures BENCHMARKS.md
-    carries: decode ms per step and % of the bound; output tok/s against transformers'."""
+    carries: decode ms per step, % of the bound and the kernels a step launches (from the
+    profile); output tok/s against transformers'."""
     figures = {}
     for phase in phases:
         if phase.json is None or not os.path.exists(phase.json):
@@ -319,6 +320,9 @@ def summarize(records: list[dict], phases: list[Phase]) -> dict:
                 "read_gb_per_step": report["read_bytes_per_step"] / 1e9,
                 "startup_s": ours["startup_s"],
             }
+            if "profile" in ours:  # its one run: a prompt, then output_len decode steps
+                calls = ours["profile"]["calls"] / report["config"]["output_len"]
+                figures[phase.name]["device_calls_per_step"] = calls
             default = figures.get(phase.name.removesuffix("-torch-rowwise"))
             if phase.name.endswith("-torch-rowwise") and default is not None:
                 figures[phase.name]["torch_over_default"] = (
@@ -349,6 +353,8 @@ def format_summary(summary: dict) -> list[str]:
                 f"{f['percent_of_bound']:.1f}% of the bound ({f['read_gb_per_step']:.2f} GB "
                 f"a step at {f['bandwidth_gb_s']:.0f} GB/s), start-up {f['startup_s']:.1f} s"
             )
+            if f.get("device_calls_per_step") is not None:
+                lines[-1] += f", {f['device_calls_per_step']:.0f} kernels a step"
             if f.get("torch_over_default") is not None:
                 lines[-1] += f"; {f['torch_over_default']:.2f}x the Triton row-wise kernels' time"
         else:

@@ -33,7 +33,9 @@ def _self_time(event: object, device: bool) -> float:
 
 def profile_summary(run: Callable[[], object], top: int = 25) -> dict:
     """Runs `run` once under torch.profiler -> {"device", "wall_us", "busy_us",
-    "busy_share", "ops": the `top` ops by self time: name, calls, self_us, share}."""
+    "busy_share", "calls": how many ops (on a GPU: kernels, copies, memsets) ran, "ops": the
+    `top` ops by self time: name, calls, self_us, share}. On a GPU, calls over a decode
+    run's steps is the kernels a step launches, what a step's small kernels cost."""
     device = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device else [])
     with profile(activities=activities) as prof:
@@ -50,6 +52,7 @@ def profile_summary(run: Callable[[], object], top: int = 25) -> dict:
         "wall_us": wall_us,
         "busy_us": busy,
         "busy_share": busy / wall_us if wall_us else 0.0,
+        "calls": sum(e.count for e in events),
         "ops": [
             {
                 "name": e.key,
@@ -66,7 +69,8 @@ def format_profile(summary: dict, top: int = 10) -> list[str]:
     """The summary's first `top` ops as text lines."""
     lines = [
         f"profile ({summary['device']} self time): busy {summary['busy_us'] / 1e3:.1f} ms of "
-        f"{summary['wall_us'] / 1e3:.1f} ms wall ({100 * summary['busy_share']:.0f}%)"
+        f"{summary['wall_us'] / 1e3:.1f} ms wall ({100 * summary['busy_share']:.0f}%), "
+        f"{summary['calls']} calls"
     ]
     for op in summary["ops"][:top]:
         lines.append(

@@ -89,6 +89,7 @@ def test_every_benchmark_phase_runs_on_the_cpu_with_its_flags(
     assert sorted(figures) == sorted(p.name for p in phases)
     moe = figures["qwen3-30b-a3b-latency"]
     assert 0 < moe["percent_of_bound"] and 0 < moe["read_gb_per_step"] and moe["startup_s"] > 0
+    assert moe["device_calls_per_step"] > 0  # from --profile
     assert all(f["ratio_to_hf"] > 0 for n, f in figures.items() if n.endswith("-throughput"))
     assert all(f["default_over_sync"] > 0 for n, f in figures.items() if n.endswith("-sync"))
     rowwise = [f for n, f in figures.items() if n.endswith("-torch-rowwise")]
@@ -96,7 +97,7 @@ def test_every_benchmark_phase_runs_on_the_cpu_with_its_flags(
     with open(f"{tmp_path}/llama3-8b-throughput.json") as f:
         assert "ran the first 2 of the 3 requests" in json.load(f)["results"]["hf"]["detail"]
     lines = gpu_check.format_summary({"figures": figures})
-    assert len(lines) == 10 and "% of the bound" in lines[0]
+    assert len(lines) == 10 and "% of the bound" in lines[0] and "kernels a step" in lines[0]
     assert "x transformers" in lines[5] and "async scheduling (the default)" in lines[7]
     assert "x the Triton row-wise kernels' time" in lines[-1]
 

@@ -51,6 +51,7 @@ def test_gpu_busy_time_counts_each_kernel_once(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(profile, "profile", _FakeProfile)
     summary = profile.profile_summary(lambda: None)
     assert summary["device"] == "cuda" and summary["busy_us"] == 400.0
+    assert summary["calls"] == 2  # the two kernels
     assert [op["name"] for op in summary["ops"]] == ["sm90_gemm", "_attention_kernel"]
     assert [op["share"] for op in summary["ops"]] == [0.75, 0.25]
 
