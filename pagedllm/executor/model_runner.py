@@ -34,7 +34,12 @@ from pagedllm.executor.gpu_memory import (
     profile_kv_cache_budget,
 )
 from pagedllm.executor.host_block_tables import HostBlockTables
-from pagedllm.executor.kv_cache import attention_layers, bind_kv_cache, kv_cache_bytes_per_token
+from pagedllm.executor.kv_cache import (
+    attention_layers,
+    bind_kv_cache,
+    kv_cache_bytes_per_token,
+    profiles_gpu_memory,
+)
 from pagedllm.executor.profile_step import profile_chunks, profile_rows
 from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.attention_backends.selector import use_attn_backend
@@ -100,11 +105,14 @@ class ModelRunner:
         self.host_block_tables = HostBlockTables()
         self.kv_cache_dtype = config.cache_config.kv_dtype(config.model_config.dtype)
         set_batch_invariant(config.batch_invariant)
-        # On a GPU: its memory before and after the load (gpu_memory.py).
+        # On a GPU: its memory before and after the load (gpu_memory.py); its share must be
+        # free when it sizes the KV cache (a size given ignores gpu_memory_utilization).
         self.memory_at_start = self.memory_loaded = None
         if self.device.type == "cuda":
             self.memory_at_start = MemorySnapshot.take(self.device, release=True)
-            check_free_memory(self.memory_at_start, config.cache_config.gpu_memory_utilization)
+            if profiles_gpu_memory(config):
+                utilization = config.cache_config.gpu_memory_utilization
+                check_free_memory(self.memory_at_start, utilization)
         with (
             set_expert_parallel(config.parallel_config.enable_expert_parallel),
             use_attn_backend(config.attention_backend, self.kv_cache_dtype),
