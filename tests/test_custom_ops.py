@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm import _cpu_kernels, _custom_ops, _torch_ops
+from pagedllm import _cpu_kernels, _custom_ops, _torch_ops, _triton_ops
 from pagedllm._custom_ops import common
 from pagedllm.layers.linear import ColumnParallelLinear
 from pagedllm.layers.quantization.base_config import LayerKind
@@ -421,7 +421,7 @@ def test_kernels_apply_only_to_cpu_float32_without_autograd(
 def test_triton_kernels_apply_only_to_cuda_tensors_of_one_float_dtype() -> None:
     x = torch.zeros(2, 8)
     assert not common.triton_kernels_apply(x, torch.zeros(8))
-    if not torch.cuda.is_available() or not common.has_triton():
+    if not torch.cuda.is_available() or not _triton_ops.has_triton():
         return
     cuda = x.to("cuda", torch.bfloat16)
     assert common.triton_kernels_apply(cuda, torch.zeros(8, device="cuda", dtype=torch.bfloat16))
@@ -437,7 +437,7 @@ def test_the_environment_picks_the_row_wise_kernels_of_cuda_tensors(
     monkeypatch.setenv(common.ROWWISE_KERNELS_ENV, value)
     common.rowwise_triton.cache_clear()
     try:
-        assert common.rowwise_triton() is (expected and common.has_triton())
+        assert common.rowwise_triton() is (expected and _triton_ops.has_triton())
         monkeypatch.setenv(common.ROWWISE_KERNELS_ENV, "cuda")
         common.rowwise_triton.cache_clear()
         with pytest.raises(ValueError, match='PAGEDLLM_ROWWISE_KERNELS must be "triton" or'):

@@ -2,12 +2,11 @@
 Triton's row-wise kernels on CUDA tensors) and the layouts the kernels take."""
 
 import functools
-import importlib.util
 import os
 
 import torch
 
-from pagedllm import _cpu_kernels
+from pagedllm import _cpu_kernels, _triton_ops
 
 
 def has_cpu_kernels() -> bool:
@@ -40,11 +39,6 @@ ROWWISE_KERNELS_ENV = "PAGEDLLM_ROWWISE_KERNELS"
 
 
 @functools.cache
-def has_triton() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
-@functools.cache
 def rowwise_triton() -> bool:
     """Whether CUDA tensors' row-wise ops take the Triton kernels: triton is installed and
     PAGEDLLM_ROWWISE_KERNELS is "triton" (the default), not "torch" (torch's definitions,
@@ -52,7 +46,7 @@ def rowwise_triton() -> bool:
     choice = os.environ.get(ROWWISE_KERNELS_ENV, "triton").strip().lower()
     if choice not in ("triton", "torch"):
         raise ValueError(f'{ROWWISE_KERNELS_ENV} must be "triton" or "torch", got {choice!r}')
-    return choice == "triton" and has_triton()
+    return choice == "triton" and _triton_ops.has_triton()
 
 
 def triton_kernels_apply(*tensors: torch.Tensor) -> bool:

@@ -7,12 +7,11 @@ runs there only under Triton's interpreter, which tests select by hand).
 """
 
 import enum
-import importlib.util
 from typing import Any
 
 import torch
 
-from pagedllm import _torch_ops
+from pagedllm import _torch_ops, _triton_ops
 from pagedllm._custom_ops.common import triton_kernels_apply
 from pagedllm.batch_invariant import is_batch_invariant
 
@@ -26,15 +25,11 @@ class MoEKernel(enum.Enum):
     """_triton_ops.fused_moe.fused_experts: the weights stay plain [E, N, K]."""
 
 
-def triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
 def select_moe_kernel(w13: torch.Tensor) -> MoEKernel:
     """TRITON for CUDA weights where triton is installed, outside batch-invariant mode (its
     block sizes, and so each row's sums, depend on the batch's token count); GROUPED
     elsewhere."""
-    if w13.is_cuda and triton_available() and not is_batch_invariant():
+    if w13.is_cuda and _triton_ops.has_triton() and not is_batch_invariant():
         return MoEKernel.TRITON
     return MoEKernel.GROUPED
 
