@@ -44,7 +44,6 @@ from pagedllm._custom_ops.linear import (
 from pagedllm._custom_ops.rowwise import (
     argmax,
     fused_add_rms_norm,
-    qk_norm_rotary_embedding,
     rms_norm,
     rotary_embedding,
     silu_and_mul,
@@ -70,7 +69,6 @@ __all__ = [
     "prefill_attention",
     "prefill_attention_kernel",
     "prepack_linear_weight",
-    "qk_norm_rotary_embedding",
     "reshape_and_cache",
     "reshape_and_cache_kernel",
     "rms_norm",

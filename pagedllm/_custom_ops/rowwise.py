@@ -62,18 +62,35 @@ def rotary_embedding(
     head_size: int,
     cos_sin_cache: torch.Tensor,
     is_neox_style: bool,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """query [T, H * head_size] and key [T, KV * head_size], rotated; their rows may be
     strided (column slices of a fused qkv). cos_sin_cache [max_pos, rotary_dim] must cover
     every position (the C kernel raises ValueError, torch IndexError, if not; the Triton
     kernel does not look, as that would wait on the GPU). query and key share a dtype; the
-    cache is float32."""
+    cache is float32.
+
+    qk_norm (q_weight [head_size], k_weight [head_size], eps): each head is RMS-normed
+    first (Qwen3's q_norm and k_norm), in the same launch on CUDA, else by rms_norm."""
     two_dims = query.dim() == key.dim() == 2
-    if two_dims and triton_kernels_apply(query, key) and cos_sin_cache.device == query.device:
+    weights = qk_norm[:2] if qk_norm is not None else ()
+    if (
+        two_dims
+        and triton_kernels_apply(query, key, *weights)
+        and cos_sin_cache.device == query.device
+    ):
         from pagedllm._triton_ops.rotary import rotary_embedding as triton_rotary_embedding
 
+        if qk_norm is not None:
+            qk_norm = (qk_norm[0].contiguous(), qk_norm[1].contiguous(), qk_norm[2])
         return triton_rotary_embedding(
-            positions, query, key, head_size, cos_sin_cache.float(), is_neox_style
+            positions, query, key, head_size, cos_sin_cache.float(), is_neox_style, qk_norm
+        )
+    if qk_norm is not None:
+        q_weight, k_weight, eps = qk_norm
+        query, key = (
+            rms_norm(x.view(*x.shape[:-1], -1, head_size), weight, eps).view(x.shape)
+            for x, weight in ((query, q_weight), (key, k_weight))
         )
     if not (
         two_dims
@@ -91,39 +108,6 @@ def rotary_embedding(
         cos_sin_cache.contiguous(),
         is_neox_style,
     )
-
-
-def qk_norm_rotary_embedding(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-    is_neox_style: bool,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """rotary_embedding of q and k whose heads are first RMS-normed (Qwen3's q_norm and
-    k_norm, weights [head_size]): one Triton launch on CUDA, else rms_norm of each then
-    rotary_embedding."""
-    two_dims = query.dim() == key.dim() == 2
-    if (
-        two_dims
-        and triton_kernels_apply(query, key, q_weight, k_weight)
-        and cos_sin_cache.device == query.device
-    ):
-        from pagedllm._triton_ops.rotary import rotary_embedding as triton_rotary_embedding
-
-        qk_norm = (q_weight.contiguous(), k_weight.contiguous(), eps)
-        return triton_rotary_embedding(
-            positions, query, key, head_size, cos_sin_cache.float(), is_neox_style, qk_norm
-        )
-    query, key = (
-        rms_norm(x.view(*x.shape[:-1], -1, head_size), weight, eps).view(x.shape)
-        for x, weight in ((query, q_weight), (key, k_weight))
-    )
-    return rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox_style)
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:

@@ -69,12 +69,14 @@ class RotaryEmbedding(InferenceModule):
         qk_norms: (q_norm, k_norm), RMSNorms of head_size applied to each head first
         (Qwen3's), fused with the rotation where a kernel does both."""
         self._fit_cache(positions.device)
-        args = (positions, query, key, self.head_size, self.cos_sin_cache, self.is_neox_style)
-        if qk_norms is None:
-            return _custom_ops.rotary_embedding(*args)
-        q_norm, k_norm = qk_norms
-        assert q_norm.eps == k_norm.eps, "one eps for q_norm and k_norm"
-        return _custom_ops.qk_norm_rotary_embedding(*args, q_norm.weight, k_norm.weight, q_norm.eps)
+        qk_norm = None
+        if qk_norms is not None:
+            q_norm, k_norm = qk_norms
+            assert q_norm.eps == k_norm.eps, "one eps for q_norm and k_norm"
+            qk_norm = (q_norm.weight, k_norm.weight, q_norm.eps)
+        return _custom_ops.rotary_embedding(
+            positions, query, key, self.head_size, self.cos_sin_cache, self.is_neox_style, qk_norm
+        )
 
     def _fit_cache(self, device: torch.device) -> None:
         cache = self.cos_sin_cache
