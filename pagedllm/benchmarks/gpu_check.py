@@ -181,17 +181,33 @@ def benchmark_phases(shapes: dict[str, str], out_dir: str, device: str = "cuda")
         if HF_SAMPLE.get(shape):
             argv += ["--hf-num-prompts", str(HF_SAMPLE[shape])]
         phases.append(Phase(name, LIMITS.get(name, 90), [*argv, "--json", report], report))
-    for phase in [p for p in phases if p.name.removesuffix("-throughput") in SYNC_SHAPES]:
-        name, report = f"{phase.name}-sync", f"{out_dir}/{phase.name}-sync.json"
-        argv = [*phase.argv[: phase.argv.index("--json")], "--backend", "pagedllm"]
-        argv += ["--no-async-scheduling", "--json", report]
-        phases.append(Phase(name, LIMITS.get(name, 60), argv, report))
-    for phase in [p for p in phases if p.name.removesuffix("-latency") in TORCH_ROWWISE_SHAPES]:
-        name, report = f"{phase.name}-torch-rowwise", f"{out_dir}/{phase.name}-torch-rowwise.json"
-        argv = [*phase.argv[: phase.argv.index("--json")], "--json", report]
-        env = {ROWWISE_KERNELS_ENV: "torch"}
-        phases.append(Phase(name, LIMITS.get(name, 45), argv, report, env))
+    sync = ("--backend", "pagedllm", "--no-async-scheduling")
+    phases += [
+        _again(p, "sync", out_dir, 60, sync)
+        for p in phases
+        if p.name.removesuffix("-throughput") in SYNC_SHAPES
+    ]
+    phases += [
+        _again(p, "torch-rowwise", out_dir, 45, env={ROWWISE_KERNELS_ENV: "torch"})
+        for p in phases
+        if p.name.removesuffix("-latency") in TORCH_ROWWISE_SHAPES
+    ]
     return phases
+
+
+def _again(
+    phase: Phase,
+    suffix: str,
+    out_dir: str,
+    limit_s: int,
+    flags: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> Phase:
+    """`phase` run again with `flags` after its own (argparse keeps an option's last value)
+    and `env`, as <phase>-<suffix> with a report of its own."""
+    name, report = f"{phase.name}-{suffix}", f"{out_dir}/{phase.name}-{suffix}.json"
+    argv = [*phase.argv[: phase.argv.index("--json")], *flags, "--json", report]
+    return Phase(name, LIMITS.get(name, limit_s), argv, report, env or {})
 
 
 def all_phases(shapes: dict[str, str], out_dir: str, root: str = ".") -> list[Phase]:
