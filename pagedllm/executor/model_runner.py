@@ -105,20 +105,18 @@ class ModelRunner:
         self.host_block_tables = HostBlockTables()
         self.kv_cache_dtype = config.cache_config.kv_dtype(config.model_config.dtype)
         set_batch_invariant(config.batch_invariant)
-        # On a GPU: its memory before and after the load (gpu_memory.py); its share must be
-        # free when it sizes the KV cache (a size given ignores gpu_memory_utilization).
+        # Where gpu_memory_utilization sizes the KV cache: the GPU's memory before and after
+        # the load (gpu_memory.py), that share free at the start.
         self.memory_at_start = self.memory_loaded = None
-        if self.device.type == "cuda":
+        if profiles_gpu_memory(config):
             self.memory_at_start = MemorySnapshot.take(self.device, release=True)
-            if profiles_gpu_memory(config):
-                utilization = config.cache_config.gpu_memory_utilization
-                check_free_memory(self.memory_at_start, utilization)
+            check_free_memory(self.memory_at_start, config.cache_config.gpu_memory_utilization)
         with (
             set_expert_parallel(config.parallel_config.enable_expert_parallel),
             use_attn_backend(config.attention_backend, self.kv_cache_dtype),
         ):
             self.model = get_model(config.model_config, self.device)
-        if self.device.type == "cuda":
+        if self.memory_at_start is not None:
             self.memory_loaded = MemorySnapshot.take(self.device)
         self.vocab_size = config.model_config.vocab_size
         pooler_config = config.model_config.pooler_config
