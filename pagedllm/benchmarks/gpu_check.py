@@ -18,11 +18,16 @@ The figures come before the wider tests, so that a short lease still measures th
 Every phase writes OUT_DIR/<phase>.log (and .json for benchmarks) and goes on after a
 failure; each has a time limit, cut so that the whole check ends by the deadline.
 OUT_DIR/summary.json and the last lines printed gather the figures BENCHMARKS.md carries.
-Exit status: 0 if every phase passed, 1 if one failed or was cut, 2 at once without a GPU.
+`--only PATTERN [PATTERN ...]` runs just the phases whose names match one of the shell
+patterns (`--only 'qwen3-*' tests-cuda`): a second, shorter call on the same lease, for
+the phases the first one cut or a fix is meant for.
+Exit status: 0 if every phase passed, 1 if one failed or was cut, 2 at once without a GPU
+(or with no phase matching --only).
 """
 
 import argparse
 import ast
+import fnmatch
 import functools
 import importlib.util
 import json
@@ -383,6 +388,17 @@ def format_summary(summary: dict) -> list[str]:
     return lines
 
 
+def select_phases(phases: list[Phase], patterns: list[str] | None) -> list[Phase]:
+    """The phases whose names match one of the shell patterns (all for None), in order."""
+    if not patterns:
+        return phases
+    chosen = [p for p in phases if any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns)]
+    if not chosen:
+        names = ", ".join(p.name for p in phases)
+        raise ValueError(f"--only {' '.join(patterns)} matches no phase; the phases: {names}")
+    return chosen
+
+
 def gpu_description() -> str | None:
     """The GPU the check runs on, in words; None without one."""
     import torch
@@ -400,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pagedllm.benchmarks.gpu_check")
     parser.add_argument("out_dir", nargs="?", default=os.environ.get("OUT") or "gpu-check-out")
     parser.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S, help="seconds")
+    parser.add_argument(
+        "--only", nargs="+", metavar="PATTERN", help="phases to run (shell patterns)"
+    )
     args = parser.parse_args(argv)
     gpu = gpu_description()
     if gpu is None:
@@ -422,7 +441,11 @@ def main(argv: list[str] | None = None) -> int:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     print(f"gpu_check: {gpu}; results in {out_dir}")
     with tempfile.TemporaryDirectory() as shapes_root:
-        phases = all_phases(shape_folders(shapes_root), out_dir, root)
+        try:
+            phases = select_phases(all_phases(shape_folders(shapes_root), out_dir, root), args.only)
+        except ValueError as e:
+            print(f"gpu_check: {e}", file=sys.stderr)
+            return 2
         records = run_phases(phases, out_dir, args.deadline, sys.executable, root)
         summary = {"gpu": gpu} | summarize(records, phases)
     with open(f"{out_dir}/summary.json", "w") as f:

@@ -14,13 +14,14 @@ from pagedllm.config import (
     env_attention_backend,
     resolve_device,
 )
+from pagedllm.engine.batch_defaults import UsageContext, default_batch_limits
 from pagedllm.layers.attention_backends.selector import check_attn_backend
 from pagedllm.pooler_config import PoolerConfig
 from pagedllm.sampling_params import DEFAULT_MAX_N
 
-# Not command-line flags: processors are Python objects, and on the command line --seed is
-# the sampling seed of the request.
-_NOT_CLI = ("logits_processors", "seed")
+# Not command-line flags: processors are Python objects, on the command line --seed is the
+# sampling seed of the request, and the entry point says who builds the engine.
+_NOT_CLI = ("logits_processors", "seed", "usage_context")
 # vLLM's short forms
 _SHORT_FLAGS = {
     "tensor_parallel_size": ("-tp",),
@@ -55,8 +56,9 @@ class EngineArgs:
     kv_cache_memory_bytes: int | None = None
     num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    # None: by the device and usage_context (engine/batch_defaults.py, vLLM's defaults)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     async_scheduling: bool | None = None  # None: where it is supported (default_async_scheduling)
@@ -75,6 +77,7 @@ class EngineArgs:
     pooler_config: PoolerConfig | dict | str | None = None
     load_format: str = "auto"
     hf_overrides: dict | str | None = None
+    usage_context: UsageContext = UsageContext.LLM_CLASS
 
     def create_engine_config(self) -> EngineConfig:
         device = resolve_device(self.device)
@@ -113,16 +116,7 @@ class EngineArgs:
                 enable_prefix_caching=self.enable_prefix_caching and not pooling,
                 cache_dtype=self.kv_cache_dtype,
             ),
-            scheduler_config=SchedulerConfig(
-                max_num_seqs=self.max_num_seqs,
-                max_num_batched_tokens=self.max_num_batched_tokens,
-                enable_chunked_prefill=self.enable_chunked_prefill,
-                async_scheduling=default_async_scheduling(
-                    device, parallel_config, model_config.runner_type
-                )
-                if self.async_scheduling is None
-                else self.async_scheduling,
-            ),
+            scheduler_config=self._scheduler_config(device, model_config, parallel_config),
             parallel_config=parallel_config,
             device=device,
             seed=self.seed,
@@ -139,6 +133,28 @@ class EngineArgs:
             kv_cache_dtype = config.cache_config.kv_dtype(model_config.dtype)
             check_attn_backend(config.attention_backend, device, model_config.dtype, kv_cache_dtype)
         return config
+
+    def _scheduler_config(
+        self, device: str, model_config: ModelConfig, parallel_config: ParallelConfig
+    ) -> SchedulerConfig:
+        """The step's limits, each the user's or vLLM's default for the device and entry
+        point; without chunked prefill a default step holds the longest prompt, as vLLM's."""
+        tokens, seqs = default_batch_limits(device, self.usage_context)
+        if self.max_num_batched_tokens is not None:
+            tokens = self.max_num_batched_tokens
+        elif not self.enable_chunked_prefill:
+            tokens = max(tokens, model_config.max_model_len)
+        async_scheduling = self.async_scheduling
+        if async_scheduling is None:
+            async_scheduling = default_async_scheduling(
+                device, parallel_config, model_config.runner_type
+            )
+        return SchedulerConfig(
+            max_num_seqs=seqs if self.max_num_seqs is None else self.max_num_seqs,
+            max_num_batched_tokens=tokens,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            async_scheduling=async_scheduling,
+        )
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, with_model: bool = True) -> None:

@@ -33,6 +33,16 @@ def test_the_script_fails_fast_without_a_gpu(tmp_path: object) -> None:
     assert "gpu_check: no GPU here" in done.stderr and "finds no CUDA GPU" in done.stderr
 
 
+def test_only_runs_the_phases_it_names(tmp_path: object) -> None:
+    phases = gpu_check.all_phases(gpu_check.shape_folders(str(tmp_path)), str(tmp_path))
+    chosen = gpu_check.select_phases(phases, ["qwen3-*", "tests-cuda"])
+    names = ["qwen3-30b-a3b-latency", "qwen3-30b-a3b-throughput", "tests-cuda"]
+    assert [p.name for p in chosen] == names
+    assert gpu_check.select_phases(phases, None) == phases
+    with pytest.raises(ValueError, match=r"--only llama matches no phase; the phases: tests-tr"):
+        gpu_check.select_phases(phases, ["llama"])
+
+
 def shape_only(model_folder: str, folder: str) -> str:
     """A folder with `model_folder`'s config.json and no weights."""
     os.makedirs(folder)

@@ -13,7 +13,7 @@ from pagedllm import _triton_ops
 from pagedllm.engine.arg_utils import EngineArgs
 from tests.engine.engine_helpers import LLAMA
 
-NOT_CLI = {"logits_processors", "seed"}
+NOT_CLI = {"logits_processors", "seed", "usage_context"}
 
 
 def parser_with_flags(with_model: bool = True) -> argparse.ArgumentParser:

@@ -25,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 from pagedllm.config import DEFAULT_MODEL_FILE
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.engine.batch_defaults import UsageContext
 from pagedllm.engine.data_parallel import ENGINE_START_TIMEOUT_S
 from pagedllm.engine.dp_remote import run_headless as run_dp_headless
 from pagedllm.engine.protocol import EngineClient
@@ -276,6 +277,7 @@ def run(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     engine_args = EngineArgs.from_cli_args(args)
+    engine_args.usage_context = UsageContext.OPENAI_API_SERVER  # vLLM's smaller default steps
     if args.headless and engine_args.data_parallel_size > 1:
         sys.exit(run_dp_headless(engine_args, ENGINE_START_TIMEOUT_S))
     if args.headless or engine_args.node_rank > 0:

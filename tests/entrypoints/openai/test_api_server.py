@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from pagedllm import LLM
 from pagedllm.config import ModelConfig
 from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.engine.batch_defaults import UsageContext
 from pagedllm.engine.tokenizer import get_tokenizer
 from pagedllm.entrypoints.openai import api_server
 from tests.entrypoints.openai.remote_server import (
@@ -220,3 +221,19 @@ def test_server_exits_nonzero_when_its_engine_dies(tiny_model_path, tmp_path: Pa
         assert time.monotonic() - start < 15
         assert returncode == 1, server.log()
         assert "the engine died" in server.log()
+
+
+def test_the_server_builds_its_engine_as_vllms_server(monkeypatch) -> None:
+    """The server's default steps are vLLM's OPENAI_API_SERVER sizes (batch_defaults)."""
+    built = []
+
+    def from_engine_args(engine_args):
+        built.append(engine_args)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(api_server.AsyncLLM, "from_engine_args", from_engine_args)
+    parser = argparse.ArgumentParser()
+    api_server.add_parser(parser.add_subparsers(dest="command"))
+    with pytest.raises(ValueError, match="stop here"):
+        api_server.run(parser.parse_args(["serve", "--device", "cpu"]))
+    assert built[0].usage_context is UsageContext.OPENAI_API_SERVER
