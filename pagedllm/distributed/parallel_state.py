@@ -25,11 +25,12 @@ from datetime import timedelta
 import torch.distributed as dist
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class GroupCoordinator:
     """One group this rank belongs to: its global ranks in group order, and the process
     groups that carry its tensors (device_group: NCCL on CUDA) and its pickled messages
-    (cpu_group: gloo). Both are None for a group built without torch.distributed."""
+    (cpu_group: gloo). Both are None for a group built without torch.distributed, and
+    after destroy_distributed_environment."""
 
     ranks: tuple[int, ...]
     rank_in_group: int
@@ -208,7 +209,15 @@ def get_cpu_group() -> dist.ProcessGroup:
 
 
 def destroy_distributed_environment() -> None:
+    """Leave the world, and drop the groups' process groups here, while the interpreter
+    runs: the last handle's release joins a gloo group's worker threads (without the GIL).
+    A worker frees a finished collective's tensors after the caller's wait has returned,
+    and freeing a tensor made in Python takes the GIL; left to interpreter exit, that
+    aborts the process (std::terminate) once in a while."""
     global _cpu_group, _tp_group, _pp_group
     if dist.is_initialized():
         dist.destroy_process_group()
+    for group in (_tp_group, _pp_group):
+        if group is not None:  # layers and links share these coordinators
+            group.device_group = group.cpu_group = None
     _cpu_group = _tp_group = _pp_group = None

@@ -2,6 +2,7 @@
 answers (get_rank / get_world_size) once a gloo group of 1 rank is initialised, and its
 definition of a single process without a group: rank 0 of 1."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,20 @@ def test_destroy_leaves_no_group_and_cpu_group_needs_init(tmp_path: Path) -> Non
     destroy_distributed_environment()  # a second call is harmless
     with pytest.raises(AssertionError, match="init_distributed_environment"):
         get_cpu_group()
+
+
+def test_destroy_joins_the_groups_threads_while_the_interpreter_runs(tmp_path: Path) -> None:
+    """The groups' handles go with the world, so gloo's worker threads are joined at once:
+    left to interpreter exit, a worker freeing a collective's Python tensors aborts it."""
+    threads = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
+    before = threads()
+    init_distributed_environment(1, 0, init_method=f"file://{tmp_path / 'rendezvous'}")
+    tp, pp = get_tp_group(), get_pp_group()
+    dist.broadcast_object_list([("step", 1)], src=0, group=get_cpu_group())
+    assert threads() > before
+    destroy_distributed_environment()
+    assert tp.cpu_group is tp.device_group is pp.cpu_group is pp.device_group is None
+    assert threads() <= before
 
 
 def test_pipeline_override_sets_the_stage_and_leaves_tensor_parallel_alone() -> None:
