@@ -33,7 +33,7 @@ def _reshape_and_cache_kernel(
     ROW: tl.constexpr,  # KV * D
     ROW_PADDED: tl.constexpr,
 ):
-    token = tl.program_id(0)
+    token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     if slot < 0:
         return

@@ -6,7 +6,6 @@ Each run gets fresh random prompts, so prefix caching cannot skip a prefill.
 
 import argparse
 import functools
-import gc
 import itertools
 import statistics
 import time
@@ -26,6 +25,7 @@ from pagedllm.benchmarks.metrics import (
     BackendUnavailable,
     LatencySample,
     check_same_device,
+    free_backend_memory,
     latency_sample,
     summarize,
 )
@@ -114,7 +114,7 @@ def _timed_runs(
     if profile_batch is not None and backend == "pagedllm":
         loaded["profile"] = profile_summary(functools.partial(runner, profile_batch))
     del runner
-    gc.collect()
+    free_backend_memory()
     return loaded, samples, [max(a, b) for a, b in itertools.pairwise(probes)]
 
 

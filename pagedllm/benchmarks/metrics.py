@@ -1,10 +1,21 @@
 """What every benchmark reports: throughput of a run, latency statistics over runs."""
 
+import gc
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import torch
 
 PERCENTILES = (50, 90, 99)
+
+
+def free_backend_memory() -> None:
+    """Between two backends of one run: what the last one held goes (its objects, and on a
+    GPU the blocks torch's allocator keeps cached, CUDA graphs' pools among them), so the
+    next one loads into the whole device, as it would alone."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 class BackendUnavailable(Exception):

@@ -5,7 +5,6 @@ the requested number of tokens each (ignore_eos), and is timed after it has load
 """
 
 import argparse
-import gc
 import time
 from collections.abc import Callable
 
@@ -19,6 +18,7 @@ from pagedllm.benchmarks.metrics import (
     BackendUnavailable,
     ThroughputResult,
     check_same_device,
+    free_backend_memory,
     ratios,
 )
 from pagedllm.benchmarks.profile import format_profile, profile_summary
@@ -179,7 +179,7 @@ def run_throughput(
             results[backend] = measured[backend].to_dict()
         except BackendUnavailable as e:
             results[backend] = {"skipped": str(e)}
-        gc.collect()
+        free_backend_memory()
         if partial is not None:
             partial(_report(config, results, measured))
     return _report(config, results, measured)

@@ -7,6 +7,7 @@ preemption, are not added twice)."""
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from pagedllm.device_copy import tensor_to_device
 from pagedllm.engine.request import Request
 from pagedllm.outputs import Logprob
 from pagedllm.sample.ops.logprobs import LogprobsTensors
@@ -78,13 +79,17 @@ def append_prompt_logprobs(
     if first - 1 >= end or first - 1 < start:
         return
     rows = logits[first - 1 - start : end - start].log_softmax(dim=-1)
-    targets = torch.tensor(prompt[first : end + 1], device=rows.device)
-    chosen = rows.gather(1, targets[:, None])
-    ranks = ((rows > chosen).sum(dim=1) + 1).tolist()
+    targets = prompt[first : end + 1]
+    chosen = rows.gather(1, tensor_to_device(torch.tensor(targets)[:, None], rows.device))
+    ranks = (rows > chosen).sum(dim=1) + 1
     n = request.params.prompt_logprobs
     k = rows.shape[1] if n == -1 else n
     top_values, top_ids = rows.topk(k, dim=1) if k > 0 else (rows[:, :0], rows[:, :0].long())
-    for j, (tid, lp) in enumerate(zip(targets.tolist(), chosen[:, 0].tolist())):
+    # Read back whole tensors, not a row at a time: on a GPU each read waits for the device.
+    chosen, ranks, top_values, top_ids = (
+        t.tolist() for t in (chosen[:, 0], ranks, top_values, top_ids)
+    )
+    for j, tid in enumerate(targets):
         request.prompt_logprobs.append(
-            logprob_dict(tid, lp, ranks[j], top_ids[j].tolist(), top_values[j].tolist(), tokenizer)
+            logprob_dict(tid, chosen[j], ranks[j], top_ids[j], top_values[j], tokenizer)
         )

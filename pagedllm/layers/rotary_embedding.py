@@ -8,6 +8,7 @@ inverse frequency would move the angle by ~1e-2.
 """
 
 import math
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -218,7 +219,9 @@ _ROPE_INIT_FUNCTIONS: dict[str, Callable[[float, int, int, RopeParameters], Rope
     "yarn": _yarn,
 }
 
-_ROPE_DICT: dict[tuple, RotaryEmbedding] = {}
+# Weak: an engine's layers hold their embedding, and it (with its cos/sin cache on the
+# device) goes with the last model that uses it, not with the process.
+_ROPE_DICT: "weakref.WeakValueDictionary[tuple, RotaryEmbedding]" = weakref.WeakValueDictionary()
 
 
 def _check_dims(head_size: int, rotary_dim: int) -> None:
@@ -257,11 +260,13 @@ def get_rope(
         )
     key = (head_size, rotary_dim, max_position, base, is_neox_style, _hashable(params))
     key += (torch.get_default_device(),)
-    if key not in _ROPE_DICT:
+    rope = _ROPE_DICT.get(key)
+    if rope is None:
         inv_freq, scaling, num_positions = _ROPE_INIT_FUNCTIONS[rope_type](
             base, rotary_dim, max_position, params
         )
-        _ROPE_DICT[key] = RotaryEmbedding(
+        rope = RotaryEmbedding(
             head_size, rotary_dim, inv_freq, scaling, num_positions, is_neox_style
         )
-    return _ROPE_DICT[key]
+        _ROPE_DICT[key] = rope
+    return rope

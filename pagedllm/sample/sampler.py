@@ -64,9 +64,16 @@ class PendingSamplerOutput:
         self._output: SamplerOutput | None = None
 
     @classmethod
-    def ready(cls, output: SamplerOutput) -> "PendingSamplerOutput":
-        """An output already on the host (the CPU's, or a slow path's)."""
-        return cls(output.sampled_token_ids, lambda: output)
+    def ready(
+        cls, output: SamplerOutput, device: torch.device | None = None
+    ) -> "PendingSamplerOutput":
+        """An output already on the host (the CPU's, or a slow path's); `device`: where the
+        next step reads the sampled ids (its placeholders, a tensor-parallel broadcast),
+        given where that is not the host."""
+        on_device = output.sampled_token_ids
+        if device is not None:
+            on_device = on_device.to(device)
+        return cls(on_device, lambda: output)
 
     def result(self) -> SamplerOutput:
         if self._finish is not None:
@@ -119,7 +126,8 @@ class Sampler(nn.Module):
         except Exception:
             if saved is None:
                 raise
-            return PendingSamplerOutput.ready(self._sample_rows_alone(saved, metadata))
+            alone = self._sample_rows_alone(saved, metadata)  # on the host off the CPU
+            return PendingSamplerOutput.ready(alone, self.device)
 
     def _sample_batch(
         self, logits: torch.Tensor, metadata: SamplingMetadata

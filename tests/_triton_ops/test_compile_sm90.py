@@ -30,10 +30,18 @@ H200_SHARED_MEMORY = 227 * 1024  # per block, opt-in maximum
 
 
 def compile_sm90(
-    kernel, pointers: dict[str, str], constexprs: dict, scalars: dict | None = None, **options: int
+    kernel,
+    pointers: dict[str, str],
+    constexprs: dict,
+    scalars: dict | None = None,
+    divisible: frozenset[str] = frozenset(),
+    **options: int,
 ):
     """Arguments named *_ptr are pointers of `pointers`' types (default `*i32`), the others
-    of `scalars`' types, else 32-bit ints, unless given in `constexprs`."""
+    of `scalars`' types, else 32-bit ints, unless given in `constexprs`; those in
+    `divisible` are known to be multiples of 16, as Triton specializes a launch's aligned
+    pointers and sizes (which turns on its pipelined copies and so sets the shared memory
+    the kernel needs at run time; a launch also makes arguments equal to 1 constexprs)."""
     scalars = scalars or {}
     signature = {
         name: "constexpr"
@@ -43,7 +51,12 @@ def compile_sm90(
         else scalars.get(name, "i32")
         for name in kernel.arg_names
     }
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(kernel.arg_names)
+        if name in divisible and name not in constexprs
+    }
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(source, target=H200, options=options)
     assert compiled.metadata.shared <= H200_SHARED_MEMORY
     return compiled
@@ -58,15 +71,29 @@ def moe_configs() -> list[tuple[str, MoEConfig]]:
     return [*defaults, ("fp32", get_default_config(1, 128, torch.float32)), *table]
 
 
+# What a launch on a model's shapes specializes: every pointer and the sizes and row strides
+# of hidden sizes that are multiples of 16 are aligned, and the unit strides are constexprs.
+MOE_DIVISIBLE = frozenset(
+    ["a_ptr", "b_ptr", "c_ptr", "topk_weights_ptr", "sorted_token_ids_ptr", "expert_ids_ptr"]
+    + ["num_tokens_post_padded_ptr", "N", "K", "stride_am", "stride_be", "stride_bn", "stride_cm"]
+)
+MOE_UNIT_STRIDES = {"stride_ak": 1, "stride_bk": 1, "stride_cn": 1}
+
+
 @pytest.mark.parametrize("dtype, config", moe_configs())
 def test_fused_moe_kernel(dtype: str, config: MoEConfig) -> None:
+    """As launched: the shared memory checked is what the pipelined copies need."""
     element = f"*{dtype}"
     meta = {k: v for k, v in config.items() if k.startswith(("BLOCK", "GROUP"))}
     precision = "ieee" if dtype == "fp32" else "tf32"
     constexprs = dict(meta, MUL_ROUTED_WEIGHT=True, top_k=8, DOT_PRECISION=precision, WIDEN=False)
+    constexprs |= MOE_UNIT_STRIDES
     pointers = {name: element for name in ("a_ptr", "b_ptr", "c_ptr", "topk_weights_ptr")}
     options = {k: config[k] for k in ("num_warps", "num_stages") if k in config}
-    compile_sm90(fused_moe_kernel, pointers, constexprs, **options)
+    compiled = compile_sm90(fused_moe_kernel, pointers, constexprs, None, MOE_DIVISIBLE, **options)
+    if config.get("num_stages", 2) > 2 and dtype == "bf16":  # the specialization took hold
+        tile = config["BLOCK_SIZE_M"] + config["BLOCK_SIZE_N"]
+        assert compiled.metadata.shared >= 2 * tile * config["BLOCK_SIZE_K"] * 2
 
 
 def test_moe_align_block_size_kernel() -> None:

@@ -5,11 +5,13 @@ rates as counts over elapsed time; vLLM's TTFT, TPOT = (finish - first token) / 
 tokens - 1) and e2e."""
 
 import pytest
+import torch
 
 from pagedllm.benchmarks.metrics import (
     BackendUnavailable,
     ThroughputResult,
     check_same_device,
+    free_backend_memory,
     latency_sample,
     ratios,
     summarize,
@@ -95,3 +97,12 @@ def test_cpu_only_peers_are_skipped_when_pagedllm_runs_elsewhere(backend, device
 )
 def test_peers_on_pagedllm_s_device_run(backend, device) -> None:
     check_same_device(backend, device)
+
+
+def test_between_backends_a_gpus_cached_blocks_are_released(monkeypatch) -> None:
+    """The next backend gets the memory the last one's engine held, not only after an OOM."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    free_backend_memory()
+    assert calls == ["empty_cache"]

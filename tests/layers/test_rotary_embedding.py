@@ -2,6 +2,8 @@
 of Llama; GPT-J's for the interleaved style)."""
 
 import contextlib
+import gc
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -290,3 +292,14 @@ def test_missing_factor_is_named() -> None:
 def test_rotary_dim_must_be_even_and_fit_the_head(rotary_dim: int) -> None:
     with pytest.raises(ValueError, match="rotary_dim"):
         get_rope(64, rotary_dim, 512, 10000.0)
+
+
+def test_an_embedding_goes_with_the_last_layer_holding_it() -> None:
+    """The shared instance (and its cos/sin cache, on a GPU device memory) is not kept past
+    the models that use it: an engine dropped frees it."""
+    rope = get_rope(64, 64, 4096, 4321.0)
+    ref = weakref.ref(rope)
+    assert get_rope(64, 64, 4096, 4321.0) is rope
+    del rope
+    gc.collect()
+    assert ref() is None

@@ -19,6 +19,7 @@ from pagedllm.sample import sampler as sampler_module
 from pagedllm.sample.logits_processors import BatchUpdate, LogitsProcessor, process_dict_updates
 from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
 from pagedllm.sample.sampler import Sampler
+from pagedllm.sampling_params import SamplingParams
 from tests.devices import needs_cuda
 from tests.sample.sampler_rows import V, row, sample
 
@@ -358,3 +359,34 @@ def test_a_gpu_sampler_returns_host_tensors_equal_to_the_cpus(device: str) -> No
     assert out.sampled_token_ids.tolist() == expected.sampled_token_ids.tolist()
     assert list(out.errors) == list(expected.errors) == [3]
     torch.testing.assert_close(out.logprobs.logprobs, expected.logprobs.logprobs, equal_nan=True)
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=needs_cuda)])
+def test_a_gpu_samplers_step_never_waits_for_the_device(device: str) -> None:
+    """A step's sampling, from the metadata's copies to the launch of the copies back,
+    under torch.cuda.set_sync_debug_mode("error"): no op waits for the device (an .item(),
+    a pageable copy, a size read back as torch.unique's), so that async scheduling overlaps
+    it with the next forward. Every kind of row, seeded ones among them, with the penalties
+    over pending tokens in 32 rows (torch.isin's sorting path from about 16)."""
+    rows = []
+    for i in range(32):
+        params = SamplingParams(
+            temperature=0.8 if i % 2 else 0, top_k=5, top_p=0.9, min_p=0.05, seed=i,
+            repetition_penalty=1.2, frequency_penalty=0.3, presence_penalty=0.2, logprobs=3,
+        )  # fmt: skip
+        generator = torch.Generator(device).manual_seed(i)
+        prompt = [(i + k) % V for k in range(20)]
+        rows.append(SamplingRow(params, prompt, [i % V, (i + 3) % V], generator))
+    logits = torch.randn(32, V, device=device)
+    pending_tokens = (torch.arange(32, device=device), torch.randint(0, V, (32,), device=device))
+    sampler = Sampler(V, device)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        metadata = SamplingMetadata.build(rows, V, device)
+        metadata.pending_tokens = pending_tokens
+        pending = sampler.launch(logits, metadata)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    output = pending.result()
+    assert output.sampled_token_ids.shape == (32,) and not output.errors

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pagedllm.sample.logits_processors import BatchUpdate, LogitsProcessor, process_dict_updates
-from pagedllm.sample.sampler import Sampler, _reject_unsampleable
+from pagedllm.sample.sampler import PendingSamplerOutput, Sampler, _reject_unsampleable
 from tests.sample.sampler_rows import V, row, sample
 
 
@@ -77,6 +77,27 @@ def test_custom_processor_failing_for_one_row_fails_only_that_row() -> None:
     assert list(out.errors) == [1] and "boom" in str(out.errors[1])
     assert out.sampled_token_ids[[0, 2]].tolist() == logits[[0, 2]].argmax(dim=-1).tolist()
     assert out.logprobs.logprob_token_ids.shape == (3, 2)
+
+
+def test_rows_sampled_alone_leave_their_ids_on_the_samplers_device(monkeypatch) -> None:
+    """Off the CPU each row sampled alone is waited for, so the rows come back on the host;
+    the ids the next step's placeholders read (async scheduling) go back to the device."""
+    devices = []
+    ready = PendingSamplerOutput.ready.__func__
+
+    def spy(cls, output, device=None):
+        devices.append(device)
+        return ready(cls, output, device)
+
+    monkeypatch.setattr(PendingSamplerOutput, "ready", classmethod(spy))
+    rows = [row([1], [], temperature=0) for _ in range(2)]
+    rows[1].params.extra_args = {"boom": True}
+    sampler = Sampler(V, logits_processors=[FailOnFlag])
+    sample(sampler, torch.randn(2, V), rows)
+    assert devices[-1] == sampler.device
+    out = sample(Sampler(V), torch.randn(2, V), [row([1], []), row([2], [])])
+    moved = PendingSamplerOutput.ready(out, torch.device("meta"))
+    assert moved.sampled_on_device.device.type == "meta" and moved.result() is out
 
 
 def test_without_custom_processors_a_failure_is_the_batchs() -> None:

@@ -91,6 +91,9 @@ def _repeat(
 def _counted(
     pending: tuple[torch.Tensor, torch.Tensor], counts: TokenCounts, vocab_size: int
 ) -> torch.Tensor:
-    """[P] bool: whether each pending (row, token) is among the counts' entries."""
+    """[P] bool: whether each pending (row, token) is among the counts' entries. Both sides'
+    keys are distinct (pending rows are; counts hold each entry once), and saying so keeps
+    torch.isin from its torch.unique, which on a GPU waits for the device to read a size."""
     rows, tokens = pending
-    return torch.isin(rows * vocab_size + tokens, counts.rows * vocab_size + counts.tokens)
+    keys = counts.rows * vocab_size + counts.tokens
+    return torch.isin(rows * vocab_size + tokens, keys, assume_unique=True)
