@@ -49,7 +49,7 @@ def test_throughput_accounting_ratios_and_json(
     ours, peer = (list(map(float, rows[b][:3])) for b in ("pagedllm", "hf"))
     printed_ratios = [float(r.rstrip("x")) for r in rows["pagedllm/hf"]]
     for o, p, ratio in zip(ours, peer, printed_ratios):
-        assert ratio == pytest.approx(o / p, rel=2e-3)
+        assert ratio == pytest.approx(o / p, rel=2e-3, abs=5e-4)  # printed to 3 decimals
     if device == "cuda":
         for peer in ("llama.cpp", "vllm"):
             assert f"skipped: {peer} runs on the CPU only and pagedllm on cuda" in out
