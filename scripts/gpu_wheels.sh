@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Wheels of the packages pagedllm needs that a lent GPU machine's image lacks (docs/gpus.md,
-# "On a lent GPU machine"). The image holds torch, Triton, CUDA, numpy, pytest and
-# transformers' own needs, but not pagedllm's server, GGUF and grammar packages, and an
-# older transformers; nothing can be fetched there. Each package comes at the version this
+# "On a lent GPU machine"). The image holds torch, Triton, CUDA, numpy, pytest and most of
+# transformers' own needs (huggingface-hub 1.33 and safetensors 0.8, which this
+# transformers accepts), but not pagedllm's server, GGUF and grammar packages, an older
+# transformers, and a regex of unknown age (this transformers checks for a 2025.10 or
+# later one at import); nothing can be fetched there. Each package comes at the version this
 # tree's virtualenv holds (what `make install` resolved), built for that machine's Python
 # (3.12, x86-64 manylinux), into OUT_DIR (default .whl/, git-ignored): well under the 64 MiB
 # a call may carry.
@@ -12,7 +14,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 DEST="${1:-$ROOT/.whl}"
 PACKAGES=(
-    transformers tokenizers gguf llguidance
+    transformers tokenizers regex gguf llguidance
     fastapi starlette pydantic pydantic-core annotated-types typing-inspection annotated-doc
     typing-extensions opentelemetry-api uvicorn
 )

@@ -29,6 +29,7 @@ import argparse
 import ast
 import fnmatch
 import functools
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -399,6 +400,21 @@ def select_phases(phases: list[Phase], patterns: list[str] | None) -> list[Phase
     return chosen
 
 
+# The packages whose versions the image, not this tree, decides (docs/gpus.md, "On a lent
+# GPU machine"): printed first, so that a failure to import reads against them.
+REPORTED_PACKAGES = ("torch", "triton", "transformers", "huggingface-hub", "safetensors", "numpy")
+
+
+def package_versions() -> dict[str, str | None]:
+    versions = {}
+    for name in REPORTED_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
 def gpu_description() -> str | None:
     """The GPU the check runs on, in words; None without one."""
     import torch
@@ -430,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    versions = package_versions()
+    print("gpu_check: " + ", ".join(f"{name} {v}" for name, v in versions.items()))
     try:
         import pytest  # noqa: F401
         import transformers  # noqa: F401
@@ -447,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu_check: {e}", file=sys.stderr)
             return 2
         records = run_phases(phases, out_dir, args.deadline, sys.executable, root)
-        summary = {"gpu": gpu} | summarize(records, phases)
+        summary = {"gpu": gpu, "packages": versions} | summarize(records, phases)
     with open(f"{out_dir}/summary.json", "w") as f:
         json.dump(summary, f, indent=1)
     print("\n".join(format_summary(summary)))

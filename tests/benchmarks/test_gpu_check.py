@@ -4,6 +4,7 @@ CPU, with exactly its flags but the device and the sizes, on tiny shapes (a dens
 a MoE one) whose config.json is all there is; phases are cut at their limit and the deadline.
 """
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -170,8 +171,11 @@ def test_main_runs_the_phases_and_writes_the_summary(
     assert gpu_check.main([f"{tmp_path}/out", "--deadline", "100"]) == 1
     summary = json.load(open(f"{tmp_path}/out/summary.json"))
     assert summary["gpu"] == "a fake GPU"
+    assert summary["packages"]["torch"] == importlib.metadata.version("torch")
+    assert summary["packages"]["transformers"] == importlib.metadata.version("transformers")
     assert [r["status"] for r in summary["phases"]] == ["passed", "failed (exit 1)"]
     assert summary["figures"]["writes"]["decode_ms_per_step"] == pytest.approx(5.0)
     out = capsys.readouterr()
     assert "writes: 5.00 ms a step, 80.0% of the bound" in out.out
+    assert f"gpu_check: torch {summary['packages']['torch']}, triton " in out.out
     assert "not passed: fails" in out.err
