@@ -90,7 +90,9 @@ def test_fused_moe_kernel(dtype: str, config: MoEConfig) -> None:
     constexprs |= MOE_UNIT_STRIDES
     pointers = {name: element for name in ("a_ptr", "b_ptr", "c_ptr", "topk_weights_ptr")}
     options = {k: config[k] for k in ("num_warps", "num_stages") if k in config}
-    compiled = compile_sm90(fused_moe_kernel, pointers, constexprs, None, MOE_DIVISIBLE, **options)
+    compiled = compile_sm90(
+        fused_moe_kernel, pointers, constexprs, divisible=MOE_DIVISIBLE, **options
+    )
     if config.get("num_stages", 2) > 2 and dtype == "bf16":  # the specialization took hold
         tile = config["BLOCK_SIZE_M"] + config["BLOCK_SIZE_N"]
         assert compiled.metadata.shared >= 2 * tile * config["BLOCK_SIZE_K"] * 2
