@@ -91,7 +91,7 @@ def load_hf_config(model: str) -> tuple[PretrainedConfig, str | None]:
 
         return load_gguf_config(model), model
     if model.endswith(".json") and os.path.isfile(model):
-        return AutoConfig.from_pretrained(model, trust_remote_code=False), None
+        return _auto_config(model), None
     if not os.path.isdir(model):
         raise ValueError(
             f"model {model!r} is neither a folder with config.json nor a .gguf file "
@@ -99,7 +99,16 @@ def load_hf_config(model: str) -> tuple[PretrainedConfig, str | None]:
         )
     if not os.path.isfile(os.path.join(model, "config.json")):
         raise ValueError(f"model folder {model!r} has no config.json")
-    return AutoConfig.from_pretrained(model, trust_remote_code=False), None
+    return _auto_config(model), None
+
+
+def _auto_config(model: str) -> PretrainedConfig:
+    """transformers' config of a folder or a config.json; a config it cannot read (not
+    JSON, not readable) is a ValueError, as every other bad model path is."""
+    try:
+        return AutoConfig.from_pretrained(model, trust_remote_code=False)
+    except OSError as e:
+        raise ValueError(f"cannot read the config of {model!r}: {e}") from e
 
 
 def parse_hf_overrides(value: dict | str) -> dict:

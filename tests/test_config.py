@@ -40,6 +40,13 @@ def test_missing_folder_and_config_are_clear(tmp_path) -> None:
         ModelConfig.create(str(tmp_path))
 
 
+def test_a_config_that_is_not_json_is_a_value_error(tmp_path) -> None:
+    (tmp_path / "config.json").write_text("{not json")
+    for model in (tmp_path, tmp_path / "config.json"):
+        with pytest.raises(ValueError, match="cannot read the config of .*not a valid JSON"):
+            ModelConfig.create(str(model))
+
+
 def test_gguf_files_run_as_stored_unless_asked_to_dequantize(tiny_model_path) -> None:
     assert ModelConfig.create().quantization == "gguf"
     assert ModelConfig.create(quantization="gguf").quantization == "gguf"

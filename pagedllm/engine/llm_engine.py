@@ -47,6 +47,7 @@ from pagedllm.executor.headless import run_headless
 from pagedllm.executor.kv_cache import num_kv_blocks, profiles_gpu_memory
 from pagedllm.executor.torchrun_executor import run_torchrun_worker, torchrun_rank
 from pagedllm.logger import init_logger
+from pagedllm.models.registry import ModelRegistry
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
@@ -92,6 +93,9 @@ class LLMEngine:
         self.config = config
         self.model_config = config.model_config
         torch.manual_seed(config.seed)
+        # An architecture no model class runs fails here, before the tokenizer and the
+        # weights are loaded, so the error names the architecture and not what failed first.
+        ModelRegistry.resolve_model_cls(self.model_config.architecture)
         self.tokenizer = None if config.skip_tokenizer_init else get_tokenizer(self.model_config)
         eos_token_id = model_eos_token_id(self.model_config, self.tokenizer)
         self.executor = make_executor(config)

@@ -6,6 +6,8 @@ after a reasoning part against a scripted model's known greedy chain, and reques
 for their grammar to compile while others run."""
 
 import gc
+import json
+import pathlib
 from collections.abc import Iterator
 from concurrent.futures import Future
 
@@ -325,3 +327,17 @@ def test_two_micro_batches_in_flight_keep_transformers_greedy(
     assert max(depths) == 2 and engine.scheduler.num_preemptions > 0
     assert not engine.batch_queue and not engine.scheduler.in_flight
     assert_matches_reference(run, ids, hf_greedy(LLAMA, spread_prompts, MAX_TOKENS))
+
+
+@pytest.mark.parametrize(
+    ("architectures", "message"),
+    [([], "names no architectures"), (["GPT2LMHeadModel"], "'GPT2LMHeadModel' is not supported")],
+)
+def test_an_unrunnable_architecture_fails_before_the_tokenizer_loads(
+    architectures, message, tiny_model_path, tmp_path
+) -> None:
+    """The folder has no tokenizer either: the error must name the architecture, not that."""
+    config = json.loads((pathlib.Path(tiny_model_path(LLAMA)) / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"architectures": architectures}))
+    with pytest.raises(ValueError, match=message):
+        LLM(str(tmp_path), dtype="float32")
