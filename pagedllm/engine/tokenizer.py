@@ -23,11 +23,16 @@ def get_tokenizer(model_config: ModelConfig) -> PreTrainedTokenizerBase:
 
 
 def generation_config_dict(model_config: ModelConfig) -> dict:
-    """generation_config.json of a folder (it may list several EOS ids), else {}."""
+    """generation_config.json of a folder (it may list several EOS ids), else {}. One that
+    cannot be read is an error: running without its EOS ids would not stop where the
+    model's authors meant it to."""
     path = os.path.join(model_config.model, "generation_config.json")
     if not os.path.isfile(path):
         return {}
-    return GenerationConfig.from_pretrained(model_config.model).to_dict()
+    try:
+        return GenerationConfig.from_pretrained(model_config.model).to_dict()
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from e
 
 
 def eos_token_ids(eos_token_id: int | None, generation_config: dict) -> list[int]:

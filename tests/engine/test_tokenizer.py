@@ -40,6 +40,13 @@ def test_generation_config_dict_reads_the_file(tiny_model_path, tmp_path) -> Non
     assert config["eos_token_id"] == [2, 7] and config["temperature"] == 0.6
 
 
+def test_a_generation_config_that_is_not_json_is_a_value_error(tiny_model_path, tmp_path):
+    model_config = folder_with_config(tiny_model_path, tmp_path)
+    (tmp_path / "generation_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read .*generation_config.json"):
+        generation_config_dict(model_config)
+
+
 def model_config_with_eos(eos: object) -> ModelConfig:
     hf_config = transformers.LlamaConfig(eos_token_id=eos)
     return ModelConfig("unused", hf_config, torch.float32, 64)
