@@ -56,6 +56,7 @@ from pagedllm.entrypoints.openai.tool_parsers import (
 from pagedllm.entrypoints.openai.unsupported_fields import check_unsupported_fields
 from pagedllm.outputs import CompletionOutput, RequestOutput
 from pagedllm.sampling_params import SamplingParams, StructuredOutputsParams
+from pagedllm.structured_output import check_grammar
 
 Parsers = Callable[[], ChoiceParser] | None  # a new parser per choice, or None: plain content
 
@@ -87,6 +88,7 @@ class OpenAIServingChat(OpenAIServing):
         """The request's prompt, sampling parameters and parsers, checked (a 400 or 404
         for what is wrong), ready to generate; shared with /v1/messages."""
         model = self.check_model(request.model)
+        self.check_generates()
         check_unsupported_fields(request.model_extra, "chat")
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
@@ -276,9 +278,13 @@ def _forced_call(params: SamplingParams, schema: dict) -> SamplingParams:
         )
     try:
         constraint = StructuredOutputsParams(json=schema)
-        return dataclasses.replace(params, structured_outputs=constraint)
     except (ValueError, TypeError) as e:
         raise OpenAIError(f"tools cannot force a call: {e}", param="tools") from e
+    try:  # checked here, so a background response or a stream is refused with a 400 too
+        check_grammar(constraint, "tools")
+    except ValueError as e:
+        raise OpenAIError(str(e), param="tools") from e
+    return dataclasses.replace(params, structured_outputs=constraint)
 
 
 def _reasoning(request: ChatCompletionRequest, parsed: ChoiceDelta) -> str | None:

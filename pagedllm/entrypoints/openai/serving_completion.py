@@ -35,6 +35,7 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> CompletionResponse | StreamingResponse:
         arrival_time = time.monotonic()
         model = self.check_model(request.model)
+        self.check_generates()
         check_unsupported_fields(request.model_extra, "completion")
         prompts = await self._prompts(request.prompt)
         echo_logprobs = request.logprobs if request.echo else None

@@ -69,6 +69,16 @@ class OpenAIServing:
             )
         return model
 
+    def check_generates(self) -> None:
+        """A 400 on a pooling server for the APIs that generate, before anything is queued
+        (a background response included)."""
+        if self.engine.config.model_config.runner_type == "pooling":
+            raise OpenAIError(
+                "this model is a pooling model (--runner pooling): it embeds prompts and "
+                "generates no text; use POST /v1/embeddings",
+                param="model",
+            )
+
     # Prompts.
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

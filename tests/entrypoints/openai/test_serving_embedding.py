@@ -146,8 +146,19 @@ def test_a_generating_server_refuses_embeddings_as_vllm(folder: str) -> None:
         assert "does not support the Embeddings API" in response.json()["error"]["message"]
 
 
-def test_a_pooling_server_refuses_completions(http: TestClient) -> None:
-    response = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/responses", {"input": "hi"}),
+        ("/v1/responses", {"input": "hi", "background": True}),
+        ("/v1/responses", {"input": "hi", "background": True, "stream": True}),
+    ],
+)
+def test_a_pooling_server_refuses_to_generate(http: TestClient, path: str, body: dict) -> None:
+    """Before anything is queued: a background response is refused, not stored `failed`."""
+    response = http.post(path, json={"model": MODEL} | body)
     assert response.status_code == 400
     assert "pooling model" in response.json()["error"]["message"]
 

@@ -247,6 +247,20 @@ def test_bad_requests_are_openai_errors(client: openai.OpenAI) -> None:
         client.responses.create(**ASK, input=[])
 
 
+@pytest.mark.parametrize("background", [False, True])
+def test_a_forced_call_with_a_schema_llguidance_refuses_is_a_400_naming_tools(
+    client: openai.OpenAI, background: bool
+) -> None:
+    """Checked before the response is queued, so a background one is refused too."""
+    bad = {"type": "object", "properties": {"a": {"$ref": "#/$defs/Nope"}}}
+    tool = {"type": "function", "name": "f", "parameters": bad}
+    with pytest.raises(openai.BadRequestError, match="tools has an unsupported") as error:
+        client.responses.create(
+            **ASK, input="Hi", tools=[tool], tool_choice="required", background=background
+        )
+    assert error.value.body["param"] == "tools"
+
+
 # Reasoning and parsed calls: the scripted model (scripted_model.py: it thinks "hmm", then
 # calls get_weather) behind an in-process app with the qwen3 and hermes parsers.
 
