@@ -296,8 +296,9 @@ def _finish_reason(
 ) -> str | None:
     """The finish reason is "tool_calls" for an answer that stopped after making calls,
     named tool choice included (OpenAI's API says "stop" there; agent loops that look for
-    "tool_calls" see it for every kind of choice)."""
-    if parser.tools_called and c.finish_reason == "stop":
+    "tool_calls" see it for every kind of choice). A stop string ends it "stop": it may
+    have cut the last call short, as max_tokens does with "length"."""
+    if parser.tools_called and c.finish_reason == "stop" and not isinstance(c.stop_reason, str):
         return "tool_calls"
     return c.finish_reason
 

@@ -169,10 +169,10 @@ def _stop_reason(
     window's when it left less room than the request's max_tokens."""
     if c is not None and c.finish_reason == "length":
         return ("model_context_window_exceeded" if context_limited else "max_tokens"), None
+    if c is not None and isinstance(c.stop_reason, str):  # it may have cut a call short
+        return "stop_sequence", c.stop_reason
     if parser is not None and parser.tools_called:
         return "tool_use", None
-    if c is not None and isinstance(c.stop_reason, str):
-        return "stop_sequence", c.stop_reason
     return "end_turn", None
 
 

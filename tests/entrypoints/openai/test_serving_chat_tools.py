@@ -77,6 +77,20 @@ def test_streamed_calls_accumulate_to_the_whole_answer(
     assert streamed.finish_reason == whole.finish_reason
 
 
+def test_a_stop_string_that_cuts_a_call_short_ends_it_stop(client: openai.OpenAI) -> None:
+    """The forced call's JSON names "city" before its value: the stop string cuts it there,
+    and the finish reason says so (as "length" does for max_tokens), streamed alike."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    ask = dict(**ASK, tool_choice=named, stop=["city"])
+    whole = client.chat.completions.create(**ask).choices[0]
+    assert whole.finish_reason == "stop"
+    (call,) = whole.message.tool_calls
+    assert call.function.name == "get_weather" and "city" not in call.function.arguments
+    with client.chat.completions.stream(**ask) as stream:
+        streamed = stream.get_final_completion().choices[0]
+    assert streamed.finish_reason == "stop"
+
+
 def test_tool_round_trip(client: openai.OpenAI) -> None:
     """The call and its result go back in the conversation; with tool_choice "none" the
     model answers in text, from a prompt that holds both."""

@@ -127,6 +127,18 @@ def test_the_stream_has_anthropic_s_event_sequence(http: TestClient) -> None:
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
 
 
+def test_a_stop_sequence_that_cuts_a_tool_use_short_is_the_stop_reason(
+    client: anthropic.Anthropic,
+) -> None:
+    forced = dict(**ASK, messages=QUESTION, tools=TOOLS, stop_sequences=["city"])
+    forced["tool_choice"] = {"type": "tool", "name": "get_weather"}
+    message = client.messages.create(**forced)
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == "city"
+    with client.messages.stream(**forced) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "stop_sequence" and streamed.stop_sequence == "city"
+
+
 def test_a_forced_tool_round_trip(client: anthropic.Anthropic) -> None:
     """tool_choice "tool" forces a tool_use whose input follows input_schema, streamed
     alike; its tool_result goes back and the model answers in text."""
