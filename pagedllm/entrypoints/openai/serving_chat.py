@@ -93,7 +93,7 @@ class OpenAIServingChat(OpenAIServing):
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
         tool_choice = tool_choice_of(request)
-        tool_parser = tool_parser_factory(tool_choice, self.tool_parser)
+        tool_parser = tool_parser_factory(tool_choice, self.tool_parser, request.tools)
         generic = self.uses_generic_format(request)
         prompt_text, prompt_ids = await self.apply_chat_template(request)
         max_tokens = self.max_tokens(request.requested_max_tokens, len(prompt_ids), "messages")

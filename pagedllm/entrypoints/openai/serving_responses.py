@@ -20,6 +20,7 @@ the run. A cancel ends those streams (OpenAI's stream events have no cancelled o
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -78,7 +79,10 @@ class OpenAIServingResponses:
         _check_background(request)
         conversation = self._history(request) + conversation_of(request.input)
         chat_request = chat_request_of(request, conversation)
-        run = await self.chat.prepare_chat(chat_request)
+        try:
+            run = await self.chat.prepare_chat(chat_request)
+        except OpenAIError as e:
+            raise _in_responses_terms(e) from e
         response = _echo(request, model)
         if request.background:
             return self._start(request, response, conversation, (chat_request, run, arrival_time))
@@ -313,6 +317,14 @@ def _echo(request: ResponsesRequest, model: str) -> ResponseObject:
         metadata=request.metadata or {},
         user=request.user,
     )
+
+
+def _in_responses_terms(error: OpenAIError) -> OpenAIError:
+    """Chat's error about the output limit, naming the field this request sent."""
+    if error.param not in ("max_tokens", "max_completion_tokens"):
+        return error
+    message = re.sub(r"\bmax_(?:completion_)?tokens\b", "max_output_tokens", error.message)
+    return OpenAIError(message, error.status_code, "max_output_tokens", error.code)
 
 
 def _check_background(request: ResponsesRequest) -> None:

@@ -18,7 +18,12 @@ from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionToolsParam,
 )
-from pagedllm.entrypoints.openai.tool_parsers import NamedToolParser, RequiredToolParser, ToolParser
+from pagedllm.entrypoints.openai.tool_parsers import (
+    GenericToolParser,
+    NamedToolParser,
+    RequiredToolParser,
+    ToolParser,
+)
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
@@ -113,15 +118,21 @@ def _gathered_defs(tools: list[ChatCompletionToolsParam]) -> dict[str, Any]:
 
 
 def tool_parser_factory(
-    choice: str | ChatCompletionNamedToolChoiceParam, auto_parser: type[ToolParser]
+    choice: str | ChatCompletionNamedToolChoiceParam,
+    auto_parser: type[ToolParser],
+    tools: list[ChatCompletionToolsParam] | None = None,
 ) -> Callable[[], ToolParser] | None:
     """A new parser for each of the request's answers, or None when the answer is all
-    content. `auto_parser` is the server's (the template's format or --tool-call-parser)."""
+    content. `auto_parser` is the server's (the template's format or --tool-call-parser);
+    the generic format's reads calls of the request's `tools` only."""
     if isinstance(choice, ChatCompletionNamedToolChoiceParam):
         name = choice.function.name
         return lambda: NamedToolParser(name)
     if choice == "required":
         return RequiredToolParser
+    if choice == "auto" and issubclass(auto_parser, GenericToolParser):
+        names = [tool.function.name for tool in tools or []]
+        return lambda: auto_parser(names)
     if choice == "auto":
         return auto_parser
     return None

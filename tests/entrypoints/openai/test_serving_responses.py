@@ -245,6 +245,11 @@ def test_bad_requests_are_openai_errors(client: openai.OpenAI) -> None:
     assert error.value.body["param"] == "background"
     with pytest.raises(openai.BadRequestError, match="input is empty"):
         client.responses.create(**ASK, input=[])
+    for limit in (0, 10**12):  # named as the request names it
+        with pytest.raises(openai.BadRequestError, match="max_output_tokens") as error:
+            client.responses.create(**{**ASK, "max_output_tokens": limit}, input="Hi")
+        assert error.value.body["param"] == "max_output_tokens"
+        assert "max_tokens" not in error.value.body["message"]
 
 
 @pytest.mark.parametrize("background", [False, True])

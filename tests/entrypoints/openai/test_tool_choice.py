@@ -58,6 +58,9 @@ def test_parsers_per_choice_and_auto_takes_the_servers() -> None:
     assert isinstance(tool_parser_factory("required", None)(), RequiredToolParser)
     assert tool_parser_factory("none", TOOL_PARSERS["hermes"]) is None
     assert tool_parser_factory("auto", TOOL_PARSERS["hermes"]) is TOOL_PARSERS["hermes"]
+    tools = request(tools=[WEATHER, NOW]).tools
+    generic = tool_parser_factory("auto", TOOL_PARSERS["generic"], tools)()
+    assert generic.tools == {"get_weather", "now"}  # it reads calls of these only
 
 
 def test_named_schema_is_the_functions_parameters() -> None:

@@ -43,6 +43,11 @@ class ToolParser(ABC):
     def __init__(self) -> None:
         self.num_calls = 0
 
+    def calls_tool(self, name: str) -> bool:
+        """Whether a call of `name` read from the answer is a call (the generic format's
+        parser refuses names that are not the request's tools)."""
+        return True
+
     @abstractmethod
     def feed(self, text: str) -> ToolParserDelta:
         """The content and calls that `text`, the answer's next piece, settles."""

@@ -14,6 +14,8 @@ not match is the parser's to judge (it stays in the text, from `pos`)."""
 import json
 import re
 
+import regex
+
 from pagedllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
     ToolCallDelta,
     ToolParser,
@@ -58,13 +60,21 @@ class CallStream:
                 self.arguments = None
             pattern = self.following if self.num_calls else self.first
             match = pattern.match(text, self.pos) if pattern is not None else None
-            if match is None:
+            if match is None or not self.parser.calls_tool(_name(match)):
                 return deltas
             self.pos = match.end()
             self.num_calls += 1
             self.parser.num_calls += 1
             self.arguments = _Arguments()
             deltas.append(ToolCallDelta(self.parser.num_calls - 1, _name(match)))
+
+
+def cut_short(pattern: re.Pattern, text: str) -> bool:
+    """Whether the answer `text` ended before a match of `pattern` was complete: all of it
+    is the start of a text `pattern` matches (a call cut off by max_tokens or a stop string
+    before its arguments began), so it is no content either."""
+    match = regex.fullmatch(pattern.pattern, text, partial=True)
+    return match is not None and match.partial
 
 
 def _name(match: re.Match) -> str:

@@ -5,7 +5,8 @@ A named choice's answer is the arguments' JSON itself: it streams out as argumen
 of call 0. A required choice's answer is a JSON array of `{"name", "parameters"}` (the
 schema's order): each call's name goes out once its parameters begin, then their JSON text
 in pieces as they are generated (call_stream.py). Text that is no such array (produced
-without the constraint) is content if no call came out of it."""
+without the constraint) is content if no call came out of it, unless it ended before its
+first call began (max_tokens or a stop string: nothing)."""
 
 import re
 
@@ -14,7 +15,11 @@ from pagedllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
     ToolParser,
     ToolParserDelta,
 )
-from pagedllm.entrypoints.openai.tool_parsers.call_stream import CallStream, call_object
+from pagedllm.entrypoints.openai.tool_parsers.call_stream import (
+    CallStream,
+    call_object,
+    cut_short,
+)
 
 _FIRST_CALL = re.compile(r"\s*\[\s*" + call_object("parameters"))
 _NEXT_CALL = re.compile(r"\s*\}\s*,\s*" + call_object("parameters"))
@@ -50,4 +55,6 @@ class RequiredToolParser(ToolParser):
         return ToolParserDelta(tool_calls=self.calls.read(self.text))
 
     def finish(self) -> ToolParserDelta:
-        return ToolParserDelta(content="" if self.num_calls else self.text)
+        if self.num_calls or cut_short(_FIRST_CALL, self.text):  # cut off before a call began
+            return ToolParserDelta()
+        return ToolParserDelta(content=self.text)

@@ -6,17 +6,24 @@ An answer whose first non-space character is `{` is an object: in calls, each ca
 goes out once its `"arguments"` key has been read, then its arguments' JSON text in pieces
 as they come (call_stream.py); a reply's string is content, decoded (escapes included) and
 streamed as it comes. Any other answer is content, streamed as it comes. An object that is
-neither (an answer produced without the constraint) is content at the end; after a call or
-the reply, text that does not follow the shape is dropped."""
+neither (an answer produced without the constraint, or a call of a name that is not one of
+the request's tools) is content at the end, unless the answer ended before its call or reply
+began (max_tokens or a stop string: nothing); after a call or the reply, text that does not
+follow the shape is dropped."""
 
 import json
 import re
+from collections.abc import Iterable
 
 from pagedllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
     ToolParser,
     ToolParserDelta,
 )
-from pagedllm.entrypoints.openai.tool_parsers.call_stream import CallStream, call_object
+from pagedllm.entrypoints.openai.tool_parsers.call_stream import (
+    CallStream,
+    call_object,
+    cut_short,
+)
 
 _FIRST_CALL = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[\s*' + call_object())
 _NEXT_CALL = re.compile(r"\s*\}\s*,\s*" + call_object())
@@ -26,8 +33,12 @@ _UNDECIDED, _OBJECT, _REPLYING, _CONTENT = "undecided", "object", "replying", "c
 
 
 class GenericToolParser(ToolParser):
-    def __init__(self) -> None:
+    def __init__(self, tools: Iterable[str] | None = None) -> None:
+        """`tools`: the names a call may have (None: any). The format's prompt shows a
+        placeholder name, which a model answering under a request's own constraint may
+        copy: such an object is content."""
         super().__init__()
+        self.tools = None if tools is None else frozenset(tools)
         self.text = ""
         self.state = _UNDECIDED
         self.calls = CallStream(self, _FIRST_CALL, _NEXT_CALL)
@@ -56,7 +67,12 @@ class GenericToolParser(ToolParser):
     def finish(self) -> ToolParserDelta:
         if self.state in (_CONTENT, _REPLYING) or self.num_calls:
             return ToolParserDelta()
+        if self.state == _OBJECT and any(cut_short(p, self.text) for p in (_FIRST_CALL, _REPLY)):
+            return ToolParserDelta()  # a call or reply cut off before it began
         return ToolParserDelta(content=self.text)
+
+    def calls_tool(self, name: str) -> bool:
+        return self.tools is None or name in self.tools
 
     def _read_reply(self) -> str:
         """The reply's characters decoded since the last read; an escape cut off at the end

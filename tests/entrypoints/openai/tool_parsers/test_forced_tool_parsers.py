@@ -30,6 +30,8 @@ def calls(*found: FunctionCall, content: str | None = None) -> ExtractedToolCall
         (' [ {"name":"f","parameters":{"s":"]"}} ]', calls(FunctionCall("f", '{"s":"]"}'))),
         (TWO_CALLS[:-20], calls(FunctionCall("f", '{"a": [1, 2]}'))),
         ("[1, 2]", calls(content="[1, 2]")),
+        ('[{"name', calls()),  # cut off before the first call's parameters began
+        ('  [ {"name": "f", "param', calls()),
         ("I will not.", calls(content="I will not.")),
     ],
 )

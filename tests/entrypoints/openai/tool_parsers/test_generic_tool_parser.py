@@ -54,10 +54,40 @@ def calls(*found: FunctionCall, content: str | None = None) -> ExtractedToolCall
         (' { "response" : "Hi"}', calls(content="Hi")),
         ('{"response": "cut off \\u00', calls(content="cut off ")),
         ('{"response": 7}', calls(content='{"response": 7}')),
+        # Cut off (max_tokens, a stop string) before a call's arguments or the reply began:
+        # no call and no content, not the format's JSON as text.
+        ('{"tool_', calls()),
+        ('{"tool_calls": [{"name": "get_wea', calls()),
+        ('{"tool_calls": [{"name": "now", "argu', calls()),
+        ('{"resp', calls()),
+        ('{"', calls()),
     ],
 )
 def test_calls_and_content(text: str, expected: ExtractedToolCallInformation) -> None:
     check_streaming_matches_whole(GENERIC, text, expected)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '{"tool_calls": [{"name": "<tool name>", "arguments": {}}]}',
+            calls(content='{"tool_calls": [{"name": "<tool name>", "arguments": {}}]}'),
+        ),
+        ('{"tool_calls": [{"name": "now", "arguments": {}}]}', calls(NOW)),
+        (
+            '{"tool_calls": [{"name": "now", "arguments": {}}, {"name": "x", "arguments": 1}]}',
+            calls(NOW),
+        ),
+    ],
+)
+def test_only_the_requests_tools_are_called(
+    text: str, expected: ExtractedToolCallInformation
+) -> None:
+    """A name that is not one of the tools (the prompt's placeholder, copied by a model
+    answering under the request's own constraint) is no call: a first one leaves the object
+    content, a later one is dropped with what follows the calls."""
+    check_streaming_matches_whole(lambda: GENERIC(["now", "get_weather"]), text, expected)
 
 
 def test_the_name_goes_out_first_then_the_arguments_in_pieces() -> None:
