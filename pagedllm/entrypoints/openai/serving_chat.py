@@ -53,6 +53,7 @@ from pagedllm.entrypoints.openai.tool_parsers import (
     ToolCallDelta,
     join_tool_call_deltas,
 )
+from pagedllm.entrypoints.openai.tool_results import check_tool_results
 from pagedllm.entrypoints.openai.unsupported_fields import check_unsupported_fields
 from pagedllm.outputs import CompletionOutput, RequestOutput
 from pagedllm.sampling_params import SamplingParams, StructuredOutputsParams
@@ -90,6 +91,7 @@ class OpenAIServingChat(OpenAIServing):
         model = self.check_model(request.model)
         self.check_generates()
         check_unsupported_fields(request.model_extra, "chat")
+        check_tool_results(request.messages)
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
         tool_choice = tool_choice_of(request)

@@ -320,7 +320,10 @@ def _echo(request: ResponsesRequest, model: str) -> ResponseObject:
 
 
 def _in_responses_terms(error: OpenAIError) -> OpenAIError:
-    """Chat's error about the output limit, naming the field this request sent."""
+    """Chat's error about the output limit or the conversation, naming the field this
+    request sent."""
+    if error.param == "messages":
+        return OpenAIError(error.message, error.status_code, "input", error.code)
     if error.param not in ("max_tokens", "max_completion_tokens"):
         return error
     message = re.sub(r"\bmax_(?:completion_)?tokens\b", "max_output_tokens", error.message)

@@ -188,7 +188,7 @@ def test_tool_round_trip_renders_calls_and_results(serve: Callable, scripted_llm
         call = ask(client, tools=TOOLS).choices[0].message.tool_calls[0]
         messages = [
             *MESSAGES,
-            {"role": "assistant", "tool_calls": [call.model_dump()]},
+            {"role": "assistant", "tool_calls": [call.model_dump() | {"id": "call_1"}]},
             {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
         ]
         answer = client.chat.completions.create(

@@ -119,6 +119,10 @@ def test_bad_tool_choices_are_400_naming_the_field(client: openai.OpenAI) -> Non
         client.chat.completions.create(
             **ASK, tool_choice="required", response_format={"type": "json_object"}
         )
+    orphan = [*MESSAGES, {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]
+    with pytest.raises(openai.BadRequestError, match="does not follow an assistant") as error:
+        client.chat.completions.create(**{**ASK, "messages": orphan})
+    assert error.value.body["param"] == "messages"
 
 
 def test_auto_is_the_default_and_calls_in_the_generic_format(client: openai.OpenAI) -> None:

@@ -217,6 +217,18 @@ def test_errors_are_anthropic_s(client: anthropic.Anthropic, http: TestClient) -
         )
     assert image.value.body["error"]["type"] == "invalid_request_error"
     assert http.post("/v1/chat/completions", json={}).json()["error"]["param"] == "messages"
+    use = {"type": "tool_use", "id": "toolu_a", "name": "get_weather", "input": {"city": "P"}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_zzz", "content": "sunny"}
+    with pytest.raises(anthropic.BadRequestError, match="'toolu_zzz' answers no call"):
+        client.messages.create(
+            **ASK,
+            tools=TOOLS,
+            messages=[
+                *QUESTION,
+                {"role": "assistant", "content": [use]},
+                {"role": "user", "content": [result]},
+            ],
+        )
 
 
 def test_x_api_key_guards_the_messages_routes(offline_llm: LLM) -> None:

@@ -245,6 +245,10 @@ def test_bad_requests_are_openai_errors(client: openai.OpenAI) -> None:
     assert error.value.body["param"] == "background"
     with pytest.raises(openai.BadRequestError, match="input is empty"):
         client.responses.create(**ASK, input=[])
+    output = {"type": "function_call_output", "call_id": "call_zzz", "output": "18 C"}
+    with pytest.raises(openai.BadRequestError, match="'call_zzz' does not follow") as error:
+        client.responses.create(**ASK, input=[{"role": "user", "content": "Hi"}, output])
+    assert error.value.body["param"] == "input"
     for limit in (0, 10**12):  # named as the request names it
         with pytest.raises(openai.BadRequestError, match="max_output_tokens") as error:
             client.responses.create(**{**ASK, "max_output_tokens": limit}, input="Hi")

@@ -50,7 +50,9 @@ def tokenizer() -> PreTrainedTokenizerBase:
 @pytest.fixture(scope="module")
 def shared(tokenizer: PreTrainedTokenizerBase) -> Iterator[tuple]:
     """OpenAIServing's arguments over a fake engine."""
-    model_config = SimpleNamespace(max_model_len=MAX_MODEL_LEN, vocab_size=len(tokenizer))
+    model_config = SimpleNamespace(
+        max_model_len=MAX_MODEL_LEN, vocab_size=len(tokenizer), runner_type="generate"
+    )
     engine = SimpleNamespace(config=SimpleNamespace(model_config=model_config))
     stats = EngineStats(0, 0, 0, 0.0, 1, 1, 0, 0, 0, 0)
     async_tokenizer = AsyncTokenizer(tokenizer, num_threads=1)
