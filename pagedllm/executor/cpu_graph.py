@@ -63,6 +63,10 @@ class _CaptureMode(TorchDispatchMode):
         self.allocations: list[torch.Tensor] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func._schema.is_mutable and func.overloadpacket not in _ALLOCATIONS:
+            # Refused before it runs: the capture's padding rows are not valid input for
+            # every op (torch's cache write would index slot -1, which the kernels skip).
+            raise CaptureUnsupported(f"{func} computes in torch")
         out = func(*args, **(kwargs or {}))
         if func.overloadpacket in _ALLOCATIONS:
             self.allocations.append(out)

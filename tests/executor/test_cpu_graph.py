@@ -97,6 +97,28 @@ def test_a_model_with_torch_compute_in_its_forward_runs_eagerly(
 
 
 @needs_kernels
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_torch_attention_backend_runs_padded_steps_eagerly(
+    tiny_model_path: Callable[[str], str], dtype: str
+) -> None:
+    """TORCH_SDPA writes the cache in torch: its capture stops at that write, before it
+    runs on the padding rows' slot -1 (which index_copy_ would refuse), and the steps of
+    3 and 5 rows run eagerly, as the eager engine's."""
+    llm, replayed, eager = _both(
+        tiny_model_path("llama-gqa-llama3"), dtype=dtype, attention_backend="TORCH_SDPA"
+    )
+    assert replayed == eager
+    assert not any(_runner(llm).graph_runner.graphs.values())
+
+
+def test_capture_mode_refuses_an_in_place_op_before_it_runs() -> None:
+    x = torch.zeros(4)
+    with pytest.raises(CaptureUnsupported), _CaptureMode():
+        x.index_copy_(0, torch.tensor([-1]), torch.ones(1))  # would raise IndexError if run
+    assert not x.any()
+
+
+@needs_kernels
 def test_qk_norm_models_replay_every_size(tiny_model_path: Callable[[str], str]) -> None:
     """Qwen3 normalizes q and k per head on the fused qkv's column slices, which the norm
     kernel reads in place: captured at every size."""
