@@ -11,7 +11,15 @@ import typing
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from pagedllm.entrypoints.openai.response_format import ResponseFormat, structured_outputs_of
 from pagedllm.sampling_params import (
@@ -63,7 +71,15 @@ def _check_strings(name: str, value: object) -> None:
 
 
 class StreamOptions(OpenAIRequestModel):
+    """`continuous_usage_stats` (vLLM's): with `include_usage`, every chunk carries the
+    usage so far. `include_obfuscation` (OpenAI's) is accepted; no obfuscation padding is
+    sent. Any other key is refused, not ignored."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+    include_obfuscation: bool | None = None
 
 
 def _sampling_param_fields() -> dict[str, tuple[object, object]]:
@@ -121,9 +137,20 @@ class SamplingFields(_SamplingParamsFields):
             structured_outputs=structured_outputs_of(self.response_format, self.structured_outputs),
         )
 
+    @model_validator(mode="after")
+    def _stream_options_need_a_stream(self) -> "SamplingFields":
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options can only be set when stream is true")
+        return self
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage in every chunk (vLLM's `continuous_usage_stats`, with `include_usage`)."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 # /v1/completions

@@ -62,6 +62,7 @@ class CompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[CompletionResponseChoice]
     usage: UsageInfo | None = None
+    system_fingerprint: str | None = None  # OpenAI's field; vLLM's null too
 
 
 class CompletionStreamResponse(CompletionResponse):
@@ -117,6 +118,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo | None = None
+    system_fingerprint: str | None = None  # OpenAI's field; vLLM's null too
 
 
 class _NoneLeftOut(OpenAIBaseModel):
@@ -164,6 +166,7 @@ class ChatCompletionStreamResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionResponseStreamChoice]
     usage: UsageInfo | None = None
+    system_fingerprint: str | None = None  # OpenAI's field; vLLM's null too
 
 
 class ModelCard(OpenAIBaseModel):

@@ -7,6 +7,7 @@ structured outputs (tool_choice.py), and so does "auto" in the generic tool form
 parser the constraint starts after the reasoning part."""
 
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
@@ -202,16 +203,21 @@ class OpenAIServingChat(OpenAIServing):
         parsers: Parsers,
     ) -> AsyncIterator[ChatCompletionStreamResponse]:
         """Per choice a first delta with the role, then content (reasoning, tool call)
-        deltas, the finish reason once; then the usage chunk if asked. A parser may hold
-        text back: a chunk with nothing to say yet is not sent."""
-        started, finished, prompt_tokens, num_generated, cached = set(), set(), 0, 0, 0
+        deltas, the finish reason once; then the usage chunk if asked (and with
+        continuous usage, each chunk's choice's usage so far). A parser may hold text back:
+        a chunk with nothing to say yet is not sent. Every chunk has the same `created`."""
+        started, finished, prompt_tokens, cached = set(), set(), 0, 0
+        generated: dict[int, int] = {}  # tokens per choice so far
         choice_parsers: dict[int, ChoiceParser] = {}
+        chunk = functools.partial(
+            ChatCompletionStreamResponse, id=request_id, model=model, created=int(time.time())
+        )
         async with aclosing(outputs):
             async for _, output in outputs:
                 prompt_tokens = len(output.prompt_token_ids)
                 cached = output.num_cached_tokens
                 for c in output.outputs:
-                    num_generated += len(c.token_ids)
+                    generated[c.index] = generated.get(c.index, 0) + len(c.token_ids)
                     if not (c.token_ids or (c.finish_reason and c.index not in finished)):
                         continue
                     if c.finish_reason is not None:
@@ -223,10 +229,13 @@ class OpenAIServingChat(OpenAIServing):
                     if choice is None:
                         continue
                     started.add(c.index)
-                    yield ChatCompletionStreamResponse(id=request_id, model=model, choices=[choice])
+                    usage = None
+                    if request.continuous_usage:
+                        usage = UsageInfo.of(prompt_tokens, generated[c.index], cached)
+                    yield chunk(choices=[choice], usage=usage)
         if request.include_usage:
-            usage = UsageInfo.of(prompt_tokens, num_generated, cached)
-            yield ChatCompletionStreamResponse(id=request_id, model=model, choices=[], usage=usage)
+            usage = UsageInfo.of(prompt_tokens, sum(generated.values()), cached)
+            yield chunk(choices=[], usage=usage)
 
     def _stream_choice(
         self,

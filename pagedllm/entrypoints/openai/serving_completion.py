@@ -1,6 +1,7 @@
 """POST /v1/completions: one or many prompts (text or token ids), n choices each, streamed
 as SSE or answered at once; choice i * n + k is prompt i's k-th sample (as in OpenAI)."""
 
+import functools
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -135,15 +136,20 @@ class OpenAIServingCompletion(OpenAIServing):
         outputs: AsyncIterator[tuple[int, RequestOutput]],
     ) -> AsyncIterator[CompletionStreamResponse]:
         """Each choice's new text (the prompt first if echo) and its finish reason once,
-        then the usage chunk if asked."""
+        then the usage chunk if asked (and with continuous usage, each chunk's choice's
+        usage so far). Every chunk has the same `created`."""
         state = _StreamState(self, request, prompts)
+        chunk = functools.partial(
+            CompletionStreamResponse, id=request_id, model=model, created=int(time.time())
+        )
         async with aclosing(outputs):
             async for i, output in outputs:
                 for choice in state.choices(i, output):
-                    yield CompletionStreamResponse(id=request_id, model=model, choices=[choice])
+                    usage = state.usage(i, choice.index) if request.continuous_usage else None
+                    yield chunk(choices=[choice], usage=usage)
         if request.include_usage:
             usage = _usage(prompts, state.completion_tokens, sum(state.cached_tokens.values()))
-            yield CompletionStreamResponse(id=request_id, model=model, choices=[], usage=usage)
+            yield chunk(choices=[], usage=usage)
 
 
 class _StreamState:
@@ -158,7 +164,14 @@ class _StreamState:
         self.offsets: dict[int, int] = {}
         self.finished: set[int] = set()
         self.completion_tokens = 0
+        self.generated: dict[int, int] = {}  # per choice
         self.cached_tokens: dict[int, int] = {}  # per prompt
+
+    def usage(self, prompt_index: int, index: int) -> UsageInfo:
+        """Choice `index`'s usage so far: its prompt's tokens and its own."""
+        prompt_tokens = len(self.prompts[prompt_index][1])
+        cached = self.cached_tokens.get(prompt_index, 0)
+        return UsageInfo.of(prompt_tokens, self.generated.get(index, 0), cached)
 
     def choices(self, prompt_index: int, output: RequestOutput) -> list[CompletionResponseChoice]:
         """What to send of one DELTA output: the choices with new tokens or a finish.
@@ -172,6 +185,7 @@ class _StreamState:
         for c in output.outputs:
             index = prompt_index * self.request.n + c.index
             self.completion_tokens += len(c.token_ids)
+            self.generated[index] = self.generated.get(index, 0) + len(c.token_ids)
             if not (c.token_ids or (c.finish_reason and index not in self.finished)):
                 continue
             choices.append(self._choice(prompt_index, index, c))

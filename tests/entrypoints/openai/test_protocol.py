@@ -226,8 +226,21 @@ def test_chat_needs_a_message_and_top_logprobs_is_not_negative() -> None:
 
 def test_include_usage_from_stream_options() -> None:
     assert not CompletionRequest(prompt="a").include_usage
-    assert not CompletionRequest(prompt="a", stream_options={}).include_usage
-    assert CompletionRequest(prompt="a", stream_options={"include_usage": True}).include_usage
+    assert not CompletionRequest(prompt="a", stream=True, stream_options={}).include_usage
+    usage = {"include_usage": True}
+    assert CompletionRequest(prompt="a", stream=True, stream_options=usage).include_usage
+    continuous = {"include_usage": True, "continuous_usage_stats": True}
+    assert CompletionRequest(prompt="a", stream=True, stream_options=continuous).continuous_usage
+    assert not CompletionRequest(prompt="a", stream=True, stream_options=usage).continuous_usage
+
+
+def test_stream_options_need_a_stream_and_known_keys() -> None:
+    """vLLM refuses stream_options without stream; an unknown key is refused, not dropped."""
+    with pytest.raises(ValidationError, match="only be set when stream is true"):
+        CompletionRequest(prompt="a", stream_options={"include_usage": True})
+    with pytest.raises(ValidationError, match="include_usge"):
+        CompletionRequest(prompt="a", stream=True, stream_options={"include_usge": True})
+    assert CompletionRequest(prompt="a", stream=True, stream_options={"include_obfuscation": True})
 
 
 def test_completion_defaults_follow_openai() -> None:

@@ -54,6 +54,19 @@ def test_stream_with_logprobs_equals_the_whole_answer(client: openai.OpenAI) -> 
     assert chunks[-1].usage.model_dump(include=counts) == whole.usage.model_dump(include=counts)
 
 
+def test_continuous_usage_counts_each_choices_tokens(client: openai.OpenAI) -> None:
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    kwargs = dict(model=MODEL_NAME, messages=MESSAGES, max_tokens=12, temperature=1.0, n=2)
+    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options=options))
+    seen: dict[int, int] = {}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        assert chunk.usage.completion_tokens >= seen.get(choice.index, 0)
+        seen[choice.index] = chunk.usage.completion_tokens
+    assert sum(seen.values()) == chunks[-1].usage.completion_tokens
+    assert len({c.created for c in chunks}) == 1
+
+
 def test_n_seed_and_stop(client: openai.OpenAI) -> None:
     kwargs = dict(model=MODEL_NAME, messages=MESSAGES, max_tokens=10, temperature=1.0, n=2)
     first = client.chat.completions.create(**kwargs, seed=7)

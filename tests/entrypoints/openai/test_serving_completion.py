@@ -1,10 +1,17 @@
 """POST /v1/completions through the official `openai` client. Reference: the offline
 `LLM.generate` of the same model for the same prompts and sampling parameters."""
 
+import itertools
+import json
+import time
+
 import openai
 import pytest
+from fastapi.testclient import TestClient
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.entrypoints.openai import api_server
 from tests.entrypoints.openai.remote_server import MODEL_NAME
 
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,"]
@@ -51,6 +58,47 @@ def test_stream_concatenates_to_the_non_streamed_text(client: openai.OpenAI) -> 
     assert reasons == {i: "length" for i in range(4)}
     counts = {"prompt_tokens", "completion_tokens", "total_tokens"}  # cached_tokens may differ
     assert usage.model_dump(include=counts) == whole.usage.model_dump(include=counts)
+
+
+def test_continuous_usage_counts_each_chunks_tokens_so_far(client: openai.OpenAI) -> None:
+    """vLLM's continuous_usage_stats: each chunk carries its choice's usage so far."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(
+        client.completions.create(
+            model=MODEL_NAME,
+            prompt=PROMPTS[0],
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options=options,
+            extra_body={"ignore_eos": True},
+        )
+    )
+    assert chunks[0].system_fingerprint is None
+    counts = [c.usage.completion_tokens for c in chunks[:-1]]
+    assert counts == sorted(counts) and counts[-1] == 24 and counts[0] >= 1
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_every_chunk_of_a_stream_has_the_same_created(
+    offline_llm: LLM, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """OpenAI: "Each chunk has the same timestamp", however long the stream takes (here
+    the clock moves a second at each reading)."""
+    clock = itertools.count(1_800_000_000)
+    monkeypatch.setattr(time, "time", lambda: float(next(clock)))
+    app = api_server.build_app(AsyncLLM(offline_llm.llm_engine), [MODEL_NAME])
+    body = {"model": MODEL_NAME, "max_tokens": 6, "temperature": 0, "stream": True}
+    body |= (
+        {"prompt": "Hi"}
+        if path == "/v1/completions"
+        else {"messages": [{"role": "user", "content": "Hi"}]}
+    )
+    with TestClient(app) as http:
+        lines = http.post(path, json=body).text.splitlines()
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert len(chunks) >= 3 and len({c["created"] for c in chunks}) == 1
 
 
 def test_logprobs_match_offline_llm(client: openai.OpenAI, offline_llm: LLM) -> None:
