@@ -112,6 +112,21 @@ def test_stop_string_cuts_the_greedy_text(default_llm, include: bool) -> None:
     assert num_tokens > 2 and stopped.token_ids == plain.token_ids[:num_tokens]
 
 
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_token_ids_text_is_left_out_unless_included(default_llm, include: bool) -> None:
+    """Reference: vLLM's detokenizer, which leaves out the text of the token that stopped
+    the answer by its id unless include_stop_str_in_output; the token id stays."""
+    (plain,) = completions(default_llm, [PROMPT], [greedy(24)])
+    stop_id = plain.token_ids[5]
+    first = plain.token_ids.index(stop_id)
+    params = greedy(24, stop_token_ids=[stop_id], include_stop_str_in_output=include)
+    (stopped,) = completions(default_llm, [PROMPT], [params])
+    assert stopped.token_ids == plain.token_ids[: first + 1] and stopped.stop_reason == stop_id
+    tokenizer = default_llm.get_tokenizer()
+    kept = plain.token_ids[: first + 1] if include else plain.token_ids[:first]
+    assert stopped.text == tokenizer.decode(kept)
+
+
 def test_ignore_eos_generates_exactly_max_tokens(default_llm) -> None:
     """Reference: the same batch's greedy answer, which stops at EOS; ignoring it continues
     the same tokens to max_tokens."""

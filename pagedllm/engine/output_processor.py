@@ -23,7 +23,7 @@ from pagedllm.engine.detokenizer import make_detokenizer
 from pagedllm.engine.logprobs import append_prompt_logprobs, logprobs_rows
 from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Completion, Request
-from pagedllm.engine.stop_checker import check_stop
+from pagedllm.engine.stop_checker import check_stop, stops_on_token
 from pagedllm.executor.model_runner import StepOutput
 from pagedllm.logger import init_logger
 from pagedllm.outputs import Logprob, PoolingRequestOutput, RequestOutput
@@ -177,7 +177,9 @@ class OutputProcessor:
                 completion.logprobs = []
             completion.logprobs.append(logprobs)  # outputs get slices of it, never the list
             completion.cumulative_logprob += logprobs[token].logprob
-        new_chars = completion.add_text(token)
+        new_chars = 0
+        if params.include_stop_str_in_output or not stops_on_token(seq, params, self.eos_token_id):
+            new_chars = completion.add_text(token)
         terminated = matcher is not None and matcher.is_terminated
         decision = check_stop(
             seq,

@@ -44,6 +44,16 @@ def check_stop(
     return None
 
 
+def stops_on_token(seq: Sequence, params: SamplingParams, eos_token_id: int | None) -> bool:
+    """Whether `seq`'s newest token stops it by its id (EOS, a stop token id), which
+    check_stop will decide: the token's text is then left out of the output unless
+    include_stop_str_in_output, as vLLM's detokenizer leaves it out."""
+    if seq.num_output_tokens < params.min_tokens:
+        return False
+    token = seq.last_token_id
+    return (not params.ignore_eos and token == eos_token_id) or token in params.stop_token_ids
+
+
 def find_stop_string(text: str, new_text_len: int, params: SamplingParams) -> StopDecision | None:
     """The earliest stop string that ends in the new text (so the text kept never holds
     one); only the tail that could hold one is searched, so the cost does not grow with
