@@ -3,12 +3,14 @@
 
 from transformers import PreTrainedTokenizerBase
 
+from pagedllm.engine.detokenizer import IncrementalDetokenizer
 from pagedllm.entrypoints.openai.responses import (
     ChatCompletionLogProb,
     ChatCompletionLogProbs,
     ChatCompletionLogProbsContent,
     CompletionLogProbs,
 )
+from pagedllm.entrypoints.openai.token_bytes import token_bytes
 from pagedllm.outputs import Logprob
 
 TopLogprobs = list[dict[int, Logprob] | None]
@@ -31,17 +33,49 @@ def token_text(
     return tokenizer.decode([token_id])
 
 
+class TextOffsets:
+    """Where each token's text starts in a choice's text (OpenAI's `text_offset`): the
+    characters the tokens before it completed, counted as the engine's detokenizer builds
+    the text (the pieces of one character all start where it does), so a stream's offsets
+    are the whole answer's and none passes the end of the text."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        context_ids: list[int],
+        start: int,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> None:
+        """The offsets of tokens that follow `context_ids`, from `start`; the flags are the
+        request's, which its text was built with."""
+        self.detokenizer = IncrementalDetokenizer(
+            tokenizer, context_ids, skip_special_tokens, spaces_between_special_tokens
+        )
+        self.position = start
+
+    def of(self, token_ids: list[int]) -> list[int]:
+        """The offsets of the next tokens."""
+        offsets = []
+        for token_id in token_ids:
+            offsets.append(self.position)
+            self.position += len(self.detokenizer.add_token(token_id))
+        return offsets
+
+
 def completion_logprobs(
-    tokenizer: PreTrainedTokenizerBase, token_ids: list[int], tops: TopLogprobs, text_offset: int
+    tokenizer: PreTrainedTokenizerBase,
+    token_ids: list[int],
+    tops: TopLogprobs,
+    text_offsets: list[int],
 ) -> CompletionLogProbs:
-    """OpenAI's legacy logprobs: per token its text, offset, logprob and a dict of the
-    top alternatives (text -> logprob) that includes the chosen token."""
+    """OpenAI's legacy logprobs: per token its text, offset (TextOffsets'), logprob and a
+    dict of the top alternatives (text -> logprob) that includes the chosen token."""
     result = CompletionLogProbs()
-    for token_id, top in zip(token_ids, tops):
+    for token_id, top, text_offset in zip(token_ids, tops, text_offsets):
         token = token_text(tokenizer, token_id, top)
         result.tokens.append(token)
         result.text_offset.append(text_offset)
-        text_offset += len(token)
         if top is None:
             result.token_logprobs.append(None)
             result.top_logprobs.append(None)
@@ -77,6 +111,6 @@ def _chat_entry(
     tokenizer: PreTrainedTokenizerBase, token_id: int, logprob: Logprob, top: dict[int, Logprob]
 ) -> ChatCompletionLogProb:
     token = token_text(tokenizer, token_id, top)
-    return ChatCompletionLogProb(
-        token=token, logprob=clamp_logprob(logprob.logprob), bytes=list(token.encode())
-    )
+    raw = token_bytes(tokenizer, token_id, token)
+    logprob_value = clamp_logprob(logprob.logprob)
+    return ChatCompletionLogProb(token=token, logprob=logprob_value, bytes=list(raw))

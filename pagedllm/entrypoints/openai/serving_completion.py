@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from pagedllm.entrypoints.openai.errors import OpenAIError
-from pagedllm.entrypoints.openai.logprobs import TopLogprobs, completion_logprobs
+from pagedllm.entrypoints.openai.logprobs import TextOffsets, TopLogprobs, completion_logprobs
 from pagedllm.entrypoints.openai.protocol import (
     CompletionRequest,
     TokenIds,
@@ -87,9 +87,10 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt_logprobs: TopLogprobs | None,
         c: CompletionOutput,
         echo: bool,
-        text_offset: int = 0,
+        offsets: TextOffsets | None = None,
     ) -> CompletionResponseChoice:
-        """Choice `c` of `prompt` (the prompt first if `echo`) as choice number `index`."""
+        """Choice `c` of `prompt` (the prompt first if `echo`) as choice number `index`;
+        `offsets`: where its tokens' text starts (a stream keeps one per choice)."""
         text, token_ids, tops = c.text, c.token_ids, c.logprobs
         if echo:
             text, token_ids = prompt[0] + text, prompt[1] + token_ids
@@ -98,13 +99,32 @@ class OpenAIServingCompletion(OpenAIServing):
         logprobs = None
         if request.logprobs is not None:
             tops = tops or [None] * len(token_ids)
-            logprobs = completion_logprobs(self.tokenizer, token_ids, tops, text_offset)
+            positions = self.text_offsets(request, [], 0).of(prompt[1]) if echo else []
+            positions += (offsets or self.text_offsets(request, prompt)).of(c.token_ids)
+            logprobs = completion_logprobs(self.tokenizer, token_ids, tops, positions)
         return CompletionResponseChoice(
             index=index,
             text=text,
             logprobs=logprobs,
             finish_reason=c.finish_reason,
             stop_reason=c.stop_reason,
+        )
+
+    def text_offsets(
+        self, request: CompletionRequest, prompt: Prompt | list[int], start: int | None = None
+    ) -> TextOffsets:
+        """Offsets of a choice's generated tokens after `prompt` (from the end of its text
+        when echoed), or, given token ids and `start`, of tokens after those."""
+        if start is None:
+            context, start = prompt[1], len(prompt[0]) if request.echo else 0
+        else:
+            context = prompt
+        return TextOffsets(
+            self.tokenizer,
+            context,
+            start,
+            request.skip_special_tokens,
+            request.spaces_between_special_tokens,
         )
 
     def _response(
@@ -153,15 +173,15 @@ class OpenAIServingCompletion(OpenAIServing):
 
 
 class _StreamState:
-    """What a completions stream has sent: per choice its text offset (present once its
-    first chunk, with the echo, went out) and whether its finish reason went out."""
+    """What a completions stream has sent: per choice its tokens' text offsets (present
+    once its first chunk, with the echo, went out) and whether its finish reason went out."""
 
     def __init__(
         self, serving: OpenAIServingCompletion, request: CompletionRequest, prompts: list
     ) -> None:
         self.serving, self.request, self.prompts = serving, request, prompts
         self.prompt_logprobs: dict[int, TopLogprobs | None] = {}
-        self.offsets: dict[int, int] = {}
+        self.offsets: dict[int, TextOffsets] = {}  # per choice, once its first chunk went out
         self.finished: set[int] = set()
         self.completion_tokens = 0
         self.generated: dict[int, int] = {}  # per choice
@@ -197,12 +217,12 @@ class _StreamState:
         self, prompt_index: int, index: int, c: CompletionOutput
     ) -> CompletionResponseChoice:
         echo = self.request.echo and index not in self.offsets
-        offset = self.offsets.get(index, 0)
         prompt_logprobs = self.prompt_logprobs.get(prompt_index)
         prompt = self.prompts[prompt_index]
-        choice = self.serving.choice(self.request, index, prompt, prompt_logprobs, c, echo, offset)
-        self.offsets[index] = offset + len(choice.text)
-        return choice
+        if index not in self.offsets:
+            self.offsets[index] = self.serving.text_offsets(self.request, prompt)
+        offsets = self.offsets[index]
+        return self.serving.choice(self.request, index, prompt, prompt_logprobs, c, echo, offsets)
 
 
 def _usage(prompts: list[Prompt], completion_tokens: int, cached_tokens: int) -> UsageInfo:

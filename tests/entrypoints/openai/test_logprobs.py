@@ -6,11 +6,17 @@ top_logprobs), with JSON's lack of -inf met by vLLM's floor of -9999."""
 import json
 import math
 
+import pytest
+
+from pagedllm.config import ModelConfig
+from pagedllm.engine.tokenizer import get_tokenizer
 from pagedllm.entrypoints.openai.logprobs import (
     MIN_LOGPROB,
+    TextOffsets,
     chat_logprobs,
     completion_logprobs,
 )
+from pagedllm.entrypoints.openai.token_bytes import token_bytes
 from pagedllm.outputs import Logprob
 
 INF = math.inf
@@ -26,15 +32,15 @@ class FakeTokenizer:
 
 
 def test_completion_logprobs_legacy_format_with_offsets_and_clamp() -> None:
-    """text_offset starts at the given offset and grows by each token's length; a token
-    without logprobs (an echoed first prompt token) has None entries; -inf becomes -9999;
-    top_logprobs maps each alternative's text, the chosen token's included."""
+    """text_offset is the offsets given (TextOffsets'); a token without logprobs (an
+    echoed first prompt token) has None entries; -inf becomes -9999; top_logprobs maps each
+    alternative's text, the chosen token's included."""
     tops = [
         None,
         {2: Logprob(-0.5, 1, "lo"), 4: Logprob(-1.5, 2, "ld")},
         {3: Logprob(-INF, 3, None), 1: Logprob(-0.1, 1, "Hel")},
     ]
-    result = completion_logprobs(FakeTokenizer(), [1, 2, 3], tops, text_offset=10)
+    result = completion_logprobs(FakeTokenizer(), [1, 2, 3], tops, [10, 13, 15])
     assert result.tokens == ["Hel", "lo", " wor"]
     assert result.text_offset == [10, 13, 15]
     assert result.token_logprobs == [None, -0.5, MIN_LOGPROB]
@@ -44,16 +50,16 @@ def test_completion_logprobs_legacy_format_with_offsets_and_clamp() -> None:
 
 def test_completion_logprobs_prefers_the_engines_decoded_text() -> None:
     """The engine's decoded_token (what the output text holds) wins over decode([id]), and
-    the offsets follow it, so "".join(tokens) is the completion's text."""
+    so "".join(tokens) is the completion's text."""
     tops = [{1: Logprob(-0.3, 1, "H")}, {2: Logprob(-0.2, 1, "ello")}]
-    result = completion_logprobs(FakeTokenizer(), [1, 2], tops, text_offset=0)
+    result = completion_logprobs(FakeTokenizer(), [1, 2], tops, [0, 1])
     assert result.tokens == ["H", "ello"]
     assert result.text_offset == [0, 1]
     assert result.top_logprobs == [{"H": -0.3}, {"ello": -0.2}]
 
 
 def test_completion_logprobs_of_no_tokens_is_empty() -> None:
-    result = completion_logprobs(FakeTokenizer(), [], [], text_offset=5)
+    result = completion_logprobs(FakeTokenizer(), [], [], [])
     assert result.model_dump() == {
         "text_offset": [],
         "token_logprobs": [],
@@ -94,3 +100,36 @@ def test_chat_logprobs_num_top_bounds_the_alternatives() -> None:
     assert [entry.top_logprobs for entry in none.content] == [[], []]
     three = chat_logprobs(FakeTokenizer(), [5, 1], chat_tops(), num_top=3)
     assert [t.token for t in three.content[1].top_logprobs] == ["lo", "ld", " wor"]
+
+
+# The default model's tokenizer (byte-level BPE), whose tokens split CJK characters and
+# emoji into pieces that decode alone to U+FFFD.
+TEXT = "中文：我喜欢😀 ok"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():  # noqa: ANN201 - a transformers tokenizer
+    return get_tokenizer(ModelConfig.create())
+
+
+def test_text_offsets_start_each_piece_where_its_character_does(tokenizer) -> None:
+    """Reference: the text decoded from the tokens before each one, its incomplete last
+    character left out; the offsets never pass the end of the text."""
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    offsets = TextOffsets(tokenizer, [], 0).of(ids)
+    expected = [len(tokenizer.decode(ids[:i]).rstrip("\ufffd")) for i in range(len(ids))]
+    assert offsets == expected and max(offsets) <= len(TEXT)
+    assert len(ids) > len(set(offsets))  # some characters took several tokens
+    streamed = TextOffsets(tokenizer, [], 0)
+    assert [o for i in range(0, len(ids), 2) for o in streamed.of(ids[i : i + 2])] == offsets
+
+
+def test_token_bytes_join_to_the_texts_utf8(tokenizer) -> None:
+    """OpenAI's `bytes`: a token's own bytes, which joined give the text, where decoding
+    a piece of a character alone gives U+FFFD."""
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    pieces = [token_bytes(tokenizer, i, tokenizer.decode([i])) for i in ids]
+    assert b"".join(pieces) == TEXT.encode()
+    assert any("\ufffd" in tokenizer.decode([i]) for i in ids)
+    eos = tokenizer.eos_token_id
+    assert token_bytes(tokenizer, eos, tokenizer.decode([eos])) == tokenizer.eos_token.encode()

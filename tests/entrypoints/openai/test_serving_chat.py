@@ -54,6 +54,18 @@ def test_stream_with_logprobs_equals_the_whole_answer(client: openai.OpenAI) -> 
     assert chunks[-1].usage.model_dump(include=counts) == whole.usage.model_dump(include=counts)
 
 
+def test_logprob_bytes_join_to_the_content(client: openai.OpenAI) -> None:
+    """OpenAI's `bytes`: each token's own UTF-8 bytes, which joined give the content even
+    where a character is split over tokens (Japanese, an emoji)."""
+    messages = [{"role": "user", "content": "Say hi in Japanese and add an emoji."}]
+    choice = client.chat.completions.create(
+        model=MODEL_NAME, messages=messages, max_tokens=12, temperature=0, logprobs=True
+    ).choices[0]
+    joined = b"".join(bytes(entry.bytes) for entry in choice.logprobs.content)
+    assert joined.decode() == choice.message.content
+    assert any(entry.token == "\ufffd" for entry in choice.logprobs.content)
+
+
 def test_continuous_usage_counts_each_choices_tokens(client: openai.OpenAI) -> None:
     options = {"include_usage": True, "continuous_usage_stats": True}
     kwargs = dict(model=MODEL_NAME, messages=MESSAGES, max_tokens=12, temperature=1.0, n=2)

@@ -119,6 +119,25 @@ def test_logprobs_match_offline_llm(client: openai.OpenAI, offline_llm: LLM) -> 
         assert top[token] == pytest.approx(lp) and max(top.values()) == pytest.approx(lp)
 
 
+@pytest.mark.parametrize("echo", [False, True])
+def test_text_offsets_of_split_characters_are_the_same_streamed(
+    client: openai.OpenAI, echo: bool
+) -> None:
+    """Tokens that are pieces of one CJK character start where it does: no offset passes
+    the end of the text, and the stream's offsets are the whole answer's."""
+    kwargs = dict(model=MODEL_NAME, prompt="中文：我喜欢", max_tokens=6, temperature=0)
+    kwargs |= dict(logprobs=1, echo=echo)
+    whole = client.completions.create(**kwargs).choices[0]
+    streamed = [
+        offset
+        for chunk in client.completions.create(**kwargs, stream=True)
+        for choice in chunk.choices
+        for offset in (choice.logprobs.text_offset if choice.logprobs else [])
+    ]
+    assert streamed == whole.logprobs.text_offset
+    assert max(streamed) <= len(whole.text) and streamed == sorted(streamed)
+
+
 def test_echo_with_logprobs_returns_prompt_first(client: openai.OpenAI) -> None:
     response = client.completions.create(
         model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=3, temperature=0, echo=True, logprobs=1
