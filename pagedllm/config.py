@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -201,6 +202,35 @@ class ModelConfig:
             pooler,
             load_format,
         )
+
+    def verify_with_parallel_config(self, parallel: "ParallelConfig") -> None:
+        """vLLM's name: the splits every rank's model build checks (attention heads, kv
+        heads, MLP rows over the tensor-parallel ranks; a layer per pipeline stage), checked
+        from the config before any worker starts."""
+        config, tp = self.hf_config, parallel.tensor_parallel_size
+        heads = config.num_attention_heads
+        if heads % tp:
+            raise ValueError(
+                f"the model's {heads} attention heads are not divisible by "
+                f"tensor_parallel_size {tp}"
+            )
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        if (kv_heads % tp if kv_heads >= tp else tp % kv_heads) != 0:
+            raise ValueError(
+                f"tensor_parallel_size {tp} neither divides nor is a multiple of the model's "
+                f"{kv_heads} kv heads"
+            )
+        moe = getattr(config, "num_experts", None) is not None
+        rows = getattr(config, "moe_intermediate_size" if moe else "intermediate_size", None)
+        if rows and not (moe and parallel.enable_expert_parallel) and rows % tp:
+            what = "each expert's intermediate size" if moe else "the MLP's intermediate size"
+            raise ValueError(f"{what} {rows} is not divisible by tensor_parallel_size {tp}")
+        layers, pp = config.num_hidden_layers, parallel.pipeline_parallel_size
+        if layers < pp:
+            raise ValueError(
+                f"pipeline_parallel_size {pp} is more than the model's {layers} layers; "
+                "every stage needs a layer"
+            )
 
     @property
     def architecture(self) -> str:
@@ -445,6 +475,10 @@ class ParallelConfig:
             )
         if not 0 < self.master_port < 65536:
             raise ValueError(f"master_port {self.master_port} is outside [1, 65535]")
+        try:  # torch's rendezvous would retry a name it cannot resolve for minutes
+            socket.getaddrinfo(self.master_addr, self.master_port)
+        except (OSError, UnicodeError) as e:
+            raise ValueError(f"master_addr {self.master_addr!r} does not resolve: {e}") from e
 
     @property
     def ranks_per_node(self) -> int:

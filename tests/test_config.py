@@ -128,11 +128,42 @@ def test_kv_cache_dtype_is_auto_float32_bfloat16_or_fp8() -> None:
         (dict(tensor_parallel_size=3, nnodes=2), "3 ranks do not split evenly over nnodes=2"),
         (dict(tensor_parallel_size=2, nnodes=2, distributed_executor_backend="ray"), "not 'ray'"),
         (dict(tensor_parallel_size=2, nnodes=2, master_port=0), "master_port 0 is outside"),
+        (
+            dict(tensor_parallel_size=2, nnodes=2, master_addr="no.such.host.invalid"),
+            "master_addr 'no.such.host.invalid' does not resolve",
+        ),
     ],
 )
 def test_parallel_config_rejects_bad_layouts(kwargs: dict, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         ParallelConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "name, layout, error",
+    [
+        ("llama-gqa4", dict(tensor_parallel_size=3), "8 attention heads are not divisible by"),
+        (
+            "llama-gqa4",
+            dict(tensor_parallel_size=2, hf_overrides={"num_key_value_heads": 3}),
+            "tensor_parallel_size 2 neither divides nor is a multiple of the model's 3 kv heads",
+        ),
+        (
+            "qwen3-moe",
+            dict(tensor_parallel_size=4, hf_overrides={"moe_intermediate_size": 30}),
+            "each expert's intermediate size 30 is not divisible by tensor_parallel_size 4",
+        ),
+        ("llama-gqa4", dict(pipeline_parallel_size=3), "pipeline_parallel_size 3 is more than"),
+    ],
+)
+def test_a_layout_the_model_cannot_split_is_refused_before_workers_start(
+    tiny_model_path, name: str, layout: dict, error: str
+) -> None:
+    """The checks each rank's build would make, from the config alone (no worker starts,
+    so the error comes at once however large the layout)."""
+    args = EngineArgs(model=tiny_model_path(name), dtype="float32", **layout)
+    with pytest.raises(ValueError, match=error):
+        args.create_engine_config()
 
 
 def test_ranks_per_node_split_the_world() -> None:

@@ -106,6 +106,7 @@ class EngineArgs:
             master_port=self.master_port,
             data_parallel_size=self.data_parallel_size,
         )
+        model_config.verify_with_parallel_config(parallel_config)
         config = EngineConfig(
             model_config=model_config,
             cache_config=CacheConfig(

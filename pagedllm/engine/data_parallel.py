@@ -23,7 +23,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.dp_balancer import DPLoadBalancer, prefix_key
 from pagedllm.engine.dp_placement import local_ranks, replica_environment
-from pagedllm.engine.dp_remote import accept_remote
+from pagedllm.engine.dp_remote import accept_remote, listen_remote
 from pagedllm.engine.engine_core_proc import run_engine_core
 from pagedllm.engine.llm_engine import LLMEngine, PromptType
 from pagedllm.engine.stats import EngineStats, HistogramCounts
@@ -82,14 +82,17 @@ class DPEngine:
         self.processes: list[mp.process.BaseProcess] = []  # this node's, ranks 0..
         self.conns: list[Connection] = []  # by rank; other nodes' after this node's
         self._finalizer = weakref.finalize(self, _stop, self.processes, self.conns)
+        listener = listen_remote(engine_args) if len(ranks) < size else None
         try:
             deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
             self._spawn(engine_args, ranks)
-            if len(ranks) < size:
-                remote = accept_remote(engine_args, range(len(ranks), size), deadline)
+            if listener is not None:
+                remote = accept_remote(listener, range(len(ranks), size), deadline)
                 self.conns += [remote[rank] for rank in sorted(remote)]
             self._stats = self._wait_ready(deadline)
         except BaseException:
+            if listener is not None:
+                listener.close()
             self.shutdown()
             raise
 

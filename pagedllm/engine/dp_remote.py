@@ -31,12 +31,25 @@ def authkey() -> bytes:
     return os.environ.get("PAGEDLLM_DP_AUTHKEY", "").encode() or DEFAULT_AUTHKEY
 
 
-def accept_remote(engine_args: EngineArgs, ranks: range, deadline: float) -> dict[int, Connection]:
-    """A connection from each replica of `ranks` (on other nodes), by rank."""
+def listen_remote(engine_args: EngineArgs) -> Listener:
+    """The listener other nodes' replicas connect to, opened before this node's replicas
+    start, so an address it cannot take is a ValueError at once, not after they load."""
     address = (engine_args.data_parallel_address, engine_args.data_parallel_rpc_port)
+    try:
+        return Listener(address, authkey=authkey())
+    except OSError as e:
+        raise ValueError(
+            f"cannot listen for data-parallel replicas at {address[0]}:{address[1]} "
+            f"(--data-parallel-address, --data-parallel-rpc-port): {e.strerror or e}"
+        ) from e
+
+
+def accept_remote(listener: Listener, ranks: range, deadline: float) -> dict[int, Connection]:
+    """A connection from each replica of `ranks` (on other nodes), by rank; closes
+    `listener` once they are in."""
     conns: dict[int, Connection] = {}
-    with Listener(address, authkey=authkey()) as listener:
-        logger.info("waiting for data-parallel ranks %s at %s:%d", list(ranks), *address)
+    with listener:
+        logger.info("waiting for data-parallel ranks %s at %s:%d", list(ranks), *listener.address)
         while len(conns) < len(ranks):
             conn = _accept(listener, deadline)
             hello = conn.recv() if conn.poll(max(0.0, deadline - time.monotonic())) else None

@@ -3,6 +3,7 @@ gives, in input order; bad requests and a dead replica fail as on one engine."""
 
 import os
 import signal
+import socket
 from types import SimpleNamespace
 
 import pytest
@@ -89,6 +90,28 @@ def _routing_engine(num_engines: int) -> DPEngine:
     engine._engine_of = {}
     engine.conns = [_Pipe() for _ in range(num_engines)]
     return engine
+
+
+def test_an_rpc_port_in_use_is_refused_before_any_replica_starts(
+    tiny_model_path, monkeypatch
+) -> None:
+    """Replicas on other nodes connect to rank 0's --data-parallel-rpc-port: a port taken
+    is a ValueError naming it, and no replica was spawned."""
+    spawned = []
+    monkeypatch.setattr(DPEngine, "_spawn", lambda self, *args: spawned.append(args))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=f"127.0.0.1:{port} .*--data-parallel-rpc-port"):
+            LLM(
+                tiny_model_path(LLAMA),
+                data_parallel_size=2,
+                data_parallel_size_local=1,
+                data_parallel_rpc_port=port,
+                **ENGINE_KWARGS,
+            )
+    assert spawned == []
 
 
 def test_text_prompts_route_on_a_shared_prefix_without_the_tokenizer() -> None:

@@ -83,7 +83,7 @@ def test_default_model_tp_same_greedy_text() -> None:
     expected = [o.outputs[0].text for o in one.generate(prompts, params)]
     with LLM(num_kv_blocks=600, tensor_parallel_size=3, quantization="none", dtype="float32") as tp:
         assert [o.outputs[0].text for o in tp.generate(prompts, params)] == expected
-    with pytest.raises(ValueError, match="attention heads 9 is not divisible by tensor parallel"):
+    with pytest.raises(ValueError, match="9 attention heads are not divisible by tensor_parallel"):
         LLM(num_kv_blocks=600, tensor_parallel_size=2)
 
 
@@ -136,8 +136,8 @@ def test_killed_worker_raises_clear_error_fast(tiny_model_path) -> None:
 
 
 def test_kv_heads_that_do_not_divide_tp_are_rejected(tiny_model_path) -> None:
-    """4 query heads cannot be split over 3 ranks: a clear error, no hang."""
-    with pytest.raises(ValueError, match="not divisible by tensor parallel size 3"):
+    """4 query heads cannot be split over 3 ranks: a clear error before any worker starts."""
+    with pytest.raises(ValueError, match="4 attention heads are not divisible by tensor_par"):
         LLM(tiny_model_path("qwen3"), tensor_parallel_size=3, **ENGINE)
 
 

@@ -137,12 +137,14 @@ def test_killed_actor_raises_within_30s_and_leaves_no_process(on_cluster, tiny_m
 
 
 def test_cluster_without_enough_devices_is_refused(on_cluster, tiny_model_path) -> None:
-    """Two CPUs in the cluster, three ranks: a clear error before anything starts."""
+    """Two CPUs in the cluster, three ranks: a clear error before anything starts (the
+    model's shape is one that splits over 3 ranks; it is never built)."""
     with pytest.raises(ValueError, match="has 2 CPU, but 3 ranks need one each"):
         LLM(
             tiny_model_path("llama-tied-mqa"),
             tensor_parallel_size=3,
             distributed_executor_backend="ray",
+            hf_overrides={"num_attention_heads": 3},
             **ENGINE,
         )
 

@@ -13,6 +13,7 @@ Run as `pagedllm serve ...` or `python -m pagedllm.entrypoints.openai.api_server
 import argparse
 import asyncio
 import importlib.metadata
+import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -284,6 +285,39 @@ def run(args: argparse.Namespace) -> None:
         run_headless_node(args.headless, engine_args)
     chat_template = read_chat_template(args.chat_template)
     names = args.served_model_name or [args.model or DEFAULT_SERVED_MODEL_NAME]
+    sock = bind_server_socket(args.host, args.port)  # before the model loads, as vLLM
+    try:
+        _serve(args, engine_args, chat_template, names, sock)
+    finally:
+        sock.close()
+
+
+def bind_server_socket(host: str, port: int) -> socket.socket:
+    """The API's listening socket (vLLM binds it before the engine starts): an address that
+    cannot be taken is a ValueError now, not uvicorn's error after the model has loaded."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise ValueError(f"cannot listen at {host}:{port} (--host, --port): {e}") from e
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen at {host}:{port} (--host, --port): {e}") from e
+    return sock
+
+
+def _serve(
+    args: argparse.Namespace,
+    engine_args: EngineArgs,
+    chat_template: str | None,
+    names: list[str],
+    sock: socket.socket,
+) -> None:
     engine = AsyncLLM.from_engine_args(engine_args)
     app = build_app(
         engine,
@@ -298,9 +332,10 @@ def run(args: argparse.Namespace) -> None:
     )
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
     app.state.uvicorn_server = server = uvicorn.Server(config)
-    logger.info("serving %s at http://%s:%d/v1", names[0], args.host, args.port)
+    port = sock.getsockname()[1]
+    logger.info("serving %s at http://%s:%d/v1", names[0], args.host, port)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         engine.close()  # tensor-parallel workers stop with the server
     if engine.dead_error is not None:

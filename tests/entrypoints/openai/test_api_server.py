@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -235,5 +236,21 @@ def test_the_server_builds_its_engine_as_vllms_server(monkeypatch) -> None:
     parser = argparse.ArgumentParser()
     api_server.add_parser(parser.add_subparsers(dest="command"))
     with pytest.raises(ValueError, match="stop here"):
-        api_server.run(parser.parse_args(["serve", "--device", "cpu"]))
+        api_server.run(parser.parse_args(["serve", "--device", "cpu", "--port", "0"]))
     assert built[0].usage_context is UsageContext.OPENAI_API_SERVER
+
+
+def test_a_port_in_use_is_refused_before_the_engine_starts(monkeypatch) -> None:
+    """vLLM binds the API's socket first: a taken port is a ValueError (the CLI's exit 2)
+    naming it, and no model is loaded."""
+    monkeypatch.setattr(AsyncLLM, "from_engine_args", lambda *a: pytest.fail("engine built"))
+    parser = argparse.ArgumentParser()
+    api_server.add_parser(parser.add_subparsers(dest="command"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=f"cannot listen at 127.0.0.1:{port} .*in use"):
+            api_server.run(parser.parse_args(["serve", "--port", str(port)]))
+    with api_server.bind_server_socket("127.0.0.1", 0) as free:
+        assert free.getsockname()[1] > 0
