@@ -99,7 +99,7 @@ class OpenAIServingCompletion(OpenAIServing):
         logprobs = None
         if request.logprobs is not None:
             tops = tops or [None] * len(token_ids)
-            positions = self.text_offsets(request, [], 0).of(prompt[1]) if echo else []
+            positions = self._offsets(request, [], 0).of(prompt[1]) if echo else []
             positions += (offsets or self.text_offsets(request, prompt)).of(c.token_ids)
             logprobs = completion_logprobs(self.tokenizer, token_ids, tops, positions)
         return CompletionResponseChoice(
@@ -110,15 +110,13 @@ class OpenAIServingCompletion(OpenAIServing):
             stop_reason=c.stop_reason,
         )
 
-    def text_offsets(
-        self, request: CompletionRequest, prompt: Prompt | list[int], start: int | None = None
-    ) -> TextOffsets:
-        """Offsets of a choice's generated tokens after `prompt` (from the end of its text
-        when echoed), or, given token ids and `start`, of tokens after those."""
-        if start is None:
-            context, start = prompt[1], len(prompt[0]) if request.echo else 0
-        else:
-            context = prompt
+    def text_offsets(self, request: CompletionRequest, prompt: Prompt) -> TextOffsets:
+        """Where a choice's generated tokens start in its text: after the prompt's text when
+        it is echoed, from 0 otherwise."""
+        start = len(prompt[0]) if request.echo else 0
+        return self._offsets(request, prompt[1], start)
+
+    def _offsets(self, request: CompletionRequest, context: list[int], start: int) -> TextOffsets:
         return TextOffsets(
             self.tokenizer,
             context,
