@@ -285,30 +285,36 @@ def run(args: argparse.Namespace) -> None:
         run_headless_node(args.headless, engine_args)
     chat_template = read_chat_template(args.chat_template)
     names = args.served_model_name or [args.model or DEFAULT_SERVED_MODEL_NAME]
-    sock = bind_server_socket(args.host, args.port)  # before the model loads, as vLLM
+    sockets = bind_server_sockets(args.host, args.port)  # before the model loads, as vLLM
     try:
-        _serve(args, engine_args, chat_template, names, sock)
+        _serve(args, engine_args, chat_template, names, sockets)
     finally:
-        sock.close()
+        for sock in sockets:
+            sock.close()
 
 
-def bind_server_socket(host: str, port: int) -> socket.socket:
-    """The API's listening socket (vLLM binds it before the engine starts): an address that
-    cannot be taken is a ValueError now, not uvicorn's error after the model has loaded."""
+def bind_server_sockets(host: str, port: int) -> list[socket.socket]:
+    """The API's listening sockets, one per address `host` resolves to (as asyncio's server
+    binds them), bound before the engine starts as vLLM binds its socket: an address that
+    cannot be taken is a ValueError now, not uvicorn's error after the model has loaded.
+    With port 0 every address takes the port the first one got."""
+    sockets: list[socket.socket] = []
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        sock = socket.socket(family, kind, proto)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # its own address only, beside an IPv4 one
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
     except OSError as e:
+        for sock in sockets:
+            sock.close()
         raise ValueError(f"cannot listen at {host}:{port} (--host, --port): {e}") from e
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError as e:
-        sock.close()
-        raise ValueError(f"cannot listen at {host}:{port} (--host, --port): {e}") from e
-    return sock
+    return sockets
 
 
 def _serve(
@@ -316,7 +322,7 @@ def _serve(
     engine_args: EngineArgs,
     chat_template: str | None,
     names: list[str],
-    sock: socket.socket,
+    sockets: list[socket.socket],
 ) -> None:
     engine = AsyncLLM.from_engine_args(engine_args)
     app = build_app(
@@ -332,10 +338,10 @@ def _serve(
     )
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
     app.state.uvicorn_server = server = uvicorn.Server(config)
-    port = sock.getsockname()[1]
+    port = sockets[0].getsockname()[1]
     logger.info("serving %s at http://%s:%d/v1", names[0], args.host, port)
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=sockets)
     finally:
         engine.close()  # tensor-parallel workers stop with the server
     if engine.dead_error is not None:

@@ -252,5 +252,23 @@ def test_a_port_in_use_is_refused_before_the_engine_starts(monkeypatch) -> None:
         port = taken.getsockname()[1]
         with pytest.raises(ValueError, match=f"cannot listen at 127.0.0.1:{port} .*in use"):
             api_server.run(parser.parse_args(["serve", "--port", str(port)]))
-    with api_server.bind_server_socket("127.0.0.1", 0) as free:
+    (free,) = api_server.bind_server_sockets("127.0.0.1", 0)
+    with free:
         assert free.getsockname()[1] > 0
+
+
+def test_every_address_of_the_host_is_bound_on_one_port() -> None:
+    """As asyncio's server binds a name: each address it resolves to (IPv4 and, where the
+    machine has one, IPv6), port 0 shared."""
+    sockets = api_server.bind_server_sockets("localhost", 0)
+    try:
+        ports = {sock.getsockname()[1] for sock in sockets}
+        families = {sock.family for sock in sockets}
+        assert len(ports) == 1 and ports != {0} and socket.AF_INET in families
+        for sock in sockets:
+            sock.listen()  # as uvicorn's asyncio server does
+        with socket.create_connection(("127.0.0.1", ports.pop()), timeout=5):
+            pass
+    finally:
+        for sock in sockets:
+            sock.close()
