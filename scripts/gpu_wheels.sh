@@ -4,8 +4,8 @@
 # transformers' own needs (huggingface-hub 1.33 and safetensors 0.8, which this
 # transformers accepts), but not pagedllm's server, GGUF and grammar packages, an older
 # transformers, and regex (pagedllm's tool parsers use it; the image's is of unknown age, and
-# this transformers checks for a 2025.10 or later one at import); nothing can be fetched there. Each package comes at the version this
-# tree's virtualenv holds (what `make install` resolved), built for that machine's Python
+# this transformers checks for a 2025.10 or later one at import); nothing can be fetched
+# there. Each package comes at the version this tree's virtualenv holds (what `make install` resolved), built for that machine's Python
 # (3.12, x86-64 manylinux), into OUT_DIR (default .whl/, git-ignored): well under the 64 MiB
 # a call may carry.
 # Usage: scripts/gpu_wheels.sh [OUT_DIR]

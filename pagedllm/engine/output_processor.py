@@ -23,7 +23,7 @@ from pagedllm.engine.detokenizer import make_detokenizer
 from pagedllm.engine.logprobs import append_prompt_logprobs, logprobs_rows
 from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Completion, Request
-from pagedllm.engine.stop_checker import check_stop, stops_on_token
+from pagedllm.engine.stop_checker import check_stop, token_stop
 from pagedllm.executor.model_runner import StepOutput
 from pagedllm.logger import init_logger
 from pagedllm.outputs import Logprob, PoolingRequestOutput, RequestOutput
@@ -178,7 +178,7 @@ class OutputProcessor:
             completion.logprobs.append(logprobs)  # outputs get slices of it, never the list
             completion.cumulative_logprob += logprobs[token].logprob
         new_chars = 0
-        if params.include_stop_str_in_output or not stops_on_token(seq, params, self.eos_token_id):
+        if params.include_stop_str_in_output or token_stop(seq, params, self.eos_token_id) is None:
             new_chars = completion.add_text(token)
         terminated = matcher is not None and matcher.is_terminated
         decision = check_stop(

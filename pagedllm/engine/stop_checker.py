@@ -26,12 +26,11 @@ def check_stop(
     """Decide after `seq` got its newest token and `new_text_len` characters of text.
     `grammar_terminated`: its structured-output constraint is complete (only EOS could
     follow), which stops it even before min_tokens, since nothing else can be sampled."""
-    token, num_output_tokens = seq.last_token_id, seq.num_output_tokens
+    num_output_tokens = seq.num_output_tokens
+    by_token = token_stop(seq, params, eos_token_id)
+    if by_token is not None:
+        return by_token
     if num_output_tokens >= params.min_tokens:
-        if not params.ignore_eos and token == eos_token_id:
-            return StopDecision(SequenceStatus.FINISHED_STOPPED)
-        if token in params.stop_token_ids:
-            return StopDecision(SequenceStatus.FINISHED_STOPPED, stop_reason=token)
         found = find_stop_string(output_text, new_text_len, params)
         if found is not None:
             return found
@@ -44,14 +43,20 @@ def check_stop(
     return None
 
 
-def stops_on_token(seq: Sequence, params: SamplingParams, eos_token_id: int | None) -> bool:
-    """Whether `seq`'s newest token stops it by its id (EOS, a stop token id), which
-    check_stop will decide: the token's text is then left out of the output unless
-    include_stop_str_in_output, as vLLM's detokenizer leaves it out."""
+def token_stop(
+    seq: Sequence, params: SamplingParams, eos_token_id: int | None
+) -> StopDecision | None:
+    """The stop `seq`'s newest token makes by its id (EOS, a stop token id; none before
+    min_tokens). Its text is then left out of the output unless include_stop_str_in_output,
+    as vLLM's detokenizer leaves it out (output_processor.py)."""
     if seq.num_output_tokens < params.min_tokens:
-        return False
+        return None
     token = seq.last_token_id
-    return (not params.ignore_eos and token == eos_token_id) or token in params.stop_token_ids
+    if not params.ignore_eos and token == eos_token_id:
+        return StopDecision(SequenceStatus.FINISHED_STOPPED)
+    if token in params.stop_token_ids:
+        return StopDecision(SequenceStatus.FINISHED_STOPPED, stop_reason=token)
+    return None
 
 
 def find_stop_string(text: str, new_text_len: int, params: SamplingParams) -> StopDecision | None:

@@ -18,11 +18,9 @@ described, the answer is not constrained to them."""
 import json
 from typing import Any
 
-from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import ChatCompletionToolsParam, ChatMessage
-from pagedllm.entrypoints.openai.tool_choice import calls_schema, with_defs
+from pagedllm.entrypoints.openai.tool_choice import calls_schema, check_tools_grammar, with_defs
 from pagedllm.sampling_params import StructuredOutputsParams
-from pagedllm.structured_output import check_grammar
 
 ANSWER_SHAPE = '{"tool_calls": [{"name": "<tool name>", "arguments": {<arguments>}}]}'
 REPLY_SHAPE = '{"response": "<your reply>"}'
@@ -112,9 +110,5 @@ def generic_tools_constraint(
             "additionalProperties": False,
         }
         answers.insert(0, schema)
-    params = StructuredOutputsParams(json=with_defs({"anyOf": answers}, offered))
-    try:
-        check_grammar(params, "tools")
-    except ValueError as e:
-        raise OpenAIError(str(e), param="tools") from e
-    return params
+    answer_schema = with_defs({"anyOf": answers}, offered)
+    return check_tools_grammar(StructuredOutputsParams(json=answer_schema))

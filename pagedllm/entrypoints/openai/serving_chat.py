@@ -46,6 +46,7 @@ from pagedllm.entrypoints.openai.responses import (
 from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
 from pagedllm.entrypoints.openai.streaming import merge_streams, sse_response, until_disconnected
 from pagedllm.entrypoints.openai.tool_choice import (
+    check_tools_grammar,
     tool_choice_of,
     tool_choice_schema,
     tool_parser_factory,
@@ -58,7 +59,6 @@ from pagedllm.entrypoints.openai.tool_results import check_tool_results
 from pagedllm.entrypoints.openai.unsupported_fields import check_unsupported_fields
 from pagedllm.outputs import CompletionOutput, RequestOutput
 from pagedllm.sampling_params import SamplingParams, StructuredOutputsParams
-from pagedllm.structured_output import check_grammar
 
 Parsers = Callable[[], ChoiceParser] | None  # a new parser per choice, or None: plain content
 
@@ -291,10 +291,7 @@ def _forced_call(params: SamplingParams, schema: dict) -> SamplingParams:
         constraint = StructuredOutputsParams(json=schema)
     except (ValueError, TypeError) as e:
         raise OpenAIError(f"tools cannot force a call: {e}", param="tools") from e
-    try:  # checked here, so a background response or a stream is refused with a 400 too
-        check_grammar(constraint, "tools")
-    except ValueError as e:
-        raise OpenAIError(str(e), param="tools") from e
+    constraint = check_tools_grammar(constraint)
     return dataclasses.replace(params, structured_outputs=constraint)
 
 

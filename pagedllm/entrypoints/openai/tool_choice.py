@@ -24,6 +24,8 @@ from pagedllm.entrypoints.openai.tool_parsers import (
     RequiredToolParser,
     ToolParser,
 )
+from pagedllm.sampling_params import StructuredOutputsParams
+from pagedllm.structured_output import check_grammar
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
@@ -115,6 +117,17 @@ def _gathered_defs(tools: list[ChatCompletionToolsParam]) -> dict[str, Any]:
                 )
             defs[name] = schema
     return defs
+
+
+def check_tools_grammar(params: StructuredOutputsParams) -> StructuredOutputsParams:
+    """`params`, the constraint of an answer that calls the tools, once llguidance accepts
+    it: a schema it refuses is a 400 naming `tools` (when the request is checked, before
+    anything is queued)."""
+    try:
+        check_grammar(params, "tools")
+    except ValueError as e:
+        raise OpenAIError(str(e), param="tools") from e
+    return params
 
 
 def tool_parser_factory(

@@ -60,13 +60,14 @@ class CallStream:
                 self.arguments = None
             pattern = self.following if self.num_calls else self.first
             match = pattern.match(text, self.pos) if pattern is not None else None
-            if match is None or not self.parser.calls_tool(_name(match)):
+            name = _name(match) if match is not None else None
+            if name is None or not self.parser.calls_tool(name):
                 return deltas
             self.pos = match.end()
             self.num_calls += 1
             self.parser.num_calls += 1
             self.arguments = _Arguments()
-            deltas.append(ToolCallDelta(self.parser.num_calls - 1, _name(match)))
+            deltas.append(ToolCallDelta(self.parser.num_calls - 1, name))
 
 
 def cut_short(pattern: re.Pattern, text: str) -> bool:
