@@ -189,6 +189,12 @@ class ModelConfig:
             pooler = PoolerConfig.parse(pooler_config).over(
                 sentence_transformers_pooler_config(model)
             )
+            if pooler.dense and pooler.dense[0].in_features != hf_config.hidden_size:
+                raise ValueError(
+                    f"{model!r}: Dense module {pooler.dense[0].path!r} takes "
+                    f"{pooler.dense[0].in_features} values; the model's hidden size is "
+                    f"{hf_config.hidden_size}"
+                )
         elif pooler_config is not None:
             raise ValueError("pooler_config applies to pooling models; set runner='pooling'")
         return cls(
@@ -242,6 +248,12 @@ class ModelConfig:
     @property
     def vocab_size(self) -> int:
         return self.hf_config.vocab_size
+
+    @property
+    def pooled_size(self) -> int:
+        """A pooling model's vector length: its last Dense module's, else the hidden size."""
+        assert self.pooler_config is not None, "a pooling model's"
+        return self.pooler_config.output_size(self.hf_config.hidden_size)
 
     @property
     def is_matryoshka(self) -> bool:

@@ -2,13 +2,15 @@
 one vector, read from a sentence-transformers folder and overridable by the user.
 
 A sentence-transformers folder says it in `modules.json` (its module list; a
-`sentence_transformers.models.Normalize` entry means L2-normalised outputs) and in the
-pooling module's `config.json` (`1_Pooling/config.json`: one `pooling_mode_*` flag set).
+`sentence_transformers.models.Normalize` entry means L2-normalised outputs), in the
+pooling module's `config.json` (`1_Pooling/config.json`: one `pooling_mode_*` flag set) and
+in any `Dense` modules after the pooling (a linear projection of the pooled vector and an
+activation, each module's `config.json` and weights in its folder).
 """
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 
@@ -20,6 +22,31 @@ _ST_POOLING_MODES = {
 }
 _ST_NORMALIZE = "sentence_transformers.models.Normalize"
 _ST_POOLING = "sentence_transformers.models.Pooling"
+_ST_DENSE = "sentence_transformers.models.Dense"
+_ST_MODULES = ("sentence_transformers.models.Transformer", _ST_POOLING, _ST_DENSE, _ST_NORMALIZE)
+
+# The activations a Dense module may name (its `activation_function`, a class path);
+# sentence-transformers' default, where the config names none, is Tanh.
+DENSE_ACTIVATIONS = (
+    "torch.nn.modules.linear.Identity",
+    "torch.nn.modules.activation.Tanh",
+    "torch.nn.modules.activation.ReLU",
+    "torch.nn.modules.activation.GELU",
+    "torch.nn.modules.activation.Sigmoid",
+    "torch.nn.modules.activation.SiLU",
+)
+
+
+@dataclass(frozen=True)
+class DenseModule:
+    """A sentence-transformers Dense module: `activation(pooled @ W.T + b)`, its weights in
+    the folder `path` (layers/st_projector.py loads them)."""
+
+    path: str
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str
 
 
 @dataclass
@@ -31,6 +58,8 @@ class PoolerConfig:
 
     pooling_type: str | None = None
     normalize: bool | None = None
+    dense: tuple[DenseModule, ...] = field(default=(), repr=False)
+    """The checkpoint's projections of the pooled vector, in order (not a user's field)."""
 
     def __post_init__(self) -> None:
         if self.pooling_type is not None:
@@ -69,7 +98,11 @@ class PoolerConfig:
         """This config's fields where set, else `base`'s, else the defaults."""
         pooling_type = self.pooling_type or base.pooling_type or "LAST"
         normalize = self.normalize if self.normalize is not None else base.normalize
-        return PoolerConfig(pooling_type, True if normalize is None else normalize)
+        return PoolerConfig(pooling_type, True if normalize is None else normalize, base.dense)
+
+    def output_size(self, hidden_size: int) -> int:
+        """The pooled vector's length: the last projection's, else the hidden size."""
+        return self.dense[-1].out_features if self.dense else hidden_size
 
 
 def is_sentence_transformers_folder(model: str) -> bool:
@@ -82,6 +115,17 @@ def sentence_transformers_pooler_config(model: str) -> PoolerConfig:
         return PoolerConfig()
     with open(os.path.join(model, "modules.json"), encoding="utf-8") as f:
         modules = json.load(f)
+    unknown = sorted({m.get("type") for m in modules} - set(_ST_MODULES), key=str)
+    if unknown:
+        raise ValueError(
+            f"{model!r}: modules.json has modules pagedllm does not run: {unknown}; "
+            f"it runs {list(_ST_MODULES)}"
+        )
+    order = [_ST_MODULES.index(m.get("type")) for m in modules]
+    if order != sorted(order):
+        raise ValueError(
+            f"{model!r}: modules.json's modules must come in the order {list(_ST_MODULES)}"
+        )
     kinds = {m.get("type"): m.get("path", "") for m in modules}
     pooling_type = None
     if _ST_POOLING in kinds:
@@ -95,4 +139,29 @@ def sentence_transformers_pooler_config(model: str) -> PoolerConfig:
                 f"one of {sorted(_ST_POOLING_MODES)}"
             )
         pooling_type = modes[0]
-    return PoolerConfig(pooling_type, _ST_NORMALIZE in kinds)
+    dense = tuple(
+        _dense_module(model, m.get("path", "")) for m in modules if m["type"] == _ST_DENSE
+    )
+    for before, after in zip(dense, dense[1:]):
+        if before.out_features != after.in_features:
+            raise ValueError(
+                f"{model!r}: Dense module {after.path!r} takes {after.in_features} values "
+                f"where the one before gives {before.out_features}"
+            )
+    return PoolerConfig(pooling_type, _ST_NORMALIZE in kinds, dense)
+
+
+def _dense_module(model: str, path: str) -> DenseModule:
+    """A Dense module's `config.json` (sentence-transformers' keys), checked."""
+    folder = os.path.join(model, path)
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    activation = config.get("activation_function") or DENSE_ACTIVATIONS[1]
+    if activation not in DENSE_ACTIVATIONS:
+        raise ValueError(
+            f"{model!r}: Dense module {path!r} has activation {activation!r}; pagedllm runs "
+            f"{list(DENSE_ACTIVATIONS)}"
+        )
+    return DenseModule(
+        folder, config["in_features"], config["out_features"], config.get("bias", True), activation
+    )

@@ -22,7 +22,7 @@ class PoolingParams:
             raise TypeError(f"normalize must be a bool or None, got {self.normalize!r}")
 
     def verify(
-        self, hidden_size: int, is_matryoshka: bool, matryoshka_dimensions: list[int] | None
+        self, vector_size: int, is_matryoshka: bool, matryoshka_dimensions: list[int] | None
     ) -> None:
         """The checks that need the model (vLLM's rules); messages start with the field."""
         if self.dimensions is None:
@@ -37,7 +37,7 @@ class PoolingParams:
                 f"dimensions {self.dimensions} is not one of the model's Matryoshka "
                 f"dimensions {matryoshka_dimensions}"
             )
-        if self.dimensions > hidden_size:
+        if self.dimensions > vector_size:
             raise ValueError(
-                f"dimensions {self.dimensions} must be in [1, {hidden_size}] (the hidden size)"
+                f"dimensions {self.dimensions} must be in [1, {vector_size}] (the vector's size)"
             )

@@ -9,6 +9,7 @@ import shutil
 import torch
 import torch.nn.functional as F
 import transformers
+from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 
@@ -79,3 +80,25 @@ def save_sentence_transformers_files(folder: str, pooling_mode: str, normalize: 
     pooling |= {f"pooling_mode_{m}": m == pooling_mode for m in modes}
     with open(os.path.join(folder, "1_Pooling", "config.json"), "w") as f:
         json.dump(pooling, f)
+
+
+def add_dense_module(
+    folder: str, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None
+) -> None:
+    """A sentence-transformers Dense module (`2_Dense`: config.json and model.safetensors,
+    as sentence-transformers saves them) between the Pooling and any Normalize module."""
+    with open(os.path.join(folder, "modules.json")) as f:
+        modules = json.load(f)
+    dense = {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+    modules.insert(2, dense)
+    with open(os.path.join(folder, "modules.json"), "w") as f:
+        json.dump(modules, f)
+    os.makedirs(os.path.join(folder, "2_Dense"), exist_ok=True)
+    out_features, in_features = weight.shape
+    config = {"in_features": in_features, "out_features": out_features, "bias": bias is not None}
+    if activation is not None:
+        config["activation_function"] = activation
+    with open(os.path.join(folder, "2_Dense", "config.json"), "w") as f:
+        json.dump(config, f)
+    tensors = {"linear.weight": weight} | ({} if bias is None else {"linear.bias": bias})
+    save_file(tensors, os.path.join(folder, "2_Dense", "model.safetensors"))

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers
 
 from pagedllm import LLM, EmbeddingRequestOutput, PoolingParams, SamplingParams
 from tests.embedding_models import (
+    add_dense_module,
     embedding_folder,
     hf_embedding,
     save_sentence_transformers_files,
@@ -95,6 +97,32 @@ def test_sentence_transformers_folder_pools_as_it_declares(
         (out,) = llm.embed({"prompt_token_ids": prompts[4]}, use_tqdm=False)
     expected = hf_embedding(hf, prompts[4], "MEAN", normalize=False)
     assert torch.tensor(out.outputs.embedding) == pytest.approx(expected, abs=1e-5)
+
+
+def test_dense_modules_project_the_pooled_vector(
+    tiny_model_path: Callable[[str], str], prompts: list[list[int]], tmp_path: Path
+) -> None:
+    """sentence-transformers' order: Pooling -> Dense (linear, then its activation; Tanh
+    where the config names none) -> Normalize; `dimensions` cuts the projected vector."""
+    folder = embedding_folder(tiny_model_path("qwen3"), str(tmp_path / "st"))
+    save_sentence_transformers_files(folder, "cls_token", normalize=True)
+    gen = torch.Generator().manual_seed(5)
+    weight, bias = torch.randn(16, 64, generator=gen), torch.randn(16, generator=gen)
+    add_dense_module(folder, weight, bias, None)
+    hf = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    projected = torch.tanh(F.linear(hf_embedding(hf, prompts[3], "CLS", False), weight, bias))
+    with pooling_llm(folder) as llm:
+        (out,) = llm.embed({"prompt_token_ids": prompts[3]}, use_tqdm=False)
+        (cut,) = llm.embed(
+            {"prompt_token_ids": prompts[3]}, PoolingParams(dimensions=8), use_tqdm=False
+        )
+        with pytest.raises(ValueError, match=r"must be in \[1, 16\]"):
+            llm.embed("x", PoolingParams(dimensions=32), use_tqdm=False)
+    assert torch.tensor(out.outputs.embedding) == pytest.approx(
+        F.normalize(projected, dim=-1), abs=1e-5
+    )
+    expected = F.normalize(projected[:8], dim=-1)
+    assert torch.tensor(cut.outputs.embedding) == pytest.approx(expected, abs=1e-5)
 
 
 @pytest.mark.parametrize("name", ["llama-gqa4", "qwen3"])

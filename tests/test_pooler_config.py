@@ -1,13 +1,20 @@
 """pooler_config.py: PoolerConfig's checks and overrides, and the pooling a
 sentence-transformers folder declares. Reference: sentence-transformers' file layout
-(modules.json, 1_Pooling/config.json with its pooling_mode_* flags)."""
+(modules.json, 1_Pooling/config.json with its pooling_mode_* flags, a Dense module's
+config.json with its default activation, Tanh)."""
 
+import json
 from pathlib import Path
 
 import pytest
+import torch
 
-from pagedllm.pooler_config import PoolerConfig, sentence_transformers_pooler_config
-from tests.embedding_models import save_sentence_transformers_files
+from pagedllm.pooler_config import (
+    DenseModule,
+    PoolerConfig,
+    sentence_transformers_pooler_config,
+)
+from tests.embedding_models import add_dense_module, save_sentence_transformers_files
 
 
 @pytest.mark.parametrize(
@@ -51,3 +58,29 @@ def test_parse_takes_dicts_and_json() -> None:
         PoolerConfig.parse({"dimensions": 3})
     with pytest.raises(ValueError, match="not a JSON object"):
         PoolerConfig.parse("{")
+
+
+def test_dense_modules_are_read_in_order(tmp_path: Path) -> None:
+    save_sentence_transformers_files(str(tmp_path), "cls_token", True)
+    add_dense_module(str(tmp_path), torch.zeros(16, 64), None, None)
+    config = sentence_transformers_pooler_config(str(tmp_path))
+    tanh = "torch.nn.modules.activation.Tanh"
+    assert (config.pooling_type, config.normalize) == ("CLS", True)
+    assert config.dense == (DenseModule(str(tmp_path / "2_Dense"), 64, 16, False, tanh),)
+    assert PoolerConfig(normalize=False).over(config).output_size(64) == 16
+    assert PoolerConfig().over(PoolerConfig()).output_size(64) == 64
+
+
+def test_modules_pagedllm_does_not_run_are_named(tmp_path: Path) -> None:
+    save_sentence_transformers_files(str(tmp_path), "cls_token", True)
+    add_dense_module(str(tmp_path), torch.zeros(16, 64), None, "my.Activation")
+    with pytest.raises(ValueError, match="activation 'my.Activation'"):
+        sentence_transformers_pooler_config(str(tmp_path))
+    modules = json.loads((tmp_path / "modules.json").read_text())
+    modules[2]["type"] = "sentence_transformers.models.LayerNorm"
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ValueError, match="models.LayerNorm"):
+        sentence_transformers_pooler_config(str(tmp_path))
+    (tmp_path / "modules.json").write_text(json.dumps(modules[3:] + modules[:2]))
+    with pytest.raises(ValueError, match="in the order"):
+        sentence_transformers_pooler_config(str(tmp_path))

@@ -97,8 +97,8 @@ class InputProcessor:
         params = PoolingParams() if params is None else params
         if not isinstance(params, PoolingParams):
             raise TypeError(f"pooling params must be PoolingParams, got {type(params)}")
-        hidden_size = model_config.hf_config.hidden_size
-        params.verify(hidden_size, model_config.is_matryoshka, model_config.matryoshka_dimensions)
+        size = model_config.pooled_size
+        params.verify(size, model_config.is_matryoshka, model_config.matryoshka_dimensions)
         text, token_ids = self._tokenize(prompt)
         block_size = self.config.cache_config.block_size
         seq = Seq(new_seq_id(), token_ids, block_size, params, request_id)

@@ -46,6 +46,7 @@ from pagedllm.executor.factory import make_executor
 from pagedllm.executor.headless import run_headless
 from pagedllm.executor.kv_cache import num_kv_blocks, profiles_gpu_memory
 from pagedllm.executor.torchrun_executor import run_torchrun_worker, torchrun_rank
+from pagedllm.layers.st_projector import load_st_projector
 from pagedllm.logger import init_logger
 from pagedllm.models.registry import ModelRegistry
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
@@ -135,6 +136,7 @@ class LLMEngine:
             eos_token_id,
             self.model_config.max_model_len,
             self.model_config.pooler_config,
+            load_st_projector(self.model_config.pooler_config),
         )
         self.waiting_for_grammar = WaitingForGrammar()
         self.batch_queue: deque[_Batch] = deque()

@@ -25,6 +25,7 @@ from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Completion, Request
 from pagedllm.engine.stop_checker import check_stop, token_stop
 from pagedllm.executor.model_runner import StepOutput
+from pagedllm.layers.st_projector import StProjector
 from pagedllm.logger import init_logger
 from pagedllm.outputs import Logprob, PoolingRequestOutput, RequestOutput
 from pagedllm.pooler_config import PoolerConfig
@@ -40,10 +41,13 @@ class OutputProcessor:
         eos_token_id: int | None,
         max_model_len: int,
         pooler_config: PoolerConfig | None = None,
+        projector: StProjector | None = None,
     ) -> None:
-        """`pooler_config`: a pooling model's (None when it generates)."""
+        """`pooler_config`: a pooling model's (None when it generates); `projector`: its
+        sentence-transformers Dense modules, where it has any."""
         self.scheduler = scheduler
         self.pooler_config = pooler_config
+        self.projector = projector
         self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
         self.max_model_len = max_model_len
@@ -103,7 +107,7 @@ class OutputProcessor:
             if i in result.pooled:
                 request.add_chunk(result.pooled[i], s.start, self.pooler_config.pooling_type)
             if s.produces_token:
-                request.finish(self.pooler_config)
+                request.finish(self.pooler_config, self.projector)
                 self.num_prompt_tokens += len(request.prompt_token_ids)
                 self.scheduler.finish_seq(s.seq, SequenceStatus.FINISHED_STOPPED)
                 touched.add(request.request_id)

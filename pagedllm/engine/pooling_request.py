@@ -8,6 +8,7 @@ import torch
 from pagedllm.core.sequence import Sequence
 from pagedllm.engine.stats import request_metrics
 from pagedllm.layers.pooler import accumulate, finish_pooling
+from pagedllm.layers.st_projector import StProjector
 from pagedllm.outputs import PoolingOutput, PoolingRequestOutput
 from pagedllm.pooler_config import PoolerConfig
 from pagedllm.pooling_params import PoolingParams
@@ -29,7 +30,7 @@ class PoolingRequest:
         self.params = params
         self.seq = seq
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
-        self.pooled: torch.Tensor | None = None  # [H] float32, as layers/pooler.py accumulates
+        self.pooled: torch.Tensor | None = None  # float32, as layers/pooler.py accumulates
         self.embedding: torch.Tensor | None = None  # set when the last chunk has run
         self.error: Exception | None = None
 
@@ -41,9 +42,9 @@ class PoolingRequest:
         """A chunk at prompt position `start` gave `partial`."""
         self.pooled = accumulate(self.pooled, partial, start, pooling_type)
 
-    def finish(self, config: PoolerConfig) -> None:
-        """The prompt's last chunk has run: pool it as the model's config and the request's
-        params say."""
+    def finish(self, config: PoolerConfig, projector: StProjector | None = None) -> None:
+        """The prompt's last chunk has run: pool it as the model's config (and its Dense
+        modules, `projector`) and the request's params say."""
         assert self.pooled is not None, "a finished pooled prompt has pooled at least a chunk"
         normalize = config.normalize if self.params.normalize is None else self.params.normalize
         self.embedding = finish_pooling(
@@ -52,6 +53,7 @@ class PoolingRequest:
             config.pooling_type,
             normalize,
             self.params.dimensions,
+            projector,
         ).cpu()
 
     def make_output(self) -> PoolingRequestOutput | None:

@@ -92,7 +92,7 @@ class ForwardOutput:
 class StepOutput:
     sampler_output: SamplerOutput | None
     prompt_logits: dict[int, torch.Tensor]  # batch index -> [new tokens, V] float32
-    pooled: dict[int, torch.Tensor] = field(default_factory=dict)  # batch index -> [H] float32
+    pooled: dict[int, torch.Tensor] = field(default_factory=dict)  # batch index -> partial
 
 
 class ModelRunner:
@@ -249,7 +249,7 @@ class ModelRunner:
     def pool(
         self, step: StepInput, intermediate: IntermediateTensors | None = None
     ) -> dict[int, torch.Tensor]:
-        """A pooling model's step: each pooled chunk's partial [H] float32 by batch index
+        """A pooling model's step: each pooled chunk's float32 partial by batch index
         (none for a CLS chunk past position 0)."""
         assert self.pooling_type is not None, "pool() runs a pooling model's steps"
         hidden, starts = self._hidden_states(step, intermediate)

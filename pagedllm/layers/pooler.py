@@ -1,23 +1,28 @@
 """Pooling (vLLM's Pooler): a prompt's final hidden states (after the model's final norm)
 -> one vector, computed chunk by chunk so that chunked prefill pools the whole prompt.
 
-Each prefill chunk of a pooled prompt gives a partial [H] float32:
-    MEAN  the sum of the chunk's rows          -> summed over chunks, / prompt length
-    LAST  the chunk's last row                 -> the last chunk's is the prompt's last token
-    CLS   row 0 of the chunk at position 0     -> the prompt's first token
-A chunk at position 0 starts the accumulation afresh (a preempted prompt is recomputed
-from its start).
+Each prefill chunk of a pooled prompt gives a partial float32:
+    MEAN  the chunk's rows [n, H]              -> joined over chunks, one sum / prompt length
+    LAST  the chunk's last row [H]             -> the last chunk's is the prompt's last token
+    CLS   row 0 of the chunk at position 0 [H] -> the prompt's first token
+MEAN sums the whole prompt's rows in one reduction at the end, as vLLM keeps a chunked
+prompt's hidden states until its last chunk: summing each chunk and adding the sums would
+make the vector's last bits depend on where the batch's budget cut the prompt
+(docs/determinism.md). A chunk at position 0 starts the accumulation afresh (a preempted
+prompt is recomputed from its start).
 """
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 
 def pool_chunk(hidden: torch.Tensor, start: int, pooling_type: str) -> torch.Tensor | None:
-    """hidden [n, H]: the chunk's rows, its first at prompt position `start` -> [H] float32,
-    or None where the chunk adds nothing (CLS past the first chunk)."""
+    """hidden [n, H]: the chunk's rows, its first at prompt position `start` -> the chunk's
+    partial in float32, or None where the chunk adds nothing (CLS past the first chunk)."""
     if pooling_type == "MEAN":
-        return hidden.float().sum(dim=0)
+        return hidden.float()
     if pooling_type == "LAST":
         return hidden[-1].float()
     assert pooling_type == "CLS", pooling_type
@@ -30,7 +35,7 @@ def accumulate(
     """The pooled state after a chunk at prompt position `start` gave `partial`."""
     if pooled is None or start == 0 or pooling_type != "MEAN":
         return partial
-    return pooled + partial
+    return torch.cat([pooled, partial])
 
 
 def finish_pooling(
@@ -39,11 +44,17 @@ def finish_pooling(
     pooling_type: str,
     normalize: bool,
     dimensions: int | None = None,
+    projector: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The accumulated state of a `num_tokens` prompt -> its vector [dimensions or H]:
-    MEAN divides by the length; Matryoshka truncation comes before the L2 normalisation."""
+    MEAN divides by the length; the checkpoint's projection (layers/st_projector.py), then
+    Matryoshka truncation, come before the L2 normalisation, as sentence-transformers runs
+    its modules."""
     if pooling_type == "MEAN":
-        pooled = pooled / num_tokens
+        assert pooled.shape[0] == num_tokens, "MEAN holds every row of the prompt"
+        pooled = pooled.sum(dim=0) / num_tokens
+    if projector is not None:
+        pooled = projector(pooled)
     if dimensions is not None:
         pooled = pooled[:dimensions]
     return F.normalize(pooled, p=2, dim=-1) if normalize else pooled

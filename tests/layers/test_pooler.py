@@ -34,6 +34,17 @@ def test_chunks_pool_as_the_whole_prompt(pooling_type: str, bounds: list[int]) -
     assert got == pytest.approx(expected, abs=1e-6)
 
 
+@pytest.mark.parametrize("pooling_type", ["LAST", "MEAN", "CLS"])
+def test_a_vector_is_the_same_bits_however_the_prompt_is_chunked(pooling_type: str) -> None:
+    """docs/determinism.md: the batch's budget decides where a prompt's chunks end, and the
+    vector must not depend on it (a sum per chunk, then of the sums, would)."""
+    hidden = torch.randn(300, 64, generator=torch.Generator().manual_seed(0))
+    whole = finish_pooling(pool_in_chunks(hidden, [0, 300], pooling_type), 300, pooling_type, False)
+    for bounds in ([0, 16, 32, 300], [0, 7, 150, 299, 300], [0, *range(13, 300, 13), 300]):
+        pooled = pool_in_chunks(hidden, bounds, pooling_type)
+        assert finish_pooling(pooled, 300, pooling_type, False).equal(whole), bounds
+
+
 def test_a_chunk_at_position_zero_restarts_the_mean() -> None:
     """A preempted prompt is recomputed from its start: the old sums are dropped."""
     hidden = torch.randn(10, 8)

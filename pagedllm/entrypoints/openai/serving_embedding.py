@@ -66,8 +66,7 @@ class OpenAIServingEmbedding(OpenAIServing):
         config = self.engine.config.model_config
         try:
             params = PoolingParams(dimensions=request.dimensions, normalize=request.normalize)
-            hidden_size = config.hf_config.hidden_size
-            params.verify(hidden_size, config.is_matryoshka, config.matryoshka_dimensions)
+            params.verify(config.pooled_size, config.is_matryoshka, config.matryoshka_dimensions)
             return params
         except (ValueError, TypeError) as e:
             raise invalid_value_error(e, EmbeddingRequest.model_fields) from e
