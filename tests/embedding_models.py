@@ -10,28 +10,42 @@ import torch
 import torch.nn.functional as F
 import transformers
 from safetensors.torch import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
-def save_byte_tokenizer(folder: str) -> None:
+def save_byte_tokenizer(folder: str, specials: bool = False) -> None:
     """A byte-level BPE without merges: <unk>=0, <s>=1, </s>=2 (the tiny configs' BOS and
-    EOS), then one id per byte."""
+    EOS), then one id per byte. `specials`: encoding adds <s> and </s> around a text (as
+    Qwen3-Embedding's appends its EOS), and a plain chat template."""
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {c: i + 3 for i, c in enumerate(alphabet)}
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
+    if specials:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)]
+        )
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
+    if specials:
+        fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(folder)
 
 
-def embedding_folder(source: str, folder: str, matryoshka: bool = True) -> str:
-    """A copy of the tiny checkpoint `source` with a tokenizer, its config marked
-    `is_matryoshka` (vLLM's flag) when asked."""
+def embedding_folder(
+    source: str, folder: str, matryoshka: bool = True, specials: bool = False
+) -> str:
+    """A copy of the tiny checkpoint `source` with a tokenizer (`save_byte_tokenizer`), its
+    config marked `is_matryoshka` (vLLM's flag) when asked."""
     shutil.copytree(source, folder, dirs_exist_ok=True)
-    save_byte_tokenizer(folder)
+    save_byte_tokenizer(folder, specials)
     path = os.path.join(folder, "config.json")
     with open(path) as f:
         config = json.load(f)

@@ -322,12 +322,14 @@ class ChatCompletionRequest(ChatTemplateFields, SamplingFields):  # SamplingFiel
 class TokenizeRequest(ChatTemplateFields):
     """Give `prompt` (plain text) or `messages` (run through the chat template as the chat
     endpoint would: with `tools` and `tool_choice`, the generic tool format's system prompt
-    is included where that format applies)."""
+    is included where that format applies). `add_special_tokens` (vLLM's): the tokenizer's
+    special tokens, by default True for a prompt and False for messages (the template
+    places them; True adds them on top)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None
     tool_choice: ToolChoice | None = None
 
 

@@ -20,6 +20,7 @@ from pagedllm.entrypoints.openai.errors import OpenAIError, engine_error, invali
 from pagedllm.entrypoints.openai.protocol import TokenIds, random_id
 from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
 from pagedllm.entrypoints.openai.streaming import merge_streams, until_disconnected
+from pagedllm.entrypoints.openai.unsupported_fields import check_unsupported_fields
 from pagedllm.outputs import PoolingRequestOutput
 from pagedllm.pooling_params import PoolingParams
 
@@ -36,8 +37,9 @@ class OpenAIServingEmbedding(OpenAIServing):
                 "serve an embedding model with --runner pooling",
                 param="model",
             )
+        check_unsupported_fields(request.model_extra, "embedding")
         params = self._pooling_params(request)
-        prompts = await self._prompts(request.input)
+        prompts = await self._prompts(request)
         request_id = random_id("embd")
         streams = [
             self.metrics.track_pooling(
@@ -71,15 +73,25 @@ class OpenAIServingEmbedding(OpenAIServing):
         except (ValueError, TypeError) as e:
             raise invalid_value_error(e, EmbeddingRequest.model_fields) from e
 
-    async def _prompts(self, inputs: EmbeddingInput) -> list[TokenIds]:
-        """Each input's token ids (texts tokenized here); a list of ints is one input."""
-        if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
-            inputs = [inputs]
-        if not inputs:
-            raise OpenAIError("input must not be an empty list", param="input")
-        prompts = []
-        for item in inputs:
-            ids = await self.encode(item) if isinstance(item, str) else item
+    async def _prompts(self, request: EmbeddingRequest) -> list[TokenIds]:
+        """Each input's token ids (texts tokenized here; a list of ints is one input, the
+        messages one conversation), cut to their last `truncate_prompt_tokens`."""
+        if (request.input is None) == (request.messages is None):
+            raise OpenAIError("give exactly one of input and messages", param="input")
+        if request.messages is not None:
+            specials = request.add_special_tokens is True
+            prompts = [await self.chat_prompt_ids(request, specials)]
+        else:
+            prompts = await self._input_ids(request.input, request.add_special_tokens is not False)
+        keep = request.truncate_prompt_tokens
+        if keep == 0:
+            raise OpenAIError(
+                "truncate_prompt_tokens must be -1 or >= 1", param="truncate_prompt_tokens"
+            )
+        if keep is not None:
+            keep = self.max_model_len if keep == -1 else keep
+            prompts = [ids[-keep:] for ids in prompts]
+        for ids in prompts:
             if not ids:
                 raise OpenAIError("an input is empty (0 tokens); give at least 1", param="input")
             if len(ids) > self.max_model_len:
@@ -89,8 +101,20 @@ class OpenAIServingEmbedding(OpenAIServing):
                     param="input",
                     code="context_length_exceeded",
                 )
-            prompts.append(self.check_token_ids(ids, "input"))
-        return prompts
+        return [self.check_token_ids(ids, "input") for ids in prompts]
+
+    async def _input_ids(self, inputs: EmbeddingInput, add_special_tokens: bool) -> list[TokenIds]:
+        """`input`'s items as token ids; an empty text or list is a 400, as OpenAI's."""
+        if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
+            inputs = [inputs]
+        if not inputs:
+            raise OpenAIError("input must not be an empty list", param="input")
+        if any(item == "" for item in inputs):
+            raise OpenAIError("an input is an empty string; give at least 1 token", param="input")
+        return [
+            await self.encode(item, add_special_tokens) if isinstance(item, str) else item
+            for item in inputs
+        ]
 
 
 async def _collect(streams: list) -> list[PoolingRequestOutput]:

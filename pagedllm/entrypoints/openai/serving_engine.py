@@ -125,6 +125,14 @@ class OpenAIServing:
         except Exception as e:  # noqa: BLE001 - templates raise anything
             raise OpenAIError(f"cannot apply the chat template: {e}", param="messages") from e
 
+    async def chat_prompt_ids(
+        self, request: ChatCompletionRequest | TokenizeRequest, add_special_tokens: bool
+    ) -> list[int]:
+        """The messages' token ids through the chat template; `add_special_tokens` adds the
+        tokenizer's special tokens on top of what the template places, as vLLM does."""
+        text, ids = await self.apply_chat_template(request)
+        return await self.encode(text, True) if add_special_tokens else ids
+
     def max_tokens(self, requested: int | None, prompt_len: int, param: str) -> int:
         """vLLM's context rule: prompt + max_tokens must fit in max_model_len; no max_tokens
         means all the room left. A max_tokens < 1 is left for SamplingParams to reject."""

@@ -18,9 +18,9 @@ class OpenAIServingTokenization(OpenAIServing):
         if (request.prompt is None) == (request.messages is None):
             raise OpenAIError("give exactly one of prompt and messages", param="prompt")
         if request.messages is not None:
-            _, tokens = await self.apply_chat_template(request)
+            tokens = await self.chat_prompt_ids(request, request.add_special_tokens is True)
         else:
-            tokens = await self.encode(request.prompt, request.add_special_tokens)
+            tokens = await self.encode(request.prompt, request.add_special_tokens is not False)
         return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=tokens)
 
     async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:

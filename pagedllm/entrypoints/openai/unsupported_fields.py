@@ -17,7 +17,7 @@ from pagedllm.logger import init_logger
 
 logger = init_logger(__name__)
 
-Endpoint = Literal["chat", "completion"]
+Endpoint = Literal["chat", "completion", "embedding"]
 
 _USE_STRUCTURED_OUTPUTS = "use structured_outputs (vLLM removed the guided_* fields)"
 
@@ -75,7 +75,7 @@ IGNORED_FIELDS = {
 
 def refused_fields(endpoint: Endpoint) -> dict[str, tuple[tuple[object, ...], str]]:
     """The fields an endpoint refuses, with their accepted no-op values and a reason."""
-    own = _REFUSED_CHAT if endpoint == "chat" else _REFUSED_COMPLETION
+    own = {"chat": _REFUSED_CHAT, "completion": _REFUSED_COMPLETION}.get(endpoint, {})
     return _REFUSED | own
 
 

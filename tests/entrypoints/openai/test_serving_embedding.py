@@ -26,7 +26,8 @@ MODEL = "tiny-embed"
 @pytest.fixture(scope="module")
 def folder(tiny_model_path: Callable[[str], str], tmp_path_factory: pytest.TempPathFactory) -> str:
     target = tmp_path_factory.mktemp("embed")
-    return embedding_folder(tiny_model_path("llama-gqa-llama3"), str(target / "model"))
+    source = tiny_model_path("llama-gqa-llama3")
+    return embedding_folder(source, str(target / "model"), specials=True)
 
 
 def app_client(folder: str, **kwargs: object) -> Iterator[TestClient]:
@@ -116,12 +117,64 @@ def test_base64_is_the_float_answer_as_little_endian_float32(client: openai.Open
         ({"input": "hi", "dimensions": 0}, "dimensions"),
         ({"input": "hi", "dimensions": 65}, "dimensions"),
         ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": ["a", ""]}, "input"),
+        ({"input": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"input": "hi", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+        ({"input": "hi", "messages": [{"role": "user", "content": "hi"}]}, "input"),
+        ({}, "input"),
+        ({"messages": []}, "messages"),
+        ({"input": "hi", "priority": 3}, "priority"),
     ],
 )
 def test_bad_requests_get_400_naming_the_field(http: TestClient, body: dict, param: str) -> None:
     response = http.post("/v1/embeddings", json={"model": MODEL, **body})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_truncation_and_special_tokens_as_vllm(
+    client: openai.OpenAI, hf: torch.nn.Module, folder: str
+) -> None:
+    """`truncate_prompt_tokens` keeps each input's last N tokens (-1: up to the context
+    length); `add_special_tokens: false` leaves the tokenizer's <s> ... </s> out."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    text = "a text of some length"
+    ids = tokenizer.encode(text)
+    assert ids[0] == 1 and ids[-1] == 2, "the tokenizer adds its special tokens"
+    for body, expected_ids in [
+        ({"truncate_prompt_tokens": 5}, ids[-5:]),
+        ({"truncate_prompt_tokens": -1}, ids),
+        ({"add_special_tokens": False}, ids[1:-1]),
+    ]:
+        response = client.embeddings.create(model=MODEL, input=text, extra_body=body)
+        assert response.usage.prompt_tokens == len(expected_ids)
+        expected = hf_embedding(hf, expected_ids, "LAST")
+        assert torch.tensor(response.data[0].embedding) == pytest.approx(expected, abs=1e-5)
+    long_ids = list(range(3, 300)) * 2
+    response = client.embeddings.create(
+        model=MODEL, input=[long_ids], extra_body={"truncate_prompt_tokens": -1}
+    )
+    assert response.usage.prompt_tokens == 512, "cut to the context length"
+
+
+def test_messages_are_one_input_through_the_chat_template(
+    client: openai.OpenAI, hf: torch.nn.Module, folder: str
+) -> None:
+    """vLLM's chat form: the conversation through the chat template (the template places
+    any special tokens; `add_special_tokens: true` adds the tokenizer's on top)."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    messages = [{"role": "user", "content": "hello"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    for body, expected_ids in [
+        ({}, tokenizer.encode(text, add_special_tokens=False)),
+        ({"add_special_tokens": True}, tokenizer.encode(text)),
+    ]:
+        response = client.embeddings.create(
+            model=MODEL, input=[], extra_body={"messages": messages, "input": None} | body
+        )
+        assert response.usage.prompt_tokens == len(expected_ids)
+        expected = hf_embedding(hf, expected_ids, "LAST")
+        assert torch.tensor(response.data[0].embedding) == pytest.approx(expected, abs=1e-5)
 
 
 def test_unknown_model_gets_404(client: openai.OpenAI) -> None:

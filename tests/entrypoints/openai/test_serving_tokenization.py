@@ -94,6 +94,16 @@ def test_tokenize_messages_is_the_chat_template(
     assert tokens == list(expected)
 
 
+def test_tokenize_messages_with_special_tokens_adds_them_on_the_template(
+    serving: OpenAIServingTokenization, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """vLLM's rule: `add_special_tokens` with messages encodes the rendered text with the
+    tokenizer's special tokens."""
+    tokens = tokenize(serving, messages=MESSAGES, add_special_tokens=True)
+    text = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    assert tokens == tokenizer.encode(text, add_special_tokens=True)
+
+
 @pytest.mark.parametrize(
     "body", [{}, {"prompt": "a", "messages": MESSAGES}], ids=["neither", "both"]
 )
