@@ -164,13 +164,14 @@ class ModelConfig:
         hf_config, gguf_file = load_hf_config(model)
         if hf_overrides is not None:
             hf_config.update(parse_hf_overrides(hf_overrides))
-        derived = derive_max_model_len(hf_config)
+        derived = derive_max_model_len(hf_config, model)
         if max_model_len is None:
             max_model_len = derived
         elif not 1 <= max_model_len <= derived:
             raise ValueError(
-                f"max_model_len {max_model_len} must be in [1, {derived}] "
-                "(the model's max_position_embeddings)"
+                f"max_model_len {max_model_len} must be in [1, {derived}] (the model's "
+                "context length: max_position_embeddings, times its rope scaling factor, "
+                "capped by a sliding window or a sentence-transformers max_seq_length)"
             )
         quantization = resolve_quantization(quantization, gguf_file)
         if load_format == "dummy" and quantization == "gguf":
@@ -318,14 +319,40 @@ def resolve_quantization(quantization: str | None, gguf_file: str | None) -> str
     return quantization
 
 
-def derive_max_model_len(hf_config: PretrainedConfig) -> int:
-    """The longest context the model supports, capped by any sliding window (not applied)."""
+def derive_max_model_len(hf_config: PretrainedConfig, model: str | None = None) -> int:
+    """The longest context the model supports, by vLLM's rule: max_position_embeddings,
+    times the rope scaling factor (yarn's from its original length; llama3 and longrope
+    configs state the scaled length already), capped by any sliding window (not applied) and by a
+    sentence-transformers folder's `max_seq_length`."""
     length = getattr(hf_config, "max_position_embeddings", None) or 2048
+    rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None)
+    rope_type = (rope or {}).get("rope_type") or (rope or {}).get("type") or "default"
+    if rope_type in ("linear", "dynamic", "yarn") and rope.get("factor"):
+        original = length
+        if rope_type == "yarn":  # never below max_position_embeddings, as its rope cache
+            original = rope.get("original_max_position_embeddings") or length
+        length = max(length, original * float(rope["factor"]))
     window = getattr(hf_config, "sliding_window", None)
     use_window = getattr(hf_config, "use_sliding_window", True)
     if window and use_window:
         length = min(length, window)
+    max_seq_length = _sentence_transformers_max_seq_length(model)
+    if max_seq_length:
+        length = min(length, max_seq_length)
     return int(length)
+
+
+def _sentence_transformers_max_seq_length(model: str | None) -> int | None:
+    """`max_seq_length` of a sentence-transformers folder's sentence_bert_config.json (the
+    length sentence-transformers cuts inputs to), where it has one."""
+    path = os.path.join(model, "sentence_bert_config.json") if model else ""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f).get("max_seq_length")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise ValueError(f"{path} is not a JSON object: {e}") from e
 
 
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "fp8", "fp8_e4m3")

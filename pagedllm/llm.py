@@ -171,9 +171,17 @@ def _as_params_list(params: object, num_prompts: int, kind: type = SamplingParam
     """One `kind` (SamplingParams or PoolingParams) per prompt."""
     if params is None or isinstance(params, kind):
         return [params or kind()] * num_prompts
+    name = "sampling" if kind is SamplingParams else "pooling"
+    if isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
+        raise TypeError(
+            f"{name} params must be a {kind.__name__} or a list of them, one per prompt; "
+            f"got {type(params).__name__}"
+        )
     params = list(params)
+    wrong = [type(p).__name__ for p in params if not isinstance(p, kind)]
+    if wrong:
+        raise TypeError(f"{name} params must each be a {kind.__name__}, got {wrong[0]}")
     if len(params) != num_prompts:
-        name = "sampling" if kind is SamplingParams else "pooling"
         raise ValueError(
             f"got {len(params)} {name} params for {num_prompts} prompts; give one or one each"
         )

@@ -1,9 +1,12 @@
 """pagedllm/config.py: the default model's location, and errors that name the bad value."""
 
+import json
 import os
+import shutil
 
 import pytest
 import torch
+import transformers
 
 from pagedllm import config
 from pagedllm.config import (
@@ -217,3 +220,51 @@ def test_async_scheduling_is_on_by_default_where_it_overlaps_a_gpu(tiny_model_pa
     stages = EngineArgs(path, device="cpu", async_scheduling=True, pipeline_parallel_size=2)
     with pytest.raises(ValueError, match="async_scheduling does not combine with pipeline"):
         stages.create_engine_config()
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, 64),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, 256),
+        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, 128),
+        (
+            {
+                "rope_scaling": {
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 32,
+                }
+            },
+            128,
+        ),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, 256),
+        (
+            {
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 16,
+                }
+            },
+            64,
+        ),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}, "sliding_window": 100}, 100),
+    ],
+)
+def test_max_model_len_is_derived_as_vllm_derives_it(fields: dict, expected: int) -> None:
+    """vLLM's _get_and_verify_max_len: max_position_embeddings times the rope factor
+    (linear, dynamic; yarn from its original length), llama3 as stated, then the window."""
+    hf_config = transformers.LlamaConfig(max_position_embeddings=64, **fields)
+    assert config.derive_max_model_len(hf_config) == expected
+
+
+def test_a_sentence_transformers_max_seq_length_caps_the_context(tiny_model_path, tmp_path) -> None:
+    folder = tmp_path / "st"
+    shutil.copytree(tiny_model_path("llama-gqa4"), folder)
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 32}))
+    assert ModelConfig.create(str(folder), "float32").max_model_len == 32
+    with pytest.raises(ValueError, match=r"must be in \[1, 32\]"):
+        ModelConfig.create(str(folder), "float32", max_model_len=64)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pagedllm import LLM, SamplingParams
+from pagedllm import LLM, PoolingParams, SamplingParams
 from pagedllm.sampling_params import StructuredOutputsParams
 from tests.devices import DEVICES
 from tests.entrypoints.openai.scripted_model import save_scripted_model
@@ -176,6 +176,10 @@ def test_bad_sampling_params_count_raises(llm_for) -> None:
     llm = llm_for("llama-gqa-llama3")
     with pytest.raises(ValueError, match="got 2 sampling params for 1 prompts"):
         llm.generate([{"prompt_token_ids": [5]}], [greedy_params()] * 2, use_tqdm=False)
+    with pytest.raises(TypeError, match="must be a SamplingParams or a list.*got PoolingParams"):
+        llm.generate([{"prompt_token_ids": [5]}], PoolingParams(), use_tqdm=False)
+    with pytest.raises(TypeError, match="must each be a SamplingParams, got dict"):
+        llm.generate([{"prompt_token_ids": [5]}], [{"max_tokens": 2}], use_tqdm=False)
     with pytest.raises(TypeError, match="prompt_token_ids"):
         llm.generate([5, 6, 7], use_tqdm=False)
 

@@ -149,6 +149,8 @@ def test_generation_and_pooling_requests_are_refused_by_the_other_runner(
     with pooling_llm(folder, runner="pooling") as llm:
         with pytest.raises(ValueError, match="pooling model"):
             llm.generate({"prompt_token_ids": [5, 6]}, SamplingParams(max_tokens=2))
+        with pytest.raises(TypeError, match="must be a PoolingParams .*got SamplingParams"):
+            llm.encode({"prompt_token_ids": [5, 6]}, SamplingParams(), use_tqdm=False)
     with pooling_llm(folder) as llm:
         with pytest.raises(ValueError, match="runner='pooling'"):
             llm.embed({"prompt_token_ids": [5, 6]}, use_tqdm=False)

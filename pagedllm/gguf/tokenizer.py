@@ -24,6 +24,11 @@ def load_gguf_tokenizer(path: str) -> PreTrainedTokenizerBase:
     instead of ["\\n\\n", "1"]. llama.cpp marks that tokenizer with the pre-type "smollm".
     """
     gguf = read_gguf(path)
+    if "tokenizer.ggml.tokens" not in gguf.metadata:
+        raise ValueError(
+            f"{path!r} holds no tokenizer (no tokenizer.ggml.* metadata); pass "
+            "skip_tokenizer_init=True and give prompts as token ids"
+        )
     folder, filename = os.path.split(os.path.abspath(path))
     tokenizer = PreTrainedTokenizerFast.from_pretrained(
         folder, gguf_file=filename, local_files_only=True

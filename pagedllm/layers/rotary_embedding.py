@@ -135,13 +135,14 @@ def _linear(base: float, dim: int, max_position: int, params: RopeParameters) ->
 
 
 def _dynamic_ntk(base: float, dim: int, max_position: int, params: RopeParameters) -> RopeSpec:
-    """NTK-aware scaling of the base, fixed at its value for seq_len = max_position * factor.
+    """NTK-aware scaling of the base, fixed at its value for seq_len = max_position * factor
+    (the model's max_model_len, config.derive_max_model_len).
 
-    transformers recomputes the base from the current sequence length, so a token's rotation
-    changes as the sequence grows. A paged KV cache stores keys already rotated, so each
-    position needs one fixed rotation; like vLLM we use the base for the longest sequence.
-    Outputs match transformers once a sequence reaches max_position * factor tokens, and differ
-    slightly for sequences longer than max_position but shorter than that.
+    transformers recomputes the base from the current sequence length (unscaled up to
+    max_position), so a token's rotation changes as the sequence grows. A paged KV cache
+    stores keys already rotated, so each position needs one fixed rotation; as vLLM does, the
+    base is the longest sequence's. Outputs therefore differ from transformers' for every
+    sequence shorter than max_position * factor tokens, and match at that length.
     """
     factor = _require(params, "factor", "dynamic")
     seq_len = int(max_position * factor)

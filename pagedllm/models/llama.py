@@ -51,18 +51,25 @@ class LlamaMLP(InferenceModule):
         hidden_act: str = "silu",
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        bias: bool = False,
     ) -> None:
+        """`bias`: the config's `mlp_bias` (biases on gate, up and down, as vLLM's)."""
         super().__init__()
         if hidden_act != "silu":
             raise ValueError(f"hidden_act {hidden_act!r} is not supported; only 'silu'")
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden_size,
             [intermediate_size] * 2,
+            bias=bias,
             quant_config=quant_config,
             prefix=f"{prefix}.gate_up_proj",
         )
         self.down_proj = RowParallelLinear(
-            intermediate_size, hidden_size, quant_config=quant_config, prefix=f"{prefix}.down_proj"
+            intermediate_size,
+            hidden_size,
+            bias=bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.down_proj",
         )
         self.act_fn = SiluAndMul()
 
@@ -267,7 +274,12 @@ class LlamaForCausalLM(nn.Module):
         prefix: str,
     ) -> nn.Module:
         return LlamaMLP(
-            config.hidden_size, config.intermediate_size, config.hidden_act, quant_config, prefix
+            config.hidden_size,
+            config.intermediate_size,
+            config.hidden_act,
+            quant_config,
+            prefix,
+            bias=getattr(config, "mlp_bias", False),
         )
 
     def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,10 @@ SmolLM2's own tokenizer.json and chat template.
 (Not test_tokenizer.py: test files are imported by their base name, which must be unique.)
 """
 
+import pytest
+
+from pagedllm.gguf.tokenizer import load_gguf_tokenizer
+
 
 def test_tokenizer_splits_every_digit_and_round_trips(tokenizer) -> None:
     text = "12345 apples cost 678.9"
@@ -26,3 +30,10 @@ def test_tokenizer_chat_template_from_gguf(tokenizer) -> None:
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert "<|im_start|>user\nHi there<|im_end|>\n" in text
     assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_a_file_without_a_tokenizer_says_so(tiny_files: dict) -> None:
+    """The tiny files hold weights and no tokenizer.ggml.* metadata."""
+    path = tiny_files["llama"][0]
+    with pytest.raises(ValueError, match="holds no tokenizer.*skip_tokenizer_init=True"):
+        load_gguf_tokenizer(path)

@@ -41,6 +41,15 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
         "llama-tied-mqa": transformers.LlamaConfig(
             **COMMON, num_key_value_heads=1, tie_word_embeddings=True
         ),
+        "llama-biases": transformers.LlamaConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=8,
+            attention_bias=True,
+            mlp_bias=True,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0},
+            tie_word_embeddings=False,
+        ),
         "mistral": transformers.MistralConfig(
             **COMMON, num_key_value_heads=2, sliding_window=None, tie_word_embeddings=False
         ),
