@@ -8,6 +8,7 @@ the engine calls when the request is added.
 
 import copy
 import json
+import logging
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any, Protocol
@@ -23,7 +24,12 @@ from pagedllm.value_checks import (
     fail,
 )
 
+logger = logging.getLogger(__name__)  # pagedllm.logger is a unit of this layer's row
+
 _SAMPLING_EPS = 1e-5
+_MIN_TEMPERATURE = 1e-2
+"""vLLM's floor for a positive temperature: float32 logits divided by less lose the
+distribution (its logprobs drift by float32's error times 1 / T)."""
 DEFAULT_MAX_N = 128  # OpenAI's cap on n; LLM(max_n=...) / --max-n change it
 
 
@@ -217,6 +223,14 @@ class SamplingParams:
         self.temperature = as_float("temperature", self.temperature, "a finite number >= 0")
         if self.temperature < 0:
             fail("temperature", self.temperature, ">= 0")
+        if 0 < self.temperature < _MIN_TEMPERATURE:
+            logger.warning(
+                "temperature %s is below %s and is raised to it, as vLLM does (use 0 for "
+                "greedy sampling)",
+                self.temperature,
+                _MIN_TEMPERATURE,
+            )
+            self.temperature = _MIN_TEMPERATURE
         self.top_p = as_float("top_p", self.top_p, "a number in (0, 1]")
         if not 0.0 < self.top_p <= 1.0:
             fail("top_p", self.top_p, "in (0, 1]")
@@ -229,6 +243,8 @@ class SamplingParams:
             fail("min_p", self.min_p, "in [0, 1]")
         if self.seed is not None:
             self.seed = as_int("seed", self.seed, "an int or None")
+            if self.seed == -1:  # vLLM's spelling of "no seed"
+                self.seed = None
 
     def _check_lengths(self) -> None:
         if self.max_tokens is not None:
@@ -242,6 +258,9 @@ class SamplingParams:
             fail("min_tokens", self.min_tokens, f"<= max_tokens={self.max_tokens}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
+            if isinstance(value, bool):  # an int to vLLM: True asks for 1
+                value = int(value)
+                setattr(self, name, value)
             if value is not None and as_int(name, value, "an int >= 0 or -1 or None") < -1:
                 fail(name, value, ">= 0, or -1 for the whole vocabulary")
 

@@ -35,8 +35,18 @@ def test_greedy_turns_off_filters_that_cannot_change_an_argmax() -> None:
     p = SamplingParams(temperature=0.0, top_p=0.5, top_k=3, min_p=0.2)
     assert p.sampling_type == SamplingType.GREEDY
     assert (p.top_p, p.top_k, p.min_p) == (1.0, 0, 0.0)
-    assert SamplingParams(temperature=1e-6).sampling_type == SamplingType.GREEDY
     assert SamplingParams(seed=3).sampling_type == SamplingType.RANDOM_SEED
+
+
+def test_vllms_conversions() -> None:
+    """A positive temperature below 0.01 is raised to it (only 0 is greedy), seed -1 is
+    no seed, and logprobs booleans are the ints they equal."""
+    low = SamplingParams(temperature=1e-6)
+    assert (low.temperature, low.sampling_type) == (0.01, SamplingType.RANDOM)
+    assert SamplingParams(temperature=0.5).temperature == 0.5
+    assert SamplingParams(seed=-1).seed is None
+    both = SamplingParams(logprobs=True, prompt_logprobs=False)
+    assert (both.logprobs, both.prompt_logprobs) == (1, 0)
 
 
 @pytest.mark.parametrize(

@@ -81,7 +81,7 @@ def append_prompt_logprobs(
     rows = logits[first - 1 - start : end - start].log_softmax(dim=-1)
     targets = prompt[first : end + 1]
     chosen = rows.gather(1, tensor_to_device(torch.tensor(targets)[:, None], rows.device))
-    ranks = (rows > chosen).sum(dim=1) + 1
+    ranks = (rows >= chosen).sum(dim=1)  # vLLM's rank, as sample/ops/logprobs.py
     n = request.params.prompt_logprobs
     k = rows.shape[1] if n == -1 else n
     top_values, top_ids = rows.topk(k, dim=1) if k > 0 else (rows[:, :0], rows[:, :0].long())

@@ -30,7 +30,9 @@ def check_stop(
     by_token = token_stop(seq, params, eos_token_id)
     if by_token is not None:
         return by_token
-    if num_output_tokens >= params.min_tokens:
+    if num_output_tokens > params.min_tokens:
+        # vLLM's rule: the first min_tokens tokens' text is never searched on its own (a
+        # stop string may still end in a later token and begin in it).
         found = find_stop_string(output_text, new_text_len, params)
         if found is not None:
             return found

@@ -1,6 +1,6 @@
 """Logprob tensors -> the per-token dicts users see (pagedllm/engine/logprobs.py). Reference:
-log_softmax of the logits, each token's rank = 1 + the number of strictly larger logprobs, and,
-end to end, transformers' logits at each prompt position."""
+log_softmax of the logits, each token's rank = the number of logprobs at least its own
+(vLLM's), and, end to end, transformers' logits at each prompt position."""
 
 import pytest
 import torch
@@ -37,8 +37,8 @@ def test_logprob_dict_decodes_unless_the_top_n_is_over_1024() -> None:
 
 
 def reference_dict(logprobs: torch.Tensor, token: int, n: int) -> dict[int, Logprob]:
-    """The chosen token, then the n largest logprobs, ranks by strictly larger values."""
-    rank = int((logprobs > logprobs[token]).sum()) + 1
+    """The chosen token, then the n largest logprobs; its rank counts the values >= its own."""
+    rank = int((logprobs >= logprobs[token]).sum())
     result = {token: Logprob(logprobs[token].item(), rank)}
     order = logprobs.argsort(descending=True)[:n].tolist()
     for r, t in enumerate(order, start=1):

@@ -1,7 +1,7 @@
 """check_stop (pagedllm/engine/stop_checker.py) against vLLM's stop rules: EOS unless
 ignore_eos, stop_token_ids, stop strings (cut from the text unless include_stop_str_in_output),
-all only after min_tokens; then a completed structured-output constraint (any time), then
-max_tokens and max_model_len."""
+all only after min_tokens (stop strings in the text of later tokens); then a completed
+structured-output constraint (any time), then max_tokens and max_model_len."""
 
 import pytest
 
@@ -45,6 +45,16 @@ def test_min_tokens_delays_eos_and_stop_tokens() -> None:
     assert check([EOS], min_tokens=2) is None
     assert check([7], min_tokens=2, stop_token_ids=[7]) is None
     assert check([5, EOS], min_tokens=2).status is SequenceStatus.FINISHED_STOPPED
+
+
+def test_min_tokens_leaves_its_tokens_text_unsearched() -> None:
+    """vLLM's detokenizer: stop strings are looked for once more than min_tokens tokens are
+    out, in the text that ends in the newer tokens."""
+    assert check([5], "Paris", new_chars=5, stop=["Paris"], min_tokens=1) is None
+    assert check([5, 6], "Paris.", new_chars=1, stop=["Paris"], min_tokens=1) is None
+    decision = check([5, 6], "Paris.", new_chars=1, stop=["s."], min_tokens=1)
+    assert decision.truncate_text_to == len("Pari")
+    assert check([5], "Paris", new_chars=5, stop=["Paris"]).truncate_text_to == 0
 
 
 def test_stop_string_cuts_text_before_it() -> None:

@@ -107,7 +107,7 @@ def test_raw_logprobs_are_the_models_log_softmax() -> None:
     torch.testing.assert_close(raw, torch.log_softmax(logits, dim=-1))
     chosen = raw.gather(1, out.sampled_token_ids[:, None])
     torch.testing.assert_close(out.logprobs.logprobs[:, :1], chosen)
-    ranks = (raw > chosen).sum(-1) + 1
+    ranks = (raw >= chosen).sum(-1)
     assert torch.equal(out.logprobs.selected_token_ranks, ranks)
 
 

@@ -96,10 +96,9 @@ def chat_logprobs(
     """Per token: its text, logprob and bytes, and the `num_top` best alternatives."""
     content = []
     for token_id, top in zip(token_ids, tops):
-        ranked = sorted(top.items(), key=lambda item: item[1].rank or 0)
-        alternatives = [
-            _chat_entry(tokenizer, t, lp, top) for t, lp in ranked if (lp.rank or 0) <= num_top
-        ]
+        # OpenAI's top_logprobs: the num_top most likely, never more (tied values too).
+        ranked = sorted(top.items(), key=lambda item: (-item[1].logprob, item[1].rank or 0))
+        alternatives = [_chat_entry(tokenizer, t, lp, top) for t, lp in ranked[:num_top]]
         chosen = _chat_entry(tokenizer, token_id, top[token_id], top)
         content.append(
             ChatCompletionLogProbsContent(**chosen.model_dump(), top_logprobs=alternatives)

@@ -10,7 +10,8 @@ class LogprobsTensors(NamedTuple):
 
     logprob_token_ids:    [N, n + 1] int64
     logprobs:             [N, n + 1] float32 (logprobs or logits, by the Sampler's mode)
-    selected_token_ranks: [N] int64, 1 + the number of tokens with a strictly larger value
+    selected_token_ranks: [N] int64, the number of tokens whose value is at least the chosen
+                          one's (vLLM's rank: a token tied with others ranks last of them)
     """
 
     logprob_token_ids: torch.Tensor
@@ -31,7 +32,7 @@ def gather_logprobs(
     top_logprobs, top_ids = torch.topk(logprobs, k, dim=-1)
     token_ids = token_ids.long().unsqueeze(-1)
     token_logprobs = logprobs.gather(-1, token_ids)
-    ranks = (logprobs > token_logprobs).sum(dim=-1) + 1
+    ranks = (logprobs >= token_logprobs).sum(dim=-1)
     return LogprobsTensors(
         torch.cat((token_ids, top_ids), dim=1),
         torch.cat((token_logprobs, top_logprobs), dim=1).float(),

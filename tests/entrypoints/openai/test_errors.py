@@ -29,6 +29,13 @@ CASES = {
         "top_logprobs",
         "logprobs",
     ),
+    "top_logprobs cap": (
+        CHAT_CMPL,
+        {"messages": CHAT, "logprobs": True, "top_logprobs": 21},
+        400,
+        "top_logprobs",
+        "<= 20",
+    ),
     "logit_bias id": (CMPL, {"prompt": "a", "logit_bias": {"9999999": 1}}, 400, "logit_bias", ""),
     "token id": (CMPL, {"prompt": [1, 99999999]}, 400, "prompt", "vocabulary"),
     "empty prompt": (CMPL, {"prompt": ""}, 400, "prompt", "empty"),

@@ -102,6 +102,18 @@ def test_chat_logprobs_num_top_bounds_the_alternatives() -> None:
     assert [t.token for t in three.content[1].top_logprobs] == ["lo", "ld", " wor"]
 
 
+def test_chat_top_logprobs_are_never_more_than_asked_on_ties() -> None:
+    """A sampled token tied with the best one carries vLLM's rank (2, last of its ties)
+    beside the top-1 entry's rank 1: top_logprobs=1 is still one entry."""
+    tied = [{5: Logprob(-0.5, 2, "é"), 1: Logprob(-0.5, 1, "Hel")}]
+    for num_top, expected in [(1, ["Hel"]), (2, ["Hel", "é"])]:
+        (entry,) = chat_logprobs(FakeTokenizer(), [5], tied, num_top=num_top).content
+        assert [t.token for t in entry.top_logprobs] == expected
+    swapped = [{5: Logprob(-0.5, 2, "é"), 1: Logprob(-0.5, 2, "Hel")}]
+    (entry,) = chat_logprobs(FakeTokenizer(), [5], swapped, num_top=1).content
+    assert len(entry.top_logprobs) == 1
+
+
 # The default model's tokenizer (byte-level BPE), whose tokens split CJK characters and
 # emoji into pieces that decode alone to U+FFFD.
 TEXT = "中文：我喜欢😀 ok"

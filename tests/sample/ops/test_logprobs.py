@@ -1,5 +1,6 @@
-"""gather_logprobs against its definition: value = log_softmax at the token, rank = 1 +
-the number of strictly larger values, top-n sorted descending."""
+"""gather_logprobs against its definition: value = log_softmax at the token, rank = the
+number of values at least the token's (vLLM's batched_count_greater_than), top-n sorted
+descending."""
 
 import torch
 
@@ -17,15 +18,15 @@ def test_value_rank_and_sorted_top_n() -> None:
     torch.testing.assert_close(out.logprobs[:, 0], logprobs[torch.arange(5), tokens])
     for i in range(5):
         value = logprobs[i, tokens[i]]
-        assert out.selected_token_ranks[i] == 1 + int((logprobs[i] > value).sum())
+        assert out.selected_token_ranks[i] == int((logprobs[i] >= value).sum())
         top = sorted(range(20), key=lambda t, i=i: -logprobs[i, t].item())[:4]
         assert out.logprob_token_ids[i, 1:].tolist() == top
         assert (out.logprobs[i, 1:].diff() <= 0).all()
 
 
-def test_rank_counts_only_strictly_larger_on_ties() -> None:
+def test_a_tied_token_ranks_last_of_its_ties() -> None:
     out = gather_logprobs(torch.tensor([[0.0, -1.0, 0.0, -1.0]]), 0, torch.tensor([3]))
-    assert out.selected_token_ranks.tolist() == [3]
+    assert out.selected_token_ranks.tolist() == [4]
     assert out.logprob_token_ids.shape == (1, 1)
 
 
