@@ -46,6 +46,10 @@ class AsyncTokenizer:
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return await self._run(lambda t: t.encode(text, add_special_tokens=add_special_tokens))
 
+    async def token_strs(self, token_ids: list[int]) -> list[str]:
+        """Each id's token as the vocabulary spells it (convert_ids_to_tokens)."""
+        return await self._run(lambda t: t.convert_ids_to_tokens(token_ids))
+
     async def decode(self, token_ids: list[int]) -> str:
         return await self._run(lambda t: t.decode(token_ids))
 

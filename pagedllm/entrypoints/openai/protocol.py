@@ -330,6 +330,8 @@ class TokenizeRequest(ChatTemplateFields):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None
+    return_token_strs: bool = False
+    """vLLM's: also answer each token as the vocabulary spells it (`token_strs`)."""
     tool_choice: ToolChoice | None = None
 
 

@@ -187,6 +187,7 @@ class TokenizeResponse(OpenAIBaseModel):
     count: int
     max_model_len: int
     tokens: TokenIds
+    token_strs: list[str] | None = None
 
 
 class DetokenizeResponse(OpenAIBaseModel):

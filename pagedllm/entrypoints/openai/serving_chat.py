@@ -95,13 +95,14 @@ class OpenAIServingChat(OpenAIServing):
         check_tool_results(request.messages)
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
-        cap = self.engine.config.max_logprobs
-        if request.logprobs and cap != -1 and (request.top_logprobs or 0) > cap:
-            raise OpenAIError(
-                f"top_logprobs must be <= {cap} (the server's --max-logprobs), got "
-                f"{request.top_logprobs}",
-                param="top_logprobs",
-            )
+        if request.logprobs and request.top_logprobs:
+            cap = self.engine.config.max_logprobs
+            if cap != -1 and request.top_logprobs > cap:
+                raise OpenAIError(
+                    f"top_logprobs must be <= {cap} (the server's --max-logprobs), got "
+                    f"{request.top_logprobs}",
+                    param="top_logprobs",
+                )
         tool_choice = tool_choice_of(request)
         tool_parser = tool_parser_factory(tool_choice, self.tool_parser, request.tools)
         generic = self.uses_generic_format(request)

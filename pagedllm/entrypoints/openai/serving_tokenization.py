@@ -21,7 +21,10 @@ class OpenAIServingTokenization(OpenAIServing):
             tokens = await self.chat_prompt_ids(request, request.add_special_tokens is True)
         else:
             tokens = await self.encode(request.prompt, request.add_special_tokens is not False)
-        return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=tokens)
+        strs = await self.async_tokenizer.token_strs(tokens) if request.return_token_strs else None
+        return TokenizeResponse(
+            count=len(tokens), max_model_len=self.max_model_len, tokens=tokens, token_strs=strs
+        )
 
     async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(request.model)

@@ -94,6 +94,15 @@ def test_tokenize_messages_is_the_chat_template(
     assert tokens == list(expected)
 
 
+def test_tokenize_returns_token_strs_when_asked(
+    serving: OpenAIServingTokenization, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    response = asyncio.run(serving.tokenize(TokenizeRequest(prompt=TEXT, return_token_strs=True)))
+    assert response.token_strs == tokenizer.convert_ids_to_tokens(response.tokens)
+    plain = asyncio.run(serving.tokenize(TokenizeRequest(prompt=TEXT)))
+    assert plain.token_strs is None
+
+
 def test_tokenize_messages_with_special_tokens_adds_them_on_the_template(
     serving: OpenAIServingTokenization, tokenizer: PreTrainedTokenizerBase
 ) -> None:
