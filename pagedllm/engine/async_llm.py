@@ -69,6 +69,7 @@ class AsyncLLM:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.dead_error: EngineDeadError | None = None  # why the engine thread ended early
+        self._stopped: EngineDeadError | None = None  # set by shutdown(): new requests fail
         self.dead = asyncio.Event()  # set (on the event loop) when dead_error is
 
     @classmethod
@@ -110,9 +111,9 @@ class AsyncLLM:
         """Stop the thread and wait for it; requests still open end with EngineDeadError."""
         if not self.is_running:
             return
+        error = self._stopped = EngineDeadError("the engine was shut down")
         self._commands.put(_Stop())
         await asyncio.to_thread(self._thread.join)
-        error = EngineDeadError("the engine was shut down")
         while not self._commands.empty():
             command = self._commands.get_nowait()
             if isinstance(command, _Add):
@@ -135,8 +136,8 @@ class AsyncLLM:
         iterator early (or cancelling its consumer) aborts the request, which frees its
         KV blocks at the engine's next turn.
         """
-        if self.dead_error is not None:
-            raise self.dead_error
+        if self.dead_error is not None or self._stopped is not None:
+            raise self.dead_error or self._stopped
         if not self.is_running:
             raise RuntimeError("AsyncLLM.start() was not called, or the engine stopped")
         if request_id in self._collectors:

@@ -58,6 +58,7 @@ from pagedllm.entrypoints.openai.serving_responses import OpenAIServingResponses
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.entrypoints.openai.tool_format import detect_tool_call_parser
 from pagedllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from pagedllm.entrypoints.openai.uvicorn_server import APIServer
 from pagedllm.executor.headless import run_headless
 from pagedllm.logger import init_logger
 
@@ -234,6 +235,20 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "previous_response_id; the least recently used go first (default %(default)s)",
     )
     parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=0.0,
+        help="on SIGTERM or Ctrl-C, seconds the requests in flight may go on before they "
+        "end with a 503 (vLLM's flag; default 0: at once)",
+    )
+    for flag in ("--disable-log-requests", "--disable-log-stats"):
+        parser.add_argument(
+            flag,
+            action="store_true",
+            help="vLLM's flag, accepted for compatibility: pagedllm logs no line per request "
+            "and no periodic stats (its figures are at /metrics)",
+        )
+    parser.add_argument(
         "--uvicorn-log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
@@ -277,6 +292,8 @@ def run(args: argparse.Namespace) -> None:
     _stop_when_engine_dies)."""
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if not args.shutdown_timeout >= 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     engine_args = EngineArgs.from_cli_args(args)
     engine_args.usage_context = UsageContext.OPENAI_API_SERVER  # vLLM's smaller default steps
     if args.headless and engine_args.data_parallel_size > 1:
@@ -337,7 +354,7 @@ def _serve(
         max_stored_responses=args.max_stored_responses,
     )
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
-    app.state.uvicorn_server = server = uvicorn.Server(config)
+    app.state.uvicorn_server = server = APIServer(config, engine, args.shutdown_timeout)
     port = sockets[0].getsockname()[1]
     logger.info("serving %s at http://%s:%d/v1", names[0], args.host, port)
     try:

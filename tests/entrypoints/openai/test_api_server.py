@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -272,3 +273,37 @@ def test_every_address_of_the_host_is_bound_on_one_port() -> None:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def test_sigterm_ends_the_open_requests_at_once() -> None:
+    """vLLM's --shutdown-timeout 0: the process does not wait for the longest answer; an
+    open request ends with a 503 (a stream with an error event), and the exit is prompt."""
+    body = {"prompt": "Once upon a time", "max_tokens": 1900, "ignore_eos": True}
+    results: dict[str, object] = {}
+
+    def plain(url: str) -> None:
+        results["plain"] = httpx.post(url + "/v1/completions", json=body, timeout=120)
+
+    def stream(url: str) -> None:
+        with httpx.stream(
+            "POST", url + "/v1/completions", json={**body, "stream": True}, timeout=120
+        ) as response:
+            results["stream"] = [line for line in response.iter_lines() if line]
+
+    with remote_server() as server:
+        threads = [threading.Thread(target=f, args=(server.url,)) for f in (plain, stream)]
+        for thread in threads:
+            thread.start()
+        while metric(server, "vllm:num_requests_running{") < 2:
+            time.sleep(0.05)
+        start = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        server.process.wait(timeout=30)
+        assert time.monotonic() - start < 10, server.log()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert "Traceback" not in server.log()
+    assert results["plain"].status_code == 503
+    assert results["plain"].json()["error"]["code"] == "engine_dead"
+    lines = results["stream"]
+    assert lines[-1] == "data: [DONE]" and "engine_dead" in lines[-2], lines[-3:]
