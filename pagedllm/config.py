@@ -392,6 +392,9 @@ class CacheConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
+    node_replicas: int = 1
+    """Data-parallel replicas on this node: on a CPU they split the default share of free
+    memory (executor/kv_cache.py), as its tensor- and pipeline-parallel ranks do."""
     gpu_memory_utilization: float = 0.9
     """vLLM's: the share of a GPU's total memory the engine may use, KV cache included."""
     enable_prefix_caching: bool = True

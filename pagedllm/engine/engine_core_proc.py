@@ -22,6 +22,7 @@ from pagedllm.config import resolve_device
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.dp_placement import local_ranks, pin_cpu_share
 from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.executor.worker import die_with_parent
 from pagedllm.logger import init_logger
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 
@@ -33,15 +34,18 @@ IDLE_POLL_S = 1.0  # how often an idle replica checks its executor's health
 def run_engine_core(engine_args: EngineArgs, rank: int, conn: Connection) -> None:
     """The replica process's entry point (multiprocessing spawn). Ctrl-C reaches the whole
     process group: the replica ignores it and stops when its parent tells it to."""
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _place(engine_args, rank)
     try:
-        engine = LLMEngine.from_engine_args(dataclasses.replace(engine_args, data_parallel_size=1))
+        replicas = len(local_ranks(engine_args))
+        one = dataclasses.replace(engine_args, data_parallel_size=1, node_replicas=replicas)
+        engine = LLMEngine.from_engine_args(one)
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         raise SystemExit(1) from None
-    conn.send(("ready", engine.get_stats()))
     try:
+        conn.send(("ready", engine.get_stats()))
         EngineCore(engine, conn).run()
     except (EOFError, BrokenPipeError):
         pass  # the parent is gone

@@ -74,11 +74,24 @@ def available_memory_bytes(device: torch.device) -> int:
     return int(fields["MemAvailable"].split()[0]) * 1024
 
 
-def default_kv_cache_bytes(device: torch.device, max_tokens_needed_bytes: int) -> int:
-    """A share of free memory, but never more than `max_tokens_needed_bytes`, what
-    max_num_seqs sequences of max_model_len tokens could ever use."""
+def default_kv_cache_bytes(
+    device: torch.device, max_tokens_needed_bytes: int, sharers: int = 1
+) -> int:
+    """A share of free memory, split between the `sharers` caches that take it (a CPU's
+    ranks and replicas: each measures the same free memory, and their pages are touched
+    only as they fill), but never more than `max_tokens_needed_bytes`, what max_num_seqs
+    sequences of max_model_len tokens could ever use."""
     fraction = GPU_MEMORY_FRACTION if device.type == "cuda" else CPU_MEMORY_FRACTION
-    return min(int(available_memory_bytes(device) * fraction), max_tokens_needed_bytes)
+    share = available_memory_bytes(device) * fraction / sharers
+    return min(int(share), max_tokens_needed_bytes)
+
+
+def memory_sharers(config: EngineConfig) -> int:
+    """How many KV caches of this size one machine's memory holds: on a CPU each rank of
+    this node and each data-parallel replica on it has its own; a GPU's is its own."""
+    if torch.device(config.device).type == "cuda":
+        return 1
+    return config.parallel_config.ranks_per_node * config.cache_config.node_replicas
 
 
 def profiles_gpu_memory(config: EngineConfig) -> bool:
@@ -111,7 +124,8 @@ def num_kv_blocks(
         elif available_bytes is not None:
             budget = min(max(0, available_bytes), most)
         else:
-            budget = default_kv_cache_bytes(torch.device(config.device), most)
+            device, sharers = torch.device(config.device), memory_sharers(config)
+            budget = default_kv_cache_bytes(device, most, sharers)
         num_blocks = budget // (bytes_per_token * block_size)
     num_tokens = num_blocks * block_size
     if num_tokens < max_len:
@@ -125,13 +139,20 @@ def num_kv_blocks(
             f"the KV cache holds {num_blocks} blocks x {block_size} = {num_tokens} tokens, "
             f"fewer than max_model_len={max_len}; lower max_model_len or give more {more}"
         )
+    size = num_tokens * bytes_per_token / 1024**3
+    world = config.parallel_config.world_size
+    gib = (
+        f"{size:.2f} GiB"
+        if world == 1
+        else f"{size:.2f} GiB a rank, at most {size * world:.2f} GiB over its {world} ranks"
+    )
     logger.info(
-        "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB); max concurrency at "
+        "KV cache: %d blocks x %d tokens = %d tokens (%s); max concurrency at "
         "max_model_len %d: %.2fx",
         num_blocks,
         block_size,
         num_tokens,
-        num_tokens * bytes_per_token / 1024**3,
+        gib,
         max_len,
         num_tokens / max_len,
     )

@@ -89,10 +89,10 @@ def run_worker_loop(runner: ModelRunner) -> None:
             raise RuntimeError(f"unknown control message {method!r}")
 
 
-def _die_with_parent() -> None:
-    """Linux: get SIGKILL when the parent (rank 0) dies, so no worker is left orphaned. A
-    parent that died while this worker was still importing is gone before the signal is
-    armed, so that case exits here."""
+def die_with_parent() -> None:
+    """Linux: get SIGKILL when the parent (rank 0, or the server of a data-parallel
+    replica) dies, so no process is left orphaned. A parent that died while this one was
+    still importing is gone before the signal is armed, so that case exits here."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -106,7 +106,7 @@ def worker_main(
     config: EngineConfig, rank: int, world_size: int, init_method: str, conn: Connection
 ) -> None:
     """Entry point of a spawned worker process; reports its traceback to rank 0 on error."""
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
     conn.send((STARTED, None))
     try:

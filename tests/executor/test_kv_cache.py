@@ -68,6 +68,25 @@ def test_num_kv_blocks_from_free_memory(engine_config, monkeypatch, free_blocks,
 
 
 @pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        (dict(tensor_parallel_size=2), 15),
+        (dict(node_replicas=2), 15),
+        (dict(pipeline_parallel_size=2, node_replicas=2), 7),
+    ],
+)
+def test_a_cpus_ranks_and_replicas_split_its_share(
+    engine_config, monkeypatch, kwargs: dict, expected: int
+) -> None:
+    """Each rank's (or replica's) cache is its own on one machine's memory: 0.3 of 100
+    blocks' worth of free memory, over 2 or 4 of them."""
+    free = 100 * BLOCK_BYTES
+    monkeypatch.setattr(kv_cache, "available_memory_bytes", lambda device: free)
+    config = engine_config(max_model_len=64, max_num_seqs=64, **kwargs)
+    assert num_kv_blocks(config, BYTES_PER_TOKEN) == expected
+
+
+@pytest.mark.parametrize(
     "kwargs",
     [dict(num_kv_blocks=15), dict(kv_cache_memory_bytes=16 * BLOCK_BYTES - 1)],
     ids=["blocks", "bytes"],

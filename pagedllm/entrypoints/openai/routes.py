@@ -72,8 +72,9 @@ async def metrics(raw_request: Request) -> Response:
 @router.get("/v1/models", responses=_ERRORS)
 async def show_models(raw_request: Request) -> ModelList:
     serving = raw_request.app.state.serving_completion
+    root = serving.engine.config.model_config.model  # vLLM's: the model's path
     cards = [
-        ModelCard(id=name, root=name, max_model_len=serving.max_model_len)
+        ModelCard(id=name, root=root, max_model_len=serving.max_model_len)
         for name in serving.served_model_names
     ]
     return ModelList(data=cards)

@@ -107,7 +107,10 @@ class OpenAIServingChat(OpenAIServing):
         tool_parser = tool_parser_factory(tool_choice, self.tool_parser, request.tools)
         generic = self.uses_generic_format(request)
         prompt_text, prompt_ids = await self.apply_chat_template(request)
-        max_tokens = self.max_tokens(request.requested_max_tokens, len(prompt_ids), "messages")
+        limit = "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
+        max_tokens = self.max_tokens(
+            request.requested_max_tokens, len(prompt_ids), "messages", limit
+        )
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
         params = self.sampling_params(request, max_tokens, logprobs)
         parallel = request.parallel_tool_calls is not False

@@ -133,9 +133,12 @@ class OpenAIServing:
         text, ids = await self.apply_chat_template(request)
         return await self.encode(text, True) if add_special_tokens else ids
 
-    def max_tokens(self, requested: int | None, prompt_len: int, param: str) -> int:
+    def max_tokens(
+        self, requested: int | None, prompt_len: int, param: str, limit_param: str = "max_tokens"
+    ) -> int:
         """vLLM's context rule: prompt + max_tokens must fit in max_model_len; no max_tokens
-        means all the room left. A max_tokens < 1 is left for SamplingParams to reject."""
+        means all the room left. A max_tokens < 1 is left for SamplingParams to reject.
+        `limit_param`: the request's name for the limit (chat's max_completion_tokens)."""
         limit = self.max_model_len
         if prompt_len == 0:
             raise OpenAIError(f"the {param} is empty (0 tokens); give at least 1", param=param)
@@ -152,8 +155,8 @@ class OpenAIServing:
             raise OpenAIError(
                 f"This model's maximum context length is {limit} tokens. However, you "
                 f"requested {prompt_len + requested} tokens ({prompt_len} in the {param}, "
-                f"{requested} in the completion). Reduce the {param} or max_tokens.",
-                param="max_tokens",
+                f"{requested} in the completion). Reduce the {param} or {limit_param}.",
+                param=limit_param,
                 code="context_length_exceeded",
             )
         return requested

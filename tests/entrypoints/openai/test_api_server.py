@@ -20,7 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from pagedllm import LLM
-from pagedllm.config import ModelConfig
+from pagedllm.config import ModelConfig, default_model_path
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.batch_defaults import UsageContext
 from pagedllm.engine.tokenizer import get_tokenizer
@@ -112,6 +112,7 @@ def test_health_version_models_and_metrics(server: Server) -> None:
     models = httpx.get(server.url + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL_NAME]
     assert models["data"][0]["max_model_len"] == MAX_MODEL_LEN
+    assert models["data"][0]["root"] == default_model_path()  # vLLM's: the model's path
     assert metric(server, "pagedllm:kv_cache_blocks_total{") == NUM_KV_BLOCKS
     for name in (
         "vllm:prompt_tokens_total",

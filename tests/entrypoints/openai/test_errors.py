@@ -48,6 +48,13 @@ CASES = {
         "max_tokens",
         "2048",
     ),
+    "max_completion_tokens too many": (
+        CHAT_CMPL,
+        {"messages": CHAT, "max_completion_tokens": 4000},
+        400,
+        "max_completion_tokens",
+        "max_completion_tokens",
+    ),
     "detokenize id": ("/detokenize", {"tokens": [-1]}, 400, "tokens", "vocabulary"),
     "unknown route": ("/v1/nothing", {}, 404, None, "Not Found"),
 }
