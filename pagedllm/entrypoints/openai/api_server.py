@@ -41,6 +41,7 @@ from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
 from pagedllm.entrypoints.openai.errors import add_exception_handlers
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
 from pagedllm.entrypoints.openai.reasoning import REASONING_PARSERS
+from pagedllm.entrypoints.openai.request_logger import RequestLogger
 from pagedllm.entrypoints.openai.request_size import (
     DEFAULT_MAX_REQUEST_BYTES,
     RequestSizeLimitMiddleware,
@@ -126,6 +127,7 @@ def build_app(
     tool_call_parser: str | None = None,
     cors: CorsConfig | None = None,
     max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES,
+    request_logger: RequestLogger | None = None,
 ) -> FastAPI:
     """The app over a (not yet started) engine; its lifespan starts and stops the engine.
     The parsers are named as in vLLM's --reasoning-parser and --tool-call-parser; without
@@ -174,6 +176,9 @@ def build_app(
         *shared, chat_template, tool_parser=TOOL_PARSERS[tool_format]
     )
     app.state.serving_embedding = OpenAIServingEmbedding(*shared)
+    for serving in (app.state.serving_completion, app.state.serving_chat):
+        serving.request_logger = request_logger
+    app.state.serving_embedding.request_logger = request_logger
     return app
 
 
@@ -241,13 +246,29 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="on SIGTERM or Ctrl-C, seconds the requests in flight may go on before they "
         "end with a 503 (vLLM's flag; default 0: at once)",
     )
-    for flag in ("--disable-log-requests", "--disable-log-stats"):
-        parser.add_argument(
-            flag,
-            action="store_true",
-            help="vLLM's flag, accepted for compatibility: pagedllm logs no line per request "
-            "and no periodic stats (its figures are at /metrics)",
-        )
+    parser.add_argument(
+        "--enable-log-requests",
+        action="store_true",
+        help="log each request the server submits: its id, prompt, token ids and "
+        "parameters (vLLM's flag; off by default)",
+    )
+    parser.add_argument(
+        "--max-log-len",
+        type=int,
+        default=None,
+        help="with --enable-log-requests, at most this many prompt characters and token "
+        "ids a line (default: all)",
+    )
+    parser.add_argument(
+        "--disable-log-requests",
+        action="store_true",
+        help="vLLM's older flag, accepted: requests are not logged unless --enable-log-requests",
+    )
+    parser.add_argument(
+        "--disable-log-stats",
+        action="store_true",
+        help="vLLM's flag, accepted: pagedllm logs no periodic stats (its figures are at /metrics)",
+    )
     parser.add_argument(
         "--uvicorn-log-level",
         default="info",
@@ -292,6 +313,8 @@ def run(args: argparse.Namespace) -> None:
     _stop_when_engine_dies)."""
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_log_len is not None and args.max_log_len < 0:
+        raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}")
     if not args.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     engine_args = EngineArgs.from_cli_args(args)
@@ -352,6 +375,7 @@ def _serve(
         tool_call_parser=args.tool_call_parser,
         cors=cors_from_args(args),
         max_stored_responses=args.max_stored_responses,
+        request_logger=RequestLogger(args.max_log_len) if args.enable_log_requests else None,
     )
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
     app.state.uvicorn_server = server = APIServer(config, engine, args.shutdown_timeout)

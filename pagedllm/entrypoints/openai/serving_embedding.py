@@ -41,6 +41,9 @@ class OpenAIServingEmbedding(OpenAIServing):
         params = self._pooling_params(request)
         prompts = await self._prompts(request)
         request_id = random_id("embd")
+        if self.request_logger is not None:
+            for i, ids in enumerate(prompts):
+                self.request_logger.log(f"{request_id}-{i}", {"prompt_token_ids": ids}, params)
         streams = [
             self.metrics.track_pooling(
                 self.engine.encode({"prompt_token_ids": ids}, params, f"{request_id}-{i}"),

@@ -24,6 +24,7 @@ from pagedllm.entrypoints.openai.protocol import (
     SamplingFields,
     TokenizeRequest,
 )
+from pagedllm.entrypoints.openai.request_logger import RequestLogger
 from pagedllm.entrypoints.openai.streaming import accumulate, prepend, until_disconnected
 from pagedllm.entrypoints.openai.tool_choice import tool_choice_of
 from pagedllm.entrypoints.openai.tool_parsers import GenericToolParser, ToolParser
@@ -52,6 +53,7 @@ class OpenAIServing:
         self.metrics = metrics
         self.chat_template = chat_template
         self.tool_parser = tool_parser
+        self.request_logger: RequestLogger | None = None  # --enable-log-requests
         config = engine.config
         self.max_model_len = config.model_config.max_model_len
         self.vocab_size = config.model_config.vocab_size
@@ -182,6 +184,8 @@ class OpenAIServing:
     def generate(
         self, prompt: dict, params: SamplingParams, request_id: str, arrival_time: float
     ) -> AsyncIterator[RequestOutput]:
+        if self.request_logger is not None:
+            self.request_logger.log(request_id, prompt, params)
         outputs = self.engine.generate(prompt, params, request_id)
         return self.metrics.track(outputs, arrival_time, params)
 
