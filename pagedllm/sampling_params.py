@@ -283,6 +283,8 @@ class SamplingParams:
         for name in flags:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.stop and not self.detokenize:  # vLLM's rule: stop strings are found in text
+            fail("stop", self.stop, "empty when detokenize=False (stop strings are found in text)")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise TypeError(f"extra_args must be a dict or None, got {type(self.extra_args)}")
         if not isinstance(self.output_kind, RequestOutputKind):

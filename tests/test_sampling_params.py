@@ -76,6 +76,7 @@ def test_vllms_conversions() -> None:
         ({"seed": -(2**63) - 1}, "64-bit"),
         ({"n": 2**63}, "64-bit"),
         ({"top_k": 2**64}, "64-bit"),
+        ({"stop": ["x"], "detokenize": False}, "detokenize=False"),
     ],
 )
 def test_out_of_range_raises_value_error_naming_field_value_and_range(

@@ -118,6 +118,13 @@ class InputProcessor:
         params.update_from_generation_config(self.generation_config, self.eos_token_id)
         if self.tokenizer is not None:
             params.update_from_tokenizer(self.tokenizer)
+        else:
+            needs_text = [name for name in ("stop", "bad_words") if getattr(params, name)]
+            if needs_text:
+                raise ValueError(
+                    f"{needs_text[0]} needs the tokenizer (text to search or words to "
+                    "tokenize), and this engine has none (skip_tokenizer_init=True)"
+                )
         config = self.config
         params.verify(config.model_config.vocab_size, config.max_logprobs, config.max_n)
         self.validate_params(params)

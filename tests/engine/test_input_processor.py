@@ -193,3 +193,12 @@ def test_fan_out_beyond_the_cache_and_max_n_are_rejected(tiny_model_path, spread
         engine.add_request("many", prompt, SamplingParams(n=9, max_tokens=1))
     engine.add_request("fits", prompt, SamplingParams(n=8, max_tokens=80))
     assert len(run_all(engine).outputs["fits"].outputs) == 8
+
+
+@pytest.mark.parametrize("field", ["stop", "bad_words"])
+def test_text_fields_without_a_tokenizer_are_refused(make_processor, field: str) -> None:
+    """skip_tokenizer_init=True: no text to search for stop strings, no way to tokenize bad
+    words; silently ignoring them would change the answer."""
+    with pytest.raises(ValueError, match=f"{field} needs the tokenizer"):
+        make_processor().process("r", [3], SamplingParams(**{field: ["x"]}))
+    make_processor(ByteTokenizer()).process("r", [3], SamplingParams(**{field: ["x"]}))
