@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from tqdm.auto import tqdm
 
 from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.chat_messages import template_message
 from pagedllm.engine.data_parallel import make_engine
 from pagedllm.engine.llm_engine import PromptType
 from pagedllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
@@ -79,24 +80,30 @@ class LLM:
         tools: list[dict] | None = None,
     ) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to each conversation, then generate.
-        `tools` (OpenAI's tool definitions) and `continue_final_message` go to the
-        template, as in vLLM's `LLM.chat`."""
+        Messages are read as OpenAI's (engine/chat_messages.py: text parts joined, tool
+        call arguments parsed); `tools` (OpenAI's tool definitions) and
+        `continue_final_message` go to the template, as in vLLM's `LLM.chat`. A message
+        or template the conversation cannot go through is a ValueError."""
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("chat needs a tokenizer (skip_tokenizer_init is set)")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = []
         for conversation in conversations:
-            token_ids = tokenizer.apply_chat_template(
-                conversation,
-                chat_template=chat_template,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                tools=tools,
-                tokenize=True,
-                return_dict=False,
-                **(chat_template_kwargs or {}),
-            )
+            conversation = [template_message(m, i) for i, m in enumerate(conversation)]
+            try:
+                token_ids = tokenizer.apply_chat_template(
+                    conversation,
+                    chat_template=chat_template,
+                    add_generation_prompt=add_generation_prompt,
+                    continue_final_message=continue_final_message,
+                    tools=tools,
+                    tokenize=True,
+                    return_dict=False,
+                    **(chat_template_kwargs or {}),
+                )
+            except Exception as e:  # noqa: BLE001 - templates raise anything
+                raise ValueError(f"cannot apply the chat template: {e}") from e
             prompts.append({"prompt_token_ids": list(token_ids)})
         return self.generate(prompts, sampling_params, use_tqdm)
 

@@ -267,3 +267,45 @@ def test_chat_passes_tools_and_template_options(tmp_path) -> None:
         started, params, use_tqdm=False, add_generation_prompt=False, continue_final_message=True
     )
     assert continued.outputs[0].text == " is sunny"
+
+
+def test_chat_reads_messages_as_openais(tmp_path) -> None:
+    """As the server and vLLM: text parts joined, null content "", a call's JSON arguments
+    an object for the template; a message or template it cannot take is a ValueError."""
+    save_scripted_model(str(tmp_path))
+    llm = LLM(str(tmp_path), num_kv_blocks=16, max_model_len=64)
+    template = (
+        "{% for m in messages %}{{ m.role }} {{ m.content }}"
+        "{% for c in m.tool_calls or [] %}{{ c.function.name }} {{ c.function.arguments.city }}"
+        "{% endfor %} {% endfor %}"
+    )
+    call = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Weather"}, {"type": "text", "text": "?"}],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c", "type": "function", "function": call}],
+        },
+    ]
+    params = SamplingParams(max_tokens=1)
+    kwargs = dict(use_tqdm=False, chat_template=template, add_generation_prompt=False)
+    (out,) = llm.chat(messages, params, **kwargs)
+    assert out.prompt_token_ids == llm.get_tokenizer().encode(
+        "user Weather? assistant get_weather Paris "
+    )
+    for bad, words in [
+        ([{"content": "hi"}], "needs a role"),
+        ([{"role": "user", "content": [{"type": "image_url"}]}], "only text parts"),
+        ([{"role": "user", "content": "hi"}], "cannot apply the chat template"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            llm.chat(
+                bad,
+                params,
+                use_tqdm=False,
+                chat_template="{{ raise_exception('no') }}" if "apply" in words else template,
+            )

@@ -6,7 +6,6 @@ place owns each rule and its message.
 """
 
 import dataclasses
-import json
 import typing
 import uuid
 from typing import Any, Literal
@@ -21,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from pagedllm.engine.chat_messages import template_call
 from pagedllm.entrypoints.openai.response_format import ResponseFormat, structured_outputs_of
 from pagedllm.sampling_params import (
     REQUEST_FIELDS,
@@ -184,14 +184,8 @@ class ToolCallParam(OpenAIRequestModel):
     function: FunctionCallParam
 
     def as_template_call(self) -> dict[str, Any]:
-        """Arguments that parse as JSON go to the template as an object, as vLLM gives
-        them (templates write `arguments | tojson`); others as the text they are."""
-        try:
-            arguments = json.loads(self.function.arguments)
-        except json.JSONDecodeError:
-            arguments = self.function.arguments
-        function = {"name": self.function.name, "arguments": arguments}
-        return {"id": self.id, "type": self.type, "function": function}
+        """As chat_messages.template_call gives it to the template."""
+        return template_call(self.model_dump())
 
 
 class ChatMessage(OpenAIRequestModel):
