@@ -2,8 +2,11 @@
 a pooling model, encode and embed them."""
 
 import itertools
+import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from tqdm.auto import tqdm
 
@@ -35,6 +38,8 @@ class LLM:
     def __init__(self, model: str | None = None, **kwargs: object) -> None:
         self.llm_engine = make_engine(EngineArgs(model=model, **kwargs))
         self._request_counter = itertools.count()
+        # One call at a time drives the engine: calls from several threads take turns.
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         """Stop tensor-parallel workers now (dropping the LLM does it too)."""
@@ -58,15 +63,7 @@ class LLM:
         """One RequestOutput per prompt, in input order."""
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompts))
-        ids = []
-        try:
-            for prompt, p in zip(prompts, params):
-                request_id = str(next(self._request_counter))
-                self.llm_engine.add_request(request_id, prompt, _final_only(p))
-                ids.append(request_id)
-            return self._run_engine(ids, use_tqdm)
-        finally:
-            self.llm_engine.abort_request([i for i in ids if i in self.llm_engine.requests])
+        return self._run(prompts, [_final_only(p) for p in params], use_tqdm)
 
     def chat(
         self,
@@ -117,15 +114,7 @@ class LLM:
         in input order."""
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(pooling_params, len(prompts), PoolingParams)
-        ids = []
-        try:
-            for prompt, p in zip(prompts, params):
-                request_id = str(next(self._request_counter))
-                self.llm_engine.add_request(request_id, prompt, p)
-                ids.append(request_id)
-            outputs = self._run_engine(ids, use_tqdm)
-        finally:
-            self.llm_engine.abort_request([i for i in ids if i in self.llm_engine.requests])
+        outputs = self._run(prompts, params, use_tqdm)
         for output in outputs:
             if output.error is not None:
                 raise output.error
@@ -142,25 +131,69 @@ class LLM:
         outputs = self.encode(prompts, pooling_params, use_tqdm)
         return [EmbeddingRequestOutput.from_base(o) for o in outputs]
 
+    def _run(self, prompts: list[PromptType], params: list, use_tqdm: bool) -> list:
+        """Add a request per prompt and run the engine until each is finished; whatever
+        stops it early (an error, Ctrl-C) aborts the requests it added."""
+        with self._lock:
+            ids = []
+            try:
+                for prompt, p in zip(prompts, params):
+                    request_id = str(next(self._request_counter))
+                    self.llm_engine.add_request(request_id, prompt, p)
+                    ids.append(request_id)
+                return self._run_engine(ids, use_tqdm)
+            finally:
+                self.llm_engine.abort_request([i for i in ids if i in self.llm_engine.requests])
+
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list:
-        """The finished output of each request (RequestOutput or PoolingRequestOutput)."""
+        """The finished output of each request (RequestOutput or PoolingRequestOutput).
+        Ctrl-C ends it between steps (interrupts_between_steps)."""
         finished: dict[str, RequestOutput | PoolingRequestOutput] = {}
         bar = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm)
         start, in_tokens, out_tokens = time.perf_counter(), 0, 0
-        while self.llm_engine.has_unfinished_requests():
-            for output in self.llm_engine.step():
-                if not output.finished:
-                    continue
-                finished[output.request_id] = output
-                in_tokens += len(output.prompt_token_ids)
-                if isinstance(output, RequestOutput):
-                    out_tokens += sum(len(c.token_ids) for c in output.outputs)
-                elapsed = time.perf_counter() - start
-                rates = f"input: {in_tokens / elapsed:.1f} tok/s, "
-                bar.set_postfix_str(rates + f"output: {out_tokens / elapsed:.1f} tok/s")
-                bar.update(1)
+        with interrupts_between_steps() as interrupted:
+            while self.llm_engine.has_unfinished_requests():
+                if interrupted():
+                    bar.close()
+                    raise KeyboardInterrupt
+                for output in self.llm_engine.step():
+                    if not output.finished:
+                        continue
+                    finished[output.request_id] = output
+                    in_tokens += len(output.prompt_token_ids)
+                    if isinstance(output, RequestOutput):
+                        out_tokens += sum(len(c.token_ids) for c in output.outputs)
+                    elapsed = time.perf_counter() - start
+                    rates = f"input: {in_tokens / elapsed:.1f} tok/s, "
+                    bar.set_postfix_str(rates + f"output: {out_tokens / elapsed:.1f} tok/s")
+                    bar.update(1)
         bar.close()
         return [finished[i] for i in request_ids]
+
+
+@contextmanager
+def interrupts_between_steps() -> Iterator[Callable[[], bool]]:
+    """Hold a Ctrl-C (SIGINT) until the engine's step in flight has finished: a step cut
+    midway would leave tensor-parallel workers (or data-parallel replicas) waiting in the
+    middle of it, out of step with rank 0 for every later call. Yields a check that says
+    whether one came. A second Ctrl-C interrupts at once (a step that never finishes).
+    Off the main thread, where Python delivers no signals, it changes nothing."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous == signal.SIG_IGN:
+        yield lambda: False
+        return
+    previous = signal.default_int_handler if previous is None else previous
+    received: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        received.append(signum)
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield lambda: bool(received)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:

@@ -6,6 +6,8 @@ its tools and options."""
 import json
 import os
 import shutil
+import signal
+import threading
 import weakref
 
 import pytest
@@ -309,3 +311,43 @@ def test_chat_reads_messages_as_openais(tmp_path) -> None:
                 use_tqdm=False,
                 chat_template="{{ raise_exception('no') }}" if "apply" in words else template,
             )
+
+
+@pytest.mark.parametrize("tensor_parallel_size", [1, 2])
+def test_ctrl_c_ends_generate_between_steps(tiny_model_path, tensor_parallel_size: int) -> None:
+    """A Ctrl-C mid-step waits for the step: cut midway, rank 0 and its workers would be out
+    of step, and the next generate would hang or fail. After it, the LLM answers as before."""
+    path = tiny_model_path("llama-gqa-llama3")
+    llm = LLM(path, tensor_parallel_size=tensor_parallel_size, num_kv_blocks=256, **ENGINE_KWARGS)
+    before = llm.generate(as_prompts([[5, 6, 7]]), greedy_params(), use_tqdm=False)
+    many = as_prompts([[5 + i, 6, 7] for i in range(64)])
+    long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+    for delay in (0.2, 0.25, 0.3, 0.35, 0.4, 0.45):  # wherever in a step it lands
+        threading.Timer(delay, signal.raise_signal, (signal.SIGINT,)).start()
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate(many, long, use_tqdm=False)
+        assert not llm.llm_engine.has_unfinished_requests()
+        after = llm.generate(as_prompts([[5, 6, 7]]), greedy_params(), use_tqdm=False)
+        assert after[0].outputs[0].token_ids == before[0].outputs[0].token_ids
+    llm.close()
+
+
+def test_generate_from_threads_takes_turns(llm_for, spread_prompts) -> None:
+    """Calls from several threads on one LLM each get their own prompts' answers."""
+    llm = llm_for("llama-gqa-llama3")
+    prompts = as_prompts(spread_prompts[:6])
+    expected = [
+        o.outputs[0].token_ids for o in llm.generate(prompts, greedy_params(), use_tqdm=False)
+    ]
+    results: list[list] = []
+
+    def run() -> None:
+        outputs = llm.generate(prompts, greedy_params(), use_tqdm=False)
+        results.append([o.outputs[0].token_ids for o in outputs])
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert results == [expected] * 3
