@@ -212,7 +212,7 @@ def _as_params_list(params: object, num_prompts: int, kind: type = SamplingParam
     if params is None or isinstance(params, kind):
         return [params or kind()] * num_prompts
     name = "sampling" if kind is SamplingParams else "pooling"
-    if isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
+    if isinstance(params, str | bytes | dict) or not hasattr(params, "__iter__"):
         raise TypeError(
             f"{name} params must be a {kind.__name__} or a list of them, one per prompt; "
             f"got {type(params).__name__}"

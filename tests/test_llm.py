@@ -180,6 +180,8 @@ def test_bad_sampling_params_count_raises(llm_for) -> None:
         llm.generate([{"prompt_token_ids": [5]}], [greedy_params()] * 2, use_tqdm=False)
     with pytest.raises(TypeError, match="must be a SamplingParams or a list.*got PoolingParams"):
         llm.generate([{"prompt_token_ids": [5]}], PoolingParams(), use_tqdm=False)
+    with pytest.raises(TypeError, match="must be a SamplingParams or a list.*got dict"):
+        llm.generate([{"prompt_token_ids": [5]}], {"max_tokens": 2}, use_tqdm=False)
     with pytest.raises(TypeError, match="must each be a SamplingParams, got dict"):
         llm.generate([{"prompt_token_ids": [5]}], [{"max_tokens": 2}], use_tqdm=False)
     with pytest.raises(TypeError, match="prompt_token_ids"):

@@ -25,7 +25,9 @@ kernels compute every row independently of the others (float32, bf16 and GGUF al
 unpadded one too.
 """
 
+import gc
 import logging
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -187,7 +189,22 @@ class CpuGraphRunner:
         self, size: int, batch: BatchInputs, inputs_embeds: torch.Tensor
     ) -> torch.Tensor | None:
         """Runs the step eagerly while recording it; -> its hidden states [size, hidden], or
-        None when it computed in torch (the caller then runs it eagerly)."""
+        None when it computed in torch (the caller then runs it eagerly).
+
+        A process's first capture makes torch import torch._dynamo (the dispatch mode goes
+        through its disable wrapper), and that import leaves a frame in a reference cycle
+        whose callers' frames hold this runner and the model; collected here, a dropped LLM
+        is freed at once (docs/python-api.md), not at the cyclic collector's next run."""
+        dynamo_was_loaded = "torch._dynamo" in sys.modules
+        try:
+            return self._record(size, batch, inputs_embeds)
+        finally:
+            if not dynamo_was_loaded and "torch._dynamo" in sys.modules:
+                gc.collect()
+
+    def _record(
+        self, size: int, batch: BatchInputs, inputs_embeds: torch.Tensor
+    ) -> torch.Tensor | None:
         hidden = inputs_embeds.shape[1]
         graph = _DecodeGraph(
             size,

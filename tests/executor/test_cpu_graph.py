@@ -4,6 +4,8 @@ give the same tokens and the same logprobs, bit for bit, for every batch size th
 makes (padded to a captured size or not), and anything capture cannot replay must run
 eagerly instead."""
 
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -187,3 +189,31 @@ def test_capture_mode_lets_allocations_and_views_through_and_nothing_else() -> N
 
 def test_capture_sizes_are_increasing_from_one() -> None:
     assert CAPTURE_SIZES[0] == 1 and list(CAPTURE_SIZES) == sorted(set(CAPTURE_SIZES))
+
+
+FRESH_PROCESS_DROP = """
+import gc, sys, weakref
+from pagedllm import LLM, SamplingParams
+assert "torch._dynamo" not in sys.modules, "the check needs a process without it"
+gc.disable()  # only reference counting frees the dropped LLM
+llm = LLM(sys.argv[1], dtype="float32", skip_tokenizer_init=True, num_kv_blocks=32)
+llm.generate([{"prompt_token_ids": [5, 6]}], SamplingParams(max_tokens=4), use_tqdm=False)
+assert "torch._dynamo" in sys.modules, "the capture imports it"
+model = weakref.ref(llm.llm_engine.executor.runner.model)
+del llm
+print("freed" if model() is None else "alive")
+"""
+
+
+def test_a_fresh_processs_first_capture_leaves_no_cycle_holding_the_model(
+    tiny_model_path: Callable[[str], str],
+) -> None:
+    """torch imports torch._dynamo inside the first capture, and that import leaves a frame
+    cycle holding the callers' frames (this process's tests import it earlier, so only a
+    fresh process shows it)."""
+    path = tiny_model_path("llama-gqa4")
+    result = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS_DROP, path], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "freed"
