@@ -112,13 +112,20 @@ def _validation_message(error: RequestValidationError) -> tuple[str, str | None]
         return "the request body must be a JSON object (Content-Type: application/json)", None
     listed = []
     for e in errors[:_MAX_LISTED_ERRORS]:
-        loc = [str(part) for part in e.get("loc", ()) if part != "body"]
+        loc = [str(part) for part in _field_path(e)]
         listed.append(f"{'.'.join(loc) or 'body'}: {e.get('msg', 'invalid value')}")
     if len(errors) > _MAX_LISTED_ERRORS:
         listed.append(f"and {len(errors) - _MAX_LISTED_ERRORS} more errors")
-    first_loc = [p for p in errors[0].get("loc", ()) if p != "body"] if errors else []
+    first_loc = _field_path(errors[0]) if errors else []
     param = str(first_loc[0]) if first_loc else None
     return "; ".join(listed) or "invalid request", param
+
+
+def _field_path(error: dict) -> list:
+    """Where a validation error is, without FastAPI's source prefix ("body", "query",
+    "path"): the field as the client named it."""
+    loc = list(error.get("loc", ()))
+    return loc[1:] if loc and loc[0] in ("body", "query", "path") else loc
 
 
 async def _on_openai_error(request: Request, error: OpenAIError) -> JSONResponse:

@@ -395,6 +395,9 @@ def test_input_items_list_the_requests_own_input(scripted: openai.OpenAI) -> Non
     assert only.content[0].text == "Weather?"
     with pytest.raises(openai.NotFoundError):
         scripted.responses.input_items.list("resp_unknown")
+    with pytest.raises(openai.BadRequestError) as info:
+        scripted.responses.input_items.list(response.id, extra_query={"order": "up"})
+    assert info.value.body["param"] == "order"  # as the client named it, not "query"
 
 
 def test_a_background_failure_ends_the_response_failed(
