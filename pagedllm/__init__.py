@@ -2,6 +2,7 @@
 
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.inputs import PromptType, TextPrompt, TokensPrompt
 from pagedllm.llm import LLM
 from pagedllm.outputs import (
     CompletionOutput,
@@ -24,7 +25,10 @@ __all__ = [
     "PoolerConfig",
     "PoolingParams",
     "PoolingRequestOutput",
+    "PromptType",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
+    "TextPrompt",
+    "TokensPrompt",
 ]

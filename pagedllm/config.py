@@ -110,6 +110,24 @@ def _auto_config(model: str) -> PretrainedConfig:
         return AutoConfig.from_pretrained(model, trust_remote_code=False)
     except OSError as e:
         raise ValueError(f"cannot read the config of {model!r}: {e}") from e
+    except ValueError as e:
+        remote = needs_remote_code(model, e)
+        if remote is None:
+            raise
+        raise remote from e
+
+
+def needs_remote_code(path: str, error: Exception) -> ValueError | None:
+    """transformers' refusal to run a checkpoint's own Python code, reworded: its advice,
+    trust_remote_code=True, does not apply, since pagedllm never runs such code. None for
+    any other error."""
+    if "trust_remote_code" not in str(error):
+        return None
+    return ValueError(
+        f"{path!r} needs its own Python code (auto_map), which pagedllm never runs, "
+        "trust_remote_code or not: pagedllm runs the architectures it implements "
+        "(docs/supported-models.md)"
+    )
 
 
 def parse_hf_overrides(value: dict | str) -> dict:
@@ -141,6 +159,15 @@ class ModelConfig:
     load_format: str = "auto"
     """vLLM's name: "auto" loads the checkpoint's weights; "dummy" makes random ones of its
     shapes on the device instead (benchmarks of a model's shape; nothing is read)."""
+    tokenizer: str | None = None
+    """vLLM's: the folder or .gguf file the tokenizer loads from; None (or from create, unset)
+    is the model's own."""
+    tokenizer_mode: str = "auto"
+    """One of TOKENIZER_MODES (vLLM's names)."""
+
+    def __post_init__(self) -> None:
+        if self.tokenizer is None:
+            self.tokenizer = self.model
 
     @classmethod
     def create(
@@ -154,11 +181,14 @@ class ModelConfig:
         pooler_config: PoolerConfig | dict | str | None = None,
         load_format: str = "auto",
         hf_overrides: dict | str | None = None,
+        tokenizer: str | None = None,
+        tokenizer_mode: str = "auto",
     ) -> "ModelConfig":
         """`hf_overrides` (vLLM's): config fields set over the checkpoint's, a dict or a
         JSON object (a model's shape changed, for benchmarks on random weights)."""
         if load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format {load_format!r}: use one of {', '.join(LOAD_FORMATS)}")
+        check_tokenizer_args(tokenizer, tokenizer_mode)
         if model is None:
             model = default_model_path()
         hf_config, gguf_file = load_hf_config(model)
@@ -208,6 +238,8 @@ class ModelConfig:
             runner_type,
             pooler,
             load_format,
+            tokenizer,
+            tokenizer_mode,
         )
 
     def verify_with_parallel_config(self, parallel: "ParallelConfig") -> None:
@@ -270,6 +302,29 @@ class ModelConfig:
     def matryoshka_dimensions(self) -> list[int] | None:
         """The only sizes the model allows, where its config lists them."""
         return getattr(self.hf_config, "matryoshka_dimensions", None)
+
+
+TOKENIZER_MODES = ("auto", "hf", "slow")
+"""vLLM's names: "auto" and "hf" load the Hugging Face tokenizer; "slow" asks transformers
+for its slow (Python) class, which transformers 5 no longer has: it loads the same fast one
+(engine/tokenizer.py says so in a warning)."""
+
+
+def check_tokenizer_args(tokenizer: str | None, tokenizer_mode: str) -> None:
+    """A tokenizer other than the model's must be a folder or a .gguf file here: a hub name
+    would otherwise send transformers to the network."""
+    if tokenizer_mode not in TOKENIZER_MODES:
+        raise ValueError(
+            f"tokenizer_mode {tokenizer_mode!r} is not supported; use one of "
+            f"{', '.join(TOKENIZER_MODES)}"
+        )
+    if tokenizer is None or os.path.isdir(tokenizer):
+        return
+    if not (tokenizer.endswith(".gguf") and os.path.isfile(tokenizer)):
+        raise ValueError(
+            f"tokenizer {tokenizer!r} is neither a folder nor a .gguf file (tokenizers are "
+            "never downloaded)"
+        )
 
 
 RUNNERS = ("auto", "generate", "pooling")

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.chat_messages import template_message
 from pagedllm.engine.data_parallel import make_engine
-from pagedllm.engine.llm_engine import PromptType
+from pagedllm.inputs import PromptType
 from pagedllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
@@ -52,6 +52,8 @@ class LLM:
         self.close()
 
     def get_tokenizer(self):  # noqa: ANN201 - a transformers tokenizer
+        if self.llm_engine.tokenizer is None:  # vLLM's error
+            raise ValueError("Unable to get tokenizer because skip_tokenizer_init is True")
         return self.llm_engine.tokenizer
 
     def generate(
@@ -82,8 +84,6 @@ class LLM:
         `continue_final_message` go to the template, as in vLLM's `LLM.chat`. A message
         or template the conversation cannot go through is a ValueError."""
         tokenizer = self.get_tokenizer()
-        if tokenizer is None:
-            raise ValueError("chat needs a tokenizer (skip_tokenizer_init is set)")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = []
         for conversation in conversations:

@@ -268,3 +268,40 @@ def test_a_sentence_transformers_max_seq_length_caps_the_context(tiny_model_path
     assert ModelConfig.create(str(folder), "float32").max_model_len == 32
     with pytest.raises(ValueError, match=r"must be in \[1, 32\]"):
         ModelConfig.create(str(folder), "float32", max_model_len=64)
+
+
+def test_the_tokenizer_is_the_models_unless_another_is_named(tiny_model_path, tmp_path) -> None:
+    """vLLM's ModelConfig.tokenizer: the model's path when unset."""
+    model = tiny_model_path("llama-gqa4")
+    assert ModelConfig.create(model).tokenizer == model
+    assert ModelConfig.create(model, tokenizer=str(tmp_path)).tokenizer == str(tmp_path)
+    gguf = default_model_path()
+    assert ModelConfig.create(model, tokenizer=gguf).tokenizer == gguf
+
+
+@pytest.mark.parametrize("name", ["nowhere", "tokenizer.json", "org/name"])
+def test_a_tokenizer_that_is_no_folder_or_gguf_file_is_refused(
+    tiny_model_path, tmp_path, name: str
+) -> None:
+    """A hub name or a lone file: transformers would go to the network or fail deep inside."""
+    (tmp_path / "tokenizer.json").write_text("{}")
+    tokenizer = name if name == "org/name" else str(tmp_path / name)
+    with pytest.raises(ValueError, match="is neither a folder nor a .gguf file"):
+        ModelConfig.create(tiny_model_path("llama-gqa4"), tokenizer=tokenizer)
+
+
+def test_an_unknown_tokenizer_mode_lists_the_choices(tiny_model_path) -> None:
+    with pytest.raises(ValueError, match="tokenizer_mode 'mistral' .* use one of auto, hf, slow"):
+        ModelConfig.create(tiny_model_path("llama-gqa4"), tokenizer_mode="mistral")
+
+
+def test_a_model_that_needs_its_own_code_says_pagedllm_never_runs_it(tmp_path) -> None:
+    """Not transformers' advice to pass trust_remote_code=True, which changes nothing here."""
+    config_json = {
+        "model_type": "my_arch",
+        "architectures": ["MyForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_my.MyConfig"},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config_json))
+    with pytest.raises(ValueError, match="needs its own Python code .* pagedllm never runs"):
+        ModelConfig.create(str(tmp_path))

@@ -22,6 +22,7 @@ LAYERS = (
     ("config",),
     (
         "gguf",
+        "inputs",
         "sampling_params",
         "pooling_params",
         "pooler_config",

@@ -12,17 +12,20 @@ import weakref
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file, save_file
 
-from pagedllm import LLM, PoolingParams, SamplingParams
+from pagedllm import LLM, PoolingParams, SamplingParams, TextPrompt
 from pagedllm.sampling_params import StructuredOutputsParams
 from tests.devices import DEVICES
+from tests.embedding_models import save_byte_tokenizer
 from tests.entrypoints.openai.scripted_model import save_scripted_model
 from tests.reference_cycles import left_for_the_cyclic_collector
 
 GREEDY_MODELS = ["llama-gqa-llama3", "qwen3", "qwen3-moe"]
 MAX_TOKENS = 32
 ENGINE_KWARGS = dict(skip_tokenizer_init=True, dtype="float32", device="cpu")
+SMALL_ENGINE = dict(dtype="float32", device="cpu", num_kv_blocks=16, max_model_len=128)
 
 
 def greedy_params(max_tokens: int = MAX_TOKENS) -> SamplingParams:
@@ -353,3 +356,24 @@ def test_generate_from_threads_takes_turns(llm_for, spread_prompts) -> None:
     for thread in threads:
         thread.join(timeout=120)
     assert results == [expected] * 3
+
+
+def test_get_tokenizer_without_one_is_vllms_value_error(llm_for) -> None:
+    """vLLM's LLM.get_tokenizer under skip_tokenizer_init: a ValueError, not None."""
+    llm = llm_for("llama-gqa-llama3")
+    with pytest.raises(ValueError, match="Unable to get tokenizer because skip_tokenizer_init"):
+        llm.get_tokenizer()
+    with pytest.raises(ValueError, match="skip_tokenizer_init"):
+        llm.chat([{"role": "user", "content": "Hi"}], use_tqdm=False)
+
+
+def test_a_tokenizer_folder_beside_the_model_tokenizes_its_prompts(tiny_model_path, tmp_path):
+    """vLLM's `tokenizer`: the model's folder has none; text prompts are tokenized by the
+    named folder's (reference: transformers' AutoTokenizer of that folder)."""
+    save_byte_tokenizer(str(tmp_path))
+    llm = LLM(tiny_model_path("llama-gqa-llama3"), tokenizer=tmp_path, **SMALL_ENGINE)
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    (out,) = llm.generate(TextPrompt(prompt="Hi there"), params, use_tqdm=False)
+    assert out.prompt_token_ids == reference.encode("Hi there")
+    assert out.outputs[0].text == reference.decode(out.outputs[0].token_ids)

@@ -1,7 +1,10 @@
 """EngineArgs: the flat options a user passes (LLM(...), the CLI), turned into EngineConfig."""
 
 import argparse
+import os
 from dataclasses import MISSING, dataclass, field, fields
+
+import torch
 
 from pagedllm.batch_invariant import env_batch_invariant
 from pagedllm.config import (
@@ -14,6 +17,7 @@ from pagedllm.config import (
     env_attention_backend,
     resolve_device,
 )
+from pagedllm.engine.arg_checks import HUB_FIELDS, checked_value, refuse_hub_value
 from pagedllm.engine.batch_defaults import UsageContext, default_batch_limits
 from pagedllm.layers.attention_backends.selector import check_attn_backend
 from pagedllm.pooler_config import PoolerConfig
@@ -32,8 +36,22 @@ _SHORT_FLAGS = {
 
 @dataclass
 class EngineArgs:
-    model: str | None = None
-    dtype: str = "auto"
+    """Every field is checked against its annotation when the args are made (arg_checks.py):
+    a wrong type is a TypeError naming the argument. A path given as an os.PathLike is kept
+    as its str."""
+
+    model: str | os.PathLike | None = None
+    # A folder or .gguf file whose tokenizer (and chat template) replaces the model's
+    tokenizer: str | os.PathLike | None = None
+    tokenizer_mode: str = "auto"
+    # vLLM's; pagedllm never runs a checkpoint's own code, so True changes nothing
+    trust_remote_code: bool = False
+    # vLLM's hub arguments: None only (nothing is downloaded)
+    revision: str | None = None
+    code_revision: str | None = None
+    tokenizer_revision: str | None = None
+    download_dir: str | None = None
+    dtype: str | torch.dtype = "auto"
     quantization: str | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -72,7 +90,7 @@ class EngineArgs:
     max_logprobs: int = 20
     max_n: int = DEFAULT_MAX_N
     logprobs_mode: str = "raw_logprobs"
-    logits_processors: tuple = ()
+    logits_processors: tuple | list = ()
     enforce_eager: bool = False
     batch_invariant: bool = field(default_factory=env_batch_invariant)
     attention_backend: str | None = field(default_factory=env_attention_backend)
@@ -81,11 +99,23 @@ class EngineArgs:
     load_format: str = "auto"
     hf_overrides: dict | str | None = None
     usage_context: UsageContext = UsageContext.LLM_CLASS
+    # vLLM's, accepted: pagedllm logs no periodic stats, and its all-reduce is
+    # torch.distributed's (there is no custom one to turn off)
+    disable_log_stats: bool = False
+    disable_custom_all_reduce: bool = False
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            setattr(self, f.name, checked_value(f, getattr(self, f.name)))
+        for name in HUB_FIELDS:
+            refuse_hub_value(name, getattr(self, name))
 
     def create_engine_config(self) -> EngineConfig:
         device = resolve_device(self.device)
         model_config = ModelConfig.create(
             model=self.model,
+            tokenizer=self.tokenizer,
+            tokenizer_mode=self.tokenizer_mode,
             dtype=self.dtype,
             max_model_len=self.max_model_len,
             device=device,

@@ -20,11 +20,15 @@ from pagedllm.core.sequence import new_seq_id
 from pagedllm.engine.detokenizer import make_detokenizer
 from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Completion, Request
+from pagedllm.inputs import PromptType as UserPrompt
+from pagedllm.inputs import check_prompt_dict
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.structured_output import GrammarMatcher, StructuredOutputManager
 
-PromptType = str | list[int] | dict
+PromptType = UserPrompt | list[int]
+"""vLLM's prompt types (pagedllm/inputs.py), or bare token ids, which the engine takes too
+(LLM.generate refuses them as ambiguous)."""
 
 
 def check_token_ids(token_ids: Sequence[int], vocab_size: int, name: str = "prompt") -> None:
@@ -133,6 +137,7 @@ class InputProcessor:
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         text, token_ids = None, None
         if isinstance(prompt, dict):
+            check_prompt_dict(prompt)
             text, token_ids = prompt.get("prompt"), prompt.get("prompt_token_ids")
         elif isinstance(prompt, str):
             text = prompt

@@ -2,22 +2,40 @@
 
 import os
 
+import transformers
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
-from pagedllm.config import ModelConfig
+from pagedllm.config import ModelConfig, needs_remote_code
+from pagedllm.logger import init_logger
+
+logger = init_logger(__name__)
 
 
 def get_tokenizer(model_config: ModelConfig) -> PreTrainedTokenizerBase:
-    if model_config.gguf_file is not None:
+    """The tokenizer of `model_config.tokenizer` (the model's folder or GGUF file unless
+    another is named), loaded as its tokenizer_mode says."""
+    path = model_config.tokenizer
+    if model_config.tokenizer_mode == "slow":
+        logger.warning(
+            "tokenizer_mode 'slow': transformers %s has fast tokenizers only, so %s loads "
+            "the same tokenizer as with 'auto'",
+            transformers.__version__,
+            path,
+        )
+    if path.endswith(".gguf"):
         from pagedllm.gguf.tokenizer import load_gguf_tokenizer
 
-        return load_gguf_tokenizer(model_config.gguf_file)
-    folder = model_config.model if os.path.isdir(model_config.model) else None
+        return load_gguf_tokenizer(path)
     try:
-        return AutoTokenizer.from_pretrained(folder or model_config.model)
+        return AutoTokenizer.from_pretrained(
+            path,
+            use_fast=model_config.tokenizer_mode != "slow",
+            local_files_only=True,
+            trust_remote_code=False,  # unset, transformers asks on stdin whether to run code
+        )
     except (OSError, ValueError, TypeError) as e:
-        raise ValueError(
-            f"cannot load a tokenizer from {model_config.model!r} ({e}); "
+        raise needs_remote_code(path, e) or ValueError(
+            f"cannot load a tokenizer from {path!r} ({e}); "
             "pass skip_tokenizer_init=True and give prompts as token ids"
         ) from e
 

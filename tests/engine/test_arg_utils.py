@@ -1,9 +1,12 @@
 """EngineArgs (pagedllm/engine/arg_utils.py). Reference: its fields: each one (but
 logits_processors, Python objects, and seed, which on the command line is a request's sampling
 seed) is a --kebab-case flag of its type, flags parse back to the same EngineArgs, and
-create_engine_config hands every field to the config part that owns it."""
+create_engine_config hands every field to the config part that owns it; vLLM's hub arguments
+(revision, download_dir) are flags whose only accepted value is their default."""
 
 import argparse
+import pathlib
+import re
 from dataclasses import fields
 
 import pytest
@@ -14,6 +17,7 @@ from pagedllm.engine.arg_utils import EngineArgs
 from tests.engine.engine_helpers import LLAMA
 
 NOT_CLI = {"logits_processors", "seed", "usage_context", "node_replicas"}
+HUB = {"revision": "main", "code_revision": "main", "tokenizer_revision": "v1", "download_dir": "d"}
 
 
 def parser_with_flags(with_model: bool = True) -> argparse.ArgumentParser:
@@ -43,6 +47,13 @@ def test_flags_round_trip_with_their_types() -> None:
     argv = [
         "--model",
         "m",
+        "--tokenizer",
+        "t",
+        "--tokenizer-mode",
+        "slow",
+        "--trust-remote-code",
+        "--disable-log-stats",
+        "--disable-custom-all-reduce",
         "--dtype",
         "float16",
         "-tp",
@@ -116,6 +127,11 @@ def test_flags_round_trip_with_their_types() -> None:
     args = EngineArgs.from_cli_args(parser_with_flags().parse_args(argv))
     assert args == EngineArgs(
         model="m",
+        tokenizer="t",
+        tokenizer_mode="slow",
+        trust_remote_code=True,
+        disable_log_stats=True,
+        disable_custom_all_reduce=True,
         dtype="float16",
         tensor_parallel_size=2,
         pipeline_parallel_size=3,
@@ -155,9 +171,18 @@ def test_flags_round_trip_with_their_types() -> None:
         data_parallel_address="10.0.0.1",
         data_parallel_rpc_port=13345,
     )
-    assert {f.name for f in fields(EngineArgs) if f.name not in NOT_CLI} == {
+    assert {f.name for f in fields(EngineArgs) if f.name not in NOT_CLI | set(HUB)} == {
         name for name, value in vars(args).items() if value != getattr(EngineArgs(), name)
     }, "every flag above differs from its default"
+
+
+@pytest.mark.parametrize("name, value", HUB.items())
+def test_a_hub_flag_is_refused_by_name(name: str, value: str) -> None:
+    """pagedllm downloads nothing: a revision or download folder is a ValueError naming it."""
+    flag = "--" + name.replace("_", "-")
+    namespace = parser_with_flags().parse_args([flag, value])
+    with pytest.raises(ValueError, match=f"{name}='{value}': pagedllm loads local folders"):
+        EngineArgs.from_cli_args(namespace)
 
 
 def test_from_cli_args_ignores_the_sampling_seed() -> None:
@@ -171,6 +196,8 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
         tiny_model_path(LLAMA),
         dtype="float16",
         tensor_parallel_size=2,
+        tokenizer=tiny_model_path(LLAMA),
+        tokenizer_mode="slow",
         enable_expert_parallel=True,
         distributed_executor_backend="mp",
         nnodes=2,
@@ -230,6 +257,7 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
     assert (config.enforce_eager, config.batch_invariant) == (True, True)
     assert config.attention_backend == "TORCH_SDPA"
     assert (model.hf_config.num_hidden_layers, model.hf_config.rope_theta) == (1, 500.0)
+    assert (model.tokenizer, model.tokenizer_mode) == (args.tokenizer, "slow")
 
 
 @pytest.mark.parametrize("overrides", ["{not json", "[1, 2]", {1: 2}])
@@ -331,3 +359,66 @@ def test_an_attention_backend_that_cannot_run_here_is_named(tiny_model_path, mon
     monkeypatch.setattr(_triton_ops, "interpreting", lambda: False)
     with pytest.raises(ValueError, match="TRITON_ATTN cannot run .*TRITON_INTERPRET=1"):
         EngineArgs(path, device="cpu", attention_backend="TRITON_ATTN").create_engine_config()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_model_len": "128"}, "max_model_len must be an int or None, got '128' of type str"),
+        ({"max_model_len": 64.5}, "max_model_len must be an int or None, got 64.5"),
+        ({"max_num_seqs": 2.5}, "max_num_seqs must be an int or None, got 2.5"),
+        ({"max_num_batched_tokens": 100.5}, "max_num_batched_tokens must be an int or None"),
+        ({"block_size": 16.0}, "block_size must be an int, got 16.0 of type float"),
+        ({"block_size": True}, "block_size must be an int, got True of type bool"),
+        ({"num_kv_blocks": 40.5}, "num_kv_blocks must be an int or None, got 40.5"),
+        ({"tensor_parallel_size": "2"}, "tensor_parallel_size must be an int, got '2'"),
+        ({"seed": None}, "seed must be an int, got None of type NoneType"),
+        ({"seed": "1"}, "seed must be an int, got '1' of type str"),
+        ({"seed": 1.5}, "seed must be an int, got 1.5 of type float"),
+        ({"gpu_memory_utilization": "0.5"}, "gpu_memory_utilization must be a number, got '0.5'"),
+        ({"enforce_eager": 1}, "enforce_eager must be a bool, got 1 of type int"),
+        ({"async_scheduling": "yes"}, "async_scheduling must be a bool or None, got 'yes'"),
+        ({"dtype": 16}, "dtype must be a str or a torch.dtype, got 16"),
+        ({"device": None}, "device must be a str, got None"),
+        ({"model": 123}, "model must be a str or an os.PathLike or None, got 123 of type int"),
+        ({"tokenizer": 1}, "tokenizer must be a str or an os.PathLike or None, got 1"),
+        ({"trust_remote_code": "true"}, "trust_remote_code must be a bool, got 'true'"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_named_with_the_types_allowed(kwargs, message) -> None:
+    """Not an error from deep inside ('<=' between int and str, torch's seed TypeError),
+    and no float or str silently taken as an int."""
+    with pytest.raises(TypeError, match=re.escape(message)):
+        EngineArgs(**kwargs)
+
+
+def test_an_int_outside_int64_or_a_non_finite_number_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="seed must be an int in the signed 64-bit range"):
+        EngineArgs(seed=2**64)
+    with pytest.raises(ValueError, match="gpu_memory_utilization must be a number, got nan"):
+        EngineArgs(gpu_memory_utilization=float("nan"))
+
+
+def test_values_of_the_right_types_are_kept() -> None:
+    """None where the type allows it, an int for a float, a torch dtype, a list of processors."""
+    args = EngineArgs(
+        max_model_len=None, gpu_memory_utilization=1, dtype=torch.float16, logits_processors=[]
+    )
+    assert args.gpu_memory_utilization == 1.0 and isinstance(args.gpu_memory_utilization, float)
+    assert (args.max_model_len, args.dtype, args.logits_processors) == (None, torch.float16, [])
+
+
+def test_paths_may_be_path_objects(tiny_model_path) -> None:
+    """pathlib.Path (any os.PathLike) is taken as its str, as vLLM takes it."""
+    folder = tiny_model_path(LLAMA)
+    args = EngineArgs(model=pathlib.Path(folder), tokenizer=pathlib.Path(folder))
+    assert (args.model, args.tokenizer) == (folder, folder)
+    assert args.create_engine_config().model_config.model == folder
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"trust_remote_code": True}, {"disable_log_stats": True}, {"tokenizer_mode": "hf"}]
+)
+def test_vllms_arguments_of_a_typical_script_are_accepted(tiny_model_path, kwargs) -> None:
+    config = EngineArgs(tiny_model_path(LLAMA), skip_tokenizer_init=True, **kwargs)
+    assert config.create_engine_config().model_config.model == tiny_model_path(LLAMA)

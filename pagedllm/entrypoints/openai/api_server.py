@@ -265,11 +265,6 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="vLLM's older flag, accepted: requests are not logged unless --enable-log-requests",
     )
     parser.add_argument(
-        "--disable-log-stats",
-        action="store_true",
-        help="vLLM's flag, accepted: pagedllm logs no periodic stats (its figures are at /metrics)",
-    )
-    parser.add_argument(
         "--uvicorn-log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
