@@ -4,7 +4,7 @@ import importlib.util
 import json
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import AutoConfig, PretrainedConfig
@@ -16,6 +16,7 @@ from pagedllm.pooler_config import (
     is_sentence_transformers_folder,
     sentence_transformers_pooler_config,
 )
+from pagedllm.sampling_defaults import sampling_defaults
 from pagedllm.sampling_params import DEFAULT_MAX_N
 
 logger = init_logger(__name__)
@@ -164,6 +165,9 @@ class ModelConfig:
     is the model's own."""
     tokenizer_mode: str = "auto"
     """One of TOKENIZER_MODES (vLLM's names)."""
+    sampling_defaults: dict = field(default_factory=dict)
+    """vLLM's default sampling params from the model's generation config (sampling_defaults.py):
+    SamplingParams field -> value, for requests that leave the field unset."""
 
     def __post_init__(self) -> None:
         if self.tokenizer is None:
@@ -183,6 +187,8 @@ class ModelConfig:
         hf_overrides: dict | str | None = None,
         tokenizer: str | None = None,
         tokenizer_mode: str = "auto",
+        generation_config: str = "auto",
+        override_generation_config: dict | str | None = None,
     ) -> "ModelConfig":
         """`hf_overrides` (vLLM's): config fields set over the checkpoint's, a dict or a
         JSON object (a model's shape changed, for benchmarks on random weights)."""
@@ -240,6 +246,7 @@ class ModelConfig:
             load_format,
             tokenizer,
             tokenizer_mode,
+            sampling_defaults(model, generation_config, override_generation_config),
         )
 
     def verify_with_parallel_config(self, parallel: "ParallelConfig") -> None:

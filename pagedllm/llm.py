@@ -56,14 +56,23 @@ class LLM:
             raise ValueError("Unable to get tokenizer because skip_tokenizer_init is True")
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: the sampling params of a call that gives none: the model's recommended
+        ones from its generation config (`generation_config`, sampling_defaults.py) over
+        SamplingParams' defaults."""
+        return SamplingParams(**self.llm_engine.config.model_config.sampling_defaults)
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in input order."""
+        """One RequestOutput per prompt, in input order; no sampling params: the defaults
+        get_default_sampling_params gives (the model's generation config)."""
         prompts = _as_prompt_list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params = _as_params_list(sampling_params, len(prompts))
         return self._run(prompts, [_final_only(p) for p in params], use_tqdm)
 

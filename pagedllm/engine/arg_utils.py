@@ -101,6 +101,10 @@ class EngineArgs:
     usage_context: UsageContext = UsageContext.LLM_CLASS
     # vLLM's, accepted: pagedllm logs no periodic stats, and its all-reduce is
     # torch.distributed's (there is no custom one to turn off)
+    # vLLM's: where the default sampling params come from ("auto": the model's
+    # generation_config.json, "vllm": SamplingParams' own, or a folder), and fields over them
+    generation_config: str = "auto"
+    override_generation_config: dict | str | None = None
     disable_log_stats: bool = False
     disable_custom_all_reduce: bool = False
 
@@ -116,6 +120,8 @@ class EngineArgs:
             model=self.model,
             tokenizer=self.tokenizer,
             tokenizer_mode=self.tokenizer_mode,
+            generation_config=self.generation_config,
+            override_generation_config=self.override_generation_config,
             dtype=self.dtype,
             max_model_len=self.max_model_len,
             device=device,

@@ -123,6 +123,10 @@ def test_flags_round_trip_with_their_types() -> None:
         "10.0.0.1",
         "--data-parallel-rpc-port",
         "13345",
+        "--generation-config",
+        "vllm",
+        "--override-generation-config",
+        '{"temperature": 0.5}',
     ]
     args = EngineArgs.from_cli_args(parser_with_flags().parse_args(argv))
     assert args == EngineArgs(
@@ -170,6 +174,8 @@ def test_flags_round_trip_with_their_types() -> None:
         data_parallel_start_rank=1,
         data_parallel_address="10.0.0.1",
         data_parallel_rpc_port=13345,
+        generation_config="vllm",
+        override_generation_config='{"temperature": 0.5}',
     )
     assert {f.name for f in fields(EngineArgs) if f.name not in NOT_CLI | set(HUB)} == {
         name for name, value in vars(args).items() if value != getattr(EngineArgs(), name)

@@ -95,6 +95,10 @@ _SamplingParamsFields = create_model(
 )
 
 
+_NULLABLE = ("n", "stream", "temperature", "top_p", "presence_penalty", "frequency_penalty")
+"""The fields OpenAI documents as nullable."""
+
+
 class SamplingFields(_SamplingParamsFields):
     """Fields shared by completions and chat: SamplingParams' request fields (OpenAI's
     and vLLM's extras), plus OpenAI's request plumbing. Undeclared fields are kept in
@@ -109,27 +113,31 @@ class SamplingFields(_SamplingParamsFields):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
 
-    @field_validator(
-        "n",
-        "stream",
-        "temperature",
-        "top_p",
-        "presence_penalty",
-        "frequency_penalty",
-        mode="before",
-    )
+    @model_validator(mode="before")
     @classmethod
-    def _null_means_default(cls, value: object, info: ValidationInfo) -> object:
-        """OpenAI's API lets clients send null for these; it means the default."""
-        return cls.model_fields[info.field_name].default if value is None else value
+    def _null_means_default(cls, data: object) -> object:
+        """OpenAI's API lets clients send null for these; it means the default: the field
+        is left unset, so the model's sampling default applies to it as to an absent one."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not (v is None and k in _NULLABLE)}
+        return data
 
     def sampling_params(
-        self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None
+        self,
+        max_tokens: int,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+        defaults: dict[str, object] | None = None,
     ) -> SamplingParams:
-        """DELTA outputs (the server accumulates them itself). Raises ValueError/TypeError
-        naming the field when a value is out of range."""
+        """DELTA outputs (the server accumulates them itself). `defaults`: the model's
+        sampling defaults (sampling_defaults.py), for the fields the request left unset.
+        Raises ValueError/TypeError naming the field when a value is out of range."""
+        values = {name: getattr(self, name) for name in REQUEST_FIELDS}
+        for name, value in (defaults or {}).items():
+            if name in values and name not in self.model_fields_set:
+                values[name] = value
         return SamplingParams(
-            **{name: getattr(self, name) for name in REQUEST_FIELDS},
+            **values,
             max_tokens=max_tokens,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,

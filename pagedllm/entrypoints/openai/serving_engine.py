@@ -56,6 +56,7 @@ class OpenAIServing:
         self.request_logger: RequestLogger | None = None  # --enable-log-requests
         config = engine.config
         self.max_model_len = config.model_config.max_model_len
+        self.sampling_defaults = config.model_config.sampling_defaults
         self.vocab_size = config.model_config.vocab_size
 
     def check_model(self, model: str | None) -> str:
@@ -151,8 +152,9 @@ class OpenAIServing:
                 param=param,
                 code="context_length_exceeded",
             )
-        if requested is None:
-            return limit - prompt_len
+        if requested is None:  # the model's default, if it has one, within the room left
+            room = limit - prompt_len
+            return min(self.sampling_defaults.get("max_tokens", room), room)
         if requested >= 1 and prompt_len + requested > limit:
             raise OpenAIError(
                 f"This model's maximum context length is {limit} tokens. However, you "
@@ -174,7 +176,9 @@ class OpenAIServing:
         answers, so the metrics see each token's time. The checks that need the model
         (`verify`) are the engine's, made when the request is added, before any output."""
         try:
-            params = request.sampling_params(max_tokens, logprobs, prompt_logprobs)
+            params = request.sampling_params(
+                max_tokens, logprobs, prompt_logprobs, self.sampling_defaults
+            )
         except (ValueError, TypeError) as e:
             raise invalid_value_error(e, type(request).model_fields) from e
         return params

@@ -51,7 +51,10 @@ def tokenizer() -> PreTrainedTokenizerBase:
 def shared(tokenizer: PreTrainedTokenizerBase) -> Iterator[tuple]:
     """OpenAIServing's arguments over a fake engine."""
     model_config = SimpleNamespace(
-        max_model_len=MAX_MODEL_LEN, vocab_size=len(tokenizer), runner_type="generate"
+        max_model_len=MAX_MODEL_LEN,
+        vocab_size=len(tokenizer),
+        runner_type="generate",
+        sampling_defaults={},
     )
     engine = SimpleNamespace(config=SimpleNamespace(model_config=model_config))
     stats = EngineStats(0, 0, 0, 0.0, 1, 1, 0, 0, 0, 0)
