@@ -18,6 +18,7 @@ from pagedllm.pooler_config import (
 )
 from pagedllm.sampling_defaults import sampling_defaults
 from pagedllm.sampling_params import DEFAULT_MAX_N
+from pagedllm.value_checks import as_json_object
 
 logger = init_logger(__name__)
 
@@ -133,14 +134,7 @@ def needs_remote_code(path: str, error: Exception) -> ValueError | None:
 
 def parse_hf_overrides(value: dict | str) -> dict:
     """A dict of config fields from itself or a JSON object (the CLI's --hf-overrides)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"hf_overrides {value!r} is not a JSON object: {e}") from e
-    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
-        raise ValueError(f"hf_overrides must be an object of config fields, got {value!r}")
-    return value
+    return as_json_object("hf_overrides", value)
 
 
 @dataclass

@@ -12,6 +12,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from pagedllm.value_checks import as_json_object
+
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 
 # sentence-transformers' pooling flags -> vLLM's pooling types.
@@ -79,13 +81,9 @@ class PoolerConfig:
             return cls()
         if isinstance(value, cls):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"pooler_config {value!r} is not a JSON object: {e}") from e
-        if not isinstance(value, dict):
+        if not isinstance(value, str | dict):
             raise TypeError(f"pooler_config must be a PoolerConfig, a dict or JSON, got {value!r}")
+        value = as_json_object("pooler_config", value)
         unknown = set(value) - {"pooling_type", "normalize"}
         if unknown:
             raise ValueError(

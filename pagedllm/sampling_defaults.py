@@ -10,11 +10,12 @@ SamplingParams' own defaults) or a folder holding one. `override_generation_conf
 own default of 50.
 """
 
-import json
 import logging
 import os
 
 from transformers import GenerationConfig
+
+from pagedllm.value_checks import as_json_object
 
 logger = logging.getLogger(__name__)  # pagedllm.logger is a unit of this layer's row
 
@@ -64,11 +65,4 @@ def _read(folder: str, required: bool) -> dict[str, object]:
 def _parse_override(override: dict | str | None) -> dict[str, object]:
     if override is None:
         return {}
-    if isinstance(override, str):
-        try:
-            override = json.loads(override)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"override_generation_config is not JSON: {e}") from e
-    if not isinstance(override, dict):
-        raise ValueError(f"override_generation_config must be a JSON object, got {override!r}")
-    return dict(override)
+    return dict(as_json_object("override_generation_config", override))

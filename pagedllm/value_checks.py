@@ -2,6 +2,7 @@
 value and what is allowed: the ranges the sampler's tensors can hold (int64, float32), valid
 Unicode, token ids in the vocabulary. SamplingParams builds its checks from these."""
 
+import json
 import math
 
 _MAX_LOGIT_BIAS = 100.0
@@ -83,3 +84,15 @@ def check_ids_in_vocab(name: str, ids: list[int], vocab_size: int) -> None:
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad:
         raise ValueError(f"{name} must be token ids in [0, {vocab_size}), got {bad}")
+
+
+def as_json_object(name: str, value: object) -> dict:
+    """A dict, or the JSON object a str holds (a CLI flag's value), with str keys."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name} {value!r} is not a JSON object: {e}") from e
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise ValueError(f"{name} must be a JSON object (a dict with str keys), got {value!r}")
+    return value
