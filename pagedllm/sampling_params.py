@@ -188,6 +188,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last N tokens; -1: max_model_len
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
@@ -256,6 +257,11 @@ class SamplingParams:
             fail("min_tokens", self.min_tokens, ">= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             fail("min_tokens", self.min_tokens, f"<= max_tokens={self.max_tokens}")
+        keep = self.truncate_prompt_tokens
+        if keep is not None:
+            keep = self.truncate_prompt_tokens = as_int("truncate_prompt_tokens", keep, "an int")
+            if keep == 0 or keep < -1:
+                fail("truncate_prompt_tokens", keep, ">= 1, or -1 for max_model_len (or None)")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if isinstance(value, bool):  # an int to vLLM: True asks for 1
@@ -397,4 +403,13 @@ REQUEST_FIELDS = (
     "logit_bias",
     "allowed_token_ids",
     "bad_words",
+    "truncate_prompt_tokens",
 )
+
+
+def truncated_prompt(token_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the prompt's last `keep` ids (-1: max_model_len's worth;
+    None: all of them)."""
+    if keep is None:
+        return token_ids
+    return token_ids[-(max_model_len if keep == -1 else keep) :]

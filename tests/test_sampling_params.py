@@ -77,6 +77,8 @@ def test_vllms_conversions() -> None:
         ({"n": 2**63}, "64-bit"),
         ({"top_k": 2**64}, "64-bit"),
         ({"stop": ["x"], "detokenize": False}, "detokenize=False"),
+        ({"truncate_prompt_tokens": 0}, ">= 1, or -1"),
+        ({"truncate_prompt_tokens": -2}, ">= 1, or -1"),
     ],
 )
 def test_out_of_range_raises_value_error_naming_field_value_and_range(

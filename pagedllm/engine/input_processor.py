@@ -23,7 +23,7 @@ from pagedllm.engine.request import Completion, Request
 from pagedllm.inputs import PromptType as UserPrompt
 from pagedllm.inputs import check_prompt_dict
 from pagedllm.pooling_params import PoolingParams
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.sampling_params import SamplingParams, truncated_prompt
 from pagedllm.structured_output import GrammarMatcher, StructuredOutputManager
 
 PromptType = UserPrompt | list[int]
@@ -72,7 +72,7 @@ class InputProcessor:
     ) -> Request:
         """A Request with its first sequence (its n completions fork at the first token)."""
         params = self._prepare_params(params)
-        text, token_ids = self._tokenize(prompt)
+        text, token_ids = self._tokenize(prompt, params.truncate_prompt_tokens)
         self._check_fits_cache(len(token_ids), params)
         request = Request(request_id, text, token_ids, params, arrival_time)
         block_size = self.config.cache_config.block_size
@@ -134,7 +134,11 @@ class InputProcessor:
         self.validate_params(params)
         return params
 
-    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+    def _tokenize(
+        self, prompt: PromptType, keep: int | None = None
+    ) -> tuple[str | None, list[int]]:
+        """The prompt's text (if it has one) and token ids, cut to the last `keep` (vLLM's
+        truncate_prompt_tokens; -1: max_model_len), then checked."""
         text, token_ids = None, None
         if isinstance(prompt, dict):
             check_prompt_dict(prompt)
@@ -151,6 +155,7 @@ class InputProcessor:
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer (skip_tokenizer_init is set)")
             token_ids = self.tokenizer.encode(text)
+        token_ids = truncated_prompt(token_ids, keep, self.config.model_config.max_model_len)
         self._check_prompt_ids(token_ids)
         return text, token_ids
 

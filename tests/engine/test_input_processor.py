@@ -202,3 +202,14 @@ def test_text_fields_without_a_tokenizer_are_refused(make_processor, field: str)
     with pytest.raises(ValueError, match=f"{field} needs the tokenizer"):
         make_processor().process("r", [3], SamplingParams(**{field: ["x"]}))
     make_processor(ByteTokenizer()).process("r", [3], SamplingParams(**{field: ["x"]}))
+
+
+def test_truncate_prompt_tokens_keeps_the_last_ones(make_processor) -> None:
+    """vLLM's truncate_prompt_tokens: the prompt's last N ids; -1 keeps up to max_model_len,
+    so an over-long prompt is accepted."""
+    processor = make_processor()
+    request = processor.process("r", [3, 4, 5, 6], SamplingParams(truncate_prompt_tokens=2))
+    assert request.prompt_token_ids == [5, 6]
+    long = list(range(3, 3 + MAX_MODEL_LEN + 5))
+    request = processor.process("l", long, SamplingParams(max_tokens=1, truncate_prompt_tokens=-1))
+    assert request.prompt_token_ids == long[-MAX_MODEL_LEN:]

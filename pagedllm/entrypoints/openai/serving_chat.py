@@ -107,6 +107,7 @@ class OpenAIServingChat(OpenAIServing):
         tool_parser = tool_parser_factory(tool_choice, self.tool_parser, request.tools)
         generic = self.uses_generic_format(request)
         prompt_text, prompt_ids = await self.apply_chat_template(request)
+        prompt_ids = self.truncated(prompt_ids, request.truncate_prompt_tokens)
         limit = "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
         max_tokens = self.max_tokens(
             request.requested_max_tokens, len(prompt_ids), "messages", limit

@@ -38,7 +38,7 @@ class OpenAIServingCompletion(OpenAIServing):
         model = self.check_model(request.model)
         self.check_generates()
         check_unsupported_fields(request.model_extra, "completion")
-        prompts = await self._prompts(request.prompt)
+        prompts = await self._prompts(request.prompt, request.truncate_prompt_tokens)
         echo_logprobs = request.logprobs if request.echo else None
         params = [
             self.sampling_params(
@@ -63,7 +63,9 @@ class OpenAIServingCompletion(OpenAIServing):
         finals = await until_disconnected(self.collect(outputs, len(prompts)), raw_request)
         return self._response(request, request_id, model, prompts, finals)
 
-    async def _prompts(self, prompt: str | list) -> list[Prompt]:
+    async def _prompts(self, prompt: str | list, keep: int | None) -> list[Prompt]:
+        """Each prompt's text and token ids, cut to the last `keep` (truncate_prompt_tokens;
+        a cut text prompt's text is then its kept tokens')."""
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             prompt = [prompt]
         if not prompt:
@@ -71,9 +73,12 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts = []
         for p in prompt:
             if isinstance(p, str):
-                prompts.append((p, await self.encode(p)))
+                ids = await self.encode(p)
+                kept = self.truncated(ids, keep)
+                text = p if kept == ids else await self.async_tokenizer.decode(kept)
+                prompts.append((text, kept))
             else:
-                ids = self.check_token_ids(p, "prompt")
+                ids = self.truncated(self.check_token_ids(p, "prompt"), keep)
                 prompts.append((await self.async_tokenizer.decode(ids), ids))
         return prompts
 

@@ -91,9 +91,7 @@ class OpenAIServingEmbedding(OpenAIServing):
             raise OpenAIError(
                 "truncate_prompt_tokens must be -1 or >= 1", param="truncate_prompt_tokens"
             )
-        if keep is not None:
-            keep = self.max_model_len if keep == -1 else keep
-            prompts = [ids[-keep:] for ids in prompts]
+        prompts = [self.truncated(ids, keep) for ids in prompts]
         for ids in prompts:
             if not ids:
                 raise OpenAIError("an input is empty (0 tokens); give at least 1", param="input")

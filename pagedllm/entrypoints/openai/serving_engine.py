@@ -29,7 +29,7 @@ from pagedllm.entrypoints.openai.streaming import accumulate, prepend, until_dis
 from pagedllm.entrypoints.openai.tool_choice import tool_choice_of
 from pagedllm.entrypoints.openai.tool_parsers import GenericToolParser, ToolParser
 from pagedllm.outputs import RequestOutput
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.sampling_params import SamplingParams, truncated_prompt
 
 T = TypeVar("T")
 
@@ -135,6 +135,10 @@ class OpenAIServing:
         tokenizer's special tokens on top of what the template places, as vLLM does."""
         text, ids = await self.apply_chat_template(request)
         return await self.encode(text, True) if add_special_tokens else ids
+
+    def truncated(self, token_ids: list[int], keep: int | None) -> list[int]:
+        """vLLM's truncate_prompt_tokens, by this server's max_model_len."""
+        return truncated_prompt(token_ids, keep, self.max_model_len)
 
     def max_tokens(
         self, requested: int | None, prompt_len: int, param: str, limit_param: str = "max_tokens"

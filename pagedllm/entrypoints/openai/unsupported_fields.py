@@ -26,7 +26,6 @@ _REFUSED: dict[str, tuple[tuple[object, ...], str]] = {
     "best_of": ((1,), "use n"),
     "use_beam_search": ((False,), "beam search is not implemented"),
     "length_penalty": ((1, 1.0), "beam search is not implemented"),
-    "truncate_prompt_tokens": ((), "prompts are never truncated; shorten the prompt"),
     "prompt_embeds": ((), "prompts are text or token ids"),
     "return_tokens_as_token_ids": ((False,), "not implemented"),
     "return_token_ids": ((False,), "not implemented"),

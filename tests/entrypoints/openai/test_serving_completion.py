@@ -167,3 +167,32 @@ def test_stop_string_ends_the_text(client: openai.OpenAI) -> None:
     assert choice.text == text[: text.index(stop)]
     assert choice.finish_reason == "stop"
     assert choice.model_extra["stop_reason"] == stop
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_end(
+    client: openai.OpenAI, offline_llm: LLM
+) -> None:
+    """vLLM's truncate_prompt_tokens: the last N tokens (-1: up to max_model_len), the same
+    answer as those tokens sent alone; chat cuts its templated prompt likewise."""
+    ids = offline_llm.get_tokenizer().encode("One two three four five six seven eight")
+    greedy = {"max_tokens": 4, "temperature": 0}
+    cut = client.completions.create(
+        model=MODEL_NAME, prompt=ids, extra_body={"truncate_prompt_tokens": 3}, **greedy
+    )
+    alone = client.completions.create(model=MODEL_NAME, prompt=ids[-3:], **greedy)
+    assert cut.usage.prompt_tokens == 3 and cut.choices[0].text == alone.choices[0].text
+    whole = client.completions.create(
+        model=MODEL_NAME, prompt=ids, extra_body={"truncate_prompt_tokens": -1}, **greedy
+    )
+    assert whole.usage.prompt_tokens == len(ids)
+    chat = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Hello there"}],
+        extra_body={"truncate_prompt_tokens": 5},
+        **greedy,
+    )
+    assert chat.usage.prompt_tokens == 5
+    with pytest.raises(openai.BadRequestError, match="truncate_prompt_tokens"):
+        client.completions.create(
+            model=MODEL_NAME, prompt=ids, extra_body={"truncate_prompt_tokens": 0}, **greedy
+        )
