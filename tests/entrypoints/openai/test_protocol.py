@@ -44,6 +44,7 @@ NON_DEFAULTS = {
     "logit_bias": {5: 1.5},
     "allowed_token_ids": [1, 2],
     "bad_words": ["bad"],
+    "truncate_prompt_tokens": 12,
 }
 
 
