@@ -7,10 +7,12 @@ from dataclasses import dataclass
 class PoolingParams:
     """`dimensions`: keep the first `dimensions` values of the pooled vector (Matryoshka
     truncation, before normalising), for models trained for it; `normalize`: None follows
-    the model's pooler config, True / False override it for this request."""
+    the model's pooler config, True / False override it for this request;
+    `truncate_prompt_tokens` (vLLM's): pool the prompt's last N tokens (-1: max_model_len)."""
 
     dimensions: int | None = None
     normalize: bool | None = None
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.dimensions is not None:
@@ -20,6 +22,12 @@ class PoolingParams:
                 raise ValueError(f"dimensions {self.dimensions} must be >= 1")
         if self.normalize is not None and not isinstance(self.normalize, bool):
             raise TypeError(f"normalize must be a bool or None, got {self.normalize!r}")
+        keep = self.truncate_prompt_tokens
+        if keep is not None:
+            if isinstance(keep, bool) or not isinstance(keep, int):
+                raise TypeError(f"truncate_prompt_tokens must be an int, got {keep!r}")
+            if keep == 0 or keep < -1:
+                raise ValueError(f"truncate_prompt_tokens {keep} must be >= 1, or -1")
 
     def verify(
         self, vector_size: int, is_matryoshka: bool, matryoshka_dimensions: list[int] | None

@@ -154,3 +154,21 @@ def test_generation_and_pooling_requests_are_refused_by_the_other_runner(
     with pooling_llm(folder) as llm:
         with pytest.raises(ValueError, match="runner='pooling'"):
             llm.embed({"prompt_token_ids": [5, 6]}, use_tqdm=False)
+
+
+def test_truncate_prompt_tokens_pools_the_prompts_end(
+    tiny_model_path: Callable[[str], str], prompts: list[list[int]]
+) -> None:
+    """PoolingParams.truncate_prompt_tokens (vLLM's): the last N tokens, as if sent alone."""
+    folder = tiny_model_path("llama-gqa-llama3")
+    with pooling_llm(folder, runner="pooling") as llm:
+        (cut,) = llm.embed(
+            {"prompt_token_ids": prompts[3]},
+            PoolingParams(truncate_prompt_tokens=5),
+            use_tqdm=False,
+        )
+        (alone,) = llm.embed({"prompt_token_ids": prompts[3][-5:]}, use_tqdm=False)
+    assert cut.prompt_token_ids == prompts[3][-5:]
+    assert cut.outputs.embedding == alone.outputs.embedding
+    with pytest.raises(ValueError, match="truncate_prompt_tokens 0"):
+        PoolingParams(truncate_prompt_tokens=0)

@@ -103,7 +103,7 @@ class InputProcessor:
             raise TypeError(f"pooling params must be PoolingParams, got {type(params)}")
         size = model_config.pooled_size
         params.verify(size, model_config.is_matryoshka, model_config.matryoshka_dimensions)
-        text, token_ids = self._tokenize(prompt)
+        text, token_ids = self._tokenize(prompt, params.truncate_prompt_tokens)
         block_size = self.config.cache_config.block_size
         seq = Seq(new_seq_id(), token_ids, block_size, params, request_id)
         seq.skip_prefix_cache = True
