@@ -16,8 +16,8 @@ from pagedllm.pooler_config import (
     is_sentence_transformers_folder,
     sentence_transformers_pooler_config,
 )
-from pagedllm.sampling_defaults import sampling_defaults
-from pagedllm.sampling_params import DEFAULT_MAX_N
+from pagedllm.sampling_defaults import override_max_tokens, sampling_defaults
+from pagedllm.sampling_params import DEFAULT_MAX_N, SamplingParams
 from pagedllm.value_checks import as_json_object
 
 logger = init_logger(__name__)
@@ -162,6 +162,9 @@ class ModelConfig:
     sampling_defaults: dict = field(default_factory=dict)
     """vLLM's default sampling params from the model's generation config (sampling_defaults.py):
     SamplingParams field -> value, for requests that leave the field unset."""
+    max_tokens_cap: int | None = None
+    """override_generation_config's max_new_tokens: vLLM caps every server request's
+    max_tokens by it."""
 
     def __post_init__(self) -> None:
         if self.tokenizer is None:
@@ -240,7 +243,8 @@ class ModelConfig:
             load_format,
             tokenizer,
             tokenizer_mode,
-            sampling_defaults(model, generation_config, override_generation_config),
+            checked_sampling_defaults(model, generation_config, override_generation_config),
+            override_max_tokens(override_generation_config),
         )
 
     def verify_with_parallel_config(self, parallel: "ParallelConfig") -> None:
@@ -375,6 +379,22 @@ def resolve_quantization(quantization: str | None, gguf_file: str | None) -> str
     return quantization
 
 
+def checked_sampling_defaults(
+    model: str, generation_config: str, override: dict | str | None
+) -> dict[str, object]:
+    """The model's sampling defaults, checked now as SamplingParams would check them: a bad
+    value would otherwise fail every request that leaves its field unset."""
+    defaults = sampling_defaults(model, generation_config, override)
+    try:
+        SamplingParams(**defaults)
+    except (ValueError, TypeError) as e:
+        raise ValueError(
+            f"the sampling defaults of the model's generation config (generation_config, "
+            f"override_generation_config) are not valid sampling params: {e}"
+        ) from e
+    return defaults
+
+
 def derive_max_model_len(hf_config: PretrainedConfig, model: str | None = None) -> int:
     """The longest context the model supports, by vLLM's rule: max_position_embeddings,
     times the rope scaling factor (yarn's from its original length; llama3 and longrope
@@ -474,6 +494,8 @@ class CacheConfig:
             )
         if self.block_size < 1:
             raise ValueError(f"block_size {self.block_size} must be >= 1")
+        if self.node_replicas < 1:
+            raise ValueError(f"node_replicas {self.node_replicas} must be >= 1")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks {self.num_kv_blocks} must be >= 1")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:

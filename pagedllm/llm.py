@@ -176,6 +176,9 @@ class LLM:
                     rates = f"input: {in_tokens / elapsed:.1f} tok/s, "
                     bar.set_postfix_str(rates + f"output: {out_tokens / elapsed:.1f} tok/s")
                     bar.update(1)
+            if interrupted():  # during the last step
+                bar.close()
+                raise KeyboardInterrupt
         bar.close()
         return [finished[i] for i in request_ids]
 

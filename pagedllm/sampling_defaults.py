@@ -45,6 +45,12 @@ def sampling_defaults(
     return fields
 
 
+def override_max_tokens(override: dict | str | None) -> int | None:
+    """vLLM's cap on every server request's max_tokens: override_generation_config's
+    max_new_tokens, where it sets one."""
+    return _parse_override(override).get("max_new_tokens")
+
+
 def _read(folder: str, required: bool) -> dict[str, object]:
     """The values a folder's generation_config.json sets; {} when the model has none (a GGUF
     file, a folder without one). A folder named by the user must hold one."""

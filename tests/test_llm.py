@@ -302,7 +302,7 @@ def test_chat_reads_messages_as_openais(tmp_path) -> None:
     kwargs = dict(use_tqdm=False, chat_template=template, add_generation_prompt=False)
     (out,) = llm.chat(messages, params, **kwargs)
     assert out.prompt_token_ids == llm.get_tokenizer().encode(
-        "user Weather? assistant get_weather Paris "
+        "user Weather\n? assistant get_weather Paris "
     )
     for bad, words in [
         ([{"content": "hi"}], "needs a role"),
@@ -377,3 +377,22 @@ def test_a_tokenizer_folder_beside_the_model_tokenizes_its_prompts(tiny_model_pa
     (out,) = llm.generate(TextPrompt(prompt="Hi there"), params, use_tqdm=False)
     assert out.prompt_token_ids == reference.encode("Hi there")
     assert out.outputs[0].text == reference.decode(out.outputs[0].token_ids)
+
+
+def test_ctrl_c_in_the_last_step_is_not_lost(llm_for) -> None:
+    """A Ctrl-C held through the call's last step still ends it with KeyboardInterrupt."""
+    llm = llm_for("llama-gqa-llama3")
+    step = llm.llm_engine.step
+
+    def step_then_ctrl_c() -> list:
+        outputs = step()
+        signal.raise_signal(signal.SIGINT)
+        return outputs
+
+    llm.llm_engine.step = step_then_ctrl_c
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate(as_prompts([[5, 6]]), greedy_params(1), use_tqdm=False)
+    finally:
+        del llm.llm_engine.step
+    assert llm.generate(as_prompts([[5, 6]]), greedy_params(1), use_tqdm=False)

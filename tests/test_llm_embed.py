@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import transformers
 
 from pagedllm import LLM, EmbeddingRequestOutput, PoolingParams, SamplingParams
+from tests.devices import DEVICES
 from tests.embedding_models import (
     add_dense_module,
     embedding_folder,
@@ -99,8 +100,9 @@ def test_sentence_transformers_folder_pools_as_it_declares(
     assert torch.tensor(out.outputs.embedding) == pytest.approx(expected, abs=1e-5)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_dense_modules_project_the_pooled_vector(
-    tiny_model_path: Callable[[str], str], prompts: list[list[int]], tmp_path: Path
+    tiny_model_path: Callable[[str], str], prompts: list[list[int]], tmp_path: Path, device: str
 ) -> None:
     """sentence-transformers' order: Pooling -> Dense (linear, then its activation; Tanh
     where the config names none) -> Normalize; `dimensions` cuts the projected vector."""
@@ -111,7 +113,7 @@ def test_dense_modules_project_the_pooled_vector(
     add_dense_module(folder, weight, bias, None)
     hf = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
     projected = torch.tanh(F.linear(hf_embedding(hf, prompts[3], "CLS", False), weight, bias))
-    with pooling_llm(folder) as llm:
+    with pooling_llm(folder, device=device) as llm:
         (out,) = llm.embed({"prompt_token_ids": prompts[3]}, use_tqdm=False)
         (cut,) = llm.embed(
             {"prompt_token_ids": prompts[3]}, PoolingParams(dimensions=8), use_tqdm=False

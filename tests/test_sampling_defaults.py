@@ -42,6 +42,12 @@ def test_the_fields_the_file_sets(tmp_path: Path) -> None:
     assert sampling_defaults(str(tmp_path), "auto") == {"temperature": 0.7}, "no top_k of 50"
 
 
+def test_bad_defaults_are_refused_at_start_up(tiny_model_path: Callable[[str], str]) -> None:
+    """Else every request leaving the field unset would fail, naming a field it never set."""
+    with pytest.raises(ValueError, match="override_generation_config.*temperature"):
+        LLM(tiny_model_path("llama-gqa4"), override_generation_config={"temperature": -1})
+
+
 def test_a_named_folder_must_hold_one_and_overrides_must_be_objects(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="generation_config .* 'auto', 'vllm' or a folder"):
         sampling_defaults(str(tmp_path), str(tmp_path / "missing"))
@@ -92,4 +98,21 @@ def test_a_server_request_leaving_fields_unset_gets_them(
             for s in range(4)
         }
         assert len(texts) > 1, "the request's own temperature wins"
+    llm.close()
+
+
+def test_an_overridden_max_new_tokens_caps_every_request(
+    tiny_model_path: Callable[[str], str], tmp_path: Path
+) -> None:
+    """vLLM's override_max_tokens: override_generation_config's max_new_tokens bounds a
+    request's own max_tokens too."""
+    folder = folder_with(tmp_path, tiny_model_path("llama-gqa4"), {})
+    save_byte_tokenizer(folder, specials=True)
+    llm = LLM(
+        folder, dtype="float32", num_kv_blocks=32, override_generation_config={"max_new_tokens": 4}
+    )
+    app = api_server.build_app(AsyncLLM(llm.llm_engine), ["m"])
+    body = {"prompt": "hi", "max_tokens": 30, "ignore_eos": True}
+    with TestClient(app) as client:
+        assert client.post("/v1/completions", json=body).json()["usage"]["completion_tokens"] == 4
     llm.close()

@@ -25,7 +25,7 @@ from pagedllm.sampling_params import DEFAULT_MAX_N
 
 # Not command-line flags: processors are Python objects, on the command line --seed is the
 # sampling seed of the request, and the entry point says who builds the engine.
-_NOT_CLI = ("logits_processors", "seed", "usage_context", "node_replicas")
+_NOT_CLI = ("logits_processors", "seed", "usage_context")
 # vLLM's short forms
 _SHORT_FLAGS = {
     "tensor_parallel_size": ("-tp",),
@@ -73,9 +73,6 @@ class EngineArgs:
     block_size: int = 16
     kv_cache_memory_bytes: int | None = None
     num_kv_blocks: int | None = None
-    # Set by the data-parallel launcher, not a flag: the replicas on this node, which split
-    # a CPU's default share of free memory for their KV caches (executor/kv_cache.py).
-    node_replicas: int = 1
     gpu_memory_utilization: float = 0.9
     # None: by the device and usage_context (engine/batch_defaults.py, vLLM's defaults)
     max_num_seqs: int | None = None
@@ -152,7 +149,6 @@ class EngineArgs:
                 block_size=self.block_size,
                 num_kv_blocks=self.num_kv_blocks,
                 kv_cache_memory_bytes=self.kv_cache_memory_bytes,
-                node_replicas=self.node_replicas,
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 enable_prefix_caching=self.enable_prefix_caching and not pooling,
                 cache_dtype=self.kv_cache_dtype,

@@ -104,6 +104,7 @@ class AsyncLLM:
         if self.is_running:
             raise RuntimeError("AsyncLLM is already running")
         self._loop = asyncio.get_running_loop()
+        self._stopped = None
         self._thread = threading.Thread(target=self._run, name="pagedllm-engine", daemon=True)
         self._thread.start()
 

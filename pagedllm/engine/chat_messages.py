@@ -1,7 +1,7 @@
 """OpenAI-style chat messages as chat templates read them (LLM.chat's and the server's
-rule, as vLLM's): content given as a list of text parts is joined into one string, a
-missing or null content is "", and a tool call's JSON `arguments` string becomes the object
-it encodes (templates write `arguments | tojson` or read its fields)."""
+rule, as vLLM's): content given as a list of text parts is their texts joined by newlines,
+a missing or null content is "", and a tool call's JSON `arguments` string becomes the
+object it encodes (templates write `arguments | tojson` or read its fields)."""
 
 import json
 from collections.abc import Mapping
@@ -51,8 +51,9 @@ def _text(content: object, index: int) -> str:
                 raise ValueError(
                     f"messages[{index}].content: only text parts are supported, got {kind!r}"
                 )
-            texts.append(str(part.get("text", "")))
-        return "".join(texts)
+            text = part.get("text")
+            texts.append("" if text is None else str(text))
+        return "\n".join(texts)
     raise ValueError(
         f"messages[{index}].content must be a str, a list of text parts or None, got "
         f"{type(content).__name__}"

@@ -38,9 +38,8 @@ def run_engine_core(engine_args: EngineArgs, rank: int, conn: Connection) -> Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _place(engine_args, rank)
     try:
-        replicas = len(local_ranks(engine_args))
-        one = dataclasses.replace(engine_args, data_parallel_size=1, node_replicas=replicas)
-        engine = LLMEngine.from_engine_args(one)
+        one = dataclasses.replace(engine_args, data_parallel_size=1)
+        engine = LLMEngine.from_engine_args(one, node_replicas=len(local_ranks(engine_args)))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         raise SystemExit(1) from None

@@ -143,11 +143,13 @@ class LLMEngine:
         self.iteration_tokens = HistogramCounts.empty(ITERATION_TOKENS_BUCKETS)
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
+    def from_engine_args(cls, engine_args: EngineArgs, node_replicas: int = 1) -> "LLMEngine":
         """The engine; under torchrun, ranks > 0 enter the worker loop instead, and with
         --nnodes, nodes past the first start their ranks instead: both exit the process when
-        rank 0 shuts down (see run_torchrun_worker, run_headless)."""
+        rank 0 shuts down (see run_torchrun_worker, run_headless). `node_replicas`: the
+        data-parallel replicas on this node, this one among them (CacheConfig's)."""
         config = engine_args.create_engine_config()
+        config.cache_config.node_replicas = node_replicas
         if torchrun_rank():
             run_torchrun_worker(config)
         if config.parallel_config.node_rank > 0:

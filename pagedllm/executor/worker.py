@@ -8,11 +8,12 @@ tensor-parallel rank 0 samples, from the rows it keeps across steps (row_deltas.
 returns the step's output to rank 0. Without pipeline parallelism rank 0 samples.
 """
 
-import ctypes
 import dataclasses
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
+import threading
 import traceback
 from multiprocessing.connection import Connection
 
@@ -90,16 +91,22 @@ def run_worker_loop(runner: ModelRunner) -> None:
 
 
 def die_with_parent() -> None:
-    """Linux: get SIGKILL when the parent (rank 0, or the server of a data-parallel
-    replica) dies, so no process is left orphaned. A parent that died while this one was
-    still importing is gone before the signal is armed, so that case exits here."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    """Exit when the parent process (rank 0, or the server of a data-parallel replica)
+    is gone, however it ended, so no process is left orphaned: a thread waits on the
+    parent's sentinel. (Linux's PR_SET_PDEATHSIG would fire when the parent's *thread* that
+    started this process ends: an LLM built in a thread that returns would lose its
+    workers.) A parent that died while this one was still importing exits here."""
     parent = multiprocessing.parent_process()
-    if parent is not None and not parent.is_alive():
+    if parent is None:
+        return
+    if not parent.is_alive():
         raise SystemExit(1)
+
+    def exit_with_parent() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=exit_with_parent, name="pagedllm-parent-watch", daemon=True).start()
 
 
 def worker_main(

@@ -31,8 +31,10 @@ class StProjector:
         self.layers = [(*_load_weights(m), _ACTIVATIONS[m.activation]) for m in modules]
 
     def __call__(self, pooled: torch.Tensor) -> torch.Tensor:
+        """On the weights' device (the CPU: a vector a request, beside the engine's host
+        work), wherever the pooled rows were."""
         for weight, bias, activation in self.layers:
-            pooled = activation(F.linear(pooled.float(), weight, bias))
+            pooled = activation(F.linear(pooled.to(weight.device, torch.float32), weight, bias))
         return pooled
 
 

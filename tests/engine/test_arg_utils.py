@@ -16,7 +16,7 @@ from pagedllm import _triton_ops
 from pagedllm.engine.arg_utils import EngineArgs
 from tests.engine.engine_helpers import LLAMA
 
-NOT_CLI = {"logits_processors", "seed", "usage_context", "node_replicas"}
+NOT_CLI = {"logits_processors", "seed", "usage_context"}
 HUB = {"revision": "main", "code_revision": "main", "tokenizer_revision": "v1", "download_dir": "d"}
 
 

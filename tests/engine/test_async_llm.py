@@ -169,6 +169,23 @@ def test_shutdown_ends_open_requests(tiny_model_path: Callable) -> None:
     asyncio.run(main())
 
 
+def test_a_shut_down_engine_refuses_requests_until_started_again(
+    tiny_model_path: Callable,
+) -> None:
+    async def main() -> None:
+        llm = AsyncLLM(make_engine(tiny_model_path(LLAMA)))
+        llm.start()
+        expected = await collect_tokens(llm, PROMPTS[0], 3, "a")
+        await llm.shutdown()
+        with pytest.raises(EngineDeadError, match="shut down"):
+            await collect_tokens(llm, PROMPTS[0], 3, "b")
+        llm.start()
+        assert await collect_tokens(llm, PROMPTS[0], 3, "c") == expected
+        await llm.shutdown()
+
+    asyncio.run(main())
+
+
 def test_failed_request_raises_in_its_stream_only(tiny_model_path: Callable) -> None:
     """No token can be sampled for "doomed" (its only allowed token is banned by
     min_tokens): its stream raises ValueError; a request running beside it completes."""

@@ -82,7 +82,9 @@ def test_a_cpus_ranks_and_replicas_split_its_share(
     blocks' worth of free memory, over 2 or 4 of them."""
     free = 100 * BLOCK_BYTES
     monkeypatch.setattr(kv_cache, "available_memory_bytes", lambda device: free)
+    replicas = kwargs.pop("node_replicas", 1)
     config = engine_config(max_model_len=64, max_num_seqs=64, **kwargs)
+    config.cache_config.node_replicas = replicas
     assert num_kv_blocks(config, BYTES_PER_TOKEN) == expected
 
 

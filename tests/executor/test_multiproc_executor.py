@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -200,3 +201,46 @@ def test_tp2_pooling_equals_tp1(tiny_model_path) -> None:
         got = tp.embed(prompts, use_tqdm=False)
     for want, have in zip(expected, got, strict=True):
         assert have.outputs.embedding == pytest.approx(want.outputs.embedding, abs=1e-5)
+
+
+def test_an_llm_built_in_a_thread_that_ended_keeps_its_workers(tiny_model_path) -> None:
+    """Workers follow their parent process, not the thread that started them."""
+    built: list[LLM] = []
+    thread = threading.Thread(
+        target=lambda: built.append(
+            LLM(tiny_model_path("llama-gqa4"), tensor_parallel_size=2, **ENGINE)
+        )
+    )
+    thread.start()
+    thread.join()
+    (llm,) = built
+    time.sleep(1)
+    assert all(alive(pid) for pid in worker_pids(llm))
+    assert llm.generate(mixed_prompts(), PARAMS, use_tqdm=False)
+    llm.close()
+
+
+def test_workers_exit_when_their_parent_is_killed(tiny_model_path, tmp_path) -> None:
+    """SIGKILL leaves rank 0 no time to stop them: each worker watches its parent."""
+    script = tmp_path / "killed_parent.py"
+    script.write_text(
+        "import sys, time\n"
+        "from pagedllm import LLM\n"
+        "if __name__ == '__main__':\n"
+        "    llm = LLM(sys.argv[1], tensor_parallel_size=2, skip_tokenizer_init=True,\n"
+        "              num_kv_blocks=256)\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    marker = f"killed-parent-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), MARKER_VARIABLE: marker}
+    process = subprocess.Popen(
+        [sys.executable, str(script), tiny_model_path("llama-gqa4")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert process.stdout.readline().strip() == "ready"
+    process.kill()
+    process.wait()
+    assert marked_processes(marker) == []

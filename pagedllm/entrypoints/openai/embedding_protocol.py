@@ -38,6 +38,7 @@ class EmbeddingRequest(ChatTemplateFields):
     normalize: bool | None = None
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
     add_special_tokens: bool | None = None
+    add_generation_prompt: bool = False  # vLLM's default for an embedding's conversation
     tool_choice: ToolChoice | None = None
 
 

@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from pagedllm.engine.chat_messages import template_call
+from pagedllm.engine.chat_messages import template_message
 from pagedllm.entrypoints.openai.response_format import ResponseFormat, structured_outputs_of
 from pagedllm.sampling_params import (
     REQUEST_FIELDS,
@@ -191,10 +191,6 @@ class ToolCallParam(OpenAIRequestModel):
     type: Literal["function"] = "function"
     function: FunctionCallParam
 
-    def as_template_call(self) -> dict[str, Any]:
-        """As chat_messages.template_call gives it to the template."""
-        return template_call(self.model_dump())
-
 
 class ChatMessage(OpenAIRequestModel):
     """A message of any role: `tool_calls` (assistant), `tool_call_id` (tool) and
@@ -208,16 +204,8 @@ class ChatMessage(OpenAIRequestModel):
     reasoning_content: str | None = None
 
     def as_template_message(self) -> dict[str, Any]:
-        content = self.content
-        if isinstance(content, list):
-            content = "".join(part.text for part in content)
-        message: dict[str, Any] = {"role": self.role, "content": content or ""}
-        for name in ("name", "tool_call_id", "reasoning_content"):
-            if getattr(self, name) is not None:
-                message[name] = getattr(self, name)
-        if self.tool_calls is not None:
-            message["tool_calls"] = [call.as_template_call() for call in self.tool_calls]
-        return message
+        """As chat_messages.template_message gives it to the template (LLM.chat's rule)."""
+        return template_message(self.model_dump(exclude_none=True))
 
 
 class FunctionDefinition(OpenAIRequestModel):

@@ -57,6 +57,7 @@ class OpenAIServing:
         config = engine.config
         self.max_model_len = config.model_config.max_model_len
         self.sampling_defaults = config.model_config.sampling_defaults
+        self.max_tokens_cap = config.model_config.max_tokens_cap
         self.vocab_size = config.model_config.vocab_size
 
     def check_model(self, model: str | None) -> str:
@@ -144,8 +145,10 @@ class OpenAIServing:
         self, requested: int | None, prompt_len: int, param: str, limit_param: str = "max_tokens"
     ) -> int:
         """vLLM's context rule: prompt + max_tokens must fit in max_model_len; no max_tokens
-        means all the room left. A max_tokens < 1 is left for SamplingParams to reject.
-        `limit_param`: the request's name for the limit (chat's max_completion_tokens)."""
+        means the model's default (its generation config's) within the room left, else all
+        of it; override_generation_config's max_new_tokens caps either (vLLM's). A
+        max_tokens < 1 is left for SamplingParams to reject. `limit_param`: the request's
+        name for the limit (chat's max_completion_tokens)."""
         limit = self.max_model_len
         if prompt_len == 0:
             raise OpenAIError(f"the {param} is empty (0 tokens); give at least 1", param=param)
@@ -156,9 +159,10 @@ class OpenAIServing:
                 param=param,
                 code="context_length_exceeded",
             )
-        if requested is None:  # the model's default, if it has one, within the room left
+        cap = self.max_tokens_cap
+        if requested is None:
             room = limit - prompt_len
-            return min(self.sampling_defaults.get("max_tokens", room), room)
+            return min(self.sampling_defaults.get("max_tokens", room), room, cap or room)
         if requested >= 1 and prompt_len + requested > limit:
             raise OpenAIError(
                 f"This model's maximum context length is {limit} tokens. However, you "
@@ -167,7 +171,7 @@ class OpenAIServing:
                 param=limit_param,
                 code="context_length_exceeded",
             )
-        return requested
+        return min(requested, cap) if cap is not None and requested >= 1 else requested
 
     def sampling_params(
         self,

@@ -161,11 +161,12 @@ def test_unknown_fields_are_kept_aside() -> None:
 
 
 def test_chat_message_as_template_message() -> None:
-    """Text content parts are joined; no content becomes ""; name only when given."""
+    """Text content parts are joined by newlines (vLLM's); no content becomes ""; name only
+    when given."""
     parts = ChatMessage(
         role="user", content=[{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]
     )
-    assert parts.as_template_message() == {"role": "user", "content": "Hello"}
+    assert parts.as_template_message() == {"role": "user", "content": "Hel\nlo"}
     empty = ChatMessage(role="assistant", content=None, name="bot")
     assert empty.as_template_message() == {"role": "assistant", "content": "", "name": "bot"}
 

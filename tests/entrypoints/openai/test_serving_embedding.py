@@ -160,14 +160,17 @@ def test_truncation_and_special_tokens_as_vllm(
 def test_messages_are_one_input_through_the_chat_template(
     client: openai.OpenAI, hf: torch.nn.Module, folder: str
 ) -> None:
-    """vLLM's chat form: the conversation through the chat template (the template places
-    any special tokens; `add_special_tokens: true` adds the tokenizer's on top)."""
+    """vLLM's chat form: the conversation through the chat template, without the generation
+    prompt unless asked (the template places any special tokens; `add_special_tokens: true`
+    adds the tokenizer's on top)."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     messages = [{"role": "user", "content": "hello"}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    prompted = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     for body, expected_ids in [
         ({}, tokenizer.encode(text, add_special_tokens=False)),
         ({"add_special_tokens": True}, tokenizer.encode(text)),
+        ({"add_generation_prompt": True}, tokenizer.encode(prompted, add_special_tokens=False)),
     ]:
         response = client.embeddings.create(
             model=MODEL, input=[], extra_body={"messages": messages, "input": None} | body

@@ -41,7 +41,10 @@ class FakeTokenizer:
 
 def make_serving(tokenizer: FakeTokenizer | None = None) -> OpenAIServing:
     model_config = SimpleNamespace(
-        max_model_len=MAX_MODEL_LEN, vocab_size=VOCAB_SIZE, sampling_defaults={}
+        max_model_len=MAX_MODEL_LEN,
+        vocab_size=VOCAB_SIZE,
+        sampling_defaults={},
+        max_tokens_cap=None,
     )
     engine = SimpleNamespace(config=SimpleNamespace(model_config=model_config))
     stats = EngineStats(0, 0, 0, 0.0, 1, 1, 0, 0, 0, 0)

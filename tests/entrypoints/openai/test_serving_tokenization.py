@@ -55,6 +55,7 @@ def shared(tokenizer: PreTrainedTokenizerBase) -> Iterator[tuple]:
         vocab_size=len(tokenizer),
         runner_type="generate",
         sampling_defaults={},
+        max_tokens_cap=None,
     )
     engine = SimpleNamespace(config=SimpleNamespace(model_config=model_config))
     stats = EngineStats(0, 0, 0, 0.0, 1, 1, 0, 0, 0, 0)
