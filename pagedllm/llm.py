@@ -98,19 +98,21 @@ class LLM:
         for conversation in conversations:
             conversation = [template_message(m, i) for i, m in enumerate(conversation)]
             try:
-                token_ids = tokenizer.apply_chat_template(
+                text = tokenizer.apply_chat_template(
                     conversation,
                     chat_template=chat_template,
                     add_generation_prompt=add_generation_prompt,
                     continue_final_message=continue_final_message,
                     tools=tools,
-                    tokenize=True,
-                    return_dict=False,
+                    tokenize=False,
                     **(chat_template_kwargs or {}),
                 )
             except Exception as e:  # noqa: BLE001 - templates raise anything
                 raise ValueError(f"cannot apply the chat template: {e}") from e
-            prompts.append({"prompt_token_ids": list(token_ids)})
+            # As transformers' tokenize=True: the template places the special tokens. The
+            # text is the output's `prompt`, as vLLM's LLM.chat gives it.
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def encode(

@@ -304,6 +304,7 @@ def test_chat_reads_messages_as_openais(tmp_path) -> None:
     assert out.prompt_token_ids == llm.get_tokenizer().encode(
         "user Weather\n? assistant get_weather Paris "
     )
+    assert out.prompt == "user Weather\n? assistant get_weather Paris ", "vLLM's LLM.chat"
     for bad, words in [
         ([{"content": "hi"}], "needs a role"),
         ([{"role": "user", "content": [{"type": "image_url"}]}], "only text parts"),

@@ -50,7 +50,7 @@ class EngineArgs:
     revision: str | None = None
     code_revision: str | None = None
     tokenizer_revision: str | None = None
-    download_dir: str | None = None
+    download_dir: str | os.PathLike | None = None
     dtype: str | torch.dtype = "auto"
     quantization: str | None = None
     tensor_parallel_size: int = 1
@@ -194,8 +194,11 @@ class EngineArgs:
         )
 
     @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
-        """--max-model-len style flags for every option (model as --model if asked)."""
+    def add_cli_args(
+        parser: argparse.ArgumentParser, with_model: bool = True
+    ) -> argparse.ArgumentParser:
+        """--max-model-len style flags for every option (model as --model if asked); the
+        parser, as vLLM's returns it (`parser = EngineArgs.add_cli_args(parser)`)."""
         group = parser.add_argument_group("engine")
         for f in fields(EngineArgs):
             if f.name in _NOT_CLI or (f.name == "model" and not with_model):
@@ -208,6 +211,7 @@ class EngineArgs:
                 kind = int if "int" in str(f.type) else float if "float" in str(f.type) else str
                 short = _SHORT_FLAGS.get(f.name, ())
                 group.add_argument(flag, *short, type=kind, default=default)
+        return parser
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":

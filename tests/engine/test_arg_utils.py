@@ -43,6 +43,12 @@ def test_no_flags_give_the_defaults() -> None:
     assert EngineArgs.from_cli_args(parser_with_flags().parse_args([])) == EngineArgs()
 
 
+def test_add_cli_args_returns_the_parser_as_vllms() -> None:
+    """vLLM's examples write `parser = EngineArgs.add_cli_args(parser)`."""
+    parser = argparse.ArgumentParser()
+    assert EngineArgs.add_cli_args(parser) is parser
+
+
 def test_flags_round_trip_with_their_types() -> None:
     argv = [
         "--model",

@@ -96,7 +96,8 @@ _SamplingParamsFields = create_model(
 
 
 _NULLABLE = ("n", "stream", "temperature", "top_p", "presence_penalty", "frequency_penalty")
-"""The fields OpenAI documents as nullable."""
+_NULLABLE += ("top_k", "min_p", "repetition_penalty")
+"""The fields OpenAI documents as nullable, and vLLM's sampling extras it reads as such."""
 
 
 class SamplingFields(_SamplingParamsFields):

@@ -71,10 +71,11 @@ class ChatRun:
     prompt_token_ids: list[int]
     params: SamplingParams
     parsers: Parsers
+    prompt_text: str | None = None  # the templated text (request logs, outputs' `prompt`)
 
     @property
     def prompt(self) -> dict:
-        return {"prompt_token_ids": self.prompt_token_ids}
+        return {"prompt": self.prompt_text, "prompt_token_ids": self.prompt_token_ids}
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -128,7 +129,7 @@ class OpenAIServingChat(OpenAIServing):
             reasoning = self.reasoning_parser.reasoning_tokens(prompt_text, self.tokenizer)
             params = dataclasses.replace(params, reasoning_tokens=reasoning)
         parsers = choice_parser_factory(self.reasoning_parser, tool_parser, prompt_text, parallel)
-        return ChatRun(model, prompt_ids, params, parsers)
+        return ChatRun(model, prompt_ids, params, parsers, prompt_text)
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest, raw_request: Request

@@ -136,7 +136,18 @@ def test_lone_surrogates_are_rejected_naming_the_field(model: type, body: dict, 
 
 
 @pytest.mark.parametrize(
-    "field", ["n", "stream", "temperature", "top_p", "presence_penalty", "frequency_penalty"]
+    "field",
+    [
+        "n",
+        "stream",
+        "temperature",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+    ],
 )
 @pytest.mark.parametrize("kind", REQUESTS)
 def test_null_means_the_default(kind: str, field: str) -> None:
@@ -147,9 +158,10 @@ def test_null_means_the_default(kind: str, field: str) -> None:
 
 
 def test_null_is_not_accepted_for_other_required_types() -> None:
-    """Only the fields OpenAI documents as nullable read null as the default."""
+    """Only the fields OpenAI documents as nullable, and vLLM's top_k, min_p and
+    repetition_penalty, read null as the default."""
     with pytest.raises(ValidationError):
-        CompletionRequest(prompt="a", top_k=None)
+        CompletionRequest(prompt="a", ignore_eos=None)
 
 
 def test_unknown_fields_are_kept_aside() -> None:

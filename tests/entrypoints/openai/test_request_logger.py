@@ -53,3 +53,4 @@ def test_the_server_logs_what_it_submits_only_when_asked(
     assert len(lines) == 2
     assert lines[0].startswith("Received request cmpl-") and "prompt: 'Hel'" in lines[0]
     assert lines[1].startswith("Received request chatcmpl-") and "max_tokens=1" in lines[1]
+    assert "prompt: '<|i'" in lines[1], "chat's line holds its templated prompt"
