@@ -1,6 +1,8 @@
 """StructuredOutputsParams -> llguidance's grammar text: the cache key of a compiled
 grammar, and what a constraint is checked on before any tokenizer exists."""
 
+import json
+
 from llguidance import LLMatcher, grammar_from
 
 from pagedllm.sampling_params import StructuredOutputsParams
@@ -23,7 +25,9 @@ def grammar_text(params: StructuredOutputsParams, name: str = "structured_output
     GBNF grammar cannot be converted to Lark."""
     kind = params.kind
     if kind in ("json", "json_object"):
-        schema = {"type": "object"} if kind == "json_object" else params.json
+        schema = params.json
+        schema = json.loads(schema) if isinstance(schema, str) else schema  # checked JSON
+        schema = {"type": "object"} if kind == "json_object" else closed_objects(schema)
         options = _COMPACT_JSON
         if params.whitespace_pattern is not None:
             options = {"whitespace_pattern": params.whitespace_pattern}
@@ -36,6 +40,40 @@ def grammar_text(params: StructuredOutputsParams, name: str = "structured_output
         return grammar_from("grammar", params.grammar)
     except ValueError as e:
         raise invalid_grammar(name, kind, str(e)) from None
+
+
+# Keywords whose value is a schema, a list of schemas, or a map of names to schemas.
+_SUBSCHEMA = ("items", "additionalItems", "contains", "not", "if", "then", "else")
+_SUBSCHEMA += ("propertyNames", "unevaluatedItems", "additionalProperties")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def closed_objects(schema: object) -> object:
+    """`schema` with `"additionalProperties": false` on every object schema that does not
+    say, as vLLM's default backend (xgrammar) reads a schema: pydantic's and most
+    hand-written schemas say nothing, and JSON Schema's default (any extra key) lets a
+    model add keys the caller never declared. A schema that sets it keeps its value."""
+    if not isinstance(schema, dict):
+        return schema
+    closed = dict(schema)
+    types = schema.get("type")
+    is_object = "properties" in schema or types == "object"
+    is_object = is_object or (isinstance(types, list) and "object" in types)
+    if is_object and "additionalProperties" not in schema:
+        closed["additionalProperties"] = False
+    for key, value in schema.items():
+        if key in _SUBSCHEMA:
+            closed[key] = (
+                [closed_objects(v) for v in value]
+                if isinstance(value, list)
+                else closed_objects(value)
+            )
+        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+            closed[key] = [closed_objects(v) for v in value]
+        elif key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            closed[key] = {name: closed_objects(v) for name, v in value.items()}
+    return closed
 
 
 def check_grammar(params: StructuredOutputsParams, name: str = "structured_outputs") -> str:

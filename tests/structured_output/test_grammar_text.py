@@ -5,6 +5,7 @@ import pytest
 
 from pagedllm.sampling_params import StructuredOutputsParams
 from pagedllm.structured_output import check_grammar, grammar_text
+from pagedllm.structured_output.grammar_text import closed_objects
 
 
 @pytest.mark.parametrize(
@@ -52,3 +53,27 @@ def test_the_grammar_text_is_the_cache_key_of_a_constraint() -> None:
     )
     spaced = StructuredOutputsParams(json=schema, whitespace_pattern=" *")
     assert grammar_text(spaced) != grammar_text(StructuredOutputsParams(json=schema))
+
+
+def test_closed_objects_marks_every_object_that_does_not_say() -> None:
+    """Object schemas at any depth ($defs, items, anyOf) get additionalProperties false; a
+    property map is a map of names (a property named "properties" is not a schema)."""
+    item = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "properties": {"type": "string"},
+            "list": {"type": "array", "items": {"$ref": "#/$defs/Item"}},
+            "either": {"anyOf": [item, {"type": "null"}]},
+            "open": {"type": "object", "additionalProperties": True},
+        },
+        "$defs": {"Item": item},
+    }
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["properties"] == {"type": "string"}
+    assert closed["$defs"]["Item"]["additionalProperties"] is False
+    assert closed["properties"]["either"]["anyOf"][0]["additionalProperties"] is False
+    assert closed["properties"]["either"]["anyOf"][1] == {"type": "null"}
+    assert closed["properties"]["open"]["additionalProperties"] is True
+    assert "additionalProperties" not in schema, "the caller's schema is left as it was"

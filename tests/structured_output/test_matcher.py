@@ -68,3 +68,40 @@ def test_an_answer_may_open_reasoning_with_its_first_token(
     assert opened.is_active and not opened.is_terminated
     direct.accept_token(encode(tokenizer, "yes")[0])
     assert direct.open_token_id is None and direct.is_terminated
+
+
+def accepts(matcher: object, tokenizer: PreTrainedTokenizerBase, text: str) -> bool:
+    try:
+        for token in encode(tokenizer, text):
+            matcher.accept_token(token)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("schema", "text", "accepted"),
+    [
+        ({"type": "object", "properties": {"a": {"type": "integer"}}}, '{"a": 1, "b"', False),
+        ({"type": "object", "properties": {"a": {"type": "integer"}}}, '{"a": 1}', True),
+        (
+            {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}},
+                "additionalProperties": True,
+            },
+            '{"a": 1, "b": 2}',
+            True,
+        ),
+    ],
+)
+def test_objects_take_only_their_declared_keys_unless_the_schema_allows_more(
+    manager: StructuredOutputManager,
+    tokenizer: PreTrainedTokenizerBase,
+    schema: dict,
+    text: str,
+    accepted: bool,
+) -> None:
+    """As vLLM's default backend (xgrammar) reads a schema that does not say."""
+    (matcher,) = manager.new_matchers(StructuredOutputsParams(json=schema), 1)
+    assert accepts(matcher, tokenizer, text) is accepted
