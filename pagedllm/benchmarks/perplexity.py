@@ -61,7 +61,7 @@ def run_perplexity(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     llm = LLM(**vars(EngineArgs.from_cli_args(args)))
     startup = time.perf_counter() - start
-    tokenizer = llm.get_tokenizer()
+    tokenizer = llm.llm_engine.tokenizer
     if tokenizer is None:
         raise ValueError("perplexity tokenizes its text: drop --skip-tokenizer-init")
     token_ids = tokenizer.encode(text)

@@ -23,7 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     set_log_level(args.log_level)
     llm = LLM(**vars(EngineArgs.from_cli_args(args)))
-    engine, tokenizer = llm.llm_engine, llm.get_tokenizer()
+    engine = llm.llm_engine
+    tokenizer = engine.tokenizer
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model's tokenizer has no chat template")
     messages = [{"role": "system", "content": args.system}] if args.system else []

@@ -67,7 +67,7 @@ def test_conversation_matches_llm_chat(
 def test_a_tokenizer_without_chat_template_is_a_user_error(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    no_template = SimpleNamespace(llm_engine=None, get_tokenizer=lambda: None)
+    no_template = SimpleNamespace(llm_engine=SimpleNamespace(tokenizer=None))
     monkeypatch.setattr(chat, "LLM", lambda **engine_args: no_template)
     with pytest.raises(SystemExit) as info:
         main(["chat", "--skip-tokenizer-init"])
