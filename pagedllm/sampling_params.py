@@ -55,6 +55,12 @@ class StructuredOutputsParams:
     sets the whitespace JSON may hold between tokens; without it JSON is compact, with
     `, ` and `: ` as separators.
 
+    vLLM's backend options are accepted where pagedllm's one backend (llguidance) already
+    does what they ask: `disable_fallback` (there is no other backend to fall back to),
+    `disable_any_whitespace` (JSON is compact unless `whitespace_pattern`) and
+    `disable_additional_properties` (object schemas take only their declared keys unless
+    they say otherwise). `structural_tag` is refused: it is not implemented.
+
     The fields' shapes are checked here; the schema, regex or grammar itself when the
     engine compiles it (a ValueError naming it when the request is added).
     """
@@ -65,8 +71,20 @@ class StructuredOutputsParams:
     grammar: str | None = None
     json_object: bool | None = None
     whitespace_pattern: str | None = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    structural_tag: str | None = None
 
     def __post_init__(self) -> None:
+        if self.structural_tag is not None:
+            raise ValueError(
+                "structured_outputs.structural_tag is not supported by pagedllm; use json, "
+                "regex, choice or grammar"
+            )
+        for name in ("disable_fallback", "disable_any_whitespace", "disable_additional_properties"):
+            if not isinstance(getattr(self, name), bool):
+                fail(f"structured_outputs.{name}", getattr(self, name), "a bool")
         kinds = [name for name in _CONSTRAINT_KINDS if getattr(self, name) not in (None, False)]
         if len(kinds) != 1:
             fail("structured_outputs", kinds, f"exactly one of {list(_CONSTRAINT_KINDS)} set")

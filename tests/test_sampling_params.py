@@ -270,3 +270,19 @@ def test_reasoning_tokens_shapes_name_the_field() -> None:
         ReasoningTokens([5], in_reasoning="yes")
     with pytest.raises(TypeError, match="reasoning_tokens must be a ReasoningTokens or None"):
         SamplingParams(reasoning_tokens=[5])
+
+
+def test_vllms_backend_options_are_accepted_and_structural_tag_refused() -> None:
+    """disable_fallback, disable_any_whitespace and disable_additional_properties ask for
+    what llguidance already does here; structural_tag is not implemented."""
+    params = StructuredOutputsParams(
+        json={"type": "object"},
+        disable_fallback=True,
+        disable_any_whitespace=True,
+        disable_additional_properties=True,
+    )
+    assert params.kind == "json"
+    with pytest.raises(ValueError, match="structural_tag is not supported"):
+        StructuredOutputsParams(structural_tag='{"structures": []}')
+    with pytest.raises(ValueError, match="disable_fallback must be a bool"):
+        StructuredOutputsParams(regex="a", disable_fallback="yes")

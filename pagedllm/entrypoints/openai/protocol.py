@@ -114,6 +114,18 @@ class SamplingFields(_SamplingParamsFields):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
 
+    @field_validator("structured_outputs", mode="before")
+    @classmethod
+    def _known_constraint_fields(cls, value: object) -> object:
+        """No silent drop: a key StructuredOutputsParams does not have is refused, not
+        ignored (pydantic ignores a dataclass's unknown keys)."""
+        if isinstance(value, dict):
+            known = {f.name for f in dataclasses.fields(StructuredOutputsParams)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise ValueError(f"unknown fields {unknown}; known: {sorted(known)}")
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _null_means_default(cls, data: object) -> object:

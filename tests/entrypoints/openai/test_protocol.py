@@ -261,3 +261,10 @@ def test_completion_defaults_follow_openai() -> None:
     """OpenAI's legacy completions default to 16 tokens; chat to no limit (None)."""
     assert CompletionRequest(prompt="a").max_tokens == 16
     assert ChatCompletionRequest(**REQUESTS["chat"][1]).max_tokens is None
+
+
+def test_structured_outputs_keys_it_does_not_have_are_refused() -> None:
+    """Nothing dropped silently: pydantic would ignore a dataclass's unknown keys."""
+    body = {"prompt": "a", "structured_outputs": {"json": {"type": "object"}, "jsn": {}}}
+    with pytest.raises(ValidationError, match=r"unknown fields \['jsn'\]"):
+        CompletionRequest.model_validate(body)
