@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 
 from tqdm.auto import tqdm
 
@@ -67,9 +68,14 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        *,
+        lora_request: object = None,
+        priority: list[int] | None = None,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in input order; no sampling params: the defaults
-        get_default_sampling_params gives (the model's generation config)."""
+        get_default_sampling_params gives (the model's generation config). vLLM's
+        `lora_request` and `priority` are accepted where they ask for nothing."""
+        check_vllm_options(lora_request=lora_request, priority=priority)
         prompts = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
@@ -86,12 +92,18 @@ class LLM:
         chat_template_kwargs: dict | None = None,
         continue_final_message: bool = False,
         tools: list[dict] | None = None,
+        *,
+        lora_request: object = None,
+        chat_template_content_format: str = "auto",
     ) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to each conversation, then generate.
         Messages are read as OpenAI's (engine/chat_messages.py: text parts joined, tool
         call arguments parsed); `tools` (OpenAI's tool definitions) and
         `continue_final_message` go to the template, as in vLLM's `LLM.chat`. A message
-        or template the conversation cannot go through is a ValueError."""
+        or template the conversation cannot go through is a ValueError. vLLM's
+        `chat_template_content_format` may be "auto" or "string" (content reaches the
+        template as a string)."""
+        check_vllm_options(lora_request=lora_request, content_format=chat_template_content_format)
         tokenizer = self.get_tokenizer()
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = []
@@ -120,11 +132,19 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         use_tqdm: bool = True,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        pooling_task: str | None = None,
+        lora_request: object = None,
     ) -> list[PoolingRequestOutput]:
         """A pooling model's pooled vector per prompt (`outputs.data`, a float32 tensor),
-        in input order."""
+        in input order. vLLM's `truncate_prompt_tokens` sets every prompt's params' own;
+        `pooling_task` may be "embed" (the one task here)."""
+        check_vllm_options(lora_request=lora_request, pooling_task=pooling_task)
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(pooling_params, len(prompts), PoolingParams)
+        if truncate_prompt_tokens is not None:
+            params = [replace(p, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
         outputs = self._run(prompts, params, use_tqdm)
         for output in outputs:
             if output.error is not None:
@@ -136,10 +156,19 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         use_tqdm: bool = True,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        lora_request: object = None,
     ) -> list[EmbeddingRequestOutput]:
         """vLLM's `LLM.embed`: one embedding per prompt (`outputs.embedding`, a list of
         floats), in input order."""
-        outputs = self.encode(prompts, pooling_params, use_tqdm)
+        outputs = self.encode(
+            prompts,
+            pooling_params,
+            use_tqdm,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            lora_request=lora_request,
+        )
         return [EmbeddingRequestOutput.from_base(o) for o in outputs]
 
     def _run(self, prompts: list[PromptType], params: list, use_tqdm: bool) -> list:
@@ -208,6 +237,27 @@ def interrupts_between_steps() -> Iterator[Callable[[], bool]]:
         yield lambda: bool(received)
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def check_vllm_options(
+    lora_request: object = None,
+    priority: list[int] | None = None,
+    content_format: str = "auto",
+    pooling_task: str | None = None,
+) -> None:
+    """vLLM's per-call options, accepted where they ask for nothing pagedllm lacks: no
+    LoRA adapter, priority 0, content as strings, the embed task."""
+    if lora_request is not None:
+        raise ValueError("lora_request: pagedllm serves no LoRA adapters; pass None")
+    if priority is not None and any(p != 0 for p in priority):
+        raise ValueError("priority: requests are scheduled first come, first served; pass 0")
+    if content_format not in ("auto", "string"):
+        raise ValueError(
+            f"chat_template_content_format {content_format!r}: pagedllm gives templates "
+            "string content; use 'auto' or 'string'"
+        )
+    if pooling_task not in (None, "embed"):
+        raise ValueError(f"pooling_task {pooling_task!r}: pagedllm's pooling task is 'embed'")
 
 
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:

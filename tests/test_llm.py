@@ -397,3 +397,37 @@ def test_ctrl_c_in_the_last_step_is_not_lost(llm_for) -> None:
     finally:
         del llm.llm_engine.step
     assert llm.generate(as_prompts([[5, 6]]), greedy_params(1), use_tqdm=False)
+
+
+def test_vllms_call_options_that_ask_for_nothing_are_accepted(llm_for) -> None:
+    """vLLM wrappers pass lora_request=None, priority 0 and a content format routinely."""
+    llm = llm_for("llama-gqa-llama3")
+    prompts = as_prompts([[5, 6]])
+    (out,) = llm.generate(prompts, greedy_params(2), False, lora_request=None, priority=[0])
+    assert len(out.outputs[0].token_ids) == 2
+    for kwargs, words in [
+        ({"lora_request": object()}, "no LoRA adapters"),
+        ({"priority": [1]}, "first come, first served"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            llm.generate(prompts, greedy_params(2), False, **kwargs)
+
+
+def test_chat_and_encode_take_vllms_options(tmp_path, tiny_model_path) -> None:
+    save_scripted_model(str(tmp_path))
+    llm = LLM(str(tmp_path), num_kv_blocks=16, max_model_len=64)
+    user = [{"role": "user", "content": "Weather?"}]
+    params = SamplingParams(max_tokens=1)
+    assert llm.chat(user, params, use_tqdm=False, chat_template_content_format="string")
+    with pytest.raises(ValueError, match="chat_template_content_format 'openai'"):
+        llm.chat(user, params, use_tqdm=False, chat_template_content_format="openai")
+    pooling = LLM(
+        tiny_model_path("llama-gqa4"), runner="pooling", **SMALL_ENGINE, skip_tokenizer_init=True
+    )
+    prompt = {"prompt_token_ids": [5, 6, 7, 8]}
+    (cut,) = pooling.encode(prompt, use_tqdm=False, truncate_prompt_tokens=2, pooling_task="embed")
+    assert cut.prompt_token_ids == [7, 8]
+    with pytest.raises(ValueError, match="pooling_task 'classify'"):
+        pooling.encode(prompt, use_tqdm=False, pooling_task="classify")
+    (embedded,) = pooling.embed(prompt, use_tqdm=False, truncate_prompt_tokens=3)
+    assert embedded.prompt_token_ids == [6, 7, 8]
