@@ -12,6 +12,7 @@ Run as `pagedllm serve ...` or `python -m pagedllm.entrypoints.openai.api_server
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.metadata
 import socket
 import sys
@@ -38,9 +39,11 @@ from pagedllm.entrypoints.openai.access import (
     cors_from_args,
 )
 from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
+from pagedllm.entrypoints.openai.cli_args import add_vllm_serve_args, serve_model
 from pagedllm.entrypoints.openai.errors import add_exception_handlers
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
 from pagedllm.entrypoints.openai.reasoning import REASONING_PARSERS
+from pagedllm.entrypoints.openai.request_id import RequestIdHeaderMiddleware
 from pagedllm.entrypoints.openai.request_logger import RequestLogger
 from pagedllm.entrypoints.openai.request_size import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -128,6 +131,8 @@ def build_app(
     cors: CorsConfig | None = None,
     max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES,
     request_logger: RequestLogger | None = None,
+    default_chat_template_kwargs: dict | None = None,
+    request_id_headers: bool = False,
 ) -> FastAPI:
     """The app over a (not yet started) engine; its lifespan starts and stops the engine.
     The parsers are named as in vLLM's --reasoning-parser and --tool-call-parser; without
@@ -178,6 +183,10 @@ def build_app(
     app.state.serving_embedding = OpenAIServingEmbedding(*shared)
     for serving in (app.state.serving_completion, app.state.serving_chat):
         serving.request_logger = request_logger
+    for serving in (app.state.serving_chat, app.state.serving_tokenization):
+        serving.default_chat_template_kwargs = default_chat_template_kwargs or {}
+    if request_id_headers:
+        app.add_middleware(RequestIdHeaderMiddleware)
     app.state.serving_embedding.request_logger = request_logger
     return app
 
@@ -276,6 +285,7 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "data-parallel replicas (--data-parallel-start-rank > 0), without an API server: "
         "they follow the node that serves (docs/parallelism.md)",
     )
+    add_vllm_serve_args(parser)
     EngineArgs.add_cli_args(parser, with_model=False)
     return parser
 
@@ -312,7 +322,10 @@ def run(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}")
     if not args.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    args.model = serve_model(args)
     engine_args = EngineArgs.from_cli_args(args)
+    if args.seed is not None:
+        engine_args = dataclasses.replace(engine_args, seed=args.seed)
     engine_args.usage_context = UsageContext.OPENAI_API_SERVER  # vLLM's smaller default steps
     if args.headless and engine_args.data_parallel_size > 1:
         sys.exit(run_dp_headless(engine_args, ENGINE_START_TIMEOUT_S))
@@ -371,8 +384,16 @@ def _serve(
         cors=cors_from_args(args),
         max_stored_responses=args.max_stored_responses,
         request_logger=RequestLogger(args.max_log_len) if args.enable_log_requests else None,
+        default_chat_template_kwargs=args.default_chat_template_kwargs,
+        request_id_headers=args.enable_request_id_headers,
     )
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.uvicorn_log_level,
+        root_path=args.root_path,
+    )
     app.state.uvicorn_server = server = APIServer(config, engine, args.shutdown_timeout)
     port = sockets[0].getsockname()[1]
     logger.info("serving %s at http://%s:%d/v1", names[0], args.host, port)

@@ -54,6 +54,7 @@ class OpenAIServing:
         self.chat_template = chat_template
         self.tool_parser = tool_parser
         self.request_logger: RequestLogger | None = None  # --enable-log-requests
+        self.default_chat_template_kwargs: dict = {}  # --default-chat-template-kwargs
         config = engine.config
         self.max_model_len = config.model_config.max_model_len
         self.sampling_defaults = config.model_config.sampling_defaults
@@ -123,8 +124,9 @@ class OpenAIServing:
             prompt = tools_system_prompt(request.tools)
             conversation = generic_conversation(conversation, prompt)
         try:
+            kwargs = {**self.default_chat_template_kwargs, **request.template_kwargs()}
             return await self.async_tokenizer.apply_chat_template(
-                conversation, self.chat_template, request.template_kwargs()
+                conversation, self.chat_template, kwargs
             )
         except Exception as e:  # noqa: BLE001 - templates raise anything
             raise OpenAIError(f"cannot apply the chat template: {e}", param="messages") from e

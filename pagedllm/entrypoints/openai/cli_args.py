@@ -1,0 +1,75 @@
+"""`pagedllm serve`'s flags that vLLM's launch scripts and docs pass beside the engine's:
+each does what vLLM's does, or is accepted where pagedllm already behaves as it asks, or
+refuses a value it cannot honour with a message naming it (argparse's choices)."""
+
+import argparse
+import json
+
+STRUCTURED_OUTPUTS_BACKENDS = ("auto", "guidance")
+"""vLLM's backend names pagedllm answers to: llguidance is its one backend."""
+
+
+def add_vllm_serve_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        dest="model_option",
+        default=None,
+        help="the model, as vLLM's deprecated --model (the positional MODEL is preferred)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None, help="the engine's random seed (default 0)"
+    )
+    parser.add_argument(
+        "--root-path",
+        default="",
+        help="the path prefix a proxy serves the API under (uvicorn's root_path, vLLM's flag)",
+    )
+    parser.add_argument(
+        "--default-chat-template-kwargs",
+        type=_json_object,
+        default=None,
+        help="chat template arguments every request gets unless it sets them itself "
+        "(a JSON object, e.g. '{\"enable_thinking\": false}'; vLLM's flag)",
+    )
+    parser.add_argument(
+        "--chat-template-content-format",
+        choices=("auto", "string"),
+        default="auto",
+        help="vLLM's flag: templates get message content as a string (text parts joined)",
+    )
+    parser.add_argument(
+        "--enable-request-id-headers",
+        action="store_true",
+        help="answer with an X-Request-Id header: the request's own, else a new id (vLLM's flag)",
+    )
+    parser.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="vLLM's flag, accepted: usage.prompt_tokens_details.cached_tokens is always sent",
+    )
+    parser.add_argument(
+        "--structured-outputs-config.backend",
+        dest="structured_outputs_backend",
+        choices=STRUCTURED_OUTPUTS_BACKENDS,
+        default="auto",
+        help="vLLM's flag: pagedllm's structured outputs run llguidance ('guidance')",
+    )
+
+
+def serve_model(args: argparse.Namespace) -> str | None:
+    """MODEL, given as the positional or as --model (not both, unless the same)."""
+    if args.model_option is not None and args.model not in (None, args.model_option):
+        raise ValueError(
+            f"the model is given twice: {args.model!r} and --model {args.model_option!r}"
+        )
+    return args.model or args.model_option
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value

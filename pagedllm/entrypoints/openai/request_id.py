@@ -1,0 +1,31 @@
+"""vLLM's --enable-request-id-headers: every response carries an X-Request-Id header, the
+request's own when it sent one, else a new id, so a client or proxy can match answers to
+its logs."""
+
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+HEADER = b"x-request-id"
+
+
+class RequestIdHeaderMiddleware:
+    """Pure ASGI (streamed answers pass through as they are sent)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(HEADER)
+        request_id = given or uuid.uuid4().hex.encode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != HEADER]
+                message = {**message, "headers": [*headers, (HEADER, request_id)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

@@ -1,0 +1,77 @@
+"""entrypoints/openai/cli_args.py: vLLM's serve flags, parsed and applied: --model as the
+positional's alternative, --seed as the engine's, a default chat template argument under a
+request's own, X-Request-Id echoed, the structured-outputs backend names pagedllm answers
+to. Reference: vLLM's flag names and behaviour."""
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from pagedllm import LLM
+from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.entrypoints.openai import api_server
+from pagedllm.entrypoints.openai.cli_args import serve_model
+from tests.entrypoints.openai.scripted_model import save_scripted_model
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    api_server.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["serve", *argv])
+
+
+def test_vllms_flags_parse() -> None:
+    args = parse(
+        [
+            "--model", "m",
+            "--seed", "7",
+            "--root-path", "/llm",
+            "--default-chat-template-kwargs", '{"enable_thinking": false}',
+            "--chat-template-content-format", "string",
+            "--enable-request-id-headers",
+            "--enable-prompt-tokens-details",
+            "--structured-outputs-config.backend", "guidance",
+        ]
+    )  # fmt: skip
+    assert serve_model(args) == "m" and args.seed == 7 and args.root_path == "/llm"
+    assert args.default_chat_template_kwargs == {"enable_thinking": False}
+    assert parse(["m", "--model", "m"]).model == "m"
+    with pytest.raises(ValueError, match="given twice"):
+        serve_model(parse(["a", "--model", "b"]))
+    for bad in (
+        ["--structured-outputs-config.backend", "xgrammar"],
+        ["--chat-template-content-format", "openai"],
+        ["--default-chat-template-kwargs", "[1]"],
+    ):
+        with pytest.raises(SystemExit):
+            parse(bad)
+
+
+def test_request_ids_and_default_template_arguments_reach_the_answer(
+    tmp_path: Path, tiny_model_path: Callable[[str], str]
+) -> None:
+    save_scripted_model(str(tmp_path))
+    llm = LLM(str(tmp_path), num_kv_blocks=16, max_model_len=64)
+    app = api_server.build_app(
+        AsyncLLM(llm.llm_engine),
+        ["m"],
+        default_chat_template_kwargs={"enable_thinking": False},
+        request_id_headers=True,
+    )
+    messages = [{"role": "user", "content": "Weather?"}]
+    with TestClient(app) as client:
+        echoed = client.get("/health", headers={"X-Request-Id": "abc"})
+        assert echoed.headers["x-request-id"] == "abc"
+        assert len(client.get("/health").headers["x-request-id"]) == 32
+        closed = client.post("/tokenize", json={"messages": messages}).json()["tokens"]
+        opened = client.post(
+            "/tokenize",
+            json={"messages": messages, "chat_template_kwargs": {"enable_thinking": True}},
+        ).json()["tokens"]
+    tokenizer = llm.get_tokenizer()
+    assert "<think></think>" in tokenizer.decode(closed), "the server's default applies"
+    assert "<think>" not in tokenizer.decode(opened), "the request's own wins"
+    llm.close()
