@@ -49,18 +49,22 @@ _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
-def closed_objects(schema: object) -> object:
-    """`schema` with `"additionalProperties": false` on every object schema that does not
-    say, as vLLM's default backend (xgrammar) reads a schema: pydantic's and most
-    hand-written schemas say nothing, and JSON Schema's default (any extra key) lets a
-    model add keys the caller never declared. A schema that sets it keeps its value."""
+_COMPOSED = ("allOf", "anyOf", "oneOf", "$ref")
+
+
+def closed_objects(schema: object, part_of_all: bool = False) -> object:
+    """`schema` with `"additionalProperties": false` on every object schema that lists its
+    `properties` and does not say, as vLLM's default backend (xgrammar) reads a schema:
+    pydantic's and most hand-written schemas say nothing, and JSON Schema's default (any
+    extra key) lets a model add keys the caller never declared. A schema that sets it keeps
+    its value; one that composes its keys (allOf, anyOf, oneOf, $ref beside them) or is a
+    part of an allOf (its keys join the other parts') stays as it is, and so does an object
+    without `properties` (any object)."""
     if not isinstance(schema, dict):
         return schema
     closed = dict(schema)
-    types = schema.get("type")
-    is_object = "properties" in schema or types == "object"
-    is_object = is_object or (isinstance(types, list) and "object" in types)
-    if is_object and "additionalProperties" not in schema:
+    composed = part_of_all or any(key in schema for key in _COMPOSED)
+    if "properties" in schema and "additionalProperties" not in schema and not composed:
         closed["additionalProperties"] = False
     for key, value in schema.items():
         if key in _SUBSCHEMA:
@@ -70,7 +74,7 @@ def closed_objects(schema: object) -> object:
                 else closed_objects(value)
             )
         elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
-            closed[key] = [closed_objects(v) for v in value]
+            closed[key] = [closed_objects(v, key == "allOf") for v in value]
         elif key in _SUBSCHEMA_MAPS and isinstance(value, dict):
             closed[key] = {name: closed_objects(v) for name, v in value.items()}
     return closed

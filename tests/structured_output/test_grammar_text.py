@@ -77,3 +77,24 @@ def test_closed_objects_marks_every_object_that_does_not_say() -> None:
     assert closed["properties"]["either"]["anyOf"][1] == {"type": "null"}
     assert closed["properties"]["open"]["additionalProperties"] is True
     assert "additionalProperties" not in schema, "the caller's schema is left as it was"
+
+
+def test_objects_that_compose_their_keys_stay_open() -> None:
+    """allOf parts join their keys, an anyOf holder takes its branches' keys, and an object
+    without properties is any object: closing them would refuse what they declare (a tool
+    call schema's `{"type": "object", "anyOf": [...calls]}` items among them)."""
+    call = {"properties": {"name": {"const": "f"}}, "required": ["name"]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "items": {"type": "object", "anyOf": [call]},
+            "merged": {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
+            "free": {"type": "object"},
+        },
+    }
+    closed = closed_objects(schema)["properties"]
+    assert "additionalProperties" not in closed["items"]
+    assert closed["items"]["anyOf"][0]["additionalProperties"] is False, "a branch is whole"
+    assert all("additionalProperties" not in part for part in closed["merged"]["allOf"])
+    assert closed["free"] == {"type": "object"}
+    check_grammar(StructuredOutputsParams(json=schema))

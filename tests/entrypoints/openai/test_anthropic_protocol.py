@@ -58,7 +58,10 @@ def test_system_tool_use_and_tool_result_become_chat_messages() -> None:
     template = [m.as_template_message() for m in chat.as_chat_request().messages]
     assert template == [
         {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "user",
+            "content": "Weather in \nParis?",
+        },  # text blocks joined as vLLM joins parts
         {
             "role": "assistant",
             "content": "Let me look.",
