@@ -133,6 +133,7 @@ def build_app(
     request_logger: RequestLogger | None = None,
     default_chat_template_kwargs: dict | None = None,
     request_id_headers: bool = False,
+    force_include_usage: bool = False,
 ) -> FastAPI:
     """The app over a (not yet started) engine; its lifespan starts and stops the engine.
     The parsers are named as in vLLM's --reasoning-parser and --tool-call-parser; without
@@ -183,6 +184,7 @@ def build_app(
     app.state.serving_embedding = OpenAIServingEmbedding(*shared)
     for serving in (app.state.serving_completion, app.state.serving_chat):
         serving.request_logger = request_logger
+        serving.force_include_usage = force_include_usage
     for serving in (app.state.serving_chat, app.state.serving_tokenization):
         serving.default_chat_template_kwargs = default_chat_template_kwargs or {}
     if request_id_headers:
@@ -386,6 +388,7 @@ def _serve(
         request_logger=RequestLogger(args.max_log_len) if args.enable_log_requests else None,
         default_chat_template_kwargs=args.default_chat_template_kwargs,
         request_id_headers=args.enable_request_id_headers,
+        force_include_usage=args.enable_force_include_usage,
     )
     config = uvicorn.Config(
         app,

@@ -43,6 +43,12 @@ def add_vllm_serve_args(parser: argparse.ArgumentParser) -> None:
         help="answer with an X-Request-Id header: the request's own, else a new id (vLLM's flag)",
     )
     parser.add_argument(
+        "--enable-force-include-usage",
+        action="store_true",
+        help="every stream carries the usage in each chunk and at its end, whatever its "
+        "stream_options (vLLM's flag)",
+    )
+    parser.add_argument(
         "--enable-prompt-tokens-details",
         action="store_true",
         help="vLLM's flag, accepted: usage.prompt_tokens_details.cached_tokens is always sent",

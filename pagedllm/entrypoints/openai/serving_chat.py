@@ -134,6 +134,7 @@ class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(
         self, request: ChatCompletionRequest, raw_request: Request
     ) -> ChatCompletionResponse | StreamingResponse:
+        self.forced_usage(request)
         answer = await self.chat(request, raw_request)
         return sse_response(answer) if request.stream else answer
 

@@ -35,6 +35,7 @@ class OpenAIServingCompletion(OpenAIServing):
         self, request: CompletionRequest, raw_request: Request
     ) -> CompletionResponse | StreamingResponse:
         arrival_time = time.monotonic()
+        self.forced_usage(request)
         model = self.check_model(request.model)
         self.check_generates()
         check_unsupported_fields(request.model_extra, "completion")

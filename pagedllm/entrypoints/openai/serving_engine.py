@@ -22,6 +22,7 @@ from pagedllm.entrypoints.openai.metrics import ServerMetrics
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     SamplingFields,
+    StreamOptions,
     TokenizeRequest,
 )
 from pagedllm.entrypoints.openai.request_logger import RequestLogger
@@ -55,6 +56,7 @@ class OpenAIServing:
         self.tool_parser = tool_parser
         self.request_logger: RequestLogger | None = None  # --enable-log-requests
         self.default_chat_template_kwargs: dict = {}  # --default-chat-template-kwargs
+        self.force_include_usage = False  # --enable-force-include-usage
         config = engine.config
         self.max_model_len = config.model_config.max_model_len
         self.sampling_defaults = config.model_config.sampling_defaults
@@ -142,6 +144,12 @@ class OpenAIServing:
     def truncated(self, token_ids: list[int], keep: int | None) -> list[int]:
         """vLLM's truncate_prompt_tokens, by this server's max_model_len."""
         return truncated_prompt(token_ids, keep, self.max_model_len)
+
+    def forced_usage(self, request: SamplingFields) -> None:
+        """vLLM's --enable-force-include-usage: a stream carries the usage in every chunk
+        and at its end, whatever its stream_options say."""
+        if self.force_include_usage and request.stream:
+            request.stream_options = StreamOptions(include_usage=True, continuous_usage_stats=True)
 
     def max_tokens(
         self, requested: int | None, prompt_len: int, param: str, limit_param: str = "max_tokens"

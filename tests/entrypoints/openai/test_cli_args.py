@@ -4,6 +4,7 @@ request's own, X-Request-Id echoed, the structured-outputs backend names pagedll
 to. Reference: vLLM's flag names and behaviour."""
 
 import argparse
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,11 +34,13 @@ def test_vllms_flags_parse() -> None:
             "--chat-template-content-format", "string",
             "--enable-request-id-headers",
             "--enable-prompt-tokens-details",
+            "--enable-force-include-usage",
             "--structured-outputs-config.backend", "guidance",
         ]
     )  # fmt: skip
     assert serve_model(args) == "m" and args.seed == 7 and args.root_path == "/llm"
     assert args.default_chat_template_kwargs == {"enable_thinking": False}
+    assert args.enable_force_include_usage
     assert parse(["m", "--model", "m"]).model == "m"
     with pytest.raises(ValueError, match="given twice"):
         serve_model(parse(["a", "--model", "b"]))
@@ -74,4 +77,19 @@ def test_request_ids_and_default_template_arguments_reach_the_answer(
     tokenizer = llm.get_tokenizer()
     assert "<think></think>" in tokenizer.decode(closed), "the server's default applies"
     assert "<think>" not in tokenizer.decode(opened), "the request's own wins"
+    llm.close()
+
+
+def test_forced_usage_is_in_every_chunk_of_every_stream(tmp_path: Path) -> None:
+    """vLLM's --enable-force-include-usage: usage in each chunk and a usage chunk at the
+    end, with no stream_options asked."""
+    save_scripted_model(str(tmp_path))
+    llm = LLM(str(tmp_path), num_kv_blocks=16, max_model_len=64)
+    app = api_server.build_app(AsyncLLM(llm.llm_engine), ["m"], force_include_usage=True)
+    body = {"prompt": "user", "max_tokens": 3, "stream": True, "ignore_eos": True}
+    with TestClient(app) as client:
+        lines = client.post("/v1/completions", json=body).text.splitlines()
+    chunks = [json.loads(x.removeprefix("data: ")) for x in lines if x.startswith("data: {")]
+    assert all(chunk["usage"] is not None for chunk in chunks)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
     llm.close()
