@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+from pagedllm.value_checks import as_truncate_prompt_tokens
+
 
 @dataclass
 class PoolingParams:
@@ -22,12 +24,7 @@ class PoolingParams:
                 raise ValueError(f"dimensions {self.dimensions} must be >= 1")
         if self.normalize is not None and not isinstance(self.normalize, bool):
             raise TypeError(f"normalize must be a bool or None, got {self.normalize!r}")
-        keep = self.truncate_prompt_tokens
-        if keep is not None:
-            if isinstance(keep, bool) or not isinstance(keep, int):
-                raise TypeError(f"truncate_prompt_tokens must be an int, got {keep!r}")
-            if keep == 0 or keep < -1:
-                raise ValueError(f"truncate_prompt_tokens {keep} must be >= 1, or -1")
+        self.truncate_prompt_tokens = as_truncate_prompt_tokens(self.truncate_prompt_tokens)
 
     def verify(
         self, vector_size: int, is_matryoshka: bool, matryoshka_dimensions: list[int] | None

@@ -19,6 +19,7 @@ from pagedllm.value_checks import (
     as_int_list,
     as_logit_bias,
     as_str_list,
+    as_truncate_prompt_tokens,
     check_ids_in_vocab,
     check_text,
     fail,
@@ -275,11 +276,7 @@ class SamplingParams:
             fail("min_tokens", self.min_tokens, ">= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             fail("min_tokens", self.min_tokens, f"<= max_tokens={self.max_tokens}")
-        keep = self.truncate_prompt_tokens
-        if keep is not None:
-            keep = self.truncate_prompt_tokens = as_int("truncate_prompt_tokens", keep, "an int")
-            if keep == 0 or keep < -1:
-                fail("truncate_prompt_tokens", keep, ">= 1, or -1 for max_model_len (or None)")
+        self.truncate_prompt_tokens = as_truncate_prompt_tokens(self.truncate_prompt_tokens)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if isinstance(value, bool):  # an int to vLLM: True asks for 1

@@ -96,3 +96,15 @@ def as_json_object(name: str, value: object) -> dict:
     if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
         raise ValueError(f"{name} must be a JSON object (a dict with str keys), got {value!r}")
     return value
+
+
+def as_truncate_prompt_tokens(value: object) -> int | None:
+    """vLLM's truncate_prompt_tokens: None, -1 (max_model_len) or a count >= 1."""
+    if value is None:
+        return None
+    keep = as_int("truncate_prompt_tokens", value, "an int")
+    if keep == 0 or keep < -1:
+        raise ValueError(
+            f"truncate_prompt_tokens {keep} must be >= 1, or -1 for max_model_len (or None)"
+        )
+    return keep

@@ -3,7 +3,8 @@ each does what vLLM's does, or is accepted where pagedllm already behaves as it 
 refuses a value it cannot honour with a message naming it (argparse's choices)."""
 
 import argparse
-import json
+
+from pagedllm.value_checks import as_json_object
 
 STRUCTURED_OUTPUTS_BACKENDS = ("auto", "guidance")
 """vLLM's backend names pagedllm answers to: llguidance is its one backend."""
@@ -72,10 +73,8 @@ def serve_model(args: argparse.Namespace) -> str | None:
 
 
 def _json_object(text: str) -> dict:
+    """value_checks' rule, as argparse reports a flag's bad value."""
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
-    return value
+        return as_json_object("--default-chat-template-kwargs", text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e

@@ -86,12 +86,7 @@ class OpenAIServingEmbedding(OpenAIServing):
             prompts = [await self.chat_prompt_ids(request, specials)]
         else:
             prompts = await self._input_ids(request.input, request.add_special_tokens is not False)
-        keep = request.truncate_prompt_tokens
-        if keep == 0:
-            raise OpenAIError(
-                "truncate_prompt_tokens must be -1 or >= 1", param="truncate_prompt_tokens"
-            )
-        prompts = [self.truncated(ids, keep) for ids in prompts]
+        prompts = [self.truncated(ids, request.truncate_prompt_tokens) for ids in prompts]
         for ids in prompts:
             if not ids:
                 raise OpenAIError("an input is empty (0 tokens); give at least 1", param="input")

@@ -31,6 +31,7 @@ from pagedllm.entrypoints.openai.tool_choice import tool_choice_of
 from pagedllm.entrypoints.openai.tool_parsers import GenericToolParser, ToolParser
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams, truncated_prompt
+from pagedllm.value_checks import as_truncate_prompt_tokens
 
 T = TypeVar("T")
 
@@ -142,7 +143,12 @@ class OpenAIServing:
         return await self.encode(text, True) if add_special_tokens else ids
 
     def truncated(self, token_ids: list[int], keep: int | None) -> list[int]:
-        """vLLM's truncate_prompt_tokens, by this server's max_model_len."""
+        """vLLM's truncate_prompt_tokens, by this server's max_model_len; a bad count is a
+        400 naming it, before any other check reads the cut prompt."""
+        try:
+            keep = as_truncate_prompt_tokens(keep)
+        except (ValueError, TypeError) as e:
+            raise OpenAIError(str(e), param="truncate_prompt_tokens") from e
         return truncated_prompt(token_ids, keep, self.max_model_len)
 
     def forced_usage(self, request: SamplingFields) -> None:
