@@ -7,7 +7,7 @@ import torch
 
 from pagedllm.core.sequence import Sequence
 from pagedllm.engine.stats import request_metrics
-from pagedllm.layers.pooler import accumulate, finish_pooling
+from pagedllm.layers.pooler import Pooled, accumulate, finish_pooling
 from pagedllm.layers.st_projector import StProjector
 from pagedllm.outputs import PoolingOutput, PoolingRequestOutput
 from pagedllm.pooler_config import PoolerConfig
@@ -30,7 +30,7 @@ class PoolingRequest:
         self.params = params
         self.seq = seq
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
-        self.pooled: torch.Tensor | None = None  # float32, as layers/pooler.py accumulates
+        self.pooled: Pooled | None = None  # as layers/pooler.py accumulates
         self.embedding: torch.Tensor | None = None  # set when the last chunk has run
         self.error: Exception | None = None
 

@@ -2,7 +2,7 @@
 -> one vector, computed chunk by chunk so that chunked prefill pools the whole prompt.
 
 Each prefill chunk of a pooled prompt gives a partial float32:
-    MEAN  the chunk's rows [n, H]              -> joined over chunks, one sum / prompt length
+    MEAN  the chunk's rows [n, H]              -> kept in a list, one sum / prompt length
     LAST  the chunk's last row [H]             -> the last chunk's is the prompt's last token
     CLS   row 0 of the chunk at position 0 [H] -> the prompt's first token
 MEAN sums the whole prompt's rows in one reduction at the end, as vLLM keeps a chunked
@@ -29,17 +29,24 @@ def pool_chunk(hidden: torch.Tensor, start: int, pooling_type: str) -> torch.Ten
     return hidden[0].float() if start == 0 else None
 
 
+Pooled = torch.Tensor | list[torch.Tensor]
+"""A prompt's pooled state: MEAN's chunks of rows, in order (joined once, at the end, not
+copied again at every chunk), else one row."""
+
+
 def accumulate(
-    pooled: torch.Tensor | None, partial: torch.Tensor, start: int, pooling_type: str
-) -> torch.Tensor:
+    pooled: Pooled | None, partial: torch.Tensor, start: int, pooling_type: str
+) -> Pooled:
     """The pooled state after a chunk at prompt position `start` gave `partial`."""
-    if pooled is None or start == 0 or pooling_type != "MEAN":
+    if pooling_type != "MEAN":
         return partial
-    return torch.cat([pooled, partial])
+    if pooled is None or start == 0:
+        return [partial]
+    return [*pooled, partial]
 
 
 def finish_pooling(
-    pooled: torch.Tensor,
+    pooled: Pooled,
     num_tokens: int,
     pooling_type: str,
     normalize: bool,
@@ -51,8 +58,9 @@ def finish_pooling(
     Matryoshka truncation, come before the L2 normalisation, as sentence-transformers runs
     its modules."""
     if pooling_type == "MEAN":
-        assert pooled.shape[0] == num_tokens, "MEAN holds every row of the prompt"
-        pooled = pooled.sum(dim=0) / num_tokens
+        rows = torch.cat(pooled)
+        assert rows.shape[0] == num_tokens, "MEAN holds every row of the prompt"
+        pooled = rows.sum(dim=0) / num_tokens
     if projector is not None:
         pooled = projector(pooled)
     if dimensions is not None:
