@@ -192,10 +192,7 @@ class LLM:
         bar = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm)
         start, in_tokens, out_tokens = time.perf_counter(), 0, 0
         with interrupts_between_steps() as interrupted:
-            while self.llm_engine.has_unfinished_requests():
-                if interrupted():
-                    bar.close()
-                    raise KeyboardInterrupt
+            while self.llm_engine.has_unfinished_requests() and not interrupted():
                 for output in self.llm_engine.step():
                     if not output.finished:
                         continue
@@ -207,10 +204,9 @@ class LLM:
                     rates = f"input: {in_tokens / elapsed:.1f} tok/s, "
                     bar.set_postfix_str(rates + f"output: {out_tokens / elapsed:.1f} tok/s")
                     bar.update(1)
-            if interrupted():  # during the last step
-                bar.close()
-                raise KeyboardInterrupt
         bar.close()
+        if interrupted():  # before a step or during the last one
+            raise KeyboardInterrupt
         return [finished[i] for i in request_ids]
 
 

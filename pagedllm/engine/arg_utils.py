@@ -96,12 +96,12 @@ class EngineArgs:
     load_format: str = "auto"
     hf_overrides: dict | str | None = None
     usage_context: UsageContext = UsageContext.LLM_CLASS
-    # vLLM's, accepted: pagedllm logs no periodic stats, and its all-reduce is
-    # torch.distributed's (there is no custom one to turn off)
     # vLLM's: where the default sampling params come from ("auto": the model's
     # generation_config.json, "vllm": SamplingParams' own, or a folder), and fields over them
     generation_config: str = "auto"
     override_generation_config: dict | str | None = None
+    # vLLM's, accepted: pagedllm logs no periodic stats, and its all-reduce is
+    # torch.distributed's (there is no custom one to turn off)
     disable_log_stats: bool = False
     disable_custom_all_reduce: bool = False
 
