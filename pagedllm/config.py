@@ -1,7 +1,6 @@
 """Model configuration: where the model is, its HF config, dtype and context length."""
 
 import importlib.util
-import json
 import os
 import socket
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from pagedllm.logger import init_logger
 from pagedllm.pooler_config import (
     PoolerConfig,
     is_sentence_transformers_folder,
+    sentence_transformers_max_seq_length,
     sentence_transformers_pooler_config,
 )
 from pagedllm.sampling_defaults import override_max_tokens, sampling_defaults
@@ -412,23 +412,10 @@ def derive_max_model_len(hf_config: PretrainedConfig, model: str | None = None) 
     use_window = getattr(hf_config, "use_sliding_window", True)
     if window and use_window:
         length = min(length, window)
-    max_seq_length = _sentence_transformers_max_seq_length(model)
+    max_seq_length = sentence_transformers_max_seq_length(model)
     if max_seq_length:
         length = min(length, max_seq_length)
     return int(length)
-
-
-def _sentence_transformers_max_seq_length(model: str | None) -> int | None:
-    """`max_seq_length` of a sentence-transformers folder's sentence_bert_config.json (the
-    length sentence-transformers cuts inputs to), where it has one."""
-    path = os.path.join(model, "sentence_bert_config.json") if model else ""
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f).get("max_seq_length")
-    except (json.JSONDecodeError, AttributeError) as e:
-        raise ValueError(f"{path} is not a JSON object: {e}") from e
 
 
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "fp8", "fp8_e4m3")

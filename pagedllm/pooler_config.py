@@ -5,7 +5,9 @@ A sentence-transformers folder says it in `modules.json` (its module list; a
 `sentence_transformers.models.Normalize` entry means L2-normalised outputs), in the
 pooling module's `config.json` (`1_Pooling/config.json`: one `pooling_mode_*` flag set) and
 in any `Dense` modules after the pooling (a linear projection of the pooled vector and an
-activation, each module's `config.json` and weights in its folder).
+activation, each module's `config.json` and weights in its folder). Its
+`sentence_bert_config.json` gives the longest input (`max_seq_length`, which caps
+config.derive_max_model_len).
 """
 
 import json
@@ -163,3 +165,16 @@ def _dense_module(model: str, path: str) -> DenseModule:
     return DenseModule(
         folder, config["in_features"], config["out_features"], config.get("bias", True), activation
     )
+
+
+def sentence_transformers_max_seq_length(model: str | None) -> int | None:
+    """`max_seq_length` of a sentence-transformers folder's sentence_bert_config.json (the
+    length sentence-transformers cuts inputs to), where it has one."""
+    path = os.path.join(model, "sentence_bert_config.json") if model else ""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f).get("max_seq_length")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise ValueError(f"{path} is not a JSON object: {e}") from e
