@@ -34,6 +34,7 @@ LAYERS = (
         "tensor_layout",
         "logger",
         "batch_invariant",
+        "utils",
     ),
     ("value_checks",),
 )

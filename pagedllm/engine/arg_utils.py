@@ -22,6 +22,7 @@ from pagedllm.engine.batch_defaults import UsageContext, default_batch_limits
 from pagedllm.layers.attention_backends.selector import check_attn_backend
 from pagedllm.pooler_config import PoolerConfig
 from pagedllm.sampling_params import DEFAULT_MAX_N
+from pagedllm.utils.argparse_utils import human_readable_int
 
 # Not command-line flags: processors are Python objects, on the command line --seed is the
 # sampling seed of the request, and the entry point says who builds the engine.
@@ -208,7 +209,13 @@ class EngineArgs:
             if f.type in ("bool", bool, bool | None):
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
             else:
-                kind = int if "int" in str(f.type) else float if "float" in str(f.type) else str
+                kind = (
+                    human_readable_int
+                    if "int" in str(f.type)
+                    else float
+                    if "float" in str(f.type)
+                    else str
+                )
                 short = _SHORT_FLAGS.get(f.name, ())
                 group.add_argument(flag, *short, type=kind, default=default)
         return parser

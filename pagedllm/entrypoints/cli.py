@@ -6,10 +6,11 @@ import sys
 from pagedllm.benchmarks import cli as bench
 from pagedllm.entrypoints import chat, generate, inspect
 from pagedllm.entrypoints.openai import api_server
+from pagedllm.utils import FlexibleArgumentParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = FlexibleArgumentParser(
         prog="pagedllm",
         description="LLM inference with a paged KV cache. Without --model, commands use the "
         "embedded SmolLM2-135M-Instruct.",

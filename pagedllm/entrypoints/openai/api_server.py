@@ -65,6 +65,7 @@ from pagedllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from pagedllm.entrypoints.openai.uvicorn_server import APIServer
 from pagedllm.executor.headless import run_headless
 from pagedllm.logger import init_logger
+from pagedllm.utils import FlexibleArgumentParser
 
 logger = init_logger(__name__)
 
@@ -421,7 +422,7 @@ def run_headless_node(headless: bool, engine_args: EngineArgs) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = make_arg_parser(argparse.ArgumentParser(prog="pagedllm serve"))
+    parser = make_arg_parser(FlexibleArgumentParser(prog="pagedllm serve"))
     args = parser.parse_args(argv)
     try:
         run(args)

@@ -12,6 +12,12 @@ STRUCTURED_OUTPUTS_BACKENDS = ("auto", "guidance")
 
 def add_vllm_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="read flags from a YAML file of long flag names and values (`port: 8000`, "
+        "`max-model-len: 4096`, `model: PATH`); the command line's own flags win (vLLM's flag)",
+    )
+    parser.add_argument(
         "--model",
         dest="model_option",
         default=None,
