@@ -69,13 +69,15 @@ def choice_parser_factory(
     tool_parser: Callable[[], ToolParser] | None,
     prompt: str,
     parallel_tool_calls: bool,
+    prefill: str | None = None,
 ) -> Callable[[], ChoiceParser] | None:
-    """A new parser per choice of a request, or None when its answers are plain content."""
+    """A new parser per choice of a request, or None when its answers are plain content;
+    `prompt` and `prefill` as ReasoningParser takes them."""
     if reasoning_parser is None and tool_parser is None:
         return None
 
     def make() -> ChoiceParser:
-        reasoning = reasoning_parser(prompt) if reasoning_parser else None
+        reasoning = reasoning_parser(prompt, prefill) if reasoning_parser else None
         return ChoiceParser(reasoning, tool_parser() if tool_parser else None, parallel_tool_calls)
 
     return make

@@ -124,11 +124,16 @@ class OpenAIServingChat(OpenAIServing):
             called = called_since_user(request.messages)
             constraint = generic_tools_constraint(request.tools, not one_call, called)
             params = dataclasses.replace(params, structured_outputs=constraint)
+        prefill = None
+        if request.continue_final_message:
+            prefill = request.messages[-1].as_template_message()["content"]
         if params.structured_outputs is not None and self.reasoning_parser is not None:
             # The constraint applies to the content after the reasoning part, as in vLLM.
-            reasoning = self.reasoning_parser.reasoning_tokens(prompt_text, self.tokenizer)
+            reasoning = self.reasoning_parser.reasoning_tokens(prompt_text, self.tokenizer, prefill)
             params = dataclasses.replace(params, reasoning_tokens=reasoning)
-        parsers = choice_parser_factory(self.reasoning_parser, tool_parser, prompt_text, parallel)
+        parsers = choice_parser_factory(
+            self.reasoning_parser, tool_parser, prompt_text, parallel, prefill
+        )
         return ChatRun(model, prompt_ids, params, parsers, prompt_text)
 
     async def create_chat_completion(

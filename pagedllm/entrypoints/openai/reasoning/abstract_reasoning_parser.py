@@ -5,9 +5,12 @@ The parsers differ only in how an answer starts. A model that always thinks firs
 (DeepSeek-R1: `thinks_first`) is in its reasoning from its first token, whether or not it
 writes `<think>` itself (R1-Distill's chat template already opens `<think>` in the
 prompt, so the output has only the closing tag). Otherwise (Qwen3) the answer is reasoning
-only if it opens with `<think>`, or if the prompt ends inside an open `<think>` (Qwen3's
-thinking-only templates); `enable_thinking=False` templates close the empty think part in
-the prompt, so the answer is all content. A reasoning part the answer never closes (it ran
+only if it opens with `<think>`, or if the prompt ends with `<think>` (Qwen3's thinking-only
+templates), or if the answer continues a final message (`continue_final_message`) that
+opened a think part and did not close it; a tag elsewhere in the prompt (a user's text, an
+earlier turn cut off in its reasoning) says nothing about the answer.
+`enable_thinking=False` templates close the empty think part in the prompt, so the answer
+is all content. A reasoning part the answer never closes (it ran
 out of tokens) is all reasoning, in both parsers and both modes.
 
 `reasoning_tokens` tells the engine the same in token ids, so that structured outputs
@@ -36,21 +39,30 @@ class ReasoningParser:
     end_token = "</think>"
     thinks_first = False
 
-    def __init__(self, prompt: str = "") -> None:
-        """`prompt`: the rendered prompt text, whose end may already open `<think>`."""
-        opened = prompt.rfind(self.start_token) > prompt.rfind(self.end_token)
-        self.in_reasoning = self.thinks_first or opened
+    def __init__(self, prompt: str = "", prefill: str | None = None) -> None:
+        """`prompt`: the rendered prompt text, whose end may already open `<think>`;
+        `prefill`: the final message's text the answer continues, if it continues one."""
+        self.in_reasoning = self.thinks_first or self._opened(prompt, prefill)
         self.state = _OPENING
         self.scanner = TagScanner()
 
     @classmethod
-    def reasoning_tokens(cls, prompt: str, tokenizer: Tokenizer) -> ReasoningTokens | None:
+    def _opened(cls, prompt: str, prefill: str | None) -> bool:
+        """Whether the answer starts inside a think part the prompt opened."""
+        if prefill is not None:
+            return prefill.rfind(cls.start_token) > prefill.rfind(cls.end_token)
+        return prompt.rstrip().endswith(cls.start_token)
+
+    @classmethod
+    def reasoning_tokens(
+        cls, prompt: str, tokenizer: Tokenizer, prefill: str | None = None
+    ) -> ReasoningTokens | None:
         """Where the answer to `prompt` has its reasoning part, as the parser reads it: from
         the first token (thinking first, or the prompt opened `<think>`), or where the
         answer opens with `<think>`; None when the prompt closed it (`enable_thinking`
         false), so a constraint applies from the first token."""
         end_ids = tokenizer.encode(cls.end_token, add_special_tokens=False)
-        if cls(prompt).in_reasoning:
+        if cls(prompt, prefill).in_reasoning:
             return ReasoningTokens(end_ids, in_reasoning=True)
         start_ids = tokenizer.encode(cls.start_token, add_special_tokens=False)
         if prompt.rstrip().endswith(cls.end_token) or len(start_ids) != 1:

@@ -46,3 +46,32 @@ def test_reasoning_tokens_say_where_the_parser_finds_reasoning() -> None:
     inside = QWEN3.reasoning_tokens(THINKING_ONLY, TagTokenizer())
     assert (inside.end_token_ids, inside.in_reasoning, inside.start_token_id) == ([8], True, None)
     assert QWEN3.reasoning_tokens(NO_THINKING, TagTokenizer()) is None
+
+
+USER_TAG = "<|im_start|>user\nWhat does the <think> tag do?<|im_end|>\n<|im_start|>assistant\n"
+CUT_TURN = (
+    "<|im_start|>assistant\n<think>\nran out<|im_end|>\n<|im_start|>user\nAgain<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+
+
+@pytest.mark.parametrize("prompt", [USER_TAG, CUT_TURN])
+def test_a_tag_inside_the_prompt_opens_nothing(prompt: str) -> None:
+    """Only the prompt's end (or a continued final message) can start the answer inside a
+    think part: a user's `<think>` or an earlier turn cut off in its reasoning cannot."""
+    check_streaming_matches_whole(QWEN3, prompt, "Hello", (None, "Hello"))
+    tokens = QWEN3.reasoning_tokens(prompt, TagTokenizer())
+    assert (tokens.in_reasoning, tokens.start_token_id) == (False, 7)
+
+
+def test_a_continued_message_that_opened_a_think_part_is_reasoning() -> None:
+    prompt = PROMPT + "<think>\nFirst,"
+    text = " then.</think>Hi"
+    check_streaming_matches_whole(
+        lambda p: QWEN3(p, prefill="<think>\nFirst,"), prompt, text, (" then.", "Hi")
+    )
+    assert QWEN3.reasoning_tokens(prompt, TagTokenizer(), prefill="<think>\nFirst,").in_reasoning
+    closed = "<think>x</think>Sure"
+    check_streaming_matches_whole(
+        lambda p: QWEN3(p, prefill=closed), PROMPT + closed, ", yes", (None, ", yes")
+    )
