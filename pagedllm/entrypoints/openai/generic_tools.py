@@ -52,11 +52,18 @@ def tools_system_prompt(tools: list[ChatCompletionToolsParam]) -> str:
     )
 
 
-def generic_conversation(conversation: list[dict[str, Any]], prompt: str) -> list[dict]:
+def generic_conversations(conversation: list[dict[str, Any]], prompt: str) -> list[list[dict]]:
     """`conversation` as the generic format shows it to a template that knows no tool
     calls: `prompt` in the system message, and each assistant message's calls written
-    into its content in the format's shape (a template shows only the content)."""
-    return with_tools_system_prompt([_with_calls_shown(m) for m in conversation], prompt)
+    into its content in the format's shape (a template shows only the content). Where the
+    conversation has no system message, a second form for templates that refuse one
+    (Gemma's, Mistral's first): `prompt` before the first user message's text, as llama.cpp
+    folds a system message into such templates."""
+    shown = [_with_calls_shown(m) for m in conversation]
+    forms = [with_tools_system_prompt(shown, prompt)]
+    if not (shown and shown[0].get("role") == "system"):
+        forms.append(with_tools_user_prompt(shown, prompt))
+    return forms
 
 
 def with_tools_system_prompt(conversation: list[dict[str, Any]], prompt: str) -> list[dict]:
@@ -67,6 +74,16 @@ def with_tools_system_prompt(conversation: list[dict[str, Any]], prompt: str) ->
         return [{"role": "system", "content": prompt}, *conversation]
     content = f"{first['content']}\n\n{prompt}" if first.get("content") else prompt
     return [{**first, "content": content}, *conversation[1:]]
+
+
+def with_tools_user_prompt(conversation: list[dict[str, Any]], prompt: str) -> list[dict]:
+    """`conversation` with `prompt` before the first user message's content (or as a user
+    message of its own first, if there is none)."""
+    for i, message in enumerate(conversation):
+        if message.get("role") == "user":
+            content = f"{prompt}\n\n{message['content']}" if message.get("content") else prompt
+            return [*conversation[:i], {**message, "content": content}, *conversation[i + 1 :]]
+    return [{"role": "user", "content": prompt}, *conversation]
 
 
 def _with_calls_shown(message: dict[str, Any]) -> dict[str, Any]:

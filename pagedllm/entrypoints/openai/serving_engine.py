@@ -17,7 +17,7 @@ from pagedllm.engine.input_processor import check_token_ids
 from pagedllm.engine.protocol import EngineClient
 from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
 from pagedllm.entrypoints.openai.errors import OpenAIError, engine_error, invalid_value_error
-from pagedllm.entrypoints.openai.generic_tools import generic_conversation, tools_system_prompt
+from pagedllm.entrypoints.openai.generic_tools import generic_conversations, tools_system_prompt
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -112,27 +112,31 @@ class OpenAIServing:
         self, request: ChatCompletionRequest | TokenizeRequest
     ) -> tuple[str, list[int]]:
         """The prompt's text and token ids, as the chat endpoint renders them: the messages
-        (where the generic tool format applies, with its system prompt and the calls in the
-        content), tools and
-        template options through the chat template. Any failure of the template (it may
-        raise on roles or orders it does not support) is the request's fault: a 400."""
+        (where the generic tool format applies, with its prompt and the calls in the
+        content), tools and template options through the chat template. Any failure of the
+        template (it may raise on roles or orders it does not support) is the request's
+        fault: a 400."""
         if request.add_generation_prompt and request.continue_final_message:
             raise OpenAIError(
                 "continue_final_message needs add_generation_prompt=false (the answer "
                 "continues the last message instead of starting a new one)",
                 param="continue_final_message",
             )
-        conversation = [m.as_template_message() for m in request.messages]
+        conversations = [[m.as_template_message() for m in request.messages]]
         if self.uses_generic_format(request):
             prompt = tools_system_prompt(request.tools)
-            conversation = generic_conversation(conversation, prompt)
-        try:
-            kwargs = {**self.default_chat_template_kwargs, **request.template_kwargs()}
-            return await self.async_tokenizer.apply_chat_template(
-                conversation, self.chat_template, kwargs
-            )
-        except Exception as e:  # noqa: BLE001 - templates raise anything
-            raise OpenAIError(f"cannot apply the chat template: {e}", param="messages") from e
+            conversations = generic_conversations(conversations[0], prompt)
+        kwargs = {**self.default_chat_template_kwargs, **request.template_kwargs()}
+        errors = []  # a form the template refuses: try the next (generic_conversations)
+        for conversation in conversations:
+            try:
+                return await self.async_tokenizer.apply_chat_template(
+                    conversation, self.chat_template, kwargs
+                )
+            except Exception as e:  # noqa: BLE001 - templates raise anything
+                errors.append(str(e))
+        error = "; with the tools' prompt in the first user message: ".join(dict.fromkeys(errors))
+        raise OpenAIError(f"cannot apply the chat template: {error}", param="messages")
 
     async def chat_prompt_ids(
         self, request: ChatCompletionRequest | TokenizeRequest, add_special_tokens: bool

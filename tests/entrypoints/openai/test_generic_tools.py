@@ -16,10 +16,11 @@ from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.generic_tools import (
     ANSWER_SHAPE,
     REPLY_SHAPE,
-    generic_conversation,
+    generic_conversations,
     generic_tools_constraint,
     tools_system_prompt,
     with_tools_system_prompt,
+    with_tools_user_prompt,
 )
 from pagedllm.entrypoints.openai.protocol import ChatCompletionRequest
 from pagedllm.gguf.tokenizer import load_gguf_tokenizer
@@ -56,18 +57,32 @@ def test_the_system_prompt_describes_the_tools_and_the_answer() -> None:
     assert merged == [{"role": "system", "content": "Be terse.\n\nP"}, user]
 
 
+def test_templates_that_refuse_a_system_message_get_the_prompt_in_the_first_user_turn() -> None:
+    """A second form, tried when the template raises on the first: the prompt before the
+    first user message's text (llama.cpp folds a system message so); none where the user
+    wrote a system message of their own (the template refuses their request either way)."""
+    assistant = {"role": "assistant", "content": "Hello."}
+    user = {"role": "user", "content": "hi"}
+    with_system, in_user = generic_conversations([assistant, user], "P")
+    assert with_system[0] == {"role": "system", "content": "P"}
+    assert in_user == [assistant, {"role": "user", "content": "P\n\nhi"}]
+    assert with_tools_user_prompt([assistant], "P") == [{"role": "user", "content": "P"}, assistant]
+    system = {"role": "system", "content": "Be terse."}
+    assert len(generic_conversations([system, user], "P")) == 1
+
+
 def test_the_conversation_shows_calls_in_the_format() -> None:
     """A template with no tool format shows only content: an assistant's calls are written
     into it as the format's JSON, after any text."""
     call = {"id": "c", "type": "function", "function": {"name": "now", "arguments": {"z": "é"}}}
     calls = {"role": "assistant", "content": "", "tool_calls": [call]}
     result = {"role": "tool", "tool_call_id": "c", "content": "noon"}
-    system, shown, tool = generic_conversation([calls, result], "P")
+    (system, shown, tool), _ = generic_conversations([calls, result], "P")
     assert system == {"role": "system", "content": "P"} and tool == result
     expected = {"tool_calls": [{"name": "now", "arguments": {"z": "é"}}]}
     assert json.loads(shown["content"]) == expected
     assert "é" in shown["content"] and shown["tool_calls"] == [call]
-    (_, with_text) = generic_conversation([{**calls, "content": "Let me see."}], "P")
+    (_, with_text), _ = generic_conversations([{**calls, "content": "Let me see."}], "P")
     assert with_text["content"] == "Let me see.\n\n" + shown["content"]
 
 

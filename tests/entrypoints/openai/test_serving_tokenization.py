@@ -194,6 +194,32 @@ def test_tokenize_with_tools_is_the_chat_endpoints_prompt(
         assert tokens == list(expected)
 
 
+# Gemma-2's rule: a template that raises on a system message.
+NO_SYSTEM_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
+)
+
+
+def test_generic_tools_on_a_template_that_refuses_a_system_message(shared: tuple) -> None:
+    """The generic format's prompt goes before the first user message's text there (as
+    llama.cpp folds a system message); a system message of the user's own is still the
+    template's 400, with the template's words."""
+    serving = OpenAIServingTokenization(*shared, NO_SYSTEM_TEMPLATE)
+    body = {"messages": MESSAGES, "tools": [WEATHER]}
+    run = asyncio.run(
+        OpenAIServingChat(*shared, NO_SYSTEM_TEMPLATE).prepare_chat(ChatCompletionRequest(**body))
+    )
+    system = tools_system_prompt(ChatCompletionRequest(**body).tools)
+    assert run.prompt_text == f"<user>{system}\n\n{TEXT}\n<assistant>"
+    assert tokenize(serving, **body) == run.prompt_token_ids
+    with_system = [{"role": "system", "content": "Be brief."}, *MESSAGES]
+    with pytest.raises(OpenAIError) as info:
+        tokenize(serving, messages=with_system, tools=[WEATHER])
+    assert "System role not supported" in info.value.message
+
+
 def test_tokenize_with_tools_counts_the_chat_completions_prompt_tokens(server: Server) -> None:
     """Through the running server (its default model: the generic format)."""
     body = {"messages": MESSAGES, "tools": [WEATHER]}
