@@ -12,7 +12,7 @@ from dataclasses import replace
 from tqdm.auto import tqdm
 
 from pagedllm.engine.arg_utils import EngineArgs
-from pagedllm.engine.chat_messages import template_message
+from pagedllm.engine.chat_messages import render_chat, template_message
 from pagedllm.engine.data_parallel import make_engine
 from pagedllm.inputs import PromptType
 from pagedllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
@@ -109,18 +109,15 @@ class LLM:
         prompts = []
         for conversation in conversations:
             conversation = [template_message(m, i) for i, m in enumerate(conversation)]
-            try:
-                text = tokenizer.apply_chat_template(
-                    conversation,
-                    chat_template=chat_template,
-                    add_generation_prompt=add_generation_prompt,
-                    continue_final_message=continue_final_message,
-                    tools=tools,
-                    tokenize=False,
-                    **(chat_template_kwargs or {}),
-                )
-            except Exception as e:  # noqa: BLE001 - templates raise anything
-                raise ValueError(f"cannot apply the chat template: {e}") from e
+            text = render_chat(
+                tokenizer,
+                conversation,
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tools=tools,
+                **(chat_template_kwargs or {}),
+            )
             # As transformers' tokenize=True: the template places the special tokens. The
             # text is the output's `prompt`, as vLLM's LLM.chat gives it.
             ids = tokenizer.encode(text, add_special_tokens=False)

@@ -8,6 +8,16 @@ from collections.abc import Mapping
 from typing import Any
 
 
+def render_chat(tokenizer: Any, conversation: list[dict[str, Any]], **kwargs: Any) -> str:
+    """The conversation's prompt text through the tokenizer's chat template (`kwargs`:
+    apply_chat_template's); whatever the template raises (a role or order it refuses) is a
+    ValueError naming it."""
+    try:
+        return tokenizer.apply_chat_template(conversation, tokenize=False, **kwargs)
+    except Exception as e:  # noqa: BLE001 - templates raise anything
+        raise ValueError(f"cannot apply the chat template: {e}") from e
+
+
 def template_message(message: object, index: int = 0) -> dict[str, Any]:
     """One message for the template; a ValueError names what is wrong with message `index`."""
     if not isinstance(message, Mapping):

@@ -3,6 +3,7 @@
 import argparse
 
 from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.chat_messages import render_chat
 from pagedllm.entrypoints.sampling_args import add_sampling_args, sampling_params_from_args
 from pagedllm.llm import LLM
 from pagedllm.logger import add_log_level_arg, set_log_level
@@ -31,7 +32,8 @@ def run(args: argparse.Namespace) -> None:
     params = sampling_params_from_args(args, output_kind=RequestOutputKind.DELTA)
     for turn in iter_turns():
         messages.append({"role": "user", "content": turn})
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        text = render_chat(tokenizer, messages, add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special_tokens=False)  # the template placed them
         reply = []
         engine.add_request(f"chat-{len(messages)}", {"prompt_token_ids": list(ids)}, params)
         while engine.has_unfinished_requests():

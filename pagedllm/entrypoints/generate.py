@@ -4,6 +4,7 @@ import argparse
 import sys
 
 from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.chat_messages import render_chat
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.entrypoints.sampling_args import add_sampling_args, sampling_params_from_args
 from pagedllm.llm import LLM
@@ -50,8 +51,9 @@ def to_engine_prompt(engine: LLMEngine, prompt: str, use_chat: bool | None) -> s
     if tokenizer is None:
         raise ValueError("--chat needs a tokenizer, but --skip-tokenizer-init is set")
     messages = [{"role": "user", "content": prompt}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-    return {"prompt": prompt, "prompt_token_ids": list(ids)}
+    text = render_chat(tokenizer, messages, add_generation_prompt=True)
+    ids = tokenizer.encode(text, add_special_tokens=False)  # the template placed them
+    return {"prompt": prompt, "prompt_token_ids": ids}
 
 
 def stream(engine: LLMEngine, prompt: str | dict, args: argparse.Namespace) -> None:

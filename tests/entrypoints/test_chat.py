@@ -77,6 +77,30 @@ def test_a_tokenizer_without_chat_template_is_a_user_error(
     )
 
 
+class RefusingTokenizer:
+    """A tokenizer whose template raises, as Gemma's does on a system message."""
+
+    chat_template = "{{ raise_exception('System role not supported') }}"
+
+    def apply_chat_template(self, *args: object, **kwargs: object) -> str:
+        raise RuntimeError("System role not supported")
+
+
+def test_a_template_that_raises_is_a_user_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    refusing = SimpleNamespace(llm_engine=SimpleNamespace(tokenizer=RefusingTokenizer()))
+    monkeypatch.setattr(chat, "LLM", lambda **engine_args: refusing)
+    scripted_input(["hi"], monkeypatch)
+    with pytest.raises(SystemExit) as info:
+        main(["chat", "--system", SYSTEM])
+    assert info.value.code == 2
+    assert (
+        "pagedllm chat: error: cannot apply the chat template: System role not supported"
+        in capsys.readouterr().err
+    )
+
+
 def test_parser_defaults() -> None:
     parser = argparse.ArgumentParser()
     chat.add_parser(parser.add_subparsers())

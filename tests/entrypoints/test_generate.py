@@ -91,10 +91,16 @@ class FakeTokenizer:
         self.chat_template = chat_template
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool, return_dict: bool
-    ) -> list[int]:
-        assert add_generation_prompt and not return_dict
-        return [len(m["content"]) for m in messages]
+        self, messages: list[dict], add_generation_prompt: bool, tokenize: bool
+    ) -> str:
+        assert add_generation_prompt and not tokenize
+        if self.chat_template == "refuses":
+            raise RuntimeError("Conversation roles must alternate")
+        return "".join(f"<{m['content']}>" for m in messages)
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        assert not add_special_tokens  # the template placed them
+        return [len(text)]
 
 
 @pytest.mark.parametrize(
@@ -109,7 +115,13 @@ class FakeTokenizer:
 def test_to_engine_prompt(template: str | None, use_chat: bool | None, wrapped: bool) -> None:
     engine = SimpleNamespace(tokenizer=FakeTokenizer(template))
     prompt = generate.to_engine_prompt(engine, "hello", use_chat)
-    assert prompt == ({"prompt": "hello", "prompt_token_ids": [5]} if wrapped else "hello")
+    assert prompt == ({"prompt": "hello", "prompt_token_ids": [7]} if wrapped else "hello")
+
+
+def test_a_template_that_raises_is_a_value_error() -> None:
+    engine = SimpleNamespace(tokenizer=FakeTokenizer("refuses"))
+    with pytest.raises(ValueError, match="cannot apply the chat template: Conversation roles"):
+        generate.to_engine_prompt(engine, "hello", True)
 
 
 def test_no_tokenizer_sends_the_text_as_is() -> None:
