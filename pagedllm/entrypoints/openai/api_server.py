@@ -307,13 +307,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def read_chat_template(path: str | None) -> str | None:
+    """--chat-template as vLLM reads it: a file's template, or where no file opens, the
+    value itself if it looks like a template (it holds `{`, `}` or a newline), with its
+    backslash escapes (`\\n`) decoded, as a one-line template on a command line needs."""
     if path is None:
         return None
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
     except OSError as e:
-        raise ValueError(f"--chat-template {path!r} cannot be read: {e}") from e
+        if not any(c in path for c in "{}\n"):
+            raise ValueError(f"--chat-template {path!r} cannot be read: {e}") from e
+    try:
+        # Non-Latin-1 characters pass as \u escapes, so the decoding keeps them.
+        return path.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--chat-template: a bad escape in the template: {e}") from e
 
 
 def run(args: argparse.Namespace) -> None:

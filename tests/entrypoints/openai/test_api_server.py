@@ -150,6 +150,22 @@ def test_openapi_schema_describes_every_route(server: Server) -> None:
 TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
 
 
+def test_chat_template_is_a_file_or_the_template_itself(tmp_path: Path) -> None:
+    """vLLM's rule: a file that opens is read; otherwise a value holding `{`, `}` or a
+    newline is the template, its escapes decoded (other characters kept as they are); a
+    value like a path that does not open is an error naming it."""
+    path = tmp_path / "template.jinja"
+    path.write_text(TEMPLATE)
+    assert api_server.read_chat_template(str(path)) == TEMPLATE
+    one_line = "{% for m in messages %}«{{ m['content'] }}» 中\\n{% endfor %}"
+    assert api_server.read_chat_template(one_line) == one_line.replace("\\n", "\n")
+    assert api_server.read_chat_template(TEMPLATE) == TEMPLATE
+    with pytest.raises(ValueError, match="'missing.jinja' cannot be read"):
+        api_server.read_chat_template("missing.jinja")
+    with pytest.raises(ValueError, match="bad escape"):
+        api_server.read_chat_template("{{ '\\x' }}")
+
+
 @pytest.fixture
 def app_client(offline_llm: LLM, tmp_path: Path) -> Iterator[TestClient]:
     path = tmp_path / "template.jinja"
