@@ -13,10 +13,11 @@ from pagedllm.outputs import (
 )
 from pagedllm.pooler_config import PoolerConfig
 from pagedllm.pooling_params import PoolingParams
-from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 __all__ = [
     "LLM",
+    "BeamSearchParams",
     "CompletionOutput",
     "EmbeddingRequestOutput",
     "EngineArgs",

@@ -11,13 +11,15 @@ from dataclasses import replace
 
 from tqdm.auto import tqdm
 
+from pagedllm.beam_search import BeamSearchOutput, beam_search
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.chat_messages import render_chat, template_message
 from pagedllm.engine.data_parallel import make_engine
+from pagedllm.engine.tokenizer import eos_token_ids, generation_config_dict, model_eos_token_id
 from pagedllm.inputs import PromptType
 from pagedllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
-from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 ChatMessages = list[dict[str, str]]
 
@@ -81,6 +83,57 @@ class LLM:
             sampling_params = self.get_default_sampling_params()
         params = _as_params_list(sampling_params, len(prompts))
         return self._run(prompts, [_final_only(p) for p in params], use_tqdm)
+
+    def beam_search(
+        self,
+        prompts: Sequence[PromptType],
+        params: BeamSearchParams,
+        lora_request: object = None,
+        use_tqdm: bool = False,
+        concurrency_limit: int | None = None,
+    ) -> list[BeamSearchOutput]:
+        """vLLM's beam search (beam_search.py): per prompt (a str, TextPrompt or
+        TokensPrompt) a BeamSearchOutput of its `beam_width` best sequences, best first,
+        each with its tokens (the prompt's included), cumulative logprob and text (the
+        whole sequence's, as vLLM's; None without a tokenizer). `concurrency_limit`
+        searches that many prompts at a time; `use_tqdm` shows progress over them."""
+        check_vllm_options(lora_request=lora_request)
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        cap = self.llm_engine.config.max_logprobs
+        if cap != -1 and 2 * params.beam_width > cap:
+            raise ValueError(
+                f"beam_width {params.beam_width} asks for {2 * params.beam_width} candidate "
+                f"logprobs a step, more than max_logprobs={cap}: raise max_logprobs"
+            )
+        tokenizer = self.llm_engine.tokenizer  # None: token prompts only, no text
+        token_prompts = [self._prompt_token_ids(p) for p in _as_prompt_list(prompts)]
+        limit = concurrency_limit or len(token_prompts) or 1
+        groups = range(0, len(token_prompts), limit)
+        outputs = []
+        for start in tqdm(groups, desc="Beam search", disable=not use_tqdm):
+            outputs += beam_search(
+                lambda batch, step: self.generate(batch, step, use_tqdm=False),
+                token_prompts[start : start + limit],
+                params,
+                self._eos_token_ids(),
+                self.llm_engine.config.model_config.max_model_len,
+                tokenizer.decode if tokenizer is not None else lambda ids: None,
+            )
+        return outputs
+
+    def _eos_token_ids(self) -> list[int]:
+        model_config = self.llm_engine.config.model_config
+        eos = model_eos_token_id(model_config, self.llm_engine.tokenizer)
+        return eos_token_ids(eos, generation_config_dict(model_config))
+
+    def _prompt_token_ids(self, prompt: PromptType) -> list[int]:
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return list(prompt["prompt_token_ids"])
+        text = prompt["prompt"] if isinstance(prompt, dict) else prompt
+        if not isinstance(text, str):
+            raise TypeError(f"a beam search prompt must be a str or a prompt dict, got {text!r}")
+        return self.get_tokenizer().encode(text)
 
     def chat(
         self,

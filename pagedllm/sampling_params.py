@@ -422,6 +422,33 @@ REQUEST_FIELDS = (
 )
 
 
+@dataclass
+class BeamSearchParams:
+    """vLLM's parameters of `LLM.beam_search`: keep the `beam_width` best sequences by
+    cumulative logprob over `length` ** `length_penalty` (beam_search.py) for up to
+    `max_tokens` new tokens; `temperature` > 0 samples each beam's next token (its
+    candidates are still its most likely ones, as vLLM's)."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            if as_int(name, getattr(self, name), "an int >= 1") < 1:
+                fail(name, getattr(self, name), "at least 1")
+        self.temperature = as_float("temperature", self.temperature, "a finite number >= 0")
+        if self.temperature < 0:
+            fail("temperature", self.temperature, ">= 0")
+        self.length_penalty = as_float("length_penalty", self.length_penalty, "a number")
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+
 def truncated_prompt(token_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
     """vLLM's truncate_prompt_tokens: the prompt's last `keep` ids (-1: max_model_len's worth;
     None: all of them)."""

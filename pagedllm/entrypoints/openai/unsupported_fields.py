@@ -24,8 +24,8 @@ _USE_STRUCTURED_OUTPUTS = "use structured_outputs (vLLM removed the guided_* fie
 # field -> (its values that ask for nothing besides null, why / what to use instead)
 _REFUSED: dict[str, tuple[tuple[object, ...], str]] = {
     "best_of": ((1,), "use n"),
-    "use_beam_search": ((False,), "beam search is not implemented"),
-    "length_penalty": ((1, 1.0), "beam search is not implemented"),
+    "use_beam_search": ((False,), "the server runs no beam search (LLM.beam_search does)"),
+    "length_penalty": ((1, 1.0), "the server runs no beam search (LLM.beam_search does)"),
     "prompt_embeds": ((), "prompts are text or token ids"),
     "return_tokens_as_token_ids": ((False,), "not implemented"),
     "return_token_ids": ((False,), "not implemented"),
