@@ -15,6 +15,7 @@ from pagedllm.beam_search import BeamSearchOutput, beam_search
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.chat_messages import render_chat, template_message
 from pagedllm.engine.data_parallel import make_engine
+from pagedllm.engine.stat_logger import LoggingStatLogger, kv_cache_label, log_stats_interval
 from pagedllm.engine.tokenizer import eos_token_ids, generation_config_dict, model_eos_token_id
 from pagedllm.inputs import PromptType
 from pagedllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
@@ -35,11 +36,20 @@ class LLM:
     weights at load to 8-bit blocks; "none" dequantizes a GGUF file at load.
     `data_parallel_size` N > 1 runs N engine replicas, each in its own process with its own
     KV cache (and tensor-parallel workers), and spreads the prompts over them; results come
-    back in input order all the same.
+    back in input order all the same. `disable_log_stats=False` logs vLLM's periodic stats
+    lines while it generates (off by default, as vLLM's LLM).
     """
 
     def __init__(self, model: str | None = None, **kwargs: object) -> None:
-        self.llm_engine = make_engine(EngineArgs(model=model, **kwargs))
+        kwargs.setdefault("disable_log_stats", True)
+        engine_args = EngineArgs(model=model, **kwargs)
+        interval = None if engine_args.disable_log_stats else log_stats_interval()
+        self.llm_engine = make_engine(engine_args)
+        self.stat_logger: LoggingStatLogger | None = None
+        if interval is not None:
+            stats = self.llm_engine.get_stats_per_engine()
+            label = kv_cache_label(self.llm_engine.config.device)
+            self.stat_logger = LoggingStatLogger(stats, interval, label)
         self._request_counter = itertools.count()
         # One call at a time drives the engine: calls from several threads take turns.
         self._lock = threading.Lock()
@@ -243,7 +253,10 @@ class LLM:
         start, in_tokens, out_tokens = time.perf_counter(), 0, 0
         with interrupts_between_steps() as interrupted:
             while self.llm_engine.has_unfinished_requests() and not interrupted():
-                for output in self.llm_engine.step():
+                outputs = self.llm_engine.step()
+                if self.stat_logger is not None and self.stat_logger.due():
+                    self.stat_logger.log(self.llm_engine.get_stats_per_engine())
+                for output in outputs:
                     if not output.finished:
                         continue
                     finished[output.request_id] = output

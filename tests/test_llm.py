@@ -431,3 +431,26 @@ def test_chat_and_encode_take_vllms_options(tmp_path, tiny_model_path) -> None:
         pooling.encode(prompt, use_tqdm=False, pooling_task="classify")
     (embedded,) = pooling.embed(prompt, use_tqdm=False, truncate_prompt_tokens=3)
     assert embedded.prompt_token_ids == [6, 7, 8]
+
+
+def stat_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    records = caplog.records
+    return [r.getMessage() for r in records if r.name == "pagedllm.engine.stat_logger"]
+
+
+def test_stats_lines_only_with_disable_log_stats_false(
+    llm_for, tiny_model_path, spread_prompts, monkeypatch, caplog
+) -> None:
+    """vLLM's LLM: no periodic stats lines by default; disable_log_stats=False logs them
+    (engine/stat_logger.py) between steps, every PAGEDLLM_LOG_STATS_INTERVAL seconds."""
+    monkeypatch.setenv("PAGEDLLM_LOG_STATS_INTERVAL", "0.001")
+    prompts = as_prompts(spread_prompts[:3])
+    with caplog.at_level("INFO", logger="pagedllm"):
+        llm_for("llama-gqa-llama3").generate(prompts, greedy_params(), use_tqdm=False)
+        assert stat_lines(caplog) == []
+        path = tiny_model_path("llama-gqa-llama3")
+        with LLM(path, disable_log_stats=False, **SMALL_ENGINE, skip_tokenizer_init=True) as llm:
+            llm.generate(prompts, greedy_params(), use_tqdm=False)
+    lines = stat_lines(caplog)
+    assert lines and all(line.startswith("Engine 000: Avg prompt throughput: ") for line in lines)
+    assert any("Running: 3 reqs" in line for line in lines), lines

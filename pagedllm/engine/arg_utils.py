@@ -101,9 +101,10 @@ class EngineArgs:
     # generation_config.json, "vllm": SamplingParams' own, or a folder), and fields over them
     generation_config: str = "auto"
     override_generation_config: dict | str | None = None
-    # vLLM's, accepted: pagedllm logs no periodic stats, and its all-reduce is
-    # torch.distributed's (there is no custom one to turn off)
+    # vLLM's: no periodic stats lines (engine/stat_logger.py; the offline LLM sets it
+    # unless told otherwise, as vLLM's)
     disable_log_stats: bool = False
+    # vLLM's, accepted: the all-reduce is torch.distributed's (no custom one to turn off)
     disable_custom_all_reduce: bool = False
 
     def __post_init__(self) -> None:

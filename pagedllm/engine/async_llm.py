@@ -7,6 +7,10 @@ filled from the thread with `loop.call_soon_threadsafe` (a caller that falls beh
 the outputs it missed merged into one: output_collector.py). A step runs while the event
 loop keeps serving, and a request that arrives mid-step joins the running batch at the
 next step.
+
+With `log_stats_interval_s` set, an asyncio task logs vLLM's periodic stats lines from
+the engine's published snapshots (stat_logger.py), as vLLM's server does unless
+--disable-log-stats.
 """
 
 import asyncio
@@ -22,6 +26,7 @@ from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.data_parallel import DPEngine, make_engine
 from pagedllm.engine.llm_engine import LLMEngine, PromptType
 from pagedllm.engine.output_collector import RequestOutputCollector
+from pagedllm.engine.stat_logger import LoggingStatLogger, kv_cache_label, log_stats_interval
 from pagedllm.logger import init_logger
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
@@ -60,8 +65,13 @@ class RequestFailedError(RuntimeError):
 class AsyncLLM:
     """Async front of an LLMEngine; `start()` inside a running event loop before use."""
 
-    def __init__(self, engine: LLMEngine | DPEngine) -> None:
+    def __init__(
+        self, engine: LLMEngine | DPEngine, log_stats_interval_s: float | None = None
+    ) -> None:
+        """`log_stats_interval_s`: seconds between stats lines; None logs none."""
         self.engine = engine
+        self.log_stats_interval_s = log_stats_interval_s
+        self._stats_task: asyncio.Task | None = None
         self.stats = self.engine.get_stats()
         self.stats_per_engine = self.engine.get_stats_per_engine()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -74,8 +84,10 @@ class AsyncLLM:
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "AsyncLLM":
-        """One engine, or a DPEngine over `data_parallel_size` replica processes."""
-        return cls(make_engine(engine_args, wait_for_add=False))
+        """One engine, or a DPEngine over `data_parallel_size` replica processes; stats
+        lines every log_stats_interval() seconds unless `disable_log_stats`."""
+        interval = None if engine_args.disable_log_stats else log_stats_interval()
+        return cls(make_engine(engine_args, wait_for_add=False), interval)
 
     @property
     def config(self) -> EngineConfig:
@@ -107,9 +119,14 @@ class AsyncLLM:
         self._stopped = None
         self._thread = threading.Thread(target=self._run, name="pagedllm-engine", daemon=True)
         self._thread.start()
+        if self.log_stats_interval_s is not None:
+            self._stats_task = asyncio.ensure_future(self._log_stats(self.log_stats_interval_s))
 
     async def shutdown(self) -> None:
         """Stop the thread and wait for it; requests still open end with EngineDeadError."""
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+            self._stats_task = None
         if not self.is_running:
             return
         error = self._stopped = EngineDeadError("the engine was shut down")
@@ -158,6 +175,14 @@ class AsyncLLM:
             del self._collectors[request_id]
             if not finished:
                 self.abort(request_id)
+
+    async def _log_stats(self, interval_s: float) -> None:
+        """Every `interval_s`, a line per engine from the snapshots /metrics reads."""
+        label = kv_cache_label(self.config.device)
+        stat_logger = LoggingStatLogger(self.stats_per_engine, interval_s, label)
+        while True:
+            await asyncio.sleep(interval_s)
+            stat_logger.log(self.stats_per_engine)
 
     # The engine thread.
 

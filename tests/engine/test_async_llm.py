@@ -3,6 +3,7 @@ synchronous LLMEngine's greedy tokens for the same prompts; the engine's free-bl
 after requests finish or are dropped by their caller."""
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -284,3 +285,46 @@ def test_a_consumer_that_falls_behind_gets_the_outputs_it_missed_merged(
     pieces = run_async(make_engine(path), body)
     assert [t for piece in pieces for t in piece] == expected
     assert len(pieces) < len(expected) and max(map(len, pieces)) > 1
+
+
+def test_stats_lines_show_the_running_requests(tiny_model_path: Callable, caplog) -> None:
+    """vLLM's periodic line (engine/stat_logger.py) from a serving AsyncLLM: while three
+    requests generate, a line says so, with tokens flowing; after them, Running: 0."""
+    args = EngineArgs(
+        tiny_model_path(LLAMA),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        device="cpu",
+        max_model_len=512,
+    )
+
+    async def main() -> list[str]:
+        llm = AsyncLLM(LLMEngine.from_engine_args(args), log_stats_interval_s=0.1)
+        llm.start()
+        try:
+            calls = [collect_tokens(llm, [5 + i] * 4, 480, str(i)) for i in range(3)]
+            await asyncio.gather(*calls)
+            await asyncio.sleep(0.25)  # a line after they finished
+        finally:
+            await llm.shutdown()
+        return [r.getMessage() for r in caplog.records if r.name.endswith("stat_logger")]
+
+    with caplog.at_level(logging.INFO, logger="pagedllm.engine.stat_logger"):
+        lines = asyncio.run(main())
+    busy = [line for line in lines if "Running: 3 reqs, Waiting: 0 reqs" in line]
+    assert busy, lines
+    assert all(line.startswith("Engine 000: Avg prompt throughput: ") for line in lines)
+    assert "Avg generation throughput: 0.0 tokens/s" not in busy[-1]
+    assert "Running: 0 reqs" in lines[-1]
+
+
+def test_from_engine_args_logs_stats_unless_disabled(
+    tiny_model_path: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's --disable-log-stats; PAGEDLLM_LOG_STATS_INTERVAL sets the interval."""
+    monkeypatch.setenv("PAGEDLLM_LOG_STATS_INTERVAL", "0.2")
+    args = dict(skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=256)
+    path = tiny_model_path(LLAMA)
+    assert AsyncLLM.from_engine_args(EngineArgs(path, **args)).log_stats_interval_s == 0.2
+    disabled = EngineArgs(path, disable_log_stats=True, **args)
+    assert AsyncLLM.from_engine_args(disabled).log_stats_interval_s is None

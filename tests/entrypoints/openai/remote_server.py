@@ -50,9 +50,11 @@ def wait_until_healthy(server: Server) -> None:
 
 
 @contextmanager
-def remote_server(*flags: str, model: str | None = None) -> Iterator[Server]:
-    """`model` (default: the default model) with a small KV cache; stopped (SIGTERM, then
-    SIGKILL) on exit."""
+def remote_server(
+    *flags: str, model: str | None = None, env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """`model` (default: the default model) with a small KV cache, `env` added to this
+    process's environment; stopped (SIGTERM, then SIGKILL) on exit."""
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="pagedllm-serve-", suffix=".log", delete=False)
     command = [sys.executable, "-m", "pagedllm.entrypoints.openai.api_server"]
@@ -61,7 +63,8 @@ def remote_server(*flags: str, model: str | None = None) -> Iterator[Server]:
     command += ["--num-kv-blocks", str(NUM_KV_BLOCKS), "--max-model-len", str(MAX_MODEL_LEN)]
     command += ["--quantization", "none", "--dtype", "float32"]  # greedy texts batch-invariant
     command += ["--uvicorn-log-level", "warning", *flags]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    environment = {**os.environ, **(env or {})}
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
     server = Server(f"http://127.0.0.1:{port}", process, log.name)
     try:
         wait_until_healthy(server)

@@ -324,3 +324,48 @@ def test_sigterm_ends_the_open_requests_at_once() -> None:
     assert results["plain"].json()["error"]["code"] == "engine_dead"
     lines = results["stream"]
     assert lines[-1] == "data: [DONE]" and "engine_dead" in lines[-2], lines[-3:]
+
+
+def stats_lines(server: Server) -> list[str]:
+    return [line for line in server.log().splitlines() if "Engine 000: Avg prompt" in line]
+
+
+def wait_for_stats_line(server: Server, text: str, timeout_s: float = 30) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = [line for line in stats_lines(server) if text in line]
+        if found:
+            return found[-1]
+        time.sleep(0.05)
+    raise AssertionError(f"no stats line with {text!r}:\n{server.log()}")
+
+
+def test_stats_lines_are_logged_at_the_default_log_level() -> None:
+    """vLLM's periodic line (engine/stat_logger.py) on the server's log, at its default
+    level, every PAGEDLLM_LOG_STATS_INTERVAL seconds: one running request while it streams,
+    none once the client left; an idle server adds no more lines."""
+    body = {"model": MODEL_NAME, "prompt": "Count to a hundred:", "max_tokens": 200}
+    body |= {"temperature": 0, "ignore_eos": True, "stream": True}
+    with remote_server(env={"PAGEDLLM_LOG_STATS_INTERVAL": "0.2"}) as server:
+        assert stats_lines(server) == []  # idle since start-up
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
+            next(r.iter_lines())
+            line = wait_for_stats_line(server, "Running: 1 reqs, Waiting: 0 reqs")
+        assert line.startswith("INFO ") and "KV cache usage: " in line, line
+        first = stats_lines(server)[0]  # the first token's interval: its prompt was counted
+        assert "Avg prompt throughput: 0.0 tokens/s" not in first, first
+        wait_for_stats_line(server, "Running: 0 reqs")
+        time.sleep(0.5)
+        settled = len(stats_lines(server))
+        time.sleep(0.5)
+        assert len(stats_lines(server)) == settled, server.log()
+
+
+def test_bad_stats_interval_is_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("VLLM_LOG_STATS_INTERVAL", "often")
+    with pytest.raises(SystemExit) as exit_info:
+        api_server.main(["--port", "0"])
+    assert exit_info.value.code == 2
+    assert "VLLM_LOG_STATS_INTERVAL='often' must be a number of seconds" in capsys.readouterr().err

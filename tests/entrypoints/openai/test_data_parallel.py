@@ -1,7 +1,7 @@
 """`pagedllm serve --data-parallel-size 2`: two engine replicas behind one server answer a
 mixed load as one engine does, each request once; a repeated prefix goes back to the
 replica that cached it; a killed replica fails the open requests cleanly and the server
-exits non-zero."""
+exits non-zero; each replica logs its own stats line."""
 
 import os
 import re
@@ -35,7 +35,8 @@ LONG_PROMPT = (
 
 @pytest.fixture(scope="module")
 def dp_server() -> Iterator[Server]:
-    with remote_server("--data-parallel-size", "2") as server:
+    stats_every_200ms = {"PAGEDLLM_LOG_STATS_INTERVAL": "0.2"}
+    with remote_server("--data-parallel-size", "2", env=stats_every_200ms) as server:
         yield server
 
 
@@ -73,6 +74,20 @@ def _per_engine(server: Server, name: str) -> dict[str, float]:
     text = httpx.get(server.url + "/metrics", timeout=10).text
     families = text_string_to_metric_families(text)
     return {s.labels["engine"]: s.value for f in families for s in f.samples if s.name == name}
+
+
+def test_each_replica_logs_its_own_stats_line(dp_server: Server) -> None:
+    """vLLM's per-engine LoggingStatLogger lines (engine/stat_logger.py): `Engine 000`
+    and `Engine 001`, each with tokens of the requests its replica ran."""
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        list(pool.map(lambda p: _answer(_client(dp_server), "completion", p), PROMPTS))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        busy = re.findall(r"(Engine 00[01]): Avg prompt throughput: [1-9]", dp_server.log())
+        if set(busy) == {"Engine 000", "Engine 001"}:
+            return
+        time.sleep(0.1)
+    raise AssertionError(dp_server.log())
 
 
 def test_mixed_load_is_answered_once_each_as_one_engine_answers(
