@@ -35,7 +35,13 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    memory = anonymous_map(nbytes, huge_pages=False)
+    try:
+        memory = anonymous_map(nbytes, huge_pages=False)
+    except OSError as e:  # ENOMEM: past the kernel's overcommit limit
+        raise ValueError(
+            f"cannot map the KV cache's {nbytes / 1024**3:.2f} GiB ({e.strerror}); lower "
+            "kv_cache_memory_bytes / num_kv_blocks"
+        ) from e
     return memory.view(dtype).view(shape)
 
 
@@ -69,9 +75,40 @@ def available_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return free
+    return _meminfo_bytes("MemAvailable")
+
+
+def _meminfo_bytes(field: str) -> int:
     with open("/proc/meminfo") as f:
         fields = dict(line.split(":", 1) for line in f)
-    return int(fields["MemAvailable"].split()[0]) * 1024
+    return int(fields[field].split()[0]) * 1024
+
+
+def check_cpu_kv_cache_fits(config: EngineConfig, cache_bytes: int) -> None:
+    """A CPU cache whose pages the machine cannot hold is refused before it is mapped (the
+    map itself succeeds up to the kernel's overcommit limit, and the process would be
+    killed once the cache fills); one larger than the memory free now is a warning. The
+    machine holds memory_sharers such caches (its ranks' and replicas')."""
+    if torch.device(config.device).type != "cpu":
+        return
+    sharers = memory_sharers(config)
+    total, gib = cache_bytes * sharers, 1024**3
+    what = f"the KV cache ({total / gib:.2f} GiB" + (
+        f" over {sharers} caches)" if sharers > 1 else ")"
+    )
+    if total > _meminfo_bytes("MemTotal"):
+        raise ValueError(
+            f"{what} is larger than this machine's memory "
+            f"({_meminfo_bytes('MemTotal') / gib:.2f} GiB); lower kv_cache_memory_bytes / "
+            "num_kv_blocks"
+        )
+    if total > _meminfo_bytes("MemAvailable"):
+        logger.warning(
+            "%s is larger than the memory free now (%.2f GiB): the process may be killed "
+            "once the cache fills; lower kv_cache_memory_bytes / num_kv_blocks",
+            what,
+            _meminfo_bytes("MemAvailable") / gib,
+        )
 
 
 def default_kv_cache_bytes(
@@ -139,6 +176,7 @@ def num_kv_blocks(
             f"the KV cache holds {num_blocks} blocks x {block_size} = {num_tokens} tokens, "
             f"fewer than max_model_len={max_len}; lower max_model_len or give more {more}"
         )
+    check_cpu_kv_cache_fits(config, num_tokens * bytes_per_token)
     size = num_tokens * bytes_per_token / 1024**3
     world = config.parallel_config.world_size
     gib = (

@@ -88,6 +88,46 @@ def test_a_cpus_ranks_and_replicas_split_its_share(
     assert num_kv_blocks(config, BYTES_PER_TOKEN) == expected
 
 
+def fake_meminfo(monkeypatch, total_blocks: int, available_blocks: int) -> None:
+    sizes = {"MemTotal": total_blocks * BLOCK_BYTES, "MemAvailable": available_blocks * BLOCK_BYTES}
+    monkeypatch.setattr(kv_cache, "_meminfo_bytes", sizes.__getitem__)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(num_kv_blocks=101), dict(kv_cache_memory_bytes=101 * BLOCK_BYTES)]
+)
+def test_a_cpu_cache_larger_than_the_machine_is_refused(engine_config, monkeypatch, kwargs) -> None:
+    """Refused before it is mapped: a map past the memory succeeds up to the kernel's
+    overcommit limit, and the process dies once the cache fills."""
+    fake_meminfo(monkeypatch, total_blocks=100, available_blocks=50)
+    with pytest.raises(ValueError, match=r"larger than this machine's memory"):
+        num_kv_blocks(engine_config(**kwargs), BYTES_PER_TOKEN)
+
+
+def test_caches_of_a_machines_ranks_are_counted_together(engine_config, monkeypatch) -> None:
+    fake_meminfo(monkeypatch, total_blocks=100, available_blocks=100)
+    config = engine_config(num_kv_blocks=60, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match=r"over 2 caches\) is larger"):
+        num_kv_blocks(config, BYTES_PER_TOKEN)
+
+
+def test_a_cpu_cache_larger_than_free_memory_is_a_warning(
+    engine_config, monkeypatch, caplog
+) -> None:
+    fake_meminfo(monkeypatch, total_blocks=100, available_blocks=50)
+    assert num_kv_blocks(engine_config(num_kv_blocks=60), BYTES_PER_TOKEN) == 60
+    assert "larger than the memory free now" in caplog.text
+
+
+def test_a_cache_map_the_kernel_refuses_is_a_value_error(monkeypatch) -> None:
+    def refuse(nbytes: int, huge_pages: bool) -> None:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(kv_cache, "anonymous_map", refuse)
+    with pytest.raises(ValueError, match=r"cannot map the KV cache's .*Cannot allocate memory"):
+        kv_cache.zeros((2, 1024), torch.float32, torch.device("cpu"))
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [dict(num_kv_blocks=15), dict(kv_cache_memory_bytes=16 * BLOCK_BYTES - 1)],
