@@ -1,6 +1,7 @@
 """Model configuration: where the model is, its HF config, dtype and context length."""
 
 import importlib.util
+import math
 import os
 import socket
 from dataclasses import dataclass, field
@@ -444,6 +445,24 @@ def resolve_attention_backend(name: str | None) -> str | None:
             f"(unset, {ATTENTION_BACKEND_ENV} included, picks the best for the device)"
         )
     return name.upper()
+
+
+CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+"""vLLM's CPU backend's KV cache size in GiB a rank: on a CPU, kv_cache_memory_bytes'
+default when neither it nor num_kv_blocks is given (unset or 0: a share of free memory)."""
+
+
+def env_cpu_kv_cache_bytes() -> int | None:
+    value = os.environ.get(CPU_KVCACHE_SPACE_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        gib = float(value)
+    except ValueError:
+        gib = math.nan
+    if not 0 <= gib < math.inf:
+        raise ValueError(f"{CPU_KVCACHE_SPACE_ENV}={value!r} must be a number of GiB >= 0")
+    return int(gib * 1024**3) or None
 
 
 @dataclass

@@ -15,6 +15,7 @@ from pagedllm.config import (
     SchedulerConfig,
     default_async_scheduling,
     env_attention_backend,
+    env_cpu_kv_cache_bytes,
     resolve_device,
 )
 from pagedllm.engine.arg_checks import HUB_FIELDS, checked_value, refuse_hub_value
@@ -106,12 +107,17 @@ class EngineArgs:
     disable_log_stats: bool = False
     # vLLM's, accepted: the all-reduce is torch.distributed's (no custom one to turn off)
     disable_custom_all_reduce: bool = False
+    # vLLM's CPU swap space in GiB, accepted: a preempted request's KV is recomputed, never
+    # swapped (as vLLM v1 does)
+    swap_space: float = 4
 
     def __post_init__(self) -> None:
         for f in fields(self):
             setattr(self, f.name, checked_value(f, getattr(self, f.name)))
         for name in HUB_FIELDS:
             refuse_hub_value(name, getattr(self, name))
+        if self.swap_space < 0:
+            raise ValueError(f"swap_space must be >= 0 (GiB), got {self.swap_space}")
 
     def create_engine_config(self) -> EngineConfig:
         device = resolve_device(self.device)
@@ -150,7 +156,7 @@ class EngineArgs:
             cache_config=CacheConfig(
                 block_size=self.block_size,
                 num_kv_blocks=self.num_kv_blocks,
-                kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                kv_cache_memory_bytes=self._kv_cache_memory_bytes(device),
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 enable_prefix_caching=self.enable_prefix_caching and not pooling,
                 cache_dtype=self.kv_cache_dtype,
@@ -172,6 +178,15 @@ class EngineArgs:
             kv_cache_dtype = config.cache_config.kv_dtype(model_config.dtype)
             check_attn_backend(config.attention_backend, device, model_config.dtype, kv_cache_dtype)
         return config
+
+    def _kv_cache_memory_bytes(self, device: str) -> int | None:
+        """kv_cache_memory_bytes, else on a CPU vLLM's VLLM_CPU_KVCACHE_SPACE (GiB), unless
+        num_kv_blocks sizes the cache."""
+        if self.kv_cache_memory_bytes is not None or self.num_kv_blocks is not None:
+            return self.kv_cache_memory_bytes
+        if torch.device(device).type != "cpu":
+            return None
+        return env_cpu_kv_cache_bytes()
 
     def _scheduler_config(
         self, device: str, model_config: ModelConfig, parallel_config: ParallelConfig

@@ -60,6 +60,8 @@ def test_flags_round_trip_with_their_types() -> None:
         "--trust-remote-code",
         "--disable-log-stats",
         "--disable-custom-all-reduce",
+        "--swap-space",
+        "2.5",
         "--dtype",
         "float16",
         "-tp",
@@ -182,6 +184,7 @@ def test_flags_round_trip_with_their_types() -> None:
         data_parallel_rpc_port=13345,
         generation_config="vllm",
         override_generation_config='{"temperature": 0.5}',
+        swap_space=2.5,
     )
     assert {f.name for f in fields(EngineArgs) if f.name not in NOT_CLI | set(HUB)} == {
         name for name, value in vars(args).items() if value != getattr(EngineArgs(), name)
@@ -434,3 +437,36 @@ def test_paths_may_be_path_objects(tiny_model_path) -> None:
 def test_vllms_arguments_of_a_typical_script_are_accepted(tiny_model_path, kwargs) -> None:
     config = EngineArgs(tiny_model_path(LLAMA), skip_tokenizer_init=True, **kwargs)
     assert config.create_engine_config().model_config.model == tiny_model_path(LLAMA)
+
+
+def test_swap_space_is_accepted_as_vllms(tiny_model_path) -> None:
+    """Preemption recomputes, as vLLM v1's: the swap space asks for nothing, but its value
+    is checked."""
+    EngineArgs(tiny_model_path(LLAMA), swap_space=16).create_engine_config()
+    with pytest.raises(ValueError, match="swap_space must be >= 0"):
+        EngineArgs(swap_space=-1)
+
+
+@pytest.mark.parametrize(
+    ("env", "kwargs", "expected"),
+    [
+        ("2", {}, 2 * 1024**3),
+        ("0.5", {}, 1024**3 // 2),
+        ("0", {}, None),  # vLLM's 0: the default share
+        ("2", {"kv_cache_memory_bytes": 4096}, 4096),
+        ("2", {"num_kv_blocks": 40}, None),
+    ],
+)
+def test_vllm_cpu_kvcache_space_sizes_a_cpu_cache(
+    tiny_model_path, monkeypatch, env: str, kwargs: dict, expected: int | None
+) -> None:
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", env)
+    args = EngineArgs(tiny_model_path(LLAMA), device="cpu", **kwargs)
+    assert args.create_engine_config().cache_config.kv_cache_memory_bytes == expected
+
+
+@pytest.mark.parametrize("env", ["x", "-1", "inf"])
+def test_a_bad_vllm_cpu_kvcache_space_is_named(tiny_model_path, monkeypatch, env: str) -> None:
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", env)
+    with pytest.raises(ValueError, match="VLLM_CPU_KVCACHE_SPACE"):
+        EngineArgs(tiny_model_path(LLAMA), device="cpu").create_engine_config()
