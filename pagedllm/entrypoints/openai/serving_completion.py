@@ -12,11 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.logprobs import TextOffsets, TopLogprobs, completion_logprobs
-from pagedllm.entrypoints.openai.protocol import (
-    CompletionRequest,
-    TokenIds,
-    random_id,
-)
+from pagedllm.entrypoints.openai.protocol import CompletionRequest, TokenIds
 from pagedllm.entrypoints.openai.responses import (
     CompletionResponse,
     CompletionResponseChoice,
@@ -53,7 +49,7 @@ class OpenAIServingCompletion(OpenAIServing):
             )
             for _, ids in prompts
         ]
-        request_id = random_id("cmpl")
+        request_id = self.request_id("cmpl", raw_request)
         streams = [
             self.generate(
                 {"prompt": text, "prompt_token_ids": ids}, p, f"{request_id}-{i}", arrival_time
