@@ -124,7 +124,7 @@ class DPEngine:
                     continue
                 message = self._recv(rank)
                 if message[0] == "error":
-                    raise DataParallelEngineError(f"data-parallel engine {rank}: {message[1]}")
+                    raise _start_error(rank, message[1])
                 stats[rank] = message[1]
             self._check_alive()
         return [stats[rank] for rank in range(len(self.conns))]
@@ -293,6 +293,15 @@ class DPEngine:
         process = self.processes[rank]
         process.join(0.5)
         return f"data-parallel engine {rank} (pid {process.pid}) exited: {process.exitcode}"
+
+
+def _start_error(rank: int, error: Exception | str) -> Exception:
+    """A replica's start-up failure: a bad setting's ValueError / TypeError as that error
+    (what `pagedllm serve` reports in one line, exit 2, as with one engine), anything else
+    with the replica's traceback."""
+    if isinstance(error, Exception):
+        return type(error)(f"data-parallel engine {rank}: {error}")
+    return DataParallelEngineError(f"data-parallel engine {rank}: {error}")
 
 
 def _failed_output(request_id: str, error: Exception) -> RequestOutput:

@@ -4,7 +4,8 @@ messages over a multiprocessing pipe from the DPEngine in the server's (or LLM's
 
 In (parent -> replica):  ("add", request_id, prompt, params), ("abort", [request_id, ...]),
                           ("stop",)
-Out (replica -> parent): ("ready", stats) once loaded, or ("error", traceback) and exit 1;
+Out (replica -> parent): ("ready", stats) once loaded, or ("error", error) and exit 1: the
+                          ValueError / TypeError of a bad setting, else the traceback;
                           ("added", request_id, error | None) for each add, in order;
                           ("outputs", [output, ...], stats) after each step;
                           ("failed", [request_id, ...], message) when a step failed;
@@ -40,7 +41,10 @@ def run_engine_core(engine_args: EngineArgs, rank: int, conn: Connection) -> Non
     try:
         one = dataclasses.replace(engine_args, data_parallel_size=1)
         engine = LLMEngine.from_engine_args(one, node_replicas=len(local_ranks(engine_args)))
-    except BaseException:
+    except (ValueError, TypeError) as e:  # a bad setting: its message says what to change
+        conn.send(("error", _portable_error(e)))
+        raise SystemExit(1) from None
+    except BaseException:  # a bug: its traceback
         conn.send(("error", traceback.format_exc()))
         raise SystemExit(1) from None
     try:

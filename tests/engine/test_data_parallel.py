@@ -92,6 +92,17 @@ def _routing_engine(num_engines: int) -> DPEngine:
     return engine
 
 
+def test_a_replicas_bad_setting_is_its_value_error(tiny_model_path) -> None:
+    """A replica's start-up ValueError (a KV cache smaller than max_model_len) reaches the
+    caller as that ValueError, its message one line as one engine's (`pagedllm serve`
+    reports it and exits 2), not a DataParallelEngineError quoting a traceback."""
+    kwargs = {**ENGINE_KWARGS, "num_kv_blocks": 8}
+    with pytest.raises(ValueError, match="fewer than max_model_len=256") as raised:
+        LLM(tiny_model_path(LLAMA), data_parallel_size=2, **kwargs)
+    assert str(raised.value).startswith("data-parallel engine ")
+    assert "Traceback" not in str(raised.value)
+
+
 def test_an_rpc_port_in_use_is_refused_before_any_replica_starts(
     tiny_model_path, monkeypatch
 ) -> None:

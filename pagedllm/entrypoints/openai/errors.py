@@ -28,6 +28,9 @@ from pagedllm.logger import init_logger
 logger = init_logger(__name__)
 
 _MAX_LISTED_ERRORS = 4
+# Pydantic's error types at the body's own location that mean it is not a JSON object
+# (an array, a scalar, no body at all); other errors there are model validators'.
+_NOT_AN_OBJECT = {"model_attributes_type", "model_type", "dict_type", "missing"}
 # The fields an engine-side error may name (its message starts with the field's name).
 _REQUEST_FIELDS = {*CompletionRequest.model_fields, *ChatCompletionRequest.model_fields}
 
@@ -109,16 +112,34 @@ def _validation_message(error: RequestValidationError) -> tuple[str, str | None]
         reason = detail.get("ctx", {}).get("error", "invalid JSON")
         return f"the request body is not valid JSON: {reason}", None
     if errors and tuple(errors[0].get("loc", ())) == ("body",):
-        return "the request body must be a JSON object (Content-Type: application/json)", None
+        return _body_message(errors[0])
     listed = []
     for e in errors[:_MAX_LISTED_ERRORS]:
         loc = [str(part) for part in _field_path(e)]
-        listed.append(f"{'.'.join(loc) or 'body'}: {e.get('msg', 'invalid value')}")
+        listed.append(f"{'.'.join(loc) or 'body'}: {_error_text(e)}")
     if len(errors) > _MAX_LISTED_ERRORS:
         listed.append(f"and {len(errors) - _MAX_LISTED_ERRORS} more errors")
     first_loc = _field_path(errors[0]) if errors else []
     param = str(first_loc[0]) if first_loc else None
     return "; ".join(listed) or "invalid request", param
+
+
+def _body_message(error: dict) -> tuple[str, str | None]:
+    """(message, param) for an error located at the whole body: the body is not an object,
+    or a model validator (a rule across fields) refused it. The validator's message starts
+    with the field it is about, which becomes `param` when the body has that field."""
+    if error.get("type") in _NOT_AN_OBJECT:
+        return "the request body must be a JSON object (Content-Type: application/json)", None
+    message = _error_text(error)
+    body = error.get("input")
+    first_word = message.split(" ", 1)[0]
+    return message, first_word if isinstance(body, dict) and first_word in body else None
+
+
+def _error_text(error: dict) -> str:
+    """Pydantic's message, without the "Value error, " it puts before a validator's own."""
+    message = error.get("msg", "invalid value")
+    return message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
 
 
 def _field_path(error: dict) -> list:

@@ -14,6 +14,7 @@ finished output's timestamps (RequestOutput.metrics). Each app gets its own regi
 several servers can live in one process (tests).
 """
 
+import asyncio
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +36,9 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
 REQUEST_LATENCY_BUCKETS += (40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 N_BUCKETS = (1, 2, 5, 10, 20)
 ENGINE = "0"  # the `engine` label: one engine per server
+# vLLM's FinishReason strings that a pagedllm request can end with (vLLM's "repetition"
+# needs its repetition detection, which pagedllm has not): the `finished_reason` series.
+FINISHED_REASONS = ("stop", "length", "abort", "error")
 # vLLM's request phases: (histogram, from timestamp, to timestamp) of RequestOutput.metrics.
 PHASES = (
     ("vllm:request_queue_time_seconds", "WAITING", "arrival_time", "first_scheduled_time"),
@@ -142,6 +146,8 @@ class ServerMetrics:
         histograms = [m for m in vars(self).values() if isinstance(m, Histogram)]
         for histogram in histograms + [h for h, _, _ in self.phases]:
             histogram.labels(*labels)
+        for reason in FINISHED_REASONS:
+            self.request_success.labels(*labels, reason)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -150,30 +156,43 @@ class ServerMetrics:
         self, outputs: AsyncIterator[RequestOutput], arrival_time: float, params: SamplingParams
     ) -> AsyncIterator[RequestOutput]:
         """Pass a request's DELTA outputs through, observing its latencies; closing this
-        iterator closes `outputs` (which aborts the request)."""
+        iterator closes `outputs` (which aborts the request): its completions count as
+        successes then, those unfinished as "abort", as vLLM counts a request its client
+        gave up on (each of n as it ends)."""
         first_token_time, last_token_time = None, None
         tokens: defaultdict[int, int] = defaultdict(int)  # per completion index
-        async with aclosing(outputs):
-            async for output in outputs:
-                now = time.monotonic()
-                new_tokens = 0
-                for completion in output.outputs:
-                    tokens[completion.index] += len(completion.token_ids)
-                    new_tokens += len(completion.token_ids)
-                labels = self._labels(output)
-                if new_tokens and first_token_time is None:
-                    first_token_time = now
-                    self.time_to_first_token.labels(*labels).observe(now - arrival_time)
-                elif new_tokens:
-                    gap = (now - last_token_time) / new_tokens
-                    for _ in range(new_tokens):
-                        self.inter_token_latency.labels(*labels).observe(gap)
-                if new_tokens:
-                    last_token_time = now
-                if output.finished:
-                    self._observe_finished(output, now - arrival_time, first_token_time, tokens)
-                    self._observe_params(labels, params)
-                yield output
+        labels = (self.model_name, ENGINE)  # until an output names its replica
+        ended: dict[int, str] | None = {}  # completion index -> finish reason
+        try:
+            async with aclosing(outputs):
+                async for output in outputs:
+                    now = time.monotonic()
+                    new_tokens = 0
+                    for completion in output.outputs:
+                        tokens[completion.index] += len(completion.token_ids)
+                        new_tokens += len(completion.token_ids)
+                        if completion.finish_reason is not None:
+                            ended[completion.index] = completion.finish_reason
+                    labels = self._labels(output)
+                    if new_tokens and first_token_time is None:
+                        first_token_time = now
+                        self.time_to_first_token.labels(*labels).observe(now - arrival_time)
+                    elif new_tokens:
+                        gap = (now - last_token_time) / new_tokens
+                        for _ in range(new_tokens):
+                            self.inter_token_latency.labels(*labels).observe(gap)
+                    if new_tokens:
+                        last_token_time = now
+                    if output.finished:
+                        ended = None  # counted by _observe_finished
+                        self._observe_finished(output, now - arrival_time, first_token_time, tokens)
+                        self._observe_params(labels, params)
+                    yield output
+        except (GeneratorExit, asyncio.CancelledError):
+            if ended is not None:
+                for index in range(params.n):
+                    self.request_success.labels(*labels, ended.get(index, "abort")).inc()
+            raise
 
     async def track_pooling(
         self, outputs: AsyncIterator[PoolingRequestOutput], arrival_time: float

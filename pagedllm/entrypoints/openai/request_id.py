@@ -1,6 +1,7 @@
 """vLLM's --enable-request-id-headers: every response carries an X-Request-Id header, the
 request's own when it sent one, else a new id, so a client or proxy can match answers to
-its logs."""
+its logs. A new id is also handed to the handler as the request's header, so the response's
+`id` and the log lines (serving_engine.py's request_id) carry it as they carry a client's."""
 
 import uuid
 
@@ -21,6 +22,8 @@ class RequestIdHeaderMiddleware:
             return
         given = dict(scope["headers"]).get(HEADER)
         request_id = given or uuid.uuid4().hex.encode()
+        if not given:
+            scope = {**scope, "headers": [*scope["headers"], (HEADER, request_id)]}
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -1,10 +1,20 @@
 """vLLM's --enable-log-requests: one INFO line per request the server submits (its id,
-prompt, prompt token ids and parameters), the prompt and ids cut to --max-log-len. Off by
-default, as in vLLM: prompts can hold what operators should not keep in logs."""
+prompt, prompt token ids and parameters), the prompt and ids cut to --max-log-len, and one
+when a request is aborted because its client went away (or cancelled it). The id is the
+one the client sees (the response's `id`, with `-N` for the Nth prompt of a batch). Off
+by default, as in vLLM: prompts can hold what operators should not keep in logs."""
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import TypeVar
 
 from pagedllm.logger import init_logger
+from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 
 logger = init_logger("pagedllm.requests")
+
+T = TypeVar("T", RequestOutput, PoolingRequestOutput)
 
 
 class RequestLogger:
@@ -26,3 +36,17 @@ class RequestLogger:
             params,
             ids,
         )
+
+    async def watch(self, request_id: str, outputs: AsyncIterator[T]) -> AsyncIterator[T]:
+        """`outputs` passed through; closed or cancelled before its last output (which
+        aborts the request), it is logged as aborted, as vLLM logs it."""
+        finished = False
+        try:
+            async with aclosing(outputs):
+                async for output in outputs:
+                    finished = output.finished
+                    yield output
+        except (GeneratorExit, asyncio.CancelledError):
+            if not finished:
+                logger.info("Aborted request %s.", request_id)
+            raise

@@ -158,11 +158,13 @@ class OpenAIServingChat(OpenAIServing):
         run: ChatRun,
         raw_request: Request | None,
         arrival_time: float,
+        request_id: str | None = None,
     ) -> ChatCompletionResponse | AsyncIterator[ChatCompletionStreamResponse]:
         """`chat` once prepared; with no `raw_request` (a background response) no client's
-        disconnection cancels it."""
+        disconnection cancels it. `request_id`: the id the client sees, when it is not a
+        chat completion's (a response's `resp_...`)."""
         model, parsers = run.model, run.parsers
-        request_id = random_id("chatcmpl")
+        request_id = request_id or self.request_id("chatcmpl", raw_request)
         stream = self.generate(run.prompt, run.params, request_id, arrival_time)
         outputs = merge_streams([stream])
         if request.stream:

@@ -1,6 +1,7 @@
 """POST /v1/completions: one or many prompts (text or token ids), n choices each, streamed
 as SSE or answered at once; choice i * n + k is prompt i's k-th sample (as in OpenAI)."""
 
+import dataclasses
 import functools
 import time
 from collections.abc import AsyncIterator
@@ -11,11 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.logprobs import TextOffsets, TopLogprobs, completion_logprobs
-from pagedllm.entrypoints.openai.protocol import (
-    CompletionRequest,
-    TokenIds,
-    random_id,
-)
+from pagedllm.entrypoints.openai.protocol import CompletionRequest, TokenIds
 from pagedllm.entrypoints.openai.responses import (
     CompletionResponse,
     CompletionResponseChoice,
@@ -41,16 +38,18 @@ class OpenAIServingCompletion(OpenAIServing):
         check_unsupported_fields(request.model_extra, "completion")
         prompts = await self._prompts(request.prompt, request.truncate_prompt_tokens)
         echo_logprobs = request.logprobs if request.echo else None
+        prompt_only = request.echo and request.max_tokens == 0
+        max_tokens = 1 if prompt_only else request.max_tokens
         params = [
             self.sampling_params(
                 request,
-                self.max_tokens(request.max_tokens, len(ids), "prompt"),
+                self.max_tokens(max_tokens, len(ids), "prompt"),
                 request.logprobs,
                 prompt_logprobs=echo_logprobs,
             )
             for _, ids in prompts
         ]
-        request_id = random_id("cmpl")
+        request_id = self.request_id("cmpl", raw_request)
         streams = [
             self.generate(
                 {"prompt": text, "prompt_token_ids": ids}, p, f"{request_id}-{i}", arrival_time
@@ -58,6 +57,8 @@ class OpenAIServingCompletion(OpenAIServing):
             for i, ((text, ids), p) in enumerate(zip(prompts, params))
         ]
         outputs = merge_streams(streams)
+        if prompt_only:
+            outputs = _without_generation(outputs)
         if request.stream:
             outputs = await self.prime(outputs, raw_request)
             return sse_response(self._chunks(request, request_id, model, prompts, outputs))
@@ -227,6 +228,26 @@ class _StreamState:
             self.offsets[index] = self.serving.text_offsets(self.request, prompt)
         offsets = self.offsets[index]
         return self.serving.choice(self.request, index, prompt, prompt_logprobs, c, echo, offsets)
+
+
+async def _without_generation(
+    outputs: AsyncIterator[tuple[int, RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """vLLM's echo without generation (echo with max_tokens 0, how clients score a prompt):
+    the engine runs one token, which no choice shows; each choice is its prompt (and with
+    `logprobs` the prompt's logprobs), 0 completion tokens, finished by "length"."""
+    async with aclosing(outputs):
+        async for i, output in outputs:
+            yield i, dataclasses.replace(output, outputs=[_emptied(c) for c in output.outputs])
+
+
+def _emptied(c: CompletionOutput) -> CompletionOutput:
+    """`c` with no tokens; a failed or aborted one keeps its finish reason."""
+    finish_reason = c.finish_reason
+    if finish_reason in ("stop", "length"):
+        finish_reason = "length"
+    logprobs = None if c.logprobs is None else []
+    return CompletionOutput(c.index, "", [], None, logprobs, finish_reason)
 
 
 def _usage(prompts: list[Prompt], completion_tokens: int, cached_tokens: int) -> UsageInfo:

@@ -17,7 +17,7 @@ from pagedllm.entrypoints.openai.embedding_protocol import (
     EmbeddingUsage,
 )
 from pagedllm.entrypoints.openai.errors import OpenAIError, engine_error, invalid_value_error
-from pagedllm.entrypoints.openai.protocol import TokenIds, random_id
+from pagedllm.entrypoints.openai.protocol import TokenIds
 from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
 from pagedllm.entrypoints.openai.streaming import merge_streams, until_disconnected
 from pagedllm.entrypoints.openai.unsupported_fields import check_unsupported_fields
@@ -40,17 +40,13 @@ class OpenAIServingEmbedding(OpenAIServing):
         check_unsupported_fields(request.model_extra, "embedding")
         params = self._pooling_params(request)
         prompts = await self._prompts(request)
-        request_id = random_id("embd")
-        if self.request_logger is not None:
-            for i, ids in enumerate(prompts):
-                self.request_logger.log(f"{request_id}-{i}", {"prompt_token_ids": ids}, params)
-        streams = [
-            self.metrics.track_pooling(
-                self.engine.encode({"prompt_token_ids": ids}, params, f"{request_id}-{i}"),
-                arrival_time,
-            )
-            for i, ids in enumerate(prompts)
-        ]
+        request_id = self.request_id("embd", raw_request)
+        streams = []
+        for i, ids in enumerate(prompts):
+            prompt, prompt_id = {"prompt_token_ids": ids}, f"{request_id}-{i}"
+            outputs = self.engine.encode(prompt, params, prompt_id)
+            outputs = self.logged(prompt_id, prompt, params, outputs)
+            streams.append(self.metrics.track_pooling(outputs, arrival_time))
         outputs = await until_disconnected(_collect(streams), raw_request)
         data = [
             EmbeddingResponseData(index=i, embedding=_encode(o.outputs.data, request))

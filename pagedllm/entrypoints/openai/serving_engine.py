@@ -24,6 +24,7 @@ from pagedllm.entrypoints.openai.protocol import (
     SamplingFields,
     StreamOptions,
     TokenizeRequest,
+    random_id,
 )
 from pagedllm.entrypoints.openai.request_logger import RequestLogger
 from pagedllm.entrypoints.openai.streaming import accumulate, prepend, until_disconnected
@@ -213,13 +214,28 @@ class OpenAIServing:
 
     # Running requests.
 
+    def request_id(self, prefix: str, raw_request: Request | None) -> str:
+        """vLLM's: `prefix-` and the client's X-Request-Id header if it sent one, else a
+        random id. The engine, the logs and the response all use it."""
+        given = None if raw_request is None else raw_request.headers.get("X-Request-Id")
+        return f"{prefix}-{given}" if given else random_id(prefix)
+
     def generate(
         self, prompt: dict, params: SamplingParams, request_id: str, arrival_time: float
     ) -> AsyncIterator[RequestOutput]:
-        if self.request_logger is not None:
-            self.request_logger.log(request_id, prompt, params)
         outputs = self.engine.generate(prompt, params, request_id)
+        outputs = self.logged(request_id, prompt, params, outputs)
         return self.metrics.track(outputs, arrival_time, params)
+
+    def logged(
+        self, request_id: str, prompt: dict, params: object, outputs: AsyncIterator[T]
+    ) -> AsyncIterator[T]:
+        """`outputs` of the request, logged (its submission and an abort) with
+        --enable-log-requests."""
+        if self.request_logger is None:
+            return outputs
+        self.request_logger.log(request_id, prompt, params)
+        return self.request_logger.watch(request_id, outputs)
 
     async def prime(
         self, outputs: AsyncIterator[T], raw_request: Request | None

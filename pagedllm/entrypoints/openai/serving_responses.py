@@ -86,7 +86,7 @@ class OpenAIServingResponses:
         response = _echo(request, model)
         if request.background:
             return self._start(request, response, conversation, (chat_request, run, arrival_time))
-        answer = await self.chat.answer(chat_request, run, raw_request, arrival_time)
+        answer = await self.chat.answer(chat_request, run, raw_request, arrival_time, response.id)
         if isinstance(answer, ChatCompletionResponse):
             return self._complete(request, response, conversation, answer)
         events = self._events(request, response, conversation, answer)
@@ -173,7 +173,7 @@ class OpenAIServingResponses:
         (which sets `cancelled` itself) ends the task here."""
         response = self._update(stored, {"status": "in_progress"})
         try:
-            answer = await self.chat.answer(*prepared[:2], None, prepared[2])
+            answer = await self.chat.answer(*prepared[:2], None, prepared[2], response.id)
         except Exception as e:  # noqa: BLE001 - the failure belongs in the response
             error = ResponseError(message=engine_error(e).message)
             self._update(stored, {"status": "failed", "error": error})
@@ -193,7 +193,7 @@ class OpenAIServingResponses:
         assert events is not None
         response = self._update(stored, {"status": "in_progress"})
         try:
-            chunks = await self.chat.answer(*prepared[:2], None, prepared[2])
+            chunks = await self.chat.answer(*prepared[:2], None, prepared[2], response.id)
             assert not isinstance(chunks, ChatCompletionResponse)
             async for event in self._events(request, response, stored.conversation, chunks):
                 events.append(event)

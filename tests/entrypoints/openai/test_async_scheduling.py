@@ -13,7 +13,12 @@ import openai
 import pytest
 
 from tests.entrypoints.openai.remote_server import MODEL_NAME, Server, remote_server
-from tests.entrypoints.openai.test_api_server import metric, stream_text, wait_until_idle
+from tests.entrypoints.openai.test_api_server import (
+    metric,
+    stream_text,
+    successes,
+    wait_until_idle,
+)
 
 SCHEMA = {
     "type": "object",
@@ -90,7 +95,8 @@ def test_concurrent_requests_get_the_synchronous_servers_answers(
 def test_dropped_streams_are_aborted_and_free_their_blocks(async_server: Server) -> None:
     """Every third of 24 streams is dropped after its second chunk, while the next step is
     already in flight; the others get their whole text, and only they count as finished."""
-    finished_before = metric(async_server, "vllm:request_success_total")
+    aborted_before = successes(async_server, "abort")
+    finished_before = metric(async_server, "vllm:request_success_total") - aborted_before
     prompts = [f"Write the number {i} in words:" for i in range(24)]
 
     async def run_all() -> list[str]:
@@ -102,5 +108,7 @@ def test_dropped_streams_are_aborted_and_free_their_blocks(async_server: Server)
     texts = asyncio.run(run_all())
     assert all(text for i, text in enumerate(texts) if i % 3)
     wait_until_idle(async_server)
-    finished = metric(async_server, "vllm:request_success_total") - finished_before
+    aborted = successes(async_server, "abort") - aborted_before
+    finished = metric(async_server, "vllm:request_success_total") - aborted - finished_before
     assert finished == len(prompts) - len(prompts[::3])
+    assert aborted == len(prompts[::3])

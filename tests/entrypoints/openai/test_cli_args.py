@@ -69,6 +69,8 @@ def test_request_ids_and_default_template_arguments_reach_the_answer(
         echoed = client.get("/health", headers={"X-Request-Id": "abc"})
         assert echoed.headers["x-request-id"] == "abc"
         assert len(client.get("/health").headers["x-request-id"]) == 32
+        answer = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1})
+        assert answer.json()["id"] == f"chatcmpl-{answer.headers['x-request-id']}"
         closed = client.post("/tokenize", json={"messages": messages}).json()["tokens"]
         opened = client.post(
             "/tokenize",

@@ -56,6 +56,28 @@ CASES = {
         "max_completion_tokens",
     ),
     "detokenize id": ("/detokenize", {"tokens": [-1]}, 400, "tokens", "vocabulary"),
+    # A model validator's rule across fields: its own message, naming the field.
+    "stream_options without stream": (
+        CMPL,
+        {"prompt": "a", "stream_options": {"include_usage": True}},
+        400,
+        "stream_options",
+        "stream_options can only be set when stream is true",
+    ),
+    "chat stream_options without stream": (
+        CHAT_CMPL,
+        {"messages": CHAT, "stream": False, "stream_options": {}},
+        400,
+        "stream_options",
+        "stream_options can only be set when stream is true",
+    ),
+    "field validator": (
+        CMPL,
+        {"prompt": "a", "structured_outputs": {"jsn": {}}},
+        400,
+        "structured_outputs",
+        "structured_outputs: unknown fields ['jsn']",
+    ),
     "unknown route": ("/v1/nothing", {}, 404, None, "Not Found"),
 }
 
@@ -74,6 +96,7 @@ def test_bad_request_gets_4xx_and_server_keeps_serving(
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param
     assert words in error["message"]
+    assert "Value error" not in error["message"]  # pydantic's prefix, not the client's concern
     assert httpx.get(server.url + "/health").status_code == 200
 
 

@@ -165,19 +165,32 @@ def test_track_observes_ttft_tpot_itl_e2e_and_token_counts(
     assert closed == [True]
 
 
+def successes(metrics: ServerMetrics) -> dict[tuple[str, str], float]:
+    """(engine, finished_reason) -> vllm:request_success_total."""
+    families = text_string_to_metric_families(metrics.render().decode())
+    return {
+        (s.labels["engine"], s.labels["finished_reason"]): s.value
+        for f in families
+        for s in f.samples
+        if s.name == "vllm:request_success_total"
+    }
+
+
+def test_every_finished_reason_series_exists_at_0_per_engine() -> None:
+    """As vLLM's: before any request, each engine has a request_success series per
+    FinishReason (stop, length, abort, error), at 0."""
+    metrics = make_metrics(lambda: [STATS, STATS])
+    reasons = ("stop", "length", "abort", "error")
+    assert successes(metrics) == {(e, r): 0 for e in ("0", "1") for r in reasons}
+
+
 def test_track_counts_each_completion_by_finish_reason() -> None:
     """n=3: one request_success per completion, labelled with its finish reason."""
     clock, metrics = Clock(), make_metrics()
     steps = [(1.0, output([[5], [6], [7]], True, ["length", "stop", "stop"]))]
     asyncio.run(drain(metrics.track(engine_stream(clock, steps, []), 0.0, PARAMS)))
-    families = text_string_to_metric_families(metrics.render().decode())
-    success = {
-        s.labels["finished_reason"]: s.value
-        for f in families
-        for s in f.samples
-        if s.name == "vllm:request_success_total"
-    }
-    assert success == {"length": 1, "stop": 2}
+    success = {reason: n for (_, reason), n in successes(metrics).items()}
+    assert success == {"length": 1, "stop": 2, "abort": 0, "error": 0}
 
 
 def test_track_single_token_request_has_no_tpot(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,9 +206,9 @@ def test_track_single_token_request_has_no_tpot(monkeypatch: pytest.MonkeyPatch)
     assert values["vllm:e2e_request_latency_seconds_count"] == 1
 
 
-def test_closing_track_early_closes_the_engine_stream_and_counts_no_finish() -> None:
+def test_closing_track_early_closes_the_engine_stream_and_counts_an_abort() -> None:
     """A client that goes away: closing the tracked stream closes the engine's (which
-    aborts the request); an unfinished request is no success."""
+    aborts the request), counted as vLLM counts it: an "abort" success, no latency."""
     clock, closed = Clock(), []
     metrics = make_metrics()
     steps = [(1.0, output([[5]], False, [None])), (2.0, output([[6]], True, ["length"]))]
@@ -210,7 +223,40 @@ def test_closing_track_early_closes_the_engine_stream_and_counts_no_finish() -> 
     values = scrape(metrics)
     assert values["vllm:time_to_first_token_seconds_count"] == 1
     assert values["vllm:e2e_request_latency_seconds_count"] == 0
-    assert "vllm:request_success_total" not in values
+    assert successes(metrics)[("0", "abort")] == 1
+    assert successes(metrics)[("0", "length")] == 0
+
+
+def test_a_cancelled_request_counts_its_unfinished_completions_as_aborts() -> None:
+    """n=3, one completion already stopped when the consumer is cancelled (a client gone
+    while its answer is collected): 1 stop and 2 aborts, on the replica that ran it."""
+    clock, closed = Clock(), []
+    metrics = make_metrics(lambda: [STATS, STATS])
+    first = output([[5], [6], [7]], False, ["stop", None, None])
+    first.engine_index = 1
+    steps = [(1.0, first), (2.0, output([[], [8], [9]], True, ["stop", "length", "length"]))]
+    params = SamplingParams(max_tokens=16, n=3)
+
+    async def cancel_after_first() -> None:
+        tracked = metrics.track(engine_stream(clock, steps, closed), 0.0, params)
+        gate = asyncio.Event()
+
+        async def consume() -> None:
+            async for _ in tracked:
+                gate.set()
+                await asyncio.sleep(60)
+
+        task = asyncio.create_task(consume())
+        await gate.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await tracked.aclose()
+
+    asyncio.run(cancel_after_first())
+    assert closed == [True]
+    counts = {key: n for key, n in successes(metrics).items() if n}
+    assert counts == {("1", "stop"): 1, ("1", "abort"): 2}
 
 
 def test_token_buckets_are_vllms_1_2_5_series_up_to_max_model_len() -> None:
@@ -309,5 +355,5 @@ def test_track_pooling_counts_the_request_its_prompt_tokens_and_latency(
         assert values[f"vllm:request_{name}_time_seconds_sum"] == seconds
     families = text_string_to_metric_families(metrics.render().decode())
     success = [s for f in families for s in f.samples if s.name == "vllm:request_success_total"]
-    assert [(s.labels["finished_reason"], s.value) for s in success] == [("stop", 1)]
+    assert [(s.labels["finished_reason"], s.value) for s in success if s.value] == [("stop", 1)]
     assert values["vllm:time_to_first_token_seconds_count"] == 0

@@ -150,6 +150,35 @@ def test_echo_with_logprobs_returns_prompt_first(client: openai.OpenAI) -> None:
     assert all(lp is not None for lp in choice.logprobs.token_logprobs[1:])
 
 
+def test_echo_without_generation_scores_the_prompt(client: openai.OpenAI) -> None:
+    """vLLM's echo with max_tokens 0: each choice is the prompt with its logprobs (the same
+    as with a generated token), 0 completion tokens, "length"; streamed the same, n > 1
+    too. max_tokens 0 without echo stays a 400."""
+    kwargs = dict(model=MODEL_NAME, prompt=PROMPTS[2], temperature=0, echo=True, logprobs=1)
+    scored = client.completions.create(**kwargs, max_tokens=0, n=2)
+    generated = client.completions.create(**kwargs, max_tokens=1).choices[0].logprobs
+    num_prompt = scored.usage.prompt_tokens
+    assert scored.usage.completion_tokens == 0
+    assert [c.index for c in scored.choices] == [0, 1]
+    for choice in scored.choices:
+        assert choice.text == PROMPTS[2] and choice.finish_reason == "length"
+        assert choice.logprobs.tokens == generated.tokens[:num_prompt]
+        assert choice.logprobs.token_logprobs == generated.token_logprobs[:num_prompt]
+        assert choice.logprobs.text_offset == generated.text_offset[:num_prompt]
+    chunks = list(
+        client.completions.create(
+            **kwargs, max_tokens=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    choices = [c for chunk in chunks for c in chunk.choices]
+    assert "".join(c.text for c in choices) == PROMPTS[2]
+    assert choices[-1].finish_reason == "length"
+    assert choices[0].logprobs.token_logprobs == generated.token_logprobs[:num_prompt]
+    assert chunks[-1].usage.completion_tokens == 0
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model=MODEL_NAME, prompt=PROMPTS[2], max_tokens=0)
+
+
 def test_seed_reproducible_and_n_samples(client: openai.OpenAI) -> None:
     kwargs = dict(model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=8, temperature=1.0, n=2)
     first = client.completions.create(**kwargs, seed=1234)

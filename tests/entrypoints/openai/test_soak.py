@@ -95,8 +95,12 @@ def samples(server: Server) -> list[Sample]:
 
 
 def finished_choices(server: Server) -> float:
-    """Choices that ran to a finish reason (aborted ones are not counted)."""
-    return sum(s.value for s in samples(server) if s.name == "vllm:request_success_total")
+    """Choices that ran to a finish reason (not those counted as "abort")."""
+    return sum(
+        s.value
+        for s in samples(server)
+        if s.name == "vllm:request_success_total" and s.labels["finished_reason"] != "abort"
+    )
 
 
 def idle_gauges(server: Server) -> dict[str, float]:
