@@ -144,6 +144,9 @@ class AsyncLLM:
         """A pooling model's one output for the prompt, as `generate` runs it."""
         return self.generate(prompt, params, request_id)
 
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._collectors
+
     async def generate(
         self, prompt: PromptType, params: SamplingParams | PoolingParams, request_id: str
     ) -> AsyncIterator[RequestOutput | PoolingRequestOutput]:

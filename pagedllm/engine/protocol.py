@@ -49,3 +49,6 @@ class EngineClient(Protocol):
         """A pooling model's request: one output, when pooled."""
 
     def abort(self, request_id: str) -> None: ...
+
+    def has_request(self, request_id: str) -> bool:
+        """Whether a request of this id is in flight."""

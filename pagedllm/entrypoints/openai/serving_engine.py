@@ -216,9 +216,16 @@ class OpenAIServing:
 
     def request_id(self, prefix: str, raw_request: Request | None) -> str:
         """vLLM's: `prefix-` and the client's X-Request-Id header if it sent one, else a
-        random id. The engine, the logs and the response all use it."""
+        random id. The engine, the logs and the response all use it. A header a request in
+        flight already runs under (a client's retry) gets a random suffix, as vLLM's engine
+        ids do, so that neither request fails for the other."""
         given = None if raw_request is None else raw_request.headers.get("X-Request-Id")
-        return f"{prefix}-{given}" if given else random_id(prefix)
+        if not given:
+            return random_id(prefix)
+        request_id = f"{prefix}-{given}"
+        if self.engine.has_request(request_id) or self.engine.has_request(f"{request_id}-0"):
+            request_id = random_id(request_id)
+        return request_id
 
     def generate(
         self, prompt: dict, params: SamplingParams, request_id: str, arrival_time: float

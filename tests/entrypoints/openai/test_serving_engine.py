@@ -241,3 +241,18 @@ def test_collect_turns_an_engine_error_into_its_http_error() -> None:
     with pytest.raises(OpenAIError) as info:
         asyncio.run(make_serving().collect(scripted(items, []), 1))
     assert info.value.status_code == 500 and "sampler broke" in info.value.message
+
+
+@pytest.mark.parametrize("running", [set(), {"cmpl-abc"}, {"cmpl-abc-0"}])
+def test_a_client_request_id_in_flight_gets_a_suffix(running: set[str]) -> None:
+    """vLLM's `cmpl-<X-Request-Id>`; one a request in flight runs under (a retry, a batch's
+    `-N` prompts) gets a random suffix, so neither request fails for the other."""
+    serving = make_serving()
+    serving.engine.has_request = running.__contains__
+    raw = SimpleNamespace(headers={"X-Request-Id": "abc"})
+    request_id = serving.request_id("cmpl", raw)
+    if not running:
+        assert request_id == "cmpl-abc"
+    else:
+        assert request_id.startswith("cmpl-abc-") and request_id not in running | {"cmpl-abc"}
+    assert serving.request_id("cmpl", SimpleNamespace(headers={})).startswith("cmpl-")
