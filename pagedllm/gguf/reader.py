@@ -208,13 +208,6 @@ def _byte_count(name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType) 
     return math.prod(shape) // block_size * type_size
 
 
-def required(gguf: GGUFFile, key: str) -> Any:
-    """The metadata value at `key`, which the file's architecture needs; ValueError if absent."""
-    if key not in gguf.metadata:
-        raise ValueError(f"{gguf.path} has no metadata key {key!r}, which its architecture needs")
-    return gguf.metadata[key]
-
-
 def read_tensor(gguf: GGUFFile, info: TensorInfo) -> torch.Tensor:
     """The tensor's values in float32, copied out of the mapped file. [info.shape]"""
     raw = np.frombuffer(gguf.data, np.uint8, count=info.nbytes, offset=info.start)
