@@ -102,8 +102,16 @@ def load_hf_config(model: str) -> tuple[PretrainedConfig, str | None]:
             "(models are never downloaded at run time)"
         )
     if not os.path.isfile(os.path.join(model, "config.json")):
-        raise ValueError(f"model folder {model!r} has no config.json")
+        raise ValueError(f"model folder {model!r} has no config.json{_gguf_hint(model)}")
     return _auto_config(model), None
+
+
+def _gguf_hint(folder: str) -> str:
+    """A GGUF model is its file, not the folder that holds it (vLLM's rule too)."""
+    files = sorted(name for name in os.listdir(folder) if name.endswith(".gguf"))
+    if not files:
+        return ""
+    return f"; it holds {', '.join(files)}: pass the .gguf file itself as the model"
 
 
 def _auto_config(model: str) -> PretrainedConfig:

@@ -43,6 +43,14 @@ def test_missing_folder_and_config_are_clear(tmp_path) -> None:
         ModelConfig.create(str(tmp_path))
 
 
+def test_a_folder_of_gguf_files_says_to_pass_the_file(tmp_path) -> None:
+    """A GGUF model is its file (vLLM's rule too): the folder holding it names the file."""
+    (tmp_path / "model.Q4_K_M.gguf").write_bytes(b"GGUF")
+    message = "has no config.json; it holds model.Q4_K_M.gguf: pass the .gguf file itself"
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.create(str(tmp_path))
+
+
 def test_a_config_that_is_not_json_is_a_value_error(tmp_path) -> None:
     (tmp_path / "config.json").write_text("{not json")
     for model in (tmp_path, tmp_path / "config.json"):

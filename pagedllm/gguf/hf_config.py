@@ -6,7 +6,9 @@ from typing import Any
 import numpy as np
 from transformers import AutoConfig, PretrainedConfig
 
-from pagedllm.gguf.reader import GGUFFile, TensorInfo, read_gguf, read_tensor, required
+from pagedllm.gguf.metadata import integer, positive_float, string
+from pagedllm.gguf.reader import GGUFFile, TensorInfo, read_gguf, read_tensor
+from pagedllm.gguf.tensor_shapes import check_tensor_shapes
 
 # GGUF architecture -> (transformers model_type, the `architectures` entry of its config)
 _ARCHITECTURES = {
@@ -43,35 +45,59 @@ def load_gguf_config(path: str) -> PretrainedConfig:
 
 
 def _config(gguf: GGUFFile) -> PretrainedConfig:
+    """Every value is type-checked where it is read, and every tensor's shape is checked
+    against the result before anything is built from it (see tensor_shapes.py)."""
     arch = architecture(gguf)
     model_type, model_class = _ARCHITECTURES[arch]
-    heads = required(gguf, f"{arch}.attention.head_count")
-    hidden_size = required(gguf, f"{arch}.embedding_length")
-    kwargs = {
-        "architectures": [model_class],
-        "hidden_size": hidden_size,
-        "num_hidden_layers": required(gguf, f"{arch}.block_count"),
-        "num_attention_heads": heads,
-        "num_key_value_heads": gguf.metadata.get(f"{arch}.attention.head_count_kv", heads),
-        "head_dim": _head_dim(gguf, arch, hidden_size // heads),
-        "rms_norm_eps": required(gguf, f"{arch}.attention.layer_norm_rms_epsilon"),
-        "max_position_embeddings": required(gguf, f"{arch}.context_length"),
+    kwargs = {"architectures": [model_class], **_sizes(gguf, arch)}
+    kwargs |= {
+        "rms_norm_eps": positive_float(gguf, f"{arch}.attention.layer_norm_rms_epsilon"),
+        "max_position_embeddings": integer(gguf, f"{arch}.context_length"),
         # the embedding's rows, which the weights need; llama.cpp pads the token list to match
         "vocab_size": _required_tensor(gguf, "token_embd.weight").shape[0],
         # llama.cpp writes output.weight only when it is not the embedding matrix
         "tie_word_embeddings": "output.weight" not in gguf.tensors,
-        "bos_token_id": gguf.metadata.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": gguf.metadata.get("tokenizer.ggml.eos_token_id"),
-        "pad_token_id": gguf.metadata.get("tokenizer.ggml.padding_token_id"),
+        **_token_ids(gguf),
     }
     kwargs["rope_parameters"] = _rope_parameters(gguf, arch, kwargs["head_dim"])
-    if f"{arch}.feed_forward_length" in gguf.metadata:  # absent from some all-expert files
-        kwargs["intermediate_size"] = gguf.metadata[f"{arch}.feed_forward_length"]
     if arch != "qwen2":  # Qwen2 always has q/k/v biases; the others say so in their config
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in gguf.tensors
+    if arch == "llama":  # llama.cpp loads the ffn biases of llama where present
+        kwargs["mlp_bias"] = "blk.0.ffn_up.bias" in gguf.tensors
     if arch == "qwen3moe":
         kwargs |= _moe_kwargs(gguf, arch)
-    return AutoConfig.for_model(model_type, **kwargs)
+    config = AutoConfig.for_model(model_type, **kwargs)
+    check_tensor_shapes(gguf, arch, config)
+    return config
+
+
+def _sizes(gguf: GGUFFile, arch: str) -> dict[str, int]:
+    heads = integer(gguf, f"{arch}.attention.head_count")
+    kv_heads = integer(gguf, f"{arch}.attention.head_count_kv", heads)
+    if heads % kv_heads:
+        raise ValueError(
+            f"{gguf.path}: {arch}.attention.head_count {heads} is not a multiple of "
+            f"{arch}.attention.head_count_kv {kv_heads}"
+        )
+    hidden_size = integer(gguf, f"{arch}.embedding_length")
+    sizes = {
+        "hidden_size": hidden_size,
+        "num_hidden_layers": integer(gguf, f"{arch}.block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": _head_dim(gguf, arch, hidden_size // heads),
+    }
+    if f"{arch}.feed_forward_length" in gguf.metadata:  # absent from some all-expert files
+        sizes["intermediate_size"] = integer(gguf, f"{arch}.feed_forward_length", minimum=0)
+    return sizes
+
+
+def _token_ids(gguf: GGUFFile) -> dict[str, int | None]:
+    ids = {}
+    for field, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding")):
+        name = f"tokenizer.ggml.{key}_token_id"
+        ids[f"{field}_token_id"] = integer(gguf, name, minimum=0) if name in gguf.metadata else None
+    return ids
 
 
 def _required_tensor(gguf: GGUFFile, name: str) -> TensorInfo:
@@ -85,39 +111,62 @@ def _head_dim(gguf: GGUFFile, arch: str, default: int) -> int:
     every architecture here; else hidden_size / heads."""
     for key in (f"{arch}.attention.key_length", f"{arch}.rope.dimension_count"):
         if key in gguf.metadata:
-            return gguf.metadata[key]
+            return integer(gguf, key)
     return default
 
 
 def _moe_kwargs(gguf: GGUFFile, arch: str) -> dict[str, Any]:
+    experts = integer(gguf, f"{arch}.expert_count")
     return {
-        "num_experts": required(gguf, f"{arch}.expert_count"),
-        "num_experts_per_tok": required(gguf, f"{arch}.expert_used_count"),
-        "moe_intermediate_size": required(gguf, f"{arch}.expert_feed_forward_length"),
+        "num_experts": experts,
+        "num_experts_per_tok": _experts_used(gguf, arch, experts),
+        "moe_intermediate_size": integer(gguf, f"{arch}.expert_feed_forward_length"),
         # llama.cpp renormalizes the top-k routing weights of qwen3moe; the file does not say so
         "norm_topk_prob": True,
     }
 
 
+def _experts_used(gguf: GGUFFile, arch: str, experts: int) -> int:
+    used = integer(gguf, f"{arch}.expert_used_count")
+    if used > experts:
+        raise ValueError(
+            f"{gguf.path}: {arch}.expert_used_count {used} exceeds {arch}.expert_count {experts}"
+        )
+    return used
+
+
 def _rope_parameters(gguf: GGUFFile, arch: str, head_dim: int) -> dict[str, Any]:
-    """transformers' `rope_parameters`: theta, and the scaling the file describes."""
-    theta = float(gguf.metadata.get(f"{arch}.rope.freq_base", 10000.0))  # llama.cpp's default
+    """transformers' `rope_parameters`: theta, and the scaling the file describes, read as
+    llama.cpp reads it (llama_model::load_hparams): the type defaults to linear, the factor is
+    `rope.scaling.factor` or else the older `rope.scale_linear`, and a factor of 0 or none
+    means no scaling, whatever the type."""
+    theta = positive_float(gguf, f"{arch}.rope.freq_base", 10000.0)  # llama.cpp's default
     params: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
-    scaling = gguf.metadata.get(f"{arch}.rope.scaling.type", "none")
+    scaling = string(gguf, f"{arch}.rope.scaling.type", "linear")
     if scaling not in ("none", "linear", "yarn"):
         raise ValueError(
             f"{gguf.path}: rope scaling type {scaling!r} is not supported; "
             "supported: 'none', 'linear', 'yarn'"
         )
-    if scaling != "none":
-        factor = float(required(gguf, f"{arch}.rope.scaling.factor"))
+    factor = _rope_factor(gguf, arch)
+    if scaling != "none" and factor is not None:
         params |= {"rope_type": scaling, "factor": factor}
-    if scaling == "yarn":
-        original = required(gguf, f"{arch}.rope.scaling.original_context_length")
-        params["original_max_position_embeddings"] = original
+        if scaling == "yarn":
+            original = integer(gguf, f"{arch}.rope.scaling.original_context_length")
+            params["original_max_position_embeddings"] = original
     if ROPE_FREQS in gguf.tensors:
         params |= _llama3_rope_scaling(gguf, theta, head_dim)
     return params
+
+
+def _rope_factor(gguf: GGUFFile, arch: str) -> float | None:
+    for key in (f"{arch}.rope.scaling.factor", f"{arch}.rope.scale_linear"):
+        value = gguf.metadata.get(key)
+        if isinstance(value, (int, float)) and value == 0:  # llama.cpp: no scaling
+            return None
+        if value is not None:
+            return positive_float(gguf, key)
+    return None
 
 
 def _llama3_rope_scaling(gguf: GGUFFile, theta: float, head_dim: int) -> dict[str, Any]:

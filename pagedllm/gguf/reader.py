@@ -19,6 +19,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf.quants import dequantize, quant_shape_to_byte_shape
 
 _GGUF_VERSIONS = (2, 3)
+_ALIGNMENT_KEY = "general.alignment"
 _DEFAULT_ALIGNMENT = 32  # llama.cpp's, when `general.alignment` is absent
 _SCALAR_FORMATS = {
     GGUFValueType.UINT8: "<B",
@@ -45,13 +46,16 @@ class TensorInfo(NamedTuple):
     nbytes: int
 
 
-class GGUFFile(NamedTuple):
-    """A parsed GGUF header over the memory-mapped file.
+class StringArray(NamedTuple):
+    """An array of strings (the vocabulary, the merges) kept as its length: nothing here reads
+    them (transformers builds the tokenizer), and decoding 100k strings would cost ~0.3 s."""
 
-    Arrays of strings (the vocabulary, the merges) are kept as their length: nothing here reads
-    them (transformers builds the tokenizer), and decoding 100k strings would cost ~0.3 s.
-    Arrays of numbers are numpy arrays.
-    """
+    length: int
+
+
+class GGUFFile(NamedTuple):
+    """A parsed GGUF header over the memory-mapped file: metadata values are Python ints,
+    floats, bools and strings, numpy arrays (arrays of numbers) and StringArray."""
 
     path: str
     metadata: dict[str, Any]
@@ -88,13 +92,13 @@ class _Cursor:
         (value,) = self.unpack(_SCALAR_FORMATS[GGUFValueType(value_type)])
         return value
 
-    def array(self) -> np.ndarray | int:
+    def array(self) -> np.ndarray | StringArray:
         element_type, count = self.unpack("<IQ")
         if element_type == GGUFValueType.STRING:
             for _ in range(count):
                 (length,) = self.unpack("<Q")
                 self.pos += length
-            return count
+            return StringArray(count)
         dtype = np.dtype(_SCALAR_FORMATS[GGUFValueType(element_type)])
         values = np.frombuffer(self.buf, dtype, count=count, offset=self.pos).copy()
         self.pos += values.nbytes
@@ -105,7 +109,8 @@ def read_gguf(path: str) -> GGUFFile:
     """Parse the header of the GGUF file at `path`, leaving the tensor data mapped, unread.
 
     FileNotFoundError for a missing file; ValueError, naming the file, for one that is not GGUF,
-    or is truncated or corrupt.
+    is truncated or corrupt, repeats a metadata key or a tensor name, has an alignment that is
+    not a power of two (llama.cpp refuses all three), or is one shard of a split GGUF.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GGUF file not found: {path}")
@@ -116,9 +121,16 @@ def read_gguf(path: str) -> GGUFFile:
         data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
         metadata, tensors = _parse_header(data)
+    except _InvalidHeader as e:
+        raise ValueError(f"{path}: {e}") from None
     except (ValueError, KeyError, struct.error, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is truncated or corrupt: {e}") from e
+    _refuse_split_shard(path, metadata)
     return GGUFFile(path, metadata, tensors, data)
+
+
+class _InvalidHeader(ValueError):
+    """A header that parses but that llama.cpp refuses (a repeated key, a bad alignment)."""
 
 
 def _parse_header(data: mmap.mmap) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
@@ -130,12 +142,15 @@ def _parse_header(data: mmap.mmap) -> tuple[dict[str, Any], dict[str, TensorInfo
     for _ in range(kv_count):
         key = cursor.string()
         (value_type,) = cursor.unpack("<I")
+        if key in metadata:
+            raise _InvalidHeader(f"metadata key {key!r} appears twice")
         metadata[key] = cursor.value(value_type)
     entries = [_read_tensor_entry(cursor) for _ in range(tensor_count)]
-    alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
-    data_start = -(-cursor.pos // alignment) * alignment
+    data_start = _align(cursor.pos, _alignment(metadata))
     tensors = {}
     for name, shape, qtype, offset in entries:
+        if name in tensors:
+            raise _InvalidHeader(f"tensor {name!r} appears twice")
         info = TensorInfo(name, shape, qtype, data_start + offset, _byte_count(name, shape, qtype))
         if info.start + info.nbytes > len(data):
             raise ValueError(
@@ -144,6 +159,37 @@ def _parse_header(data: mmap.mmap) -> tuple[dict[str, Any], dict[str, TensorInfo
             )
         tensors[name] = info
     return metadata, tensors
+
+
+def _alignment(metadata: dict[str, Any]) -> int:
+    """`general.alignment`: a positive power of two, as llama.cpp requires."""
+    alignment = metadata.get(_ALIGNMENT_KEY, _DEFAULT_ALIGNMENT)
+    if not _is_int(alignment) or alignment <= 0 or alignment & (alignment - 1):
+        raise _InvalidHeader(
+            f"metadata key {_ALIGNMENT_KEY!r} is {alignment!r}; it must be a power of two >= 1"
+        )
+    return alignment
+
+
+def _align(pos: int, alignment: int) -> int:
+    return -(-pos // alignment) * alignment
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _refuse_split_shard(path: str, metadata: dict[str, Any]) -> None:
+    """llama.cpp's `llama-gguf-split` cuts a model into `NAME-00001-of-0000N.gguf` files that
+    each hold a part of the tensors; like vLLM, pagedllm reads a single-file GGUF only."""
+    count = metadata.get("split.count", 1)
+    if _is_int(count) and count > 1:
+        index = metadata.get("split.no", 0)
+        shard = index + 1 if _is_int(index) else "?"
+        raise ValueError(
+            f"{path} is shard {shard} of {count} of a split GGUF; merge the shards into one "
+            "file with llama.cpp's `llama-gguf-split --merge FIRST_SHARD OUTPUT.gguf`"
+        )
 
 
 def _read_tensor_entry(cursor: _Cursor) -> tuple[str, tuple[int, ...], GGMLQuantizationType, int]:
@@ -160,13 +206,6 @@ def _byte_count(name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType) 
     if shape and shape[-1] % block_size:
         raise ValueError(f"tensor {name}: rows of {shape[-1]} are not whole {qtype.name} blocks")
     return math.prod(shape) // block_size * type_size
-
-
-def required(gguf: GGUFFile, key: str) -> Any:
-    """The metadata value at `key`, which the file's architecture needs; ValueError if absent."""
-    if key not in gguf.metadata:
-        raise ValueError(f"{gguf.path} has no metadata key {key!r}, which its architecture needs")
-    return gguf.metadata[key]
 
 
 def read_tensor(gguf: GGUFFile, info: TensorInfo) -> torch.Tensor:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from pagedllm.gguf.hf_config import ROPE_FREQS, architecture
+from pagedllm.gguf.metadata import integer
 from pagedllm.gguf.reader import (
     GGUFFile,
     TensorInfo,
@@ -18,7 +19,6 @@ from pagedllm.gguf.reader import (
     read_blocks,
     read_gguf,
     read_tensor,
-    required,
 )
 
 logger = logging.getLogger(__name__)
@@ -152,9 +152,9 @@ def _unpermute_llama_qk(gguf: GGUFFile, name: str, tensor: torch.Tensor) -> torc
     HF rotates the two halves of each head, llama.cpp adjacent pairs, so the converter reorders
     each head's rows [2, D/2] -> [D/2, 2]; this reorders them back. Rows [heads * D, ...].
     """
-    heads = required(gguf, "llama.attention.head_count")
+    heads = integer(gguf, "llama.attention.head_count")
     if ".attn_k." in name:
-        heads = gguf.metadata.get("llama.attention.head_count_kv", heads)
+        heads = integer(gguf, "llama.attention.head_count_kv", heads)
     elif ".attn_q." not in name:
         return tensor
     shape = tensor.shape

@@ -54,8 +54,22 @@ def build_model(
     if quant_config is None:
         quant_config = get_quant_config(model_config)
     model_cls = ModelRegistry.resolve_model_cls(model_config.architecture)
-    with default_dtype(model_config.dtype), torch.device(device):
-        return model_cls(model_config.hf_config, quant_config)
+    try:
+        with default_dtype(model_config.dtype), torch.device(device):
+            return model_cls(model_config.hf_config, quant_config)
+    except RuntimeError as e:  # torch.OutOfMemoryError is one
+        if not _is_allocation_failure(e):
+            raise
+        raise ValueError(
+            f"cannot allocate the weights of {model_config.model!r} on {device}: "
+            f"{str(e).splitlines()[0]}"
+        ) from e
+
+
+def _is_allocation_failure(error: RuntimeError) -> bool:
+    """torch's out-of-memory errors: its CPU allocator's and the GPUs'."""
+    text = str(error)
+    return isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in text
 
 
 def iterate_weights(

@@ -1,6 +1,6 @@
 """pagedllm/gguf/hf_config.py against transformers' own GGUF config of the default model
 (SmolLM2-135M-Instruct Q4_1), and against tiny HF models written to GGUF with llama.cpp's
-conventions; rope scaling as llama.cpp's converter writes it."""
+conventions; rope scaling as llama.cpp's converter writes it and as its loader reads it."""
 
 import math
 
@@ -8,12 +8,16 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from gguf import GGUFValueType as VT
 from transformers import AutoConfig
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
+from pagedllm.config import ModelConfig
 from pagedllm.gguf.hf_config import load_gguf_config
 from pagedllm.gguf.tensor_names import iterate_gguf_weights
-from tests.gguf.tiny_gguf import TINY, tiny_model, write_gguf
+from pagedllm.model_loader.loader import get_model
+from tests.gguf.tiny_gguf import TINY, gguf_tensors, tiny_model, write_gguf, write_tiny
+from tests.models.test_models_vs_transformers import paged_greedy
 
 CONFIG_FIELDS = [
     "architectures",
@@ -67,16 +71,16 @@ def test_tiny_round_trip_config(arch: str, tiny_files: dict) -> None:
         assert config.norm_topk_prob
 
 
-def write_config_only(path: str, arch: str, config, rope: dict | None = None, **tensors) -> None:
-    """A GGUF with the metadata, an embedding (the config reads its rows) and `tensors`."""
-    embedding = np.zeros((config.vocab_size, config.hidden_size), np.float32)
-    write_gguf(path, arch, config, {"token_embd.weight": embedding, **tensors}, rope)
+def write_model(path: str, arch: str, model, rope: dict | None = None, **tensors) -> None:
+    """The model as a GGUF file, with `rope` scaling metadata and the extra `tensors`."""
+    stored = gguf_tensors(arch, model.config, model.state_dict())
+    write_gguf(path, arch, model.config, stored | tensors, rope)
 
 
 def test_yarn_rope_scaling_from_metadata(tmp_path) -> None:
     path = str(tmp_path / "yarn.gguf")
     rope = {"type": gguf.RopeScalingType.YARN, "factor": 4.0, "original": 64}
-    write_config_only(path, "qwen3", tiny_model("qwen3").config, rope)
+    write_model(path, "qwen3", tiny_model("qwen3"), rope)
     assert load_gguf_config(path).rope_parameters == {
         "rope_type": "yarn",
         "rope_theta": 10000.0,
@@ -104,11 +108,11 @@ def llama3_rope_freqs(head_dim: int, theta: float, factor: float) -> np.ndarray:
 
 @pytest.mark.parametrize("factor", [8.0, 32.0])
 def test_llama3_rope_scaling_from_rope_freqs(tmp_path, factor: float) -> None:
-    config = tiny_model("llama").config
-    config.head_dim, config.rope_parameters["rope_theta"] = 128, 500000.0
+    rope = {"rope_type": "default", "rope_theta": 500000.0}
+    model = tiny_model("llama", head_dim=128, rope_parameters=rope)
     path = str(tmp_path / "llama3.gguf")
     rope_freqs = llama3_rope_freqs(128, 500000.0, factor)
-    write_config_only(path, "llama", config, **{"rope_freqs.weight": rope_freqs})
+    write_model(path, "llama", model, **{"rope_freqs.weight": rope_freqs})
     assert load_gguf_config(path).rope_parameters == {
         "rope_type": "llama3",
         "rope_theta": 500000.0,
@@ -121,10 +125,10 @@ def test_llama3_rope_scaling_from_rope_freqs(tmp_path, factor: float) -> None:
 
 
 def test_unknown_rope_freqs_raise(tmp_path) -> None:
-    config = tiny_model("llama").config
+    model = tiny_model("llama")
     path = str(tmp_path / "odd_rope.gguf")
-    rope_freqs = np.full(config.head_dim // 2, 2.0, np.float32)
-    write_config_only(path, "llama", config, **{"rope_freqs.weight": rope_freqs})
+    rope_freqs = np.full(model.config.head_dim // 2, 2.0, np.float32)
+    write_model(path, "llama", model, **{"rope_freqs.weight": rope_freqs})
     with pytest.raises(ValueError, match="rope_freqs"):
         load_gguf_config(path)
 
@@ -139,3 +143,69 @@ def test_unsupported_architecture_names_it(tmp_path) -> None:
     writer.close()
     with pytest.raises(ValueError, match=r"'gpt2' is not supported.*'llama'.*'qwen3moe'"):
         load_gguf_config(path)
+
+
+ROPE_KEYS = [
+    # llama.cpp (llama_model::load_hparams): the type defaults to linear
+    ({"llama.rope.scaling.factor": (4.0, VT.FLOAT32)}, {"rope_type": "linear", "factor": 4.0}),
+    # the factor's older key, read where rope.scaling.factor is absent
+    ({"llama.rope.scale_linear": (4.0, VT.FLOAT32)}, {"rope_type": "linear", "factor": 4.0}),
+    # a factor of 0, or none, is no scaling whatever the type
+    ({"llama.rope.scaling.type": ("linear", VT.STRING)}, {"rope_type": "default"}),
+    (
+        {
+            "llama.rope.scaling.type": ("linear", VT.STRING),
+            "llama.rope.scaling.factor": (0.0, VT.FLOAT32),
+            "llama.rope.scale_linear": (4.0, VT.FLOAT32),
+        },
+        {"rope_type": "default"},
+    ),
+    (
+        {
+            "llama.rope.scaling.type": ("none", VT.STRING),
+            "llama.rope.scaling.factor": (4.0, VT.FLOAT32),
+        },
+        {"rope_type": "default"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("metadata", "expected"), ROPE_KEYS)
+def test_rope_scaling_keys_read_as_llama_cpp_reads_them(
+    tmp_path, metadata: dict, expected: dict
+) -> None:
+    path = write_tiny(str(tmp_path / "rope.gguf"), **metadata)
+    assert load_gguf_config(path).rope_parameters == {"rope_theta": 10000.0, **expected}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("llama.attention.head_count_kv", 3, "head_count 4 is not a multiple of .*head_count_kv 3"),
+        ("qwen3moe.expert_used_count", 5, "expert_used_count 5 exceeds qwen3moe.expert_count 4"),
+    ],
+)
+def test_inconsistent_head_or_expert_counts_name_both(
+    tmp_path, key: str, value: int, message: str
+) -> None:
+    path = write_tiny(
+        str(tmp_path / "bad.gguf"), key.partition(".")[0], **{key: (value, VT.UINT32)}
+    )
+    with pytest.raises(ValueError, match=f"bad.gguf: .*{message}"):
+        load_gguf_config(path)
+
+
+def test_llama_ffn_biases_load_as_mlp_bias(tmp_path, tiny_files: dict) -> None:
+    """llama.cpp loads blk.N.ffn_{gate,up,down}.bias of llama where present; the config says
+    mlp_bias, and the logits are transformers' on the same weights (fp32, 1e-4)."""
+    model = tiny_model("llama", mlp_bias=True).eval()
+    path = str(tmp_path / "mlp_bias.gguf")
+    write_model(path, "llama", model)
+    assert load_gguf_config(path).mlp_bias
+    assert not load_gguf_config(tiny_files["llama"][0]).mlp_bias
+    ours = get_model(ModelConfig.create(path, dtype="float32"))
+    prompt = [5, 17, 60, 3, 33, 42, 7, 12]
+    _, (logits,) = paged_greedy(ours, [prompt])
+    with torch.no_grad():
+        reference = model(torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(logits[: len(prompt)], reference, atol=1e-4, rtol=0)

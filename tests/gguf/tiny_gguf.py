@@ -2,6 +2,8 @@
 convert_hf_to_gguf.py's q/k permutation), and the HF checkpoint tensors they should read back as.
 """
 
+from collections.abc import Callable
+
 import gguf
 import numpy as np
 import torch
@@ -98,8 +100,16 @@ def gguf_tensors(arch: str, config, state_dict: dict) -> dict[str, np.ndarray]:
     return {name: t.detach().contiguous().numpy() for name, t in out.items()}
 
 
-def write_gguf(path: str, arch: str, config, tensors: dict, rope: dict | None = None) -> None:
-    """tensors: GGUF name -> float array, or (uint8 blocks [..., bytes], GGUF type)."""
+def write_gguf(
+    path: str,
+    arch: str,
+    config,
+    tensors: dict,
+    rope: dict | None = None,
+    edit: Callable[[gguf.GGUFWriter], None] | None = None,
+) -> None:
+    """tensors: GGUF name -> float array, or (uint8 blocks [..., bytes], GGUF type). `edit`
+    gets the writer after the metadata is added (see set_metadata), before it writes."""
     writer = gguf.GGUFWriter(path, arch)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -120,6 +130,8 @@ def write_gguf(path: str, arch: str, config, tensors: dict, rope: dict | None = 
         writer.add_rope_scaling_type(rope["type"])
         writer.add_rope_scaling_factor(rope["factor"])
         writer.add_rope_scaling_orig_ctx_len(rope["original"])
+    if edit is not None:
+        edit(writer)
     for name, array in tensors.items():
         if isinstance(array, tuple):
             array, qtype = array
@@ -131,3 +143,24 @@ def write_gguf(path: str, arch: str, config, tensors: dict, rope: dict | None = 
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def set_metadata(values: dict[str, tuple]) -> Callable[[gguf.GGUFWriter], None]:
+    """A write_gguf `edit` that sets metadata keys whatever their type: key -> (value, GGUF
+    value type[, array element type]), or () to drop the key."""
+
+    def edit(writer: gguf.GGUFWriter) -> None:
+        for key, value in values.items():
+            writer.kv_data[0].pop(key, None)
+            if value:
+                writer.kv_data[0][key] = gguf.GGUFValue(*value)
+
+    return edit
+
+
+def write_tiny(path: str, arch: str = "llama", **metadata: tuple) -> str:
+    """tiny_model(arch) written to `path`, with metadata keys set as set_metadata sets them."""
+    model = tiny_model(arch)
+    tensors = gguf_tensors(arch, model.config, model.state_dict())
+    write_gguf(path, arch, model.config, tensors, edit=set_metadata(metadata))
+    return path

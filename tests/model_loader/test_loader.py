@@ -1,7 +1,8 @@
 """pagedllm/model_loader/loader.py: weight_bytes counts what the model holds; a CPU model's
-weights end in one map."""
+weights end in one map; weights that do not fit are a ValueError."""
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from torch import nn
 from pagedllm.config import ModelConfig
 from pagedllm.cpu_memory import huge_page_size
 from pagedllm.model_loader import weight_arena
-from pagedllm.model_loader.loader import get_model, weight_bytes
+from pagedllm.model_loader.loader import build_model, get_model, weight_bytes
 
 
 def test_weight_bytes_counts_tied_weights_once_and_buffers_on_request() -> None:
@@ -59,3 +60,22 @@ def test_dummy_weights_are_vllms_small_uniform_ones_and_read_nothing(
         assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="load_format 'wrong'"):
         ModelConfig.create(str(tmp_path), load_format="wrong")
+
+
+def test_weights_that_cannot_be_allocated_are_a_value_error(tmp_path) -> None:
+    """A [2^24, 2^22] float32 embedding is 256 TiB, past any machine's address space: torch's
+    allocator fails, and the error names the model, not an alloc_cpu.cpp line."""
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 2**22,
+        "intermediate_size": 16,
+        "num_attention_heads": 2**16,
+        "num_hidden_layers": 1,
+        "vocab_size": 2**24,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    model_config = ModelConfig.create(str(path), dtype="float32")
+    with pytest.raises(ValueError, match=r"cannot allocate the weights of .*config.json.* on cpu"):
+        build_model(model_config, "cpu")

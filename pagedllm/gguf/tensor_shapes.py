@@ -1,0 +1,105 @@
+"""The shape each GGUF tensor must have under the config its metadata describes.
+
+llama.cpp checks every tensor against the hyperparameters before it allocates anything. A file
+whose metadata disagrees with its tensors (an embedding_length of 262144 over a [64, 64]
+token_embd, a block_count of 10^7 over one layer) would otherwise have the metadata's model
+allocated, hundreds of GB or millions of layers, before any weight is compared with it.
+"""
+
+from transformers import PretrainedConfig
+
+from pagedllm.gguf.reader import GGUFFile, TensorInfo
+
+# GGUF tensor name (without "blk.N." and ".weight") -> its dimensions, in torch order
+_SHAPES = {
+    "token_embd": ("vocab", "hidden"),
+    "output": ("vocab", "hidden"),
+    "output_norm": ("hidden",),
+    "attn_norm": ("hidden",),
+    "attn_q": ("q", "hidden"),
+    "attn_k": ("kv", "hidden"),
+    "attn_v": ("kv", "hidden"),
+    "attn_output": ("hidden", "q"),
+    "attn_q_norm": ("head_dim",),
+    "attn_k_norm": ("head_dim",),
+    "ffn_norm": ("hidden",),
+    "ffn_gate": ("ffn", "hidden"),
+    "ffn_up": ("ffn", "hidden"),
+    "ffn_down": ("hidden", "ffn"),
+    "ffn_gate_inp": ("experts", "hidden"),
+    "ffn_gate_exps": ("experts", "expert_ffn", "hidden"),
+    "ffn_up_exps": ("experts", "expert_ffn", "hidden"),
+    "ffn_down_exps": ("experts", "hidden", "expert_ffn"),
+}
+# each dimension as the metadata states it
+_DIMENSION_SOURCES = {
+    "vocab": "token_embd's rows",
+    "hidden": "embedding_length",
+    "q": "head_count * head_dim",
+    "kv": "head_count_kv * head_dim",
+    "head_dim": "head_dim",
+    "ffn": "feed_forward_length",
+    "experts": "expert_count",
+    "expert_ffn": "expert_feed_forward_length",
+}
+
+
+def check_tensor_shapes(gguf: GGUFFile, arch: str, config: PretrainedConfig) -> None:
+    """ValueError naming the first tensor whose shape is not the config's, or a layer count
+    that is not block_count. Tensors of other names are left to the weight loader."""
+    _check_layer_count(gguf, arch, config.num_hidden_layers)
+    sizes = _dimensions(config)
+    for info in gguf.tensors.values():
+        dims = _SHAPES.get(_base_name(info.name))
+        if dims is None or any(sizes[d] is None for d in dims):
+            continue
+        if info.name.endswith(".bias"):  # a linear layer's bias: its output dimensions
+            dims = dims[:-1]
+        expected = tuple(sizes[d] for d in dims)
+        if info.shape != expected:
+            raise ValueError(_mismatch(gguf, arch, info, dims, expected))
+
+
+def _dimensions(config: PretrainedConfig) -> dict[str, int | None]:
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return {
+        "vocab": config.vocab_size,
+        "hidden": config.hidden_size,
+        "q": heads * head_dim,
+        "kv": config.num_key_value_heads * head_dim,
+        "head_dim": head_dim,
+        "ffn": getattr(config, "intermediate_size", None),
+        "experts": getattr(config, "num_experts", None),
+        "expert_ffn": getattr(config, "moe_intermediate_size", None),
+    }
+
+
+def _base_name(name: str) -> str:
+    """`blk.3.attn_q.weight` -> `attn_q`; `token_embd.weight` -> `token_embd`."""
+    parts = name.rpartition(".")[0].split(".")
+    return parts[2] if len(parts) == 3 and parts[0] == "blk" else ".".join(parts)
+
+
+def _check_layer_count(gguf: GGUFFile, arch: str, block_count: int) -> None:
+    layers = {
+        int(parts[1])
+        for parts in (name.split(".") for name in gguf.tensors)
+        if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit()
+    }
+    if layers != set(range(len(layers))) or len(layers) != block_count:
+        held = f"blk.{min(layers)} to blk.{max(layers)}" if layers else "none"
+        raise ValueError(
+            f"{gguf.path}: metadata {arch}.block_count is {block_count}, but the file holds "
+            f"tensors of {len(layers)} layers ({held})"
+        )
+
+
+def _mismatch(
+    gguf: GGUFFile, arch: str, info: TensorInfo, dims: tuple[str, ...], expected: tuple
+) -> str:
+    sources = " x ".join(_DIMENSION_SOURCES[d] for d in dims)
+    return (
+        f"{gguf.path}: tensor {info.name} has shape {list(info.shape)}, but the metadata "
+        f"({arch}.*) gives {list(expected)} ({sources})"
+    )
