@@ -135,6 +135,7 @@ def build_app(
     default_chat_template_kwargs: dict | None = None,
     request_id_headers: bool = False,
     force_include_usage: bool = False,
+    return_tokens_as_token_ids: bool = False,
 ) -> FastAPI:
     """The app over a (not yet started) engine; its lifespan starts and stops the engine.
     The parsers are named as in vLLM's --reasoning-parser and --tool-call-parser; without
@@ -186,6 +187,7 @@ def build_app(
     for serving in (app.state.serving_completion, app.state.serving_chat):
         serving.request_logger = request_logger
         serving.force_include_usage = force_include_usage
+        serving.return_tokens_as_token_ids = return_tokens_as_token_ids
     for serving in (app.state.serving_chat, app.state.serving_tokenization):
         serving.default_chat_template_kwargs = default_chat_template_kwargs or {}
     if request_id_headers:
@@ -399,6 +401,7 @@ def _serve(
         default_chat_template_kwargs=args.default_chat_template_kwargs,
         request_id_headers=args.enable_request_id_headers,
         force_include_usage=args.enable_force_include_usage,
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
     )
     config = uvicorn.Config(
         app,

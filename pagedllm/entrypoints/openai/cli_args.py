@@ -56,6 +56,12 @@ def add_vllm_serve_args(parser: argparse.ArgumentParser) -> None:
         "stream_options (vLLM's flag)",
     )
     parser.add_argument(
+        "--return-tokens-as-token-ids",
+        action="store_true",
+        help="logprobs name tokens as 'token_id:<id>' unless a request's "
+        "return_tokens_as_token_ids says otherwise (vLLM's flag)",
+    )
+    parser.add_argument(
         "--enable-prompt-tokens-details",
         action="store_true",
         help="vLLM's flag, accepted: usage.prompt_tokens_details.cached_tokens is always sent",

@@ -33,6 +33,21 @@ def token_text(
     return tokenizer.decode([token_id])
 
 
+def token_id_name(token_id: int) -> str:
+    """vLLM's `return_tokens_as_token_ids` name of a token: exact where its text is not
+    (a piece of a character decodes to U+FFFD; tokens may share a text)."""
+    return f"token_id:{token_id}"
+
+
+def _token_name(
+    tokenizer: PreTrainedTokenizerBase,
+    token_id: int,
+    top: dict[int, Logprob] | None,
+    as_token_ids: bool,
+) -> str:
+    return token_id_name(token_id) if as_token_ids else token_text(tokenizer, token_id, top)
+
+
 class TextOffsets:
     """Where each token's text starts in a choice's text (OpenAI's `text_offset`): the
     characters the tokens before it completed, counted as the engine's detokenizer builds
@@ -68,12 +83,14 @@ def completion_logprobs(
     token_ids: list[int],
     tops: TopLogprobs,
     text_offsets: list[int],
+    as_token_ids: bool = False,
 ) -> CompletionLogProbs:
     """OpenAI's legacy logprobs: per token its text, offset (TextOffsets'), logprob and a
-    dict of the top alternatives (text -> logprob) that includes the chosen token."""
+    dict of the top alternatives (text -> logprob) that includes the chosen token.
+    `as_token_ids`: tokens are named `token_id:<id>` instead of by their text."""
     result = CompletionLogProbs()
     for token_id, top, text_offset in zip(token_ids, tops, text_offsets):
-        token = token_text(tokenizer, token_id, top)
+        token = _token_name(tokenizer, token_id, top, as_token_ids)
         result.tokens.append(token)
         result.text_offset.append(text_offset)
         if top is None:
@@ -82,7 +99,10 @@ def completion_logprobs(
             continue
         result.token_logprobs.append(clamp_logprob(top[token_id].logprob))
         result.top_logprobs.append(
-            {token_text(tokenizer, t, top): clamp_logprob(lp.logprob) for t, lp in top.items()}
+            {
+                _token_name(tokenizer, t, top, as_token_ids): clamp_logprob(lp.logprob)
+                for t, lp in top.items()
+            }
         )
     return result
 
@@ -92,14 +112,18 @@ def chat_logprobs(
     token_ids: list[int],
     tops: list[dict[int, Logprob]],
     num_top: int,
+    as_token_ids: bool = False,
 ) -> ChatCompletionLogProbs:
-    """Per token: its text, logprob and bytes, and the `num_top` best alternatives."""
+    """Per token: its text, logprob and bytes, and the `num_top` best alternatives.
+    `as_token_ids`: tokens are named `token_id:<id>`; their bytes stay the token's own."""
     content = []
     for token_id, top in zip(token_ids, tops):
         # OpenAI's top_logprobs: the num_top most likely, never more (tied values too).
         ranked = sorted(top.items(), key=lambda item: (-item[1].logprob, item[1].rank or 0))
-        alternatives = [_chat_entry(tokenizer, t, lp, top) for t, lp in ranked[:num_top]]
-        chosen = _chat_entry(tokenizer, token_id, top[token_id], top)
+        alternatives = [
+            _chat_entry(tokenizer, t, lp, top, as_token_ids) for t, lp in ranked[:num_top]
+        ]
+        chosen = _chat_entry(tokenizer, token_id, top[token_id], top, as_token_ids)
         content.append(
             ChatCompletionLogProbsContent(**chosen.model_dump(), top_logprobs=alternatives)
         )
@@ -107,9 +131,14 @@ def chat_logprobs(
 
 
 def _chat_entry(
-    tokenizer: PreTrainedTokenizerBase, token_id: int, logprob: Logprob, top: dict[int, Logprob]
+    tokenizer: PreTrainedTokenizerBase,
+    token_id: int,
+    logprob: Logprob,
+    top: dict[int, Logprob],
+    as_token_ids: bool,
 ) -> ChatCompletionLogProb:
-    token = token_text(tokenizer, token_id, top)
-    raw = token_bytes(tokenizer, token_id, token)
+    text = token_text(tokenizer, token_id, top)
+    raw = token_bytes(tokenizer, token_id, text)
+    token = token_id_name(token_id) if as_token_ids else text
     logprob_value = clamp_logprob(logprob.logprob)
     return ChatCompletionLogProb(token=token, logprob=logprob_value, bytes=list(raw))

@@ -102,8 +102,9 @@ _NULLABLE += ("top_k", "min_p", "repetition_penalty")
 
 class SamplingFields(_SamplingParamsFields):
     """Fields shared by completions and chat: SamplingParams' request fields (OpenAI's
-    and vLLM's extras), plus OpenAI's request plumbing. Undeclared fields are kept in
-    `model_extra`, for the server to refuse or log (unsupported_fields.py)."""
+    and vLLM's extras), plus OpenAI's request plumbing and vLLM's output options.
+    Undeclared fields are kept in `model_extra`, for the server to refuse or log
+    (unsupported_fields.py)."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
@@ -113,6 +114,13 @@ class SamplingFields(_SamplingParamsFields):
     user: str | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    return_token_ids: bool | None = None
+    """vLLM's: the answer also carries the prompt's and each choice's token ids."""
+    return_tokens_as_token_ids: bool | None = None
+    """vLLM's: logprobs name tokens as `token_id:<id>`; None: the server's
+    --return-tokens-as-token-ids."""
+    request_id: str | None = None
+    """vLLM's: the base of the request's id when no X-Request-Id header gives one."""
 
     @field_validator("structured_outputs", mode="before")
     @classmethod

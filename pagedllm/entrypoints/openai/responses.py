@@ -2,7 +2,7 @@
 OpenAI's API; request bodies are in protocol.py)."""
 
 import time
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
@@ -40,6 +40,18 @@ class UsageInfo(OpenAIBaseModel):
         )
 
 
+class _TokenIdsIfAsked(OpenAIBaseModel):
+    """vLLM's `return_token_ids` fields, left out (not null) when the request did not ask
+    for them, so an ordinary answer has OpenAI's shape."""
+
+    token_id_fields: ClassVar[tuple[str, ...]] = ("prompt_token_ids", "token_ids")
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unasked(self, handler: SerializerFunctionWrapHandler) -> dict:
+        fields = self.token_id_fields
+        return {k: v for k, v in handler(self).items() if not (k in fields and v is None)}
+
+
 class CompletionLogProbs(OpenAIBaseModel):
     text_offset: list[int] = Field(default_factory=list)
     token_logprobs: list[float | None] = Field(default_factory=list)
@@ -47,12 +59,17 @@ class CompletionLogProbs(OpenAIBaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
-class CompletionResponseChoice(OpenAIBaseModel):
+class CompletionResponseChoice(_TokenIdsIfAsked):
+    """`prompt_token_ids` (streamed: in the choice's first chunk) and `token_ids` (the
+    generated ones, never the echoed prompt) with `return_token_ids`, as vLLM's."""
+
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_token_ids: TokenIds | None = None
+    token_ids: TokenIds | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -103,15 +120,16 @@ class AssistantMessage(OpenAIBaseModel):
     tool_calls: list[ToolCall] | None = None
 
 
-class ChatCompletionResponseChoice(OpenAIBaseModel):
+class ChatCompletionResponseChoice(_TokenIdsIfAsked):
     index: int
     message: AssistantMessage
     logprobs: ChatCompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: TokenIds | None = None  # with return_token_ids, as vLLM's
 
 
-class ChatCompletionResponse(OpenAIBaseModel):
+class ChatCompletionResponse(_TokenIdsIfAsked):
     id: str = Field(default_factory=lambda: random_id("chatcmpl"))
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -119,6 +137,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo | None = None
     system_fingerprint: str | None = None  # OpenAI's field; vLLM's null too
+    prompt_token_ids: TokenIds | None = None  # with return_token_ids, as vLLM's
 
 
 class _NoneLeftOut(OpenAIBaseModel):
@@ -151,15 +170,16 @@ class DeltaMessage(OpenAIBaseModel):
     tool_calls: list[DeltaToolCall] | None = None
 
 
-class ChatCompletionResponseStreamChoice(OpenAIBaseModel):
+class ChatCompletionResponseStreamChoice(_TokenIdsIfAsked):
     index: int
     delta: DeltaMessage
     logprobs: ChatCompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: TokenIds | None = None  # the chunk's new ids, with return_token_ids
 
 
-class ChatCompletionStreamResponse(OpenAIBaseModel):
+class ChatCompletionStreamResponse(_TokenIdsIfAsked):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -167,6 +187,7 @@ class ChatCompletionStreamResponse(OpenAIBaseModel):
     choices: list[ChatCompletionResponseStreamChoice]
     usage: UsageInfo | None = None
     system_fingerprint: str | None = None  # OpenAI's field; vLLM's null too
+    prompt_token_ids: TokenIds | None = None  # in the first chunk, with return_token_ids
 
 
 class ModelCard(OpenAIBaseModel):

@@ -164,7 +164,7 @@ class OpenAIServingChat(OpenAIServing):
         disconnection cancels it. `request_id`: the id the client sees, when it is not a
         chat completion's (a response's `resp_...`)."""
         model, parsers = run.model, run.parsers
-        request_id = request_id or self.request_id("chatcmpl", raw_request)
+        request_id = request_id or self.request_id("chatcmpl", raw_request, request.request_id)
         stream = self.generate(run.prompt, run.params, request_id, arrival_time)
         outputs = merge_streams([stream])
         if request.stream:
@@ -190,11 +190,18 @@ class OpenAIServingChat(OpenAIServing):
                 logprobs=self._logprobs(request, c),
                 finish_reason=finish_reason,
                 stop_reason=c.stop_reason,
+                token_ids=c.token_ids if request.return_token_ids else None,
             )
             choices.append(choice)
         num_generated = sum(len(c.token_ids) for c in final.outputs)
         usage = UsageInfo.of(len(final.prompt_token_ids), num_generated, final.num_cached_tokens)
-        return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+        return ChatCompletionResponse(
+            id=request_id,
+            model=model,
+            choices=choices,
+            usage=usage,
+            prompt_token_ids=final.prompt_token_ids if request.return_token_ids else None,
+        )
 
     def _message(
         self, request: ChatCompletionRequest, c: CompletionOutput, parsers: Parsers
@@ -226,8 +233,11 @@ class OpenAIServingChat(OpenAIServing):
         """Per choice a first delta with the role, then content (reasoning, tool call)
         deltas, the finish reason once; then the usage chunk if asked (and with
         continuous usage, each chunk's choice's usage so far). A parser may hold text back:
-        a chunk with nothing to say yet is not sent. Every chunk has the same `created`."""
+        a chunk with nothing to say yet is not sent, unless it carries token ids
+        (`return_token_ids`: the prompt's in the first chunk, each chunk's new ones in its
+        choice). Every chunk has the same `created`."""
         started, finished, prompt_tokens, cached = set(), set(), 0, 0
+        sent_prompt_ids = False
         generated: dict[int, int] = {}  # tokens per choice so far
         choice_parsers: dict[int, ChoiceParser] = {}
         chunk = functools.partial(
@@ -253,7 +263,10 @@ class OpenAIServingChat(OpenAIServing):
                     usage = None
                     if request.continuous_usage:
                         usage = UsageInfo.of(prompt_tokens, generated[c.index], cached)
-                    yield chunk(choices=[choice], usage=usage)
+                    prompt_ids = None
+                    if request.return_token_ids and not sent_prompt_ids:
+                        prompt_ids, sent_prompt_ids = output.prompt_token_ids, True
+                    yield chunk(choices=[choice], usage=usage, prompt_token_ids=prompt_ids)
         if request.include_usage:
             usage = UsageInfo.of(prompt_tokens, sum(generated.values()), cached)
             yield chunk(choices=[], usage=usage)
@@ -281,7 +294,9 @@ class OpenAIServingChat(OpenAIServing):
                 tool_calls=[_delta_tool_call(d) for d in parsed.tool_calls] or None,
             )
             said = delta.content or delta.reasoning_content or delta.tool_calls
-            if not (said or logprobs or finish_reason):
+            # Held-back text still sends its token ids: joined, they are all generated.
+            ids = request.return_token_ids and c.token_ids
+            if not (said or logprobs or finish_reason or ids):
                 return None
         delta.role = "assistant" if first else None
         return ChatCompletionResponseStreamChoice(
@@ -290,6 +305,7 @@ class OpenAIServingChat(OpenAIServing):
             logprobs=logprobs,
             finish_reason=finish_reason,
             stop_reason=c.stop_reason,
+            token_ids=c.token_ids if request.return_token_ids else None,
         )
 
     def _logprobs(
@@ -297,7 +313,8 @@ class OpenAIServingChat(OpenAIServing):
     ) -> ChatCompletionLogProbs | None:
         if not request.logprobs or c.logprobs is None:
             return None
-        return chat_logprobs(self.tokenizer, c.token_ids, c.logprobs, request.top_logprobs or 0)
+        num_top, as_ids = request.top_logprobs or 0, self.as_token_ids(request)
+        return chat_logprobs(self.tokenizer, c.token_ids, c.logprobs, num_top, as_ids)
 
 
 def _forced_call(params: SamplingParams, schema: dict) -> SamplingParams:

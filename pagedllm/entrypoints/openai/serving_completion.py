@@ -49,7 +49,7 @@ class OpenAIServingCompletion(OpenAIServing):
             )
             for _, ids in prompts
         ]
-        request_id = self.request_id("cmpl", raw_request)
+        request_id = self.request_id("cmpl", raw_request, request.request_id)
         streams = [
             self.generate(
                 {"prompt": text, "prompt_token_ids": ids}, p, f"{request_id}-{i}", arrival_time
@@ -93,11 +93,13 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt: Prompt,
         prompt_logprobs: TopLogprobs | None,
         c: CompletionOutput,
-        echo: bool,
+        first: bool,
         offsets: TextOffsets | None = None,
     ) -> CompletionResponseChoice:
-        """Choice `c` of `prompt` (the prompt first if `echo`) as choice number `index`;
+        """Choice `c` of `prompt` as choice number `index`; `first`: `c` is the choice's
+        first piece (a whole answer is), which carries the echo and the prompt's token ids;
         `offsets`: where its tokens' text starts (a stream keeps one per choice)."""
+        echo = first and request.echo
         text, token_ids, tops = c.text, c.token_ids, c.logprobs
         if echo:
             text, token_ids = prompt[0] + text, prompt[1] + token_ids
@@ -108,13 +110,17 @@ class OpenAIServingCompletion(OpenAIServing):
             tops = tops or [None] * len(token_ids)
             positions = self._offsets(request, [], 0).of(prompt[1]) if echo else []
             positions += (offsets or self.text_offsets(request, prompt)).of(c.token_ids)
-            logprobs = completion_logprobs(self.tokenizer, token_ids, tops, positions)
+            as_ids = self.as_token_ids(request)
+            logprobs = completion_logprobs(self.tokenizer, token_ids, tops, positions, as_ids)
+        asked = request.return_token_ids
         return CompletionResponseChoice(
             index=index,
             text=text,
             logprobs=logprobs,
             finish_reason=c.finish_reason,
             stop_reason=c.stop_reason,
+            prompt_token_ids=prompt[1] if asked and first else None,
+            token_ids=c.token_ids if asked else None,
         )
 
     def text_offsets(self, request: CompletionRequest, prompt: Prompt) -> TextOffsets:
@@ -144,9 +150,7 @@ class OpenAIServingCompletion(OpenAIServing):
         for i, (prompt, output) in enumerate(zip(prompts, finals)):
             for c in output.outputs:
                 index = i * request.n + c.index
-                choices.append(
-                    self.choice(request, index, prompt, output.prompt_logprobs, c, request.echo)
-                )
+                choices.append(self.choice(request, index, prompt, output.prompt_logprobs, c, True))
         completion_tokens = sum(len(c.token_ids) for o in finals for c in o.outputs)
         cached_tokens = sum(o.num_cached_tokens for o in finals)
         usage = _usage(prompts, completion_tokens, cached_tokens)
@@ -179,7 +183,8 @@ class OpenAIServingCompletion(OpenAIServing):
 
 class _StreamState:
     """What a completions stream has sent: per choice its tokens' text offsets (present
-    once its first chunk, with the echo, went out) and whether its finish reason went out."""
+    once its first chunk, with the echo and the prompt's token ids, went out) and whether
+    its finish reason went out."""
 
     def __init__(
         self, serving: OpenAIServingCompletion, request: CompletionRequest, prompts: list
@@ -221,13 +226,13 @@ class _StreamState:
     def _choice(
         self, prompt_index: int, index: int, c: CompletionOutput
     ) -> CompletionResponseChoice:
-        echo = self.request.echo and index not in self.offsets
+        first = index not in self.offsets
         prompt_logprobs = self.prompt_logprobs.get(prompt_index)
         prompt = self.prompts[prompt_index]
-        if index not in self.offsets:
+        if first:
             self.offsets[index] = self.serving.text_offsets(self.request, prompt)
         offsets = self.offsets[index]
-        return self.serving.choice(self.request, index, prompt, prompt_logprobs, c, echo, offsets)
+        return self.serving.choice(self.request, index, prompt, prompt_logprobs, c, first, offsets)
 
 
 async def _without_generation(

@@ -26,6 +26,7 @@ from pagedllm.entrypoints.openai.protocol import (
     TokenizeRequest,
     random_id,
 )
+from pagedllm.entrypoints.openai.request_id import header_made_here
 from pagedllm.entrypoints.openai.request_logger import RequestLogger
 from pagedllm.entrypoints.openai.streaming import accumulate, prepend, until_disconnected
 from pagedllm.entrypoints.openai.tool_choice import tool_choice_of
@@ -59,6 +60,7 @@ class OpenAIServing:
         self.request_logger: RequestLogger | None = None  # --enable-log-requests
         self.default_chat_template_kwargs: dict = {}  # --default-chat-template-kwargs
         self.force_include_usage = False  # --enable-force-include-usage
+        self.return_tokens_as_token_ids = False  # --return-tokens-as-token-ids
         config = engine.config
         self.max_model_len = config.model_config.max_model_len
         self.sampling_defaults = config.model_config.sampling_defaults
@@ -162,6 +164,12 @@ class OpenAIServing:
         if self.force_include_usage and request.stream:
             request.stream_options = StreamOptions(include_usage=True, continuous_usage_stats=True)
 
+    def as_token_ids(self, request: SamplingFields) -> bool:
+        """Whether logprobs name tokens `token_id:<id>`: the request's
+        `return_tokens_as_token_ids`, else the server's --return-tokens-as-token-ids."""
+        asked = request.return_tokens_as_token_ids
+        return self.return_tokens_as_token_ids if asked is None else asked
+
     def max_tokens(
         self, requested: int | None, prompt_len: int, param: str, limit_param: str = "max_tokens"
     ) -> int:
@@ -214,12 +222,17 @@ class OpenAIServing:
 
     # Running requests.
 
-    def request_id(self, prefix: str, raw_request: Request | None) -> str:
-        """vLLM's: `prefix-` and the client's X-Request-Id header if it sent one, else a
-        random id. The engine, the logs and the response all use it. A header a request in
-        flight already runs under (a client's retry) gets a random suffix, as vLLM's engine
-        ids do, so that neither request fails for the other."""
+    def request_id(
+        self, prefix: str, raw_request: Request | None, body_id: str | None = None
+    ) -> str:
+        """vLLM's: `prefix-` and the client's X-Request-Id header if it sent one, else the
+        body's `request_id` (`body_id`), else a random id. The engine, the logs and the
+        response all use it. An id a request in flight already runs under (a client's
+        retry) gets a random suffix, as vLLM's engine ids do, so that neither request fails
+        for the other."""
         given = None if raw_request is None else raw_request.headers.get("X-Request-Id")
+        if body_id and (not given or header_made_here(raw_request)):
+            given = body_id
         if not given:
             return random_id(prefix)
         request_id = f"{prefix}-{given}"

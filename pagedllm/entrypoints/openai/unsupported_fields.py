@@ -27,11 +27,8 @@ _REFUSED: dict[str, tuple[tuple[object, ...], str]] = {
     "use_beam_search": ((False,), "the server runs no beam search (LLM.beam_search does)"),
     "length_penalty": ((1, 1.0), "the server runs no beam search (LLM.beam_search does)"),
     "prompt_embeds": ((), "prompts are text or token ids"),
-    "return_tokens_as_token_ids": ((False,), "not implemented"),
-    "return_token_ids": ((False,), "not implemented"),
     "cache_salt": ((), "the prefix cache is shared by all requests"),
     "priority": ((0,), "requests are scheduled first come, first served"),
-    "request_id": ((), "the server makes the response's id"),
     "kv_transfer_params": ((), "not implemented"),
     "vllm_xargs": ((), "not implemented"),
     "logits_processors": ((), "custom logits processors are set with LLM(...), not per request"),
@@ -61,6 +58,12 @@ _REFUSED_COMPLETION: dict[str, tuple[tuple[object, ...], str]] = {
     "prompt_logprobs": ((), "use echo with logprobs"),
     "add_special_tokens": ((True,), "not implemented"),
 }
+# vLLM's output options, which the generating endpoints implement (SamplingFields').
+_REFUSED_EMBEDDING: dict[str, tuple[tuple[object, ...], str]] = {
+    "return_tokens_as_token_ids": ((False,), "an embedding has no tokens to name"),
+    "return_token_ids": ((False,), "an embedding has no generated tokens"),
+    "request_id": ((), "the server makes the response's id"),
+}
 IGNORED_FIELDS = {
     "metadata",
     "store",
@@ -74,8 +77,12 @@ IGNORED_FIELDS = {
 
 def refused_fields(endpoint: Endpoint) -> dict[str, tuple[tuple[object, ...], str]]:
     """The fields an endpoint refuses, with their accepted no-op values and a reason."""
-    own = {"chat": _REFUSED_CHAT, "completion": _REFUSED_COMPLETION}.get(endpoint, {})
-    return _REFUSED | own
+    own = {
+        "chat": _REFUSED_CHAT,
+        "completion": _REFUSED_COMPLETION,
+        "embedding": _REFUSED_EMBEDDING,
+    }
+    return _REFUSED | own[endpoint]
 
 
 def _asks_nothing(value: object, noop: tuple[object, ...]) -> bool:

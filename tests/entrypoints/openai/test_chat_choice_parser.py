@@ -15,7 +15,7 @@ import pydantic
 import pytest
 from fastapi.testclient import TestClient
 
-from pagedllm import LLM
+from pagedllm import LLM, SamplingParams
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.entrypoints.openai import api_server
 from pagedllm.entrypoints.openai.chat_choice_parser import ChoiceParser
@@ -240,3 +240,31 @@ def test_the_tool_flags_as_vllm_takes_them() -> None:
         api_server.registered(flag, name, TOOL_PARSERS)
     with pytest.raises(ValueError, match=r"'r2' is not one of \['deepseek_r1', 'qwen3'\]"):
         api_server.registered("--reasoning-parser", "r2", REASONING_PARSERS)
+
+
+def test_streamed_token_ids_join_to_the_whole_while_parsers_hold_text_back(
+    serve: Callable, scripted_llm: LLM
+) -> None:
+    """vLLM's return_token_ids with a reasoning and a tool parser: a chunk whose text the
+    parsers hold back (`<think>`, `</think>`, `<tool_call>`, a call's pieces) is still sent,
+    with its ids and an empty delta, so the streamed ids join to the whole answer's: the
+    engine's own (LLM.generate of the prompt's ids)."""
+    options = dict(reasoning_parser="qwen3", tool_call_parser="hermes")
+    fields = {"tools": TOOLS, "extra_body": {"return_token_ids": True}}
+    with serve(**options) as (client, http):
+        whole = ask(client, **fields)
+        body = {"model": "scripted", "messages": MESSAGES, "temperature": 0, "max_tokens": 30}
+        body |= {"tools": TOOLS, "return_token_ids": True, "stream": True}
+        lines = http.post("/v1/chat/completions", json=body).text.splitlines()
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    prompt_ids = whole.model_extra["prompt_token_ids"]
+    ids = whole.choices[0].model_extra["token_ids"]
+    params = SamplingParams(temperature=0, max_tokens=30)
+    (offline,) = scripted_llm.generate({"prompt_token_ids": prompt_ids}, params, use_tqdm=False)
+    assert ids == list(offline.outputs[0].token_ids)
+    assert chunks[0]["prompt_token_ids"] == prompt_ids
+    streamed = [c["choices"][0] for c in chunks]
+    assert [t for c in streamed for t in c["token_ids"]] == ids
+    said = ("content", "reasoning_content", "tool_calls")
+    held = [c for c in streamed if not any(c["delta"].get(k) for k in said)]
+    assert any(c["token_ids"] and c["finish_reason"] is None for c in held)

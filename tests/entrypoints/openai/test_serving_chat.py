@@ -1,10 +1,16 @@
 """POST /v1/chat/completions through the official `openai` client. Reference: the offline
 `LLM.chat` (the tokenizer's chat template, then generate) on the same model."""
 
+import json
+from collections.abc import Iterator
+
 import openai
 import pytest
+from fastapi.testclient import TestClient
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.entrypoints.openai import api_server
 from tests.entrypoints.openai.remote_server import MODEL_NAME
 
 MESSAGES = [
@@ -91,3 +97,73 @@ def test_n_seed_and_stop(client: openai.OpenAI) -> None:
     stopped = client.chat.completions.create(**greedy, stop=stop).choices[0]
     assert stopped.message.content == text[: text.index(stop)]
     assert stopped.finish_reason == "stop"
+
+
+# vLLM's output options: return_token_ids, return_tokens_as_token_ids, request_id.
+
+
+def post_chat(http: TestClient, body: dict, headers: dict | None = None) -> dict | list[dict]:
+    """The JSON answer, or a stream's chunks."""
+    response = http.post("/v1/chat/completions", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    if not body.get("stream"):
+        return response.json()
+    lines = response.text.splitlines()
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+
+
+@pytest.fixture
+def http(offline_llm: LLM) -> Iterator[TestClient]:
+    with TestClient(api_server.build_app(AsyncLLM(offline_llm.llm_engine), [MODEL_NAME])) as c:
+        yield c
+
+
+def test_return_token_ids_are_the_prompts_and_the_engines(
+    http: TestClient, offline_llm: LLM
+) -> None:
+    """vLLM's return_token_ids on chat: the templated prompt's ids at the answer's root
+    (offline LLM.chat's), each choice's generated ids; streamed, the prompt's in the first
+    chunk only and each chunk's new ids, which join to the whole answer's. Not asked: no
+    such keys."""
+    body = {"messages": MESSAGES, "max_tokens": 6, "temperature": 0, "n": 2}
+    (expected,) = offline_llm.chat(
+        MESSAGES, SamplingParams(max_tokens=6, temperature=0), use_tqdm=False
+    )
+    whole = post_chat(http, body | {"return_token_ids": True})
+    assert whole["prompt_token_ids"] == list(expected.prompt_token_ids)
+    for choice in whole["choices"]:
+        assert choice["token_ids"] == list(expected.outputs[0].token_ids)
+    chunks = post_chat(http, body | {"return_token_ids": True, "stream": True})
+    assert chunks[0]["prompt_token_ids"] == whole["prompt_token_ids"]
+    assert all("prompt_token_ids" not in chunk for chunk in chunks[1:])
+    ids: dict[int, list[int]] = {}
+    for choice in (c for chunk in chunks for c in chunk["choices"]):
+        ids[choice["index"]] = ids.get(choice["index"], []) + choice["token_ids"]
+    assert ids == {c["index"]: c["token_ids"] for c in whole["choices"]}
+    plain = post_chat(http, body)
+    chunk = post_chat(http, body | {"stream": True})[0]
+    assert "prompt_token_ids" not in plain and "prompt_token_ids" not in chunk
+    assert not {"token_ids"} & {k for c in plain["choices"] + chunk["choices"] for k in c}
+
+
+def test_return_tokens_as_token_ids_in_chat_logprobs(http: TestClient) -> None:
+    """vLLM's `token_id:<id>` names for the chosen tokens and the top alternatives; the
+    bytes stay each token's own, which joined give the content."""
+    body = {"messages": MESSAGES, "max_tokens": 6, "temperature": 0, "logprobs": True}
+    body |= {"top_logprobs": 2, "return_token_ids": True, "return_tokens_as_token_ids": True}
+    (choice,) = post_chat(http, body)["choices"]
+    content = choice["logprobs"]["content"]
+    assert [e["token"] for e in content] == [f"token_id:{t}" for t in choice["token_ids"]]
+    assert all(e["top_logprobs"][0]["token"] == e["token"] for e in content)  # greedy
+    assert all(t["token"].startswith("token_id:") for e in content for t in e["top_logprobs"])
+    joined = b"".join(bytes(e["bytes"]) for e in content)
+    assert joined.decode() == choice["message"]["content"]
+
+
+def test_request_id_in_the_body_is_the_ids_base_unless_a_header_gives_one(
+    http: TestClient,
+) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 1, "request_id": "from-body"}
+    assert post_chat(http, body)["id"] == "chatcmpl-from-body"
+    assert post_chat(http, body | {"stream": True})[0]["id"] == "chatcmpl-from-body"
+    assert post_chat(http, body, {"X-Request-Id": "hdr"})["id"] == "chatcmpl-hdr"

@@ -4,6 +4,7 @@
 import itertools
 import json
 import time
+from collections.abc import Iterator
 
 import openai
 import pytest
@@ -225,3 +226,89 @@ def test_truncate_prompt_tokens_keeps_the_prompts_end(
         client.completions.create(
             model=MODEL_NAME, prompt=ids, extra_body={"truncate_prompt_tokens": 0}, **greedy
         )
+
+
+# vLLM's output options: return_token_ids, return_tokens_as_token_ids, request_id.
+
+
+def _post(http: TestClient, body: dict, headers: dict | None = None) -> dict | list[dict]:
+    """The JSON answer, or a stream's chunks."""
+    response = http.post("/v1/completions", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    if not body.get("stream"):
+        return response.json()
+    lines = response.text.splitlines()
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+
+
+@pytest.fixture
+def http(offline_llm: LLM) -> Iterator[TestClient]:
+    with TestClient(api_server.build_app(AsyncLLM(offline_llm.llm_engine), [MODEL_NAME])) as c:
+        yield c
+
+
+@pytest.mark.parametrize("echo", [False, True])
+def test_return_token_ids_are_the_prompts_and_the_engines(
+    http: TestClient, offline_llm: LLM, echo: bool
+) -> None:
+    """vLLM's return_token_ids: per choice the prompt's ids (the tokenizer's encoding) and
+    the generated ids (offline LLM.generate's; with echo still only the generated ones),
+    streamed: the prompt's once, in the choice's first chunk, and each chunk's new ids,
+    which join to the whole answer's. Not asked: no such keys."""
+    prompts = PROMPTS[:2]
+    body = {"prompt": prompts, "max_tokens": 5, "temperature": 0, "n": 2, "echo": echo}
+    whole = _post(http, body | {"return_token_ids": True})
+    expected = offline(offline_llm, prompts, max_tokens=5, temperature=0)
+    encode = offline_llm.get_tokenizer().encode
+    for choice in whole["choices"]:
+        i = choice["index"] // 2
+        assert choice["prompt_token_ids"] == encode(prompts[i])
+        assert choice["token_ids"] == list(expected[i].outputs[0].token_ids)
+        assert choice["text"] == (prompts[i] if echo else "") + expected[i].outputs[0].text
+    chunks = _post(http, body | {"return_token_ids": True, "stream": True})
+    prompt_ids, ids = {}, {}
+    for choice in (c for chunk in chunks for c in chunk["choices"]):
+        if "prompt_token_ids" in choice:
+            assert choice["index"] not in ids and choice["index"] not in prompt_ids
+            prompt_ids[choice["index"]] = choice["prompt_token_ids"]
+        ids[choice["index"]] = ids.get(choice["index"], []) + choice["token_ids"]
+    assert prompt_ids == {c["index"]: c["prompt_token_ids"] for c in whole["choices"]}
+    assert ids == {c["index"]: c["token_ids"] for c in whole["choices"]}
+    plain = _post(http, body)["choices"] + _post(http, body | {"stream": True})[0]["choices"]
+    assert not {"prompt_token_ids", "token_ids"} & {key for c in plain for key in c}
+
+
+def test_return_tokens_as_token_ids_names_every_token_by_id(offline_llm: LLM) -> None:
+    """vLLM's `token_id:<id>` names, the chosen tokens' and the alternatives'; the server's
+    --return-tokens-as-token-ids makes them the default, which a request may turn off."""
+    body = {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0, "logprobs": 2}
+    body |= {"return_token_ids": True}
+    app = api_server.build_app(
+        AsyncLLM(offline_llm.llm_engine), [MODEL_NAME], return_tokens_as_token_ids=True
+    )
+    with TestClient(app) as http:
+        (by_default,) = _post(http, body)["choices"]
+        (turned_off,) = _post(http, body | {"return_tokens_as_token_ids": False})["choices"]
+        streamed = _post(http, body | {"stream": True})
+    names = [f"token_id:{t}" for t in by_default["token_ids"]]
+    assert by_default["logprobs"]["tokens"] == names
+    for name, top in zip(names, by_default["logprobs"]["top_logprobs"]):
+        assert name in top and all(key.startswith("token_id:") for key in top)
+    assert [t for ch in streamed for c in ch["choices"] for t in c["logprobs"]["tokens"]] == names
+    assert "".join(turned_off["logprobs"]["tokens"]) == turned_off["text"]
+
+
+def test_request_id_in_the_body_is_the_ids_base_unless_a_header_gives_one(
+    offline_llm: LLM,
+) -> None:
+    """vLLM's `request_id` field: `cmpl-<request_id>`; the X-Request-Id header wins, and
+    with --enable-request-id-headers a header the server made up yields to the body's."""
+    body = {"prompt": PROMPTS[0], "max_tokens": 1, "request_id": "from-body"}
+    for headers_flag in (False, True):
+        app = api_server.build_app(
+            AsyncLLM(offline_llm.llm_engine), [MODEL_NAME], request_id_headers=headers_flag
+        )
+        with TestClient(app) as http:
+            assert _post(http, body)["id"] == "cmpl-from-body"
+            assert _post(http, body, {"X-Request-Id": "hdr"})["id"] == "cmpl-hdr"
+            assert _post(http, body | {"stream": True})[0]["id"] == "cmpl-from-body"

@@ -29,6 +29,8 @@ MESSAGES = [{"role": "user", "content": "hi"}]
         ("completion", "suffix", "x"),
         ("completion", "use_beam_search", True),
         ("completion", "best_of", True),
+        ("embedding", "return_token_ids", True),
+        ("embedding", "request_id", "abc"),
     ],
 )
 def test_refused_fields_are_a_400_naming_them(endpoint: str, field: str, value: object) -> None:
