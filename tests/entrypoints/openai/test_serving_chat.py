@@ -1,7 +1,6 @@
 """POST /v1/chat/completions through the official `openai` client. Reference: the offline
 `LLM.chat` (the tokenizer's chat template, then generate) on the same model."""
 
-import json
 from collections.abc import Iterator
 
 import openai
@@ -11,6 +10,7 @@ from fastapi.testclient import TestClient
 from pagedllm import LLM, SamplingParams
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.entrypoints.openai import api_server
+from tests.entrypoints.openai.app_client import post
 from tests.entrypoints.openai.remote_server import MODEL_NAME
 
 MESSAGES = [
@@ -103,13 +103,7 @@ def test_n_seed_and_stop(client: openai.OpenAI) -> None:
 
 
 def post_chat(http: TestClient, body: dict, headers: dict | None = None) -> dict | list[dict]:
-    """The JSON answer, or a stream's chunks."""
-    response = http.post("/v1/chat/completions", json=body, headers=headers)
-    assert response.status_code == 200, response.text
-    if not body.get("stream"):
-        return response.json()
-    lines = response.text.splitlines()
-    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    return post(http, "/v1/chat/completions", body, headers)
 
 
 @pytest.fixture

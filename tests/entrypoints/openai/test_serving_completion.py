@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from pagedllm import LLM, SamplingParams
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.entrypoints.openai import api_server
+from tests.entrypoints.openai.app_client import post
 from tests.entrypoints.openai.remote_server import MODEL_NAME
 
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,"]
@@ -232,13 +233,7 @@ def test_truncate_prompt_tokens_keeps_the_prompts_end(
 
 
 def _post(http: TestClient, body: dict, headers: dict | None = None) -> dict | list[dict]:
-    """The JSON answer, or a stream's chunks."""
-    response = http.post("/v1/completions", json=body, headers=headers)
-    assert response.status_code == 200, response.text
-    if not body.get("stream"):
-        return response.json()
-    lines = response.text.splitlines()
-    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    return post(http, "/v1/completions", body, headers)
 
 
 @pytest.fixture
