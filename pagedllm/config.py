@@ -1,7 +1,6 @@
 """Model configuration: where the model is, its HF config, dtype and context length."""
 
 import importlib.util
-import math
 import os
 import socket
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from pagedllm.pooler_config import (
 )
 from pagedllm.sampling_defaults import override_max_tokens, sampling_defaults
 from pagedllm.sampling_params import DEFAULT_MAX_N, SamplingParams
-from pagedllm.value_checks import as_json_object
+from pagedllm.value_checks import as_json_object, env_number
 
 logger = init_logger(__name__)
 
@@ -461,16 +460,8 @@ default when neither it nor num_kv_blocks is given (unset or 0: a share of free 
 
 
 def env_cpu_kv_cache_bytes() -> int | None:
-    value = os.environ.get(CPU_KVCACHE_SPACE_ENV, "").strip()
-    if not value:
-        return None
-    try:
-        gib = float(value)
-    except ValueError:
-        gib = math.nan
-    if not 0 <= gib < math.inf:
-        raise ValueError(f"{CPU_KVCACHE_SPACE_ENV}={value!r} must be a number of GiB >= 0")
-    return int(gib * 1024**3) or None
+    gib = env_number(CPU_KVCACHE_SPACE_ENV, "GiB", positive=False)
+    return None if gib is None else int(gib * 1024**3) or None
 
 
 @dataclass

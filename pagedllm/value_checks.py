@@ -4,6 +4,7 @@ Unicode, token ids in the vocabulary. SamplingParams builds its checks from thes
 
 import json
 import math
+import os
 
 _MAX_LOGIT_BIAS = 100.0
 _FLOAT32_MAX = 3.4028234663852886e38  # larger values overflow to inf in the sampler
@@ -108,3 +109,20 @@ def as_truncate_prompt_tokens(value: object) -> int | None:
             f"truncate_prompt_tokens {keep} must be >= 1, or -1 for max_model_len (or None)"
         )
     return keep
+
+
+def env_number(name: str, unit: str, positive: bool) -> float | None:
+    """The number environment variable `name` holds: None when it is unset or empty, else a
+    finite number >= 0 (> 0 where `positive`), or a ValueError naming the variable."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 if positive else value >= 0) or value == math.inf:
+        raise ValueError(
+            f"{name}={text!r} must be a number of {unit} {'>' if positive else '>='} 0"
+        )
+    return value

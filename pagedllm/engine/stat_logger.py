@@ -15,13 +15,12 @@ to 0 is seen), at DEBUG otherwise: an idle server shows nothing, as vLLM's.
 """
 
 import logging
-import math
-import os
 import time
 from dataclasses import dataclass
 
 from pagedllm.engine.stats import EngineStats
 from pagedllm.logger import init_logger
+from pagedllm.value_checks import env_number
 
 logger = init_logger(__name__)
 
@@ -32,16 +31,9 @@ DEFAULT_LOG_STATS_INTERVAL_S = 10.0
 def log_stats_interval() -> float:
     """Seconds between lines: the first of LOG_STATS_INTERVAL_ENVS set, else vLLM's 10."""
     for name in LOG_STATS_INTERVAL_ENVS:
-        value = os.environ.get(name, "").strip()
-        if not value:
-            continue
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = math.nan
-        if not 0 < seconds < math.inf:
-            raise ValueError(f"{name}={value!r} must be a number of seconds > 0")
-        return seconds
+        seconds = env_number(name, "seconds", positive=True)
+        if seconds is not None:
+            return seconds
     return DEFAULT_LOG_STATS_INTERVAL_S
 
 

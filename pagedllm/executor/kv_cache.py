@@ -96,18 +96,19 @@ def check_cpu_kv_cache_fits(config: EngineConfig, cache_bytes: int) -> None:
     what = f"the KV cache ({total / gib:.2f} GiB" + (
         f" over {sharers} caches)" if sharers > 1 else ")"
     )
-    if total > _meminfo_bytes("MemTotal"):
+    machine = _meminfo_bytes("MemTotal")
+    if total > machine:
         raise ValueError(
-            f"{what} is larger than this machine's memory "
-            f"({_meminfo_bytes('MemTotal') / gib:.2f} GiB); lower kv_cache_memory_bytes / "
-            "num_kv_blocks"
+            f"{what} is larger than this machine's memory ({machine / gib:.2f} GiB); lower "
+            "kv_cache_memory_bytes / num_kv_blocks"
         )
-    if total > _meminfo_bytes("MemAvailable"):
+    free = _meminfo_bytes("MemAvailable")
+    if total > free:
         logger.warning(
             "%s is larger than the memory free now (%.2f GiB): the process may be killed "
             "once the cache fills; lower kv_cache_memory_bytes / num_kv_blocks",
             what,
-            _meminfo_bytes("MemAvailable") / gib,
+            free / gib,
         )
 
 

@@ -119,7 +119,7 @@ def _config_flags(path: str, known: set[str]) -> tuple[list[str], str | None]:
     model = config.pop("model", None)
     flags: list[str] = []
     for key, value in config.items():
-        flag = "--" + str(key).removeprefix("--").replace("_", "-")
+        flag = _dashed("--" + str(key).removeprefix("--"))
         if value is None:
             continue
         if isinstance(value, bool):
