@@ -172,7 +172,7 @@ class LLM:
         prompts = []
         for conversation in conversations:
             conversation = [template_message(m, i) for i, m in enumerate(conversation)]
-            text = render_chat(
+            text, ids = render_chat(
                 tokenizer,
                 conversation,
                 chat_template=chat_template,
@@ -181,9 +181,7 @@ class LLM:
                 tools=tools,
                 **(chat_template_kwargs or {}),
             )
-            # As transformers' tokenize=True: the template places the special tokens. The
-            # text is the output's `prompt`, as vLLM's LLM.chat gives it.
-            ids = tokenizer.encode(text, add_special_tokens=False)
+            # The text is the output's `prompt`, as vLLM's LLM.chat gives it.
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm)
 

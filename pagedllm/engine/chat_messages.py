@@ -8,14 +8,18 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def render_chat(tokenizer: Any, conversation: list[dict[str, Any]], **kwargs: Any) -> str:
+def render_chat(
+    tokenizer: Any, conversation: list[dict[str, Any]], **kwargs: Any
+) -> tuple[str, list[int]]:
     """The conversation's prompt text through the tokenizer's chat template (`kwargs`:
-    apply_chat_template's); whatever the template raises (a role or order it refuses) is a
-    ValueError naming it."""
+    apply_chat_template's) and its token ids, without special tokens added again (the
+    template places them, as transformers' tokenize=True). Whatever the template raises (a
+    role or order it refuses) is a ValueError naming it."""
     try:
-        return tokenizer.apply_chat_template(conversation, tokenize=False, **kwargs)
+        text = tokenizer.apply_chat_template(conversation, tokenize=False, **kwargs)
     except Exception as e:  # noqa: BLE001 - templates raise anything
         raise ValueError(f"cannot apply the chat template: {e}") from e
+    return text, tokenizer.encode(text, add_special_tokens=False)
 
 
 def template_message(message: object, index: int = 0) -> dict[str, Any]:

@@ -32,10 +32,9 @@ def run(args: argparse.Namespace) -> None:
     params = sampling_params_from_args(args, output_kind=RequestOutputKind.DELTA)
     for turn in iter_turns():
         messages.append({"role": "user", "content": turn})
-        text = render_chat(tokenizer, messages, add_generation_prompt=True)
-        ids = tokenizer.encode(text, add_special_tokens=False)  # the template placed them
+        _, ids = render_chat(tokenizer, messages, add_generation_prompt=True)
         reply = []
-        engine.add_request(f"chat-{len(messages)}", {"prompt_token_ids": list(ids)}, params)
+        engine.add_request(f"chat-{len(messages)}", {"prompt_token_ids": ids}, params)
         while engine.has_unfinished_requests():
             for output in engine.step():
                 reply.append(output.outputs[0].text)

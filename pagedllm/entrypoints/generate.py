@@ -51,8 +51,7 @@ def to_engine_prompt(engine: LLMEngine, prompt: str, use_chat: bool | None) -> s
     if tokenizer is None:
         raise ValueError("--chat needs a tokenizer, but --skip-tokenizer-init is set")
     messages = [{"role": "user", "content": prompt}]
-    text = render_chat(tokenizer, messages, add_generation_prompt=True)
-    ids = tokenizer.encode(text, add_special_tokens=False)  # the template placed them
+    _, ids = render_chat(tokenizer, messages, add_generation_prompt=True)
     return {"prompt": prompt, "prompt_token_ids": ids}
 
 
