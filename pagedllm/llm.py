@@ -15,6 +15,7 @@ from pagedllm.beam_search import BeamSearchOutput, beam_search
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.chat_messages import render_chat, template_message
 from pagedllm.engine.data_parallel import make_engine
+from pagedllm.engine.input_processor import prompt_text_and_ids
 from pagedllm.engine.stat_logger import LoggingStatLogger, kv_cache_label, log_stats_interval
 from pagedllm.engine.tokenizer import eos_token_ids, generation_config_dict, model_eos_token_id
 from pagedllm.inputs import PromptType
@@ -117,7 +118,8 @@ class LLM:
                 f"logprobs a step, more than max_logprobs={cap}: raise max_logprobs"
             )
         tokenizer = self.llm_engine.tokenizer  # None: token prompts only, no text
-        token_prompts = [self._prompt_token_ids(p) for p in _as_prompt_list(prompts)]
+        token_prompts = [prompt_text_and_ids(p, tokenizer)[1] for p in _as_prompt_list(prompts)]
+        eos = self._eos_token_ids()
         limit = concurrency_limit or len(token_prompts) or 1
         groups = range(0, len(token_prompts), limit)
         outputs = []
@@ -126,7 +128,7 @@ class LLM:
                 lambda batch, step: self.generate(batch, step, use_tqdm=False),
                 token_prompts[start : start + limit],
                 params,
-                self._eos_token_ids(),
+                eos,
                 self.llm_engine.config.model_config.max_model_len,
                 tokenizer.decode if tokenizer is not None else lambda ids: None,
             )
@@ -136,14 +138,6 @@ class LLM:
         model_config = self.llm_engine.config.model_config
         eos = model_eos_token_id(model_config, self.llm_engine.tokenizer)
         return eos_token_ids(eos, generation_config_dict(model_config))
-
-    def _prompt_token_ids(self, prompt: PromptType) -> list[int]:
-        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            return list(prompt["prompt_token_ids"])
-        text = prompt["prompt"] if isinstance(prompt, dict) else prompt
-        if not isinstance(text, str):
-            raise TypeError(f"a beam search prompt must be a str or a prompt dict, got {text!r}")
-        return self.get_tokenizer().encode(text)
 
     def chat(
         self,

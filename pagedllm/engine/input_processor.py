@@ -42,6 +42,30 @@ def check_token_ids(token_ids: Sequence[int], vocab_size: int, name: str = "prom
         raise ValueError(f"{name} token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
 
 
+def prompt_text_and_ids(
+    prompt: PromptType, tokenizer: PreTrainedTokenizerBase | None
+) -> tuple[str | None, list[int]]:
+    """A prompt's text (if it has one) and token ids: a text prompt tokenized with
+    `tokenizer`'s special tokens, token ids as they are (vLLM's prompt forms)."""
+    text, token_ids = None, None
+    if isinstance(prompt, dict):
+        check_prompt_dict(prompt)
+        text, token_ids = prompt.get("prompt"), prompt.get("prompt_token_ids")
+    elif isinstance(prompt, str):
+        text = prompt
+    elif isinstance(prompt, list | tuple):
+        token_ids = list(prompt)
+    else:
+        raise TypeError(f"prompt must be a str, a list of token ids or a dict, got {prompt!r}")
+    if token_ids is None:
+        if text is None:
+            raise ValueError("prompt dict needs 'prompt' or 'prompt_token_ids'")
+        if tokenizer is None:
+            raise ValueError("text prompts need a tokenizer (skip_tokenizer_init is set)")
+        token_ids = tokenizer.encode(text)
+    return text, list(token_ids)
+
+
 class InputProcessor:
     def __init__(
         self,
@@ -139,22 +163,7 @@ class InputProcessor:
     ) -> tuple[str | None, list[int]]:
         """The prompt's text (if it has one) and token ids, cut to the last `keep` (vLLM's
         truncate_prompt_tokens; -1: max_model_len), then checked."""
-        text, token_ids = None, None
-        if isinstance(prompt, dict):
-            check_prompt_dict(prompt)
-            text, token_ids = prompt.get("prompt"), prompt.get("prompt_token_ids")
-        elif isinstance(prompt, str):
-            text = prompt
-        elif isinstance(prompt, list | tuple):
-            token_ids = list(prompt)
-        else:
-            raise TypeError(f"prompt must be a str, a list of token ids or a dict, got {prompt!r}")
-        if token_ids is None:
-            if text is None:
-                raise ValueError("prompt dict needs 'prompt' or 'prompt_token_ids'")
-            if self.tokenizer is None:
-                raise ValueError("text prompts need a tokenizer (skip_tokenizer_init is set)")
-            token_ids = self.tokenizer.encode(text)
+        text, token_ids = prompt_text_and_ids(prompt, self.tokenizer)
         token_ids = truncated_prompt(token_ids, keep, self.config.model_config.max_model_len)
         self._check_prompt_ids(token_ids)
         return text, token_ids
