@@ -3,6 +3,7 @@ embedding model. Reference: the cosine similarity, computed here, of transformer
 hidden states (tests/embedding_models.py) of the tokenizer's ids; vLLM's pairing (1:N, N:N),
 its usage count (each pair's ids with the pad token between them) and its response shapes."""
 
+import logging
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -15,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pagedllm import LLM
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.entrypoints.openai import api_server
+from pagedllm.entrypoints.openai.request_logger import RequestLogger
 from tests.embedding_models import embedding_folder, hf_embedding
 
 MODEL = "tiny-embed"
@@ -35,9 +37,11 @@ def folder(tiny_model_path: Callable[[str], str], tmp_path_factory: pytest.TempP
     return folder
 
 
-def app_client(folder: str, **kwargs: object) -> Iterator[TestClient]:
+def app_client(
+    folder: str, request_logger: RequestLogger | None = None, **kwargs: object
+) -> Iterator[TestClient]:
     llm = LLM(folder, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=32, **kwargs)
-    app = api_server.build_app(AsyncLLM(llm.llm_engine), [MODEL])
+    app = api_server.build_app(AsyncLLM(llm.llm_engine), [MODEL], request_logger=request_logger)
     with TestClient(app) as client:
         yield client
     llm.close()
@@ -262,3 +266,20 @@ def test_openapi_schema_describes_every_path(http: TestClient) -> None:
         assert "400" in schema["paths"][path]["post"]["responses"]
     for name in ("ScoreRequest", "ScoreResponse", "RerankRequest", "RerankResponse"):
         assert name in schema["components"]["schemas"]
+
+
+def test_enable_log_requests_logs_each_text_under_the_answers_id(folder: str) -> None:
+    """--enable-log-requests: one line per text, `<id>-N` as /v1/embeddings logs its inputs."""
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("pagedllm.requests").addHandler(handler)
+    try:
+        for http in app_client(folder, RequestLogger(), runner="pooling"):
+            headers = {"X-Request-Id": "abc"}
+            body = {"query": "q", "documents": ["d1", "d2"]}
+            assert http.post("/rerank", json=body, headers=headers).status_code == 200
+    finally:
+        logging.getLogger("pagedllm.requests").removeHandler(handler)
+    ids = [line.split(":")[0].removeprefix("Received request ") for line in records]
+    assert ids == ["rerank-abc-0", "rerank-abc-1", "rerank-abc-2"]
