@@ -10,6 +10,8 @@ from pagedllm.outputs import (
     Logprob,
     PoolingRequestOutput,
     RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
 )
 from pagedllm.pooler_config import PoolerConfig
 from pagedllm.pooling_params import PoolingParams
@@ -30,6 +32,8 @@ __all__ = [
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
+    "ScoringOutput",
+    "ScoringRequestOutput",
     "TextPrompt",
     "TokensPrompt",
 ]

@@ -1,5 +1,5 @@
 """LLM: the offline API (vLLM's `LLM`): generate and chat over a batch of prompts, or, on
-a pooling model, encode and embed them."""
+a pooling model, encode, embed and score them."""
 
 import itertools
 import signal
@@ -19,9 +19,15 @@ from pagedllm.engine.input_processor import prompt_text_and_ids
 from pagedllm.engine.stat_logger import LoggingStatLogger, kv_cache_label, log_stats_interval
 from pagedllm.engine.tokenizer import eos_token_ids, generation_config_dict, model_eos_token_id
 from pagedllm.inputs import PromptType
-from pagedllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from pagedllm.outputs import (
+    EmbeddingRequestOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringRequestOutput,
+)
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from pagedllm.scoring import as_score_inputs, check_score_lengths, cosine_scores
 
 ChatMessages = list[dict[str, str]]
 
@@ -222,6 +228,40 @@ class LLM:
             lora_request=lora_request,
         )
         return [EmbeddingRequestOutput.from_base(o) for o in outputs]
+
+    def score(
+        self,
+        data_1: PromptType | Sequence[PromptType],
+        data_2: PromptType | Sequence[PromptType],
+        /,
+        *,
+        use_tqdm: bool = True,
+        pooling_params: PoolingParams | None = None,
+        truncate_prompt_tokens: int | None = None,
+        lora_request: object = None,
+    ) -> list[ScoringRequestOutput]:
+        """vLLM's `LLM.score` on an embedding model: the cosine similarity of each pair's
+        embeddings, one ScoringRequestOutput per pair, in order. One prompt against N gives
+        N scores, N against N pairs them; any other lengths raise ValueError
+        (pagedllm/scoring.py)."""
+        if self.llm_engine.config.model_config.runner_type != "pooling":
+            raise ValueError(
+                "LLM.score() is only supported for pooling models; pass runner='pooling' "
+                "(--runner pooling) to use the model as an embedding model"
+            )
+        prompts_1, prompts_2 = as_score_inputs(data_1), as_score_inputs(data_2)
+        check_score_lengths(len(prompts_1), len(prompts_2), ("data_1", "data_2"))
+        outputs = self.encode(
+            prompts_1 + prompts_2,
+            pooling_params,
+            use_tqdm,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            lora_request=lora_request,
+        )
+        tokenizer = self.llm_engine.tokenizer
+        pad_token_id = None if tokenizer is None else tokenizer.pad_token_id
+        split = len(prompts_1)
+        return cosine_scores(outputs[:split], outputs[split:], pad_token_id)
 
     def _run(self, prompts: list[PromptType], params: list, use_tqdm: bool) -> list:
         """Add a request per prompt and run the engine until each is finished; whatever

@@ -145,3 +145,22 @@ class EmbeddingRequestOutput:
     def from_base(cls, output: PoolingRequestOutput) -> "EmbeddingRequestOutput":
         embedding = EmbeddingOutput(output.outputs.data.tolist())
         return cls(output.request_id, embedding, output.prompt_token_ids, output.finished)
+
+
+@dataclass
+class ScoringOutput:
+    """vLLM's: the score of one pair of texts (for an embedding model, the cosine
+    similarity of their embeddings)."""
+
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    """What `LLM.score` returns per pair (vLLM's): `outputs.score`; `prompt_token_ids` are
+    the pair's (pagedllm/scoring.py), `request_id` joins the two texts' ids with `_`."""
+
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool

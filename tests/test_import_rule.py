@@ -19,7 +19,7 @@ LAYERS = (
     ("sample", "structured_output", "forward_context", "distributed"),
     ("_custom_ops",),
     ("_cpu_kernels", "_torch_ops", "_torch_quant", "_triton_ops"),
-    ("config", "beam_search"),
+    ("config", "beam_search", "scoring"),
     (
         "gguf",
         "inputs",

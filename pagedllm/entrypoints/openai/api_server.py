@@ -1,11 +1,11 @@
 """`pagedllm serve [MODEL]`: an OpenAI-compatible HTTP server over the AsyncLLM.
 
-Routes: POST /v1/completions, /v1/chat/completions, /v1/embeddings (pooling models),
-/v1/responses (with GET and DELETE /v1/responses/{id} and POST /v1/responses/{id}/cancel),
-Anthropic's /v1/messages and /v1/messages/count_tokens, GET /v1/models (all /v1 routes
-guarded by --api-key), and POST /tokenize, /detokenize, GET /health, /version, /metrics.
-FastAPI serves the
-OpenAPI schema at /openapi.json and its docs at /docs.
+Routes: POST /v1/completions, /v1/chat/completions, /v1/embeddings, /score, /v1/score,
+/rerank, /v1/rerank and /v2/rerank (the last six on pooling models), /v1/responses (with
+GET and DELETE /v1/responses/{id} and POST /v1/responses/{id}/cancel), Anthropic's
+/v1/messages and /v1/messages/count_tokens, GET /v1/models (all /v1 routes guarded by
+--api-key), and POST /tokenize, /detokenize, GET /health, /version, /metrics. FastAPI
+serves the OpenAPI schema at /openapi.json and its docs at /docs.
 
 Run as `pagedllm serve ...` or `python -m pagedllm.entrypoints.openai.api_server ...`.
 """
@@ -59,6 +59,7 @@ from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompleti
 from pagedllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from pagedllm.entrypoints.openai.serving_messages import AnthropicServingMessages
 from pagedllm.entrypoints.openai.serving_responses import OpenAIServingResponses
+from pagedllm.entrypoints.openai.serving_score import OpenAIServingScore
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.entrypoints.openai.tool_format import detect_tool_call_parser
 from pagedllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
@@ -184,6 +185,7 @@ def build_app(
         *shared, chat_template, tool_parser=TOOL_PARSERS[tool_format]
     )
     app.state.serving_embedding = OpenAIServingEmbedding(*shared)
+    app.state.serving_score = OpenAIServingScore(app.state.serving_embedding)
     for serving in (app.state.serving_completion, app.state.serving_chat):
         serving.request_logger = request_logger
         serving.force_include_usage = force_include_usage
@@ -301,8 +303,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve MODEL (default: the embedded SmolLM2-135M-Instruct) at "
         "/v1/completions, /v1/chat/completions, /v1/responses, Anthropic's /v1/messages, "
-        "/v1/embeddings (--runner pooling) and /v1/models, plus /tokenize, /detokenize, "
-        "/health, /version and /metrics.",
+        "/v1/embeddings, /v1/score and /v1/rerank (--runner pooling) and /v1/models, plus "
+        "/score, /rerank, /tokenize, /detokenize, /health, /version and /metrics.",
     )
     make_arg_parser(parser)
     parser.set_defaults(func=run)

@@ -41,6 +41,12 @@ from pagedllm.entrypoints.openai.responses_protocol import (
     ResponseObject,
     ResponsesRequest,
 )
+from pagedllm.entrypoints.openai.score_protocol import (
+    RerankRequest,
+    RerankResponse,
+    ScoreRequest,
+    ScoreResponse,
+)
 
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 500, 503)}
 _ANTHROPIC_ERRORS = {
@@ -97,6 +103,19 @@ async def create_chat_completion(request: ChatCompletionRequest, raw_request: Re
 @router.post("/v1/embeddings", responses=_ERRORS)
 async def create_embedding(request: EmbeddingRequest, raw_request: Request) -> EmbeddingResponse:
     return await raw_request.app.state.serving_embedding.create_embedding(request, raw_request)
+
+
+@router.post("/score", responses=_ERRORS, operation_id="create_score")
+@router.post("/v1/score", responses=_ERRORS, operation_id="create_score_v1")
+async def create_score(request: ScoreRequest, raw_request: Request) -> ScoreResponse:
+    return await raw_request.app.state.serving_score.create_score(request, raw_request)
+
+
+@router.post("/rerank", responses=_ERRORS, operation_id="do_rerank")
+@router.post("/v1/rerank", responses=_ERRORS, operation_id="do_rerank_v1")
+@router.post("/v2/rerank", responses=_ERRORS, operation_id="do_rerank_v2")
+async def do_rerank(request: RerankRequest, raw_request: Request) -> RerankResponse:
+    return await raw_request.app.state.serving_score.do_rerank(request, raw_request)
 
 
 @router.post("/v1/responses", response_model=ResponseObject, responses={**_ERRORS, **_SSE})

@@ -1,6 +1,7 @@
 """POST /v1/embeddings (OpenAI's): one embedding per input, pooled by a pooling model
 (`--runner pooling`, or a sentence-transformers folder). A server of a generating model
-answers 400, as vLLM does."""
+answers 400, as vLLM does. The score and rerank endpoints (serving_score.py) embed their
+texts through the same checks and `pool`."""
 
 import base64
 import time
@@ -31,23 +32,12 @@ class OpenAIServingEmbedding(OpenAIServing):
     ) -> EmbeddingResponse:
         arrival_time = time.monotonic()
         model = self.check_model(request.model)
-        if self.engine.config.model_config.runner_type != "pooling":
-            raise OpenAIError(
-                "The model does not support the Embeddings API: this server generates; "
-                "serve an embedding model with --runner pooling",
-                param="model",
-            )
+        self.check_pooling("Embeddings")
         check_unsupported_fields(request.model_extra, "embedding")
         params = self._pooling_params(request)
         prompts = await self._prompts(request)
         request_id = self.request_id("embd", raw_request)
-        streams = []
-        for i, ids in enumerate(prompts):
-            prompt, prompt_id = {"prompt_token_ids": ids}, f"{request_id}-{i}"
-            outputs = self.engine.encode(prompt, params, prompt_id)
-            outputs = self.logged(prompt_id, prompt, params, outputs)
-            streams.append(self.metrics.track_pooling(outputs, arrival_time))
-        outputs = await until_disconnected(_collect(streams), raw_request)
+        outputs = await self.pool(prompts, params, request_id, raw_request, arrival_time)
         data = [
             EmbeddingResponseData(index=i, embedding=_encode(o.outputs.data, request))
             for i, o in enumerate(outputs)
@@ -60,6 +50,50 @@ class OpenAIServingEmbedding(OpenAIServing):
             data=data,
             usage=EmbeddingUsage(prompt_tokens=num_tokens, total_tokens=num_tokens),
         )
+
+    def check_pooling(self, api: str) -> None:
+        """A 400 naming the `api` ("Embeddings", "Score", ...) on a generating server, as
+        vLLM's."""
+        if self.engine.config.model_config.runner_type != "pooling":
+            raise OpenAIError(
+                f"The model does not support the {api} API: this server generates; "
+                "serve an embedding model with --runner pooling",
+                param="model",
+            )
+
+    async def pool(
+        self,
+        prompts: list[TokenIds],
+        params: PoolingParams,
+        request_id: str,
+        raw_request: Request,
+        arrival_time: float,
+    ) -> list[PoolingRequestOutput]:
+        """Each prompt's pooled output, in order: the engine runs the Nth as
+        `<request_id>-N`, logged (--enable-log-requests) and counted in /metrics."""
+        streams = []
+        for i, ids in enumerate(prompts):
+            prompt, prompt_id = {"prompt_token_ids": ids}, f"{request_id}-{i}"
+            outputs = self.engine.encode(prompt, params, prompt_id)
+            outputs = self.logged(prompt_id, prompt, params, outputs)
+            streams.append(self.metrics.track_pooling(outputs, arrival_time))
+        return await until_disconnected(_collect(streams), raw_request)
+
+    def check_prompt(self, ids: TokenIds, param: str) -> list[int]:
+        """A 400 naming `param` for an empty prompt, one longer than max_model_len, or a
+        token id outside the vocabulary."""
+        if not ids:
+            raise OpenAIError(
+                f"{param} holds an empty prompt (0 tokens); give at least 1", param=param
+            )
+        if len(ids) > self.max_model_len:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens, but "
+                f"a prompt of {param} has {len(ids)} tokens.",
+                param=param,
+                code="context_length_exceeded",
+            )
+        return self.check_token_ids(ids, param)
 
     def _pooling_params(self, request: EmbeddingRequest) -> PoolingParams:
         """The request's PoolingParams, checked against the model here too (the engine
@@ -83,17 +117,7 @@ class OpenAIServingEmbedding(OpenAIServing):
         else:
             prompts = await self._input_ids(request.input, request.add_special_tokens is not False)
         prompts = [self.truncated(ids, request.truncate_prompt_tokens) for ids in prompts]
-        for ids in prompts:
-            if not ids:
-                raise OpenAIError("an input is empty (0 tokens); give at least 1", param="input")
-            if len(ids) > self.max_model_len:
-                raise OpenAIError(
-                    f"This model's maximum context length is {self.max_model_len} tokens, but "
-                    f"an input has {len(ids)} tokens.",
-                    param="input",
-                    code="context_length_exceeded",
-                )
-        return [self.check_token_ids(ids, "input") for ids in prompts]
+        return [self.check_prompt(ids, "input") for ids in prompts]
 
     async def _input_ids(self, inputs: EmbeddingInput, add_special_tokens: bool) -> list[TokenIds]:
         """`input`'s items as token ids; an empty text or list is a 400, as OpenAI's."""

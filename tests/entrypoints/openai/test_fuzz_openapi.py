@@ -30,6 +30,8 @@ POST_PATHS = [
     "/v1/chat/completions",
     "/v1/responses",
     "/v1/embeddings",
+    "/v1/score",
+    "/v1/rerank",
     "/tokenize",
     "/detokenize",
 ]

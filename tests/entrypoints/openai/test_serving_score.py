@@ -1,0 +1,285 @@
+"""vLLM's score and rerank APIs (pagedllm/entrypoints/openai/serving_score.py) on an
+embedding model. Reference: the cosine similarity, computed here, of transformers' pooled
+hidden states (tests/embedding_models.py) of the tokenizer's ids; vLLM's pairing (1:N, N:N),
+its usage count (each pair's ids with the pad token between them) and its response shapes."""
+
+import logging
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from pagedllm import LLM
+from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.entrypoints.openai import api_server
+from pagedllm.entrypoints.openai.request_logger import RequestLogger
+from tests.embedding_models import embedding_folder, hf_embedding
+
+MODEL = "tiny-embed"
+PAD = 0  # the tokenizer's pad token here: <unk>
+QUERY = "what is a cat"
+DOCS = ["a cat is a small animal", "stock markets fell", "cats", "a dog is not a cat"]
+RERANK_PATHS = ["/rerank", "/v1/rerank", "/v2/rerank"]
+
+
+@pytest.fixture(scope="module")
+def folder(tiny_model_path: Callable[[str], str], tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The embedding tests' checkpoint, with a pad token (as most tokenizers have)."""
+    target = str(tmp_path_factory.mktemp("score") / "model")
+    folder = embedding_folder(tiny_model_path("llama-gqa-llama3"), target, specials=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    tokenizer.pad_token = "<unk>"
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def app_client(
+    folder: str, request_logger: RequestLogger | None = None, **kwargs: object
+) -> Iterator[TestClient]:
+    llm = LLM(folder, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=32, **kwargs)
+    app = api_server.build_app(AsyncLLM(llm.llm_engine), [MODEL], request_logger=request_logger)
+    with TestClient(app) as client:
+        yield client
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def http(folder: str) -> Iterator[TestClient]:
+    yield from app_client(folder, runner="pooling")
+
+
+@pytest.fixture(scope="module")
+def reference(folder: str) -> Callable[[str, str], float]:
+    """(text_1, text_2) -> the cosine similarity of transformers' embeddings."""
+    hf = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+
+    def score(text_1: str, text_2: str) -> float:
+        a, b = (hf_embedding(hf, tokenizer.encode(t), "LAST") for t in (text_1, text_2))
+        return F.cosine_similarity(a, b, dim=0).item()
+
+    return score
+
+
+@pytest.fixture(scope="module")
+def num_tokens(folder: str) -> Callable[[str], int]:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    return lambda text: len(tokenizer.encode(text))
+
+
+def post(http: TestClient, path: str, body: dict) -> dict:
+    response = http.post(path, json={"model": MODEL, **body})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.mark.parametrize("path", ["/score", "/v1/score"])
+def test_one_against_n_equals_transformers_cosine(
+    http: TestClient,
+    reference: Callable[[str, str], float],
+    num_tokens: Callable[[str], int],
+    path: str,
+) -> None:
+    body = post(http, path, {"text_1": QUERY, "text_2": DOCS})
+    assert body["id"].startswith("score-") and body["object"] == "list"
+    assert body["model"] == MODEL and isinstance(body["created"], int)
+    assert [d["index"] for d in body["data"]] == list(range(len(DOCS)))
+    assert all(d["object"] == "score" for d in body["data"])
+    expected = [reference(QUERY, doc) for doc in DOCS]
+    assert [d["score"] for d in body["data"]] == pytest.approx(expected, abs=1e-5)
+    # vLLM's count: each pair's tokens, the pad token between them; the query N times.
+    tokens = sum(num_tokens(QUERY) + 1 + num_tokens(doc) for doc in DOCS)
+    assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+
+
+def test_n_against_n_pairs_in_order(
+    http: TestClient, reference: Callable[[str, str], float]
+) -> None:
+    firsts, seconds = DOCS[:2], DOCS[2:]
+    body = post(http, "/v1/score", {"text_1": firsts, "text_2": seconds})
+    expected = [reference(a, b) for a, b in zip(firsts, seconds)]
+    assert [d["score"] for d in body["data"]] == pytest.approx(expected, abs=1e-5)
+    one = post(http, "/v1/score", {"text_1": DOCS[0], "text_2": DOCS[0]})
+    assert [d["score"] for d in one["data"]] == pytest.approx([1.0], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "sides",
+    [
+        {"queries": QUERY, "documents": DOCS[:2]},
+        {"data_1": [QUERY], "data_2": DOCS[:2]},
+    ],
+)
+def test_vllms_other_names_for_the_sides(http: TestClient, sides: dict) -> None:
+    expected = post(http, "/score", {"text_1": QUERY, "text_2": DOCS[:2]})
+    body = post(http, "/score", sides)
+    assert body["data"] == expected["data"] and body["usage"] == expected["usage"]
+
+
+@pytest.mark.parametrize("path", RERANK_PATHS)
+def test_rerank_ranks_documents_by_score(
+    http: TestClient,
+    reference: Callable[[str, str], float],
+    num_tokens: Callable[[str], int],
+    path: str,
+) -> None:
+    body = post(http, path, {"query": QUERY, "documents": DOCS})
+    assert body["id"].startswith("rerank-") and body["model"] == MODEL
+    expected = sorted(
+        ((i, reference(QUERY, doc)) for i, doc in enumerate(DOCS)), key=lambda p: -p[1]
+    )
+    results = body["results"]
+    assert [r["index"] for r in results] == [i for i, _ in expected]
+    assert [r["relevance_score"] for r in results] == pytest.approx(
+        [s for _, s in expected], abs=1e-5
+    )
+    assert [r["document"] for r in results] == [{"text": DOCS[r["index"]]} for r in results]
+    tokens = sum(num_tokens(QUERY) + 1 + num_tokens(doc) for doc in DOCS)
+    assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+
+
+@pytest.mark.parametrize(("top_n", "kept"), [(0, 4), (2, 2), (1, 1), (9, 4)])
+def test_rerank_top_n_keeps_the_best(http: TestClient, top_n: int, kept: int) -> None:
+    everything = post(http, "/rerank", {"query": QUERY, "documents": DOCS})["results"]
+    body = post(http, "/rerank", {"query": QUERY, "documents": DOCS, "top_n": top_n})
+    assert body["results"] == everything[:kept]
+    assert body["usage"] == post(http, "/rerank", {"query": QUERY, "documents": DOCS})["usage"]
+
+
+def test_truncate_prompt_tokens_cuts_every_text(
+    http: TestClient, num_tokens: Callable[[str], int]
+) -> None:
+    body = post(http, "/v1/score", {"text_1": QUERY, "text_2": DOCS, "truncate_prompt_tokens": 3})
+    assert body["usage"]["prompt_tokens"] == len(DOCS) * (3 + 1 + 3)
+    long = post(
+        http,
+        "/v1/rerank",
+        {"query": "x" * 600, "documents": ["y"] * 2, "truncate_prompt_tokens": -1},
+    )
+    assert long["usage"]["total_tokens"] == 2 * (512 + 1 + num_tokens("y"))
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/score", {"text_1": DOCS[:2], "text_2": DOCS[:3]}, "text_2"),
+        ("/v1/score", {"text_1": DOCS[:3], "text_2": DOCS[0]}, "text_2"),
+        ("/v1/score", {"text_1": [], "text_2": DOCS}, "text_1"),
+        ("/v1/score", {"text_1": QUERY, "text_2": []}, "text_2"),
+        ("/v1/score", {"text_1": "", "text_2": DOCS}, "text_1"),
+        ("/v1/score", {"text_1": QUERY, "text_2": ["a", ""]}, "text_2"),
+        ("/v1/score", {"queries": QUERY, "documents": ["a", "b"], "data_1": "c"}, "data_1"),
+        ("/v1/score", {"text_1": QUERY}, "text_1"),
+        ("/v1/score", {"documents": DOCS}, "documents"),
+        ("/v1/score", {}, None),
+        ("/v1/score", {"text_1": 5, "text_2": DOCS}, "text_1"),
+        ("/v1/score", {"text_1": QUERY, "text_2": [["a"]]}, "text_2"),
+        ("/v1/score", {"text_1": "x" * 600, "text_2": DOCS}, "text_1"),
+        (
+            "/v1/score",
+            {"text_1": QUERY, "text_2": DOCS, "truncate_prompt_tokens": 0},
+            "truncate_prompt_tokens",
+        ),
+        ("/v1/score", {"text_1": QUERY, "text_2": DOCS, "priority": 2}, "priority"),
+        ("/rerank", {"query": QUERY, "documents": []}, "documents"),
+        ("/rerank", {"query": "", "documents": DOCS}, "query"),
+        ("/rerank", {"query": QUERY, "documents": "a single text"}, "documents"),
+        ("/rerank", {"query": [QUERY], "documents": DOCS}, "query"),
+        ("/rerank", {"documents": DOCS}, "query"),
+        ("/rerank", {"query": QUERY, "documents": DOCS, "top_n": -1}, "top_n"),
+        ("/v2/rerank", {"query": QUERY, "documents": ["y" * 600]}, "documents"),
+    ],
+)
+def test_bad_requests_get_400_naming_the_field(
+    http: TestClient, path: str, body: dict, param: str | None
+) -> None:
+    response = http.post(path, json={"model": MODEL, **body})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param, error
+    if param is None:
+        assert error["message"]
+
+
+def test_unknown_model_gets_404(http: TestClient) -> None:
+    response = http.post("/v1/rerank", json={"model": "other", "query": "a", "documents": ["b"]})
+    assert response.status_code == 404
+
+
+def test_request_id_header_names_the_answer(http: TestClient) -> None:
+    headers = {"X-Request-Id": "abc"}
+    response = http.post("/score", json={"text_1": "a", "text_2": "b"}, headers=headers)
+    assert response.json()["id"] == "score-abc"
+    response = http.post("/rerank", json={"query": "a", "documents": ["b"]}, headers=headers)
+    assert response.json()["id"] == "rerank-abc"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "api"),
+    [
+        ("/v1/score", {"text_1": "a", "text_2": "b"}, "Score"),
+        ("/score", {"text_1": "a", "text_2": "b"}, "Score"),
+        ("/v1/rerank", {"query": "a", "documents": ["b"]}, "Rerank"),
+    ],
+)
+def test_a_generating_server_refuses_as_it_refuses_embeddings(
+    folder: str, path: str, body: dict, api: str
+) -> None:
+    for http in app_client(folder, runner="generate"):
+        response = http.post(path, json={"model": MODEL, **body})
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert f"does not support the {api} API" in error["message"]
+        assert "--runner pooling" in error["message"] and error["param"] == "model"
+
+
+def test_metrics_count_each_text_as_a_pooling_request(
+    http: TestClient, num_tokens: Callable[[str], int]
+) -> None:
+    """As /v1/embeddings counts its inputs: the query once, each document once."""
+
+    def values() -> dict[str, float]:
+        families = text_string_to_metric_families(http.get("/metrics").text)
+        samples = [s for f in families for s in f.samples]
+        return {
+            name: sum(s.value for s in samples if s.name == name)
+            for name in ("vllm:request_success_total", "vllm:prompt_tokens_total")
+        }
+
+    before = values()
+    post(http, "/rerank", {"query": "q", "documents": ["d1", "d22"]})
+    after = values()
+    assert {name: after[name] - before[name] for name in after} == {
+        "vllm:request_success_total": 3,
+        "vllm:prompt_tokens_total": num_tokens("q") + num_tokens("d1") + num_tokens("d22"),
+    }
+
+
+def test_openapi_schema_describes_every_path(http: TestClient) -> None:
+    schema = http.get("/openapi.json").json()
+    for path in ("/score", "/v1/score", *RERANK_PATHS):
+        assert "requestBody" in schema["paths"][path]["post"]
+        assert "400" in schema["paths"][path]["post"]["responses"]
+    for name in ("ScoreRequest", "ScoreResponse", "RerankRequest", "RerankResponse"):
+        assert name in schema["components"]["schemas"]
+
+
+def test_enable_log_requests_logs_each_text_under_the_answers_id(folder: str) -> None:
+    """--enable-log-requests: one line per text, `<id>-N` as /v1/embeddings logs its inputs."""
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("pagedllm.requests").addHandler(handler)
+    try:
+        for http in app_client(folder, RequestLogger(), runner="pooling"):
+            headers = {"X-Request-Id": "abc"}
+            body = {"query": "q", "documents": ["d1", "d2"]}
+            assert http.post("/rerank", json=body, headers=headers).status_code == 200
+    finally:
+        logging.getLogger("pagedllm.requests").removeHandler(handler)
+    ids = [line.split(":")[0].removeprefix("Received request ") for line in records]
+    assert ids == ["rerank-abc-0", "rerank-abc-1", "rerank-abc-2"]
