@@ -43,6 +43,7 @@ from pagedllm.entrypoints.openai.responses import (
     ToolCall,
     UsageInfo,
 )
+from pagedllm.entrypoints.openai.serving_beam_search import BeamSearchRequest
 from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
 from pagedllm.entrypoints.openai.streaming import merge_streams, sse_response, until_disconnected
 from pagedllm.entrypoints.openai.tool_choice import (
@@ -72,6 +73,7 @@ class ChatRun:
     params: SamplingParams
     parsers: Parsers
     prompt_text: str | None = None  # the templated text (request logs, outputs' `prompt`)
+    beam_search: BeamSearchRequest | None = None  # use_beam_search's, run instead of `params`
 
     @property
     def prompt(self) -> dict:
@@ -134,7 +136,8 @@ class OpenAIServingChat(OpenAIServing):
         parsers = choice_parser_factory(
             self.reasoning_parser, tool_parser, prompt_text, parallel, prefill
         )
-        return ChatRun(model, prompt_ids, params, parsers, prompt_text)
+        beam_search = self.beam_search_request(request, params)
+        return ChatRun(model, prompt_ids, params, parsers, prompt_text, beam_search)
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest, raw_request: Request
@@ -165,7 +168,7 @@ class OpenAIServingChat(OpenAIServing):
         chat completion's (a response's `resp_...`)."""
         model, parsers = run.model, run.parsers
         request_id = request_id or self.request_id("chatcmpl", raw_request, request.request_id)
-        stream = self.generate(run.prompt, run.params, request_id, arrival_time)
+        stream = self.generate(run.prompt, run.beam_search or run.params, request_id, arrival_time)
         outputs = merge_streams([stream])
         if request.stream:
             outputs = await self.prime(outputs, raw_request)
