@@ -88,6 +88,7 @@ class OpenAIServingChat(OpenAIServing):
         --reasoning-parser."""
         super().__init__(*args, **kwargs)
         self.reasoning_parser = reasoning_parser
+        self.response_role = "assistant"  # --response-role
 
     async def prepare_chat(self, request: ChatCompletionRequest) -> ChatRun:
         """The request's prompt, sampling parameters and parsers, checked (a 400 or 404
@@ -210,8 +211,9 @@ class OpenAIServingChat(OpenAIServing):
         self, request: ChatCompletionRequest, c: CompletionOutput, parsers: Parsers
     ) -> tuple[AssistantMessage, str | None]:
         """A whole choice's message and finish reason."""
+        role = self.role(request)
         if parsers is None:
-            return AssistantMessage(content=c.text), c.finish_reason
+            return AssistantMessage(role=role, content=c.text), c.finish_reason
         parser = parsers()
         parsed = parser.parse(c.text)
         calls = [
@@ -219,6 +221,7 @@ class OpenAIServingChat(OpenAIServing):
             for call in join_tool_call_deltas(parsed.tool_calls)
         ]
         message = AssistantMessage(
+            role=role,
             content=parsed.content or None,
             reasoning_content=_reasoning(request, parsed),
             tool_calls=calls or None,
@@ -301,7 +304,7 @@ class OpenAIServingChat(OpenAIServing):
             ids = request.return_token_ids and c.token_ids
             if not (said or logprobs or finish_reason or ids):
                 return None
-        delta.role = "assistant" if first else None
+        delta.role = self.role(request) if first else None
         return ChatCompletionResponseStreamChoice(
             index=c.index,
             delta=delta,
@@ -310,6 +313,11 @@ class OpenAIServingChat(OpenAIServing):
             stop_reason=c.stop_reason,
             token_ids=c.token_ids if request.return_token_ids else None,
         )
+
+    def role(self, request: ChatCompletionRequest) -> str:
+        """vLLM's role of the answer: --response-role where the template adds a generation
+        prompt, else the last message's (the answer continues it)."""
+        return self.response_role if request.add_generation_prompt else request.messages[-1].role
 
     def _logprobs(
         self, request: ChatCompletionRequest, c: CompletionOutput
