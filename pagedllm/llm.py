@@ -11,13 +11,13 @@ from dataclasses import replace
 
 from tqdm.auto import tqdm
 
-from pagedllm.beam_search import BeamSearchOutput, beam_search
+from pagedllm.beam_search import BeamSearchOutput, beam_search, check_beam_width
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.chat_messages import render_chat, template_message
 from pagedllm.engine.data_parallel import make_engine
 from pagedllm.engine.input_processor import prompt_text_and_ids
 from pagedllm.engine.stat_logger import LoggingStatLogger, kv_cache_label, log_stats_interval
-from pagedllm.engine.tokenizer import eos_token_ids, generation_config_dict, model_eos_token_id
+from pagedllm.engine.tokenizer import model_eos_token_ids
 from pagedllm.inputs import PromptType
 from pagedllm.outputs import (
     EmbeddingRequestOutput,
@@ -117,15 +117,10 @@ class LLM:
         check_vllm_options(lora_request=lora_request)
         if not isinstance(params, BeamSearchParams):
             raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
-        cap = self.llm_engine.config.max_logprobs
-        if cap != -1 and 2 * params.beam_width > cap:
-            raise ValueError(
-                f"beam_width {params.beam_width} asks for {2 * params.beam_width} candidate "
-                f"logprobs a step, more than max_logprobs={cap}: raise max_logprobs"
-            )
+        check_beam_width(params, self.llm_engine.config.max_logprobs)
         tokenizer = self.llm_engine.tokenizer  # None: token prompts only, no text
         token_prompts = [prompt_text_and_ids(p, tokenizer)[1] for p in _as_prompt_list(prompts)]
-        eos = self._eos_token_ids()
+        eos = model_eos_token_ids(self.llm_engine.config.model_config, tokenizer)
         limit = concurrency_limit or len(token_prompts) or 1
         groups = range(0, len(token_prompts), limit)
         outputs = []
@@ -139,11 +134,6 @@ class LLM:
                 tokenizer.decode if tokenizer is not None else lambda ids: None,
             )
         return outputs
-
-    def _eos_token_ids(self) -> list[int]:
-        model_config = self.llm_engine.config.model_config
-        eos = model_eos_token_id(model_config, self.llm_engine.tokenizer)
-        return eos_token_ids(eos, generation_config_dict(model_config))
 
     def chat(
         self,

@@ -4,6 +4,7 @@ logprob over length ** length_penalty, the prompt counted, a final EOS not; EOS 
 beam), run by hand on a fake model's fixed logprobs and, on a tiny random model, on
 transformers' float32 logits."""
 
+import asyncio
 import math
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 import transformers
 
 from pagedllm import LLM, Logprob
-from pagedllm.beam_search import beam_search, get_beam_search_score
+from pagedllm.beam_search import beam_search, beam_search_async, get_beam_search_score
 from pagedllm.outputs import CompletionOutput, RequestOutput
 from pagedllm.sampling_params import BeamSearchParams
 
@@ -135,3 +136,19 @@ def test_llm_beam_search_refuses_more_candidates_than_max_logprobs(tiny_model_pa
     llm = LLM(path, skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=64)
     with pytest.raises(ValueError, match="max_logprobs"):
         llm.beam_search([{"prompt_token_ids": [1]}], BeamSearchParams(beam_width=11, max_tokens=2))
+
+
+def test_the_async_driver_finds_what_the_sync_one_does() -> None:
+    """beam_search_async (the server's) runs the same BeamSearch steps as beam_search."""
+    table = {(1,): {EOS: math.log(0.4), 5: math.log(0.35), 6: math.log(0.25)}}
+    generate = fake_generate(table, [])
+
+    async def generate_async(prompts: list[dict], params) -> list[RequestOutput]:
+        return generate(prompts, params)
+
+    params = BeamSearchParams(beam_width=2, max_tokens=3, length_penalty=0.5)
+    (expected,) = beam_search(generate, [[1]], params, {EOS}, 100, str)
+    found = asyncio.run(beam_search_async(generate_async, [1], params, {EOS}, 100))
+    assert [(s.tokens, s.cum_logprob, s.finish_reason) for s in found.sequences] == [
+        (s.tokens, s.cum_logprob, s.finish_reason) for s in expected.sequences
+    ]

@@ -71,3 +71,12 @@ def model_eos_token_id(
     if isinstance(eos, list):
         return eos[0] if eos else None
     return eos
+
+
+def model_eos_token_ids(
+    model_config: ModelConfig, tokenizer: PreTrainedTokenizerBase | None
+) -> list[int]:
+    """Every id that ends the model's answers (beam search's EOS): its EOS and
+    generation_config.json's."""
+    eos = model_eos_token_id(model_config, tokenizer)
+    return eos_token_ids(eos, generation_config_dict(model_config))

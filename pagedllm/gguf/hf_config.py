@@ -139,8 +139,11 @@ def _rope_parameters(gguf: GGUFFile, arch: str, head_dim: int) -> dict[str, Any]
     """transformers' `rope_parameters`: theta, and the scaling the file describes, read as
     llama.cpp reads it (llama_model::load_hparams): the type defaults to linear, the factor is
     `rope.scaling.factor` or else the older `rope.scale_linear`, and a factor of 0 or none
-    means no scaling, whatever the type."""
+    means no scaling, whatever the type. `rope.scaling.attn_factor` (default 1) multiplies
+    YaRN's cos/sin scale: transformers' `attention_factor` (which replaces that scale) is
+    their product; pagedllm supports it on YaRN only."""
     theta = positive_float(gguf, f"{arch}.rope.freq_base", 10000.0)  # llama.cpp's default
+    attn_factor = positive_float(gguf, f"{arch}.rope.scaling.attn_factor", 1.0)
     params: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
     scaling = string(gguf, f"{arch}.rope.scaling.type", "linear")
     if scaling not in ("none", "linear", "yarn"):
@@ -154,9 +157,23 @@ def _rope_parameters(gguf: GGUFFile, arch: str, head_dim: int) -> dict[str, Any]
         if scaling == "yarn":
             original = integer(gguf, f"{arch}.rope.scaling.original_context_length")
             params["original_max_position_embeddings"] = original
+            if attn_factor != 1.0:
+                params["attention_factor"] = attn_factor * _yarn_mscale(factor)
     if ROPE_FREQS in gguf.tensors:
         params |= _llama3_rope_scaling(gguf, theta, head_dim)
+    if attn_factor != 1.0 and "attention_factor" not in params:
+        raise ValueError(
+            f"{gguf.path}: {arch}.rope.scaling.attn_factor {attn_factor} scales the rotary "
+            f"embedding of {params['rope_type']!r} rope; pagedllm supports it on yarn only"
+        )
     return params
+
+
+def _yarn_mscale(factor: float) -> float:
+    """The cos/sin scale llama.cpp gives YaRN before attn_factor (llama_context's
+    `get_mscale(factor, 1)`; ggml's rope_yarn multiplies back the 0.1 ln(factor) + 1 that
+    llama_context divides out), as transformers' default for YaRN."""
+    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def _rope_factor(gguf: GGUFFile, arch: str) -> float | None:

@@ -11,12 +11,21 @@ import torch
 from gguf import GGUFValueType as VT
 from transformers import AutoConfig
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from pagedllm.config import ModelConfig
 from pagedllm.gguf.hf_config import load_gguf_config
 from pagedllm.gguf.tensor_names import iterate_gguf_weights
+from pagedllm.layers.rotary_embedding import get_rope
 from pagedllm.model_loader.loader import get_model
-from tests.gguf.tiny_gguf import TINY, gguf_tensors, tiny_model, write_gguf, write_tiny
+from tests.gguf.tiny_gguf import (
+    TINY,
+    gguf_tensors,
+    set_metadata,
+    tiny_model,
+    write_gguf,
+    write_tiny,
+)
 from tests.models.test_models_vs_transformers import paged_greedy
 
 CONFIG_FIELDS = [
@@ -87,6 +96,46 @@ def test_yarn_rope_scaling_from_metadata(tmp_path) -> None:
         "factor": 4.0,
         "original_max_position_embeddings": 64,
     }
+
+
+def test_yarn_attn_factor_scales_cos_sin_as_llama_cpp_does(tmp_path) -> None:
+    """References: llama.cpp's arithmetic (llama_context: yarn_attn_factor = get_mscale(f)
+    / (0.1 ln f + 1) * attn_factor; ggml's rope_yarn multiplies cos/sin by it times
+    0.1 ln f + 1) for the magnitude, and transformers' YaRN with that `attention_factor`
+    for the whole cos/sin cache."""
+    path = str(tmp_path / "yarn_attn.gguf")
+    rope = {"type": gguf.RopeScalingType.YARN, "factor": 4.0, "original": 64}
+    model = tiny_model("qwen3")
+    stored = gguf_tensors("qwen3", model.config, model.state_dict())
+    attn_factor = {"qwen3.rope.scaling.attn_factor": (0.75, VT.FLOAT32)}
+    write_gguf(path, "qwen3", model.config, stored, rope, set_metadata(attn_factor))
+    config = load_gguf_config(path)
+    get_mscale = 0.1 * math.log(4.0) + 1.0
+    magnitude = get_mscale / (0.1 * math.log(4.0) + 1.0) * 0.75 * (0.1 * math.log(4.0) + 1.0)
+    expected = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}
+    expected |= {"original_max_position_embeddings": 64, "attention_factor": magnitude}
+    assert config.rope_parameters == pytest.approx(expected)
+    head_dim, positions = config.head_dim, config.max_position_embeddings
+    rope = get_rope(head_dim, head_dim, positions, 10000.0, config.rope_parameters)
+    hf_config = tiny_model("qwen3", rope_parameters=dict(expected)).config
+    inv_freq, scale = ROPE_INIT_FUNCTIONS["yarn"](hf_config, "cpu")
+    angles = torch.arange(positions, dtype=torch.float32)[:, None] * inv_freq
+    reference = torch.cat((angles.cos() * scale, angles.sin() * scale), dim=-1)
+    torch.testing.assert_close(rope.cos_sin_cache[:positions], reference, rtol=0, atol=1e-6)
+
+
+def test_attn_factor_beside_other_rope_is_refused(tmp_path) -> None:
+    """llama.cpp scales any rope's cos/sin by attn_factor; pagedllm does on YaRN only."""
+    metadata = {
+        "llama.rope.scaling.factor": (2.0, VT.FLOAT32),
+        "llama.rope.scaling.attn_factor": (1.5, VT.FLOAT32),
+    }
+    path = write_tiny(str(tmp_path / "linear_attn.gguf"), **metadata)
+    with pytest.raises(ValueError, match="attn_factor 1.5 .* 'linear' rope; .* yarn only"):
+        load_gguf_config(path)
+    metadata["llama.rope.scaling.attn_factor"] = (1.0, VT.FLOAT32)
+    path = write_tiny(str(tmp_path / "linear_attn_1.gguf"), **metadata)
+    assert "attention_factor" not in load_gguf_config(path).rope_parameters
 
 
 def llama3_rope_freqs(head_dim: int, theta: float, factor: float) -> np.ndarray:

@@ -137,6 +137,7 @@ def build_app(
     request_id_headers: bool = False,
     force_include_usage: bool = False,
     return_tokens_as_token_ids: bool = False,
+    response_role: str = "assistant",
 ) -> FastAPI:
     """The app over a (not yet started) engine; its lifespan starts and stops the engine.
     The parsers are named as in vLLM's --reasoning-parser and --tool-call-parser; without
@@ -180,6 +181,7 @@ def build_app(
     app.state.serving_responses = OpenAIServingResponses(
         app.state.serving_chat, ResponseStore(max_stored_responses)
     )
+    app.state.serving_chat.response_role = response_role
     app.state.serving_messages = AnthropicServingMessages(app.state.serving_chat)
     app.state.serving_tokenization = OpenAIServingTokenization(
         *shared, chat_template, tool_parser=TOOL_PARSERS[tool_format]
@@ -404,6 +406,7 @@ def _serve(
         request_id_headers=args.enable_request_id_headers,
         force_include_usage=args.enable_force_include_usage,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        response_role=args.response_role,
     )
     config = uvicorn.Config(
         app,

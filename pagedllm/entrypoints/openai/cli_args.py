@@ -62,6 +62,12 @@ def add_vllm_serve_args(parser: argparse.ArgumentParser) -> None:
         "return_tokens_as_token_ids says otherwise (vLLM's flag)",
     )
     parser.add_argument(
+        "--response-role",
+        default="assistant",
+        help="the role of chat answers where the request's add_generation_prompt is true "
+        "(else the last message's, which the answer continues; vLLM's flag)",
+    )
+    parser.add_argument(
         "--enable-prompt-tokens-details",
         action="store_true",
         help="vLLM's flag, accepted: usage.prompt_tokens_details.cached_tokens is always sent",

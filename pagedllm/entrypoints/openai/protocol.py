@@ -121,6 +121,11 @@ class SamplingFields(_SamplingParamsFields):
     --return-tokens-as-token-ids."""
     request_id: str | None = None
     """vLLM's: the base of the request's id when no X-Request-Id header gives one."""
+    use_beam_search: bool = False
+    """vLLM's: answer with the `n` best beams of a beam search (serving_beam_search.py)."""
+    length_penalty: float = 1.0
+    """vLLM's: beam search ranks a beam by its cumulative logprob over its length to this
+    power."""
 
     @field_validator("structured_outputs", mode="before")
     @classmethod

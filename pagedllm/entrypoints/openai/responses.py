@@ -112,9 +112,10 @@ class ToolCall(OpenAIBaseModel):
 
 
 class AssistantMessage(OpenAIBaseModel):
-    """`content` is None when the answer is all reasoning or tool calls."""
+    """`content` is None when the answer is all reasoning or tool calls; `role` is
+    "assistant" unless --response-role or the request's last message names another."""
 
-    role: Literal["assistant"] = "assistant"
+    role: str = "assistant"
     content: str | None
     reasoning_content: str | None = None
     tool_calls: list[ToolCall] | None = None
@@ -164,7 +165,7 @@ class DeltaToolCall(_NoneLeftOut):
 
 
 class DeltaMessage(OpenAIBaseModel):
-    role: Literal["assistant"] | None = None
+    role: str | None = None
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None

@@ -43,6 +43,7 @@ from pagedllm.entrypoints.openai.responses import (
     ToolCall,
     UsageInfo,
 )
+from pagedllm.entrypoints.openai.serving_beam_search import BeamSearchRequest
 from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
 from pagedllm.entrypoints.openai.streaming import merge_streams, sse_response, until_disconnected
 from pagedllm.entrypoints.openai.tool_choice import (
@@ -72,6 +73,7 @@ class ChatRun:
     params: SamplingParams
     parsers: Parsers
     prompt_text: str | None = None  # the templated text (request logs, outputs' `prompt`)
+    beam_search: BeamSearchRequest | None = None  # use_beam_search's, run instead of `params`
 
     @property
     def prompt(self) -> dict:
@@ -86,6 +88,7 @@ class OpenAIServingChat(OpenAIServing):
         --reasoning-parser."""
         super().__init__(*args, **kwargs)
         self.reasoning_parser = reasoning_parser
+        self.response_role = "assistant"  # --response-role
 
     async def prepare_chat(self, request: ChatCompletionRequest) -> ChatRun:
         """The request's prompt, sampling parameters and parsers, checked (a 400 or 404
@@ -134,7 +137,8 @@ class OpenAIServingChat(OpenAIServing):
         parsers = choice_parser_factory(
             self.reasoning_parser, tool_parser, prompt_text, parallel, prefill
         )
-        return ChatRun(model, prompt_ids, params, parsers, prompt_text)
+        beam_search = self.beam_search_request(request, params)
+        return ChatRun(model, prompt_ids, params, parsers, prompt_text, beam_search)
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest, raw_request: Request
@@ -165,7 +169,7 @@ class OpenAIServingChat(OpenAIServing):
         chat completion's (a response's `resp_...`)."""
         model, parsers = run.model, run.parsers
         request_id = request_id or self.request_id("chatcmpl", raw_request, request.request_id)
-        stream = self.generate(run.prompt, run.params, request_id, arrival_time)
+        stream = self.generate(run.prompt, run.beam_search or run.params, request_id, arrival_time)
         outputs = merge_streams([stream])
         if request.stream:
             outputs = await self.prime(outputs, raw_request)
@@ -207,8 +211,9 @@ class OpenAIServingChat(OpenAIServing):
         self, request: ChatCompletionRequest, c: CompletionOutput, parsers: Parsers
     ) -> tuple[AssistantMessage, str | None]:
         """A whole choice's message and finish reason."""
+        role = self.role(request)
         if parsers is None:
-            return AssistantMessage(content=c.text), c.finish_reason
+            return AssistantMessage(role=role, content=c.text), c.finish_reason
         parser = parsers()
         parsed = parser.parse(c.text)
         calls = [
@@ -216,6 +221,7 @@ class OpenAIServingChat(OpenAIServing):
             for call in join_tool_call_deltas(parsed.tool_calls)
         ]
         message = AssistantMessage(
+            role=role,
             content=parsed.content or None,
             reasoning_content=_reasoning(request, parsed),
             tool_calls=calls or None,
@@ -298,7 +304,7 @@ class OpenAIServingChat(OpenAIServing):
             ids = request.return_token_ids and c.token_ids
             if not (said or logprobs or finish_reason or ids):
                 return None
-        delta.role = "assistant" if first else None
+        delta.role = self.role(request) if first else None
         return ChatCompletionResponseStreamChoice(
             index=c.index,
             delta=delta,
@@ -307,6 +313,11 @@ class OpenAIServingChat(OpenAIServing):
             stop_reason=c.stop_reason,
             token_ids=c.token_ids if request.return_token_ids else None,
         )
+
+    def role(self, request: ChatCompletionRequest) -> str:
+        """vLLM's role of the answer: --response-role where the template adds a generation
+        prompt, else the last message's (the answer continues it)."""
+        return self.response_role if request.add_generation_prompt else request.messages[-1].role
 
     def _logprobs(
         self, request: ChatCompletionRequest, c: CompletionOutput

@@ -49,6 +49,7 @@ class OpenAIServingCompletion(OpenAIServing):
             )
             for _, ids in prompts
         ]
+        params = [self.beam_search_request(request, p) or p for p in params]
         request_id = self.request_id("cmpl", raw_request, request.request_id)
         streams = [
             self.generate(

@@ -6,6 +6,7 @@ The server tokenizes with its own AsyncTokenizer (off the event loop, so a huge 
 stalls no other client); the engine thread's tokenizer stays the engine's alone.
 """
 
+import functools
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from http import HTTPStatus
@@ -15,6 +16,7 @@ from fastapi import Request
 
 from pagedllm.engine.input_processor import check_token_ids
 from pagedllm.engine.protocol import EngineClient
+from pagedllm.engine.tokenizer import model_eos_token_ids
 from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
 from pagedllm.entrypoints.openai.errors import OpenAIError, engine_error, invalid_value_error
 from pagedllm.entrypoints.openai.generic_tools import generic_conversations, tools_system_prompt
@@ -28,6 +30,11 @@ from pagedllm.entrypoints.openai.protocol import (
 )
 from pagedllm.entrypoints.openai.request_id import header_made_here
 from pagedllm.entrypoints.openai.request_logger import RequestLogger
+from pagedllm.entrypoints.openai.serving_beam_search import (
+    BeamSearchRequest,
+    beam_search_outputs,
+    beam_search_request,
+)
 from pagedllm.entrypoints.openai.streaming import accumulate, prepend, until_disconnected
 from pagedllm.entrypoints.openai.tool_choice import tool_choice_of
 from pagedllm.entrypoints.openai.tool_parsers import GenericToolParser, ToolParser
@@ -241,11 +248,34 @@ class OpenAIServing:
         return request_id
 
     def generate(
-        self, prompt: dict, params: SamplingParams, request_id: str, arrival_time: float
+        self,
+        prompt: dict,
+        params: SamplingParams | BeamSearchRequest,
+        request_id: str,
+        arrival_time: float,
     ) -> AsyncIterator[RequestOutput]:
-        outputs = self.engine.generate(prompt, params, request_id)
+        """The request's outputs: sampled as `params` say, or a beam search's one output."""
+        if isinstance(params, BeamSearchRequest):
+            eos = self.eos_token_ids
+            outputs = beam_search_outputs(
+                self.engine, self.tokenizer, prompt, params, request_id, eos
+            )
+            params = params.request_params
+        else:
+            outputs = self.engine.generate(prompt, params, request_id)
         outputs = self.logged(request_id, prompt, params, outputs)
         return self.metrics.track(outputs, arrival_time, params)
+
+    @functools.cached_property
+    def eos_token_ids(self) -> list[int]:
+        """The ids that end a beam (read once, at the first beam search)."""
+        return model_eos_token_ids(self.engine.config.model_config, self.tokenizer)
+
+    def beam_search_request(
+        self, request: SamplingFields, params: SamplingParams
+    ) -> BeamSearchRequest | None:
+        """serving_beam_search.beam_search_request, with this server's max_logprobs."""
+        return beam_search_request(request, params, self.engine.config.max_logprobs)
 
     def logged(
         self, request_id: str, prompt: dict, params: object, outputs: AsyncIterator[T]

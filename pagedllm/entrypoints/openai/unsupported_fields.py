@@ -1,10 +1,9 @@
 """No silent drops: the request fields of OpenAI's and vLLM's schemas that pagedllm does not
 implement, and what the server does with each.
 
-A field that would change the answer (beam search, the old `functions` API, other
+A field that would change the answer (`best_of`, the old `functions` API, other
 modalities, ...) gets a 400 naming it, unless its value asks for nothing (null, or the
-field's default: `best_of: 1`, `use_beam_search: false`, `modalities: ["text"]`, an empty
-list or object).
+field's default: `best_of: 1`, `modalities: ["text"]`, an empty list or object).
 A field that changes no output (`metadata`, `store`, `service_tier`, `prediction`, ...)
 is accepted and ignored, as vLLM does. A field in neither schema is logged and ignored,
 as vLLM does: OpenAI's clients send newer fields before servers know them.
@@ -24,8 +23,6 @@ _USE_STRUCTURED_OUTPUTS = "use structured_outputs (vLLM removed the guided_* fie
 # field -> (its values that ask for nothing besides null, why / what to use instead)
 _REFUSED: dict[str, tuple[tuple[object, ...], str]] = {
     "best_of": ((1,), "use n"),
-    "use_beam_search": ((False,), "the server runs no beam search (LLM.beam_search does)"),
-    "length_penalty": ((1, 1.0), "the server runs no beam search (LLM.beam_search does)"),
     "prompt_embeds": ((), "prompts are text or token ids"),
     "cache_salt": ((), "the prefix cache is shared by all requests"),
     "priority": ((0,), "requests are scheduled first come, first served"),

@@ -37,11 +37,13 @@ def test_vllms_flags_parse() -> None:
             "--enable-force-include-usage",
             "--return-tokens-as-token-ids",
             "--structured-outputs-config.backend", "guidance",
+            "--response-role", "bot",
         ]
     )  # fmt: skip
     assert serve_model(args) == "m" and args.seed == 7 and args.root_path == "/llm"
     assert args.default_chat_template_kwargs == {"enable_thinking": False}
     assert args.enable_force_include_usage and args.return_tokens_as_token_ids
+    assert args.response_role == "bot" and parse([]).response_role == "assistant"
     assert parse(["m", "--model", "m"]).model == "m"
     with pytest.raises(ValueError, match="given twice"):
         serve_model(parse(["a", "--model", "b"]))

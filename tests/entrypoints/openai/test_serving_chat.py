@@ -161,3 +161,30 @@ def test_request_id_in_the_body_is_the_ids_base_unless_a_header_gives_one(
     assert post_chat(http, body)["id"] == "chatcmpl-from-body"
     assert post_chat(http, body | {"stream": True})[0]["id"] == "chatcmpl-from-body"
     assert post_chat(http, body, {"X-Request-Id": "hdr"})["id"] == "chatcmpl-hdr"
+
+
+def test_the_answers_role_is_response_role_or_the_last_messages(offline_llm: LLM) -> None:
+    """vLLM's rule: --response-role where add_generation_prompt is true (the default),
+    else the last message's role (the answer continues it); whole and streamed."""
+    app = api_server.build_app(AsyncLLM(offline_llm.llm_engine), [MODEL_NAME], response_role="bot")
+    answer = [{"role": "assistant", "content": "Paris is"}]
+    bodies = {
+        "bot": {"messages": MESSAGES},
+        "user": {"messages": MESSAGES, "add_generation_prompt": False},
+        "assistant": {
+            "messages": MESSAGES + answer,
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+        },
+    }
+    with TestClient(app) as http:
+        for role, body in bodies.items():
+            body |= {"max_tokens": 2, "temperature": 0}
+            assert post_chat(http, body)["choices"][0]["message"]["role"] == role
+            chunks = post_chat(http, body | {"stream": True})
+            assert chunks[0]["choices"][0]["delta"]["role"] == role
+            assert all(
+                "role" not in c["delta"] or c["delta"]["role"] is None
+                for chunk in chunks[1:]
+                for c in chunk["choices"]
+            )

@@ -27,7 +27,6 @@ MESSAGES = [{"role": "user", "content": "hi"}]
         ("chat", "guided_json", {"type": "object"}),
         ("chat", "echo", True),
         ("completion", "suffix", "x"),
-        ("completion", "use_beam_search", True),
         ("completion", "best_of", True),
         ("embedding", "return_token_ids", True),
         ("embedding", "request_id", "abc"),
@@ -42,7 +41,7 @@ def test_refused_fields_are_a_400_naming_them(endpoint: str, field: str, value: 
 def test_values_that_ask_for_nothing_and_ignored_fields_pass(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    noops = {"best_of": 1, "use_beam_search": False, "modalities": ["text"], "echo": None}
+    noops = {"best_of": 1, "modalities": ["text"], "echo": None}
     ignored = dict.fromkeys(IGNORED_FIELDS, "x")
     with caplog.at_level(logging.WARNING):
         check_unsupported_fields(noops | ignored, "chat")
