@@ -43,7 +43,7 @@ from pagedllm.entrypoints.openai.responses import (
     ToolCall,
     UsageInfo,
 )
-from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
+from pagedllm.entrypoints.openai.serving_engine import OpenAIServing, engine_prompt
 from pagedllm.entrypoints.openai.streaming import merge_streams, sse_response, until_disconnected
 from pagedllm.entrypoints.openai.tool_choice import (
     check_tools_grammar,
@@ -72,10 +72,12 @@ class ChatRun:
     params: SamplingParams
     parsers: Parsers
     prompt_text: str | None = None  # the templated text (request logs, outputs' `prompt`)
+    cache_salt: str | None = None
+    priority: int = 0
 
     @property
     def prompt(self) -> dict:
-        return {"prompt": self.prompt_text, "prompt_token_ids": self.prompt_token_ids}
+        return engine_prompt(self.prompt_text, self.prompt_token_ids, self.cache_salt)
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -134,7 +136,9 @@ class OpenAIServingChat(OpenAIServing):
         parsers = choice_parser_factory(
             self.reasoning_parser, tool_parser, prompt_text, parallel, prefill
         )
-        return ChatRun(model, prompt_ids, params, parsers, prompt_text)
+        return ChatRun(
+            model, prompt_ids, params, parsers, prompt_text, request.cache_salt, request.priority
+        )
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest, raw_request: Request
@@ -165,7 +169,7 @@ class OpenAIServingChat(OpenAIServing):
         chat completion's (a response's `resp_...`)."""
         model, parsers = run.model, run.parsers
         request_id = request_id or self.request_id("chatcmpl", raw_request, request.request_id)
-        stream = self.generate(run.prompt, run.params, request_id, arrival_time)
+        stream = self.generate(run.prompt, run.params, request_id, arrival_time, run.priority)
         outputs = merge_streams([stream])
         if request.stream:
             outputs = await self.prime(outputs, raw_request)

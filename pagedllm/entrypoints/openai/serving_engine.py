@@ -38,6 +38,13 @@ from pagedllm.value_checks import as_truncate_prompt_tokens
 T = TypeVar("T")
 
 
+def engine_prompt(text: str | None, token_ids: list[int], cache_salt: str | None) -> dict:
+    """The prompt the engine takes (pagedllm/inputs.py): its text, its ids and the
+    request's cache_salt, if it sent one."""
+    prompt = {"prompt": text, "prompt_token_ids": token_ids}
+    return prompt if cache_salt is None else {**prompt, "cache_salt": cache_salt}
+
+
 class OpenAIServing:
     def __init__(
         self,
@@ -241,9 +248,14 @@ class OpenAIServing:
         return request_id
 
     def generate(
-        self, prompt: dict, params: SamplingParams, request_id: str, arrival_time: float
+        self,
+        prompt: dict,
+        params: SamplingParams,
+        request_id: str,
+        arrival_time: float,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
-        outputs = self.engine.generate(prompt, params, request_id)
+        outputs = self.engine.generate(prompt, params, request_id, priority)
         outputs = self.logged(request_id, prompt, params, outputs)
         return self.metrics.track(outputs, arrival_time, params)
 

@@ -27,8 +27,6 @@ _REFUSED: dict[str, tuple[tuple[object, ...], str]] = {
     "use_beam_search": ((False,), "the server runs no beam search (LLM.beam_search does)"),
     "length_penalty": ((1, 1.0), "the server runs no beam search (LLM.beam_search does)"),
     "prompt_embeds": ((), "prompts are text or token ids"),
-    "cache_salt": ((), "the prefix cache is shared by all requests"),
-    "priority": ((0,), "requests are scheduled first come, first served"),
     "kv_transfer_params": ((), "not implemented"),
     "vllm_xargs": ((), "not implemented"),
     "logits_processors": ((), "custom logits processors are set with LLM(...), not per request"),
@@ -63,6 +61,8 @@ _REFUSED_EMBEDDING: dict[str, tuple[tuple[object, ...], str]] = {
     "return_tokens_as_token_ids": ((False,), "an embedding has no tokens to name"),
     "return_token_ids": ((False,), "an embedding has no generated tokens"),
     "request_id": ((), "the server makes the response's id"),
+    "cache_salt": ((), "embeddings skip the prefix cache"),
+    "priority": ((0,), "embeddings run at priority 0"),
 }
 IGNORED_FIELDS = {
     "metadata",
