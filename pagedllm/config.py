@@ -511,6 +511,11 @@ class CacheConfig:
             )
 
 
+# vLLM's --scheduling-policy: "fcfs" serves requests in arrival order; "priority" by each
+# request's priority (lower first), then arrival (core/scheduler.py).
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
 @dataclass
 class SchedulerConfig:
     max_num_seqs: int = 256
@@ -520,8 +525,15 @@ class SchedulerConfig:
     """vLLM's name: schedule the next step while the last one runs on the device, its
     sequences' next tokens read there (core/scheduler.py); not with pipeline parallelism.
     EngineArgs turns it on where default_async_scheduling says, unless told."""
+    policy: str = "fcfs"
+    """vLLM's name: one of SCHEDULING_POLICIES."""
 
     def __post_init__(self) -> None:
+        if self.policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling policy {self.policy!r} is not supported; use one of "
+                f"{', '.join(SCHEDULING_POLICIES)}"
+            )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs {self.max_num_seqs} must be >= 1")
         if self.max_num_batched_tokens < 1:

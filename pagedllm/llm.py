@@ -92,14 +92,18 @@ class LLM:
         priority: list[int] | None = None,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in input order; no sampling params: the defaults
-        get_default_sampling_params gives (the model's generation config). vLLM's
-        `lora_request` and `priority` are accepted where they ask for nothing."""
-        check_vllm_options(lora_request=lora_request, priority=priority)
+        get_default_sampling_params gives (the model's generation config). `priority`
+        (vLLM's): one per prompt, lower served first, nonzero only with
+        scheduling_policy="priority". vLLM's `lora_request` is accepted where it asks for
+        nothing. A prompt dict's `cache_salt` keeps its prefix-cache blocks to prompts
+        of the same salt."""
+        check_vllm_options(lora_request=lora_request)
         prompts = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params = _as_params_list(sampling_params, len(prompts))
-        return self._run(prompts, [_final_only(p) for p in params], use_tqdm)
+        priorities = _as_priority_list(priority, len(prompts))
+        return self._run(prompts, [_final_only(p) for p in params], use_tqdm, priorities)
 
     def beam_search(
         self,
@@ -253,15 +257,23 @@ class LLM:
         split = len(prompts_1)
         return cosine_scores(outputs[:split], outputs[split:], pad_token_id)
 
-    def _run(self, prompts: list[PromptType], params: list, use_tqdm: bool) -> list:
-        """Add a request per prompt and run the engine until each is finished; whatever
-        stops it early (an error, Ctrl-C) aborts the requests it added."""
+    def _run(
+        self,
+        prompts: list[PromptType],
+        params: list,
+        use_tqdm: bool,
+        priorities: list[int] | None = None,
+    ) -> list:
+        """Add a request per prompt (at its priority; None: all 0) and run the engine until
+        each is finished; whatever stops it early (an error, Ctrl-C) aborts the requests
+        it added."""
+        priorities = priorities or [0] * len(prompts)
         with self._lock:
             ids = []
             try:
-                for prompt, p in zip(prompts, params):
+                for prompt, p, priority in zip(prompts, params, priorities):
                     request_id = str(next(self._request_counter))
-                    self.llm_engine.add_request(request_id, prompt, p)
+                    self.llm_engine.add_request(request_id, prompt, p, priority=priority)
                     ids.append(request_id)
                 return self._run_engine(ids, use_tqdm)
             finally:
@@ -322,16 +334,13 @@ def interrupts_between_steps() -> Iterator[Callable[[], bool]]:
 
 def check_vllm_options(
     lora_request: object = None,
-    priority: list[int] | None = None,
     content_format: str = "auto",
     pooling_task: str | None = None,
 ) -> None:
     """vLLM's per-call options, accepted where they ask for nothing pagedllm lacks: no
-    LoRA adapter, priority 0, content as strings, the embed task."""
+    LoRA adapter, content as strings, the embed task."""
     if lora_request is not None:
         raise ValueError("lora_request: pagedllm serves no LoRA adapters; pass None")
-    if priority is not None and any(p != 0 for p in priority):
-        raise ValueError("priority: requests are scheduled first come, first served; pass 0")
     if content_format not in ("auto", "string"):
         raise ValueError(
             f"chat_template_content_format {content_format!r}: pagedllm gives templates "
@@ -350,6 +359,20 @@ def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptTy
             "a list of ints is ambiguous: pass {'prompt_token_ids': [...]} for token ids"
         )
     return prompts
+
+
+def _as_priority_list(priority: Sequence[int] | None, num_prompts: int) -> list[int] | None:
+    """vLLM's `priority`: one per prompt (the engine checks each value)."""
+    if priority is None:
+        return None
+    if isinstance(priority, str | bytes) or not hasattr(priority, "__iter__"):
+        raise TypeError(
+            f"priority must be a list of ints, one per prompt; got {type(priority).__name__}"
+        )
+    priority = list(priority)
+    if len(priority) != num_prompts:
+        raise ValueError(f"got {len(priority)} priorities for {num_prompts} prompts; give one each")
+    return priority
 
 
 def _as_params_list(params: object, num_prompts: int, kind: type = SamplingParams) -> list:

@@ -1,5 +1,6 @@
 """vLLM's prompt types (pagedllm/inputs.py). Reference: vLLM's TypedDicts (TextPrompt's
-`prompt`; TokensPrompt's `prompt_token_ids` and optional `prompt`, exported from the package
+`prompt`; TokensPrompt's `prompt_token_ids` and optional `prompt`; both's optional
+`cache_salt`, exported from the package
 as `from vllm import TokensPrompt`), and transformers' greedy tokens for a TokensPrompt's ids."""
 
 import pytest
@@ -15,7 +16,8 @@ def test_the_prompt_types_are_vllms_typed_dicts() -> None:
     assert TokensPrompt(prompt_token_ids=[1, 2]) == {"prompt_token_ids": [1, 2]}
     assert TextPrompt.__required_keys__ == {"prompt"}
     assert TokensPrompt.__required_keys__ == {"prompt_token_ids"}
-    assert TokensPrompt.__optional_keys__ == {"prompt"}
+    assert TextPrompt.__optional_keys__ == {"cache_salt"}
+    assert TokensPrompt.__optional_keys__ == {"prompt", "cache_salt"}
     assert (pagedllm.TextPrompt, pagedllm.TokensPrompt) == (TextPrompt, TokensPrompt)
 
 
@@ -23,15 +25,18 @@ def test_the_prompt_types_are_vllms_typed_dicts() -> None:
     "prompt, error, message",
     [
         ({"prompt_token_ids": [1], "multi_modal_data": {}}, ValueError, r"\['multi_modal_data'\]"),
-        ({"prompt": "Hi", "cache_salt": "s"}, ValueError, r"keys \['cache_salt'\] are not"),
-        ({"prompt_ids": [1]}, ValueError, "'prompt' and 'prompt_token_ids'"),
+        ({"prompt": "Hi", "cache_salt": ""}, ValueError, "'cache_salt' must be a non-empty str"),
+        ({"prompt": "Hi", "cache_salt": 5}, ValueError, "'cache_salt' must be a non-empty str"),
+        ({"prompt_ids": [1]}, ValueError, "'prompt_token_ids', 'prompt' and 'cache_salt'"),
         ({"prompt": 5}, TypeError, "'prompt' must be a str, got int"),
     ],
 )
 def test_a_prompt_dict_pagedllm_cannot_honour_is_refused(prompt, error, message) -> None:
-    """An image, a cache salt or a misspelt key would otherwise be dropped without a word."""
+    """An image or a misspelt key would otherwise be dropped without a word; a cache salt
+    must be vLLM's non-empty string."""
     with pytest.raises(error, match=message):
         check_prompt_dict(prompt)
+    check_prompt_dict({"prompt": "Hi", "cache_salt": "s"})
 
 
 def test_generate_takes_a_tokens_prompt_as_it_is(tiny_model_path, hf_greedy) -> None:

@@ -400,17 +400,42 @@ def test_ctrl_c_in_the_last_step_is_not_lost(llm_for) -> None:
 
 
 def test_vllms_call_options_that_ask_for_nothing_are_accepted(llm_for) -> None:
-    """vLLM wrappers pass lora_request=None, priority 0 and a content format routinely."""
+    """vLLM wrappers pass lora_request=None, priority 0 and a content format routinely;
+    a nonzero priority needs scheduling_policy="priority" (vLLM's rule)."""
     llm = llm_for("llama-gqa-llama3")
     prompts = as_prompts([[5, 6]])
     (out,) = llm.generate(prompts, greedy_params(2), False, lora_request=None, priority=[0])
     assert len(out.outputs[0].token_ids) == 2
-    for kwargs, words in [
-        ({"lora_request": object()}, "no LoRA adapters"),
-        ({"priority": [1]}, "first come, first served"),
+    for kwargs, error, words in [
+        ({"lora_request": object()}, ValueError, "no LoRA adapters"),
+        ({"priority": [1]}, ValueError, "Got priority 1 but priority scheduling is not enabled"),
+        ({"priority": [0, 0]}, ValueError, "got 2 priorities for 1 prompts"),
+        ({"priority": 0}, TypeError, "priority must be a list of ints, one per prompt"),
     ]:
-        with pytest.raises(ValueError, match=words):
+        with pytest.raises(error, match=words):
             llm.generate(prompts, greedy_params(2), False, **kwargs)
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_priority_scheduling_keeps_transformers_greedy(tiny_model_path, hf_greedy) -> None:
+    """Under scheduling_policy="priority", with a cache small enough to preempt, each
+    prompt's greedy tokens are transformers' whatever its priority; the prompts are admitted
+    most urgent first (the last given here)."""
+    name = "llama-gqa-llama3"
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 320, (n,), generator=gen).tolist() for n in (10, 12, 14, 8)]
+    llm = LLM(
+        tiny_model_path(name),
+        **ENGINE_KWARGS,
+        num_kv_blocks=6,
+        max_model_len=64,
+        scheduling_policy="priority",
+    )
+    outputs = llm.generate(as_prompts(prompts), greedy_params(40), False, priority=[3, 2, 1, 0])
+    assert llm.llm_engine.scheduler.num_preemptions > 0
+    assert_matches_reference(outputs, hf_greedy(name, prompts, 40))
+    starts = [o.metrics["first_scheduled_time"] for o in outputs]
+    assert sorted(starts, reverse=True) == starts
 
 
 def test_chat_and_encode_take_vllms_options(tmp_path, tiny_model_path) -> None:

@@ -2,7 +2,9 @@
 
 A physical block holds the KV of `block_size` consecutive tokens of one or more
 sequences. Prefix caching (as in vLLM and nano-vllm): the hash of full block i is
-xxhash64(hash of block i-1, token ids of block i), so equal hashes mean equal prefixes.
+xxhash64(hash of block i-1, token ids of block i), so equal hashes mean equal prefixes;
+a request's `cache_salt` stands in for block 0's parent, so salted chains are shared only
+by requests with the same salt (vLLM's prefix-cache isolation).
 A block is registered under its hash only once its KV is computed (`mark_computed`), so
 a lookup never finds a block that is still being written.
 
@@ -25,9 +27,13 @@ import xxhash
 from pagedllm.core.sequence import Sequence
 
 
-def hash_block(parent_hash: int | None, token_ids: list[int]) -> int:
+def hash_block(parent_hash: int | None, token_ids: list[int], cache_salt: str | None = None) -> int:
     """xxhash64 of the parent's hash (8 bytes little-endian, absent for block 0) and the
-    block's token ids as int64."""
+    block's token ids as int64. A salted block 0 (vLLM's cache_salt) takes the xxhash64 of
+    the salt's UTF-8 bytes as its parent, so the chain carries the salt to every block."""
+    if cache_salt is not None:
+        assert parent_hash is None, "only block 0 is salted"
+        parent_hash = xxhash.xxh64_intdigest(cache_salt.encode())
     prefix = b"" if parent_hash is None else parent_hash.to_bytes(8, "little")
     return xxhash.xxh64_intdigest(prefix + array("q", token_ids).tobytes())
 
@@ -76,7 +82,8 @@ class BlockManager:
         """Extend seq.block_hashes to cover every full block of seq."""
         hashes = seq.block_hashes
         for i in range(len(hashes), seq.num_tokens // self.block_size):
-            hashes.append(hash_block(hashes[-1] if hashes else None, seq.block_token_ids(i)))
+            parent, salt = (hashes[-1], None) if hashes else (None, seq.cache_salt)
+            hashes.append(hash_block(parent, seq.block_token_ids(i), salt))
         return hashes
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:

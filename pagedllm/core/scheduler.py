@@ -1,11 +1,22 @@
 """Continuous batching with chunked prefill and preemption by recompute (as vLLM v1).
 
-Each step first serves the running sequences in admission order (a decode takes 1 token,
+Each step first serves the running sequences in queue order (a decode takes 1 token,
 a sequence still in prefill takes its next chunk), then admits waiting sequences in
-arrival order, all within `max_num_batched_tokens` tokens and `max_num_seqs` sequences.
-When a running sequence cannot get the blocks it needs, the most recently admitted
-running sequence is preempted: its blocks are freed and it goes to the front of the
-waiting queue, to be re-prefilled (prompt and outputs so far) when blocks allow.
+queue order, all within `max_num_batched_tokens` tokens and `max_num_seqs` sequences.
+When a running sequence cannot get the blocks it needs, the last running sequence in
+queue order is preempted: its blocks are freed and it goes back to the waiting queue, to
+be re-prefilled (prompt and outputs so far) when blocks allow.
+
+The queue order is the policy's (SchedulerConfig.policy, vLLM's --scheduling-policy):
+  "fcfs"      running in admission order, waiting in arrival order; a preempted
+              sequence goes to the front of the waiting queue (the newest is preempted).
+  "priority"  both queues in (priority, arrival time) order, lower first, equals in the
+              order they joined; a preempted sequence goes back to its place, and the
+              running sequence preempted is the one of largest (priority, arrival time),
+              as in vLLM v1. A waiting sequence never preempts a running one.
+Under either, the victim is the last running sequence not in flight, and the running
+loop has not reached it yet (or it is the sequence short of blocks itself), so a step
+never preempts a sequence it has already scheduled.
 
 One step, as the engine drives it:
     out = scheduler.schedule()
@@ -33,6 +44,7 @@ steps at once, since the engine processes a step before it schedules a third. A 
 in flight is never preempted: one short of blocks waits for the next step.
 """
 
+import bisect
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -104,6 +116,7 @@ class Scheduler:
         self.block_manager = block_manager
         # Whether a sequence in flight is scheduled again (else it waits for its update).
         self.async_scheduling = config.async_scheduling
+        self.by_priority = config.policy == "priority"
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.in_flight: set[int] = set()  # seq_ids of scheduled batches not yet updated
@@ -129,8 +142,22 @@ class Scheduler:
                 f"prompt of {seq.num_tokens} tokens exceeds max_num_batched_tokens="
                 f"{self.max_num_batched_tokens}; enable chunked prefill or shorten the prompt"
             )
-        self.waiting.append(seq)
+        self._add_waiting(seq)
         self.num_unfinished[seq.request_id] += 1
+
+    def _add_waiting(self, seq: Sequence, preempted: bool = False) -> None:
+        if self.by_priority:
+            bisect.insort(self.waiting, seq, key=_queue_key)
+        elif preempted:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _add_running(self, seq: Sequence) -> None:
+        if self.by_priority:
+            bisect.insort(self.running, seq, key=_queue_key)
+        else:
+            self.running.append(seq)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -172,9 +199,9 @@ class Scheduler:
         return self.async_scheduling and seq.num_scheduled_tokens < seq.num_tokens_with_placeholders
 
     def _reserve_slots(self, seq: Sequence, num_new_tokens: int, out: SchedulerOutput) -> bool:
-        """Get blocks for seq's new tokens, preempting the newest running sequences not in
-        flight while they are short. False if seq is short: preempted, or in flight (then
-        it preempts nothing, and waits)."""
+        """Get blocks for seq's new tokens, preempting the last running sequences in queue
+        order not in flight while they are short. False if seq is short: preempted, or in
+        flight (then it preempts nothing, and waits)."""
         num_new_tokens += seq.num_in_flight_tokens  # the block manager counts from computed
         if self.block_manager.appends_in_place(seq, num_new_tokens):
             return True
@@ -196,7 +223,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self._add_waiting(seq, preempted=True)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, max_seqs: int) -> None:
         """Admit waiting sequences in order while tokens, sequence slots and blocks allow."""
@@ -218,7 +245,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
-            self.running.append(seq)
+            self._add_running(seq)
             num_new_tokens = min(num_new_tokens, budget)
             out.scheduled.append(ScheduledSequence(seq, num_new_tokens))
             budget -= num_new_tokens
@@ -259,7 +286,7 @@ class Scheduler:
         assert parent.status is SequenceStatus.RUNNING
         self.block_manager.fork(parent, child)
         child.status = SequenceStatus.RUNNING
-        self.running.append(child)
+        self._add_running(child)
         self.num_unfinished[child.request_id] += 1
 
     def abort_seq(self, seq_id_or_request_id: int | str) -> bool:
@@ -286,3 +313,8 @@ class Scheduler:
         if not self.num_unfinished[seq.request_id]:
             del self.num_unfinished[seq.request_id]
             self.finished_req_ids.add(seq.request_id)
+
+
+def _queue_key(seq: Sequence) -> tuple[int, float]:
+    """The "priority" policy's order: lower priority first, then earlier arrival."""
+    return seq.priority, seq.arrival_time

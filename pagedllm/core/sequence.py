@@ -55,6 +55,10 @@ class Sequence:
     `num_in_flight_tokens`, and the token it will sample (if its chunk reaches the end) in
     `num_output_placeholders`: under async scheduling the next step is scheduled before
     that token is known (core/scheduler.py).
+
+    `priority` (lower first) and `arrival_time` order the scheduler's queues under its
+    "priority" policy; `cache_salt` is mixed into the hash of block 0, so only sequences
+    with the same salt (or none) share prefix-cache blocks (core/block_manager.py).
     """
 
     def __init__(
@@ -65,6 +69,8 @@ class Sequence:
         sampling_params: object | None = None,
         request_id: str | None = None,
         arrival_time: float = 0.0,
+        priority: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
         if len(token_ids) == 0:
             raise ValueError("a prompt must hold at least 1 token, got 0")
@@ -81,6 +87,8 @@ class Sequence:
         self.block_size = block_size
         self.sampling_params = sampling_params
         self.arrival_time = arrival_time
+        self.priority = priority
+        self.cache_salt = cache_salt
         self.num_computed_tokens = 0
         self.num_in_flight_tokens = 0
         self.num_output_placeholders = 0

@@ -82,6 +82,8 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     async_scheduling: bool | None = None  # None: where it is supported (default_async_scheduling)
+    # vLLM's: "fcfs" or "priority" (requests' `priority`, lower first; config.py)
+    scheduling_policy: str = "fcfs"
     kv_cache_dtype: str = "auto"
     seed: int = 0
     skip_tokenizer_init: bool = False
@@ -208,6 +210,7 @@ class EngineArgs:
             max_num_batched_tokens=tokens,
             enable_chunked_prefill=self.enable_chunked_prefill,
             async_scheduling=async_scheduling,
+            policy=self.scheduling_policy,
         )
 
     @staticmethod

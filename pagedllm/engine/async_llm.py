@@ -43,6 +43,7 @@ class _Add:
     prompt: PromptType
     params: SamplingParams | PoolingParams
     added: asyncio.Future
+    priority: int = 0
 
 
 @dataclass
@@ -148,10 +149,15 @@ class AsyncLLM:
         return request_id in self._collectors
 
     async def generate(
-        self, prompt: PromptType, params: SamplingParams | PoolingParams, request_id: str
+        self,
+        prompt: PromptType,
+        params: SamplingParams | PoolingParams,
+        request_id: str,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput | PoolingRequestOutput]:
         """Outputs of one request as the engine makes them (as params.output_kind says;
-        a pooling request's one output when it finishes).
+        a pooling request's one output when it finishes). `priority`: vLLM's (lower is
+        served first), for an engine whose scheduling policy is "priority".
 
         A bad request raises ValueError/TypeError before the first output. Closing the
         iterator early (or cancelling its consumer) aborts the request, which frees its
@@ -167,7 +173,7 @@ class AsyncLLM:
         outputs = self._collectors[request_id] = RequestOutputCollector(aggregate=delta)
         added = self._loop.create_future()
         finished = False
-        self._commands.put(_Add(request_id, prompt, params, added))
+        self._commands.put(_Add(request_id, prompt, params, added, priority))
         try:
             await added
             while not finished:
@@ -238,7 +244,9 @@ class AsyncLLM:
         if command.added.cancelled():
             return
         try:
-            self.engine.add_request(command.request_id, command.prompt, command.params)
+            self.engine.add_request(
+                command.request_id, command.prompt, command.params, priority=command.priority
+            )
         except Exception as e:  # noqa: BLE001 - a request that can't be added fails alone
             self._call_soon(_settle, command.added, e)
             return

@@ -142,11 +142,13 @@ class DPEngine:
         prompt: PromptType,
         params: SamplingParams | PoolingParams | None = None,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> None:
+        """The replica checks the request (priority included) as LLMEngine does."""
         if request_id in self._engine_of:
             raise ValueError(f"request_id {request_id!r} is already in use")
         try:
-            message = pickle.dumps(("add", request_id, prompt, params))
+            message = pickle.dumps(("add", request_id, prompt, params, priority))
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise ValueError(f"the request cannot be sent to an engine replica: {e}") from e
         key = prefix_key(prompt, self.config.cache_config.block_size)

@@ -66,20 +66,28 @@ def prefix_key(prompt: object, block_size: int) -> int | None:
     token ids where it has them (token prompts; the server's chat, completion and
     embedding requests, tokenized before they are routed), else of its text's first
     `block_size * CHARS_PER_TOKEN` characters. None when the prompt is shorter than that
-    (no full block) or is not a prompt (the engine replica that gets it reports why)."""
+    (no full block) or is not a prompt (the engine replica that gets it reports why). A
+    prompt's `cache_salt` is part of the key, as it is of the block's hash."""
     tokens: Sequence[int] | None = None
-    text = None
+    text = salt = None
     if isinstance(prompt, dict):
         tokens, text = prompt.get("prompt_token_ids"), prompt.get("prompt")
+        salt = prompt.get("cache_salt")
     elif isinstance(prompt, str):
         text = prompt
     elif isinstance(prompt, list | tuple):
         tokens = prompt
+    key = None
     if tokens is not None:
-        return _tokens_key(tokens, block_size)
-    if isinstance(text, str) and len(text) >= block_size * CHARS_PER_TOKEN:
-        return hash(text[: block_size * CHARS_PER_TOKEN])
-    return None
+        key = _tokens_key(tokens, block_size)
+    elif isinstance(text, str) and len(text) >= block_size * CHARS_PER_TOKEN:
+        key = hash(text[: block_size * CHARS_PER_TOKEN])
+    if key is None or salt is None:
+        return key
+    try:
+        return hash((salt, key))
+    except TypeError:  # a bad salt: the replica refuses the request
+        return None
 
 
 def _tokens_key(tokens: Sequence[int], block_size: int) -> int | None:

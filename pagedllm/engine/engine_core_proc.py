@@ -2,7 +2,8 @@
 LLMEngine (its own executor, tensor-parallel workers included, and KV cache) driven by
 messages over a multiprocessing pipe from the DPEngine in the server's (or LLM's) process.
 
-In (parent -> replica):  ("add", request_id, prompt, params), ("abort", [request_id, ...]),
+In (parent -> replica):  ("add", request_id, prompt, params, priority),
+                          ("abort", [request_id, ...]),
                           ("stop",)
 Out (replica -> parent): ("ready", stats) once loaded, or ("error", error) and exit 1: the
                           ValueError / TypeError of a bad setting, else the traceback;
@@ -97,14 +98,17 @@ class EngineCore:
             if command[0] == "abort":
                 self.engine.abort_request(command[1])
             else:
-                _, request_id, prompt, params = command
-                self.conn.send(("added", request_id, self._add(request_id, prompt, params)))
+                _, request_id, prompt, params, priority = command
+                error = self._add(request_id, prompt, params, priority)
+                self.conn.send(("added", request_id, error))
         self.conn.send(("stats", self.engine.get_stats()))
         return True
 
-    def _add(self, request_id: str, prompt: object, params: object) -> Exception | None:
+    def _add(
+        self, request_id: str, prompt: object, params: object, priority: int
+    ) -> Exception | None:
         try:
-            self.engine.add_request(request_id, prompt, params)
+            self.engine.add_request(request_id, prompt, params, priority=priority)
         except Exception as e:  # noqa: BLE001 - a request that can't be added fails alone
             return _portable_error(e)
         return None

@@ -3,9 +3,10 @@ pooling model, its prompt and PoolingParams -> a validated PoolingRequest).
 
 The only place requests are checked against the engine: the sampling parameters against
 the model (vocabulary, logprobs cap, max_n, the logits processors' own checks), the prompt
-(tokenized here when it is text) against the vocabulary and max_model_len, the fan-out
-against the KV cache, and the structured-output constraint (checked here, then compiled
-off the engine thread). A bad request raises ValueError/TypeError and changes nothing.
+(tokenized here when it is text; its cache_salt checked) against the vocabulary and
+max_model_len, the priority against the scheduling policy, the fan-out against the KV
+cache, and the structured-output constraint (checked here, then compiled off the engine
+thread). A bad request raises ValueError/TypeError and changes nothing.
 """
 
 from collections.abc import Callable, Sequence
@@ -21,7 +22,7 @@ from pagedllm.engine.detokenizer import make_detokenizer
 from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Completion, Request
 from pagedllm.inputs import PromptType as UserPrompt
-from pagedllm.inputs import check_prompt_dict
+from pagedllm.inputs import cache_salt_of, check_prompt_dict
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams, truncated_prompt
 from pagedllm.structured_output import GrammarMatcher, StructuredOutputManager
@@ -93,14 +94,25 @@ class InputProcessor:
         prompt: PromptType,
         params: SamplingParams | None,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> Request:
         """A Request with its first sequence (its n completions fork at the first token)."""
+        self._check_priority(priority)
         params = self._prepare_params(params)
         text, token_ids = self._tokenize(prompt, params.truncate_prompt_tokens)
         self._check_fits_cache(len(token_ids), params)
         request = Request(request_id, text, token_ids, params, arrival_time)
         block_size = self.config.cache_config.block_size
-        seq = Seq(new_seq_id(), token_ids, block_size, params, request_id)
+        seq = Seq(
+            new_seq_id(),
+            token_ids,
+            block_size,
+            params,
+            request_id,
+            request.arrival_time,
+            priority,
+            cache_salt_of(prompt),
+        )
         seq.skip_prefix_cache = params.prompt_logprobs is not None
         detokenizer = make_detokenizer(self.tokenizer, token_ids, params)
         request.completions.append(Completion(0, seq, detokenizer))
@@ -114,8 +126,10 @@ class InputProcessor:
         prompt: PromptType,
         params: PoolingParams | None,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> PoolingRequest:
         """A PoolingRequest whose one sequence runs its prompt's prefill only."""
+        self._check_priority(priority)
         model_config = self.config.model_config
         if model_config.runner_type != "pooling":
             raise ValueError(
@@ -129,9 +143,23 @@ class InputProcessor:
         params.verify(size, model_config.is_matryoshka, model_config.matryoshka_dimensions)
         text, token_ids = self._tokenize(prompt, params.truncate_prompt_tokens)
         block_size = self.config.cache_config.block_size
-        seq = Seq(new_seq_id(), token_ids, block_size, params, request_id)
+        seq = Seq(new_seq_id(), token_ids, block_size, params, request_id, priority=priority)
         seq.skip_prefix_cache = True
-        return PoolingRequest(request_id, text, token_ids, params, seq, arrival_time)
+        request = PoolingRequest(request_id, text, token_ids, params, seq, arrival_time)
+        seq.arrival_time = request.arrival_time
+        return request
+
+    def _check_priority(self, priority: int) -> None:
+        """vLLM's rule: a request's priority is an int, and only 0 unless the engine
+        schedules by priority."""
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+        if priority != 0 and self.config.scheduler_config.policy != "priority":
+            raise ValueError(
+                f"Got priority {priority} but priority scheduling is not enabled: start the "
+                "engine with scheduling_policy='priority' (--scheduling-policy priority), "
+                "or send priority 0"
+            )
 
     def _prepare_params(self, params: SamplingParams | None) -> SamplingParams:
         if self.config.model_config.runner_type == "pooling":

@@ -168,20 +168,22 @@ class LLMEngine:
         prompt: PromptType,
         params: SamplingParams | PoolingParams | None = None,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> None:
         """Validate and queue a request; a bad one raises ValueError and changes nothing.
-        A pooling model's requests take PoolingParams (None: the defaults)."""
+        A pooling model's requests take PoolingParams (None: the defaults). `priority`
+        (vLLM's; lower is served first) needs the "priority" scheduling policy unless 0."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         processor = self.input_processor
         if isinstance(params, PoolingParams) or (
             params is None and self.model_config.runner_type == "pooling"
         ):
-            pooling = processor.process_pooling(request_id, prompt, params, arrival_time)
+            pooling = processor.process_pooling(request_id, prompt, params, arrival_time, priority)
             self.requests[request_id] = pooling
             self.scheduler.add_seq(pooling.seq)
             return
-        request = processor.process(request_id, prompt, params, arrival_time)
+        request = processor.process(request_id, prompt, params, arrival_time, priority)
         self.requests[request_id] = request
         if request.compiling_matchers is None:
             self.scheduler.add_seq(request.completions[0].seq)

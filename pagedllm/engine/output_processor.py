@@ -154,6 +154,9 @@ class OutputProcessor:
                 parent.block_size,
                 request.params,
                 request.request_id,
+                parent.arrival_time,
+                parent.priority,
+                parent.cache_salt,
             )
             self.scheduler.fork_seq(parent, child)
             detokenizer = make_detokenizer(self.tokenizer, request.prompt_token_ids, request.params)

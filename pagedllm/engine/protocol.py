@@ -40,7 +40,7 @@ class EngineClient(Protocol):
         """Release the model's processes (tensor-parallel workers)."""
 
     def generate(
-        self, prompt: PromptType, params: SamplingParams, request_id: str
+        self, prompt: PromptType, params: SamplingParams, request_id: str, priority: int = 0
     ) -> AsyncIterator[RequestOutput]: ...
 
     def encode(

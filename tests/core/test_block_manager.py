@@ -29,6 +29,41 @@ def test_hash_block_is_xxhash64_of_parent_then_tokens() -> None:
     assert hash_block(parent, tokens) == expected != parent
 
 
+def test_a_salted_block_0_hashes_the_salt_as_its_parent() -> None:
+    """vLLM's cache_salt: mixed into block 0's hash only; the chain carries it on."""
+    tokens = [1, 2, 3, 4]
+    salt_parent = xxhash.xxh64_intdigest(b"salt-a")
+    assert hash_block(None, tokens, "salt-a") == hash_block(salt_parent, tokens)
+    assert len({hash_block(None, tokens, s) for s in (None, "salt-a", "salt-b")}) == 3
+
+
+def salted_hashes(token_ids: list[int], salt: str | None) -> list[int]:
+    bm = BlockManager(num_blocks=10, block_size=4)
+    seq = Sequence(0, token_ids, 4, cache_salt=salt)
+    bm.num_prefix_hit_tokens(seq)  # fills seq.block_hashes
+    return seq.block_hashes
+
+
+def test_every_block_hash_depends_on_the_salt() -> None:
+    tokens = list(range(12))
+    plain, a, b = (salted_hashes(tokens, s) for s in (None, "a", "b"))
+    assert salted_hashes(tokens, "a") == a
+    assert all(len({x, y, z}) == 3 for x, y, z in zip(plain, a, b, strict=True))
+    assert a[1] == hash_block(a[0], tokens[4:8])
+
+
+@pytest.mark.parametrize("first, second, hits", [("a", "a", 8), ("a", "b", 0), (None, "a", 0)])
+def test_salted_prefixes_are_shared_by_the_same_salt_only(
+    first: str | None, second: str | None, hits: int
+) -> None:
+    bm = BlockManager(num_blocks=10, block_size=4)
+    admit_and_compute(bm, Sequence(0, list(range(12)), 4, cache_salt=first))
+    later = Sequence(1, list(range(12)), 4, cache_salt=second)
+    bm.allocate(later)
+    assert later.num_cached_tokens == later.num_computed_tokens == hits
+    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (24, hits)
+
+
 def test_allocate_free_accounting() -> None:
     bm = BlockManager(num_blocks=10, block_size=4)
     seq = new_seq(0, list(range(10)))

@@ -24,16 +24,21 @@ class FakeEngine:
         max_num_seqs: int = 8,
         max_num_batched_tokens: int = 16,
         enable_chunked_prefill: bool = True,
+        policy: str = "fcfs",
     ) -> None:
         self.bm = BlockManager(num_blocks, block_size)
-        config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
+        config = SchedulerConfig(
+            max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, policy=policy
+        )
         self.scheduler = Scheduler(config, self.bm)
         self.kv: list[list[int | None]] = [[None] * block_size for _ in range(num_blocks)]
         self.seqs: list[Sequence] = []
         self.num_steps = 0
 
-    def add(self, prompt: list[int], max_tokens: int) -> Sequence:
-        seq = Sequence(len(self.seqs), prompt, self.bm.block_size, sampling_params=max_tokens)
+    def add(self, prompt: list[int], max_tokens: int, priority: int = 0) -> Sequence:
+        """A sequence arriving now (its arrival time: its index)."""
+        seq_id = len(self.seqs)
+        seq = Sequence(seq_id, prompt, self.bm.block_size, max_tokens, None, seq_id, priority)
         self.seqs.append(seq)
         self.scheduler.add_seq(seq)
         return seq
@@ -91,6 +96,10 @@ class FakeEngine:
         assert all(seq.status is SequenceStatus.WAITING for seq in scheduler.waiting)
         assert all(not seq.block_table for seq in scheduler.waiting)
         assert all(seq.status is SequenceStatus.RUNNING for seq in scheduler.running)
+        if scheduler.by_priority:
+            for queue in (list(scheduler.waiting), scheduler.running):
+                keys = [(seq.priority, seq.arrival_time) for seq in queue]
+                assert keys == sorted(keys), "a queue is out of (priority, arrival) order"
         self.bm.check_invariants(scheduler.running)
         assert scheduler.num_preemptions == sum(seq.num_preemptions for seq in self.seqs)
 
@@ -200,7 +209,14 @@ def test_sequence_larger_than_the_cache_raises() -> None:
 
 
 def fork(engine: FakeEngine, parent: Sequence) -> Sequence:
-    child = Sequence(len(engine.seqs), parent.token_ids, parent.block_size, parent.sampling_params)
+    child = Sequence(
+        len(engine.seqs),
+        parent.token_ids,
+        parent.block_size,
+        parent.sampling_params,
+        arrival_time=parent.arrival_time,
+        priority=parent.priority,
+    )
     engine.seqs.append(child)
     engine.scheduler.fork_seq(parent, child)
     return child
@@ -218,18 +234,68 @@ def test_forked_sequences_copy_the_shared_block_on_write() -> None:
     assert engine.bm.num_free_blocks == 64
 
 
-@pytest.mark.parametrize("seed, chunked", [(0, True), (1, False), (2, True)])
-def test_random_traffic_keeps_every_invariant(seed: int, chunked: bool) -> None:
+def first_scheduled_order(engine: FakeEngine) -> list[Sequence]:
+    """Run to completion; the sequences in the order they were first scheduled."""
+    order: list[Sequence] = []
+    while engine.scheduler.has_unfinished_seqs():
+        order += [s.seq for s in engine.step().scheduled if s.seq not in order]
+    return order
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_priority_admits_a_later_urgent_request_first(policy: str) -> None:
+    """vLLM v1's priority policy: waiting requests by (priority, arrival), lower first;
+    fcfs keeps arrival order."""
+    engine = FakeEngine(max_num_seqs=1, policy=policy)
+    first = engine.add([1, 2, 3], max_tokens=2, priority=1)
+    engine.step()  # first runs: the batch is full
+    early = engine.add([4, 5, 6], max_tokens=2, priority=1)
+    urgent = engine.add([7, 8, 9], max_tokens=2, priority=0)
+    expected = [urgent, early] if policy == "priority" else [early, urgent]
+    assert first_scheduled_order(engine) == [first, *expected]
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_preemption_evicts_the_lowest_priority_then_the_latest(policy: str) -> None:
+    """vLLM v1: under "priority" the running sequence of largest (priority, arrival) is
+    preempted and goes back to its place in the waiting queue; under "fcfs" the newest,
+    back to the front. Each sequence grows to 3 blocks; 3 running need 9 of the 6."""
+    engine = FakeEngine(num_blocks=6, block_size=4, max_num_seqs=3, policy=policy)
+    seqs = [engine.add([10 * i + j for j in range(4)], 8, p) for i, p in enumerate([1, 1, 0])]
+    engine.step()
+    waiting = engine.add([90, 91, 92, 93], max_tokens=8, priority=0)  # the batch is full
+    while not engine.scheduler.num_preemptions:
+        out = engine.step()
+    if policy == "priority":
+        assert out.preempted == [seqs[1]]  # priority 1 as seqs[0], but later
+        assert list(engine.scheduler.waiting) == [waiting, seqs[1]]
+    else:
+        assert out.preempted == [seqs[2]]
+        assert list(engine.scheduler.waiting) == [seqs[2], waiting]
+    engine.run_to_completion()
+    assert all(seq.num_output_tokens == 8 for seq in engine.seqs)
+
+
+@pytest.mark.parametrize(
+    "seed, chunked, policy",
+    [(0, True, "fcfs"), (1, False, "fcfs"), (2, True, "fcfs"), (3, True, "priority")],
+)
+def test_random_traffic_keeps_every_invariant(seed: int, chunked: bool, policy: str) -> None:
     rng = random.Random(seed)
     engine = FakeEngine(
-        num_blocks=16, max_num_seqs=6, max_num_batched_tokens=32, enable_chunked_prefill=chunked
+        num_blocks=16,
+        max_num_seqs=6,
+        max_num_batched_tokens=32,
+        enable_chunked_prefill=chunked,
+        policy=policy,
     )
     prefixes = [[rng.randrange(50) for _ in range(8)] for _ in range(3)]
     for _ in range(200):
         if rng.random() < 0.4:
             prompt = rng.choice(prefixes)[: rng.randint(0, 8)]
             prompt += [rng.randrange(50) for _ in range(rng.randint(1, 12))]
-            engine.add(prompt, max_tokens=rng.randint(1, 12))
+            priority = rng.randint(-2, 2) if policy == "priority" else 0
+            engine.add(prompt, max_tokens=rng.randint(1, 12), priority=priority)
         live = [*engine.scheduler.waiting, *engine.scheduler.running]
         if live and rng.random() < 0.05:
             assert engine.scheduler.abort_seq(rng.choice(live).seq_id)

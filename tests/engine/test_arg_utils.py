@@ -96,6 +96,8 @@ def test_flags_round_trip_with_their_types() -> None:
         "--no-enable-prefix-caching",
         "--no-enable-chunked-prefill",
         "--async-scheduling",
+        "--scheduling-policy",
+        "priority",
         "--skip-tokenizer-init",
         "--device",
         "cpu",
@@ -163,6 +165,7 @@ def test_flags_round_trip_with_their_types() -> None:
         enable_prefix_caching=False,
         enable_chunked_prefill=False,
         async_scheduling=True,
+        scheduling_policy="priority",
         skip_tokenizer_init=True,
         device="cpu",
         max_logprobs=4,
@@ -228,6 +231,7 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
         max_num_batched_tokens=64,
         enable_prefix_caching=False,
         enable_chunked_prefill=True,
+        scheduling_policy="priority",
         seed=11,
         skip_tokenizer_init=True,
         device="cpu",
@@ -257,6 +261,7 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
         64,
         True,
     )
+    assert sched.policy == "priority"
     assert config.parallel_config.tensor_parallel_size == 2
     assert config.parallel_config.enable_expert_parallel is True
     parallel = config.parallel_config
@@ -273,6 +278,12 @@ def test_create_engine_config_passes_every_field(tiny_model_path) -> None:
     assert config.attention_backend == "TORCH_SDPA"
     assert (model.hf_config.num_hidden_layers, model.hf_config.rope_theta) == (1, 500.0)
     assert (model.tokenizer, model.tokenizer_mode) == (args.tokenizer, "slow")
+
+
+def test_an_unknown_scheduling_policy_is_named_with_the_choices(tiny_model_path) -> None:
+    args = EngineArgs(tiny_model_path(LLAMA), scheduling_policy="lifo", device="cpu")
+    with pytest.raises(ValueError, match="scheduling policy 'lifo' .* use one of fcfs, priority"):
+        args.create_engine_config()
 
 
 @pytest.mark.parametrize("overrides", ["{not json", "[1, 2]", {1: 2}])

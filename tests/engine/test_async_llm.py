@@ -212,10 +212,10 @@ def test_add_request_crash_fails_that_request_only(
     engine = make_engine(tiny_model_path(LLAMA))
     real_add = engine.add_request
 
-    def add_request(request_id: str, *args: object) -> None:
+    def add_request(request_id: str, *args: object, **kwargs: object) -> None:
         if request_id == "crash":
             raise MemoryError("no room for its generators")
-        real_add(request_id, *args)
+        real_add(request_id, *args, **kwargs)
 
     monkeypatch.setattr(engine, "add_request", add_request)
 

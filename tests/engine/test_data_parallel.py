@@ -31,8 +31,8 @@ def _prompts() -> list[dict]:
 
 
 def test_offline_data_parallel_equals_one_engine_in_order(tiny_model_path) -> None:
-    """Outputs equal one engine's, in input order; a bad request raises at generate; a
-    killed replica makes generate raise."""
+    """Outputs equal one engine's, in input order; a bad request (a priority the replica's
+    policy refuses among them) raises at generate; a killed replica makes generate raise."""
     model = tiny_model_path(LLAMA)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     with LLM(model, **ENGINE_KWARGS) as one:
@@ -44,6 +44,8 @@ def test_offline_data_parallel_equals_one_engine_in_order(tiny_model_path) -> No
         per_engine = engine.get_stats_per_engine()
         with pytest.raises(ValueError, match="max_tokens"):
             two.generate(_prompts()[:1], SamplingParams(max_tokens=0))
+        with pytest.raises(ValueError, match="Got priority 1 but priority scheduling"):
+            two.generate(_prompts()[:1], params, priority=[1])  # the replica's check
         assert not engine.has_unfinished_requests()
         os.kill(engine.processes[1].pid, signal.SIGKILL)
         engine.processes[1].join(10)

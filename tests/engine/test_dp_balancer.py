@@ -44,6 +44,16 @@ def test_prefix_key_is_of_the_first_full_block() -> None:
     assert prefix_key(3, 16) is None
 
 
+def test_the_cache_salt_is_part_of_the_prefix_key() -> None:
+    """Salted prompts share cached blocks with their own salt only (core/block_manager.py),
+    so they are routed by prompt and salt."""
+    plain = prefix_key({"prompt_token_ids": BLOCK}, 16)
+    keys = [prefix_key({"prompt_token_ids": BLOCK, "cache_salt": s}, 16) for s in "aab"]
+    assert keys[0] == keys[1] and len({plain, keys[0], keys[2]}) == 3
+    assert prefix_key({"prompt_token_ids": BLOCK[:15], "cache_salt": "a"}, 16) is None
+    assert prefix_key({"prompt_token_ids": BLOCK, "cache_salt": ["a"]}, 16) is None
+
+
 def test_text_prefix_key_is_of_the_text_a_first_block_covers() -> None:
     """A text prompt's key is its first block_size * CHARS_PER_TOKEN characters."""
     reach = 16 * CHARS_PER_TOKEN

@@ -90,6 +90,22 @@ def test_bad_prompts_are_rejected(make_processor, prompt, error, match) -> None:
         make_processor().process("r", prompt, SamplingParams(max_tokens=1))
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_priority_and_cache_salt_reach_the_sequence(make_processor, policy) -> None:
+    """vLLM's rule: a nonzero priority needs the "priority" policy; an int, not a bool."""
+    processor = make_processor(scheduling_policy=policy)
+    prompt = {"prompt_token_ids": [3, 4], "cache_salt": "s"}
+    seq = processor.process("r", prompt, SamplingParams(), 5.0, 0).completions[0].seq
+    assert (seq.priority, seq.cache_salt, seq.arrival_time) == (0, "s", 5.0)
+    with pytest.raises(TypeError, match="priority must be an int, got bool"):
+        processor.process("r", [3], SamplingParams(), priority=True)
+    if policy == "fcfs":
+        with pytest.raises(ValueError, match=r"Got priority 2 .*\(--scheduling-policy priority\)"):
+            processor.process("r", [3], SamplingParams(), priority=2)
+    else:
+        assert processor.process("r", [3], None, priority=2).completions[0].seq.priority == 2
+
+
 def test_prompt_of_max_model_len_is_accepted(make_processor) -> None:
     """Guards the "long" case above: the limit itself is allowed."""
     request = make_processor().process("r", [3] * MAX_MODEL_LEN, SamplingParams(max_tokens=1))

@@ -86,6 +86,58 @@ def test_prefix_caching_skips_shared_prefix(tiny_model_path, hf_greedy, spread_p
     assert_matches_reference(run, ids, reference)
 
 
+def test_cache_salt_shares_cached_blocks_with_the_same_salt_only(
+    tiny_model_path, hf_greedy, spread_prompts
+) -> None:
+    """vLLM's cache_salt: the same prompt, one request at a time, hits the cache only after
+    a request of the same salt (or of none after none); the prefix-cache counters and
+    num_cached_tokens say so, and the greedy tokens are transformers' every time."""
+    prompt = spread_prompts[-1][:100]  # 6 full blocks
+    reference = hf_greedy(LLAMA, [prompt], 8)
+    engine = make_engine(tiny_model_path(LLAMA), num_kv_blocks=60)
+    salts = [None, "a", "b", "a", None, "b"]
+    cached = []
+    for i, salt in enumerate(salts):
+        salted = {} if salt is None else {"cache_salt": salt}
+        engine.add_request(str(i), {"prompt_token_ids": prompt, **salted}, greedy(8))
+        run = run_all(engine)
+        cached.append(run.outputs[str(i)].num_cached_tokens)
+        assert_matches_reference(run, [str(i)], reference)
+    assert cached == [0, 0, 0, 96, 96, 96]
+    assert engine.get_stats().prefix_cache_hits == 3 * 96
+
+
+def test_forks_and_recomputes_keep_the_cache_salt(tiny_model_path, spread_prompts) -> None:
+    """n=2 forks carry their request's salt, which preemption (recompute) keeps: a salted
+    request's greedy completions are the same after preemption as alone."""
+    params = SamplingParams(n=2, temperature=0, max_tokens=24, ignore_eos=True)
+    results = []
+    for kwargs in (dict(num_kv_blocks=120), dict(num_kv_blocks=17, max_num_batched_tokens=16)):
+        engine = make_engine(tiny_model_path(LLAMA), **kwargs)
+        for i, prompt in enumerate(spread_prompts[2:]):
+            engine.add_request(str(i), {"prompt_token_ids": prompt, "cache_salt": "s"}, params)
+        while not any(len(r.completions) == 2 for r in engine.requests.values()):
+            engine.step()
+        seqs = [c.seq for r in engine.requests.values() for c in r.completions]
+        assert {seq.cache_salt for seq in seqs} == {"s"}
+        run = run_all(engine)
+        results.append([[c.token_ids for c in run.outputs[str(i)].outputs] for i in range(6)])
+        assert (engine.scheduler.num_preemptions > 0) == (kwargs["num_kv_blocks"] == 17)
+    assert results[0] == results[1]
+
+
+def test_a_nonzero_priority_needs_the_priority_policy(tiny_model_path) -> None:
+    """vLLM's rule, at LLMEngine.add_request: fcfs takes priority 0 only."""
+    engine = make_engine(tiny_model_path(LLAMA), num_kv_blocks=20)
+    with pytest.raises(ValueError, match="Got priority -1 but priority scheduling is not enabled"):
+        engine.add_request("r", {"prompt_token_ids": [5, 6]}, greedy(2), priority=-1)
+    assert not engine.has_unfinished_requests()
+    engine = make_engine(tiny_model_path(LLAMA), num_kv_blocks=20, scheduling_policy="priority")
+    engine.add_request("r", {"prompt_token_ids": [5, 6]}, greedy(2), priority=-1)
+    assert engine.requests["r"].completions[0].seq.priority == -1
+    assert len(run_all(engine).outputs["r"].outputs[0].token_ids) == 2
+
+
 def test_prefix_caching_off_computes_everything(tiny_model_path, spread_prompts) -> None:
     engine = make_engine(tiny_model_path(LLAMA), num_kv_blocks=40, enable_prefix_caching=False)
     for rid in ("a", "b"):

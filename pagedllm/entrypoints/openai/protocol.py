@@ -8,10 +8,11 @@ place owns each rule and its message.
 import dataclasses
 import typing
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -70,6 +71,18 @@ def _check_strings(name: str, value: object) -> None:
             _check_strings(name, item)
 
 
+def _non_empty_salt(value: object) -> object:
+    """vLLM's rule and message."""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")
+    return value
+
+
+CacheSalt = Annotated[str | None, BeforeValidator(_non_empty_salt)]
+"""vLLM's cache_salt: mixed into the prefix-cache hash of the prompt's first block, so
+only requests with the same salt share cached blocks."""
+
+
 class StreamOptions(OpenAIRequestModel):
     """`continuous_usage_stats` (vLLM's): with `include_usage`, every chunk carries the
     usage so far. `include_obfuscation` (OpenAI's) is accepted; no obfuscation padding is
@@ -126,6 +139,9 @@ class SamplingFields(_SamplingParamsFields):
     length_penalty: float = 1.0
     """vLLM's: beam search ranks a beam by its cumulative logprob over its length to this
     power."""
+    cache_salt: CacheSalt = None
+    priority: int = 0
+    """vLLM's: lower is served first, under --scheduling-policy priority (else only 0)."""
 
     @field_validator("structured_outputs", mode="before")
     @classmethod

@@ -121,6 +121,8 @@ def chat_request_of(
         "stream_options": {"include_usage": True} if request.stream else None,
         "reasoning_effort": request.reasoning and request.reasoning.effort,
         "user": request.user,
+        "cache_salt": request.cache_salt,
+        "priority": request.priority,
     }
     try:
         return ChatCompletionRequest.model_validate(body)

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
 
-from pagedllm.entrypoints.openai.protocol import OpenAIBaseModel, OpenAIRequestModel
+from pagedllm.entrypoints.openai.protocol import CacheSalt, OpenAIBaseModel, OpenAIRequestModel
 
 
 def response_id(prefix: str) -> str:
@@ -178,6 +178,9 @@ class ResponsesRequest(OpenAIRequestModel):
     metadata: dict[str, str] | None = None
     user: str | None = None
     include: list[str] | None = None  # extra output (encrypted reasoning, ...): none is made
+    # vLLM's, as on chat: prefix-cache isolation and the request's scheduling priority
+    cache_salt: CacheSalt = None
+    priority: int = 0
     # Refused unless they ask for nothing (_REFUSED).
     conversation: Any = None
     prompt: Any = None

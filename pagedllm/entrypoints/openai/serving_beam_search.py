@@ -95,15 +95,21 @@ async def beam_search_outputs(
     search: BeamSearchRequest,
     request_id: str,
     eos_token_ids: list[int],
+    priority: int = 0,
 ) -> AsyncIterator[RequestOutput]:
     """The search's one output: `prompt`'s (text and token ids) best beams as choices,
     finished. Each step's requests run as `{request_id}-beam-<random hex>-{i}` (as vLLM's:
-    no two searches' steps share an id, even under one client's id); closing this
-    iterator mid-search aborts them."""
+    no two searches' steps share an id, even under one client's id), at the request's
+    `priority` and under its prompt's `cache_salt`; closing this iterator mid-search aborts
+    them."""
+    salt = {"cache_salt": prompt["cache_salt"]} if "cache_salt" in prompt else {}
 
     async def generate(requests: list[dict], step: SamplingParams) -> list[RequestOutput]:
         step_id = random_id(f"{request_id}-beam")
-        runs = [_last(engine.generate(r, step, f"{step_id}-{i}")) for i, r in enumerate(requests)]
+        runs = [
+            _last(engine.generate(r | salt, step, f"{step_id}-{i}", priority))
+            for i, r in enumerate(requests)
+        ]
         return await asyncio.gather(*runs)
 
     prompt_ids = prompt["prompt_token_ids"]

@@ -44,7 +44,7 @@ from pagedllm.entrypoints.openai.responses import (
     UsageInfo,
 )
 from pagedllm.entrypoints.openai.serving_beam_search import BeamSearchRequest
-from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
+from pagedllm.entrypoints.openai.serving_engine import OpenAIServing, engine_prompt
 from pagedllm.entrypoints.openai.streaming import merge_streams, sse_response, until_disconnected
 from pagedllm.entrypoints.openai.tool_choice import (
     check_tools_grammar,
@@ -74,10 +74,12 @@ class ChatRun:
     parsers: Parsers
     prompt_text: str | None = None  # the templated text (request logs, outputs' `prompt`)
     beam_search: BeamSearchRequest | None = None  # use_beam_search's, run instead of `params`
+    cache_salt: str | None = None
+    priority: int = 0
 
     @property
     def prompt(self) -> dict:
-        return {"prompt": self.prompt_text, "prompt_token_ids": self.prompt_token_ids}
+        return engine_prompt(self.prompt_text, self.prompt_token_ids, self.cache_salt)
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -138,7 +140,16 @@ class OpenAIServingChat(OpenAIServing):
             self.reasoning_parser, tool_parser, prompt_text, parallel, prefill
         )
         beam_search = self.beam_search_request(request, params)
-        return ChatRun(model, prompt_ids, params, parsers, prompt_text, beam_search)
+        return ChatRun(
+            model,
+            prompt_ids,
+            params,
+            parsers,
+            prompt_text,
+            beam_search,
+            request.cache_salt,
+            request.priority,
+        )
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest, raw_request: Request
@@ -169,7 +180,8 @@ class OpenAIServingChat(OpenAIServing):
         chat completion's (a response's `resp_...`)."""
         model, parsers = run.model, run.parsers
         request_id = request_id or self.request_id("chatcmpl", raw_request, request.request_id)
-        stream = self.generate(run.prompt, run.beam_search or run.params, request_id, arrival_time)
+        params = run.beam_search or run.params
+        stream = self.generate(run.prompt, params, request_id, arrival_time, run.priority)
         outputs = merge_streams([stream])
         if request.stream:
             outputs = await self.prime(outputs, raw_request)

@@ -19,7 +19,7 @@ from pagedllm.entrypoints.openai.responses import (
     CompletionStreamResponse,
     UsageInfo,
 )
-from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
+from pagedllm.entrypoints.openai.serving_engine import OpenAIServing, engine_prompt
 from pagedllm.entrypoints.openai.streaming import merge_streams, sse_response, until_disconnected
 from pagedllm.entrypoints.openai.unsupported_fields import check_unsupported_fields
 from pagedllm.outputs import CompletionOutput, RequestOutput, join_prompt_logprobs
@@ -53,7 +53,11 @@ class OpenAIServingCompletion(OpenAIServing):
         request_id = self.request_id("cmpl", raw_request, request.request_id)
         streams = [
             self.generate(
-                {"prompt": text, "prompt_token_ids": ids}, p, f"{request_id}-{i}", arrival_time
+                engine_prompt(text, ids, request.cache_salt),
+                p,
+                f"{request_id}-{i}",
+                arrival_time,
+                request.priority,
             )
             for i, ((text, ids), p) in enumerate(zip(prompts, params))
         ]

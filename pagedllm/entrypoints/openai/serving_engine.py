@@ -45,6 +45,13 @@ from pagedllm.value_checks import as_truncate_prompt_tokens
 T = TypeVar("T")
 
 
+def engine_prompt(text: str | None, token_ids: list[int], cache_salt: str | None) -> dict:
+    """The prompt the engine takes (pagedllm/inputs.py): its text, its ids and the
+    request's cache_salt, if it sent one."""
+    prompt = {"prompt": text, "prompt_token_ids": token_ids}
+    return prompt if cache_salt is None else {**prompt, "cache_salt": cache_salt}
+
+
 class OpenAIServing:
     def __init__(
         self,
@@ -253,16 +260,17 @@ class OpenAIServing:
         params: SamplingParams | BeamSearchRequest,
         request_id: str,
         arrival_time: float,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """The request's outputs: sampled as `params` say, or a beam search's one output."""
         if isinstance(params, BeamSearchRequest):
             eos = self.eos_token_ids
             outputs = beam_search_outputs(
-                self.engine, self.tokenizer, prompt, params, request_id, eos
+                self.engine, self.tokenizer, prompt, params, request_id, eos, priority
             )
             params = params.request_params
         else:
-            outputs = self.engine.generate(prompt, params, request_id)
+            outputs = self.engine.generate(prompt, params, request_id, priority)
         outputs = self.logged(request_id, prompt, params, outputs)
         return self.metrics.track(outputs, arrival_time, params)
 

@@ -24,8 +24,6 @@ _USE_STRUCTURED_OUTPUTS = "use structured_outputs (vLLM removed the guided_* fie
 _REFUSED: dict[str, tuple[tuple[object, ...], str]] = {
     "best_of": ((1,), "use n"),
     "prompt_embeds": ((), "prompts are text or token ids"),
-    "cache_salt": ((), "the prefix cache is shared by all requests"),
-    "priority": ((0,), "requests are scheduled first come, first served"),
     "kv_transfer_params": ((), "not implemented"),
     "vllm_xargs": ((), "not implemented"),
     "logits_processors": ((), "custom logits processors are set with LLM(...), not per request"),
@@ -60,6 +58,8 @@ _REFUSED_EMBEDDING: dict[str, tuple[tuple[object, ...], str]] = {
     "return_tokens_as_token_ids": ((False,), "an embedding has no tokens to name"),
     "return_token_ids": ((False,), "an embedding has no generated tokens"),
     "request_id": ((), "the server makes the response's id"),
+    "cache_salt": ((), "embeddings skip the prefix cache"),
+    "priority": ((0,), "embeddings run at priority 0"),
 }
 IGNORED_FIELDS = {
     "metadata",

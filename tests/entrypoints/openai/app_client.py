@@ -1,9 +1,22 @@
 """Posting to an in-process app (fastapi's TestClient over build_app): the JSON answer, or a
-stream's chunks."""
+stream's chunks; an app over an LLM of the given engine arguments."""
 
 import json
+from collections.abc import Iterator
 
 from fastapi.testclient import TestClient
+
+from pagedllm import LLM
+from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.entrypoints.openai import api_server
+
+
+def app_over(folder: str, model_name: str, **engine_args: object) -> Iterator[TestClient]:
+    """Yields a client of a server of `folder` (as `model_name`), then closes its LLM."""
+    llm = LLM(folder, **engine_args)
+    with TestClient(api_server.build_app(AsyncLLM(llm.llm_engine), [model_name])) as http:
+        yield http
+    llm.close()
 
 
 def post(http: TestClient, path: str, body: dict, headers: dict | None = None) -> dict | list:

@@ -10,8 +10,9 @@ from fastapi.testclient import TestClient
 from pagedllm import LLM, SamplingParams
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.entrypoints.openai import api_server
-from tests.entrypoints.openai.app_client import post
+from tests.entrypoints.openai.app_client import app_over, post
 from tests.entrypoints.openai.remote_server import MODEL_NAME
+from tests.entrypoints.openai.scripted_model import save_scripted_model
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
@@ -188,3 +189,32 @@ def test_the_answers_role_is_response_role_or_the_last_messages(offline_llm: LLM
                 for chunk in chunks[1:]
                 for c in chunk["choices"]
             )
+
+
+def test_cache_salt_and_priority_reach_the_engine(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's cache_salt and priority on chat and on responses (which run through chat):
+    the engine gets them (the prompt's `cache_salt`, generate's `priority`), and a
+    templated prompt's 2 full blocks of 16 tokens are cached for its salt only."""
+    save_scripted_model(str(tmp_path))
+    seen = []
+    generate = AsyncLLM.generate
+
+    def spy(self, prompt: dict, params: object, request_id: str, priority: int = 0):
+        seen.append((prompt.get("cache_salt"), priority))
+        return generate(self, prompt, params, request_id, priority)
+
+    monkeypatch.setattr(AsyncLLM, "generate", spy)
+    words = " ".join(["w"] * 40)
+    chat = {"messages": [{"role": "user", "content": words}], "max_tokens": 1}
+    engine = dict(num_kv_blocks=32, max_model_len=64, scheduling_policy="priority")
+    cached = []
+    for http in app_over(str(tmp_path), MODEL_NAME, **engine):
+        for salt in ["a", "a", "b"]:
+            usage = post_chat(http, chat | {"cache_salt": salt, "priority": 2})["usage"]
+            cached.append(usage["prompt_tokens_details"]["cached_tokens"])
+        body = {"input": words, "cache_salt": "a", "priority": -1, "max_output_tokens": 1}
+        post(http, "/v1/responses", body)
+    assert cached == [0, 32, 0]
+    assert seen == [("a", 2), ("a", 2), ("b", 2), ("a", -1)]

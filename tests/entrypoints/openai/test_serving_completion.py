@@ -13,8 +13,9 @@ from fastapi.testclient import TestClient
 from pagedllm import LLM, SamplingParams
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.entrypoints.openai import api_server
-from tests.entrypoints.openai.app_client import post
+from tests.entrypoints.openai.app_client import app_over, post
 from tests.entrypoints.openai.remote_server import MODEL_NAME
+from tests.entrypoints.openai.scripted_model import save_scripted_model
 
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,"]
 
@@ -307,3 +308,53 @@ def test_request_id_in_the_body_is_the_ids_base_unless_a_header_gives_one(
             assert _post(http, body)["id"] == "cmpl-from-body"
             assert _post(http, body, {"X-Request-Id": "hdr"})["id"] == "cmpl-hdr"
             assert _post(http, body | {"stream": True})[0]["id"] == "cmpl-from-body"
+
+
+# vLLM's cache_salt and priority, on a scripted model (scripted_model.py) with a small cache.
+
+
+@pytest.fixture(scope="module")
+def scripted_folder(tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = str(tmp_path_factory.mktemp("scripted"))
+    save_scripted_model(folder)
+    return folder
+
+
+def scripted_app(folder: str, policy: str = "fcfs") -> Iterator[TestClient]:
+    return app_over(
+        folder, MODEL_NAME, num_kv_blocks=32, max_model_len=64, scheduling_policy=policy
+    )
+
+
+def test_cache_salt_keeps_cached_blocks_to_its_own_requests(scripted_folder: str) -> None:
+    """vLLM's cache_salt: a 40-token prompt's 2 full blocks come from the prefix cache only
+    after a request of the same salt (none after none): usage's cached_tokens. A salt that
+    is not a non-empty string is a 400 with vLLM's message."""
+    body = {"prompt": [5] * 40, "max_tokens": 2, "temperature": 0}
+    cached = []
+    for http in scripted_app(scripted_folder):
+        for salt in ["a", "a", "b", None, None]:
+            salted = {} if salt is None else {"cache_salt": salt}
+            usage = _post(http, body | salted)["usage"]
+            cached.append(usage["prompt_tokens_details"]["cached_tokens"])
+        for bad in ["", 5]:
+            response = http.post("/v1/completions", json=body | {"cache_salt": bad})
+            assert response.status_code == 400
+            assert "Parameter 'cache_salt' must be a non-empty string" in response.text
+    assert cached == [0, 32, 0, 0, 32]
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_priority_is_refused_unless_the_server_schedules_by_it(
+    scripted_folder: str, policy: str
+) -> None:
+    """vLLM's rule: a nonzero priority needs --scheduling-policy priority; 0 always goes."""
+    body = {"prompt": [5, 6], "max_tokens": 1}
+    for http in scripted_app(scripted_folder, policy):
+        assert http.post("/v1/completions", json=body | {"priority": 0}).status_code == 200
+        response = http.post("/v1/completions", json=body | {"priority": -3})
+    if policy == "priority":
+        assert response.status_code == 200, response.text
+    else:
+        assert response.status_code == 400
+        assert "Got priority -3 but priority scheduling is not enabled" in response.text
