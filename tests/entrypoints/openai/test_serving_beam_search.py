@@ -146,9 +146,13 @@ class HangingEngine:
     def __init__(self) -> None:
         self.started: list[str] = []
         self.closed: list[str] = []
+        self.asked: list[tuple[dict, int]] = []  # each request's prompt and priority
 
-    async def generate(self, prompt: dict, params: object, request_id: str):  # noqa: ANN201
+    async def generate(  # noqa: ANN201
+        self, prompt: dict, params: object, request_id: str, priority: int = 0
+    ):
         self.started.append(request_id)
+        self.asked.append((prompt, priority))
         try:
             await asyncio.Event().wait()
             yield
@@ -159,19 +163,24 @@ class HangingEngine:
 def test_cancelling_the_search_closes_its_step_requests() -> None:
     """A client that goes away cancels the search: its step's requests are closed (the
     engine aborts a request whose iterator closes), under ids of the search's own."""
-
-    async def cancel_mid_search() -> HangingEngine:
-        engine = HangingEngine()
-        search = BeamSearchRequest(BeamSearchParams(beam_width=2, max_tokens=3), SamplingParams())
-        prompt = {"prompt_token_ids": [1, 2]}
-        outputs = beam_search_outputs(engine, None, prompt, search, "cmpl-x", [0])
-        task = asyncio.ensure_future(anext(outputs))
-        while not engine.started:
-            await asyncio.sleep(0)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return engine
-
-    engine = asyncio.run(cancel_mid_search())
+    engine = asyncio.run(start_and_cancel({"prompt_token_ids": [1, 2]}))
     assert len(engine.started) == 1 and engine.started[0].startswith("cmpl-x-beam-")
     assert engine.closed == engine.started
+
+
+def test_the_search_steps_keep_the_requests_priority_and_cache_salt() -> None:
+    engine = asyncio.run(start_and_cancel({"prompt_token_ids": [1, 2], "cache_salt": "s"}, 3))
+    assert engine.asked == [({"prompt_token_ids": [1, 2], "cache_salt": "s"}, 3)]
+
+
+async def start_and_cancel(prompt: dict, priority: int = 0) -> HangingEngine:
+    """A search's first step started on a HangingEngine, then the search cancelled."""
+    engine = HangingEngine()
+    search = BeamSearchRequest(BeamSearchParams(beam_width=2, max_tokens=3), SamplingParams())
+    outputs = beam_search_outputs(engine, None, prompt, search, "cmpl-x", [0], priority)
+    task = asyncio.ensure_future(anext(outputs))
+    while not engine.started:
+        await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return engine
