@@ -55,6 +55,9 @@ class Sequence:
     `num_in_flight_tokens`, and the token it will sample (if its chunk reaches the end) in
     `num_output_placeholders`: under async scheduling the next step is scheduled before
     that token is known (core/scheduler.py).
+
+    `spec_token_ids`: draft tokens proposed to follow `token_ids` (speculative decoding),
+    which the next schedule takes into the sequence's step for the model to verify.
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class Sequence:
         self.num_cached_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
+        self.spec_token_ids: list[int] = []
         self.num_preemptions = 0
         self.skip_prefix_cache = False
         self.first_scheduled_time: float | None = None  # time.monotonic(), for metrics
