@@ -69,27 +69,35 @@ def accepted(engine: LLMEngine) -> int:
 
 
 def test_greedy_tokens_equal_speculation_off_in_a_mixed_batch(tiny_model_path) -> None:
-    """Drafting rows (lengths ending inside accepted runs, a stop token, min_tokens) next to
+    """Drafting rows (stop tokens inside runs of accepted drafts, min_tokens, and on a prompt
+    ending in the loop the tiny model falls into, lengths that cut drafts short) next to
     rows that never draft (logprobs, a penalty, a seed), all as without speculation."""
     path = tiny_model_path(LLAMA)
-    plain_tokens = generate(make_engine(path), [(REPEATED, greedy())]).outputs["r0"]
-    stop = plain_tokens.outputs[0].token_ids[9]
-    drafting = [greedy(), greedy(stop_token_ids=[stop]), greedy(min_tokens=12)]
-    drafting += [greedy(n) for n in (1, 2, 3, 5, 6, 7, 9, 11, 13)]
-    never = [
-        greedy(logprobs=2),
-        greedy(repetition_penalty=1.2),
-        SamplingParams(temperature=0.8, seed=3, max_tokens=30, ignore_eos=True),
+    plain = generate(make_engine(path), [(REPEATED, greedy(60))]).outputs["r0"].outputs[0]
+    loop = REPEATED + plain.token_ids  # ends in 20 times the same token
+    requests = [
+        (REPEATED, greedy()),
+        (REPEATED, greedy(stop_token_ids=[plain.token_ids[9]])),
+        # Stops met inside a run of accepted drafts (found by trying).
+        (REPEATED + plain.token_ids[:20], greedy(stop_token_ids=[284])),
+        (REPEATED + plain.token_ids[:30], greedy(stop_token_ids=[51])),
+        (REPEATED[1:], greedy(min_tokens=12)),
+        *((loop, greedy(n)) for n in (1, 2, 3, 5, 6, 7, 9, 12, 13)),
     ]
-    requests = [(REPEATED[max(0, i - 1) :], p) for i, p in enumerate(drafting + never)]
+    num_drafting = len(requests)
+    requests += [
+        (REPEATED, greedy(logprobs=2)),
+        (REPEATED, greedy(repetition_penalty=1.2)),
+        (REPEATED, SamplingParams(temperature=0.8, seed=3, max_tokens=30, ignore_eos=True)),
+    ]
     engine = make_engine(path, speculative_config=SPEC)
     schedules = record_schedules(engine)
     spec = generate(engine, requests)
     plain = generate(make_engine(path), requests)
     assert_same(spec, plain, len(requests))
-    assert accepted(engine) >= 5
-    assert completions(spec, 2)[1].finish_reason == "stop"
-    never_ids = {f"r{i}" for i in range(len(drafting), len(requests))}
+    assert accepted(engine) >= 20
+    assert [c.finish_reason for c in completions(spec, 4)[1:]] == ["stop"] * 3
+    never_ids = {f"r{i}" for i in range(num_drafting, len(requests))}
     drafted = {s.seq.request_id for out in schedules for s in out.scheduled if s.draft_token_ids}
     assert drafted and not drafted & never_ids
 
