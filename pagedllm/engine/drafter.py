@@ -4,9 +4,10 @@
 A sequence drafts when it decodes (all its tokens but the last computed) and its request
 samples each token from that position's logits alone, so that the rows verifying its
 drafts (engine/step_plan.py) give the distribution a step without drafts would: no
-penalties, bad words, min_tokens still counting, structured outputs, logprobs, seed
-(a seeded request's tokens would depend on how many drafts its batch let it verify) or
-custom logits processors. Drafts never run past max_tokens or max_model_len.
+penalties, bad words, min_tokens still counting, structured outputs, logprobs or seed
+(a seeded request's tokens would depend on how many drafts its batch let it verify);
+custom logits processors are refused at start-up (config.EngineConfig). Drafts never run
+past max_tokens or max_model_len.
 """
 
 from pagedllm.config import SpeculativeConfig
