@@ -8,25 +8,32 @@ the sequence's last token, so that at least one token follows it.
 """
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from pagedllm.config import SpeculativeConfig
 
 
 def propose_ngram(token_ids: list[int], min_n: int, max_n: int, k: int) -> list[int]:
     """Up to k draft tokens for `token_ids` (prompt + output), or [] when no n-gram of
-    its suffix with min_n <= n <= max_n occurred before."""
+    its suffix with min_n <= n <= max_n occurred before.
+
+    Occurrences are followed by where they end: first every earlier position of the last
+    token, then, n growing, those whose n-th token from the end matches too, so the
+    sequence is read once and not once per n."""
     num_tokens = len(token_ids)
     if k < 1 or num_tokens <= min_n:
         return []
     tokens = np.asarray(token_ids)
-    for n in range(min(max_n, num_tokens - 1), min_n - 1, -1):
-        windows = sliding_window_view(tokens[: num_tokens - 1], n)  # [num_tokens - n, n]
-        starts = np.flatnonzero((windows == tokens[num_tokens - n :]).all(axis=1))
-        if starts.size:
-            follow = int(starts[0]) + n
-            return token_ids[follow : follow + k]
-    return []
+    ends = np.flatnonzero(tokens[: num_tokens - 1] == tokens[num_tokens - 1]) + 1  # ascending
+    follow = None
+    for n in range(1, min(max_n, num_tokens - 1) + 1):
+        if n > 1:
+            ends = ends[ends >= n]
+            ends = ends[tokens[ends - n] == tokens[num_tokens - n]]
+        if not ends.size:
+            break
+        if n >= min_n:
+            follow = int(ends[0])  # the first occurrence of the longest n-gram so far
+    return [] if follow is None else token_ids[follow : follow + k]
 
 
 class NgramProposer:

@@ -2,6 +2,8 @@
 hand from vLLM's rule (the longest suffix n-gram in [min_n, max_n] that occurred before the
 last token, its first occurrence, up to k of the tokens after it)."""
 
+import random
+
 import pytest
 
 from pagedllm.config import SpeculativeConfig
@@ -43,3 +45,22 @@ def test_proposer_takes_the_config_and_the_callers_limit() -> None:
     tokens = [1, 2, 3, 4, 5, 6, 1, 2]
     assert proposer.propose(tokens, max_drafts=10) == [3, 4, 5]
     assert proposer.propose(tokens, max_drafts=1) == [3]
+
+
+def brute_force(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """The rule read literally: for n from max_n down, the first start s with
+    tokens[s:s + n] == the last n tokens and s + n < len(tokens)."""
+    for n in range(max_n, min_n - 1, -1):
+        for s in range(len(tokens) - n):
+            if n < len(tokens) and tokens[s : s + n] == tokens[-n:]:
+                return tokens[s + n : s + n + k] if k > 0 else []
+    return []
+
+
+def test_propose_ngram_matches_the_rule_read_literally_on_random_sequences() -> None:
+    rng = random.Random(0)
+    for _ in range(2000):
+        tokens = [rng.randrange(4) for _ in range(rng.randint(1, 30))]
+        min_n = rng.randint(1, 4)
+        max_n, k = rng.randint(min_n, 5), rng.randint(0, 5)
+        assert propose_ngram(tokens, min_n, max_n, k) == brute_force(tokens, min_n, max_n, k)
