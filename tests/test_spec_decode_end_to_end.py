@@ -197,3 +197,17 @@ def test_stop_strings_and_lengths_inside_accepted_runs_on_the_default_model(
         assert (got.text, got.token_ids) == (want.text, want.token_ids)
         assert (got.finish_reason, got.stop_reason) == (want.finish_reason, want.stop_reason)
     assert accepted(spec_llm.llm_engine) >= 30
+
+
+def test_tensor_parallel_ranks_verify_the_same_rows(tiny_model_path) -> None:
+    """Two tensor-parallel ranks (the peer runs each verification step's forward from the
+    step it is sent): the greedy tokens are one rank's without speculation."""
+    path = tiny_model_path(LLAMA)
+    requests = [(REPEATED, greedy(40)), (REPEATED[3:], greedy(30))]
+    engine = make_engine(path, speculative_config=SPEC, tensor_parallel_size=2)
+    try:
+        spec = generate(engine, requests)
+        assert accepted(engine) > 0
+    finally:
+        engine.shutdown()
+    assert_same(spec, generate(make_engine(path), requests), 2)
