@@ -3,7 +3,7 @@
 import importlib.util
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from transformers import AutoConfig, PretrainedConfig
@@ -540,6 +540,66 @@ class SchedulerConfig:
             raise ValueError(f"max_num_batched_tokens {self.max_num_batched_tokens} must be >= 1")
 
 
+SPECULATIVE_METHODS = ("ngram",)
+"""The speculative_config methods pagedllm runs; vLLM's model-based ones (eagle, eagle3,
+medusa, mlp_speculator, draft_model, mtp) and suffix decoding need parts it lacks."""
+
+# vLLM's lookup bounds when speculative_config gives neither.
+DEFAULT_PROMPT_LOOKUP = 5
+
+
+@dataclass
+class SpeculativeConfig:
+    """vLLM's speculative_config, n-gram (prompt lookup) only: a decoding sequence proposes
+    up to num_speculative_tokens tokens that followed an earlier occurrence of its last n
+    tokens (prompt_lookup_min <= n <= prompt_lookup_max), and one forward verifies them
+    (docs/speculative-decoding.md). As vLLM's: with neither lookup bound given both are 5,
+    with one given the other takes its value."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int | None = None
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"speculative_config method {self.method!r} is not supported; pagedllm runs "
+                f"only {', '.join(map(repr, SPECULATIVE_METHODS))} (prompt lookup)"
+            )
+        if self.num_speculative_tokens is None:
+            raise ValueError("speculative_config needs num_speculative_tokens (an int >= 1)")
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is None and high is None:
+            low = high = DEFAULT_PROMPT_LOOKUP
+        self.prompt_lookup_min = high if low is None else low
+        self.prompt_lookup_max = low if high is None else high
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"speculative_config {name} must be an int >= 1, got {value!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"speculative_config prompt_lookup_min {self.prompt_lookup_min} must be <= "
+                f"prompt_lookup_max {self.prompt_lookup_max}"
+            )
+
+    @classmethod
+    def parse(cls, value: "SpeculativeConfig | dict | str | None") -> "SpeculativeConfig | None":
+        """From itself, a dict, or a JSON object (the CLI's --speculative-config); None: off."""
+        if value is None or isinstance(value, cls):
+            return value
+        value = as_json_object("speculative_config", value)
+        known = {f.name for f in fields(cls)}
+        unknown = set(value) - known
+        if unknown:
+            raise ValueError(
+                f"speculative_config has unknown fields {sorted(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        return cls(**value)
+
+
 # vLLM's --distributed-executor-backend choices: "uni" runs one rank in this process, "mp"
 # spawns the ranks (on each node, with --nnodes), "ray" places them as Ray actors, and
 # "external_launcher" is torchrun (detected from its environment when not given).
@@ -656,6 +716,7 @@ class EngineConfig:
     attention_backend: str | None = None
     """One of ATTENTION_BACKENDS, or None for the best the device and dtype allow
     (layers/attention_backends/selector.py)."""
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         self.attention_backend = resolve_attention_backend(self.attention_backend)
@@ -678,6 +739,22 @@ class EngineConfig:
                 "async_scheduling is for models that generate: a pooling model's requests "
                 "end with their prompt, and there is no next token to schedule ahead"
             )
+        if self.speculative_config is not None:
+            self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        """What speculative decoding does not combine with yet (docs/speculative-decoding.md)."""
+        parallel = self.parallel_config
+        refused = {
+            "pipeline_parallel_size > 1": parallel.pipeline_parallel_size > 1,
+            "data_parallel_size > 1": parallel.data_parallel_size > 1,
+            "async_scheduling": self.scheduler_config.async_scheduling,
+            "a pooling model (runner 'pooling')": self.model_config.runner_type == "pooling",
+            "custom logits_processors": bool(self.logits_processors),
+        }
+        for what, on in refused.items():
+            if on:
+                raise ValueError(f"speculative_config does not combine with {what}")
 
 
 def resolve_device(device: str) -> str:

@@ -13,6 +13,7 @@ from pagedllm.config import (
     CacheConfig,
     ModelConfig,
     ParallelConfig,
+    SpeculativeConfig,
     default_async_scheduling,
     default_model_path,
 )
@@ -313,3 +314,77 @@ def test_a_model_that_needs_its_own_code_says_pagedllm_never_runs_it(tmp_path) -
     (tmp_path / "config.json").write_text(json.dumps(config_json))
     with pytest.raises(ValueError, match="needs its own Python code .* pagedllm never runs"):
         ModelConfig.create(str(tmp_path))
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4}
+
+
+def test_speculative_config_takes_vllms_ngram_keys_and_defaults() -> None:
+    """vLLM's: both lookup bounds 5 when neither is given, else the one given for both."""
+    both = SpeculativeConfig.parse(NGRAM)
+    assert (both.prompt_lookup_min, both.prompt_lookup_max) == (5, 5)
+    only_max = SpeculativeConfig.parse(json.dumps(NGRAM | {"prompt_lookup_max": 3}))
+    assert (only_max.prompt_lookup_min, only_max.prompt_lookup_max) == (3, 3)
+    only_min = SpeculativeConfig.parse(NGRAM | {"prompt_lookup_min": 2})
+    assert (only_min.prompt_lookup_min, only_min.prompt_lookup_max) == (2, 2)
+    given = SpeculativeConfig.parse(NGRAM | {"prompt_lookup_min": 1, "prompt_lookup_max": 4})
+    assert given == SpeculativeConfig("ngram", 4, prompt_lookup_max=4, prompt_lookup_min=1)
+    assert SpeculativeConfig.parse(None) is None and SpeculativeConfig.parse(given) is given
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (
+            NGRAM | {"method": "eagle"},
+            "method 'eagle' is not supported; pagedllm runs only 'ngram'",
+        ),
+        (NGRAM | {"method": "medusa"}, "method 'medusa' is not supported"),
+        (NGRAM | {"method": "draft_model"}, "method 'draft_model' is not supported"),
+        ({"method": "ngram"}, "needs num_speculative_tokens"),
+        (NGRAM | {"num_speculative_tokens": 0}, "num_speculative_tokens must be an int >= 1"),
+        (NGRAM | {"num_speculative_tokens": "4"}, "num_speculative_tokens must be an int >= 1"),
+        (NGRAM | {"prompt_lookup_min": 0}, "prompt_lookup_min must be an int >= 1, got 0"),
+        (
+            NGRAM | {"prompt_lookup_min": 4, "prompt_lookup_max": 2},
+            "prompt_lookup_min 4 must be <= prompt_lookup_max 2",
+        ),
+        (NGRAM | {"model": "ngram"}, r"unknown fields \['model'\]"),
+        ("{not json", "speculative_config '{not json' is not a JSON object"),
+    ],
+)
+def test_speculative_config_errors_name_the_bad_value(value: object, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        SpeculativeConfig.parse(value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        (dict(async_scheduling=True), "does not combine with async_scheduling"),
+        (dict(pipeline_parallel_size=2), "does not combine with pipeline_parallel_size > 1"),
+        (dict(data_parallel_size=2), "does not combine with data_parallel_size > 1"),
+        (dict(logits_processors=["a.B"]), "does not combine with custom logits_processors"),
+    ],
+)
+def test_speculative_decoding_refuses_what_it_does_not_run(
+    tiny_model_path, kwargs: dict, error: str
+) -> None:
+    args = EngineArgs(
+        tiny_model_path("llama-gqa-llama3"), device="cpu", speculative_config=NGRAM, **kwargs
+    )
+    with pytest.raises(ValueError, match=error):
+        args.create_engine_config()
+
+
+def test_speculative_decoding_turns_async_scheduling_off_by_default(
+    tiny_model_path, monkeypatch
+) -> None:
+    """Where async scheduling would be on (a GPU), speculative decoding runs without it."""
+    monkeypatch.setattr("pagedllm.engine.arg_utils.default_async_scheduling", lambda *a: True)
+    path = tiny_model_path("llama-gqa-llama3")
+    config = EngineArgs(path, device="cpu").create_engine_config()
+    assert config.scheduler_config.async_scheduling and config.speculative_config is None
+    config = EngineArgs(path, device="cpu", speculative_config=NGRAM).create_engine_config()
+    assert not config.scheduler_config.async_scheduling
+    assert config.speculative_config == SpeculativeConfig(num_speculative_tokens=4)

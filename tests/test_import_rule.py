@@ -16,7 +16,7 @@ LAYERS = (
     ("model_loader",),
     ("models",),
     ("layers",),
-    ("sample", "structured_output", "forward_context", "distributed"),
+    ("sample", "structured_output", "spec_decode", "forward_context", "distributed"),
     ("_custom_ops",),
     ("_cpu_kernels", "_torch_ops", "_torch_quant", "_triton_ops"),
     ("config", "beam_search", "scoring"),

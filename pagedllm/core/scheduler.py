@@ -42,6 +42,14 @@ the device (where sampling needs that token on the host, the engine samples the 
 once the step before is processed; engine/llm_engine.py). A sequence is in at most two
 steps at once, since the engine processes a step before it schedules a third. A sequence
 in flight is never preempted: one short of blocks waits for the next step.
+
+Speculative decoding (engine/drafter.py): a decoding sequence may hold draft tokens
+(`seq.spec_token_ids`), which its next schedule takes after its last token, as many as the
+token budget and free blocks allow (a draft never preempts). The step computes them all;
+`update_after_step` counts only the known token as computed, and `accept_draft_tokens`
+the drafts the model agreed with, once the engine has appended them. The KV of rejected
+drafts lies past `num_computed_tokens`, where the next steps overwrite it, and
+`mark_computed` never registers a block before all its tokens are computed.
 """
 
 import bisect
@@ -66,6 +74,7 @@ class ScheduledSequence:
 
     seq: Sequence
     num_new_tokens: int
+    draft_token_ids: list[int] = field(default_factory=list)
     start: int = field(init=False)
     produces_token: bool = field(init=False)
     reads_placeholder: bool = field(init=False)
@@ -74,8 +83,10 @@ class ScheduledSequence:
     def __post_init__(self) -> None:
         seq = self.seq
         self.start = seq.num_scheduled_tokens
-        end, num_tokens = self.start + self.num_new_tokens, seq.num_tokens_with_placeholders
-        assert self.num_new_tokens > 0 and end <= num_tokens
+        end = self.start + self.num_new_tokens - len(self.draft_token_ids)  # of known tokens
+        num_tokens = seq.num_tokens_with_placeholders
+        assert end > self.start and end <= num_tokens
+        assert not self.draft_token_ids or end == seq.num_tokens, "drafts follow the last token"
         self.produces_token = end == num_tokens
         self.reads_placeholder = end > seq.num_tokens
 
@@ -187,11 +198,22 @@ class Scheduler:
             num_new_tokens = min(
                 seq.num_tokens_with_placeholders - seq.num_scheduled_tokens, budget
             )
+            drafts = self._take_drafts(seq, num_new_tokens, budget)
+            num_new_tokens += len(drafts)
             if not self._reserve_slots(seq, num_new_tokens, out):
                 return budget, True
-            out.scheduled.append(ScheduledSequence(seq, num_new_tokens))
+            out.scheduled.append(ScheduledSequence(seq, num_new_tokens, drafts))
             budget -= num_new_tokens
         return budget, False
+
+    def _take_drafts(self, seq: Sequence, num_new_tokens: int, budget: int) -> list[int]:
+        """seq's draft tokens (taken from it: a draft is verified once) that fit in the
+        token budget after its num_new_tokens; none when their blocks are not free."""
+        drafts, seq.spec_token_ids = seq.spec_token_ids[: budget - num_new_tokens], []
+        num_tokens = seq.num_in_flight_tokens + num_new_tokens + len(drafts)
+        if drafts and not self.block_manager.can_append(seq, num_tokens):
+            return []
+        return drafts
 
     def _runs_ahead(self, seq: Sequence) -> bool:
         """Whether a sequence in flight is scheduled again now: under async scheduling,
@@ -221,6 +243,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
+        seq.spec_token_ids = []  # re-prefilled first, then drafted again
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self._add_waiting(seq, preempted=True)
@@ -270,9 +293,16 @@ class Scheduler:
             if seq.status.is_finished:  # ended while in flight: its last step is discarded
                 continue
             assert seq.status is SequenceStatus.RUNNING
-            seq.num_computed_tokens += s.num_new_tokens
+            seq.num_computed_tokens += s.num_new_tokens - len(s.draft_token_ids)
             assert seq.num_computed_tokens <= seq.num_tokens
             self.block_manager.mark_computed(seq)
+
+    def accept_draft_tokens(self, seq: Sequence, num_accepted: int) -> None:
+        """After update_after_step and the engine's appends: the first `num_accepted`
+        draft tokens of seq's last step are now its tokens, their KV computed then."""
+        seq.num_computed_tokens += num_accepted
+        assert seq.num_computed_tokens < seq.num_tokens, "the last token is never computed"
+        self.block_manager.mark_computed(seq)
 
     def finish_seq(self, seq: Sequence, status: SequenceStatus) -> None:
         assert status.is_finished and seq.status is SequenceStatus.RUNNING

@@ -59,6 +59,8 @@ class Sequence:
     `priority` (lower first) and `arrival_time` order the scheduler's queues under its
     "priority" policy; `cache_salt` is mixed into the hash of block 0, so only sequences
     with the same salt (or none) share prefix-cache blocks (core/block_manager.py).
+    `spec_token_ids`: draft tokens proposed to follow `token_ids` (speculative decoding),
+    which the next schedule takes into the sequence's step for the model to verify.
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class Sequence:
         self.num_cached_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
+        self.spec_token_ids: list[int] = []
         self.num_preemptions = 0
         self.skip_prefix_cache = False
         self.first_scheduled_time: float | None = None  # time.monotonic(), for metrics

@@ -13,6 +13,7 @@ from pagedllm.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     default_async_scheduling,
     env_attention_backend,
     env_cpu_kv_cache_bytes,
@@ -112,6 +113,9 @@ class EngineArgs:
     # vLLM's CPU swap space in GiB, accepted: a preempted request's KV is recomputed, never
     # swapped (as vLLM v1 does)
     swap_space: float = 4
+    # vLLM's: n-gram speculative decoding, a dict or JSON ({"method": "ngram",
+    # "num_speculative_tokens": 4, ...}; config.SpeculativeConfig); None: off
+    speculative_config: SpeculativeConfig | dict | str | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -120,6 +124,7 @@ class EngineArgs:
             refuse_hub_value(name, getattr(self, name))
         if self.swap_space < 0:
             raise ValueError(f"swap_space must be >= 0 (GiB), got {self.swap_space}")
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
 
     def create_engine_config(self) -> EngineConfig:
         device = resolve_device(self.device)
@@ -175,6 +180,7 @@ class EngineArgs:
             enforce_eager=self.enforce_eager,
             batch_invariant=self.batch_invariant,
             attention_backend=self.attention_backend,
+            speculative_config=self.speculative_config,
         )
         if config.attention_backend is not None:
             kv_cache_dtype = config.cache_config.kv_dtype(model_config.dtype)
@@ -202,7 +208,8 @@ class EngineArgs:
             tokens = max(tokens, model_config.max_model_len)
         async_scheduling = self.async_scheduling
         if async_scheduling is None:
-            async_scheduling = default_async_scheduling(
+            # Speculative decoding verifies drafts of tokens known on the host: not with it.
+            async_scheduling = self.speculative_config is None and default_async_scheduling(
                 device, parallel_config, model_config.runner_type
             )
         return SchedulerConfig(

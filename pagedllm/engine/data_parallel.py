@@ -313,8 +313,9 @@ def _failed_output(request_id: str, error: Exception) -> RequestOutput:
 
 def sum_stats(stats: list[EngineStats]) -> EngineStats:
     """Replicas' stats as one engine's: counts, counters and per-step histograms add up,
-    KV usage is of all blocks."""
-    names = [f.name for f in dataclasses.fields(EngineStats) if f.name != "iteration_tokens"]
+    KV usage is of all blocks (speculative decoding runs without data parallelism)."""
+    apart = ("iteration_tokens", "spec_decoding")
+    names = [f.name for f in dataclasses.fields(EngineStats) if f.name not in apart]
     total = EngineStats(**{name: sum(getattr(s, name) for s in stats) for name in names})
     total.kv_cache_usage = 1 - total.num_free_blocks / total.num_blocks if total.num_blocks else 0
     histograms = [s.iteration_tokens for s in stats]

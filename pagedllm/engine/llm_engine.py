@@ -4,6 +4,7 @@ add_request: InputProcessor (validate, tokenize) -> Request -> Scheduler's waiti
              (a request with structured outputs waits in WaitingForGrammar until compiled)
 step:        Scheduler.schedule -> plan_step -> Executor.execute_async (model runner, sampler)
              -> OutputProcessor (tokens, text, logprobs, stops) -> RequestOutputs
+             (-> Drafter: the next step's draft tokens, under speculative decoding)
 Under pipeline parallelism a step submits a batch and returns without its results while
 fewer than one batch per stage is in flight (vLLM v1's batch queue), so every stage has a
 micro-batch; otherwise it waits for the oldest batch and processes its results. Async
@@ -28,6 +29,7 @@ from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.scheduler import Scheduler, SchedulerOutput
 from pagedllm.core.sequence import Sequence
 from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.drafter import Drafter
 from pagedllm.engine.grammar_wait import WaitingForGrammar
 from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor
@@ -138,6 +140,9 @@ class LLMEngine:
             self.model_config.pooler_config,
             load_st_projector(self.model_config.pooler_config),
         )
+        self.drafter = None
+        if config.speculative_config is not None:
+            self.drafter = Drafter(config.speculative_config, self.model_config.max_model_len)
         self.waiting_for_grammar = WaitingForGrammar()
         self.batch_queue: deque[_Batch] = deque()
         self.iteration_tokens = HistogramCounts.empty(ITERATION_TOKENS_BUCKETS)
@@ -277,7 +282,10 @@ class LLMEngine:
         batch = self.batch_queue.popleft()
         result = batch.future.result()
         self.scheduler.update_after_step(batch.out.scheduled)
-        return self.output_processor.process(batch.out, result, batch.plan.owners)
+        outputs = self.output_processor.process(batch.out, result, batch.plan.owners)
+        if self.drafter is not None:
+            self.drafter.propose(batch.out, self.requests)
+        return outputs
 
     def _admit_compiled(self) -> list[RequestOutput]:
         """Requests whose grammar has compiled join the scheduler; those whose grammar
@@ -308,6 +316,7 @@ class LLMEngine:
             processor.num_generation_tokens,
             len(self.waiting_for_grammar),
             self.iteration_tokens,
+            None if self.drafter is None else processor.spec_decoding,
         )
 
     def get_stats_per_engine(self) -> list[EngineStats]:

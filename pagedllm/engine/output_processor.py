@@ -4,7 +4,10 @@ It owns the requests in flight. Per sampled token: fork the n completions at a r
 first token (sharing the parent's KV blocks), advance the completion's structured-output
 matcher, append, detokenize incrementally, turn the logprob tensors into dicts, check the
 stop conditions (a completed constraint stops with "stop") and finish sequences in the
-scheduler; per prefill chunk with prompt_logprobs: extend them. A failure that belongs to
+scheduler; per prefill chunk with prompt_logprobs: extend them. A sequence that verified
+draft tokens (speculative decoding) appends the tokens its rows accept
+(spec_decode/rejection_sampler.py) one at a time, each checked for stops, those after a
+stop dropped. A failure that belongs to
 one request (no token could be sampled under its parameters, its detokenization or stop
 check raising) ends that request alone with `RequestOutput.error`; the batch goes on.
 A pooling request's chunks add to its pooling; its last chunk finishes it (its blocks
@@ -23,12 +26,14 @@ from pagedllm.engine.detokenizer import make_detokenizer
 from pagedllm.engine.logprobs import append_prompt_logprobs, logprobs_rows
 from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Completion, Request
+from pagedllm.engine.stats import SpecDecodingStats
 from pagedllm.engine.stop_checker import check_stop, token_stop
 from pagedllm.executor.model_runner import StepOutput
 from pagedllm.layers.st_projector import StProjector
 from pagedllm.logger import init_logger
 from pagedllm.outputs import Logprob, PoolingRequestOutput, RequestOutput
 from pagedllm.pooler_config import PoolerConfig
+from pagedllm.spec_decode.rejection_sampler import accepted_tokens
 
 logger = init_logger(__name__)
 
@@ -54,6 +59,7 @@ class OutputProcessor:
         self.requests: dict[str, Request | PoolingRequest] = {}
         self.num_prompt_tokens = 0  # of requests that got their first token
         self.num_generation_tokens = 0  # every generated token, of every completion
+        self.spec_decoding = SpecDecodingStats()
 
     def process(
         self, out: SchedulerOutput, result: StepOutput, owners: list[tuple[int, int]]
@@ -131,18 +137,41 @@ class OutputProcessor:
         num_logprobs = [None if r is None else r.params.logprobs for r in requests]
         logprobs = logprobs_rows(sampler_output.logprobs, num_logprobs, self.tokenizer)
         rows = zip(requests, owners, tokens, logprobs)
-        for row, (request, (_, k), token, lp) in enumerate(rows):
-            if request is None or request.error is not None:
+        next_row = 0  # past the rows verifying the drafts of the last sequence
+        for row, (request, (i, k), token, lp) in enumerate(rows):
+            if row < next_row or request is None or request.error is not None:
                 continue
+            drafts = out.scheduled[i].draft_token_ids
+            next_row = row + len(drafts) + 1
             try:
-                if row in sampler_output.errors:
-                    raise sampler_output.errors[row]
+                for r in range(row, next_row):
+                    if r in sampler_output.errors:
+                        raise sampler_output.errors[r]
                 if len(request.completions) < request.params.n:
                     self._fork_completions(request)
-                self._append_token(request, request.completions[k], token, lp)
+                if drafts:
+                    self._append_verified(
+                        request, request.completions[k], tokens[row:next_row], drafts
+                    )
+                else:
+                    self._append_token(request, request.completions[k], token, lp)
             except Exception as e:  # noqa: BLE001 - this request's failure, not the batch's
                 self._fail_request(request, e)
         return {r.request_id for r in requests if r is not None}
+
+    def _append_verified(
+        self, request: Request, completion: Completion, sampled: list[int], drafts: list[int]
+    ) -> None:
+        """Append the tokens `sampled` (the rows of the sequence's last token and drafts)
+        accept, up to a stop; the accepted drafts' KV then counts as computed."""
+        accepted = accepted_tokens(sampled, drafts)
+        self.spec_decoding.observe(len(drafts), len(accepted) - 1)
+        seq = completion.seq
+        for token in accepted:
+            self._append_token(request, completion, token, None)
+            if seq.is_finished:
+                return
+        self.scheduler.accept_draft_tokens(seq, len(accepted) - 1)
 
     def _fork_completions(self, request: Request) -> None:
         """Completions 1..n-1 start as copies of the parent, sharing its KV blocks."""

@@ -7,7 +7,10 @@ snapshots:
     rate: 25.0%
 
 (one line in the log). `Preemptions: N` (in the interval) comes before the KV cache
-usage when N > 0; the usage is "GPU KV cache usage" on CUDA, as vLLM names it. The
+usage when N > 0; under speculative decoding, an interval that verified drafts ends with
+their acceptance (vLLM's SpecDecoding metrics: `Mean acceptance length: 2.50, Draft
+acceptance rate: 37.5%`: tokens a verification appends on average, accepted / drafted
+tokens); the usage is "GPU KV cache usage" on CUDA, as vLLM names it. The
 prefix cache hit rate is of every prompt token looked up since the engine started
 (vLLM's: of its last 1000 requests'). A line goes to pagedllm's logger at INFO when an
 engine made tokens in this interval or the last one (so the line that shows them falling
@@ -54,6 +57,9 @@ class IntervalStats:
     num_preemptions: int
     kv_cache_usage: float
     prefix_cache_hit_rate: float
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @classmethod
     def between(cls, before: EngineStats, after: EngineStats, seconds: float) -> "IntervalStats":
@@ -61,6 +67,14 @@ class IntervalStats:
             return tokens / seconds if seconds > 0 else 0.0
 
         queries = after.prefix_cache_queries
+        drafts = (0, 0, 0)
+        if after.spec_decoding is not None and before.spec_decoding is not None:
+            a, b = after.spec_decoding, before.spec_decoding
+            drafts = (
+                a.num_drafts - b.num_drafts,
+                a.num_draft_tokens - b.num_draft_tokens,
+                a.num_accepted_tokens - b.num_accepted_tokens,
+            )
         return cls(
             prompt_throughput=rate(after.num_prompt_tokens - before.num_prompt_tokens),
             generation_throughput=rate(after.num_generation_tokens - before.num_generation_tokens),
@@ -69,6 +83,9 @@ class IntervalStats:
             num_preemptions=after.num_preemptions - before.num_preemptions,
             kv_cache_usage=after.kv_cache_usage,
             prefix_cache_hit_rate=after.prefix_cache_hits / queries if queries else 0.0,
+            num_drafts=drafts[0],
+            num_draft_tokens=drafts[1],
+            num_accepted_tokens=drafts[2],
         )
 
     @property
@@ -87,6 +104,10 @@ def format_line(engine_index: int, s: IntervalStats, kv_label: str = "KV cache u
         parts.append(f"Preemptions: {s.num_preemptions}")
     parts.append(f"{kv_label}: {s.kv_cache_usage * 100:.1f}%")
     parts.append(f"Prefix cache hit rate: {s.prefix_cache_hit_rate * 100:.1f}%")
+    if s.num_draft_tokens > 0:
+        length = 1 + s.num_accepted_tokens / s.num_drafts
+        parts.append(f"Mean acceptance length: {length:.2f}")
+        parts.append(f"Draft acceptance rate: {s.num_accepted_tokens / s.num_draft_tokens:.1%}")
     return f"Engine {engine_index:03d}: " + ", ".join(parts)
 
 

@@ -32,6 +32,25 @@ class HistogramCounts:
         return HistogramCounts(self.buckets, list(self.counts), self.sum)
 
 
+@dataclass
+class SpecDecodingStats:
+    """Speculative decoding's counters since the engine started (vLLM's
+    vllm:spec_decode_* metrics): verifications of a sequence's drafts (`num_drafts`), the
+    draft tokens verified, and those accepted."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+
+    def copy(self) -> "SpecDecodingStats":
+        return SpecDecodingStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens)
+
+
 def _no_iterations() -> HistogramCounts:
     return HistogramCounts.empty(ITERATION_TOKENS_BUCKETS)
 
@@ -41,7 +60,8 @@ class EngineStats:
     """Token counts: prompt tokens of requests that got their first token (or, pooling,
     were pooled), and every generated token (each of n completions). Waiting counts the
     requests whose grammar is still compiling too. `iteration_tokens`: the tokens each
-    step ran (prefill chunks plus decodes)."""
+    step ran (prefill chunks plus decodes). `spec_decoding`: None unless the engine runs
+    speculative decoding."""
 
     num_running: int
     num_waiting: int
@@ -54,6 +74,7 @@ class EngineStats:
     num_prompt_tokens: int
     num_generation_tokens: int
     iteration_tokens: HistogramCounts = field(default_factory=_no_iterations)
+    spec_decoding: SpecDecodingStats | None = None
 
     @classmethod
     def of(
@@ -63,6 +84,7 @@ class EngineStats:
         num_generation_tokens: int,
         num_waiting_for_grammar: int = 0,
         iteration_tokens: HistogramCounts | None = None,
+        spec_decoding: SpecDecodingStats | None = None,
     ) -> "EngineStats":
         blocks = scheduler.block_manager
         return cls(
@@ -77,6 +99,7 @@ class EngineStats:
             num_prompt_tokens=num_prompt_tokens,
             num_generation_tokens=num_generation_tokens,
             iteration_tokens=(iteration_tokens or _no_iterations()).copy(),
+            spec_decoding=None if spec_decoding is None else spec_decoding.copy(),
         )
 
 

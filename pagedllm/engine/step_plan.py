@@ -11,6 +11,9 @@ holds a 0 there, and StepInput.placeholder_rows says which of that step's sample
 the runner puts in its place on the device (`prev_rows`, from the engine); the rows of a
 step whose sampling needs the step in flight's tokens on the host are built after that
 step is processed (`sampling_rows`).
+A chunk ending in d draft tokens (speculative decoding) has d + 1 sampler rows, the
+logits at its last known token and at each draft, in order (StepInput.sample_offsets);
+the output processor verifies the drafts with their tokens.
 """
 
 from dataclasses import dataclass
@@ -44,15 +47,16 @@ def plan_step(
     seq id; needed when a chunk reads a placeholder). `with_rows` False leaves the sampler
     rows to `sampling_rows`, once the step in flight's tokens are on the host."""
     chunks, sample_indices, prompt_indices, pool_indices = [], [], [], []
-    owners, placeholder_rows = [], []
+    owners, placeholder_rows, sample_offsets = [], [], []
     for i, s in enumerate(out.scheduled):
-        seq, start = s.seq, s.start
-        new_token_ids = seq.token_ids[start : start + s.num_new_tokens]
+        seq, start, drafts = s.seq, s.start, s.draft_token_ids
+        new_token_ids = seq.token_ids[start : start + s.num_new_tokens - len(drafts)]
         if s.reads_placeholder:
             assert prev_rows is not None, "a placeholder needs the step in flight's rows"
             placeholder_rows.append((i, prev_rows[seq.seq_id]))
             new_token_ids.append(0)
             assert len(new_token_ids) == s.num_new_tokens, "one placeholder, at the end"
+        new_token_ids += drafts
         chunks.append(SeqChunk(new_token_ids, start, seq.block_table, (seq.request_id, seq.seq_id)))
         request = requests[seq.request_id]
         if isinstance(request, PoolingRequest):
@@ -62,8 +66,11 @@ def plan_step(
             prompt_indices.append(i)
         if s.produces_token:
             for k in _completion_indices(request, s):
-                sample_indices.append(i)
-                owners.append((i, k))
+                sample_indices += [i] * (len(drafts) + 1)
+                owners += [(i, k)] * (len(drafts) + 1)
+                sample_offsets += range(len(drafts), -1, -1)
+    if not any(sample_offsets):
+        sample_offsets = []
     step_input = StepInput(
         chunks,
         out.blocks_to_copy,
@@ -72,6 +79,7 @@ def plan_step(
         pool_indices,
         out.finished_req_ids,
         placeholder_rows,
+        sample_offsets,
     )
     rows = sampling_rows(out, owners, requests, structured_output) if with_rows else []
     return StepPlan(step_input, rows, owners)

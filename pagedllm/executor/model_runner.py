@@ -67,6 +67,8 @@ class StepInput:
     placeholder_rows: (batch index, row) of chunks whose last token is a placeholder for
     the token the previous step sampled in that row (async scheduling): the runner writes
     it into the input ids on the device, where that step's sampled ids still are.
+    sample_offsets: for each sampler row, how many tokens before its chunk's last one it
+    samples at (a draft's verification, speculative decoding); empty when all are 0.
     """
 
     chunks: list[SeqChunk]
@@ -76,6 +78,7 @@ class StepInput:
     pool_indices: list[int] = field(default_factory=list)
     finished_req_ids: set[str] = field(default_factory=set)
     placeholder_rows: list[tuple[int, int]] = field(default_factory=list)
+    sample_offsets: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -238,7 +241,8 @@ class ModelRunner:
         """-> (logits [len(sample_indices), V], prompt logits by batch index). `intermediate`:
         the previous pipeline stage's output, on the last stage of several."""
         hidden, starts = self._hidden_states(step, intermediate)
-        logits = self.model.compute_logits(self._sampled_rows(hidden, starts, step.sample_indices))
+        sampled = self._sampled_rows(hidden, starts, step.sample_indices, step.sample_offsets)
+        logits = self.model.compute_logits(sampled)
         prompt_logits = {}
         for i in step.prompt_logprob_indices:
             rows = hidden[starts[i] : starts[i + 1]]
@@ -298,13 +302,20 @@ class ModelRunner:
         return to_device(rows, torch.int64, self.device), tokens
 
     def _sampled_rows(
-        self, hidden: torch.Tensor, starts: list[int], sample_indices: list[int]
+        self,
+        hidden: torch.Tensor,
+        starts: list[int],
+        sample_indices: list[int],
+        sample_offsets: list[int],
     ) -> torch.Tensor:
-        """The hidden row of each sampled sequence's last new token: all of hidden, as it is,
-        when every sequence decodes one token and is sampled (a decode step)."""
+        """The hidden row each sampler row samples at: its sequence's last new token, or
+        `sample_offsets` tokens before it; all of hidden, as it is, when every sequence
+        decodes one token and is sampled (a decode step)."""
         if hidden.shape[0] == len(starts) - 1 and sample_indices == list(range(len(hidden))):
             return hidden
         rows = [starts[i + 1] - 1 for i in sample_indices]
+        if sample_offsets:
+            rows = [row - offset for row, offset in zip(rows, sample_offsets, strict=True)]
         return hidden[to_device(rows, torch.int64, self.device)]
 
     def _run_model(

@@ -137,6 +137,8 @@ def test_flags_round_trip_with_their_types() -> None:
         "vllm",
         "--override-generation-config",
         '{"temperature": 0.5}',
+        "--speculative-config",
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}',
     ]
     args = EngineArgs.from_cli_args(parser_with_flags().parse_args(argv))
     assert args == EngineArgs(
@@ -188,6 +190,7 @@ def test_flags_round_trip_with_their_types() -> None:
         generation_config="vllm",
         override_generation_config='{"temperature": 0.5}',
         swap_space=2.5,
+        speculative_config={"num_speculative_tokens": 4, "prompt_lookup_max": 4},
     )
     assert {f.name for f in fields(EngineArgs) if f.name not in NOT_CLI | set(HUB)} == {
         name for name, value in vars(args).items() if value != getattr(EngineArgs(), name)

@@ -14,7 +14,7 @@ from pagedllm.engine.stat_logger import (
     kv_cache_label,
     log_stats_interval,
 )
-from pagedllm.engine.stats import EngineStats
+from pagedllm.engine.stats import EngineStats, SpecDecodingStats
 
 LOGGER = "pagedllm.engine.stat_logger"
 
@@ -78,6 +78,19 @@ def test_line_without_preemptions_and_on_a_gpu() -> None:
         "Avg generation throughput: 3.3 tokens/s, Running: 1 reqs, Waiting: 0 reqs, "
         "GPU KV cache usage: 50.0%, Prefix cache hit rate: 0.0%"
     )
+
+
+def test_line_ends_with_the_intervals_draft_acceptance() -> None:
+    """vLLM's SpecDecoding figures of the interval: 1 + accepted / drafts verified, and
+    accepted / drafted tokens; none in an interval without drafts."""
+    before = snapshot(spec_decoding=SpecDecodingStats(10, 40, 20))
+    after = snapshot(spec_decoding=SpecDecodingStats(30, 120, 50))
+    line = format_line(0, IntervalStats.between(before, after, seconds=1.0))
+    assert line.endswith(
+        "Prefix cache hit rate: 0.0%, Mean acceptance length: 2.50, Draft acceptance rate: 37.5%"
+    )
+    idle = format_line(0, IntervalStats.between(after, after, seconds=1.0))
+    assert idle.endswith("Prefix cache hit rate: 0.0%")
 
 
 def test_kv_cache_label_by_device() -> None:

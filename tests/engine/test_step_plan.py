@@ -180,3 +180,25 @@ def test_a_chunk_that_reads_a_placeholder_takes_its_token_from_the_step_in_fligh
     assert [(c.token_ids, c.start) for c in chunks] == [([8, 9], 0), ([0], 3)]
     assert plan.step_input.placeholder_rows == [(1, 4)]
     assert plan.step_input.sample_indices == [0, 1] and plan.owners == [(0, 0), (1, 0)]
+
+
+def test_drafts_follow_the_last_token_and_each_gets_a_row() -> None:
+    """Speculative decoding: completion 1 of a verifies 2 drafts after its last token (3
+    rows at offsets 2, 1, 0 from its chunk's end, owned by completion 1); b decodes; the
+    offsets stay empty in a step without drafts."""
+    a = make_request("a", [5, 6, 7, 8, 9], n=2)
+    a.completions = [
+        Completion(k, make_seq("a", a.prompt_token_ids, [40 + k], 5), None) for k in range(2)
+    ]
+    b = make_request("b", [1, 2, 3])
+    b.completions = [Completion(0, make_seq("b", [1, 2, 3], [50], 3), None)]
+    a1, b0 = a.completions[1].seq, b.completions[0].seq
+    out = SchedulerOutput([ScheduledSequence(a1, 3, [7, 8]), ScheduledSequence(b0, 1)])
+    plan = plan_step(out, {"a": a, "b": b})
+    step = plan.step_input
+    assert [(c.token_ids, c.start) for c in step.chunks] == [([41, 7, 8], 5), ([50], 3)]
+    assert step.sample_indices == [0, 0, 0, 1] and step.sample_offsets == [2, 1, 0, 0]
+    assert plan.owners == [(0, 1), (0, 1), (0, 1), (1, 0)]
+    assert all(row.generator is a.generators[1] for row in plan.rows[:3])
+    plain = plan_step(SchedulerOutput([ScheduledSequence(b0, 1)]), {"b": b})
+    assert plain.step_input.sample_offsets == []

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from pagedllm.config import CacheConfig
-from pagedllm.engine.stats import EngineStats, HistogramCounts
+from pagedllm.engine.stats import EngineStats, HistogramCounts, SpecDecodingStats
 
 LABELS = ["model_name", "engine"]
 
@@ -114,5 +114,33 @@ def _rows(s: EngineStats) -> list[tuple[type, str, str, float]]:
             "vllm:generation_tokens",
             "Number of generation tokens processed.",
             s.num_generation_tokens,
+        ),
+        *_spec_decoding_rows(s.spec_decoding),
+    ]
+
+
+def _spec_decoding_rows(spec: SpecDecodingStats | None) -> list[tuple[type, str, str, float]]:
+    """vLLM's speculative decoding counters, where the engine runs it."""
+    if spec is None:
+        return []
+    counter = CounterMetricFamily
+    return [
+        (
+            counter,
+            "vllm:spec_decode_num_drafts",
+            "Number of spec decoding drafts.",
+            spec.num_drafts,
+        ),
+        (
+            counter,
+            "vllm:spec_decode_num_draft_tokens",
+            "Number of draft tokens.",
+            spec.num_draft_tokens,
+        ),
+        (
+            counter,
+            "vllm:spec_decode_num_accepted_tokens",
+            "Number of accepted tokens.",
+            spec.num_accepted_tokens,
         ),
     ]

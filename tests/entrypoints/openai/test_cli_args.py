@@ -12,10 +12,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from pagedllm import LLM
+from pagedllm.config import SpeculativeConfig
+from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.entrypoints.openai import api_server
 from pagedllm.entrypoints.openai.cli_args import serve_model
 from tests.entrypoints.openai.scripted_model import save_scripted_model
+
+SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -54,6 +58,32 @@ def test_vllms_flags_parse() -> None:
     ):
         with pytest.raises(SystemExit):
             parse(bad)
+
+
+def test_speculative_config_flag_parses_as_vllms_json() -> None:
+    args = parse(["m", "--speculative-config", json.dumps(SPECULATIVE)])
+    engine_args = EngineArgs.from_cli_args(args)
+    assert engine_args.speculative_config == SpeculativeConfig(
+        num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=4
+    )
+    with pytest.raises(ValueError, match="method 'eagle' is not supported"):
+        EngineArgs.from_cli_args(parse(["m", "--speculative-config", '{"method": "eagle"}']))
+
+
+def test_a_speculating_server_answers_and_counts_its_drafts(tmp_path: Path) -> None:
+    """The engine's counters under vLLM's metric names; the answer's text is the
+    non-speculating server's (the scripted model answers the same to every prompt)."""
+    save_scripted_model(str(tmp_path))
+    answers = []
+    for spec in (SPECULATIVE | {"prompt_lookup_min": 1}, None):
+        llm = LLM(str(tmp_path), num_kv_blocks=16, max_model_len=64, speculative_config=spec)
+        body = {"prompt": "Weather? Weather?", "max_tokens": 12, "temperature": 0}
+        with TestClient(api_server.build_app(AsyncLLM(llm.llm_engine), ["m"])) as client:
+            answers.append(client.post("/v1/completions", json=body).json()["choices"][0]["text"])
+            metrics = client.get("/metrics").text
+        assert ("vllm:spec_decode_num_draft_tokens_total" in metrics) == (spec is not None)
+        llm.close()
+    assert answers[0] == answers[1]
 
 
 def test_request_ids_and_default_template_arguments_reach_the_answer(

@@ -7,6 +7,7 @@ last token - first scheduled; request_success counts each completion by finish r
 token-count buckets 1, 2, 5, 10, ... up to max_model_len; labels model_name and engine."""
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 
 import pytest
@@ -14,7 +15,12 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagedllm.config import CacheConfig
-from pagedllm.engine.stats import ITERATION_TOKENS_BUCKETS, EngineStats, HistogramCounts
+from pagedllm.engine.stats import (
+    ITERATION_TOKENS_BUCKETS,
+    EngineStats,
+    HistogramCounts,
+    SpecDecodingStats,
+)
 from pagedllm.entrypoints.openai import metrics as metrics_module
 from pagedllm.entrypoints.openai.metrics import ServerMetrics, build_1_2_5_buckets
 from pagedllm.outputs import CompletionOutput, PoolingOutput, PoolingRequestOutput, RequestOutput
@@ -74,6 +80,16 @@ def test_render_exposes_the_engine_stats_snapshot() -> None:
     assert values["vllm:num_preemptions_total"] == 1
     assert values["vllm:prompt_tokens_total"] == 123
     assert values["vllm:generation_tokens_total"] == 456
+
+
+def test_spec_decode_counters_only_where_the_engine_speculates() -> None:
+    """vLLM's vllm:spec_decode_* counters, from the snapshot's SpecDecodingStats."""
+    assert not any(name.startswith("vllm:spec_decode") for name in scrape(make_metrics()))
+    spec = dataclasses.replace(STATS, spec_decoding=SpecDecodingStats(7, 25, 11))
+    values = scrape(make_metrics(lambda: [spec]))
+    assert values["vllm:spec_decode_num_drafts_total"] == 7
+    assert values["vllm:spec_decode_num_draft_tokens_total"] == 25
+    assert values["vllm:spec_decode_num_accepted_tokens_total"] == 11
 
 
 def test_render_reads_the_latest_snapshot_and_hit_rate_is_0_without_queries() -> None:
