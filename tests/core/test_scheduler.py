@@ -73,9 +73,11 @@ class FakeEngine:
             for pos in range(start):
                 block, offset = self.slot(seq, pos)
                 assert self.kv[block][offset] == seq.token_ids[pos], f"{seq} reads bad KV"
-            for pos in range(start, start + s.num_new_tokens):
+            # The known tokens, then any drafts (speculative decoding) after them.
+            known = seq.token_ids[start : start + s.num_new_tokens - len(s.draft_token_ids)]
+            for pos, token in enumerate(known + s.draft_token_ids, start):
                 block, offset = self.slot(seq, pos)
-                self.kv[block][offset] = seq.token_ids[pos]
+                self.kv[block][offset] = token
 
     def check_output(self, out: SchedulerOutput) -> None:
         scheduler = self.scheduler

@@ -1,9 +1,9 @@
 """Scheduler under speculative decoding (core/scheduler.py): draft tokens taken after a
 sequence's last token within the budget and free blocks, computed by the step, counted
 only once accepted. Reference: tests/core/test_scheduler.py's fake paged KV cache, which
-stores each slot's token id and checks that every scheduled sequence reads its own tokens
-[0, num_computed_tokens): the KV of a rejected draft counted as computed, or registered in
-the prefix cache, reads as a wrong token."""
+stores each slot's token id (drafts after the known tokens) and checks that every
+scheduled sequence reads its own tokens [0, num_computed_tokens): the KV of a rejected
+draft counted as computed, or registered in the prefix cache, reads as a wrong token."""
 
 import random
 
@@ -28,19 +28,6 @@ class DraftingEngine(FakeEngine):
         super().__init__(**kwargs)
         self.rng, self.right, self.k = rng, right, k
         self.num_accepted = 0
-
-    def run_model(self, out: SchedulerOutput) -> None:
-        for src, dst in out.blocks_to_copy:
-            self.kv[dst] = list(self.kv[src])
-        for s in out.scheduled:
-            seq, start = s.seq, s.seq.num_computed_tokens
-            for pos in range(start):
-                block, offset = self.slot(seq, pos)
-                assert self.kv[block][offset] == seq.token_ids[pos], f"{seq} reads bad KV"
-            known = seq.token_ids[start : start + s.num_new_tokens - len(s.draft_token_ids)]
-            for pos, token in enumerate(known + s.draft_token_ids, start):
-                block, offset = self.slot(seq, pos)
-                self.kv[block][offset] = token
 
     def step(self) -> SchedulerOutput:
         out = self.scheduler.schedule()

@@ -9,12 +9,21 @@ from fastapi.testclient import TestClient
 from pagedllm import LLM
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.entrypoints.openai import api_server
+from pagedllm.entrypoints.openai.request_logger import RequestLogger
 
 
-def app_over(folder: str, model_name: str, **engine_args: object) -> Iterator[TestClient]:
+def app_over(
+    folder: str,
+    model_name: str,
+    request_logger: RequestLogger | None = None,
+    **engine_args: object,
+) -> Iterator[TestClient]:
     """Yields a client of a server of `folder` (as `model_name`), then closes its LLM."""
     llm = LLM(folder, **engine_args)
-    with TestClient(api_server.build_app(AsyncLLM(llm.llm_engine), [model_name])) as http:
+    app = api_server.build_app(
+        AsyncLLM(llm.llm_engine), [model_name], request_logger=request_logger
+    )
+    with TestClient(app) as http:
         yield http
     llm.close()
 

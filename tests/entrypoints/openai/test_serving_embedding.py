@@ -15,10 +15,8 @@ import transformers
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagedllm import LLM
-from pagedllm.engine.async_llm import AsyncLLM
-from pagedllm.entrypoints.openai import api_server
 from tests.embedding_models import embedding_folder, hf_embedding
+from tests.entrypoints.openai.app_client import app_over
 
 MODEL = "tiny-embed"
 
@@ -31,11 +29,9 @@ def folder(tiny_model_path: Callable[[str], str], tmp_path_factory: pytest.TempP
 
 
 def app_client(folder: str, **kwargs: object) -> Iterator[TestClient]:
-    llm = LLM(folder, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=32, **kwargs)
-    app = api_server.build_app(AsyncLLM(llm.llm_engine), [MODEL])
-    with TestClient(app) as client:
-        yield client
-    llm.close()
+    yield from app_over(
+        folder, MODEL, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=32, **kwargs
+    )
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,9 @@ import transformers
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagedllm import LLM
-from pagedllm.engine.async_llm import AsyncLLM
-from pagedllm.entrypoints.openai import api_server
 from pagedllm.entrypoints.openai.request_logger import RequestLogger
 from tests.embedding_models import embedding_folder, hf_embedding
+from tests.entrypoints.openai.app_client import app_over
 
 MODEL = "tiny-embed"
 PAD = 0  # the tokenizer's pad token here: <unk>
@@ -37,14 +35,10 @@ def folder(tiny_model_path: Callable[[str], str], tmp_path_factory: pytest.TempP
     return folder
 
 
-def app_client(
-    folder: str, request_logger: RequestLogger | None = None, **kwargs: object
-) -> Iterator[TestClient]:
-    llm = LLM(folder, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=32, **kwargs)
-    app = api_server.build_app(AsyncLLM(llm.llm_engine), [MODEL], request_logger=request_logger)
-    with TestClient(app) as client:
-        yield client
-    llm.close()
+def app_client(folder: str, **kwargs: object) -> Iterator[TestClient]:
+    yield from app_over(
+        folder, MODEL, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=32, **kwargs
+    )
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +269,7 @@ def test_enable_log_requests_logs_each_text_under_the_answers_id(folder: str) ->
     handler.emit = lambda record: records.append(record.getMessage())
     logging.getLogger("pagedllm.requests").addHandler(handler)
     try:
-        for http in app_client(folder, RequestLogger(), runner="pooling"):
+        for http in app_client(folder, request_logger=RequestLogger(), runner="pooling"):
             headers = {"X-Request-Id": "abc"}
             body = {"query": "q", "documents": ["d1", "d2"]}
             assert http.post("/rerank", json=body, headers=headers).status_code == 200
