@@ -44,7 +44,7 @@ class Drafter:
             room = min(room, params.max_tokens - seq.num_output_tokens - 1)
         if room < 1:
             return []
-        return self.proposer.propose(seq.token_ids, room)
+        return self.proposer.propose(seq, seq.token_ids, room)
 
 
 def samples_positionwise(params: SamplingParams) -> bool:

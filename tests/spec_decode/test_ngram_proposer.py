@@ -43,8 +43,26 @@ def test_proposer_takes_the_config_and_the_callers_limit() -> None:
     config = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=2)
     proposer = NgramProposer(config)
     tokens = [1, 2, 3, 4, 5, 6, 1, 2]
-    assert proposer.propose(tokens, max_drafts=10) == [3, 4, 5]
-    assert proposer.propose(tokens, max_drafts=1) == [3]
+    seq = Owner()
+    assert proposer.propose(seq, tokens, max_drafts=10) == [3, 4, 5]
+    assert proposer.propose(seq, tokens, max_drafts=1) == [3]
+
+
+class Owner:
+    """Stands for a Sequence: the proposer keys its token arrays by the object."""
+
+
+def test_a_sequences_array_grows_with_its_tokens() -> None:
+    """Proposals over a sequence's growing ids (its array extended, past the first
+    capacity) equal proposals over the whole list each time; another sequence has its own."""
+    config = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+    proposer, rng = NgramProposer(config), random.Random(1)
+    seq, other = Owner(), Owner()
+    tokens = [rng.randrange(5) for _ in range(10)]
+    for _ in range(400):
+        tokens += [rng.randrange(5) for _ in range(rng.randint(1, 3))]
+        assert proposer.propose(seq, tokens, 4) == propose_ngram(tokens, 1, 3, 4)
+        assert proposer.propose(other, [7, 8, 7], 4) == [8, 7]
 
 
 def brute_force(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
