@@ -9,6 +9,8 @@ import pytest
 from pagedllm import LLM
 from pagedllm.core.scheduler import SchedulerOutput
 from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.executor.batch import BatchInputs
+from pagedllm.executor.cpu_graph import CpuGraphRunner
 from pagedllm.outputs import CompletionOutput
 from pagedllm.sampling_params import SamplingParams
 from tests.engine.engine_helpers import LLAMA, Run, make_engine, run_all, step_once
@@ -159,6 +161,26 @@ def test_random_sampling_with_drafts_runs_every_completion_to_its_length(
     outputs = run.outputs["r0"].outputs
     assert [len(c.token_ids) for c in outputs] == [30, 30, 30]
     assert accepted(engine) > 0
+
+
+def test_verification_steps_replay_the_captured_decode_graphs(
+    tiny_model_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One sequence's step verifying d drafts runs as 1 + d decode rows
+    (executor/batch.py's as_decode_rows), which the CPU graph runner replays."""
+    steps = []
+    run = CpuGraphRunner.run
+
+    def spy(self: CpuGraphRunner, batch: BatchInputs, placeholders: object = None) -> object:
+        hidden = run(self, batch, placeholders)
+        steps.append((batch.attn_metadata.num_seqs, hidden is not None))
+        return hidden
+
+    monkeypatch.setattr(CpuGraphRunner, "run", spy)
+    engine = make_engine(tiny_model_path(LLAMA), speculative_config=SPEC)
+    generate(engine, [(REPEATED, greedy(40))])
+    assert accepted(engine) > 0
+    assert any(num_rows > 1 and replayed for num_rows, replayed in steps)
 
 
 @pytest.fixture(scope="module")

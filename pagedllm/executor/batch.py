@@ -121,6 +121,36 @@ def host_batch(
     )
 
 
+def as_decode_rows(batch: BatchInputs, pin_memory: bool = False) -> BatchInputs:
+    """The same tokens with each one its own decode row: token j of a chunk at `start`
+    attends to the sequence's first start + j + 1 cache entries through the chunk's block
+    table, which is the causal attention its chunk gives it (the step writes every token's
+    K and V before any attends). Rows come out in the same order, so the hidden states are
+    laid out as the chunked batch's. A verification step of draft tokens (speculative
+    decoding) built this way is a decode step, which the graph runners replay."""
+    md = batch.attn_metadata
+    chunk_of_row = [i for i, n in enumerate(md.query_lens_cpu) for _ in range(n)]
+    seq_lens = [
+        seq_len - n + j + 1
+        for seq_len, n in zip(md.seq_lens_cpu, md.query_lens_cpu, strict=True)
+        for j in range(n)
+    ]
+    rows = torch.tensor(chunk_of_row, dtype=torch.int64, device=md.block_tables.device)
+
+    def pinned(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.pin_memory() if pin_memory else tensor
+
+    metadata = AttentionMetadata(
+        slot_mapping=md.slot_mapping,
+        query_start_loc=pinned(torch.arange(len(seq_lens) + 1, dtype=torch.int32)),
+        seq_lens=pinned(torch.tensor(seq_lens, dtype=torch.int32)),
+        block_tables=pinned(md.block_tables.index_select(0, rows)),
+        query_lens_cpu=[1] * len(seq_lens),
+        seq_lens_cpu=seq_lens,
+    )
+    return BatchInputs(batch.input_ids, batch.positions, metadata)
+
+
 def _block_tables(chunks: list[SeqChunk]) -> torch.Tensor:
     """[B, longest table] int32, zero past each table's end."""
     max_blocks = max(len(c.block_table) for c in chunks)

@@ -152,6 +152,11 @@ class CpuGraphRunner:
             and not enforce_eager
         )
 
+    @property
+    def max_decode_rows(self) -> int:
+        """The most decode rows a step can have to be replayed."""
+        return CAPTURE_SIZES[-1]
+
     def run(
         self,
         batch: BatchInputs,

@@ -250,6 +250,11 @@ class CudaGraphRunner:
             return None
         return self.sizes[bisect.bisect_left(self.sizes, md.num_seqs)]
 
+    @property
+    def max_decode_rows(self) -> int:
+        """The most decode rows a step can have to be replayed."""
+        return self.sizes[-1]
+
     def run(
         self,
         batch: BatchInputs,

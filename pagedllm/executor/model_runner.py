@@ -21,6 +21,7 @@ from pagedllm.executor import cuda_graph
 from pagedllm.executor.batch import (
     BatchInputs,
     SeqChunk,
+    as_decode_rows,
     host_batch,
     prepare_batch,
     write_placeholders,
@@ -275,6 +276,13 @@ class ModelRunner:
         pin = self.device.type != "cpu"
         batch = host_batch(step.chunks, self.block_size, pin, self.host_block_tables)
         starts = [0, *itertools.accumulate(batch.attn_metadata.query_lens_cpu)]
+        if (
+            step.sample_offsets
+            and self.graph_runner is not None
+            and starts[-1] <= self.graph_runner.max_decode_rows
+        ):
+            # Verifying drafts: as decode rows, the graph runner replays the step.
+            batch = as_decode_rows(batch, pin)
         placeholders = self._placeholder_tokens(step.placeholder_rows, starts)
         return self._run_model(batch, intermediate, placeholders), starts
 

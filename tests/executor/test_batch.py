@@ -6,8 +6,10 @@ tokens in the cache after the step, block tables padded with 0."""
 import pytest
 import torch
 
-from pagedllm.executor.batch import SeqChunk, host_batch, prepare_batch
+from pagedllm._custom_ops import has_cpu_kernels
+from pagedllm.executor.batch import SeqChunk, as_decode_rows, host_batch, prepare_batch
 from pagedllm.executor.host_block_tables import HostBlockTables
+from pagedllm.layers.attention_backends.cpu import CpuAttentionBackend
 from tests.devices import DEVICES
 
 BLOCK_SIZE = 4
@@ -63,3 +65,34 @@ def test_a_host_batch_on_the_cpu_is_itself() -> None:
     batch = host_batch(CHUNKS, BLOCK_SIZE)
     assert batch.to(torch.device("cpu")) is batch
     assert not batch.input_ids.is_pinned()
+
+
+def test_as_decode_rows_gives_each_token_its_own_row_over_its_causal_context() -> None:
+    """Reference: the chunked batch's definition (token j of a chunk at `start` sees
+    start + j + 1 cache entries through its chunk's table); ids, positions and slots kept."""
+    batch = host_batch(CHUNKS, BLOCK_SIZE)
+    rows = as_decode_rows(batch)
+    meta = rows.attn_metadata
+    assert rows.input_ids is batch.input_ids and rows.positions is batch.positions
+    assert meta.slot_mapping is batch.attn_metadata.slot_mapping
+    assert meta.query_start_loc.tolist() == list(range(9))
+    assert meta.seq_lens.tolist() == meta.seq_lens_cpu == [1, 2, 3, 4, 5, 7, 4, 5]
+    assert meta.query_lens_cpu == [1] * 8
+    tables = [[7, 3, 0]] * 5 + [[1, 5, 0]] + [[2, 9, 4]] * 2
+    assert meta.block_tables.tolist() == tables
+
+
+@pytest.mark.skipif(not has_cpu_kernels(), reason="pagedllm._C is not built")
+def test_decode_rows_attend_as_the_chunked_step_bit_for_bit() -> None:
+    """Reference: the CPU backend on the chunked batch (its prefill kernel for chunks):
+    the decode kernel on the decode rows gives the same bits, row for row."""
+    torch.manual_seed(0)
+    batch = host_batch(CHUNKS, BLOCK_SIZE)
+    num_heads, num_kv_heads, head_size = 4, 2, 64
+    shape = (10, BLOCK_SIZE, num_kv_heads, head_size)
+    k_cache, v_cache = torch.randn(shape), torch.randn(shape)
+    query = torch.randn(batch.input_ids.shape[0], num_heads, head_size)
+    backend = CpuAttentionBackend()
+    chunked = backend.forward(query, k_cache, v_cache, batch.attn_metadata, 0.125)
+    rows = backend.forward(query, k_cache, v_cache, as_decode_rows(batch).attn_metadata, 0.125)
+    assert torch.equal(rows, chunked)
