@@ -5,7 +5,9 @@ likely candidates (their logprobs, raw as `logprobs_mode` gives them); every can
 extends its beam, and a prompt keeps the `beam_width` best of all its extensions, ranked by
 `get_beam_search_score`. A candidate that is the EOS token (unless `ignore_eos`) ends its
 beam; at the end, the finished and the live beams together give the `beam_width` best.
-The prefix cache keeps each step's prefill to the tokens a beam has not shared before.
+The prefix cache keeps each step's prefill to the tokens a beam has not shared before;
+a prompt's `cache_salt` goes on every one of its steps' requests, so its beams share blocks
+only with prompts of the same salt.
 `BeamSearch` holds the search between steps; `beam_search` drives it for `LLM.beam_search`
 and `beam_search_async` for the server's `use_beam_search`
 (entrypoints/openai/serving_beam_search.py).
@@ -15,7 +17,8 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from pagedllm.outputs import Logprob, RequestOutput
-from pagedllm.sampling_params import BeamSearchParams, SamplingParams
+from pagedllm.sampling_params import MAX_N_SOURCE, BeamSearchParams, SamplingParams
+from pagedllm.value_checks import fail
 
 
 @dataclass
@@ -74,10 +77,14 @@ class BeamSearch:
         params: BeamSearchParams,
         eos_token_ids: Collection[int],
         max_model_len: int,
+        cache_salts: Sequence[str | None] | None = None,
     ) -> None:
         """`prompts`: token ids; any of `eos_token_ids` (the tokenizer's EOS and the
-        generation config's) ends a beam; none grows past `max_model_len`."""
+        generation config's) ends a beam; none grows past `max_model_len`. `cache_salts`:
+        each prompt's cache_salt (None: unsalted), carried by its steps' requests."""
         self.params, self.max_model_len = params, max_model_len
+        salts = [None] * len(prompts) if cache_salts is None else cache_salts
+        self.salts = [{} if salt is None else {"cache_salt": salt} for salt in salts]
         self.step_params = SamplingParams(
             n=1, max_tokens=1, temperature=params.temperature, logprobs=2 * params.beam_width
         )
@@ -96,7 +103,11 @@ class BeamSearch:
             full = [b for b in beams if len(b.tokens) >= self.max_model_len]
             self.done[i] += [_finished(b, "length") for b in full]
             self.live[i] = [b for b in beams if len(b.tokens) < self.max_model_len]
-        return [{"prompt_token_ids": b.tokens} for beams in self.live for b in beams]
+        return [
+            {"prompt_token_ids": b.tokens} | self.salts[i]
+            for i, beams in enumerate(self.live)
+            for b in beams
+        ]
 
     def advance(self, outputs: Sequence[RequestOutput]) -> None:
         """Grow every live beam by its candidates (the outputs of `requests()`, in order)
@@ -136,10 +147,11 @@ def beam_search(
     eos_token_ids: Collection[int],
     max_model_len: int,
     decode: Callable[[list[int]], str],
+    cache_salts: Sequence[str | None] | None = None,
 ) -> list[BeamSearchOutput]:
     """Each prompt's (token ids') best `params.beam_width` sequences (`BeamSearch`);
     `generate` runs token prompts through the engine, `decode` gives a sequence's text."""
-    search = BeamSearch(prompts, params, eos_token_ids, max_model_len)
+    search = BeamSearch(prompts, params, eos_token_ids, max_model_len, cache_salts)
     while requests := search.requests():
         search.advance(generate(requests, search.step_params))
     results = search.best()
@@ -154,19 +166,23 @@ async def beam_search_async(
     params: BeamSearchParams,
     eos_token_ids: Collection[int],
     max_model_len: int,
+    cache_salt: str | None = None,
 ) -> BeamSearchOutput:
     """One prompt's best sequences, as `beam_search` finds them (no text), where
     `generate` awaits the engine's outputs."""
-    search = BeamSearch([prompt], params, eos_token_ids, max_model_len)
+    search = BeamSearch([prompt], params, eos_token_ids, max_model_len, [cache_salt])
     while requests := search.requests():
         search.advance(await generate(requests, search.step_params))
     (result,) = search.best()
     return result
 
 
-def check_beam_width(params: BeamSearchParams, max_logprobs: int) -> None:
-    """Each step asks for 2 x beam_width candidate logprobs: no more than the engine's
-    `max_logprobs` (-1: no cap)."""
+def check_beam_width(params: BeamSearchParams, max_logprobs: int, max_n: int) -> None:
+    """A search keeps `beam_width` sequences a prompt, as a request keeps `n`: no more than
+    the engine's `max_n`; and each step asks for 2 x beam_width candidate logprobs: no more
+    than its `max_logprobs` (-1: no cap)."""
+    if params.beam_width > max_n:
+        fail("beam_width", params.beam_width, f"at most max_n={max_n} {MAX_N_SOURCE}")
     if max_logprobs != -1 and 2 * params.beam_width > max_logprobs:
         raise ValueError(
             f"beam_width {params.beam_width} asks for {2 * params.beam_width} candidate "

@@ -18,7 +18,7 @@ from pagedllm.engine.data_parallel import make_engine
 from pagedllm.engine.input_processor import prompt_text_and_ids
 from pagedllm.engine.stat_logger import LoggingStatLogger, kv_cache_label, log_stats_interval
 from pagedllm.engine.tokenizer import model_eos_token_ids
-from pagedllm.inputs import PromptType
+from pagedllm.inputs import PromptType, cache_salt_of
 from pagedllm.outputs import (
     EmbeddingRequestOutput,
     PoolingRequestOutput,
@@ -117,14 +117,18 @@ class LLM:
         TokensPrompt) a BeamSearchOutput of its `beam_width` best sequences, best first,
         each with its tokens (the prompt's included), cumulative logprob and text (the
         whole sequence's, as vLLM's; None without a tokenizer). `concurrency_limit`
-        searches that many prompts at a time; `use_tqdm` shows progress over them."""
+        searches that many prompts at a time; `use_tqdm` shows progress over them. A prompt
+        dict's `cache_salt` goes on every step of its search, as in `generate`."""
         check_vllm_options(lora_request=lora_request)
         if not isinstance(params, BeamSearchParams):
             raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
-        check_beam_width(params, self.llm_engine.config.max_logprobs)
+        config = self.llm_engine.config
+        check_beam_width(params, config.max_logprobs, config.max_n)
         tokenizer = self.llm_engine.tokenizer  # None: token prompts only, no text
-        token_prompts = [prompt_text_and_ids(p, tokenizer)[1] for p in _as_prompt_list(prompts)]
-        eos = model_eos_token_ids(self.llm_engine.config.model_config, tokenizer)
+        prompts = _as_prompt_list(prompts)
+        token_prompts = [prompt_text_and_ids(p, tokenizer)[1] for p in prompts]
+        salts = [cache_salt_of(p) for p in prompts]
+        eos = model_eos_token_ids(config.model_config, tokenizer)
         limit = concurrency_limit or len(token_prompts) or 1
         groups = range(0, len(token_prompts), limit)
         outputs = []
@@ -134,8 +138,9 @@ class LLM:
                 token_prompts[start : start + limit],
                 params,
                 eos,
-                self.llm_engine.config.model_config.max_model_len,
+                config.model_config.max_model_len,
                 tokenizer.decode if tokenizer is not None else lambda ids: None,
+                salts[start : start + limit],
             )
         return outputs
 

@@ -32,6 +32,7 @@ _MIN_TEMPERATURE = 1e-2
 """vLLM's floor for a positive temperature: float32 logits divided by less lose the
 distribution (its logprobs drift by float32's error times 1 / T)."""
 DEFAULT_MAX_N = 128  # OpenAI's cap on n; LLM(max_n=...) / --max-n change it
+MAX_N_SOURCE = "(set by LLM(max_n=...) / --max-n)"
 
 
 class RequestOutputKind(Enum):
@@ -325,7 +326,7 @@ class SamplingParams:
         counts as `vocab_size` against the cap (as in vLLM).
         """
         if self.n > max_n:
-            fail("n", self.n, f"at most max_n={max_n} (set by LLM(max_n=...) / --max-n)")
+            fail("n", self.n, f"at most max_n={max_n} {MAX_N_SOURCE}")
         check_ids_in_vocab("stop_token_ids", self.stop_token_ids, vocab_size)
         check_ids_in_vocab("logit_bias keys", list(self.logit_bias or ()), vocab_size)
         check_ids_in_vocab("allowed_token_ids", self.allowed_token_ids or [], vocab_size)
@@ -451,7 +452,12 @@ class BeamSearchParams:
 
 def truncated_prompt(token_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
     """vLLM's truncate_prompt_tokens: the prompt's last `keep` ids (-1: max_model_len's worth;
-    None: all of them)."""
+    None: all of them); a `keep` over max_model_len is refused, as vLLM refuses it."""
     if keep is None:
         return token_ids
+    if keep > max_model_len:
+        raise ValueError(
+            f"truncate_prompt_tokens value ({keep}) is greater than max_model_len "
+            f"({max_model_len}). Please request a smaller truncation size."
+        )
     return token_ids[-(max_model_len if keep == -1 else keep) :]

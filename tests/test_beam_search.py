@@ -138,6 +138,33 @@ def test_llm_beam_search_refuses_more_candidates_than_max_logprobs(tiny_model_pa
         llm.beam_search([{"prompt_token_ids": [1]}], BeamSearchParams(beam_width=11, max_tokens=2))
 
 
+def test_llm_beam_search_refuses_a_width_over_max_n(tiny_model_path) -> None:
+    """The width is the search's n: LLM(max_n=...) bounds it as it bounds generate's n."""
+    path = tiny_model_path("llama-gqa-llama3")
+    llm = LLM(path, skip_tokenizer_init=True, device="cpu", max_model_len=64, max_n=2)
+    with pytest.raises(ValueError, match=r"beam_width must be at most max_n=2 .*--max-n"):
+        llm.beam_search([{"prompt_token_ids": [1]}], BeamSearchParams(beam_width=3, max_tokens=2))
+
+
+def test_llm_beam_search_steps_carry_each_prompts_cache_salt(
+    tiny_model_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As generate does: a prompt dict's cache_salt goes on every request of its search,
+    so its blocks are shared with prompts of that salt only."""
+    path = tiny_model_path("llama-gqa-llama3")
+    llm = LLM(path, skip_tokenizer_init=True, device="cpu", max_model_len=64)
+    generate, seen = llm.generate, set()
+
+    def spy(prompts: list[dict], params: object, use_tqdm: bool) -> list:
+        seen.update((p["prompt_token_ids"][0], p.get("cache_salt")) for p in prompts)
+        return generate(prompts, params, use_tqdm=use_tqdm)
+
+    monkeypatch.setattr(llm, "generate", spy)
+    prompts = [{"prompt_token_ids": [3, 4], "cache_salt": "s"}, {"prompt_token_ids": [5]}]
+    llm.beam_search(prompts, BeamSearchParams(beam_width=2, max_tokens=3))
+    assert seen == {(3, "s"), (5, None)}
+
+
 def test_the_async_driver_finds_what_the_sync_one_does() -> None:
     """beam_search_async (the server's) runs the same BeamSearch steps as beam_search."""
     table = {(1,): {EOS: math.log(0.4), 5: math.log(0.35), 6: math.log(0.25)}}

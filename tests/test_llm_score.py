@@ -108,6 +108,16 @@ def test_truncate_prompt_tokens_and_pooling_params_reach_each_prompt(
     assert raw.outputs.score == pytest.approx(cosine(embeddings[0], embeddings[1]), abs=1e-5)
 
 
+def test_truncate_prompt_tokens_over_max_model_len_raises(llm: LLM) -> None:
+    """vLLM's LLM refuses a truncation it cannot honour, with this message."""
+    limit = llm.llm_engine.config.model_config.max_model_len
+    message = rf"truncate_prompt_tokens value \({limit + 1}\) is greater than max_model_len"
+    with pytest.raises(ValueError, match=message):
+        llm.score(tokens(PROMPTS[0]), tokens(PROMPTS[1]), truncate_prompt_tokens=limit + 1)
+    with pytest.raises(ValueError, match=message):
+        llm.embed([tokens(PROMPTS[0])], truncate_prompt_tokens=limit + 1, use_tqdm=False)
+
+
 def test_texts_score_with_the_tokenizers_ids(
     tiny_model_path: Callable[[str], str], tmp_path_factory: pytest.TempPathFactory
 ) -> None:

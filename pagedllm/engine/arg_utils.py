@@ -8,6 +8,7 @@ import torch
 
 from pagedllm.batch_invariant import env_batch_invariant
 from pagedllm.config import (
+    SCHEDULING_POLICIES,
     CacheConfig,
     EngineConfig,
     ModelConfig,
@@ -34,6 +35,15 @@ _SHORT_FLAGS = {
     "tensor_parallel_size": ("-tp",),
     "pipeline_parallel_size": ("-pp",),
     "data_parallel_size": ("-dp",),
+}
+
+# Flags with a fixed set of values: argparse's choices and a line of --help for each
+_FLAG_OPTIONS = {
+    "scheduling_policy": {
+        "choices": SCHEDULING_POLICIES,
+        "help": "the order waiting requests run in: fcfs by arrival, priority by each "
+        "request's priority (lower first), then arrival",
+    },
 }
 
 
@@ -243,7 +253,8 @@ class EngineArgs:
                     else str
                 )
                 short = _SHORT_FLAGS.get(f.name, ())
-                group.add_argument(flag, *short, type=kind, default=default)
+                options = _FLAG_OPTIONS.get(f.name, {})
+                group.add_argument(flag, *short, type=kind, default=default, **options)
         return parser
 
     @classmethod

@@ -26,6 +26,7 @@ from pagedllm.inputs import cache_salt_of, check_prompt_dict
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams, truncated_prompt
 from pagedllm.structured_output import GrammarMatcher, StructuredOutputManager
+from pagedllm.value_checks import as_int
 
 PromptType = UserPrompt | list[int]
 """vLLM's prompt types (pagedllm/inputs.py), or bare token ids, which the engine takes too
@@ -67,6 +68,21 @@ def prompt_text_and_ids(
     return text, list(token_ids)
 
 
+def check_priority(priority: int, policy: str) -> None:
+    """vLLM's rule: a request's priority is an int (signed 64-bit, as every int field), and
+    only 0 unless the engine schedules by priority (`policy`). The server checks it too,
+    before it queues anything (serving_engine.OpenAIServing.check_priority)."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+    as_int("priority", priority, "an int")
+    if priority != 0 and policy != "priority":
+        raise ValueError(
+            f"Got priority {priority} but priority scheduling is not enabled: start the "
+            "engine with scheduling_policy='priority' (--scheduling-policy priority), "
+            "or send priority 0"
+        )
+
+
 class InputProcessor:
     def __init__(
         self,
@@ -97,7 +113,7 @@ class InputProcessor:
         priority: int = 0,
     ) -> Request:
         """A Request with its first sequence (its n completions fork at the first token)."""
-        self._check_priority(priority)
+        check_priority(priority, self.config.scheduler_config.policy)
         params = self._prepare_params(params)
         text, token_ids = self._tokenize(prompt, params.truncate_prompt_tokens)
         self._check_fits_cache(len(token_ids), params)
@@ -129,7 +145,7 @@ class InputProcessor:
         priority: int = 0,
     ) -> PoolingRequest:
         """A PoolingRequest whose one sequence runs its prompt's prefill only."""
-        self._check_priority(priority)
+        check_priority(priority, self.config.scheduler_config.policy)
         model_config = self.config.model_config
         if model_config.runner_type != "pooling":
             raise ValueError(
@@ -148,18 +164,6 @@ class InputProcessor:
         request = PoolingRequest(request_id, text, token_ids, params, seq, arrival_time)
         seq.arrival_time = request.arrival_time
         return request
-
-    def _check_priority(self, priority: int) -> None:
-        """vLLM's rule: a request's priority is an int, and only 0 unless the engine
-        schedules by priority."""
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
-        if priority != 0 and self.config.scheduler_config.policy != "priority":
-            raise ValueError(
-                f"Got priority {priority} but priority scheduling is not enabled: start the "
-                "engine with scheduling_policy='priority' (--scheduling-policy priority), "
-                "or send priority 0"
-            )
 
     def _prepare_params(self, params: SamplingParams | None) -> SamplingParams:
         if self.config.model_config.runner_type == "pooling":

@@ -289,6 +289,18 @@ def test_an_unknown_scheduling_policy_is_named_with_the_choices(tiny_model_path)
         args.create_engine_config()
 
 
+def test_the_scheduling_policy_flag_lists_its_choices(capsys: pytest.CaptureFixture) -> None:
+    """vLLM's --scheduling-policy {fcfs,priority}: --help shows the choices and a line of
+    help; another value is argparse's usage error."""
+    parser = parser_with_flags()
+    help_text = parser.format_help()
+    assert "--scheduling-policy {fcfs,priority}" in help_text
+    assert "the order waiting requests run in" in help_text
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--scheduling-policy", "lifo"])
+    assert "invalid choice: 'lifo'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("overrides", ["{not json", "[1, 2]", {1: 2}])
 def test_hf_overrides_must_be_an_object_of_fields(tiny_model_path, overrides) -> None:
     with pytest.raises(ValueError, match="hf_overrides"):

@@ -99,6 +99,8 @@ def test_priority_and_cache_salt_reach_the_sequence(make_processor, policy) -> N
     assert (seq.priority, seq.cache_salt, seq.arrival_time) == (0, "s", 5.0)
     with pytest.raises(TypeError, match="priority must be an int, got bool"):
         processor.process("r", [3], SamplingParams(), priority=True)
+    with pytest.raises(ValueError, match=r"priority must be an int in the signed 64-bit range"):
+        processor.process("r", [3], SamplingParams(), priority=2**63)
     if policy == "fcfs":
         with pytest.raises(ValueError, match=r"Got priority 2 .*\(--scheduling-policy priority\)"):
             processor.process("r", [3], SamplingParams(), priority=2)

@@ -14,14 +14,15 @@ text is its tokens decoded, a final EOS left out. A sampling field it would not 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from transformers import PreTrainedTokenizerBase
 
 from pagedllm.beam_search import BeamSearchSequence, beam_search_async, check_beam_width
 from pagedllm.engine.protocol import EngineClient
-from pagedllm.entrypoints.openai.errors import OpenAIError
+from pagedllm.entrypoints.openai.errors import OpenAIError, invalid_value_error
 from pagedllm.entrypoints.openai.protocol import SamplingFields, random_id
+from pagedllm.inputs import cache_salt_of
 from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
 from pagedllm.sampling_params import REQUEST_FIELDS, BeamSearchParams, SamplingParams
 
@@ -33,6 +34,8 @@ _APPLIED = {
     "skip_special_tokens",
     "truncate_prompt_tokens",
 }
+
+_SEARCH_FIELDS = [f.name for f in fields(BeamSearchParams)]
 
 
 @dataclass(frozen=True)
@@ -46,11 +49,12 @@ class BeamSearchRequest:
 
 
 def beam_search_request(
-    request: SamplingFields, params: SamplingParams, max_logprobs: int
+    request: SamplingFields, params: SamplingParams, max_logprobs: int, max_n: int
 ) -> BeamSearchRequest | None:
     """The request's beam search if it asks for one (`use_beam_search`), else None;
     `params`: its sampling params as the server built them (defaults and constraint
-    included). A field the search does not apply is a 400 naming it."""
+    included). A field the search does not apply, or a value it cannot take (the engine's
+    max_logprobs and max_n bound the width), is a 400 naming it."""
     if not request.use_beam_search:
         return None
     fields = type(request).model_fields
@@ -65,19 +69,26 @@ def beam_search_request(
         )
     if params.prompt_logprobs is not None:
         raise _not_applied("logprobs", "the prompt's logprobs (echo with logprobs)")
-    search = BeamSearchParams(
-        beam_width=params.n,
-        max_tokens=params.max_tokens,
-        ignore_eos=params.ignore_eos,
-        temperature=params.temperature,
-        length_penalty=request.length_penalty,
-        include_stop_str_in_output=params.include_stop_str_in_output,
-    )
     try:
-        check_beam_width(search, max_logprobs)
-    except ValueError as e:
-        raise OpenAIError(f"use_beam_search: {e}", param="n") from e
+        search = BeamSearchParams(
+            beam_width=params.n,
+            max_tokens=params.max_tokens,
+            ignore_eos=params.ignore_eos,
+            temperature=params.temperature,
+            length_penalty=request.length_penalty,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+        )
+        check_beam_width(search, max_logprobs, max_n)
+    except (ValueError, TypeError) as e:
+        raise _invalid(e) from e
     return BeamSearchRequest(search, params)
+
+
+def _invalid(error: ValueError | TypeError) -> OpenAIError:
+    """A 400 for a BeamSearchParams value, naming the request's field (`n` for the
+    search's beam_width)."""
+    param = invalid_value_error(error, _SEARCH_FIELDS).param
+    return OpenAIError(f"use_beam_search: {error}", param="n" if param == "beam_width" else param)
 
 
 def _not_applied(param: str, what: str) -> OpenAIError:
@@ -100,14 +111,13 @@ async def beam_search_outputs(
     """The search's one output: `prompt`'s (text and token ids) best beams as choices,
     finished. Each step's requests run as `{request_id}-beam-<random hex>-{i}` (as vLLM's:
     no two searches' steps share an id, even under one client's id), at the request's
-    `priority` and under its prompt's `cache_salt`; closing this iterator mid-search aborts
-    them."""
-    salt = {"cache_salt": prompt["cache_salt"]} if "cache_salt" in prompt else {}
+    `priority` and under its prompt's `cache_salt` (BeamSearch puts it on them); closing
+    this iterator mid-search aborts them."""
 
     async def generate(requests: list[dict], step: SamplingParams) -> list[RequestOutput]:
         step_id = random_id(f"{request_id}-beam")
         runs = [
-            _last(engine.generate(r | salt, step, f"{step_id}-{i}", priority))
+            _last(engine.generate(r, step, f"{step_id}-{i}", priority))
             for i, r in enumerate(requests)
         ]
         return await asyncio.gather(*runs)
@@ -115,7 +125,7 @@ async def beam_search_outputs(
     prompt_ids = prompt["prompt_token_ids"]
     max_model_len = engine.config.model_config.max_model_len
     result = await beam_search_async(
-        generate, prompt_ids, search.params, eos_token_ids, max_model_len
+        generate, prompt_ids, search.params, eos_token_ids, max_model_len, cache_salt_of(prompt)
     )
     choices = [
         _choice(i, beam, len(prompt_ids), search, tokenizer)

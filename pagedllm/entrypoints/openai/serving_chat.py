@@ -98,6 +98,7 @@ class OpenAIServingChat(OpenAIServing):
         model = self.check_model(request.model)
         self.check_generates()
         check_unsupported_fields(request.model_extra, "chat")
+        self.check_priority(request.priority)
         check_tool_results(request.messages)
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")

@@ -36,6 +36,7 @@ class OpenAIServingCompletion(OpenAIServing):
         model = self.check_model(request.model)
         self.check_generates()
         check_unsupported_fields(request.model_extra, "completion")
+        self.check_priority(request.priority)
         prompts = await self._prompts(request.prompt, request.truncate_prompt_tokens)
         echo_logprobs = request.logprobs if request.echo else None
         prompt_only = request.echo and request.max_tokens == 0

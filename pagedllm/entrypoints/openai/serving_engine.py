@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from fastapi import Request
 
-from pagedllm.engine.input_processor import check_token_ids
+from pagedllm.engine.input_processor import check_priority, check_token_ids
 from pagedllm.engine.protocol import EngineClient
 from pagedllm.engine.tokenizer import model_eos_token_ids
 from pagedllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
@@ -104,6 +104,14 @@ class OpenAIServing:
                 param="model",
             )
 
+    def check_priority(self, priority: int) -> None:
+        """The engine's priority rule (input_processor.check_priority) as a 400 naming
+        `priority`, before anything is queued (a background response included)."""
+        try:
+            check_priority(priority, self.engine.config.scheduler_config.policy)
+        except (ValueError, TypeError) as e:
+            raise OpenAIError(str(e), param="priority") from e
+
     # Prompts.
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -164,13 +172,13 @@ class OpenAIServing:
         return await self.encode(text, True) if add_special_tokens else ids
 
     def truncated(self, token_ids: list[int], keep: int | None) -> list[int]:
-        """vLLM's truncate_prompt_tokens, by this server's max_model_len; a bad count is a
-        400 naming it, before any other check reads the cut prompt."""
+        """vLLM's truncate_prompt_tokens, by this server's max_model_len; a bad count (one
+        over max_model_len included) is a 400 naming it, before any other check reads the
+        cut prompt."""
         try:
-            keep = as_truncate_prompt_tokens(keep)
+            return truncated_prompt(token_ids, as_truncate_prompt_tokens(keep), self.max_model_len)
         except (ValueError, TypeError) as e:
             raise OpenAIError(str(e), param="truncate_prompt_tokens") from e
-        return truncated_prompt(token_ids, keep, self.max_model_len)
 
     def forced_usage(self, request: SamplingFields) -> None:
         """vLLM's --enable-force-include-usage: a stream carries the usage in every chunk
@@ -282,8 +290,10 @@ class OpenAIServing:
     def beam_search_request(
         self, request: SamplingFields, params: SamplingParams
     ) -> BeamSearchRequest | None:
-        """serving_beam_search.beam_search_request, with this server's max_logprobs."""
-        return beam_search_request(request, params, self.engine.config.max_logprobs)
+        """serving_beam_search.beam_search_request, with this engine's max_logprobs and
+        max_n."""
+        config = self.engine.config
+        return beam_search_request(request, params, config.max_logprobs, config.max_n)
 
     def logged(
         self, request_id: str, prompt: dict, params: object, outputs: AsyncIterator[T]

@@ -14,9 +14,12 @@ from fastapi.testclient import TestClient
 from pagedllm import LLM
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.entrypoints.openai import api_server
+from pagedllm.entrypoints.openai.errors import OpenAIError
+from pagedllm.entrypoints.openai.protocol import CompletionRequest
 from pagedllm.entrypoints.openai.serving_beam_search import (
     BeamSearchRequest,
     beam_search_outputs,
+    beam_search_request,
 )
 from pagedllm.sampling_params import BeamSearchParams, SamplingParams
 from tests.entrypoints.openai.app_client import post
@@ -119,6 +122,7 @@ def test_logprobs_are_each_tokens_step_candidates(http: TestClient) -> None:
         ({"response_format": {"type": "json_object"}}, "structured_outputs"),
         ({"echo": True, "logprobs": 1}, "logprobs"),
         ({"n": 11}, "n"),  # 22 candidates a step: more than max_logprobs (20)
+        ({"length_penalty": 1e39}, "length_penalty"),  # beyond float32
     ],
 )
 def test_what_the_search_cannot_apply_is_a_400(http: TestClient, extra: dict, param: str) -> None:
@@ -136,6 +140,14 @@ def test_chat_tools_constraint_is_a_400(http: TestClient) -> None:
     response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "structured_outputs"
+
+
+def test_a_width_over_max_n_is_a_400_naming_n() -> None:
+    """--max-n bounds the beam width as it bounds a sampled request's n, same message."""
+    request = CompletionRequest(model="m", prompt="Hi", use_beam_search=True, n=5)
+    with pytest.raises(OpenAIError, match=r"beam_width must be at most max_n=4") as error:
+        beam_search_request(request, SamplingParams(n=5, max_tokens=2), 40, 4)
+    assert error.value.param == "n"
 
 
 class HangingEngine:

@@ -348,13 +348,17 @@ def test_cache_salt_keeps_cached_blocks_to_its_own_requests(scripted_folder: str
 def test_priority_is_refused_unless_the_server_schedules_by_it(
     scripted_folder: str, policy: str
 ) -> None:
-    """vLLM's rule: a nonzero priority needs --scheduling-policy priority; 0 always goes."""
+    """vLLM's rule: a nonzero priority needs --scheduling-policy priority; 0 always goes.
+    Either way it is a signed 64-bit int (docs/limits.md); a 400 names it."""
     body = {"prompt": [5, 6], "max_tokens": 1}
     for http in scripted_app(scripted_folder, policy):
         assert http.post("/v1/completions", json=body | {"priority": 0}).status_code == 200
         response = http.post("/v1/completions", json=body | {"priority": -3})
+        too_big = http.post("/v1/completions", json=body | {"priority": 2**63})
+    assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "priority"
     if policy == "priority":
         assert response.status_code == 200, response.text
     else:
         assert response.status_code == 400
         assert "Got priority -3 but priority scheduling is not enabled" in response.text
+        assert response.json()["error"]["param"] == "priority"

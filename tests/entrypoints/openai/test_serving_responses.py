@@ -270,6 +270,19 @@ def test_a_forced_call_with_a_schema_llguidance_refuses_is_a_400_naming_tools(
     assert error.value.body["param"] == "tools"
 
 
+@pytest.mark.parametrize("background", [False, True])
+def test_a_priority_the_server_does_not_schedule_by_is_a_400_naming_it(
+    client: openai.OpenAI, background: bool
+) -> None:
+    """vLLM's rule (input_processor.check_priority), checked before the response is
+    queued, so a background one is refused too."""
+    with pytest.raises(openai.BadRequestError, match="Got priority 1 but priority") as error:
+        client.responses.create(
+            **ASK, input="Hi", background=background, extra_body={"priority": 1}
+        )
+    assert error.value.body["param"] == "priority"
+
+
 # Reasoning and parsed calls: the scripted model (scripted_model.py: it thinks "hmm", then
 # calls get_weather) behind an in-process app with the qwen3 and hermes parsers.
 

@@ -178,6 +178,11 @@ def test_truncate_prompt_tokens_cuts_every_text(
             {"text_1": QUERY, "text_2": DOCS, "truncate_prompt_tokens": 0},
             "truncate_prompt_tokens",
         ),
+        (
+            "/v1/score",
+            {"text_1": QUERY, "text_2": DOCS, "truncate_prompt_tokens": 513},
+            "truncate_prompt_tokens",
+        ),
         ("/v1/score", {"text_1": QUERY, "text_2": DOCS, "priority": 2}, "priority"),
         ("/rerank", {"query": QUERY, "documents": []}, "documents"),
         ("/rerank", {"query": "", "documents": DOCS}, "query"),
@@ -185,6 +190,11 @@ def test_truncate_prompt_tokens_cuts_every_text(
         ("/rerank", {"query": [QUERY], "documents": DOCS}, "query"),
         ("/rerank", {"documents": DOCS}, "query"),
         ("/rerank", {"query": QUERY, "documents": DOCS, "top_n": -1}, "top_n"),
+        (
+            "/rerank",
+            {"query": QUERY, "documents": DOCS, "truncate_prompt_tokens": 513},
+            "truncate_prompt_tokens",
+        ),
         ("/v2/rerank", {"query": QUERY, "documents": ["y" * 600]}, "documents"),
     ],
 )
