@@ -545,6 +545,8 @@ SPECULATIVE_METHODS = ("ngram",)
 medusa, mlp_speculator, draft_model, mtp) and suffix decoding need parts it lacks."""
 
 # vLLM's lookup bounds when speculative_config gives neither.
+NGRAM_NAMES = ("ngram", "[ngram]")
+"""vLLM's spellings of the n-gram method, in `method` or its older `model` key."""
 DEFAULT_PROMPT_LOOKUP = 5
 
 
@@ -560,8 +562,20 @@ class SpeculativeConfig:
     num_speculative_tokens: int | None = None
     prompt_lookup_max: int | None = None
     prompt_lookup_min: int | None = None
+    model: str | None = None
+    """vLLM's older spelling of the method: "ngram" or "[ngram]"; a draft model's name or
+    path is refused (pagedllm runs no draft models)."""
 
     def __post_init__(self) -> None:
+        if self.model is not None:
+            if self.model not in NGRAM_NAMES:
+                raise ValueError(
+                    f"speculative_config model {self.model!r} is not supported: pagedllm runs "
+                    "no draft models, only the n-gram method (model 'ngram' or method 'ngram')"
+                )
+            self.method = "ngram"
+        if self.method in NGRAM_NAMES:
+            self.method = "ngram"
         if self.method not in SPECULATIVE_METHODS:
             raise ValueError(
                 f"speculative_config method {self.method!r} is not supported; pagedllm runs "
@@ -569,15 +583,17 @@ class SpeculativeConfig:
             )
         if self.num_speculative_tokens is None:
             raise ValueError("speculative_config needs num_speculative_tokens (an int >= 1)")
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(f"speculative_config {name} must be an int >= 1, got {value!r}")
         low, high = self.prompt_lookup_min, self.prompt_lookup_max
         if low is None and high is None:
             low = high = DEFAULT_PROMPT_LOOKUP
         self.prompt_lookup_min = high if low is None else low
         self.prompt_lookup_max = low if high is None else high
-        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"speculative_config {name} must be an int >= 1, got {value!r}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(
                 f"speculative_config prompt_lookup_min {self.prompt_lookup_min} must be <= "

@@ -333,6 +333,16 @@ def test_speculative_config_takes_vllms_ngram_keys_and_defaults() -> None:
 
 
 @pytest.mark.parametrize(
+    "spelling", [{"method": "[ngram]"}, {"model": "ngram"}, {"model": "[ngram]", "method": None}]
+)
+def test_speculative_config_takes_vllms_older_ngram_spellings(spelling: dict) -> None:
+    """vLLM maps `model` "ngram" / "[ngram]" (its speculative_model's spelling) and method
+    "[ngram]" to the n-gram method."""
+    config = SpeculativeConfig.parse({"num_speculative_tokens": 3} | spelling)
+    assert config.method == "ngram" and config.num_speculative_tokens == 3
+
+
+@pytest.mark.parametrize(
     ("value", "error"),
     [
         (
@@ -349,7 +359,10 @@ def test_speculative_config_takes_vllms_ngram_keys_and_defaults() -> None:
             NGRAM | {"prompt_lookup_min": 4, "prompt_lookup_max": 2},
             "prompt_lookup_min 4 must be <= prompt_lookup_max 2",
         ),
-        (NGRAM | {"model": "ngram"}, r"unknown fields \['model'\]"),
+        (NGRAM | {"prompt_lookup_max": 0}, "prompt_lookup_max must be an int >= 1, got 0"),
+        (NGRAM | {"prompt_lookup_max": 2.5}, "prompt_lookup_max must be an int >= 1, got 2.5"),
+        (NGRAM | {"model": "yuhuili/EAGLE-LLaMA3-Instruct-8B"}, "runs no draft models"),
+        (NGRAM | {"draft_model": "x"}, r"unknown fields \['draft_model'\]"),
         ("{not json", "speculative_config '{not json' is not a JSON object"),
     ],
 )
