@@ -2,7 +2,7 @@
 token histogram it carries; and the timestamps a finished request's output reports."""
 
 from bisect import bisect_left
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pagedllm.core.scheduler import Scheduler
 
@@ -36,19 +36,25 @@ class HistogramCounts:
 class SpecDecodingStats:
     """Speculative decoding's counters since the engine started (vLLM's
     vllm:spec_decode_* metrics): verifications of a sequence's drafts (`num_drafts`), the
-    draft tokens verified, and those accepted."""
+    draft tokens verified, those accepted, and those accepted at each draft position (the
+    first draft token, the second, ...; a draft is accepted up to its first rejection)."""
 
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
 
     def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted_tokens
+        per_pos = self.num_accepted_tokens_per_pos
+        per_pos += [0] * (num_draft_tokens - len(per_pos))
+        for pos in range(num_accepted_tokens):
+            per_pos[pos] += 1
 
     def copy(self) -> "SpecDecodingStats":
-        return SpecDecodingStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens)
+        return replace(self, num_accepted_tokens_per_pos=list(self.num_accepted_tokens_per_pos))
 
 
 def _no_iterations() -> HistogramCounts:

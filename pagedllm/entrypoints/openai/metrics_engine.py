@@ -42,6 +42,7 @@ class EngineStatsCollector(Collector):
             labels=LABELS,
         )
         info: Metric | None = None
+        per_pos: Metric | None = None
         for engine, s in enumerate(self.read_stats()):
             label = [self.model_name, str(engine)]
             for kind, name, doc, value in _rows(s):
@@ -49,9 +50,19 @@ class EngineStatsCollector(Collector):
                     families[name] = kind(name, doc, labels=LABELS)
                 families[name].add_metric(label, value)
             _add_histogram(iterations, label, s.iteration_tokens)
+            if s.spec_decoding is not None:
+                per_pos = per_pos or CounterMetricFamily(
+                    "vllm:spec_decode_num_accepted_tokens_per_pos",
+                    "Accepted tokens per draft position.",
+                    labels=[*LABELS, "position"],
+                )
+                for pos, count in enumerate(s.spec_decoding.num_accepted_tokens_per_pos):
+                    per_pos.add_metric([*label, str(pos)], count)
             info = self._add_cache_config_info(info, str(engine), s.num_blocks)
         yield from families.values()
         yield iterations
+        if per_pos is not None:
+            yield per_pos
         if info is not None:
             yield info
 

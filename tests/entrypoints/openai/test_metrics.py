@@ -85,11 +85,24 @@ def test_render_exposes_the_engine_stats_snapshot() -> None:
 def test_spec_decode_counters_only_where_the_engine_speculates() -> None:
     """vLLM's vllm:spec_decode_* counters, from the snapshot's SpecDecodingStats."""
     assert not any(name.startswith("vllm:spec_decode") for name in scrape(make_metrics()))
-    spec = dataclasses.replace(STATS, spec_decoding=SpecDecodingStats(7, 25, 11))
-    values = scrape(make_metrics(lambda: [spec]))
-    assert values["vllm:spec_decode_num_drafts_total"] == 7
-    assert values["vllm:spec_decode_num_draft_tokens_total"] == 25
-    assert values["vllm:spec_decode_num_accepted_tokens_total"] == 11
+    spec_decoding = SpecDecodingStats()
+    for drafted, accepted in [(4, 4), (4, 1), (3, 2), (2, 0)]:
+        spec_decoding.observe(drafted, accepted)
+    spec = dataclasses.replace(STATS, spec_decoding=spec_decoding)
+    metrics = make_metrics(lambda: [spec])
+    values = scrape(metrics)
+    assert values["vllm:spec_decode_num_drafts_total"] == 4
+    assert values["vllm:spec_decode_num_draft_tokens_total"] == 13
+    assert values["vllm:spec_decode_num_accepted_tokens_total"] == 7
+    # Accepted at draft positions 0..3: drafts accepted up to their first rejection.
+    families = text_string_to_metric_families(metrics.render().decode())
+    per_pos = {
+        s.labels["position"]: s.value
+        for f in families
+        for s in f.samples
+        if s.name == "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    }
+    assert per_pos == {"0": 3, "1": 2, "2": 1, "3": 1}
 
 
 def test_render_reads_the_latest_snapshot_and_hit_rate_is_0_without_queries() -> None:
