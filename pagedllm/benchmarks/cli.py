@@ -1,4 +1,4 @@
-"""`pagedllm bench throughput | latency | perplexity | serve | linear | report`."""
+"""`pagedllm bench throughput | latency | spec-decode | perplexity | serve | linear | report`."""
 
 import argparse
 import functools
@@ -10,6 +10,7 @@ from pagedllm.benchmarks.linear import DEFAULT_SHAPES, format_linear, run_linear
 from pagedllm.benchmarks.perplexity import format_perplexity, run_perplexity
 from pagedllm.benchmarks.report import run_report
 from pagedllm.benchmarks.serve import format_serve, run_serve
+from pagedllm.benchmarks.spec_decode import format_spec_decode, run_spec_decode
 from pagedllm.benchmarks.throughput import (
     THROUGHPUT_BACKENDS,
     format_throughput,
@@ -34,6 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     benchmarks = parser.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     _add_throughput(benchmarks)
     _add_latency(benchmarks)
+    _add_spec_decode(benchmarks)
     _add_perplexity(benchmarks)
     _add_serve(benchmarks)
     _add_linear(benchmarks)
@@ -147,6 +149,21 @@ def _add_latency(benchmarks: argparse._SubParsersAction) -> None:
     _add_common(parser)
     _add_model_args(parser)
     parser.set_defaults(func=_run_latency)
+
+
+def _add_spec_decode(benchmarks: argparse._SubParsersAction) -> None:
+    parser = benchmarks.add_parser(
+        "spec-decode",
+        help="n-gram speculative decoding against none, on prompts that copy and that do not",
+        description="Greedy tokens/s of one request with and without --speculative-config "
+        "(default: n-gram, 4 draft tokens from 3- and 4-gram matches) on three fixed "
+        "prompts, engines alternating; the accepted drafts, and whether the tokens match.",
+    )
+    parser.add_argument("--output-len", type=int, default=200)
+    parser.add_argument("--num-iters", type=int, default=3)
+    _add_common(parser)
+    _add_model_args(parser)
+    parser.set_defaults(func=_run_spec_decode)
 
 
 def _add_perplexity(benchmarks: argparse._SubParsersAction) -> None:
@@ -290,6 +307,11 @@ def _run_latency(args: argparse.Namespace) -> None:
     args = on_gguf_copy(args)
     report = run_latency(args, backends_of(args, LATENCY_BACKENDS))
     _emit(report, format_latency(report), args.json)
+
+
+def _run_spec_decode(args: argparse.Namespace) -> None:
+    report = run_spec_decode(on_gguf_copy(args))
+    _emit(report, format_spec_decode(report), args.json)
 
 
 def _run_perplexity(args: argparse.Namespace) -> None:

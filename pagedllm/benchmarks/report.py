@@ -60,6 +60,10 @@ TABLES: tuple[Table, ...] = (
         "Throughput: 64 prompts, the same weights as an HF folder in float32",
         "throughput --num-prompts 64 --backend pagedllm{vllm} --model {hf} --dtype float32",
     ),
+    Table(
+        "Speculative decoding: n-gram drafts against none, the default model",
+        "spec-decode",
+    ),
     Table("Perplexity: the default model on the fixed text", "perplexity"),
 )
 
