@@ -291,7 +291,9 @@ class OpenAIServing:
         self, request: SamplingFields, params: SamplingParams
     ) -> BeamSearchRequest | None:
         """serving_beam_search.beam_search_request, with this engine's max_logprobs and
-        max_n."""
+        max_n (None without use_beam_search)."""
+        if not request.use_beam_search:
+            return None
         config = self.engine.config
         return beam_search_request(request, params, config.max_logprobs, config.max_n)
 

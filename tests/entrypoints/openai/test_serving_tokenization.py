@@ -57,7 +57,9 @@ def shared(tokenizer: PreTrainedTokenizerBase) -> Iterator[tuple]:
         sampling_defaults={},
         max_tokens_cap=None,
     )
-    engine = SimpleNamespace(config=SimpleNamespace(model_config=model_config))
+    scheduler_config = SimpleNamespace(policy="fcfs")
+    config = SimpleNamespace(model_config=model_config, scheduler_config=scheduler_config)
+    engine = SimpleNamespace(config=config)
     stats = EngineStats(0, 0, 0, 0.0, 1, 1, 0, 0, 0, 0)
     async_tokenizer = AsyncTokenizer(tokenizer, num_threads=1)
     metrics = ServerMetrics(lambda: [stats], "m", MAX_MODEL_LEN, CacheConfig())
