@@ -616,6 +616,31 @@ class SpeculativeConfig:
         return cls(**value)
 
 
+@dataclass
+class LoRAConfig:
+    """vLLM's LoRA settings (`enable_lora` turns them on; docs/lora.md): up to `max_loras`
+    adapters in one step, each of rank <= `max_lora_rank`, and up to `max_cpu_loras`
+    (None: max_loras) loaded adapters kept in host memory for the next step that needs one."""
+
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_loras", "max_lora_rank", "max_cpu_loras"):
+            value = getattr(self, name)
+            if name == "max_cpu_loras" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
+            )
+
+
 # vLLM's --distributed-executor-backend choices: "uni" runs one rank in this process, "mp"
 # spawns the ranks (on each node, with --nnodes), "ray" places them as Ray actors, and
 # "external_launcher" is torchrun (detected from its environment when not given).
@@ -733,6 +758,8 @@ class EngineConfig:
     """One of ATTENTION_BACKENDS, or None for the best the device and dtype allow
     (layers/attention_backends/selector.py)."""
     speculative_config: SpeculativeConfig | None = None
+    lora_config: LoRAConfig | None = None
+    """vLLM's: set when enable_lora is, None otherwise (no request may name an adapter)."""
 
     def __post_init__(self) -> None:
         self.attention_backend = resolve_attention_backend(self.attention_backend)
@@ -757,6 +784,11 @@ class EngineConfig:
             )
         if self.speculative_config is not None:
             self._check_speculative()
+        if self.lora_config is not None and self.model_config.runner_type == "pooling":
+            raise ValueError(
+                "enable_lora is for models that generate; a pooling model (runner "
+                "'pooling') serves no LoRA adapters"
+            )
 
     def _check_speculative(self) -> None:
         """What speculative decoding does not combine with yet (docs/speculative-decoding.md)."""

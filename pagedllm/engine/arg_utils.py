@@ -11,6 +11,7 @@ from pagedllm.config import (
     SCHEDULING_POLICIES,
     CacheConfig,
     EngineConfig,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
@@ -126,6 +127,12 @@ class EngineArgs:
     # vLLM's: n-gram speculative decoding, a dict or JSON ({"method": "ngram",
     # "num_speculative_tokens": 4, ...}; config.SpeculativeConfig); None: off
     speculative_config: SpeculativeConfig | dict | str | None = None
+    # vLLM's LoRA options (config.LoRAConfig, docs/lora.md): requests may name a PEFT
+    # adapter (LoRARequest), up to max_loras of them in one step
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -191,11 +198,17 @@ class EngineArgs:
             batch_invariant=self.batch_invariant,
             attention_backend=self.attention_backend,
             speculative_config=self.speculative_config,
+            lora_config=self._lora_config(),
         )
         if config.attention_backend is not None:
             kv_cache_dtype = config.cache_config.kv_dtype(model_config.dtype)
             check_attn_backend(config.attention_backend, device, model_config.dtype, kv_cache_dtype)
         return config
+
+    def _lora_config(self) -> LoRAConfig | None:
+        if not self.enable_lora:
+            return None
+        return LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
 
     def _kv_cache_memory_bytes(self, device: str) -> int | None:
         """kv_cache_memory_bytes, else on a CPU vLLM's VLLM_CPU_KVCACHE_SPACE (GiB), unless
