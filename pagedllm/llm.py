@@ -19,6 +19,7 @@ from pagedllm.engine.input_processor import prompt_text_and_ids
 from pagedllm.engine.stat_logger import LoggingStatLogger, kv_cache_label, log_stats_interval
 from pagedllm.engine.tokenizer import model_eos_token_ids
 from pagedllm.inputs import PromptType, cache_salt_of
+from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import (
     EmbeddingRequestOutput,
     PoolingRequestOutput,
@@ -88,28 +89,28 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         *,
-        lora_request: object = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         priority: list[int] | None = None,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in input order; no sampling params: the defaults
         get_default_sampling_params gives (the model's generation config). `priority`
         (vLLM's): one per prompt, lower served first, nonzero only with
-        scheduling_policy="priority". vLLM's `lora_request` is accepted where it asks for
-        nothing. A prompt dict's `cache_salt` keeps its prefix-cache blocks to prompts
-        of the same salt."""
-        check_vllm_options(lora_request=lora_request)
+        scheduling_policy="priority". `lora_request` (vLLM's; needs enable_lora): the LoRA
+        adapter every prompt runs with, or one per prompt (docs/lora.md). A prompt dict's
+        `cache_salt` keeps its prefix-cache blocks to prompts of the same salt."""
         prompts = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params = _as_params_list(sampling_params, len(prompts))
         priorities = _as_priority_list(priority, len(prompts))
-        return self._run(prompts, [_final_only(p) for p in params], use_tqdm, priorities)
+        loras = _as_lora_list(lora_request, len(prompts))
+        return self._run(prompts, [_final_only(p) for p in params], use_tqdm, priorities, loras)
 
     def beam_search(
         self,
         prompts: Sequence[PromptType],
         params: BeamSearchParams,
-        lora_request: object = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         use_tqdm: bool = False,
         concurrency_limit: int | None = None,
     ) -> list[BeamSearchOutput]:
@@ -118,8 +119,8 @@ class LLM:
         each with its tokens (the prompt's included), cumulative logprob and text (the
         whole sequence's, as vLLM's; None without a tokenizer). `concurrency_limit`
         searches that many prompts at a time; `use_tqdm` shows progress over them. A prompt
-        dict's `cache_salt` goes on every step of its search, as in `generate`."""
-        check_vllm_options(lora_request=lora_request)
+        dict's `cache_salt` goes on every step of its search, as in `generate`, and so does
+        its LoRA adapter (`lora_request`: one for all prompts, or one per prompt)."""
         if not isinstance(params, BeamSearchParams):
             raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
         config = self.llm_engine.config
@@ -128,20 +129,31 @@ class LLM:
         prompts = _as_prompt_list(prompts)
         token_prompts = [prompt_text_and_ids(p, tokenizer)[1] for p in prompts]
         salts = [cache_salt_of(p) for p in prompts]
+        loras = _as_lora_list(lora_request, len(prompts))
         eos = model_eos_token_ids(config.model_config, tokenizer)
         limit = concurrency_limit or len(token_prompts) or 1
-        groups = range(0, len(token_prompts), limit)
-        outputs = []
-        for start in tqdm(groups, desc="Beam search", disable=not use_tqdm):
-            outputs += beam_search(
-                lambda batch, step: self.generate(batch, step, use_tqdm=False),
-                token_prompts[start : start + limit],
+        decode = tokenizer.decode if tokenizer is not None else lambda ids: None
+        # Prompts searched together share an adapter (a step's requests all take one).
+        groups = [
+            (lora, indices[start : start + limit])
+            for lora, indices in _indices_by_lora(loras).items()
+            for start in range(0, len(indices), limit)
+        ]
+        outputs: list[BeamSearchOutput | None] = [None] * len(prompts)
+        for lora, indices in tqdm(groups, desc="Beam search", disable=not use_tqdm):
+            found = beam_search(
+                lambda batch, step, lora=lora: self.generate(
+                    batch, step, use_tqdm=False, lora_request=lora
+                ),
+                [token_prompts[i] for i in indices],
                 params,
                 eos,
                 config.model_config.max_model_len,
-                tokenizer.decode if tokenizer is not None else lambda ids: None,
-                salts[start : start + limit],
+                decode,
+                [salts[i] for i in indices],
             )
+            for i, output in zip(indices, found, strict=True):
+                outputs[i] = output
         return outputs
 
     def chat(
@@ -155,7 +167,7 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict] | None = None,
         *,
-        lora_request: object = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         chat_template_content_format: str = "auto",
     ) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to each conversation, then generate.
@@ -164,8 +176,8 @@ class LLM:
         `continue_final_message` go to the template, as in vLLM's `LLM.chat`. A message
         or template the conversation cannot go through is a ValueError. vLLM's
         `chat_template_content_format` may be "auto" or "string" (content reaches the
-        template as a string)."""
-        check_vllm_options(lora_request=lora_request, content_format=chat_template_content_format)
+        template as a string). `lora_request`: as `generate`'s, one per conversation."""
+        check_vllm_options(content_format=chat_template_content_format)
         tokenizer = self.get_tokenizer()
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = []
@@ -182,7 +194,7 @@ class LLM:
             )
             # The text is the output's `prompt`, as vLLM's LLM.chat gives it.
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
 
     def encode(
         self,
@@ -197,7 +209,9 @@ class LLM:
         """A pooling model's pooled vector per prompt (`outputs.data`, a float32 tensor),
         in input order. vLLM's `truncate_prompt_tokens` sets every prompt's params' own;
         `pooling_task` may be "embed" (the one task here)."""
-        check_vllm_options(lora_request=lora_request, pooling_task=pooling_task)
+        check_vllm_options(pooling_task=pooling_task)
+        if lora_request is not None:
+            raise ValueError("lora_request: pooling models serve no LoRA adapters; pass None")
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(pooling_params, len(prompts), PoolingParams)
         if truncate_prompt_tokens is not None:
@@ -268,17 +282,21 @@ class LLM:
         params: list,
         use_tqdm: bool,
         priorities: list[int] | None = None,
+        loras: list[LoRARequest | None] | None = None,
     ) -> list:
-        """Add a request per prompt (at its priority; None: all 0) and run the engine until
-        each is finished; whatever stops it early (an error, Ctrl-C) aborts the requests
-        it added."""
+        """Add a request per prompt (at its priority, with its LoRA adapter; None: all 0,
+        none) and run the engine until each is finished; whatever stops it early (an
+        error, Ctrl-C) aborts the requests it added."""
         priorities = priorities or [0] * len(prompts)
+        loras = loras or [None] * len(prompts)
         with self._lock:
             ids = []
             try:
-                for prompt, p, priority in zip(prompts, params, priorities):
+                for prompt, p, priority, lora in zip(prompts, params, priorities, loras):
                     request_id = str(next(self._request_counter))
-                    self.llm_engine.add_request(request_id, prompt, p, priority=priority)
+                    self.llm_engine.add_request(
+                        request_id, prompt, p, priority=priority, lora_request=lora
+                    )
                     ids.append(request_id)
                 return self._run_engine(ids, use_tqdm)
             finally:
@@ -337,15 +355,9 @@ def interrupts_between_steps() -> Iterator[Callable[[], bool]]:
         signal.signal(signal.SIGINT, previous)
 
 
-def check_vllm_options(
-    lora_request: object = None,
-    content_format: str = "auto",
-    pooling_task: str | None = None,
-) -> None:
-    """vLLM's per-call options, accepted where they ask for nothing pagedllm lacks: no
-    LoRA adapter, content as strings, the embed task."""
-    if lora_request is not None:
-        raise ValueError("lora_request: pagedllm serves no LoRA adapters; pass None")
+def check_vllm_options(content_format: str = "auto", pooling_task: str | None = None) -> None:
+    """vLLM's per-call options, accepted where they ask for nothing pagedllm lacks:
+    content as strings, the embed task."""
     if content_format not in ("auto", "string"):
         raise ValueError(
             f"chat_template_content_format {content_format!r}: pagedllm gives templates "
@@ -364,6 +376,32 @@ def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptTy
             "a list of ints is ambiguous: pass {'prompt_token_ids': [...]} for token ids"
         )
     return prompts
+
+
+def _as_lora_list(
+    lora_request: LoRARequest | Sequence[LoRARequest | None] | None, num_prompts: int
+) -> list[LoRARequest | None]:
+    """vLLM's `lora_request`: one for every prompt, or a list of one per prompt (the engine
+    checks each)."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    if isinstance(lora_request, str | bytes | dict) or not hasattr(lora_request, "__iter__"):
+        raise TypeError(
+            "lora_request must be a LoRARequest or a list of one per prompt; got "
+            f"{type(lora_request).__name__}"
+        )
+    loras = list(lora_request)
+    if len(loras) != num_prompts:
+        raise ValueError(f"got {len(loras)} lora_requests for {num_prompts} prompts; give one each")
+    return loras
+
+
+def _indices_by_lora(loras: list[LoRARequest | None]) -> dict[LoRARequest | None, list[int]]:
+    """The prompts' indices by adapter, adapters in the order they first appear."""
+    groups: dict[LoRARequest | None, list[int]] = {}
+    for i, lora in enumerate(loras):
+        groups.setdefault(lora, []).append(i)
+    return groups
 
 
 def _as_priority_list(priority: Sequence[int] | None, num_prompts: int) -> list[int] | None:

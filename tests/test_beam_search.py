@@ -155,7 +155,7 @@ def test_llm_beam_search_steps_carry_each_prompts_cache_salt(
     llm = LLM(path, skip_tokenizer_init=True, device="cpu", max_model_len=64)
     generate, seen = llm.generate, set()
 
-    def spy(prompts: list[dict], params: object, use_tqdm: bool) -> list:
+    def spy(prompts: list[dict], params: object, use_tqdm: bool, lora_request: None) -> list:
         seen.update((p["prompt_token_ids"][0], p.get("cache_salt")) for p in prompts)
         return generate(prompts, params, use_tqdm=use_tqdm)
 

@@ -13,7 +13,7 @@ LAYERS = (
     ("llm",),
     ("engine",),
     ("core", "executor"),
-    ("model_loader",),
+    ("model_loader", "lora"),
     ("models",),
     ("layers",),
     ("sample", "structured_output", "spec_decode", "forward_context", "distributed"),

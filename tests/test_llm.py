@@ -16,6 +16,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from pagedllm import LLM, PoolingParams, SamplingParams, TextPrompt
+from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import StructuredOutputsParams
 from tests.devices import DEVICES
 from tests.embedding_models import save_byte_tokenizer
@@ -401,13 +402,16 @@ def test_ctrl_c_in_the_last_step_is_not_lost(llm_for) -> None:
 
 def test_vllms_call_options_that_ask_for_nothing_are_accepted(llm_for) -> None:
     """vLLM wrappers pass lora_request=None, priority 0 and a content format routinely;
-    a nonzero priority needs scheduling_policy="priority" (vLLM's rule)."""
+    a nonzero priority needs scheduling_policy="priority" (vLLM's rule), an adapter
+    enable_lora."""
     llm = llm_for("llama-gqa-llama3")
     prompts = as_prompts([[5, 6]])
     (out,) = llm.generate(prompts, greedy_params(2), False, lora_request=None, priority=[0])
     assert len(out.outputs[0].token_ids) == 2
     for kwargs, error, words in [
-        ({"lora_request": object()}, ValueError, "no LoRA adapters"),
+        ({"lora_request": object()}, TypeError, "lora_request must be a LoRARequest or a list"),
+        ({"lora_request": LoRARequest("a", 1, "/x")}, ValueError, "LoRA is off; start the engine"),
+        ({"lora_request": [None, None]}, ValueError, "got 2 lora_requests for 1 prompts"),
         ({"priority": [1]}, ValueError, "Got priority 1 but priority scheduling is not enabled"),
         ({"priority": [0, 0]}, ValueError, "got 2 priorities for 1 prompts"),
         ({"priority": 0}, TypeError, "priority must be a list of ints, one per prompt"),

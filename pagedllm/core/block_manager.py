@@ -18,6 +18,7 @@ Forking (n > 1 sampling) shares all of the parent's blocks. A block is copied on
 returns the (src, dst) pairs the model runner must copy before the forward pass.
 """
 
+import json
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -26,12 +27,26 @@ import xxhash
 
 from pagedllm.core.sequence import Sequence
 
+# The seed of a LoRA request's block-0 key, apart from a cache_salt's (seed 0).
+_LORA_SEED = 1
 
-def hash_block(parent_hash: int | None, token_ids: list[int], cache_salt: str | None = None) -> int:
+
+def hash_block(
+    parent_hash: int | None,
+    token_ids: list[int],
+    cache_salt: str | None = None,
+    lora_path: str | None = None,
+) -> int:
     """xxhash64 of the parent's hash (8 bytes little-endian, absent for block 0) and the
     block's token ids as int64. A salted block 0 (vLLM's cache_salt) takes the xxhash64 of
-    the salt's UTF-8 bytes as its parent, so the chain carries the salt to every block."""
-    if cache_salt is not None:
+    the salt's UTF-8 bytes as its parent, so the chain carries the salt to every block; a
+    LoRA request's block 0, that of [salt, adapter folder] as JSON under another seed, so
+    no salt alone can stand for an adapter's chain (whose KV the adapter computed)."""
+    if lora_path is not None:
+        assert parent_hash is None, "only block 0 is salted"
+        key = json.dumps([cache_salt, lora_path]).encode()
+        parent_hash = xxhash.xxh64_intdigest(key, seed=_LORA_SEED)
+    elif cache_salt is not None:
         assert parent_hash is None, "only block 0 is salted"
         parent_hash = xxhash.xxh64_intdigest(cache_salt.encode())
     prefix = b"" if parent_hash is None else parent_hash.to_bytes(8, "little")
@@ -82,8 +97,13 @@ class BlockManager:
         """Extend seq.block_hashes to cover every full block of seq."""
         hashes = seq.block_hashes
         for i in range(len(hashes), seq.num_tokens // self.block_size):
-            parent, salt = (hashes[-1], None) if hashes else (None, seq.cache_salt)
-            hashes.append(hash_block(parent, seq.block_token_ids(i), salt))
+            if hashes:
+                block_hash = hash_block(hashes[-1], seq.block_token_ids(i))
+            else:
+                lora = seq.lora_key
+                path = None if lora is None else lora[1]
+                block_hash = hash_block(None, seq.block_token_ids(i), seq.cache_salt, path)
+            hashes.append(block_hash)
         return hashes
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:

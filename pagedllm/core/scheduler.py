@@ -118,9 +118,16 @@ class Scheduler:
     """
 
     def __init__(
-        self, config: SchedulerConfig, block_manager: BlockManager, num_micro_batches: int = 1
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        num_micro_batches: int = 1,
+        max_loras: int | None = None,
     ) -> None:
+        """`max_loras`: the most LoRA adapters the running sequences may use at once (None:
+        LoRA off)."""
         self.max_num_seqs = config.max_num_seqs
+        self.max_loras = max_loras
         self.num_micro_batches = num_micro_batches
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.enable_chunked_prefill = config.enable_chunked_prefill
@@ -249,7 +256,11 @@ class Scheduler:
         self._add_waiting(seq, preempted=True)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, max_seqs: int) -> None:
-        """Admit waiting sequences in order while tokens, sequence slots and blocks allow."""
+        """Admit waiting sequences in order while tokens, sequence slots and blocks allow. A
+        sequence whose LoRA adapter would make the running ones use more than max_loras
+        waits, and those behind it are tried (as vLLM v1 skips it)."""
+        skipped: list[Sequence] = []
+        loras = {seq.lora_key for seq in self.running} - {None}
         while (
             self.waiting
             and budget > 0
@@ -257,6 +268,9 @@ class Scheduler:
             and len(out.scheduled) < max_seqs
         ):
             seq = self.waiting[0]
+            if self._over_max_loras(seq, loras):
+                skipped.append(self.waiting.popleft())
+                continue
             num_new_tokens = seq.num_tokens - self.block_manager.num_prefix_hit_tokens(seq)
             if not self.enable_chunked_prefill and num_new_tokens > budget:
                 break
@@ -264,6 +278,8 @@ class Scheduler:
                 self._check_fits_in_cache(seq)
                 break
             self.waiting.popleft()
+            if seq.lora_key is not None:
+                loras.add(seq.lora_key)
             self.block_manager.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
@@ -272,6 +288,15 @@ class Scheduler:
             num_new_tokens = min(num_new_tokens, budget)
             out.scheduled.append(ScheduledSequence(seq, num_new_tokens))
             budget -= num_new_tokens
+        self.waiting.extendleft(reversed(skipped))
+
+    def _over_max_loras(self, seq: Sequence, loras: set[tuple[int, str]]) -> bool:
+        return (
+            self.max_loras is not None
+            and seq.lora_key is not None
+            and seq.lora_key not in loras
+            and len(loras) >= self.max_loras
+        )
 
     def _check_fits_in_cache(self, seq: Sequence) -> None:
         if seq.num_blocks > self.block_manager.num_blocks:

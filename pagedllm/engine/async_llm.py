@@ -28,6 +28,7 @@ from pagedllm.engine.llm_engine import LLMEngine, PromptType
 from pagedllm.engine.output_collector import RequestOutputCollector
 from pagedllm.engine.stat_logger import LoggingStatLogger, kv_cache_label, log_stats_interval
 from pagedllm.logger import init_logger
+from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
@@ -44,6 +45,15 @@ class _Add:
     params: SamplingParams | PoolingParams
     added: asyncio.Future
     priority: int = 0
+    lora_request: LoRARequest | None = None
+
+
+@dataclass
+class _Call:
+    """A call of the engine's (add_lora, ...) on the engine thread; `done` gets its result."""
+
+    fn: Callable[[], object]
+    done: asyncio.Future
 
 
 @dataclass
@@ -154,10 +164,12 @@ class AsyncLLM:
         params: SamplingParams | PoolingParams,
         request_id: str,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput | PoolingRequestOutput]:
         """Outputs of one request as the engine makes them (as params.output_kind says;
         a pooling request's one output when it finishes). `priority`: vLLM's (lower is
-        served first), for an engine whose scheduling policy is "priority".
+        served first), for an engine whose scheduling policy is "priority";
+        `lora_request`: the LoRA adapter it runs with (docs/lora.md).
 
         A bad request raises ValueError/TypeError before the first output. Closing the
         iterator early (or cancelling its consumer) aborts the request, which frees its
@@ -173,7 +185,7 @@ class AsyncLLM:
         outputs = self._collectors[request_id] = RequestOutputCollector(aggregate=delta)
         added = self._loop.create_future()
         finished = False
-        self._commands.put(_Add(request_id, prompt, params, added, priority))
+        self._commands.put(_Add(request_id, prompt, params, added, priority, lora_request))
         try:
             await added
             while not finished:
@@ -184,6 +196,27 @@ class AsyncLLM:
             del self._collectors[request_id]
             if not finished:
                 self.abort(request_id)
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """vLLM's: check an adapter and keep it known; ValueError for one the engine cannot
+        run (LLMEngine.add_lora)."""
+        return await self._call(lambda: self.engine.add_lora(lora_request))
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        return await self._call(lambda: self.engine.remove_lora(lora_int_id))
+
+    async def list_loras(self) -> set[int]:
+        return await self._call(self.engine.list_loras)
+
+    async def _call(self, fn: Callable[[], object]) -> object:
+        """fn's result, run on the engine thread between steps."""
+        if self.dead_error is not None or self._stopped is not None:
+            raise self.dead_error or self._stopped
+        if not self.is_running:
+            raise RuntimeError("AsyncLLM.start() was not called, or the engine stopped")
+        done = self._loop.create_future()
+        self._commands.put(_Call(fn, done))
+        return await done
 
     async def _log_stats(self, interval_s: float) -> None:
         """Every `interval_s`, a line per engine from the snapshots /metrics reads."""
@@ -237,15 +270,27 @@ class AsyncLLM:
             except queue.Empty:
                 return True
 
-    def _handle(self, command: _Add | _Abort) -> None:
+    def _handle(self, command: _Add | _Abort | _Call) -> None:
         if isinstance(command, _Abort):
             self.engine.abort_request(command.request_id)
+            return
+        if isinstance(command, _Call):
+            try:
+                result = command.fn()
+            except Exception as e:  # noqa: BLE001 - the caller hears it
+                self._call_soon(_settle, command.done, e)
+            else:
+                self._call_soon(_settle, command.done, None, result)
             return
         if command.added.cancelled():
             return
         try:
             self.engine.add_request(
-                command.request_id, command.prompt, command.params, priority=command.priority
+                command.request_id,
+                command.prompt,
+                command.params,
+                priority=command.priority,
+                lora_request=command.lora_request,
             )
         except Exception as e:  # noqa: BLE001 - a request that can't be added fails alone
             self._call_soon(_settle, command.added, e)
@@ -284,8 +329,10 @@ class AsyncLLM:
         self._fail(list(self._collectors), self.dead_error)
         while not self._commands.empty():
             command = self._commands.get_nowait()
-            if isinstance(command, _Add):
-                _settle(command.added, self.dead_error)
+            if isinstance(command, _Add | _Call):
+                _settle(
+                    command.added if isinstance(command, _Add) else command.done, self.dead_error
+                )
         self.dead.set()
 
     def _fail(self, request_ids: list[str], error: BaseException) -> None:
@@ -305,11 +352,12 @@ def _request_error(error: Exception) -> Exception:
     return failed
 
 
-def _settle(future: asyncio.Future, error: BaseException | None) -> None:
-    """Resolve `future` unless its waiter gave up (cancelled) meanwhile."""
+def _settle(future: asyncio.Future, error: BaseException | None, result: object = None) -> None:
+    """Resolve `future` (with `result`, or fail it with `error`) unless its waiter gave up
+    (cancelled) meanwhile."""
     if future.done():
         return
     if error is None:
-        future.set_result(None)
+        future.set_result(result)
     else:
         future.set_exception(error)

@@ -30,6 +30,8 @@ from pagedllm.engine.stats import EngineStats, HistogramCounts
 from pagedllm.engine.tokenizer import get_tokenizer
 from pagedllm.executor.multiproc_executor import BOOTSTRAP_ADVICE
 from pagedllm.logger import init_logger
+from pagedllm.lora.registry import make_lora_registry
+from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
@@ -72,6 +74,7 @@ class DPEngine:
         skip = self.config.skip_tokenizer_init
         self.tokenizer = None if skip else get_tokenizer(self.model_config)
         self.wait_for_add = wait_for_add
+        self.lora_registry = make_lora_registry(self.config)
         size = engine_args.data_parallel_size
         ranks = local_ranks(engine_args)
         if ranks.start != 0:
@@ -143,12 +146,15 @@ class DPEngine:
         params: SamplingParams | PoolingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> None:
-        """The replica checks the request (priority included) as LLMEngine does."""
+        """The replica checks the request (priority included) as LLMEngine does; a LoRA
+        adapter is checked here first, so a bad one fails at once."""
         if request_id in self._engine_of:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        self.lora_registry.check(lora_request)
         try:
-            message = pickle.dumps(("add", request_id, prompt, params, priority))
+            message = pickle.dumps(("add", request_id, prompt, params, priority, lora_request))
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise ValueError(f"the request cannot be sent to an engine replica: {e}") from e
         key = prefix_key(prompt, self.config.cache_config.block_size)
@@ -159,6 +165,22 @@ class DPEngine:
             error = self._wait_added(rank, request_id)
             if error is not None:
                 raise error
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """LLMEngine's, checked here; each replica reads the adapter when a request names it."""
+        return self.lora_registry.add(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """LLMEngine's, on every replica."""
+        if not self.lora_registry.remove(lora_int_id):
+            return False
+        message = pickle.dumps(("remove_lora", lora_int_id))
+        for rank in range(len(self.conns)):
+            self._send_bytes(rank, message)
+        return True
+
+    def list_loras(self) -> set[int]:
+        return self.lora_registry.list()
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)

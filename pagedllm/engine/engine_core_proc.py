@@ -2,8 +2,9 @@
 LLMEngine (its own executor, tensor-parallel workers included, and KV cache) driven by
 messages over a multiprocessing pipe from the DPEngine in the server's (or LLM's) process.
 
-In (parent -> replica):  ("add", request_id, prompt, params, priority),
+In (parent -> replica):  ("add", request_id, prompt, params, priority, lora_request),
                           ("abort", [request_id, ...]),
+                          ("remove_lora", lora_int_id),
                           ("stop",)
 Out (replica -> parent): ("ready", stats) once loaded, or ("error", error) and exit 1: the
                           ValueError / TypeError of a bad setting, else the traceback;
@@ -97,18 +98,22 @@ class EngineCore:
                 return False
             if command[0] == "abort":
                 self.engine.abort_request(command[1])
+            elif command[0] == "remove_lora":
+                self.engine.remove_lora(command[1])
             else:
-                _, request_id, prompt, params, priority = command
-                error = self._add(request_id, prompt, params, priority)
+                _, request_id, prompt, params, priority, lora_request = command
+                error = self._add(request_id, prompt, params, priority, lora_request)
                 self.conn.send(("added", request_id, error))
         self.conn.send(("stats", self.engine.get_stats()))
         return True
 
     def _add(
-        self, request_id: str, prompt: object, params: object, priority: int
+        self, request_id: str, prompt: object, params: object, priority: int, lora: object
     ) -> Exception | None:
         try:
-            self.engine.add_request(request_id, prompt, params, priority=priority)
+            self.engine.add_request(
+                request_id, prompt, params, priority=priority, lora_request=lora
+            )
         except Exception as e:  # noqa: BLE001 - a request that can't be added fails alone
             return _portable_error(e)
         return None

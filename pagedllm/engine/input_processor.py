@@ -23,6 +23,7 @@ from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Completion, Request
 from pagedllm.inputs import PromptType as UserPrompt
 from pagedllm.inputs import cache_salt_of, check_prompt_dict
+from pagedllm.lora.registry import LoRARegistry
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams, truncated_prompt
 from pagedllm.structured_output import GrammarMatcher, StructuredOutputManager
@@ -93,6 +94,7 @@ class InputProcessor:
         validate_params: Callable[[SamplingParams], None],
         num_kv_blocks: int,
         structured_output: StructuredOutputManager | None = None,
+        lora_registry: LoRARegistry | None = None,
     ) -> None:
         """`validate_params`: the logits processors' checks of a request's params;
         `structured_output` compiles the requests' constraints (None: none accepted)."""
@@ -103,6 +105,7 @@ class InputProcessor:
         self.validate_params = validate_params
         self.num_kv_blocks = num_kv_blocks
         self.structured_output = structured_output
+        self.lora_registry = lora_registry or LoRARegistry(None, {})
 
     def process(
         self,
@@ -111,9 +114,12 @@ class InputProcessor:
         params: SamplingParams | None,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: object = None,
     ) -> Request:
-        """A Request with its first sequence (its n completions fork at the first token)."""
+        """A Request with its first sequence (its n completions fork at the first token),
+        run with `lora_request`'s adapter (None: the base model)."""
         check_priority(priority, self.config.scheduler_config.policy)
+        lora = self.lora_registry.check(lora_request)
         params = self._prepare_params(params)
         text, token_ids = self._tokenize(prompt, params.truncate_prompt_tokens)
         self._check_fits_cache(len(token_ids), params)
@@ -128,6 +134,7 @@ class InputProcessor:
             request.arrival_time,
             priority,
             cache_salt_of(prompt),
+            lora,
         )
         seq.skip_prefix_cache = params.prompt_logprobs is not None
         detokenizer = make_detokenizer(self.tokenizer, token_ids, params)

@@ -50,6 +50,8 @@ from pagedllm.executor.kv_cache import num_kv_blocks, profiles_gpu_memory
 from pagedllm.executor.torchrun_executor import run_torchrun_worker, torchrun_rank
 from pagedllm.layers.st_projector import load_st_projector
 from pagedllm.logger import init_logger
+from pagedllm.lora.registry import make_lora_registry
+from pagedllm.lora.request import LoRARequest
 from pagedllm.models.registry import ModelRegistry
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
@@ -111,9 +113,14 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.num_blocks, cache.block_size, cache.enable_prefix_caching
         )
+        lora = config.lora_config
         self.scheduler = Scheduler(
-            sched, self.block_manager, config.parallel_config.pipeline_parallel_size
+            sched,
+            self.block_manager,
+            config.parallel_config.pipeline_parallel_size,
+            None if lora is None else lora.max_loras,
         )
+        self.lora_registry = make_lora_registry(config)
         if sched.async_scheduling:
             logger.info(
                 "Async scheduling on: each step is scheduled while the one before runs "
@@ -131,6 +138,7 @@ class LLMEngine:
             self.executor.validate_params,
             self.num_blocks,
             self.structured_output,
+            self.lora_registry,
         )
         self.output_processor = OutputProcessor(
             self.scheduler,
@@ -174,26 +182,45 @@ class LLMEngine:
         params: SamplingParams | PoolingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Validate and queue a request; a bad one raises ValueError and changes nothing.
         A pooling model's requests take PoolingParams (None: the defaults). `priority`
-        (vLLM's; lower is served first) needs the "priority" scheduling policy unless 0."""
+        (vLLM's; lower is served first) needs the "priority" scheduling policy unless 0.
+        `lora_request`: the LoRA adapter it runs with (needs enable_lora; checked the first
+        time an adapter is named, docs/lora.md)."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         processor = self.input_processor
         if isinstance(params, PoolingParams) or (
             params is None and self.model_config.runner_type == "pooling"
         ):
+            self.lora_registry.check(lora_request)  # refused: pooling models serve none
             pooling = processor.process_pooling(request_id, prompt, params, arrival_time, priority)
             self.requests[request_id] = pooling
             self.scheduler.add_seq(pooling.seq)
             return
-        request = processor.process(request_id, prompt, params, arrival_time, priority)
+        request = processor.process(
+            request_id, prompt, params, arrival_time, priority, lora_request
+        )
         self.requests[request_id] = request
         if request.compiling_matchers is None:
             self.scheduler.add_seq(request.completions[0].seq)
         else:
             self.waiting_for_grammar.add(request)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """vLLM's: check an adapter and keep it known (ValueError for one the engine cannot
+        run); its weights load when a step first needs them."""
+        return self.lora_registry.add(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """vLLM's: forget an adapter (requests running with it finish with it)."""
+        return self.lora_registry.remove(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        """vLLM's: the ids of the adapters the engine knows."""
+        return self.lora_registry.list()
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)

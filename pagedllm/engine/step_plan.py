@@ -47,6 +47,7 @@ def plan_step(
     seq id; needed when a chunk reads a placeholder). `with_rows` False leaves the sampler
     rows to `sampling_rows`, once the step in flight's tokens are on the host."""
     chunks, sample_indices, prompt_indices, pool_indices = [], [], [], []
+    lora_requests = {}
     owners, placeholder_rows, sample_offsets = [], [], []
     for i, s in enumerate(out.scheduled):
         seq, start, drafts = s.seq, s.start, s.draft_token_ids
@@ -57,7 +58,12 @@ def plan_step(
             new_token_ids.append(0)
             assert len(new_token_ids) == s.num_new_tokens, "one placeholder, at the end"
         new_token_ids += drafts
-        chunks.append(SeqChunk(new_token_ids, start, seq.block_table, (seq.request_id, seq.seq_id)))
+        lora = seq.lora_request
+        lora_id = 0 if lora is None else lora.lora_int_id
+        key = (seq.request_id, seq.seq_id)
+        chunks.append(SeqChunk(new_token_ids, start, seq.block_table, key, lora_id))
+        if lora is not None:
+            lora_requests[lora_id] = lora
         request = requests[seq.request_id]
         if isinstance(request, PoolingRequest):
             pool_indices.append(i)
@@ -80,6 +86,7 @@ def plan_step(
         out.finished_req_ids,
         placeholder_rows,
         sample_offsets,
+        lora_requests,
     )
     rows = sampling_rows(out, owners, requests, structured_output) if with_rows else []
     return StepPlan(step_input, rows, owners)

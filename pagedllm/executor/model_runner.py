@@ -8,6 +8,7 @@ tensor parallelism the sampling rank broadcasts them to its peers, which `follow
 
 import itertools
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +47,8 @@ from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.attention_backends.selector import use_attn_backend
 from pagedllm.layers.pooler import pool_chunk
 from pagedllm.logger import init_logger
+from pagedllm.lora.model_manager import LoRAModelManager
+from pagedllm.lora.request import LoRARequest
 from pagedllm.model_loader.loader import get_model
 from pagedllm.models.pipeline import IntermediateTensors
 from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
@@ -70,6 +73,7 @@ class StepInput:
     it into the input ids on the device, where that step's sampled ids still are.
     sample_offsets: for each sampler row, how many tokens before its chunk's last one it
     samples at (a draft's verification, speculative decoding); empty when all are 0.
+    lora_requests: the LoRA adapters the chunks name (`SeqChunk.lora_int_id`), by id.
     """
 
     chunks: list[SeqChunk]
@@ -80,6 +84,7 @@ class StepInput:
     finished_req_ids: set[str] = field(default_factory=set)
     placeholder_rows: list[tuple[int, int]] = field(default_factory=list)
     sample_offsets: list[int] = field(default_factory=list)
+    lora_requests: dict[int, LoRARequest] = field(default_factory=dict)
 
 
 @dataclass
@@ -120,6 +125,10 @@ class ModelRunner:
             use_attn_backend(config.attention_backend, self.kv_cache_dtype),
         ):
             self.model = get_model(config.model_config, self.device)
+        self.lora_manager = None
+        if config.lora_config is not None:
+            dtype = config.model_config.dtype
+            self.lora_manager = LoRAModelManager(self.model, config.lora_config, dtype, self.device)
         if self.memory_at_start is not None:
             self.memory_loaded = MemorySnapshot.take(self.device)
         self.vocab_size = config.model_config.vocab_size
@@ -199,14 +208,21 @@ class ModelRunner:
         )
         if no_cuda_graphs is None and config.parallel_config.pipeline_parallel_size > 1:
             no_cuda_graphs = "pipeline parallelism (a stage runs on the stage before's output)"
+        if no_cuda_graphs is None and self.lora_manager is not None:
+            no_cuda_graphs = "LoRA adapters (which rows use which adapter changes every step)"
         cache_blocks = num_blocks + (no_cuda_graphs is None)
         self.kv_cache = bind_kv_cache(
             self.model, cache_blocks, self.block_size, self.kv_cache_dtype, self.device
         )
         max_model_len = config.model_config.max_model_len
-        # Captured CPU steps replay pagedllm._C's launches; the Triton interpreter's are not.
-        if config.attention_backend != "TRITON_ATTN" and CpuGraphRunner.applies(
-            self.device, config.parallel_config.world_size, config.enforce_eager
+        # Captured CPU steps replay pagedllm._C's launches; the Triton interpreter's are not,
+        # nor the torch ops that pick each row's LoRA delta.
+        if (
+            config.attention_backend != "TRITON_ATTN"
+            and self.lora_manager is None
+            and CpuGraphRunner.applies(
+                self.device, config.parallel_config.world_size, config.enforce_eager
+            )
         ):
             max_blocks = -(-max_model_len // self.block_size)
             self.graph_runner = CpuGraphRunner(self.model, max_blocks, [self.kv_cache])
@@ -232,7 +248,7 @@ class ModelRunner:
         """A pipeline stage before the last: its layers' output for the next stage."""
         self._copy_blocks(step.blocks_to_copy)
         batch = prepare_batch(step.chunks, self.block_size, self.device)
-        with set_forward_context(batch.attn_metadata):
+        with set_forward_context(batch.attn_metadata), self._lora(step):
             return self.model(batch.input_ids, batch.positions, intermediate)
 
     @torch.inference_mode()
@@ -284,7 +300,16 @@ class ModelRunner:
             # Verifying drafts: as decode rows, the graph runner replays the step.
             batch = as_decode_rows(batch, pin)
         placeholders = self._placeholder_tokens(step.placeholder_rows, starts)
-        return self._run_model(batch, intermediate, placeholders), starts
+        with self._lora(step):
+            return self._run_model(batch, intermediate, placeholders), starts
+
+    def _lora(self, step: StepInput) -> AbstractContextManager:
+        """The step's LoRA adapters applied to their chunks' rows (nothing without any)."""
+        if self.lora_manager is None or not step.lora_requests:
+            return nullcontext()
+        ids = [chunk.lora_int_id for chunk in step.chunks]
+        lengths = [len(chunk.token_ids) for chunk in step.chunks]
+        return self.lora_manager.activate(step.lora_requests, ids, lengths)
 
     def _placeholder_tokens(
         self, placeholder_rows: list[tuple[int, int]], starts: list[int]

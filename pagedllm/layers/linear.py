@@ -71,6 +71,9 @@ class LinearBase(InferenceModule):
             weight_loader=self.weight_loader,
         )
         self.bias = new_parameter((output_size,), self.weight_loader) if bias else None
+        # LoRA adapters' weights for this layer (lora/layers.py LoRASlots), when the engine
+        # serves them: its add_to(y, x) adds each row's adapter delta to the output.
+        self.lora = None
 
     def rows(self, param: nn.Parameter, offset: int, size: int) -> torch.Tensor:
         """Output rows [offset, offset + size) of the weight or the bias."""
@@ -84,7 +87,8 @@ class LinearBase(InferenceModule):
         copy_weight(self.rows(param, 0, self.output_size), loaded_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quant_method.apply(self, x, self.bias)
+        y = self.quant_method.apply(self, x, self.bias)
+        return y if self.lora is None else self.lora.add_to(y, x)
 
     def extra_repr(self) -> str:
         method = type(self.quant_method).__name__
@@ -248,4 +252,6 @@ class RowParallelLinear(LinearBase):
         """Rank 0 alone adds the bias, so the sum over ranks holds it once."""
         bias = self.bias if self.tp_rank == 0 else None
         y = self.quant_method.apply(self, x, bias)
+        if self.lora is not None:
+            y = self.lora.add_to(y, x)
         return tensor_model_parallel_all_reduce(y) if self.reduce_results else y

@@ -26,9 +26,7 @@ class LoRARequest:
         ):
             raise ValueError(f"lora_int_id must be an int >= 1, got {self.lora_int_id!r}")
         if not isinstance(self.lora_path, str) or not self.lora_path:
-            raise ValueError(
-                f"lora_path must name the adapter's folder, got {self.lora_path!r}"
-            )
+            raise ValueError(f"lora_path must name the adapter's folder, got {self.lora_path!r}")
 
     @property
     def adapter_id(self) -> int:

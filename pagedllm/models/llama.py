@@ -266,6 +266,31 @@ class LlamaForCausalLM(nn.Module):
             packed.setdefault(param_name, []).append(weight_name)
         return packed
 
+    @classmethod
+    def has_dense_mlp(cls, config: PretrainedConfig, layer_idx: int) -> bool:
+        """Whether layer `layer_idx`'s MLP is gate, up and down projections (make_mlp's)."""
+        return True
+
+    @classmethod
+    def lora_target_shapes(cls, config: PretrainedConfig) -> dict[str, tuple[int, int]]:
+        """Each linear layer a LoRA adapter may target, by its checkpoint (Hugging Face)
+        name, with its (in_features, out_features): the attention's q/k/v/o projections and
+        a dense MLP's gate/up/down (lora/peft_adapter.py checks an adapter against them)."""
+        size = head_dim(config)
+        heads = config.num_attention_heads
+        q, kv = heads * size, (getattr(config, "num_key_value_heads", None) or heads) * size
+        hidden, inter = config.hidden_size, config.intermediate_size
+        shapes: dict[str, tuple[int, int]] = {}
+        for i in range(config.num_hidden_layers):
+            attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+            shapes[f"{attn}.q_proj"] = (hidden, q)
+            shapes[f"{attn}.k_proj"] = shapes[f"{attn}.v_proj"] = (hidden, kv)
+            shapes[f"{attn}.o_proj"] = (q, hidden)
+            if cls.has_dense_mlp(config, i):
+                shapes[f"{mlp}.gate_proj"] = shapes[f"{mlp}.up_proj"] = (hidden, inter)
+                shapes[f"{mlp}.down_proj"] = (inter, hidden)
+        return shapes
+
     def make_mlp(
         self,
         config: PretrainedConfig,

@@ -45,15 +45,19 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
         quant_config: QuantizationConfig | None,
         prefix: str,
     ) -> nn.Module:
+        if not self.has_dense_mlp(config, layer_idx):
+            return Qwen3MoeSparseMoeBlock(config, quant_config, prefix)
+        return super().make_mlp(config, layer_idx, quant_config, prefix)
+
+    @classmethod
+    def has_dense_mlp(cls, config: PretrainedConfig, layer_idx: int) -> bool:
         step = getattr(config, "decoder_sparse_step", 1) or 1
         dense_layers = getattr(config, "mlp_only_layers", None) or []
-        if (
+        return not (
             num_experts(config) > 0
             and layer_idx not in dense_layers
             and (layer_idx + 1) % step == 0
-        ):
-            return Qwen3MoeSparseMoeBlock(config, quant_config, prefix)
-        return super().make_mlp(config, layer_idx, quant_config, prefix)
+        )
 
     def expert_params_mapping(self) -> list[tuple[str, str, int, str]]:
         return FusedMoE.make_expert_params_mapping(num_experts(self.config))

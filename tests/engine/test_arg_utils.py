@@ -137,6 +137,13 @@ def test_flags_round_trip_with_their_types() -> None:
         "vllm",
         "--override-generation-config",
         '{"temperature": 0.5}',
+        "--enable-lora",
+        "--max-loras",
+        "2",
+        "--max-lora-rank",
+        "8",
+        "--max-cpu-loras",
+        "3",
         "--speculative-config",
         '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}',
     ]
@@ -191,6 +198,10 @@ def test_flags_round_trip_with_their_types() -> None:
         override_generation_config='{"temperature": 0.5}',
         swap_space=2.5,
         speculative_config={"num_speculative_tokens": 4, "prompt_lookup_max": 4},
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=8,
+        max_cpu_loras=3,
     )
     assert {f.name for f in fields(EngineArgs) if f.name not in NOT_CLI | set(HUB)} == {
         name for name, value in vars(args).items() if value != getattr(EngineArgs(), name)

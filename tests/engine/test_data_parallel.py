@@ -11,6 +11,7 @@ import pytest
 from pagedllm import LLM
 from pagedllm.engine.data_parallel import DataParallelEngineError, DPEngine
 from pagedllm.engine.dp_balancer import DPLoadBalancer
+from pagedllm.lora.registry import LoRARegistry
 from pagedllm.sampling_params import SamplingParams
 from tests.engine.engine_helpers import LLAMA
 
@@ -91,6 +92,7 @@ def _routing_engine(num_engines: int) -> DPEngine:
     engine.balancer = DPLoadBalancer(num_engines)
     engine._engine_of = {}
     engine.conns = [_Pipe() for _ in range(num_engines)]
+    engine.lora_registry = LoRARegistry(None, {})
     return engine
 
 

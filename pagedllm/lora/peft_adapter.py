@@ -1,0 +1,218 @@
+"""A PEFT LoRA adapter folder, read and checked against the model before any request runs
+with it: adapter_config.json and adapter_model.safetensors (or PEFT's older
+adapter_model.bin), as `PeftModel.save_pretrained` writes them.
+
+Module m's weights are lora_A [r, in] and lora_B [out, r]; PEFT adds
+(x A^T) B^T * scaling to m's output, with scaling = lora_alpha / r (lora_alpha / sqrt(r)
+under use_rslora), r and lora_alpha per module where rank_pattern and alpha_pattern name it.
+`load_lora_weights` folds the scaling into B once, so a step multiplies twice and adds.
+"""
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+ADAPTER_CONFIG = "adapter_config.json"
+SAFETENSORS_FILE = "adapter_model.safetensors"
+BIN_FILE = "adapter_model.bin"
+_NAME_PREFIX = "base_model.model."
+_WEIGHT_NAME = re.compile(r"^(?P<module>.+)\.lora_(?P<which>[AB])\.weight$")
+
+# PEFT options that change what an adapter computes beyond (x A^T) B^T * scaling: an adapter
+# that sets one is refused by name rather than served wrong.
+_REFUSED_OPTIONS = {
+    "use_dora": "DoRA adapters (use_dora)",
+    "fan_in_fan_out": "fan_in_fan_out (Conv1D layers)",
+    "lora_bias": "LoRA biases (lora_bias)",
+    "use_qalora": "QA-LoRA (use_qalora)",
+    "modules_to_save": "modules_to_save (fully trained modules beside the adapter)",
+    "trainable_token_indices": "trainable_token_indices (trained embedding rows)",
+    "layer_replication": "layer_replication",
+    "target_parameters": "target_parameters (LoRA on parameters, e.g. MoE experts)",
+    "alora_invocation_tokens": "activated LoRA (alora_invocation_tokens)",
+}
+
+
+@dataclass
+class PeftAdapter:
+    """An adapter checked against the model: the folder, its weights file, and for each
+    target module (checkpoint name) its rank and scaling."""
+
+    path: str
+    weights_file: str
+    ranks: dict[str, int]
+    scalings: dict[str, float]
+
+    @property
+    def rank(self) -> int:
+        return max(self.ranks.values())
+
+
+def read_peft_adapter(
+    path: str, target_shapes: dict[str, tuple[int, int]], max_lora_rank: int
+) -> PeftAdapter:
+    """The adapter at `path`, checked against the model's `target_shapes` (module ->
+    (in_features, out_features), the model class's lora_target_shapes) and max_lora_rank;
+    ValueError naming what is wrong. Reads the config and the weights' shapes only."""
+    config = _read_config(path)
+    weights_file, shapes = _tensor_shapes(path)
+    pairs = _module_pairs(shapes, weights_file)
+    ranks, scalings = {}, {}
+    for module, (a_shape, b_shape) in pairs.items():
+        if module not in target_shapes:
+            raise ValueError(_unsupported_module(module, path))
+        in_features, out_features = target_shapes[module]
+        rank = a_shape[0]
+        if rank < 1 or a_shape != (rank, in_features) or b_shape != (out_features, rank):
+            raise ValueError(
+                f"LoRA adapter {path}: {module} has lora_A {list(a_shape)} and lora_B "
+                f"{list(b_shape)}; this model's {module} needs [r, {in_features}] and "
+                f"[{out_features}, r]"
+            )
+        if rank > max_lora_rank:
+            raise ValueError(
+                f"LoRA adapter {path} has rank {rank} ({module}), over max_lora_rank "
+                f"{max_lora_rank}; raise --max-lora-rank"
+            )
+        ranks[module], scalings[module] = rank, _scaling(config, module, rank, path)
+    return PeftAdapter(path, weights_file, ranks, scalings)
+
+
+def load_lora_weights(adapter: PeftAdapter) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """module -> (lora_A [r, in], lora_B * scaling [out, r]), float32 on the CPU."""
+    tensors = _load_tensors(adapter.weights_file)
+    weights = {}
+    for module, scaling in adapter.scalings.items():
+        a = tensors[f"{_NAME_PREFIX}{module}.lora_A.weight"].float()
+        b = tensors[f"{_NAME_PREFIX}{module}.lora_B.weight"].float() * scaling
+        weights[module] = (a, b)
+    return weights
+
+
+def _read_config(path: str) -> dict:
+    if not os.path.isdir(path):
+        raise ValueError(f"LoRA adapter path {path!r} is not a folder")
+    file = os.path.join(path, ADAPTER_CONFIG)
+    try:
+        with open(file) as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"LoRA adapter {path} has no {ADAPTER_CONFIG}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"LoRA adapter {file} is not readable JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"LoRA adapter {file} must hold a JSON object")
+    if config.get("peft_type", "LORA") != "LORA":
+        raise ValueError(
+            f"LoRA adapter {path} is a {config.get('peft_type')!r} adapter; pagedllm serves "
+            "LORA adapters"
+        )
+    for option, what in _REFUSED_OPTIONS.items():
+        if config.get(option):
+            raise ValueError(f"LoRA adapter {path} uses {what}, which pagedllm does not serve")
+    if config.get("bias", "none") != "none":
+        raise ValueError(
+            f"LoRA adapter {path} trains biases (bias={config['bias']!r}); pagedllm serves "
+            "adapters with bias 'none'"
+        )
+    return config
+
+
+def _tensor_shapes(path: str) -> tuple[str, dict[str, tuple[int, ...]]]:
+    """(the weights file, each tensor's shape)."""
+    file = os.path.join(path, SAFETENSORS_FILE)
+    if os.path.isfile(file):
+        try:
+            with safe_open(file, framework="pt") as f:
+                return file, {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        except (SafetensorError, OSError) as e:
+            raise ValueError(
+                f"LoRA adapter {file} is not a readable safetensors file: {e}"
+            ) from None
+    file = os.path.join(path, BIN_FILE)
+    if os.path.isfile(file):
+        return file, {k: tuple(t.shape) for k, t in _load_tensors(file).items()}
+    raise ValueError(f"LoRA adapter {path} has neither {SAFETENSORS_FILE} nor {BIN_FILE}")
+
+
+def _load_tensors(file: str) -> dict[str, torch.Tensor]:
+    if file.endswith(".safetensors"):
+        with safe_open(file, framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+    try:
+        tensors = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # pickle, zip and torch's own errors
+        raise ValueError(f"LoRA adapter {file} is not a readable torch file: {e}") from None
+    if not isinstance(tensors, dict) or not all(
+        isinstance(t, torch.Tensor) for t in tensors.values()
+    ):
+        raise ValueError(f"LoRA adapter {file} must hold a dict of tensors")
+    return tensors
+
+
+def _module_pairs(
+    shapes: dict[str, tuple[int, ...]], file: str
+) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """module -> (lora_A's shape, lora_B's shape); ValueError for any other tensor or a
+    lone half."""
+    halves: dict[str, dict[str, tuple[int, ...]]] = {}
+    for name, shape in shapes.items():
+        match = _WEIGHT_NAME.match(name)
+        if not name.startswith(_NAME_PREFIX) or match is None or len(shape) != 2:
+            raise ValueError(
+                f"LoRA adapter {file}: tensor {name!r} {list(shape)} is not a LoRA weight "
+                f"({_NAME_PREFIX}<module>.lora_A.weight / .lora_B.weight, 2-D); embedding "
+                "LoRA and other PEFT parts are not served"
+            )
+        module = match["module"][len(_NAME_PREFIX) :]
+        halves.setdefault(module, {})[match["which"]] = shape
+    if not halves:
+        raise ValueError(f"LoRA adapter {file} holds no LoRA weights")
+    for module, pair in halves.items():
+        if set(pair) != {"A", "B"}:
+            missing = ({"A", "B"} - set(pair)).pop()
+            raise ValueError(f"LoRA adapter {file}: {module} has no lora_{missing}.weight")
+    return {module: (pair["A"], pair["B"]) for module, pair in halves.items()}
+
+
+def _unsupported_module(module: str, path: str) -> str:
+    leaf = module.rsplit(".", 1)[-1]
+    return (
+        f"LoRA adapter {path} targets {module}, which this model does not serve LoRA on: "
+        "pagedllm applies adapters to the attention's q/k/v/o_proj and dense MLPs' "
+        f"gate/up/down_proj{' (not to MoE experts)' if '.experts.' in module else ''}"
+        f"{'' if leaf.endswith('_proj') else ' (not to embeddings or the LM head)'}"
+    )
+
+
+def _scaling(config: dict, module: str, rank: int, path: str) -> float:
+    """PEFT's lora_alpha / r (or / sqrt(r) under use_rslora), each per module where
+    rank_pattern / alpha_pattern name it; the config's r must be the weights' rank."""
+    r = _pattern_value(config.get("rank_pattern") or {}, module, config.get("r", 8))
+    alpha = _pattern_value(config.get("alpha_pattern") or {}, module, config.get("lora_alpha", 8))
+    if r != rank:
+        raise ValueError(
+            f"LoRA adapter {path}: {module} has rank {rank} in its weights but r={r} in "
+            f"{ADAPTER_CONFIG}"
+        )
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha):
+        raise ValueError(f"LoRA adapter {path}: lora_alpha {alpha!r} for {module} is not a number")
+    return alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+
+
+def _pattern_value(pattern: dict, module: str, default: object) -> object:
+    """PEFT's get_pattern_key: the first key that matches the module name's end on a dot."""
+    for key in pattern:
+        try:
+            if re.match(rf"(.*\.)?({key})$", module):
+                return pattern[key]
+        except re.error as e:
+            raise ValueError(
+                f"LoRA adapter pattern key {key!r} is not a regular expression: {e}"
+            ) from None
+    return default
