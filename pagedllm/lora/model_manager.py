@@ -70,9 +70,12 @@ class LoRAModelManager:
         if key in self.slots:
             slot = self.slots.index(key)
         else:
-            slot = next(
+            free = [
                 s for s in self.recent if self.slots[s] is None or self.slots[s][0] not in step_ids
-            )
+            ]
+            if not free:  # the scheduler keeps a step's adapters within max_loras
+                raise RuntimeError(f"a step names more than max_loras adapters: {sorted(step_ids)}")
+            slot = free[0]
             self._load(slot, key)
         self.recent.remove(slot)
         self.recent.append(slot)

@@ -1,0 +1,269 @@
+"""LoRA adapters end to end (lora/, the scheduler's max_loras, step_plan's chunk adapters,
+the model runner's slots). Reference: peft's PeftModel on transformers' float32 model, run
+greedily prompt by prompt: the same tokens and each token's logprob within 1e-4, for every
+adapter of a batch that mixes adapters and the base model. And the engine's own rule: a
+request's logprobs do not depend on its batch, the prefix cache or prefill chunks."""
+
+import asyncio
+import os
+
+import peft
+import pytest
+import torch
+import transformers
+
+from pagedllm import LLM, SamplingParams
+from pagedllm.engine.arg_utils import EngineArgs
+from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.lora.request import LoRARequest
+from tests.conftest import Generation
+from tests.hf_reference import hf_generate
+
+ENGINE = dict(skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=256)
+ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+MAX_TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_model_path, tmp_path_factory):
+    """(model name, adapter index) -> (folder, PeftModel): adapter 0 on every projection
+    at rank 8, adapter 1 on q and v at rank 4 with alpha_pattern, adapter 2 rank 2
+    use_rslora on o and down; each with random A and B (init_lora_weights=False). On
+    qwen3-moe, each on the attention's projections only."""
+    specs = [
+        dict(r=8, lora_alpha=16, target_modules=ALL_TARGETS),
+        dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], alpha_pattern={"v_proj": 2}),
+        dict(r=2, lora_alpha=4, target_modules=["o_proj", "down_proj"], use_rslora=True),
+    ]
+    made = {}
+
+    def get(name: str, index: int) -> tuple[str, torch.nn.Module]:
+        if (name, index) not in made:
+            torch.manual_seed(100 + index)
+            base = transformers.AutoModelForCausalLM.from_pretrained(
+                tiny_model_path(name), dtype=torch.float32
+            )
+            spec = dict(specs[index])
+            if name == "qwen3-moe":  # peft targets its experts' parameters, served by none
+                spec["target_modules"] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+            config = peft.LoraConfig(init_lora_weights=False, **spec)
+            model = peft.get_peft_model(base, config).eval()
+            folder = str(tmp_path_factory.mktemp(f"{name}-lora{index}"))
+            model.save_pretrained(folder)
+            made[name, index] = folder, model
+        return made[name, index]
+
+    return get
+
+
+def peft_greedy(model: torch.nn.Module, prompt: list[int]) -> Generation:
+    with torch.no_grad():
+        out = hf_generate(model, prompt, MAX_TOKENS, output_logits=True)
+    tokens = out.sequences[0, len(prompt) :].tolist()
+    logprobs = [lg[0].log_softmax(-1)[t].item() for lg, t in zip(out.logits, tokens)]
+    return Generation(tokens, logprobs)
+
+
+def greedy(n: int = 1) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0, n=n)
+
+
+def prompts_of(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 320, (n,), generator=gen).tolist() for n in lengths]
+
+
+def as_token_prompts(prompts: list[list[int]]) -> list[dict]:
+    return [{"prompt_token_ids": p} for p in prompts]
+
+
+def logprobs_of(output) -> list[float]:  # noqa: ANN001 - a RequestOutput
+    completion = output.outputs[0]
+    return [lp[t].logprob for lp, t in zip(completion.logprobs, completion.token_ids)]
+
+
+@pytest.mark.parametrize("name", ["llama-gqa-llama3", "qwen2", "qwen3", "qwen3-moe"])
+def test_a_batch_mixing_adapters_gives_each_peft_models_greedy(
+    name, tiny_model_path, hf_model, adapters
+) -> None:
+    """Base rows and two adapters' rows in the same steps (max_loras=2), each as its own
+    PeftModel (qwen2: biased q/k/v, tied embeddings; qwen3: q/k norms; qwen3-moe: its
+    attention, since PEFT adapts its MLPs as expert parameters, which pagedllm refuses)."""
+    llm = LLM(tiny_model_path(name), enable_lora=True, max_loras=2, max_lora_rank=8, **ENGINE)
+    loras = [
+        None,
+        LoRARequest("all", 1, adapters(name, 0)[0]),
+        LoRARequest("qv", 2, adapters(name, 1)[0]),
+    ]
+    models = [hf_model(name), adapters(name, 0)[1], adapters(name, 1)[1]]
+    prompts = prompts_of([1, 9, 40])
+    batch = [(p, lora, model) for p in prompts for lora, model in zip(loras, models)]
+    outputs = llm.generate(
+        as_token_prompts([p for p, _, _ in batch]),
+        greedy(),
+        use_tqdm=False,
+        lora_request=[lora for _, lora, _ in batch],
+    )
+    for output, (prompt, _, model) in zip(outputs, batch, strict=True):
+        peft_greedy(model, prompt).assert_matches(output.outputs[0])
+
+
+def test_an_adapters_answer_does_not_depend_on_its_batch_the_cache_or_chunks(
+    tiny_model_path, adapters
+) -> None:
+    """One LoRA request's logprobs, bit for bit: alone; beside base and other-adapter rows;
+    again with its prompt in the prefix cache; and with its prefill in 16-token chunks."""
+    name = "llama-gqa-llama3"
+    path = tiny_model_path(name)
+    lora = LoRARequest("all", 1, adapters(name, 0)[0])
+    other = LoRARequest("rs", 3, adapters(name, 2)[0])
+    (prompt,) = prompts_of([70], seed=5)
+    llm = LLM(path, enable_lora=True, max_loras=2, max_lora_rank=8, **ENGINE)
+    (alone,) = llm.generate(as_token_prompts([prompt]), greedy(), False, lora_request=lora)
+    crowd = as_token_prompts([prompt[:30], prompt, prompt[:50] + [7] * 9])
+    batch = llm.generate(crowd, greedy(), False, lora_request=[None, lora, other])
+    (cached,) = llm.generate(as_token_prompts([prompt]), greedy(), False, lora_request=lora)
+    assert cached.num_cached_tokens > 0
+    chunked_llm = LLM(path, enable_lora=True, max_lora_rank=8, max_num_batched_tokens=16, **ENGINE)
+    (chunked,) = chunked_llm.generate(
+        as_token_prompts([prompt]), greedy(), False, lora_request=lora
+    )
+    for output in (batch[1], cached, chunked):
+        assert output.outputs[0].token_ids == alone.outputs[0].token_ids
+        assert logprobs_of(output) == logprobs_of(alone)
+
+
+def test_the_prefix_cache_keeps_each_adapters_blocks_to_itself(tiny_model_path, adapters) -> None:
+    """The same prompt under the base model, adapter 1, then adapter 1 again: only the
+    last reads cached blocks (KV an adapter computed is that adapter's), and it still
+    gives the adapter's tokens."""
+    name = "llama-gqa-llama3"
+    llm = LLM(tiny_model_path(name), enable_lora=True, max_lora_rank=8, **ENGINE)
+    lora = LoRARequest("all", 1, adapters(name, 0)[0])
+    (prompt,) = prompts_of([48], seed=2)
+    runs = []
+    for request in (None, lora, lora):
+        (out,) = llm.generate(as_token_prompts([prompt]), greedy(), False, lora_request=request)
+        runs.append(out)
+    assert [r.num_cached_tokens for r in runs[:2]] == [0, 0]
+    assert runs[2].num_cached_tokens == 32
+    peft_greedy(adapters(name, 0)[1], prompt).assert_matches(runs[2].outputs[0])
+
+
+def test_more_adapters_than_slots_take_turns(tiny_model_path, hf_model, adapters) -> None:
+    """Three adapters and base rows with max_loras=1 and max_cpu_loras=1: the scheduler
+    runs one adapter's requests at a time (never two in a step), the slot and the host
+    cache reload as they change, and each request still gets its PeftModel's tokens."""
+    name = "llama-gqa-llama3"
+    llm = LLM(
+        tiny_model_path(name),
+        enable_lora=True,
+        max_loras=1,
+        max_cpu_loras=1,
+        max_lora_rank=8,
+        **ENGINE,
+    )
+    engine = llm.llm_engine
+    seen, schedule = [], engine.scheduler.schedule
+
+    def recording():  # noqa: ANN202
+        out = schedule()
+        seen.append({s.seq.lora_key for s in out.scheduled} - {None})
+        return out
+
+    engine.scheduler.schedule = recording
+    loras = [LoRARequest(f"a{i}", i + 1, adapters(name, i)[0]) for i in range(3)]
+    models = [adapters(name, i)[1] for i in range(3)]
+    prompts = prompts_of([5, 12, 20, 8, 30, 3])
+    order = [0, 1, None, 2, 0, 1]
+    outputs = llm.generate(
+        as_token_prompts(prompts),
+        greedy(),
+        False,
+        lora_request=[None if i is None else loras[i] for i in order],
+    )
+    assert max(len(s) for s in seen) == 1
+    for output, prompt, i in zip(outputs, prompts, order, strict=True):
+        model = hf_model(name) if i is None else models[i]
+        peft_greedy(model, prompt).assert_matches(output.outputs[0])
+
+
+def test_forked_completions_and_speculation_keep_the_adapter(tiny_model_path, adapters) -> None:
+    """n=2 (the second completion forks at the first token) and n-gram speculative
+    decoding (verification rows) run with the request's adapter: the PeftModel's tokens."""
+    name = "llama-gqa-llama3"
+    path = tiny_model_path(name)
+    lora = LoRARequest("all", 1, adapters(name, 0)[0])
+    prompt = [5, 9, 13, 17, 21] * 6
+    expected = peft_greedy(adapters(name, 0)[1], prompt)
+    llm = LLM(path, enable_lora=True, max_lora_rank=8, **ENGINE)
+    (out,) = llm.generate(as_token_prompts([prompt]), greedy(n=2), False, lora_request=lora)
+    for completion in out.outputs:
+        expected.assert_matches(completion)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2}
+    llm = LLM(path, enable_lora=True, max_lora_rank=8, speculative_config=spec, **ENGINE)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    (out,) = llm.generate(as_token_prompts([prompt]), params, False, lora_request=lora)
+    assert out.outputs[0].token_ids == expected.token_ids
+
+
+def test_tensor_parallel_ranks_share_each_adapter(tiny_model_path, adapters) -> None:
+    """TP=2 (gloo): each rank holds its shard of the adapter's A or B, as of the base
+    weight (q/k/v and gate/up by output rows, o and down by input columns summed by the
+    all-reduce): the PeftModel's tokens, logprobs within 1e-4."""
+    name = "llama-gqa4"
+    lora = LoRARequest("all", 1, adapters(name, 0)[0])
+    prompts = prompts_of([6, 33])
+    with LLM(
+        tiny_model_path(name), enable_lora=True, max_lora_rank=8, tensor_parallel_size=2, **ENGINE
+    ) as llm:
+        outputs = llm.generate(as_token_prompts(prompts), greedy(), False, lora_request=lora)
+    for output, prompt in zip(outputs, prompts, strict=True):
+        peft_greedy(adapters(name, 0)[1], prompt).assert_matches(output.outputs[0])
+
+
+def test_beam_search_runs_each_prompt_with_its_adapter(tiny_model_path, adapters) -> None:
+    """LLM.beam_search with one adapter per prompt: each prompt's beams are those of a
+    search run on its adapter alone."""
+    from pagedllm import BeamSearchParams
+
+    name = "llama-gqa-llama3"
+    llm = LLM(tiny_model_path(name), enable_lora=True, max_lora_rank=8, max_loras=2, **ENGINE)
+    loras = [LoRARequest("all", 1, adapters(name, 0)[0]), None]
+    prompts = as_token_prompts(prompts_of([4, 7], seed=9))
+    params = BeamSearchParams(beam_width=2, max_tokens=4)
+    together = llm.beam_search(prompts, params, lora_request=loras)
+    for prompt, lora, output in zip(prompts, loras, together, strict=True):
+        (alone,) = llm.beam_search([prompt], params, lora_request=lora)
+        assert [b.tokens for b in output.sequences] == [b.tokens for b in alone.sequences]
+
+
+def test_async_llm_adds_lists_and_removes_adapters(tiny_model_path, adapters) -> None:
+    """AsyncLLM's add_lora / list_loras / remove_lora (vLLM's), a bad adapter's ValueError
+    from add_lora, and a generate with an adapter giving the PeftModel's tokens."""
+    name = "llama-gqa-llama3"
+    folder, model = adapters(name, 0)
+    args = EngineArgs(tiny_model_path(name), enable_lora=True, max_lora_rank=8, **ENGINE)
+    lora = LoRARequest("all", 1, folder)
+
+    async def run() -> None:
+        engine = AsyncLLM(LLMEngine.from_engine_args(args))
+        engine.start()
+        try:
+            assert await engine.add_lora(lora)
+            assert await engine.list_loras() == {1}
+            with pytest.raises(ValueError, match="is not a folder"):
+                await engine.add_lora(LoRARequest("bad", 2, os.path.join(folder, "nope")))
+            async for out in engine.generate(
+                {"prompt_token_ids": [5, 6, 7]}, greedy(), "r", lora_request=lora
+            ):
+                last = out
+            peft_greedy(model, [5, 6, 7]).assert_matches(last.outputs[0])
+            assert await engine.remove_lora(1)
+            assert not await engine.remove_lora(1)
+            assert await engine.list_loras() == set()
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(run())
