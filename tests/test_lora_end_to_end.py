@@ -267,3 +267,46 @@ def test_async_llm_adds_lists_and_removes_adapters(tiny_model_path, adapters) ->
             await engine.shutdown()
 
     asyncio.run(run())
+
+
+def test_stats_name_the_adapters_running_and_waiting(tiny_model_path, adapters) -> None:
+    """EngineStats.lora (vLLM's lora_requests_info): with max_loras=1, the first adapter's
+    request runs and the second's waits; none without enable_lora."""
+    name = "llama-gqa-llama3"
+    path = tiny_model_path(name)
+    engine = LLMEngine.from_engine_args(
+        EngineArgs(path, enable_lora=True, max_loras=1, max_lora_rank=8, **ENGINE)
+    )
+    for i in range(2):
+        lora = LoRARequest(f"a{i}", i + 1, adapters(name, i)[0])
+        engine.add_request(f"r{i}", {"prompt_token_ids": [5, 6]}, greedy(), lora_request=lora)
+    engine.step()
+    stats = engine.get_stats().lora
+    assert (stats.max_lora, stats.running, stats.waiting) == (1, ["a0"], ["a1"])
+    assert LLMEngine.from_engine_args(EngineArgs(path, **ENGINE)).get_stats().lora is None
+
+
+def test_data_parallel_replicas_run_each_requests_adapter(tiny_model_path, adapters) -> None:
+    """data_parallel_size=2: the parent checks an adapter (a bad one fails at once), the
+    replicas run it (the PeftModel's tokens), and remove_lora reaches them all."""
+    name = "llama-gqa-llama3"
+    folder, model = adapters(name, 0)
+    lora = LoRARequest("all", 1, folder)
+    prompts = prompts_of([4, 9, 15, 6], seed=4)
+    with LLM(
+        tiny_model_path(name), enable_lora=True, max_lora_rank=8, data_parallel_size=2, **ENGINE
+    ) as llm:
+        outputs = llm.generate(as_token_prompts(prompts), greedy(), False, lora_request=lora)
+        with pytest.raises(ValueError, match="is not a folder"):
+            llm.generate(
+                as_token_prompts(prompts[:1]),
+                greedy(),
+                False,
+                lora_request=LoRARequest("bad", 2, folder + "-missing"),
+            )
+        engine = llm.llm_engine
+        assert engine.list_loras() == {1}
+        assert engine.remove_lora(1) and engine.list_loras() == set()
+        (again,) = llm.generate(as_token_prompts(prompts[:1]), greedy(), False, lora_request=lora)
+    for output, prompt in zip([*outputs, again], [*prompts, prompts[0]], strict=True):
+        peft_greedy(model, prompt).assert_matches(output.outputs[0])

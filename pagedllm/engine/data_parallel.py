@@ -26,7 +26,7 @@ from pagedllm.engine.dp_placement import local_ranks, replica_environment
 from pagedllm.engine.dp_remote import accept_remote, listen_remote
 from pagedllm.engine.engine_core_proc import run_engine_core
 from pagedllm.engine.llm_engine import LLMEngine, PromptType
-from pagedllm.engine.stats import EngineStats, HistogramCounts
+from pagedllm.engine.stats import EngineStats, HistogramCounts, LoRAStats
 from pagedllm.engine.tokenizer import get_tokenizer
 from pagedllm.executor.multiproc_executor import BOOTSTRAP_ADVICE
 from pagedllm.logger import init_logger
@@ -335,8 +335,9 @@ def _failed_output(request_id: str, error: Exception) -> RequestOutput:
 
 def sum_stats(stats: list[EngineStats]) -> EngineStats:
     """Replicas' stats as one engine's: counts, counters and per-step histograms add up,
-    KV usage is of all blocks (speculative decoding runs without data parallelism)."""
-    apart = ("iteration_tokens", "spec_decoding")
+    KV usage is of all blocks, the adapters in use are all replicas' (speculative decoding
+    runs without data parallelism)."""
+    apart = ("iteration_tokens", "spec_decoding", "lora")
     names = [f.name for f in dataclasses.fields(EngineStats) if f.name not in apart]
     total = EngineStats(**{name: sum(getattr(s, name) for s in stats) for name in names})
     total.kv_cache_usage = 1 - total.num_free_blocks / total.num_blocks if total.num_blocks else 0
@@ -346,6 +347,11 @@ def sum_stats(stats: list[EngineStats]) -> EngineStats:
         [sum(counts) for counts in zip(*(h.counts for h in histograms))],
         sum(h.sum for h in histograms),
     )
+    loras = [s.lora for s in stats if s.lora is not None]
+    if loras:
+        running = sorted({name for lora in loras for name in lora.running})
+        waiting = sorted({name for lora in loras for name in lora.waiting})
+        total.lora = LoRAStats(loras[0].max_lora, running, waiting)
     return total
 
 

@@ -35,7 +35,12 @@ from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Request
-from pagedllm.engine.stats import ITERATION_TOKENS_BUCKETS, EngineStats, HistogramCounts
+from pagedllm.engine.stats import (
+    ITERATION_TOKENS_BUCKETS,
+    EngineStats,
+    HistogramCounts,
+    LoRAStats,
+)
 from pagedllm.engine.step_plan import StepPlan, plan_step, sampled_rows, sampling_rows
 from pagedllm.engine.tokenizer import (
     eos_token_ids,
@@ -336,7 +341,7 @@ class LLMEngine:
 
     def get_stats(self) -> EngineStats:
         """The current load, and counters since the engine started."""
-        processor = self.output_processor
+        processor, lora = self.output_processor, self.config.lora_config
         return EngineStats.of(
             self.scheduler,
             processor.num_prompt_tokens,
@@ -344,6 +349,7 @@ class LLMEngine:
             len(self.waiting_for_grammar),
             self.iteration_tokens,
             None if self.drafter is None else processor.spec_decoding,
+            None if lora is None else LoRAStats.of(self.scheduler, lora.max_loras),
         )
 
     def get_stats_per_engine(self) -> list[EngineStats]:

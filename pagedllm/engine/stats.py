@@ -57,6 +57,23 @@ class SpecDecodingStats:
         return replace(self, num_accepted_tokens_per_pos=list(self.num_accepted_tokens_per_pos))
 
 
+@dataclass
+class LoRAStats:
+    """vLLM's lora_requests_info: the adapters (names) running and waiting requests use,
+    and the most the engine runs at once."""
+
+    max_lora: int
+    running: list[str]
+    waiting: list[str]
+
+    @classmethod
+    def of(cls, scheduler: Scheduler, max_lora: int) -> "LoRAStats":
+        def names(seqs: object) -> list[str]:
+            return sorted({s.lora_request.lora_name for s in seqs if s.lora_request is not None})
+
+        return cls(max_lora, names(scheduler.running), names(scheduler.waiting))
+
+
 def _no_iterations() -> HistogramCounts:
     return HistogramCounts.empty(ITERATION_TOKENS_BUCKETS)
 
@@ -67,7 +84,7 @@ class EngineStats:
     were pooled), and every generated token (each of n completions). Waiting counts the
     requests whose grammar is still compiling too. `iteration_tokens`: the tokens each
     step ran (prefill chunks plus decodes). `spec_decoding`: None unless the engine runs
-    speculative decoding."""
+    speculative decoding; `lora`, unless LoRA is on."""
 
     num_running: int
     num_waiting: int
@@ -81,6 +98,7 @@ class EngineStats:
     num_generation_tokens: int
     iteration_tokens: HistogramCounts = field(default_factory=_no_iterations)
     spec_decoding: SpecDecodingStats | None = None
+    lora: LoRAStats | None = None
 
     @classmethod
     def of(
@@ -91,6 +109,7 @@ class EngineStats:
         num_waiting_for_grammar: int = 0,
         iteration_tokens: HistogramCounts | None = None,
         spec_decoding: SpecDecodingStats | None = None,
+        lora: LoRAStats | None = None,
     ) -> "EngineStats":
         blocks = scheduler.block_manager
         return cls(
@@ -106,6 +125,7 @@ class EngineStats:
             num_generation_tokens=num_generation_tokens,
             iteration_tokens=(iteration_tokens or _no_iterations()).copy(),
             spec_decoding=None if spec_decoding is None else spec_decoding.copy(),
+            lora=lora,
         )
 
 

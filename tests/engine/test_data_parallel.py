@@ -1,6 +1,7 @@
 """DPEngine: LLM(data_parallel_size=2) runs two replica processes and gives what one engine
 gives, in input order; bad requests and a dead replica fail as on one engine."""
 
+import dataclasses
 import os
 import signal
 import socket
@@ -9,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from pagedllm import LLM
-from pagedllm.engine.data_parallel import DataParallelEngineError, DPEngine
+from pagedllm.engine.data_parallel import DataParallelEngineError, DPEngine, sum_stats
 from pagedllm.engine.dp_balancer import DPLoadBalancer
+from pagedllm.engine.stats import EngineStats, LoRAStats
 from pagedllm.lora.registry import LoRARegistry
 from pagedllm.sampling_params import SamplingParams
 from tests.engine.engine_helpers import LLAMA
@@ -142,3 +144,26 @@ def test_text_prompts_route_on_a_shared_prefix_without_the_tokenizer() -> None:
     assert engine.requests["d"] == engine.requests["a"] == 0  # ... the prefix's owner is 0
     assert engine.tokenizer.used == []
     assert [len(pipe.sent) for pipe in engine.conns] == [3, 1]
+
+
+def test_sum_stats_names_every_replicas_adapters() -> None:
+    """Replicas' LoRA adapters in use, as one engine's: the union of their names."""
+
+    def stats(running: list[str], waiting: list[str]) -> EngineStats:
+        counts = dict.fromkeys(
+            ["num_running", "num_waiting", "num_preemptions", "num_free_blocks"], 0
+        )
+        return EngineStats(
+            **counts,
+            kv_cache_usage=0.0,
+            num_blocks=4,
+            prefix_cache_queries=0,
+            prefix_cache_hits=0,
+            num_prompt_tokens=0,
+            num_generation_tokens=0,
+            lora=LoRAStats(2, running, waiting),
+        )
+
+    total = sum_stats([stats(["a"], ["c"]), stats(["b", "a"], [])])
+    assert (total.lora.max_lora, total.lora.running, total.lora.waiting) == (2, ["a", "b"], ["c"])
+    assert sum_stats([dataclasses.replace(stats([], []), lora=None)]).lora is None

@@ -3,6 +3,7 @@ time (vLLM's names and types; `pagedllm:` where vLLM has no such metric), and
 vllm:cache_config_info, the KV cache's configuration as labels of a gauge set to 1."""
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client.core import (
@@ -15,7 +16,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from pagedllm.config import CacheConfig
-from pagedllm.engine.stats import EngineStats, HistogramCounts, SpecDecodingStats
+from pagedllm.engine.stats import EngineStats, HistogramCounts, LoRAStats, SpecDecodingStats
 
 LABELS = ["model_name", "engine"]
 
@@ -43,6 +44,7 @@ class EngineStatsCollector(Collector):
         )
         info: Metric | None = None
         per_pos: Metric | None = None
+        lora_info: Metric | None = None
         for engine, s in enumerate(self.read_stats()):
             label = [self.model_name, str(engine)]
             for kind, name, doc, value in _rows(s):
@@ -59,12 +61,16 @@ class EngineStatsCollector(Collector):
                 for pos, count in enumerate(s.spec_decoding.num_accepted_tokens_per_pos):
                     per_pos.add_metric([*label, str(pos)], count)
             info = self._add_cache_config_info(info, str(engine), s.num_blocks)
+            if s.lora is not None:
+                lora_info = _add_lora_info(lora_info, str(engine), s.lora)
         yield from families.values()
         yield iterations
         if per_pos is not None:
             yield per_pos
         if info is not None:
             yield info
+        if lora_info is not None:
+            yield lora_info
 
     def _add_cache_config_info(self, family: Metric | None, engine: str, blocks: int) -> Metric:
         """vLLM's info gauge: the cache config's fields, and the blocks the cache holds as
@@ -81,6 +87,20 @@ class EngineStatsCollector(Collector):
             )
         family.add_metric(list(info.values()), 1)
         return family
+
+
+def _add_lora_info(family: Metric | None, engine: str, lora: LoRAStats) -> Metric:
+    """vLLM's vllm:lora_requests_info: the adapters in use (names joined by commas) as
+    labels of a gauge set to the time of the scrape."""
+    if family is None:
+        family = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests.",
+            labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters", "engine"],
+        )
+    labels = [str(lora.max_lora), ",".join(lora.waiting), ",".join(lora.running), engine]
+    family.add_metric(labels, time.time())
+    return family
 
 
 def _add_histogram(family: Metric, label: list[str], counts: HistogramCounts) -> None:

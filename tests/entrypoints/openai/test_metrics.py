@@ -19,9 +19,11 @@ from pagedllm.engine.stats import (
     ITERATION_TOKENS_BUCKETS,
     EngineStats,
     HistogramCounts,
+    LoRAStats,
     SpecDecodingStats,
 )
 from pagedllm.entrypoints.openai import metrics as metrics_module
+from pagedllm.entrypoints.openai import metrics_engine
 from pagedllm.entrypoints.openai.metrics import ServerMetrics, build_1_2_5_buckets
 from pagedllm.outputs import CompletionOutput, PoolingOutput, PoolingRequestOutput, RequestOutput
 from pagedllm.sampling_params import SamplingParams
@@ -103,6 +105,24 @@ def test_spec_decode_counters_only_where_the_engine_speculates() -> None:
         if s.name == "vllm:spec_decode_num_accepted_tokens_per_pos_total"
     }
     assert per_pos == {"0": 3, "1": 2, "2": 1, "3": 1}
+
+
+def test_lora_requests_info_only_where_lora_is_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's vllm:lora_requests_info: the adapters running and waiting (names joined by
+    commas) and max_lora as labels, set to the time of the scrape."""
+    assert "vllm:lora_requests_info" not in scrape(make_metrics())
+    monkeypatch.setattr(metrics_engine.time, "time", lambda: 1234.5)
+    lora = LoRAStats(max_lora=2, running=["a", "b"], waiting=["c"])
+    metrics = make_metrics(lambda: [dataclasses.replace(STATS, lora=lora)])
+    families = text_string_to_metric_families(metrics.render().decode())
+    (sample,) = [s for f in families for s in f.samples if s.name == "vllm:lora_requests_info"]
+    assert sample.labels == {
+        "max_lora": "2",
+        "running_lora_adapters": "a,b",
+        "waiting_lora_adapters": "c",
+        "engine": "0",
+    }
+    assert sample.value == 1234.5
 
 
 def test_render_reads_the_latest_snapshot_and_hit_rate_is_0_without_queries() -> None:
