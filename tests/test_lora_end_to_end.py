@@ -310,3 +310,18 @@ def test_data_parallel_replicas_run_each_requests_adapter(tiny_model_path, adapt
         (again,) = llm.generate(as_token_prompts(prompts[:1]), greedy(), False, lora_request=lora)
     for output, prompt in zip([*outputs, again], [*prompts, prompts[0]], strict=True):
         peft_greedy(model, prompt).assert_matches(output.outputs[0])
+
+
+def test_pipeline_stages_apply_their_layers_adapter_weights(tiny_model_path, adapters) -> None:
+    """pipeline_parallel_size=2: each stage's slots hold its own layers' share of the
+    adapter: the PeftModel's tokens and logprobs."""
+    name = "llama-gqa-llama3"
+    folder, model = adapters(name, 0)
+    lora = LoRARequest("all", 1, folder)
+    prompts = prompts_of([5, 21], seed=6)
+    with LLM(
+        tiny_model_path(name), enable_lora=True, max_lora_rank=8, pipeline_parallel_size=2, **ENGINE
+    ) as llm:
+        outputs = llm.generate(as_token_prompts(prompts), greedy(), False, lora_request=lora)
+    for output, prompt in zip(outputs, prompts, strict=True):
+        peft_greedy(model, prompt).assert_matches(output.outputs[0])
