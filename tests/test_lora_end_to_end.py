@@ -16,6 +16,7 @@ from pagedllm import LLM, SamplingParams
 from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.executor.cpu_graph import CpuGraphRunner
 from pagedllm.lora.request import LoRARequest
 from tests.conftest import Generation
 from tests.hf_reference import hf_generate
@@ -325,3 +326,33 @@ def test_pipeline_stages_apply_their_layers_adapter_weights(tiny_model_path, ada
         outputs = llm.generate(as_token_prompts(prompts), greedy(), False, lora_request=lora)
     for output, prompt in zip(outputs, prompts, strict=True):
         peft_greedy(model, prompt).assert_matches(output.outputs[0])
+
+
+def test_base_decodes_replay_captured_steps_and_adapter_steps_run_eagerly(
+    tiny_model_path, adapters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With enable_lora, decode steps without adapter rows replay the CPU graphs (captured
+    with no adapter applied) and give the tokens and logprobs of an engine without LoRA,
+    bit for bit; steps with adapter rows never reach the graph runner."""
+    name = "llama-gqa-llama3"
+    path = tiny_model_path(name)
+    calls = []
+    run = CpuGraphRunner.run
+
+    def spy(self: CpuGraphRunner, batch, placeholders=None):  # noqa: ANN001, ANN202
+        hidden = run(self, batch, placeholders)
+        calls.append(hidden is not None)
+        return hidden
+
+    monkeypatch.setattr(CpuGraphRunner, "run", spy)
+    prompts = as_token_prompts(prompts_of([6, 11]))
+    plain = LLM(path, **ENGINE).generate(prompts, greedy(), False)
+    llm = LLM(path, enable_lora=True, max_lora_rank=8, **ENGINE)
+    calls.clear()
+    base = llm.generate(prompts, greedy(), False)
+    assert sum(calls) >= MAX_TOKENS - 1
+    for got, expected in zip(base, plain, strict=True):
+        assert logprobs_of(got) == logprobs_of(expected)
+    calls.clear()
+    llm.generate(prompts, greedy(), False, lora_request=LoRARequest("all", 1, adapters(name, 0)[0]))
+    assert calls == []

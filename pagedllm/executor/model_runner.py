@@ -208,21 +208,14 @@ class ModelRunner:
         )
         if no_cuda_graphs is None and config.parallel_config.pipeline_parallel_size > 1:
             no_cuda_graphs = "pipeline parallelism (a stage runs on the stage before's output)"
-        if no_cuda_graphs is None and self.lora_manager is not None:
-            no_cuda_graphs = "LoRA adapters (which rows use which adapter changes every step)"
         cache_blocks = num_blocks + (no_cuda_graphs is None)
         self.kv_cache = bind_kv_cache(
             self.model, cache_blocks, self.block_size, self.kv_cache_dtype, self.device
         )
         max_model_len = config.model_config.max_model_len
-        # Captured CPU steps replay pagedllm._C's launches; the Triton interpreter's are not,
-        # nor the torch ops that pick each row's LoRA delta.
-        if (
-            config.attention_backend != "TRITON_ATTN"
-            and self.lora_manager is None
-            and CpuGraphRunner.applies(
-                self.device, config.parallel_config.world_size, config.enforce_eager
-            )
+        # Captured CPU steps replay pagedllm._C's launches; the Triton interpreter's are not.
+        if config.attention_backend != "TRITON_ATTN" and CpuGraphRunner.applies(
+            self.device, config.parallel_config.world_size, config.enforce_eager
         ):
             max_blocks = -(-max_model_len // self.block_size)
             self.graph_runner = CpuGraphRunner(self.model, max_blocks, [self.kv_cache])
@@ -292,16 +285,15 @@ class ModelRunner:
         pin = self.device.type != "cpu"
         batch = host_batch(step.chunks, self.block_size, pin, self.host_block_tables)
         starts = [0, *itertools.accumulate(batch.attn_metadata.query_lens_cpu)]
-        if (
-            step.sample_offsets
-            and self.graph_runner is not None
-            and starts[-1] <= self.graph_runner.max_decode_rows
-        ):
+        # Captured steps hold no LoRA delta (none was applied when they were captured): a
+        # step with adapter rows runs eagerly.
+        replay = self.graph_runner is not None and not step.lora_requests
+        if replay and step.sample_offsets and starts[-1] <= self.graph_runner.max_decode_rows:
             # Verifying drafts: as decode rows, the graph runner replays the step.
             batch = as_decode_rows(batch, pin)
         placeholders = self._placeholder_tokens(step.placeholder_rows, starts)
         with self._lora(step):
-            return self._run_model(batch, intermediate, placeholders), starts
+            return self._run_model(batch, intermediate, placeholders, replay), starts
 
     def _lora(self, step: StepInput) -> AbstractContextManager:
         """The step's LoRA adapters applied to their chunks' rows (nothing without any)."""
@@ -356,11 +348,12 @@ class ModelRunner:
         batch: BatchInputs,
         intermediate: IntermediateTensors | None,
         placeholders: tuple[torch.Tensor, torch.Tensor] | None = None,
+        replay: bool = True,
     ) -> torch.Tensor:
         """Hidden states [T, hidden] of the batch built on the host: replayed when the graph
-        runner can, else eager on the batch copied to the device (`placeholders`: input
-        ids written on the device, see _placeholder_tokens)."""
-        if self.graph_runner is not None:
+        runner can (and `replay`), else eager on the batch copied to the device
+        (`placeholders`: input ids written on the device, see _placeholder_tokens)."""
+        if self.graph_runner is not None and replay:
             hidden = self.graph_runner.run(batch, placeholders)
             if hidden is not None:
                 return hidden
