@@ -29,12 +29,13 @@ from pagedllm.layers.linear import (
 )
 from pagedllm.layers.parameter import shard_of
 
-# (slot, [T, 1] bool: the rows that use it) for each slot the running step uses.
-_step_slots: list[tuple[int, torch.Tensor]] = []
+# (slot, [T, 1] bool: the rows that use it, or None: all of them) for each slot the running
+# step uses.
+_step_slots: list[tuple[int, torch.Tensor | None]] = []
 
 
 @contextmanager
-def set_lora_mapping(slots: list[tuple[int, torch.Tensor]]) -> Iterator[None]:
+def set_lora_mapping(slots: list[tuple[int, torch.Tensor | None]]) -> Iterator[None]:
     """The step's rows by slot, read by every LoRA layer of its forward."""
     global _step_slots
     previous, _step_slots = _step_slots, slots
@@ -87,7 +88,7 @@ class LoRASlots:
         """y (the layer's output for x) plus each row's adapter delta."""
         for slot, rows in _step_slots:
             delta = linear(linear(x, self.lora_a[slot]), self.lora_b[slot])
-            y = y + torch.where(rows, delta, 0)
+            y = y + (delta if rows is None else torch.where(rows, delta, 0))
         return y
 
 

@@ -58,8 +58,11 @@ class LoRAModelManager:
         for lora_id, length in zip(lora_ids, lengths, strict=True):
             rows.extend([slot_of[lora_id] if lora_id else -1] * length)
         used = sorted(set(rows) - {-1})
-        mapping = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
-        slots = [(slot, (mapping == slot).unsqueeze(1)) for slot in used]
+        if len(set(rows)) == 1:  # every row runs with one adapter: no mask to apply
+            slots = [(used[0], None)]
+        else:
+            mapping = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
+            slots = [(slot, (mapping == slot).unsqueeze(1)) for slot in used]
         with set_lora_mapping(slots):
             yield
 
