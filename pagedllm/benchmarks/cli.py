@@ -1,4 +1,5 @@
-"""`pagedllm bench throughput | latency | spec-decode | perplexity | serve | linear | report`."""
+"""`pagedllm bench throughput | latency | spec-decode | lora | perplexity | serve | linear |
+report`."""
 
 import argparse
 import functools
@@ -7,6 +8,7 @@ import json
 from pagedllm.benchmarks.gguf_copy import GGUF_TYPES, gguf_copy_path
 from pagedllm.benchmarks.latency import LATENCY_BACKENDS, format_latency, run_latency
 from pagedllm.benchmarks.linear import DEFAULT_SHAPES, format_linear, run_linear
+from pagedllm.benchmarks.lora import format_lora, run_lora
 from pagedllm.benchmarks.perplexity import format_perplexity, run_perplexity
 from pagedllm.benchmarks.report import run_report
 from pagedllm.benchmarks.serve import format_serve, run_serve
@@ -36,6 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_throughput(benchmarks)
     _add_latency(benchmarks)
     _add_spec_decode(benchmarks)
+    _add_lora(benchmarks)
     _add_perplexity(benchmarks)
     _add_serve(benchmarks)
     _add_linear(benchmarks)
@@ -164,6 +167,23 @@ def _add_spec_decode(benchmarks: argparse._SubParsersAction) -> None:
     _add_common(parser)
     _add_model_args(parser)
     parser.set_defaults(func=_run_spec_decode)
+
+
+def _add_lora(benchmarks: argparse._SubParsersAction) -> None:
+    parser = benchmarks.add_parser(
+        "lora",
+        help="what serving LoRA adapters costs: base rows, one adapter, two adapters",
+        description="Output tokens/s of a batch of greedy requests on an engine without "
+        "LoRA and on one with enable_lora: base rows, every row with one random adapter, "
+        "half the rows with each of two; rounds alternate, best of --num-iters.",
+    )
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--num-iters", type=int, default=3)
+    _add_common(parser)
+    _add_model_args(parser)
+    parser.set_defaults(func=_run_lora)
 
 
 def _add_perplexity(benchmarks: argparse._SubParsersAction) -> None:
@@ -312,6 +332,11 @@ def _run_latency(args: argparse.Namespace) -> None:
 def _run_spec_decode(args: argparse.Namespace) -> None:
     report = run_spec_decode(on_gguf_copy(args))
     _emit(report, format_spec_decode(report), args.json)
+
+
+def _run_lora(args: argparse.Namespace) -> None:
+    report = run_lora(on_gguf_copy(args))
+    _emit(report, format_lora(report), args.json)
 
 
 def _run_perplexity(args: argparse.Namespace) -> None:

@@ -64,6 +64,7 @@ TABLES: tuple[Table, ...] = (
         "Speculative decoding: n-gram drafts against none, the default model",
         "spec-decode",
     ),
+    Table("LoRA adapters: base rows, one adapter and two against no LoRA", "lora"),
     Table("Perplexity: the default model on the fixed text", "perplexity"),
 )
 
