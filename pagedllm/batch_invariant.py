@@ -15,22 +15,14 @@ The switch is process-wide, as vLLM's is: each worker sets it from its EngineCon
 builds the model (set_batch_invariant).
 """
 
-import os
+from pagedllm.value_checks import env_flag
 
 ENV = "PAGEDLLM_BATCH_INVARIANT"
-
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
 
 
 def env_batch_invariant() -> bool:
     """PAGEDLLM_BATCH_INVARIANT as a bool (unset means False)."""
-    value = os.environ.get(ENV, "").strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"{ENV}={os.environ[ENV]!r}: use 1 or 0")
+    return env_flag(ENV) or False
 
 
 _enabled = False

@@ -126,3 +126,18 @@ def env_number(name: str, unit: str, positive: bool) -> float | None:
             f"{name}={text!r} must be a number of {unit} {'>' if positive else '>='} 0"
         )
     return value
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def env_flag(name: str) -> bool | None:
+    """The switch environment variable `name` holds: None when it is unset or empty, else
+    True or False (1/true/yes/on, 0/false/no/off, any case), or a ValueError naming it."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    if text.lower() in _TRUE + _FALSE:
+        return text.lower() in _TRUE
+    raise ValueError(f"{name}={text!r}: use 1 or 0")

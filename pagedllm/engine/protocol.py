@@ -1,5 +1,6 @@
 """EngineClient: what the entry points (the OpenAI server) need of an engine, and no more:
-its config and tokenizer, generate / encode / abort, its stats, and whether it is alive."""
+its config and tokenizer, generate / encode / abort, the LoRA adapters it serves, its stats,
+and whether it is alive."""
 
 import asyncio
 from collections.abc import AsyncIterator
@@ -10,6 +11,7 @@ from transformers import PreTrainedTokenizerBase
 from pagedllm.config import EngineConfig
 from pagedllm.engine.input_processor import PromptType
 from pagedllm.engine.stats import EngineStats
+from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
@@ -40,7 +42,12 @@ class EngineClient(Protocol):
         """Release the model's processes (tensor-parallel workers)."""
 
     def generate(
-        self, prompt: PromptType, params: SamplingParams, request_id: str, priority: int = 0
+        self,
+        prompt: PromptType,
+        params: SamplingParams,
+        request_id: str,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]: ...
 
     def encode(
@@ -49,6 +56,13 @@ class EngineClient(Protocol):
         """A pooling model's request: one output, when pooled."""
 
     def abort(self, request_id: str) -> None: ...
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Check and load the adapter; ValueError for one it cannot serve (or LoRA off)."""
+
+    async def remove_lora(self, lora_int_id: int) -> bool: ...
+
+    async def list_loras(self) -> set[int]: ...
 
     def has_request(self, request_id: str) -> bool:
         """Whether a request of this id is in flight."""

@@ -3,7 +3,8 @@
 Routes: POST /v1/completions, /v1/chat/completions, /v1/embeddings, /score, /v1/score,
 /rerank, /v1/rerank and /v2/rerank (the last six on pooling models), /v1/responses (with
 GET and DELETE /v1/responses/{id} and POST /v1/responses/{id}/cancel), Anthropic's
-/v1/messages and /v1/messages/count_tokens, GET /v1/models (all /v1 routes guarded by
+/v1/messages and /v1/messages/count_tokens, GET /v1/models, POST /v1/load_lora_adapter and
+/v1/unload_lora_adapter where runtime LoRA updating is on (all /v1 routes guarded by
 --api-key), and POST /tokenize, /detokenize, GET /health, /version, /metrics. FastAPI
 serves the OpenAPI schema at /openapi.json and its docs at /docs.
 
@@ -16,7 +17,7 @@ import dataclasses
 import importlib.metadata
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import NoReturn, TypeVar
 
@@ -53,11 +54,17 @@ from pagedllm.entrypoints.openai.response_store import (
     DEFAULT_MAX_STORED_RESPONSES,
     ResponseStore,
 )
-from pagedllm.entrypoints.openai.routes import router
+from pagedllm.entrypoints.openai.routes import router, runtime_lora_router
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from pagedllm.entrypoints.openai.serving_messages import AnthropicServingMessages
+from pagedllm.entrypoints.openai.serving_models import (
+    LoRAModulePath,
+    OpenAIServingModels,
+    check_lora_modules,
+    runtime_lora_updating,
+)
 from pagedllm.entrypoints.openai.serving_responses import OpenAIServingResponses
 from pagedllm.entrypoints.openai.serving_score import OpenAIServingScore
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
@@ -80,6 +87,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     engine.start()
     watcher = asyncio.ensure_future(_stop_when_engine_dies(app))
     try:
+        await _register_lora_modules(app)
         yield
     finally:
         watcher.cancel()
@@ -87,6 +95,16 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if getattr(app.state, "uvicorn_server", None) is not None:
             engine.close()  # now: after a SIGTERM, uvicorn re-raises it, ending the process
         app.state.tokenizer.shutdown()
+
+
+async def _register_lora_modules(app: FastAPI) -> None:
+    """--lora-modules, registered with the running engine; an adapter it refuses fails the
+    start-up, and `_serve` reports why (app.state.startup_error)."""
+    try:
+        await app.state.serving_models.init_static_loras()
+    except ValueError as e:
+        app.state.startup_error = e
+        raise
 
 
 async def _stop_when_engine_dies(app: FastAPI) -> None:
@@ -138,14 +156,15 @@ def build_app(
     force_include_usage: bool = False,
     return_tokens_as_token_ids: bool = False,
     response_role: str = "assistant",
+    lora_modules: Sequence[LoRAModulePath] = (),
 ) -> FastAPI:
-    """The app over a (not yet started) engine; its lifespan starts and stops the engine.
-    The parsers are named as in vLLM's --reasoning-parser and --tool-call-parser; without
-    a tool-call parser the chat template's format is used ("auto" is always on)."""
+    """The app over a (not yet started) engine; its lifespan starts and stops the engine
+    and registers `lora_modules` with it. The parsers are named as in vLLM's
+    --reasoning-parser and --tool-call-parser; without a tool-call parser the chat
+    template's format is used ("auto" is always on)."""
     if engine.tokenizer is None:
         raise ValueError("the OpenAI server needs a tokenizer, but skip_tokenizer_init is set")
-    if not served_model_names:
-        raise ValueError("served_model_names must name at least one model")
+    models = OpenAIServingModels(engine, served_model_names, lora_modules)
     reasoning = registered("--reasoning-parser", reasoning_parser, REASONING_PARSERS)
     registered("--tool-call-parser", tool_call_parser, TOOL_PARSERS)
     tool_format = tool_call_parser_of(engine.tokenizer, chat_template, tool_call_parser)
@@ -156,6 +175,12 @@ def build_app(
         lifespan=_lifespan,
     )
     app.include_router(router)
+    if runtime_lora_updating():
+        logger.warning(
+            "runtime LoRA updating is on: /v1/load_lora_adapter and "
+            "/v1/unload_lora_adapter change the adapters served"
+        )
+        app.include_router(runtime_lora_router)
     add_exception_handlers(app)
     app.add_middleware(RequestSizeLimitMiddleware, max_bytes=max_request_bytes)
     add_access_middleware(app, api_keys(api_key), cors or CorsConfig())
@@ -167,8 +192,10 @@ def build_app(
         config.cache_config,
     )
     tokenizer = AsyncTokenizer(engine.tokenizer)
-    shared = (engine, tokenizer, served_model_names, metrics)
+    shared = (engine, tokenizer, models, metrics)
     app.state.engine = engine
+    app.state.serving_models = models
+    app.state.startup_error = None
     app.state.tokenizer = tokenizer
     app.state.metrics = metrics
     app.state.serving_completion = OpenAIServingCompletion(*shared, chat_template)
@@ -351,12 +378,24 @@ def run(args: argparse.Namespace) -> None:
         run_headless_node(args.headless, engine_args)
     chat_template = read_chat_template(args.chat_template)
     names = args.served_model_name or [args.model or DEFAULT_SERVED_MODEL_NAME]
+    check_lora_modules_flag(args.lora_modules, engine_args.enable_lora, names)
     sockets = bind_server_sockets(args.host, args.port)  # before the model loads, as vLLM
     try:
         _serve(args, engine_args, chat_template, names, sockets)
     finally:
         for sock in sockets:
             sock.close()
+
+
+def check_lora_modules_flag(
+    modules: list[LoRAModulePath], enable_lora: bool, served_model_names: list[str]
+) -> None:
+    """--lora-modules' rules, checked before the model loads: they need --enable-lora,
+    and names of their own (serving_models.check_lora_modules)."""
+    if modules and not enable_lora:
+        names = [module.name for module in modules]
+        raise ValueError(f"--lora-modules {names} needs --enable-lora (LoRA is off)")
+    check_lora_modules(modules, served_model_names)
 
 
 def bind_server_sockets(host: str, port: int) -> list[socket.socket]:
@@ -407,6 +446,7 @@ def _serve(
         force_include_usage=args.enable_force_include_usage,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         response_role=args.response_role,
+        lora_modules=args.lora_modules,
     )
     config = uvicorn.Config(
         app,
@@ -420,6 +460,10 @@ def _serve(
     logger.info("serving %s at http://%s:%d/v1", names[0], args.host, port)
     try:
         server.run(sockets=sockets)
+    except SystemExit:  # uvicorn's when the start-up failed: a bad flag's exit, if one did
+        if app.state.startup_error is not None:
+            raise app.state.startup_error from None
+        raise
     finally:
         engine.close()  # tensor-parallel workers stop with the server
     if engine.dead_error is not None:

@@ -3,7 +3,9 @@ each does what vLLM's does, or is accepted where pagedllm already behaves as it 
 refuses a value it cannot honour with a message naming it (argparse's choices)."""
 
 import argparse
+import json
 
+from pagedllm.entrypoints.openai.serving_models import LoRAModulePath
 from pagedllm.value_checks import as_json_object
 
 STRUCTURED_OUTPUTS_BACKENDS = ("auto", "guidance")
@@ -73,6 +75,16 @@ def add_vllm_serve_args(parser: argparse.ArgumentParser) -> None:
         help="vLLM's flag, accepted: usage.prompt_tokens_details.cached_tokens is always sent",
     )
     parser.add_argument(
+        "--lora-modules",
+        nargs="+",
+        type=lora_module_path,
+        default=[],
+        metavar="MODULE",
+        help="LoRA adapters to serve (with --enable-lora), each as name=path or as JSON "
+        '\'{"name": ..., "path": ..., "base_model_name": ...}\'; a request runs one by '
+        "putting its name in `model` (vLLM's flag; docs/serving.md#lora-adapters)",
+    )
+    parser.add_argument(
         "--structured-outputs-config.backend",
         dest="structured_outputs_backend",
         choices=STRUCTURED_OUTPUTS_BACKENDS,
@@ -88,6 +100,38 @@ def serve_model(args: argparse.Namespace) -> str | None:
             f"the model is given twice: {args.model!r} and --model {args.model_option!r}"
         )
     return args.model or args.model_option
+
+
+def lora_module_path(text: str) -> LoRAModulePath:
+    """One --lora-modules value, in vLLM's forms: `name=path`, or a JSON object with
+    `name`, `path` and optionally `base_model_name`."""
+    if "=" in text and not text.lstrip().startswith("{"):
+        name, _, path = text.partition("=")
+        fields = {"name": name, "path": path}
+    else:
+        try:
+            fields = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is neither name=path nor a JSON object: {e}"
+            ) from None
+    if not isinstance(fields, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} must be name=path or a JSON object")
+    return _lora_module(text, fields)
+
+
+def _lora_module(text: str, fields: dict) -> LoRAModulePath:
+    if not {"name", "path"} <= set(fields) <= {"name", "path", "base_model_name"}:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must have `name` and `path` (and may have `base_model_name`), "
+            f"got {sorted(fields)}"
+        )
+    for key, value in fields.items():
+        if value is None and key == "base_model_name":
+            continue
+        if not isinstance(value, str) or not value:
+            raise argparse.ArgumentTypeError(f"{text!r}: `{key}` must be a non-empty string")
+    return LoRAModulePath(**fields)
 
 
 def _json_object(text: str) -> dict:

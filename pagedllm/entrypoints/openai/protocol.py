@@ -370,3 +370,15 @@ class TokenizeRequest(ChatTemplateFields):
 class DetokenizeRequest(OpenAIRequestModel):
     model: str | None = None
     tokens: TokenIds
+
+
+# /v1/load_lora_adapter, /v1/unload_lora_adapter (serving_models.py)
+
+
+class LoadLoRAAdapterRequest(OpenAIRequestModel):
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(OpenAIRequestModel):
+    lora_name: str

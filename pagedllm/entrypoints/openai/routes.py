@@ -1,13 +1,14 @@
 """The server's routes: each parses its body and hands it to the serving object build_app
 puts on the app's state (api_server.py). The OpenAPI schema at /openapi.json comes from
-them."""
+them. `runtime_lora_router`'s routes change the LoRA adapters served; build_app includes
+them only where runtime updating is on (serving_models.runtime_lora_updating)."""
 
 import importlib.metadata
 from http import HTTPStatus
 from typing import Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from pagedllm.entrypoints.openai.anthropic_protocol import (
@@ -23,14 +24,15 @@ from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    LoadLoRAAdapterRequest,
     TokenizeRequest,
+    UnloadLoRAAdapterRequest,
 )
 from pagedllm.entrypoints.openai.responses import (
     ChatCompletionResponse,
     CompletionResponse,
     DetokenizeResponse,
     ErrorResponse,
-    ModelCard,
     ModelList,
     TokenizeResponse,
     VersionResponse,
@@ -55,6 +57,7 @@ _ANTHROPIC_ERRORS = {
 _SSE = {200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE if stream"}}
 
 router = APIRouter()
+runtime_lora_router = APIRouter()
 
 
 @router.get("/health", responses={503: {"model": ErrorResponse}})
@@ -77,13 +80,7 @@ async def metrics(raw_request: Request) -> Response:
 
 @router.get("/v1/models", responses=_ERRORS)
 async def show_models(raw_request: Request) -> ModelList:
-    serving = raw_request.app.state.serving_completion
-    root = serving.engine.config.model_config.model  # vLLM's: the model's path
-    cards = [
-        ModelCard(id=name, root=root, max_model_len=serving.max_model_len)
-        for name in serving.served_model_names
-    ]
-    return ModelList(data=cards)
+    return raw_request.app.state.serving_models.show_available_models()
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses={**_ERRORS, **_SSE})
@@ -181,3 +178,18 @@ async def tokenize(request: TokenizeRequest, raw_request: Request) -> TokenizeRe
 @router.post("/detokenize", responses=_ERRORS)
 async def detokenize(request: DetokenizeRequest, raw_request: Request) -> DetokenizeResponse:
     return await raw_request.app.state.serving_tokenization.detokenize(request)
+
+
+@runtime_lora_router.post(
+    "/v1/load_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS
+)
+async def load_lora_adapter(request: LoadLoRAAdapterRequest, raw_request: Request) -> str:
+    models = raw_request.app.state.serving_models
+    return await models.load_lora_adapter(request.lora_name, request.lora_path)
+
+
+@runtime_lora_router.post(
+    "/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS
+)
+async def unload_lora_adapter(request: UnloadLoRAAdapterRequest, raw_request: Request) -> str:
+    return await raw_request.app.state.serving_models.unload_lora_adapter(request.lora_name)

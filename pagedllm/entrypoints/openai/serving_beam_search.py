@@ -23,6 +23,7 @@ from pagedllm.engine.protocol import EngineClient
 from pagedllm.entrypoints.openai.errors import OpenAIError, invalid_value_error
 from pagedllm.entrypoints.openai.protocol import SamplingFields, random_id
 from pagedllm.inputs import cache_salt_of
+from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
 from pagedllm.sampling_params import REQUEST_FIELDS, BeamSearchParams, SamplingParams
 
@@ -107,17 +108,18 @@ async def beam_search_outputs(
     request_id: str,
     eos_token_ids: list[int],
     priority: int = 0,
+    lora_request: LoRARequest | None = None,
 ) -> AsyncIterator[RequestOutput]:
     """The search's one output: `prompt`'s (text and token ids) best beams as choices,
     finished. Each step's requests run as `{request_id}-beam-<random hex>-{i}` (as vLLM's:
     no two searches' steps share an id, even under one client's id), at the request's
-    `priority` and under its prompt's `cache_salt` (BeamSearch puts it on them); closing
-    this iterator mid-search aborts them."""
+    `priority`, with its `lora_request` and under its prompt's `cache_salt` (BeamSearch
+    puts it on them); closing this iterator mid-search aborts them."""
 
     async def generate(requests: list[dict], step: SamplingParams) -> list[RequestOutput]:
         step_id = random_id(f"{request_id}-beam")
         runs = [
-            _last(engine.generate(r, step, f"{step_id}-{i}", priority))
+            _last(engine.generate(r, step, f"{step_id}-{i}", priority, lora_request=lora_request))
             for i, r in enumerate(requests)
         ]
         return await asyncio.gather(*runs)

@@ -58,6 +58,7 @@ from pagedllm.entrypoints.openai.tool_parsers import (
 )
 from pagedllm.entrypoints.openai.tool_results import check_tool_results
 from pagedllm.entrypoints.openai.unsupported_fields import check_unsupported_fields
+from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import CompletionOutput, RequestOutput
 from pagedllm.sampling_params import SamplingParams, StructuredOutputsParams
 
@@ -76,6 +77,7 @@ class ChatRun:
     beam_search: BeamSearchRequest | None = None  # use_beam_search's, run instead of `params`
     cache_salt: str | None = None
     priority: int = 0
+    lora_request: LoRARequest | None = None  # the adapter `model` names, if it names one
 
     @property
     def prompt(self) -> dict:
@@ -95,7 +97,7 @@ class OpenAIServingChat(OpenAIServing):
     async def prepare_chat(self, request: ChatCompletionRequest) -> ChatRun:
         """The request's prompt, sampling parameters and parsers, checked (a 400 or 404
         for what is wrong), ready to generate; shared with /v1/messages."""
-        model = self.check_model(request.model)
+        model, lora_request = self.check_model(request.model)
         self.check_generates()
         check_unsupported_fields(request.model_extra, "chat")
         self.check_priority(request.priority)
@@ -150,6 +152,7 @@ class OpenAIServingChat(OpenAIServing):
             beam_search,
             request.cache_salt,
             request.priority,
+            lora_request,
         )
 
     async def create_chat_completion(
@@ -182,7 +185,9 @@ class OpenAIServingChat(OpenAIServing):
         model, parsers = run.model, run.parsers
         request_id = request_id or self.request_id("chatcmpl", raw_request, request.request_id)
         params = run.beam_search or run.params
-        stream = self.generate(run.prompt, params, request_id, arrival_time, run.priority)
+        stream = self.generate(
+            run.prompt, params, request_id, arrival_time, run.priority, run.lora_request
+        )
         outputs = merge_streams([stream])
         if request.stream:
             outputs = await self.prime(outputs, raw_request)

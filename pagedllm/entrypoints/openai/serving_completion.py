@@ -33,7 +33,7 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> CompletionResponse | StreamingResponse:
         arrival_time = time.monotonic()
         self.forced_usage(request)
-        model = self.check_model(request.model)
+        model, lora_request = self.check_model(request.model)
         self.check_generates()
         check_unsupported_fields(request.model_extra, "completion")
         self.check_priority(request.priority)
@@ -59,6 +59,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 f"{request_id}-{i}",
                 arrival_time,
                 request.priority,
+                lora_request,
             )
             for i, ((text, ids), p) in enumerate(zip(prompts, params))
         ]

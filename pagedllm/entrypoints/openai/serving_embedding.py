@@ -31,7 +31,7 @@ class OpenAIServingEmbedding(OpenAIServing):
         self, request: EmbeddingRequest, raw_request: Request
     ) -> EmbeddingResponse:
         arrival_time = time.monotonic()
-        model = self.check_model(request.model)
+        model, _ = self.check_model(request.model)
         self.check_pooling("Embeddings")
         check_unsupported_fields(request.model_extra, "embedding")
         params = self._pooling_params(request)

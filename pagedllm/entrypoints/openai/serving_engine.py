@@ -1,6 +1,7 @@
-"""OpenAIServing: what every endpoint shares: the model name check, tokenization and the
-context-length rule, SamplingParams from a request, and running requests on the AsyncLLM
-(aborting them when the client goes away).
+"""OpenAIServing: what every endpoint shares: the model name check (a served model or a
+LoRA adapter, serving_models.py), tokenization and the context-length rule, SamplingParams
+from a request, and running requests on the AsyncLLM (aborting them when the client goes
+away).
 
 The server tokenizes with its own AsyncTokenizer (off the event loop, so a huge prompt
 stalls no other client); the engine thread's tokenizer stays the engine's alone.
@@ -9,7 +10,6 @@ stalls no other client); the engine thread's tokenizer stays the engine's alone.
 import functools
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
-from http import HTTPStatus
 from typing import TypeVar
 
 from fastapi import Request
@@ -35,9 +35,11 @@ from pagedllm.entrypoints.openai.serving_beam_search import (
     beam_search_outputs,
     beam_search_request,
 )
+from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.streaming import accumulate, prepend, until_disconnected
 from pagedllm.entrypoints.openai.tool_choice import tool_choice_of
 from pagedllm.entrypoints.openai.tool_parsers import GenericToolParser, ToolParser
+from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams, truncated_prompt
 from pagedllm.value_checks import as_truncate_prompt_tokens
@@ -57,17 +59,18 @@ class OpenAIServing:
         self,
         engine: EngineClient,
         tokenizer: AsyncTokenizer,
-        served_model_names: list[str],
+        models: OpenAIServingModels,
         metrics: ServerMetrics,
         chat_template: str | None = None,
         tool_parser: type[ToolParser] = GenericToolParser,
     ) -> None:
-        """`tokenizer` is the server's own (see the module docstring); `tool_parser`: what
-        reads "auto" answers (the chat template's format, or --tool-call-parser)."""
+        """`tokenizer` is the server's own (see the module docstring); `models`: the names
+        it answers to, shared by the app's serving objects; `tool_parser`: what reads "auto"
+        answers (the chat template's format, or --tool-call-parser)."""
         self.engine = engine
         self.async_tokenizer = tokenizer
         self.tokenizer = tokenizer.sync
-        self.served_model_names = served_model_names
+        self.models = models
         self.metrics = metrics
         self.chat_template = chat_template
         self.tool_parser = tool_parser
@@ -81,18 +84,10 @@ class OpenAIServing:
         self.max_tokens_cap = config.model_config.max_tokens_cap
         self.vocab_size = config.model_config.vocab_size
 
-    def check_model(self, model: str | None) -> str:
-        """The model name to answer with; 404 for a name this server does not serve."""
-        if model is None:
-            return self.served_model_names[0]
-        if model not in self.served_model_names:
-            raise OpenAIError(
-                f"The model `{model}` does not exist; this server serves {self.served_model_names}",
-                HTTPStatus.NOT_FOUND,
-                param="model",
-                code="model_not_found",
-            )
-        return model
+    def check_model(self, model: str | None) -> tuple[str, LoRARequest | None]:
+        """The model name to answer with and the LoRA adapter to run (None: the base
+        model); 404 for a name this server does not serve."""
+        return self.models.resolve(model)
 
     def check_generates(self) -> None:
         """A 400 on a pooling server for the APIs that generate, before anything is queued
@@ -269,16 +264,20 @@ class OpenAIServing:
         request_id: str,
         arrival_time: float,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """The request's outputs: sampled as `params` say, or a beam search's one output."""
+        """The request's outputs: sampled as `params` say, or a beam search's one output;
+        with `lora_request`, the adapter's."""
         if isinstance(params, BeamSearchRequest):
             eos = self.eos_token_ids
             outputs = beam_search_outputs(
-                self.engine, self.tokenizer, prompt, params, request_id, eos, priority
+                self.engine, self.tokenizer, prompt, params, request_id, eos, priority, lora_request
             )
             params = params.request_params
         else:
-            outputs = self.engine.generate(prompt, params, request_id, priority)
+            outputs = self.engine.generate(
+                prompt, params, request_id, priority, lora_request=lora_request
+            )
         outputs = self.logged(request_id, prompt, params, outputs)
         return self.metrics.track(outputs, arrival_time, params)
 

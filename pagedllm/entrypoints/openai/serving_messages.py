@@ -62,7 +62,9 @@ class AnthropicServingMessages:
         context_limited = run.params.max_tokens < request.max_tokens
         run = _capped(run, request.max_tokens)
         message_id = anthropic_id("msg")
-        stream = self.chat.generate(run.prompt, run.params, message_id, arrival_time)
+        stream = self.chat.generate(
+            run.prompt, run.params, message_id, arrival_time, lora_request=run.lora_request
+        )
         outputs = merge_streams([stream])
         if request.stream:
             outputs = await self.chat.prime(outputs, raw_request)

@@ -75,7 +75,7 @@ class OpenAIServingResponses:
         self, request: ResponsesRequest, raw_request: Request
     ) -> ResponseObject | StreamingResponse:
         arrival_time = time.monotonic()
-        model = self.chat.check_model(request.model)
+        model, _ = self.chat.check_model(request.model)
         _check_background(request)
         conversation = self._history(request) + conversation_of(request.input)
         chat_request = chat_request_of(request, conversation)

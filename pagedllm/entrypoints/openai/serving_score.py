@@ -77,7 +77,7 @@ class OpenAIServingScore:
 
     def _check(self, request: ScoreRequest | RerankRequest, api: str) -> str:
         """The model name to answer with, after the 404 / 400s that come before any work."""
-        model = self.embedding.check_model(request.model)
+        model, _ = self.embedding.check_model(request.model)
         self.embedding.check_pooling(api)
         check_unsupported_fields(request.model_extra, "embedding")
         return model

@@ -1,10 +1,12 @@
 """entrypoints/openai/cli_args.py: vLLM's serve flags, parsed and applied: --model as the
 positional's alternative, --seed as the engine's, a default chat template argument under a
 request's own, X-Request-Id echoed, the structured-outputs backend names pagedllm answers
-to. Reference: vLLM's flag names and behaviour."""
+to, --lora-modules' two forms and start-up rules. Reference: vLLM's flag names and
+behaviour."""
 
 import argparse
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.entrypoints.openai import api_server
 from pagedllm.entrypoints.openai.cli_args import serve_model
+from pagedllm.entrypoints.openai.serving_models import LoRAModulePath
 from tests.entrypoints.openai.scripted_model import save_scripted_model
 
 SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
@@ -58,6 +61,73 @@ def test_vllms_flags_parse() -> None:
     ):
         with pytest.raises(SystemExit):
             parse(bad)
+
+
+def test_lora_modules_parse_in_vllms_two_forms() -> None:
+    """vLLM's --lora-modules: several values, each `name=path` or a JSON object."""
+    law = '{"name": "law", "path": "/a/law", "base_model_name": "m"}'
+    args = parse(["--lora-modules", "sql=/a/sql=v2", law, '{"name": "x", "path": "/a/x"}'])
+    assert args.lora_modules == [
+        LoRAModulePath("sql", "/a/sql=v2"),
+        LoRAModulePath("law", "/a/law", "m"),
+        LoRAModulePath("x", "/a/x"),
+    ]
+    assert parse([]).lora_modules == []
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("sql", "is neither name=path nor a JSON object"),
+        ("=/a/sql", "`name` must be a non-empty string"),
+        ("sql=", "`path` must be a non-empty string"),
+        ('{"name": "sql"}', "must have `name` and `path`"),
+        ('{"name": "sql", "path": "/a", "rank": 8}', r"got \['name', 'path', 'rank'\]"),
+        ('{"name": 3, "path": "/a"}', "`name` must be a non-empty string"),
+        ('["sql", "/a"]', "must be name=path or a JSON object"),
+    ],
+)
+def test_a_bad_lora_module_is_named(
+    value: str, message: str, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse(["--lora-modules", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--lora-modules" in err and re.search(message, err), err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--lora-modules", "sql=/a/sql"], r"--lora-modules \['sql'\] needs --enable-lora"),
+        (
+            ["--enable-lora", "--lora-modules", "sql=/a", "law=/b", "sql=/c"],
+            r"names the adapters \['sql'\] more than once",
+        ),
+        (
+            ["--enable-lora", "--served-model-name", "m", "--lora-modules", "m=/a"],
+            "the adapter name 'm' is a served model name",
+        ),
+        (
+            [
+                "--enable-lora",
+                "--lora-modules",
+                '{"name": "sql", "path": "/a", "base_model_name": "x"}',
+            ],
+            "base_model_name 'x' of adapter 'sql' is not a served model name",
+        ),
+    ],
+)
+def test_lora_modules_the_server_cannot_serve_stop_it_before_the_model_loads(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture
+) -> None:
+    """As any bad flag: exit 2 with the reason (and no engine built: main would load the
+    default model first otherwise, and the check would come too late)."""
+    with pytest.raises(SystemExit) as exit_info:
+        api_server.main(["--port", "0", *argv])
+    assert exit_info.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
 
 
 def test_speculative_config_flag_parses_as_vllms_json() -> None:

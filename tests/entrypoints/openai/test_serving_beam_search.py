@@ -21,6 +21,7 @@ from pagedllm.entrypoints.openai.serving_beam_search import (
     beam_search_outputs,
     beam_search_request,
 )
+from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import BeamSearchParams, SamplingParams
 from tests.entrypoints.openai.app_client import post
 
@@ -158,13 +159,18 @@ class HangingEngine:
     def __init__(self) -> None:
         self.started: list[str] = []
         self.closed: list[str] = []
-        self.asked: list[tuple[dict, int]] = []  # each request's prompt and priority
+        self.asked: list[tuple] = []  # each request's prompt, priority and lora_request
 
     async def generate(  # noqa: ANN201
-        self, prompt: dict, params: object, request_id: str, priority: int = 0
+        self,
+        prompt: dict,
+        params: object,
+        request_id: str,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ):
         self.started.append(request_id)
-        self.asked.append((prompt, priority))
+        self.asked.append((prompt, priority, lora_request))
         try:
             await asyncio.Event().wait()
             yield
@@ -180,16 +186,22 @@ def test_cancelling_the_search_closes_its_step_requests() -> None:
     assert engine.closed == engine.started
 
 
-def test_the_search_steps_keep_the_requests_priority_and_cache_salt() -> None:
-    engine = asyncio.run(start_and_cancel({"prompt_token_ids": [1, 2], "cache_salt": "s"}, 3))
-    assert engine.asked == [({"prompt_token_ids": [1, 2], "cache_salt": "s"}, 3)]
+def test_the_search_steps_keep_the_requests_priority_cache_salt_and_lora_request() -> None:
+    lora = LoRARequest("sql", 1, "/adapters/sql")
+    prompt = {"prompt_token_ids": [1, 2], "cache_salt": "s"}
+    engine = asyncio.run(start_and_cancel(prompt, 3, lora))
+    assert engine.asked == [({"prompt_token_ids": [1, 2], "cache_salt": "s"}, 3, lora)]
 
 
-async def start_and_cancel(prompt: dict, priority: int = 0) -> HangingEngine:
+async def start_and_cancel(
+    prompt: dict, priority: int = 0, lora_request: LoRARequest | None = None
+) -> HangingEngine:
     """A search's first step started on a HangingEngine, then the search cancelled."""
     engine = HangingEngine()
     search = BeamSearchRequest(BeamSearchParams(beam_width=2, max_tokens=3), SamplingParams())
-    outputs = beam_search_outputs(engine, None, prompt, search, "cmpl-x", [0], priority)
+    outputs = beam_search_outputs(
+        engine, None, prompt, search, "cmpl-x", [0], priority, lora_request
+    )
     task = asyncio.ensure_future(anext(outputs))
     while not engine.started:
         await asyncio.sleep(0)

@@ -201,9 +201,9 @@ def test_cache_salt_and_priority_reach_the_engine(
     seen = []
     generate = AsyncLLM.generate
 
-    def spy(self, prompt: dict, params: object, request_id: str, priority: int = 0):
+    def spy(self, prompt: dict, params: object, request_id: str, priority: int = 0, **kwargs):
         seen.append((prompt.get("cache_salt"), priority))
-        return generate(self, prompt, params, request_id, priority)
+        return generate(self, prompt, params, request_id, priority, **kwargs)
 
     monkeypatch.setattr(AsyncLLM, "generate", spy)
     words = " ".join(["w"] * 40)

@@ -15,6 +15,7 @@ from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.metrics import ServerMetrics
 from pagedllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
+from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.outputs import CompletionOutput, RequestOutput
 from pagedllm.sampling_params import RequestOutputKind
 
@@ -49,13 +50,14 @@ def make_serving(tokenizer: FakeTokenizer | None = None) -> OpenAIServing:
     engine = SimpleNamespace(config=SimpleNamespace(model_config=model_config))
     stats = EngineStats(0, 0, 0, 0.0, 1, 1, 0, 0, 0, 0)
     metrics = ServerMetrics(lambda: [stats], NAMES[0], MAX_MODEL_LEN, CacheConfig())
-    return OpenAIServing(engine, tokenizer or FakeTokenizer(), NAMES, metrics, "TEMPLATE")
+    models = OpenAIServingModels(engine, NAMES)
+    return OpenAIServing(engine, tokenizer or FakeTokenizer(), models, metrics, "TEMPLATE")
 
 
 def test_check_model_answers_with_the_served_name_or_404() -> None:
     serving = make_serving()
-    assert serving.check_model(None) == "first"
-    assert [serving.check_model(name) for name in NAMES] == NAMES
+    assert serving.check_model(None) == ("first", None)
+    assert [serving.check_model(name) for name in NAMES] == [(name, None) for name in NAMES]
     with pytest.raises(OpenAIError) as info:
         serving.check_model("gpt-9")
     error = info.value

@@ -26,6 +26,7 @@ from pagedllm.entrypoints.openai.protocol import (
     TokenizeRequest,
 )
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from tests.entrypoints.openai.remote_server import MAX_MODEL_LEN, MODEL_NAME, Server
@@ -63,7 +64,7 @@ def shared(tokenizer: PreTrainedTokenizerBase) -> Iterator[tuple]:
     stats = EngineStats(0, 0, 0, 0.0, 1, 1, 0, 0, 0, 0)
     async_tokenizer = AsyncTokenizer(tokenizer, num_threads=1)
     metrics = ServerMetrics(lambda: [stats], "m", MAX_MODEL_LEN, CacheConfig())
-    yield engine, async_tokenizer, ["m"], metrics
+    yield engine, async_tokenizer, OpenAIServingModels(engine, ["m"]), metrics
     async_tokenizer.shutdown()
 
 
