@@ -15,7 +15,6 @@ LAYERS = (
     ("core", "executor"),
     ("model_loader", "lora"),
     ("models",),
-    ("lora",),
     ("layers",),
     ("sample", "structured_output", "spec_decode", "forward_context", "distributed"),
     ("_custom_ops",),
