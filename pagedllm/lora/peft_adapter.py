@@ -35,6 +35,9 @@ _REFUSED_OPTIONS = {
     "layer_replication": "layer_replication",
     "target_parameters": "target_parameters (LoRA on parameters, e.g. MoE experts)",
     "alora_invocation_tokens": "activated LoRA (alora_invocation_tokens)",
+    "use_bdlora": "block-diagonal LoRA (use_bdlora)",
+    "kasa_config": "KaSA (kasa_config: SVD-truncated base weights)",
+    "arrow_config": "Arrow routing between adapters (arrow_config)",
 }
 
 
@@ -193,8 +196,8 @@ def _unsupported_module(module: str, path: str) -> str:
 def _scaling(config: dict, module: str, rank: int, path: str) -> float:
     """PEFT's lora_alpha / r (or / sqrt(r) under use_rslora), each per module where
     rank_pattern / alpha_pattern name it; the config's r must be the weights' rank."""
-    r = _pattern_value(config.get("rank_pattern") or {}, module, config.get("r", 8))
-    alpha = _pattern_value(config.get("alpha_pattern") or {}, module, config.get("lora_alpha", 8))
+    r = _pattern_value(config, "rank_pattern", module, config.get("r", 8))
+    alpha = _pattern_value(config, "alpha_pattern", module, config.get("lora_alpha", 8))
     if r != rank:
         raise ValueError(
             f"LoRA adapter {path}: {module} has rank {rank} in its weights but r={r} in "
@@ -205,8 +208,12 @@ def _scaling(config: dict, module: str, rank: int, path: str) -> float:
     return alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
 
 
-def _pattern_value(pattern: dict, module: str, default: object) -> object:
-    """PEFT's get_pattern_key: the first key that matches the module name's end on a dot."""
+def _pattern_value(config: dict, field: str, module: str, default: object) -> object:
+    """PEFT's get_pattern_key on config[field] (rank_pattern, alpha_pattern): the value of
+    the first key that matches the module name's end on a dot."""
+    pattern = config.get(field) or {}
+    if not isinstance(pattern, dict):
+        raise ValueError(f"LoRA adapter {field} must be a JSON object, got {pattern!r}")
     for key in pattern:
         try:
             if re.match(rf"(.*\.)?({key})$", module):

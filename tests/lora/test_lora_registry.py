@@ -1,0 +1,133 @@
+"""pagedllm/lora/registry.py: which adapters the engine knows. Reference: vLLM's rules (an id
+names one adapter, a name one id) and the folder read once per adapter, counted by a spy
+on read_peft_adapter."""
+
+from collections.abc import Callable
+
+import pytest
+
+from pagedllm.config import LoRAConfig
+from pagedllm.lora import registry as registry_module
+from pagedllm.lora.registry import LoRARegistry
+from pagedllm.lora.request import LoRARequest
+from pagedllm.models.llama import LlamaForCausalLM
+from tests.lora.peft_folders import save_adapter
+from tests.models.tiny_models import tiny_configs
+
+MODEL = "llama-gqa4"
+
+
+@pytest.fixture(scope="module")
+def folders(
+    tiny_model_path: Callable[[str], str], tmp_path_factory: pytest.TempPathFactory
+) -> list[str]:
+    """Two rank-4 adapters of the tiny Llama."""
+    paths = [str(tmp_path_factory.mktemp(f"adapter{i}")) for i in range(2)]
+    for seed, path in enumerate(paths):
+        save_adapter(tiny_model_path(MODEL), path, seed=seed, r=4)
+    return paths
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The folders the registry reads from now on."""
+    paths: list[str] = []
+    original = registry_module.read_peft_adapter
+
+    def spy(path: str, *args: object) -> object:
+        paths.append(path)
+        return original(path, *args)
+
+    monkeypatch.setattr(registry_module, "read_peft_adapter", spy)
+    return paths
+
+
+def new_registry(max_lora_rank: int = 8) -> LoRARegistry:
+    shapes = LlamaForCausalLM.lora_target_shapes(tiny_configs()[MODEL])
+    return LoRARegistry(LoRAConfig(max_loras=2, max_lora_rank=max_lora_rank), shapes)
+
+
+def test_lora_off_refuses_every_adapter_and_passes_the_base_model(folders: list[str]) -> None:
+    registry = LoRARegistry(None, {})
+    assert registry.check(None) is None
+    with pytest.raises(ValueError, match="lora_request 'a': LoRA is off; start the engine with"):
+        registry.check(LoRARequest("a", 1, folders[0]))
+    with pytest.raises(ValueError, match="LoRA is off"):
+        registry.add(LoRARequest("a", 1, folders[0]))
+
+
+@pytest.mark.parametrize("request_", ["a", 1, {"lora_name": "a"}])
+def test_anything_but_a_lora_request_is_a_type_error(request_: object) -> None:
+    registry = new_registry()
+    with pytest.raises(
+        TypeError, match=f"lora_request must be a LoRARequest, got {type(request_).__name__}"
+    ):
+        registry.check(request_)
+    with pytest.raises(TypeError, match="add_lora takes a LoRARequest"):
+        registry.add(request_)
+
+
+def test_a_known_adapter_is_not_read_again(folders: list[str], reads: list[str]) -> None:
+    registry = new_registry()
+    request = LoRARequest("a", 1, folders[0])
+    assert registry.add(request) and reads == [folders[0]]
+    assert registry.check(LoRARequest("a", 1, folders[0])) is request
+    assert registry.add(request) and reads == [folders[0]]
+
+
+def test_a_bad_adapter_is_refused_and_not_known(folders: list[str]) -> None:
+    registry = new_registry(max_lora_rank=2)
+    with pytest.raises(ValueError, match="over max_lora_rank 2"):
+        registry.add(LoRARequest("a", 1, folders[0]))
+    assert registry.list() == set()
+
+
+@pytest.mark.parametrize("name, path", [("b", 0), ("a", 1), ("b", 1)])
+def test_an_id_in_use_for_another_name_or_path_is_refused(
+    folders: list[str], name: str, path: int
+) -> None:
+    registry = new_registry()
+    registry.add(LoRARequest("a", 1, folders[0]))
+    with pytest.raises(ValueError, match=f"lora_int_id 1 is adapter 'a' .*; give '{name}' another"):
+        registry.check(LoRARequest(name, 1, folders[path]))
+
+
+def test_a_name_in_use_by_another_id_is_refused(folders: list[str]) -> None:
+    registry = new_registry()
+    registry.add(LoRARequest("a", 1, folders[0]))
+    for path in folders:
+        with pytest.raises(ValueError, match="name 'a' is in use by lora_int_id 1; give another"):
+            registry.add(LoRARequest("a", 2, path))
+    assert registry.list() == {1}
+
+
+def test_remove_then_add_the_same_adapter_again(folders: list[str], reads: list[str]) -> None:
+    registry = new_registry()
+    request = LoRARequest("a", 1, folders[0])
+    registry.add(request)
+    assert registry.remove(1) and not registry.remove(1) and registry.list() == set()
+    assert registry.add(LoRARequest("a", 1, folders[0])) and registry.list() == {1}
+    assert reads == [folders[0]] * 2  # checked again: the folder may have changed meanwhile
+
+
+def test_a_removed_id_stays_its_adapter(folders: list[str]) -> None:
+    """A request still running may hold the removed adapter under its id."""
+    registry = new_registry()
+    registry.add(LoRARequest("a", 1, folders[0]))
+    registry.remove(1)
+    for name, path in [("b", folders[1]), ("a", folders[1]), ("b", folders[0])]:
+        with pytest.raises(ValueError, match="lora_int_id 1 is adapter 'a'"):
+            registry.add(LoRARequest(name, 1, path))
+    assert registry.add(LoRARequest("a", 2, folders[1]))  # the name is free again
+    assert registry.list() == {2}
+
+
+def test_list_holds_the_known_ids(folders: list[str]) -> None:
+    registry = new_registry()
+    assert registry.list() == set()
+    registry.add(LoRARequest("a", 3, folders[0]))
+    registry.check(LoRARequest("b", 7, folders[1]))
+    assert registry.list() == {3, 7}
+    assert not registry.remove(5)
+    registry.remove(3)
+    assert registry.list() == {7}
