@@ -58,7 +58,9 @@ class LoRAModelManager:
         for lora_id, length in zip(lora_ids, lengths, strict=True):
             rows.extend([slot_of[lora_id] if lora_id else -1] * length)
         used = sorted(set(rows) - {-1})
-        if len(set(rows)) == 1:  # every row runs with one adapter: no mask to apply
+        if not used:
+            slots = []
+        elif len(set(rows)) == 1:  # every row runs with one adapter: no mask to apply
             slots = [(used[0], None)]
         else:
             mapping = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)

@@ -146,6 +146,14 @@ def test_activate_maps_each_chunk_s_rows_to_its_slot(
     assert lora_layers._step_slots == []
 
 
+def test_rows_all_of_one_adapter_need_no_mask(
+    tiny_model_path: Callable[[str], str], requests: list[LoRARequest]
+) -> None:
+    manager = new_manager(tiny_model_path)
+    with manager.activate({1: requests[0]}, [1, 1], [3, 2]):
+        assert lora_layers._step_slots == [(0, None)]
+
+
 def test_base_rows_only_map_to_no_slot(
     tiny_model_path: Callable[[str], str], requests: list[LoRARequest]
 ) -> None:
