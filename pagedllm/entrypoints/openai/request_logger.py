@@ -23,18 +23,23 @@ class RequestLogger:
         token ids (None: all of them)."""
         self.max_log_len = max_log_len
 
-    def log(self, request_id: str, prompt: dict, params: object) -> None:
+    def log(
+        self, request_id: str, prompt: dict, params: object, lora_request: object = None
+    ) -> None:
+        """vLLM's "Received request" line: the prompt, the params, the prompt's ids and the
+        LoRA adapter it runs with (None: the base model)."""
         text = prompt.get("prompt")
         ids = prompt.get("prompt_token_ids")
         if self.max_log_len is not None:
             text = None if text is None else text[: self.max_log_len]
             ids = None if ids is None else ids[: self.max_log_len]
         logger.info(
-            "Received request %s: prompt: %r, params: %r, prompt_token_ids: %s",
+            "Received request %s: prompt: %r, params: %r, prompt_token_ids: %s, lora_request: %s",
             request_id,
             text,
             params,
             ids,
+            lora_request,
         )
 
     async def watch(self, request_id: str, outputs: AsyncIterator[T]) -> AsyncIterator[T]:

@@ -278,7 +278,7 @@ class OpenAIServing:
             outputs = self.engine.generate(
                 prompt, params, request_id, priority, lora_request=lora_request
             )
-        outputs = self.logged(request_id, prompt, params, outputs)
+        outputs = self.logged(request_id, prompt, params, outputs, lora_request)
         return self.metrics.track(outputs, arrival_time, params)
 
     @functools.cached_property
@@ -297,13 +297,18 @@ class OpenAIServing:
         return beam_search_request(request, params, config.max_logprobs, config.max_n)
 
     def logged(
-        self, request_id: str, prompt: dict, params: object, outputs: AsyncIterator[T]
+        self,
+        request_id: str,
+        prompt: dict,
+        params: object,
+        outputs: AsyncIterator[T],
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[T]:
-        """`outputs` of the request, logged (its submission and an abort) with
-        --enable-log-requests."""
+        """`outputs` of the request, logged (its submission, with its LoRA adapter, and an
+        abort) with --enable-log-requests."""
         if self.request_logger is None:
             return outputs
-        self.request_logger.log(request_id, prompt, params)
+        self.request_logger.log(request_id, prompt, params, lora_request)
         return self.request_logger.watch(request_id, outputs)
 
     async def prime(

@@ -15,6 +15,7 @@ from pagedllm import LLM
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.entrypoints.openai import api_server
 from pagedllm.entrypoints.openai.request_logger import RequestLogger
+from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -33,10 +34,13 @@ def test_a_line_per_request_cut_to_max_log_len(lines: list[str]) -> None:
     RequestLogger(max_log_len=4).log(
         "r1", {"prompt": "abcdefgh", "prompt_token_ids": [1, 2, 3, 4, 5]}, "P"
     )
-    RequestLogger().log("r2", {"prompt_token_ids": [7, 8]}, "Q")
+    RequestLogger().log("r2", {"prompt_token_ids": [7, 8]}, "Q", LoRARequest("sql", 1, "/a"))
     assert lines == [
-        "Received request r1: prompt: 'abcd', params: 'P', prompt_token_ids: [1, 2, 3, 4]",
-        "Received request r2: prompt: None, params: 'Q', prompt_token_ids: [7, 8]",
+        "Received request r1: prompt: 'abcd', params: 'P', prompt_token_ids: [1, 2, 3, 4], "
+        "lora_request: None",
+        "Received request r2: prompt: None, params: 'Q', prompt_token_ids: [7, 8], "
+        "lora_request: LoRARequest(lora_name='sql', lora_int_id=1, lora_path='/a', "
+        "base_model_name=None)",
     ]
 
 
