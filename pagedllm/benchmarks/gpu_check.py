@@ -124,6 +124,7 @@ LIMITS = {
     "smollm2-latency-torch-rowwise": 40,
     "llama3-8b-latency-torch-rowwise": 50,
     "tests-cuda": 90,
+    "smollm2-lora": 45,
 }
 # The shapes whose throughput also runs without async scheduling: the host's share of a
 # step is largest on the small one (docs/gpus.md).
@@ -227,7 +228,18 @@ def all_phases(shapes: dict[str, str], out_dir: str, root: str = ".") -> list[Ph
         Phase("tests-triton", LIMITS["tests-triton"], [*pytest, *workers, *TRITON_TESTS]),
         *benchmark_phases(shapes, out_dir),
         Phase("tests-cuda", LIMITS["tests-cuda"], [*pytest, "-k", "cuda", "tests"]),
+        *([lora_phase(shapes["smollm2"], out_dir)] if "smollm2" in shapes else []),
     ]
+
+
+def lora_phase(model: str, out_dir: str, device: str = "cuda") -> Phase:
+    """`bench lora` on the default model's shape: base rows, one adapter and two against an
+    engine without LoRA (steps with adapter rows run eagerly). Last: what time is left."""
+    report = f"{out_dir}/smollm2-lora.json"
+    flags = [f for f in random_bf16(device) if f != "--profile"]
+    argv = [*BENCH, "lora", "--model", model, *flags, "--max-model-len", "1024"]
+    argv += ["--num-prompts", "64", "--output-len", "128", "--num-iters", "2", "--json", report]
+    return Phase("smollm2-lora", LIMITS["smollm2-lora"], argv, report)
 
 
 def unimportable_tests(root: Path) -> list[str]:
