@@ -343,6 +343,11 @@ def summarize(records: list[dict], phases: list[Phase]) -> dict:
             continue
         with open(phase.json) as f:
             report = json.load(f)
+        if "ways" in report:  # bench lora's: each way's tok/s against no LoRA
+            figures[phase.name] = {"lora_vs_no_lora": {
+                way: row["vs_no_lora"] for way, row in report["ways"].items()
+            }}  # fmt: skip
+            continue
         ours = report["results"].get("pagedllm", {})
         if "skipped" in ours:
             continue
@@ -381,7 +386,10 @@ def summarize(records: list[dict], phases: list[Phase]) -> dict:
 def format_summary(summary: dict) -> list[str]:
     lines = []
     for name, f in summary["figures"].items():
-        if "decode_ms_per_step" in f:
+        if "lora_vs_no_lora" in f:
+            ways = ", ".join(f"{way} {ratio:.2f}x" for way, ratio in f["lora_vs_no_lora"].items())
+            lines.append(f"{name}: against no LoRA: {ways}")
+        elif "decode_ms_per_step" in f:
             lines.append(
                 f"{name}: {f['decode_ms_per_step']:.2f} ms a step, "
                 f"{f['percent_of_bound']:.1f}% of the bound ({f['read_gb_per_step']:.2f} GB "

@@ -77,6 +77,8 @@ SMALLER = {
     + ["--bandwidth-mb", "1", "--max-model-len", "64"],
     "throughput": ["--num-prompts", "3", "--input-len", "4", "--output-len", "2:3"]
     + ["--hf-batch-size", "2", "--max-model-len", "64", "--num-warmup-prompts", "1"],
+    "lora": ["--num-prompts", "2", "--output-len", "3", "--num-iters", "1", "--lora-rank", "4"]
+    + ["--max-model-len", "64"],
 }
 
 
@@ -91,6 +93,7 @@ def test_every_benchmark_phase_runs_on_the_cpu_with_its_flags(
         "qwen3-30b-a3b": shape_only(tiny_model_path("qwen3-moe"), f"{tmp_path}/moe"),
     }
     phases = benchmark_phases(shapes, str(tmp_path), device="cpu")
+    phases.append(gpu_check.lora_phase(shapes["smollm2"], str(tmp_path), device="cpu"))
     for phase in phases:
         argv = [*phase.bench_argv, *SMALLER[phase.bench_argv[0]], *TINY_ENGINE_FLAGS]
         if "--hf-num-prompts" in argv:
@@ -108,10 +111,13 @@ def test_every_benchmark_phase_runs_on_the_cpu_with_its_flags(
     assert len(rowwise) == 2 and all(f["torch_over_default"] > 0 for f in rowwise)
     with open(f"{tmp_path}/llama3-8b-throughput.json") as f:
         assert "ran the first 2 of the 3 requests" in json.load(f)["results"]["hf"]["detail"]
+    lora = figures["smollm2-lora"]["lora_vs_no_lora"]
+    assert lora["no LoRA engine, base rows"] == 1 and len(lora) == 4
     lines = gpu_check.format_summary({"figures": figures})
-    assert len(lines) == 10 and "% of the bound" in lines[0] and "kernels a step" in lines[0]
+    assert len(lines) == 11 and "% of the bound" in lines[0] and "kernels a step" in lines[0]
     assert "x transformers" in lines[5] and "async scheduling (the default)" in lines[7]
-    assert "x the Triton row-wise kernels' time" in lines[-1]
+    assert "x the Triton row-wise kernels' time" in lines[-2]
+    assert lines[-1].startswith("smollm2-lora: against no LoRA: no LoRA engine, base rows 1.00x")
 
 
 def test_phases_are_cut_at_their_limit_and_at_the_deadline(tmp_path: object) -> None:
