@@ -6,6 +6,7 @@ request's logprobs do not depend on its batch, the prefix cache or prefill chunk
 
 import asyncio
 import os
+import shutil
 
 import peft
 import pytest
@@ -356,3 +357,53 @@ def test_base_decodes_replay_captured_steps_and_adapter_steps_run_eagerly(
     calls.clear()
     llm.generate(prompts, greedy(), False, lora_request=LoRARequest("all", 1, adapters(name, 0)[0]))
     assert calls == []
+
+
+def test_an_adapter_folder_gone_fails_only_the_requests_naming_it_again(
+    tiny_model_path, adapters, tmp_path
+) -> None:
+    """A request holds its adapter's weights from when it was added: deleting the folder
+    meanwhile changes nothing for it, nor for the others in flight. Once the engine holds
+    the weights no more (max_cpu_loras=1, another adapter named since), a new request
+    naming the adapter fails alone, when it is added."""
+    name = "llama-gqa-llama3"
+    folder = shutil.copytree(adapters(name, 0)[0], f"{tmp_path}/victim")
+    engine = LLMEngine.from_engine_args(
+        EngineArgs(
+            tiny_model_path(name), enable_lora=True, max_lora_rank=8, max_cpu_loras=1, **ENGINE
+        )
+    )
+    victim = LoRARequest("victim", 1, folder)
+    engine.add_request("held", {"prompt_token_ids": [5, 6, 7]}, greedy(), lora_request=victim)
+    engine.add_request("base", {"prompt_token_ids": [8, 9]}, greedy())
+    engine.step()
+    engine.add_lora(LoRARequest("other", 2, adapters(name, 1)[0]))  # the victim's weights go
+    shutil.rmtree(folder)
+    with pytest.raises(ValueError, match="is not a folder"):
+        engine.add_request("late", {"prompt_token_ids": [5, 6, 7]}, greedy(), lora_request=victim)
+    outputs = {}
+    while engine.has_unfinished_requests():
+        outputs.update({o.request_id: o for o in engine.step() if o.finished})
+    assert set(outputs) == {"held", "base"}
+    peft_greedy(adapters(name, 0)[1], [5, 6, 7]).assert_matches(outputs["held"].outputs[0])
+
+
+def test_a_folder_whose_files_changed_is_another_adapter(
+    tiny_model_path, adapters, tmp_path
+) -> None:
+    """Unload an adapter, replace its folder's files, load it again under the same name,
+    id and path: its requests read none of the old weights' prefix-cache blocks and get the
+    new weights' tokens."""
+    name = "llama-gqa-llama3"
+    folder = shutil.copytree(adapters(name, 0)[0], f"{tmp_path}/changing")
+    llm = LLM(tiny_model_path(name), enable_lora=True, max_lora_rank=8, **ENGINE)
+    lora = LoRARequest("changing", 1, folder)
+    (prompt,) = prompts_of([40], seed=8)
+    (old,) = llm.generate(as_token_prompts([prompt]), greedy(), False, lora_request=lora)
+    assert llm.llm_engine.remove_lora(1)
+    shutil.rmtree(folder)
+    shutil.copytree(adapters(name, 1)[0], folder)
+    (new,) = llm.generate(as_token_prompts([prompt]), greedy(), False, lora_request=lora)
+    assert new.num_cached_tokens == 0
+    peft_greedy(adapters(name, 0)[1], prompt).assert_matches(old.outputs[0])
+    peft_greedy(adapters(name, 1)[1], prompt).assert_matches(new.outputs[0])

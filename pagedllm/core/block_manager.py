@@ -35,16 +35,16 @@ def hash_block(
     parent_hash: int | None,
     token_ids: list[int],
     cache_salt: str | None = None,
-    lora_path: str | None = None,
+    lora_key: str | None = None,
 ) -> int:
     """xxhash64 of the parent's hash (8 bytes little-endian, absent for block 0) and the
     block's token ids as int64. A salted block 0 (vLLM's cache_salt) takes the xxhash64 of
     the salt's UTF-8 bytes as its parent, so the chain carries the salt to every block; a
-    LoRA request's block 0, that of [salt, adapter folder] as JSON under another seed, so
-    no salt alone can stand for an adapter's chain (whose KV the adapter computed)."""
-    if lora_path is not None:
+    LoRA request's block 0, that of [salt, adapter's content key] as JSON under another
+    seed, so no salt alone can stand for an adapter's chain (whose KV the adapter computed)."""
+    if lora_key is not None:
         assert parent_hash is None, "only block 0 is salted"
-        key = json.dumps([cache_salt, lora_path]).encode()
+        key = json.dumps([cache_salt, lora_key]).encode()
         parent_hash = xxhash.xxh64_intdigest(key, seed=_LORA_SEED)
     elif cache_salt is not None:
         assert parent_hash is None, "only block 0 is salted"
@@ -100,9 +100,8 @@ class BlockManager:
             if hashes:
                 block_hash = hash_block(hashes[-1], seq.block_token_ids(i))
             else:
-                lora = seq.lora_key
-                path = None if lora is None else lora[1]
-                block_hash = hash_block(None, seq.block_token_ids(i), seq.cache_salt, path)
+                tokens = seq.block_token_ids(i)
+                block_hash = hash_block(None, tokens, seq.cache_salt, seq.lora_key)
             hashes.append(block_hash)
         return hashes
 

@@ -59,8 +59,8 @@ class Sequence:
     `priority` (lower first) and `arrival_time` order the scheduler's queues under its
     "priority" policy; `cache_salt` is mixed into the hash of block 0, so only sequences
     with the same salt (or none) share prefix-cache blocks (core/block_manager.py), as is
-    the adapter folder of its `lora_request` (lora/request.py LoRARequest; None: the base
-    model).
+    the content key of its LoRA adapter (`lora`, lora/registry.py LoadedAdapter; None: the
+    base model).
     `spec_token_ids`: draft tokens proposed to follow `token_ids` (speculative decoding),
     which the next schedule takes into the sequence's step for the model to verify.
     """
@@ -75,7 +75,7 @@ class Sequence:
         arrival_time: float = 0.0,
         priority: int = 0,
         cache_salt: str | None = None,
-        lora_request: object | None = None,
+        lora: object | None = None,
     ) -> None:
         if len(token_ids) == 0:
             raise ValueError("a prompt must hold at least 1 token, got 0")
@@ -94,7 +94,7 @@ class Sequence:
         self.arrival_time = arrival_time
         self.priority = priority
         self.cache_salt = cache_salt
-        self.lora_request = lora_request
+        self.lora = lora
         self.num_computed_tokens = 0
         self.num_in_flight_tokens = 0
         self.num_output_placeholders = 0
@@ -107,10 +107,15 @@ class Sequence:
         self.first_scheduled_time: float | None = None  # time.monotonic(), for metrics
 
     @property
-    def lora_key(self) -> tuple[int, str] | None:
-        """(lora_int_id, lora_path) of its adapter, what each rank keys a LoRA slot by."""
-        lora = self.lora_request
-        return None if lora is None else (lora.lora_int_id, lora.lora_path)
+    def lora_request(self) -> object | None:
+        """The LoRARequest that named its adapter (None: the base model)."""
+        return None if self.lora is None else self.lora.request
+
+    @property
+    def lora_key(self) -> str | None:
+        """Its adapter's content key, what the scheduler, the prefix cache and the slots
+        go by."""
+        return None if self.lora is None else self.lora.key
 
     @property
     def num_tokens(self) -> int:

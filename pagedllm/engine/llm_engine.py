@@ -57,6 +57,7 @@ from pagedllm.layers.st_projector import load_st_projector
 from pagedllm.logger import init_logger
 from pagedllm.lora.registry import make_lora_registry
 from pagedllm.lora.request import LoRARequest
+from pagedllm.lora.slot_planner import LoRASlotPlanner
 from pagedllm.models.registry import ModelRegistry
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
@@ -126,6 +127,7 @@ class LLMEngine:
             None if lora is None else lora.max_loras,
         )
         self.lora_registry = make_lora_registry(config)
+        self.lora_slots = None if lora is None else LoRASlotPlanner(lora.max_loras)
         if sched.async_scheduling:
             logger.info(
                 "Async scheduling on: each step is scheduled while the one before runs "
@@ -238,6 +240,8 @@ class LLMEngine:
         """Abort every request in flight after `step` raised; their ids (the caller fails
         them). Whether the engine can go on: `is_healthy`."""
         logger.exception("engine step failed; aborting the requests in flight")
+        if self.lora_slots is not None:
+            self.lora_slots.reset()  # the ranks may not have made the step's loads
         request_ids = list(self.requests)
         self.abort_request(request_ids)
         return request_ids
@@ -272,7 +276,9 @@ class LLMEngine:
         in_flight = self.batch_queue[-1] if self.batch_queue else None
         late = in_flight is not None and in_flight.samples_from_host
         args = (self.requests, self.structured_output)
-        plan = plan_step(out, *args, prev_rows=self._prev_rows(), with_rows=not late)
+        plan = plan_step(
+            out, *args, prev_rows=self._prev_rows(), with_rows=not late, lora_slots=self.lora_slots
+        )
         if late:
             forward = self.executor.launch_forward(plan.step_input)
             outputs += self._finish_oldest_batch()

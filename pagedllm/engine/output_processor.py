@@ -186,7 +186,7 @@ class OutputProcessor:
                 parent.arrival_time,
                 parent.priority,
                 parent.cache_salt,
-                parent.lora_request,
+                parent.lora,
             )
             self.scheduler.fork_seq(parent, child)
             detokenizer = make_detokenizer(self.tokenizer, request.prompt_token_ids, request.params)

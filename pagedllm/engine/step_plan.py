@@ -23,6 +23,7 @@ from pagedllm.engine.pooling_request import PoolingRequest
 from pagedllm.engine.request import Request
 from pagedllm.executor.batch import SeqChunk
 from pagedllm.executor.model_runner import StepInput
+from pagedllm.lora.slot_planner import LoRASlotPlanner
 from pagedllm.sample.metadata import SamplingRow
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.structured_output import GrammarMatcher, StructuredOutputManager
@@ -41,13 +42,17 @@ def plan_step(
     structured_output: StructuredOutputManager | None = None,
     prev_rows: dict[int, int] | None = None,
     with_rows: bool = True,
+    lora_slots: LoRASlotPlanner | None = None,
 ) -> StepPlan:
     """`structured_output` builds the bitmasks of constrained rows (needed when any);
     `prev_rows`: the sampler row, in the step in flight, of each sequence it samples (by
     seq id; needed when a chunk reads a placeholder). `with_rows` False leaves the sampler
-    rows to `sampling_rows`, once the step in flight's tokens are on the host."""
+    rows to `sampling_rows`, once the step in flight's tokens are on the host. `lora_slots`
+    puts the scheduled sequences' LoRA adapters in slots (None: LoRA off)."""
     chunks, sample_indices, prompt_indices, pool_indices = [], [], [], []
-    lora_requests = {}
+    slot_of, lora_loads = {}, {}
+    if lora_slots is not None:
+        slot_of, lora_loads = lora_slots.plan([s.seq.lora for s in out.scheduled if s.seq.lora])
     owners, placeholder_rows, sample_offsets = [], [], []
     for i, s in enumerate(out.scheduled):
         seq, start, drafts = s.seq, s.start, s.draft_token_ids
@@ -58,12 +63,9 @@ def plan_step(
             new_token_ids.append(0)
             assert len(new_token_ids) == s.num_new_tokens, "one placeholder, at the end"
         new_token_ids += drafts
-        lora = seq.lora_request
-        lora_id = 0 if lora is None else lora.lora_int_id
+        slot = -1 if seq.lora is None else slot_of[seq.lora_key]
         key = (seq.request_id, seq.seq_id)
-        chunks.append(SeqChunk(new_token_ids, start, seq.block_table, key, lora_id))
-        if lora is not None:
-            lora_requests[lora_id] = lora
+        chunks.append(SeqChunk(new_token_ids, start, seq.block_table, key, slot))
         request = requests[seq.request_id]
         if isinstance(request, PoolingRequest):
             pool_indices.append(i)
@@ -86,7 +88,8 @@ def plan_step(
         out.finished_req_ids,
         placeholder_rows,
         sample_offsets,
-        lora_requests,
+        {slot: key for key, slot in slot_of.items()},
+        lora_loads,
     )
     rows = sampling_rows(out, owners, requests, structured_output) if with_rows else []
     return StepPlan(step_input, rows, owners)

@@ -25,8 +25,8 @@ class SeqChunk:
     # (request id, sequence id): how the other ranks know the chunk's table from step to
     # step (table_deltas.py); None for a chunk built outside the engine.
     key: tuple[str, int] | None = None
-    # The LoRA adapter its rows run with (LoRARequest.lora_int_id; 0: none).
-    lora_int_id: int = 0
+    # The LoRA slot its rows run with (lora/slot_planner.py; -1: none).
+    lora_slot: int = -1
 
 
 @dataclass

@@ -48,7 +48,7 @@ from pagedllm.layers.attention_backends.selector import use_attn_backend
 from pagedllm.layers.pooler import pool_chunk
 from pagedllm.logger import init_logger
 from pagedllm.lora.model_manager import LoRAModelManager
-from pagedllm.lora.request import LoRARequest
+from pagedllm.lora.registry import Weights
 from pagedllm.model_loader.loader import get_model
 from pagedllm.models.pipeline import IntermediateTensors
 from pagedllm.sample.metadata import SamplingMetadata, SamplingRow
@@ -73,7 +73,8 @@ class StepInput:
     it into the input ids on the device, where that step's sampled ids still are.
     sample_offsets: for each sampler row, how many tokens before its chunk's last one it
     samples at (a draft's verification, speculative decoding); empty when all are 0.
-    lora_requests: the LoRA adapters the chunks name (`SeqChunk.lora_int_id`), by id.
+    lora_slots: the content key each LoRA slot the chunks use (`SeqChunk.lora_slot`) must
+    hold; lora_loads: the weights of the slots to load first (lora/slot_planner.py).
     """
 
     chunks: list[SeqChunk]
@@ -84,7 +85,8 @@ class StepInput:
     finished_req_ids: set[str] = field(default_factory=set)
     placeholder_rows: list[tuple[int, int]] = field(default_factory=list)
     sample_offsets: list[int] = field(default_factory=list)
-    lora_requests: dict[int, LoRARequest] = field(default_factory=dict)
+    lora_slots: dict[int, str] = field(default_factory=dict)
+    lora_loads: dict[int, Weights] = field(default_factory=dict)
 
 
 @dataclass
@@ -287,7 +289,7 @@ class ModelRunner:
         starts = [0, *itertools.accumulate(batch.attn_metadata.query_lens_cpu)]
         # Captured steps hold no LoRA delta (none was applied when they were captured): a
         # step with adapter rows runs eagerly.
-        replay = self.graph_runner is not None and not step.lora_requests
+        replay = self.graph_runner is not None and not step.lora_slots
         if replay and step.sample_offsets and starts[-1] <= self.graph_runner.max_decode_rows:
             # Verifying drafts: as decode rows, the graph runner replays the step.
             batch = as_decode_rows(batch, pin)
@@ -297,11 +299,11 @@ class ModelRunner:
 
     def _lora(self, step: StepInput) -> AbstractContextManager:
         """The step's LoRA adapters applied to their chunks' rows (nothing without any)."""
-        if self.lora_manager is None or not step.lora_requests:
+        if self.lora_manager is None or not step.lora_slots:
             return nullcontext()
-        ids = [chunk.lora_int_id for chunk in step.chunks]
+        slots = [chunk.lora_slot for chunk in step.chunks]
         lengths = [len(chunk.token_ids) for chunk in step.chunks]
-        return self.lora_manager.activate(step.lora_requests, ids, lengths)
+        return self.lora_manager.activate(step.lora_slots, step.lora_loads, slots, lengths)
 
     def _placeholder_tokens(
         self, placeholder_rows: list[tuple[int, int]], starts: list[int]

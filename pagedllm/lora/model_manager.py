@@ -1,9 +1,9 @@
-"""A rank's LoRA adapters: the slots on its model's layers, which adapter each slot holds,
-and the adapters read from disk kept in host memory (max_cpu_loras, least recently used
-dropped first). Every rank of a step assigns slots the same way, from the same steps.
+"""A rank's LoRA slots: every targeted linear layer of its model holds max_loras of them
+(lora/layers.py). Which adapter a slot holds is the engine's decision (slot_planner.py): a
+step names the slots its rows use, by adapter key, and carries the weights of those to load
+first, so a rank reads no folder and holds no other copy of an adapter.
 """
 
-from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -13,23 +13,17 @@ from torch import nn
 from pagedllm.config import LoRAConfig
 from pagedllm.layers.linear import LinearBase
 from pagedllm.lora.layers import LoRASlots, set_lora_mapping
-from pagedllm.lora.peft_adapter import load_lora_weights, read_peft_adapter
-from pagedllm.lora.request import LoRARequest
+from pagedllm.lora.registry import Weights
 
 # The checkpoint modules an adapter may target (the model class's lora_target_shapes).
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-AdapterKey = tuple[int, str]  # (lora_int_id, lora_path)
-Weights = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
 
 class LoRAModelManager:
     def __init__(
         self, model: nn.Module, config: LoRAConfig, dtype: torch.dtype, device: torch.device
     ) -> None:
-        self.config = config
         self.device = device
-        self.target_shapes = type(model).lora_target_shapes(model.config)
         # each targeted layer's slots, with the checkpoint modules fused in it, in order
         self.layers: list[tuple[LoRASlots, list[str]]] = []
         packed = type(model).packed_modules_mapping()
@@ -43,20 +37,27 @@ class LoRAModelManager:
             )
             module.lora = slots
             self.layers.append((slots, [f"{parent}.{sub}" for sub in subs]))
-        self.slots: list[AdapterKey | None] = [None] * config.max_loras
-        self.recent: list[int] = list(range(config.max_loras))  # slots, least recent first
-        self.cpu_cache: OrderedDict[AdapterKey, Weights] = OrderedDict()
+        self.slot_keys: list[str | None] = [None] * config.max_loras
 
     @contextmanager
     def activate(
-        self, requests: dict[int, LoRARequest], lora_ids: list[int], lengths: list[int]
+        self,
+        slot_keys: dict[int, str],
+        loads: dict[int, Weights],
+        chunk_slots: list[int],
+        lengths: list[int],
     ) -> Iterator[None]:
-        """The step's forward with each chunk's adapter (`lora_ids`, 0: none) applied to its
-        `lengths` rows; `requests`: the step's adapters by id (at most max_loras)."""
-        slot_of = {i: self._slot(requests[i], set(requests)) for i in requests}
+        """The step's forward with each chunk's slot (`chunk_slots`, -1: none) applied to
+        its `lengths` rows, after loading `loads` (slot -> weights); `slot_keys`: the key
+        each slot the step uses must hold."""
+        for slot, weights in loads.items():
+            self._load(slot, slot_keys[slot], weights)
+        for slot, key in slot_keys.items():
+            if self.slot_keys[slot] != key:
+                raise RuntimeError(f"LoRA slot {slot} holds {self.slot_keys[slot]}, not {key}")
         rows: list[int] = []
-        for lora_id, length in zip(lora_ids, lengths, strict=True):
-            rows.extend([slot_of[lora_id] if lora_id else -1] * length)
+        for slot, length in zip(chunk_slots, lengths, strict=True):
+            rows.extend([slot] * length)
         used = sorted(set(rows) - {-1})
         if not used:
             slots = []
@@ -68,38 +69,8 @@ class LoRAModelManager:
         with set_lora_mapping(slots):
             yield
 
-    def _slot(self, request: LoRARequest, step_ids: set[int]) -> int:
-        """The slot holding the request's adapter, loading it into the least recently used
-        slot no adapter of this step holds."""
-        key = (request.lora_int_id, request.lora_path)
-        if key in self.slots:
-            slot = self.slots.index(key)
-        else:
-            free = [
-                s for s in self.recent if self.slots[s] is None or self.slots[s][0] not in step_ids
-            ]
-            if not free:  # the scheduler keeps a step's adapters within max_loras
-                raise RuntimeError(f"a step names more than max_loras adapters: {sorted(step_ids)}")
-            slot = free[0]
-            self._load(slot, key)
-        self.recent.remove(slot)
-        self.recent.append(slot)
-        return slot
-
-    def _load(self, slot: int, key: AdapterKey) -> None:
-        weights = self._weights(key)
-        self.slots[slot] = None
+    def _load(self, slot: int, key: str, weights: Weights) -> None:
+        self.slot_keys[slot] = None
         for slots, modules in self.layers:
             slots.set_slot(slot, [weights.get(name) for name in modules])
-        self.slots[slot] = key
-
-    def _weights(self, key: AdapterKey) -> Weights:
-        if key in self.cpu_cache:
-            self.cpu_cache.move_to_end(key)
-            return self.cpu_cache[key]
-        adapter = read_peft_adapter(key[1], self.target_shapes, self.config.max_lora_rank)
-        weights = load_lora_weights(adapter)
-        self.cpu_cache[key] = weights
-        while len(self.cpu_cache) > self.config.max_cpu_loras:
-            self.cpu_cache.popitem(last=False)
-        return weights
+        self.slot_keys[slot] = key

@@ -14,13 +14,19 @@ import os
 import re
 from dataclasses import dataclass
 
+import regex
 import torch
+import xxhash
 from safetensors import SafetensorError, safe_open
 
 ADAPTER_CONFIG = "adapter_config.json"
 SAFETENSORS_FILE = "adapter_model.safetensors"
 BIN_FILE = "adapter_model.bin"
 _NAME_PREFIX = "base_model.model."
+# An adapter's rank_pattern / alpha_pattern keys are regular expressions from its folder,
+# matched on the engine's thread: a key that backtracks without end is refused after this
+# long instead of stalling every request.
+PATTERN_TIMEOUT_S = 0.1
 _WEIGHT_NAME = re.compile(r"^(?P<module>.+)\.lora_(?P<which>[AB])\.weight$")
 
 # PEFT options that change what an adapter computes beyond (x A^T) B^T * scaling: an adapter
@@ -50,6 +56,7 @@ class PeftAdapter:
     weights_file: str
     ranks: dict[str, int]
     scalings: dict[str, float]
+    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]  # module -> (A's, B's)
 
     @property
     def rank(self) -> int:
@@ -83,18 +90,38 @@ def read_peft_adapter(
                 f"{max_lora_rank}; raise --max-lora-rank"
             )
         ranks[module], scalings[module] = rank, _scaling(config, module, rank, path)
-    return PeftAdapter(path, weights_file, ranks, scalings)
+    return PeftAdapter(path, weights_file, ranks, scalings, pairs)
 
 
 def load_lora_weights(adapter: PeftAdapter) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """module -> (lora_A [r, in], lora_B * scaling [out, r]), float32 on the CPU."""
-    tensors = _load_tensors(adapter.weights_file)
+    """module -> (lora_A [r, in], lora_B * scaling [out, r]), float32 on the CPU; a
+    ValueError where the file no longer holds what read_peft_adapter checked."""
+    try:
+        tensors = _load_tensors(adapter.weights_file)
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"LoRA adapter {adapter.weights_file} is not readable: {e}") from None
     weights = {}
     for module, scaling in adapter.scalings.items():
-        a = tensors[f"{_NAME_PREFIX}{module}.lora_A.weight"].float()
-        b = tensors[f"{_NAME_PREFIX}{module}.lora_B.weight"].float() * scaling
-        weights[module] = (a, b)
+        a = tensors.get(f"{_NAME_PREFIX}{module}.lora_A.weight")
+        b = tensors.get(f"{_NAME_PREFIX}{module}.lora_B.weight")
+        if a is None or b is None or (tuple(a.shape), tuple(b.shape)) != adapter.shapes[module]:
+            raise ValueError(
+                f"LoRA adapter {adapter.weights_file} changed while it was read ({module})"
+            )
+        weights[module] = (a.float(), b.float() * scaling)
     return weights
+
+
+def weights_digest(weights: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> str:
+    """xxhash64 of the weights as they run (B scaled), module by module in name order: what
+    an adapter computes, whatever its folder or name."""
+    digest = xxhash.xxh64()
+    for module in sorted(weights):
+        digest.update(module.encode())
+        for tensor in weights[module]:
+            digest.update(repr(tuple(tensor.shape)).encode())
+            digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _read_config(path: str) -> dict:
@@ -106,8 +133,8 @@ def _read_config(path: str) -> dict:
             config = json.load(f)
     except FileNotFoundError:
         raise ValueError(f"LoRA adapter {path} has no {ADAPTER_CONFIG}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"LoRA adapter {file} is not readable JSON: {e}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"LoRA adapter {file} is not readable JSON: {e!r}") from None
     if not isinstance(config, dict):
         raise ValueError(f"LoRA adapter {file} must hold a JSON object")
     if config.get("peft_type", "LORA") != "LORA":
@@ -200,7 +227,7 @@ def _scaling(config: dict, module: str, rank: int, path: str) -> float:
     alpha = _pattern_value(config, "alpha_pattern", module, config.get("lora_alpha", 8))
     if r != rank:
         raise ValueError(
-            f"LoRA adapter {path}: {module} has rank {rank} in its weights but r={r} in "
+            f"LoRA adapter {path}: {module} has rank {rank} in its weights but r={r!r} in "
             f"{ADAPTER_CONFIG}"
         )
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha):
@@ -216,10 +243,15 @@ def _pattern_value(config: dict, field: str, module: str, default: object) -> ob
         raise ValueError(f"LoRA adapter {field} must be a JSON object, got {pattern!r}")
     for key in pattern:
         try:
-            if re.match(rf"(.*\.)?({key})$", module):
+            if regex.match(rf"(.*\.)?({key})$", module, timeout=PATTERN_TIMEOUT_S):
                 return pattern[key]
-        except re.error as e:
+        except regex.error as e:
             raise ValueError(
                 f"LoRA adapter pattern key {key!r} is not a regular expression: {e}"
+            ) from None
+        except TimeoutError:
+            raise ValueError(
+                f"LoRA adapter pattern key {key!r} takes over {PATTERN_TIMEOUT_S} s to match "
+                f"{module!r}; use a simpler expression"
             ) from None
     return default

@@ -1,17 +1,36 @@
-"""The engine's LoRA adapters: each checked once, when added (`add_lora`) or when the first
-request names it, against the model and max_lora_rank, so a bad adapter fails that call or
-request alone and never a step.
+"""The engine's LoRA adapters: each read, checked against the model and max_lora_rank, and
+loaded into host memory when added (`add_lora`) or when a request names it, so a bad or
+unreadable adapter fails that call or request alone and never a step: a request holds its
+adapter's weights (`LoadedAdapter`) until it ends, and no step reads a folder.
 
-An id names one adapter (lora_name, lora_path) for the engine's life, removed or not (a
-request still running may hold it), and a name one id while it is known: a request that
-mixes them is refused, so the ranks' slots (keyed by id and folder), the scheduler's count
-of adapters and the prefix cache (keyed by folder) never mix two adapters.
+As vLLM's, an id names one adapter (lora_name, lora_path) while it is known, and a name
+one id. What the scheduler, the prefix cache and the ranks' slots go by is the adapter's
+content (`LoadedAdapter.key`, a digest of its weights as they run): requests of the same
+weights share KV blocks whatever their names, and a folder whose files changed (removed,
+then added again) is another adapter.
 """
 
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
 from pagedllm.config import EngineConfig, LoRAConfig
-from pagedllm.lora.peft_adapter import read_peft_adapter
+from pagedllm.lora.peft_adapter import load_lora_weights, read_peft_adapter, weights_digest
 from pagedllm.lora.request import LoRARequest
 from pagedllm.models.registry import ModelRegistry
+
+Weights = dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(eq=False)
+class LoadedAdapter:
+    """An adapter as requests run it: the request that named it, `key` (weights_digest of
+    its weights) and its weights (module -> (A, B * scaling), float32 on the host)."""
+
+    request: LoRARequest
+    key: str
+    weights: Weights
 
 
 def make_lora_registry(config: EngineConfig) -> "LoRARegistry":
@@ -32,11 +51,12 @@ class LoRARegistry:
         self.config = config
         self.target_shapes = target_shapes
         self.adapters: dict[int, LoRARequest] = {}
-        self.removed: dict[int, LoRARequest] = {}
+        # Weights of the max_cpu_loras adapters named last (requests hold their own).
+        self.loaded: OrderedDict[int, LoadedAdapter] = OrderedDict()
 
-    def check(self, request: object) -> LoRARequest | None:
-        """The adapter a request names (None: the base model), read and checked the first
-        time; ValueError / TypeError for one the engine cannot run."""
+    def check(self, request: object) -> LoadedAdapter | None:
+        """The adapter a request names (None: the base model), loaded unless its weights
+        are still held; ValueError / TypeError for one the engine cannot run."""
         if request is None:
             return None
         if not isinstance(request, LoRARequest):
@@ -46,28 +66,42 @@ class LoRARegistry:
                 f"lora_request {request.lora_name!r}: LoRA is off; start the engine with "
                 "enable_lora=True (--enable-lora)"
             )
-        known = self.adapters.get(request.lora_int_id) or self.removed.get(request.lora_int_id)
+        self._check_identity(request)
+        loaded = self.loaded.get(request.lora_int_id)
+        if loaded is None:
+            loaded = self._load(request)
+        self.adapters[request.lora_int_id] = request
+        self.loaded[request.lora_int_id] = loaded
+        self.loaded.move_to_end(request.lora_int_id)
+        while len(self.loaded) > self.config.max_cpu_loras:
+            self.loaded.popitem(last=False)
+        return loaded
+
+    def _check_identity(self, request: LoRARequest) -> None:
+        known = self.adapters.get(request.lora_int_id)
         if known is not None:
             if (known.lora_name, known.lora_path) != (request.lora_name, request.lora_path):
                 raise ValueError(
                     f"lora_int_id {request.lora_int_id} is adapter {known.lora_name!r} "
                     f"({known.lora_path}); give {request.lora_name!r} another id"
                 )
-            if request.lora_int_id in self.adapters:
-                return known
+            return
         for other in self.adapters.values():
             if other.lora_name == request.lora_name:
                 raise ValueError(
                     f"LoRA adapter name {request.lora_name!r} is in use by lora_int_id "
                     f"{other.lora_int_id}; give another name"
                 )
-        read_peft_adapter(request.lora_path, self.target_shapes, self.config.max_lora_rank)
-        self.removed.pop(request.lora_int_id, None)
-        self.adapters[request.lora_int_id] = request
-        return request
+
+    def _load(self, request: LoRARequest) -> LoadedAdapter:
+        adapter = read_peft_adapter(
+            request.lora_path, self.target_shapes, self.config.max_lora_rank
+        )
+        weights = load_lora_weights(adapter)
+        return LoadedAdapter(request, weights_digest(weights), weights)
 
     def add(self, request: LoRARequest) -> bool:
-        """vLLM's add_lora: True once the adapter is checked and known."""
+        """vLLM's add_lora: True once the adapter is checked, loaded and known."""
         if not isinstance(request, LoRARequest):
             raise TypeError(f"add_lora takes a LoRARequest, got {type(request).__name__}")
         self.check(request)
@@ -75,12 +109,9 @@ class LoRARegistry:
 
     def remove(self, lora_int_id: int) -> bool:
         """vLLM's remove_lora: whether the adapter was known. Requests already running with
-        it finish with it."""
-        request = self.adapters.pop(lora_int_id, None)
-        if request is None:
-            return False
-        self.removed[lora_int_id] = request
-        return True
+        it finish with it; its id and name are free again."""
+        self.loaded.pop(lora_int_id, None)
+        return self.adapters.pop(lora_int_id, None) is not None
 
     def list(self) -> set[int]:
         return set(self.adapters)

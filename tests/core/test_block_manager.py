@@ -8,6 +8,7 @@ import xxhash
 
 from pagedllm.core.block_manager import BlockManager, hash_block
 from pagedllm.core.sequence import Sequence
+from pagedllm.lora.registry import LoadedAdapter
 from pagedllm.lora.request import LoRARequest
 
 
@@ -65,47 +66,52 @@ def test_salted_prefixes_are_shared_by_the_same_salt_only(
     assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (24, hits)
 
 
-def test_a_lora_block_0_hashes_the_salt_and_adapter_folder_under_another_seed() -> None:
-    """Reference: xxhash64 (seed 1) of JSON [salt, folder] as block 0's parent."""
+def test_a_lora_block_0_hashes_the_salt_and_adapter_key_under_another_seed() -> None:
+    """Reference: xxhash64 (seed 1) of JSON [salt, adapter key] as block 0's parent."""
     tokens = [1, 2, 3, 4]
-    parent = xxhash.xxh64_intdigest(b'["s", "/adapters/a"]', seed=1)
-    assert hash_block(None, tokens, "s", "/adapters/a") == hash_block(parent, tokens)
+    parent = xxhash.xxh64_intdigest(b'["s", "key-a"]', seed=1)
+    assert hash_block(None, tokens, "s", "key-a") == hash_block(parent, tokens)
     hashes = {
-        hash_block(None, tokens, salt, path)
-        for salt in (None, "s", "/adapters/a", '[null, "/adapters/a"]')
-        for path in (None, "/adapters/a", "/adapters/b")
+        hash_block(None, tokens, salt, key)
+        for salt in (None, "s", "key-a", '[null, "key-a"]')
+        for key in (None, "key-a", "key-b")
     }
     assert len(hashes) == 12  # no salt alone stands for an adapter's chain
 
 
-def lora_hashes(token_ids: list[int], lora: LoRARequest | None, salt: str | None) -> list[int]:
+def adapter(key: str, lora_int_id: int = 1, path: str = "/a") -> LoadedAdapter:
+    return LoadedAdapter(LoRARequest(f"lora{lora_int_id}", lora_int_id, path), key, {})
+
+
+def lora_hashes(token_ids: list[int], lora: LoadedAdapter | None, salt: str | None) -> list[int]:
     bm = BlockManager(num_blocks=10, block_size=4)
-    seq = Sequence(0, token_ids, 4, cache_salt=salt, lora_request=lora)
+    seq = Sequence(0, token_ids, 4, cache_salt=salt, lora=lora)
     bm.num_prefix_hit_tokens(seq)  # fills seq.block_hashes
     return seq.block_hashes
 
 
-def test_every_block_hash_depends_on_the_adapter_folder() -> None:
-    tokens, a, b = list(range(12)), LoRARequest("a", 1, "/a"), LoRARequest("b", 2, "/b")
+def test_every_block_hash_depends_on_the_adapters_weights() -> None:
+    tokens, a, b = list(range(12)), adapter("key-a"), adapter("key-b", 2, "/b")
     chains = [lora_hashes(tokens, lora, salt) for lora in (None, a, b) for salt in (None, "s")]
     assert all(len(set(blocks)) == 6 for blocks in zip(*chains, strict=True))
-    same_folder = LoRARequest("a2", 3, "/a")  # the folder, not the name or id, keys the KV
-    assert lora_hashes(tokens, same_folder, None) == chains[2]
+    # The weights' key, not the name, id or folder, keys the KV.
+    assert lora_hashes(tokens, adapter("key-a", 3, "/elsewhere"), None) == chains[2]
+    assert lora_hashes(tokens, adapter("key-a-changed", 1, "/a"), None) != chains[2]
 
 
 @pytest.mark.parametrize(
     "first, second, hits",
-    [("/a", "/a", 8), ("/a", "/b", 0), (None, "/a", 0), ("/a", None, 0)],
+    [("key-a", "key-a", 8), ("key-a", "key-b", 0), (None, "key-a", 0), ("key-a", None, 0)],
 )
 def test_lora_prefixes_are_shared_by_the_same_adapter_only(
     first: str | None, second: str | None, hits: int
 ) -> None:
-    def request(path: str | None, lora_int_id: int) -> LoRARequest | None:
-        return None if path is None else LoRARequest(f"lora{lora_int_id}", lora_int_id, path)
+    def lora(key: str | None, lora_int_id: int) -> LoadedAdapter | None:
+        return None if key is None else adapter(key, lora_int_id)
 
     bm = BlockManager(num_blocks=10, block_size=4)
-    admit_and_compute(bm, Sequence(0, list(range(12)), 4, lora_request=request(first, 1)))
-    later = Sequence(1, list(range(12)), 4, lora_request=request(second, 2))
+    admit_and_compute(bm, Sequence(0, list(range(12)), 4, lora=lora(first, 1)))
+    later = Sequence(1, list(range(12)), 4, lora=lora(second, 2))
     bm.allocate(later)
     assert later.num_cached_tokens == hits
 

@@ -9,10 +9,16 @@ import random
 import pytest
 
 from pagedllm.core.sequence import Sequence
+from pagedllm.lora.registry import LoadedAdapter
 from pagedllm.lora.request import LoRARequest
 from tests.core.test_scheduler import FakeEngine
 
-A, B, C = (LoRARequest(name, i, f"/adapters/{name}") for i, name in enumerate("abc", 1))
+
+def loaded(name: str, lora_int_id: int, key: str) -> LoadedAdapter:
+    return LoadedAdapter(LoRARequest(name, lora_int_id, f"/adapters/{name}"), key, {})
+
+
+A, B, C = (loaded(name, i, f"key-{name}") for i, name in enumerate("abc", 1))
 
 
 class LoRAEngine(FakeEngine):
@@ -21,7 +27,11 @@ class LoRAEngine(FakeEngine):
         self.scheduler.max_loras = max_loras
 
     def add(
-        self, prompt: list[int], max_tokens: int, lora: LoRARequest | None = None, priority: int = 0
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        lora: LoadedAdapter | None = None,
+        priority: int = 0,
     ) -> Sequence:
         seq_id = len(self.seqs)
         seq = Sequence(
@@ -32,14 +42,14 @@ class LoRAEngine(FakeEngine):
             None,
             seq_id,
             priority,
-            lora_request=lora,
+            lora=lora,
         )
         self.seqs.append(seq)
         self.scheduler.add_seq(seq)
         return seq
 
     def running_loras(self) -> set[str]:
-        return {seq.lora_request.lora_name for seq in self.scheduler.running if seq.lora_request}
+        return {seq.lora_key for seq in self.scheduler.running if seq.lora}
 
     def step_checked(self) -> list[Sequence]:
         """A step; the sequences it scheduled."""
@@ -79,26 +89,28 @@ def test_base_model_sequences_are_not_bounded_by_max_loras(policy: str) -> None:
     engine = LoRAEngine(max_loras=1, max_num_seqs=8, policy=policy)
     seqs = [engine.add([i, i + 1], 2, [A, B, None][i % 3]) for i in range(9)]
     scheduled = engine.step_checked()
-    assert scheduled == [seq for seq in seqs if seq.lora_request is not B][:8]
-    assert all(seq.lora_request is B for seq in engine.scheduler.waiting)
+    assert scheduled == [seq for seq in seqs if seq.lora is not B][:8]
+    assert all(seq.lora is B for seq in engine.scheduler.waiting)
 
 
 def test_max_loras_2_runs_two_adapters_together() -> None:
     engine = LoRAEngine(max_loras=2)
     a, b, c, a2 = (engine.add([i, i + 1], 2, lora) for i, lora in enumerate([A, B, C, A]))
     assert engine.step_checked() == [a, b, a2]
-    assert engine.running_loras() == {"a", "b"}
+    assert engine.running_loras() == {"key-a", "key-b"}
     engine.run_to_completion()
     assert c.num_output_tokens == 2
 
 
-def test_the_same_adapter_object_or_an_equal_request_is_one_adapter() -> None:
-    """A request is keyed by (id, folder): another LoRARequest object naming it is no
-    second adapter."""
+def test_adapters_of_the_same_weights_are_one_adapter() -> None:
+    """A sequence's adapter is known by its content key: another adapter object (another
+    name, id or folder) of the same weights is no second adapter; other weights are."""
     engine = LoRAEngine(max_loras=1)
     first = engine.add([1, 2], 2, A)
-    again = engine.add([3, 4], 2, LoRARequest("a", 1, "/adapters/a"))
-    assert engine.step_checked() == [first, again]
+    same = engine.add([3, 4], 2, loaded("copy-of-a", 7, "key-a"))
+    other = engine.add([5, 6], 2, loaded("a", 1, "key-a-changed"))
+    assert engine.step_checked() == [first, same]
+    assert list(engine.scheduler.waiting) == [other]
 
 
 @pytest.mark.parametrize("seed, policy", [(0, "fcfs"), (1, "priority"), (2, "fcfs")])

@@ -1,7 +1,9 @@
-"""pagedllm/lora/registry.py: which adapters the engine knows. Reference: vLLM's rules (an id
-names one adapter, a name one id) and the folder read once per adapter, counted by a spy
-on read_peft_adapter."""
+"""pagedllm/lora/registry.py: which adapters the engine knows and whose weights it holds.
+Reference: vLLM's rules (an id names one adapter, a name one id, both free again once
+removed), the folder read once while its weights are held (counted by a spy on
+read_peft_adapter), and the content key: the weights' digest, equal for equal weights."""
 
+import shutil
 from collections.abc import Callable
 
 import pytest
@@ -42,9 +44,10 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return paths
 
 
-def new_registry(max_lora_rank: int = 8) -> LoRARegistry:
+def new_registry(max_lora_rank: int = 8, max_cpu_loras: int | None = None) -> LoRARegistry:
     shapes = LlamaForCausalLM.lora_target_shapes(tiny_configs()[MODEL])
-    return LoRARegistry(LoRAConfig(max_loras=2, max_lora_rank=max_lora_rank), shapes)
+    config = LoRAConfig(max_loras=2, max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras)
+    return LoRARegistry(config, shapes)
 
 
 def test_lora_off_refuses_every_adapter_and_passes_the_base_model(folders: list[str]) -> None:
@@ -71,8 +74,38 @@ def test_a_known_adapter_is_not_read_again(folders: list[str], reads: list[str])
     registry = new_registry()
     request = LoRARequest("a", 1, folders[0])
     assert registry.add(request) and reads == [folders[0]]
-    assert registry.check(LoRARequest("a", 1, folders[0])) is request
+    loaded = registry.check(LoRARequest("a", 1, folders[0]))
+    assert loaded.request is request and registry.check(request) is loaded
     assert registry.add(request) and reads == [folders[0]]
+
+
+def test_weights_past_max_cpu_loras_are_read_again_when_named(
+    folders: list[str], reads: list[str]
+) -> None:
+    """The registry holds the last max_cpu_loras adapters' weights; a request holding an
+    older one keeps its own, and naming it again reads its folder again (same key)."""
+    registry = new_registry(max_cpu_loras=2)
+    first = registry.check(LoRARequest("a", 1, folders[0]))
+    registry.check(LoRARequest("b", 2, folders[1]))
+    registry.check(LoRARequest("c", 3, folders[0]))  # the same weights as "a"
+    assert list(registry.loaded) == [2, 3] and first.weights
+    again = registry.check(LoRARequest("a", 1, folders[0]))
+    assert again is not first and again.key == first.key
+    assert reads == [folders[0], folders[1], folders[0], folders[0]]
+
+
+def test_the_key_is_the_weights_digest(folders: list[str], tmp_path: object) -> None:
+    """Equal weights, equal keys (another name and folder); other weights, another key,
+    also when a folder's files are replaced and its adapter added again."""
+    registry = new_registry()
+    a = registry.check(LoRARequest("a", 1, folders[0]))
+    copy = shutil.copytree(folders[0], f"{tmp_path}/copy")
+    assert registry.check(LoRARequest("copy", 2, copy)).key == a.key
+    assert registry.check(LoRARequest("b", 3, folders[1])).key != a.key
+    registry.remove(2)
+    shutil.rmtree(copy)
+    shutil.copytree(folders[1], copy)
+    assert registry.check(LoRARequest("copy", 2, copy)).key != a.key
 
 
 def test_a_bad_adapter_is_refused_and_not_known(folders: list[str]) -> None:
@@ -110,16 +143,14 @@ def test_remove_then_add_the_same_adapter_again(folders: list[str], reads: list[
     assert reads == [folders[0]] * 2  # checked again: the folder may have changed meanwhile
 
 
-def test_a_removed_id_stays_its_adapter(folders: list[str]) -> None:
-    """A request still running may hold the removed adapter under its id."""
+def test_a_removed_id_and_name_are_free_again(folders: list[str]) -> None:
+    """As vLLM's: requests still running with the removed adapter hold its weights."""
     registry = new_registry()
-    registry.add(LoRARequest("a", 1, folders[0]))
+    held = registry.check(LoRARequest("a", 1, folders[0]))
     registry.remove(1)
-    for name, path in [("b", folders[1]), ("a", folders[1]), ("b", folders[0])]:
-        with pytest.raises(ValueError, match="lora_int_id 1 is adapter 'a'"):
-            registry.add(LoRARequest(name, 1, path))
-    assert registry.add(LoRARequest("a", 2, folders[1]))  # the name is free again
-    assert registry.list() == {2}
+    assert registry.check(LoRARequest("b", 1, folders[1])).key != held.key
+    assert registry.add(LoRARequest("a", 2, folders[1]))
+    assert registry.list() == {1, 2} and held.weights
 
 
 def test_list_holds_the_known_ids(folders: list[str]) -> None:
