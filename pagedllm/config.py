@@ -616,6 +616,10 @@ class SpeculativeConfig:
         return cls(**value)
 
 
+# vLLM's max_lora_rank values: each slot of every targeted layer is this wide.
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
 @dataclass
 class LoRAConfig:
     """vLLM's LoRA settings (`enable_lora` turns them on; docs/lora.md): up to `max_loras`
@@ -633,6 +637,11 @@ class LoRAConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.max_lora_rank not in MAX_LORA_RANKS:
+            raise ValueError(
+                f"max_lora_rank {self.max_lora_rank} is not one of vLLM's: "
+                f"{', '.join(map(str, MAX_LORA_RANKS))}"
+            )
         if self.max_cpu_loras is None:
             self.max_cpu_loras = self.max_loras
         if self.max_cpu_loras < self.max_loras:

@@ -11,6 +11,7 @@ import transformers
 from pagedllm import config
 from pagedllm.config import (
     CacheConfig,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     SpeculativeConfig,
@@ -401,3 +402,24 @@ def test_speculative_decoding_turns_async_scheduling_off_by_default(
     config = EngineArgs(path, device="cpu", speculative_config=NGRAM).create_engine_config()
     assert not config.scheduler_config.async_scheduling
     assert config.speculative_config == SpeculativeConfig(num_speculative_tokens=4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_loras": 0}, "max_loras must be an int >= 1, got 0"),
+        ({"max_loras": True}, "max_loras must be an int >= 1, got True"),
+        ({"max_lora_rank": 4}, "max_lora_rank 4 is not one of vLLM's: 1, 8, 16, 32, 64, 128, 256"),
+        ({"max_lora_rank": 100_000_000}, "max_lora_rank 100000000 is not one of vLLM's"),
+        ({"max_loras": 3, "max_cpu_loras": 2}, r"max_cpu_loras \(2\) must be >= max_loras \(3\)"),
+        ({"max_cpu_loras": 0}, "max_cpu_loras must be an int >= 1, got 0"),
+    ],
+)
+def test_lora_config_refuses_values_vllm_refuses(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        LoRAConfig(**kwargs)
+
+
+def test_lora_config_defaults_keep_max_loras_adapters_on_the_host() -> None:
+    config = LoRAConfig(max_loras=3)
+    assert (config.max_lora_rank, config.max_cpu_loras) == (16, 3)

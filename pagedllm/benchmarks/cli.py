@@ -24,7 +24,7 @@ from pagedllm.benchmarks.vllm_backend import (
     check_vllm_python,
     vllm_peer,
 )
-from pagedllm.config import default_model_path
+from pagedllm.config import MAX_LORA_RANKS, default_model_path
 from pagedllm.engine.arg_utils import EngineArgs
 
 
@@ -179,7 +179,7 @@ def _add_lora(benchmarks: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--lora-rank", type=int, default=16, choices=MAX_LORA_RANKS)
     parser.add_argument("--num-iters", type=int, default=3)
     _add_common(parser)
     _add_model_args(parser)

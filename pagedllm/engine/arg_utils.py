@@ -8,6 +8,7 @@ import torch
 
 from pagedllm.batch_invariant import env_batch_invariant
 from pagedllm.config import (
+    MAX_LORA_RANKS,
     SCHEDULING_POLICIES,
     CacheConfig,
     EngineConfig,
@@ -40,6 +41,10 @@ _SHORT_FLAGS = {
 
 # Flags with a fixed set of values: argparse's choices and a line of --help for each
 _FLAG_OPTIONS = {
+    "max_lora_rank": {
+        "choices": MAX_LORA_RANKS,
+        "help": "the largest rank of a LoRA adapter (vLLM's values; each slot is this wide)",
+    },
     "scheduling_policy": {
         "choices": SCHEDULING_POLICIES,
         "help": "the order waiting requests run in: fcfs by arrival, priority by each "

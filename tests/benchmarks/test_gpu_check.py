@@ -77,7 +77,7 @@ SMALLER = {
     + ["--bandwidth-mb", "1", "--max-model-len", "64"],
     "throughput": ["--num-prompts", "3", "--input-len", "4", "--output-len", "2:3"]
     + ["--hf-batch-size", "2", "--max-model-len", "64", "--num-warmup-prompts", "1"],
-    "lora": ["--num-prompts", "2", "--output-len", "3", "--num-iters", "1", "--lora-rank", "4"]
+    "lora": ["--num-prompts", "2", "--output-len", "3", "--num-iters", "1", "--lora-rank", "8"]
     + ["--max-model-len", "64"],
 }
 

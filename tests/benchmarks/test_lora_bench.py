@@ -19,11 +19,11 @@ def test_bench_lora_reports_each_way_against_no_lora(
 ) -> None:
     json_path = f"{tmp_path}/lora.json"
     argv = ["lora", "--model", tiny_model_path(TINY_MODEL), *TINY_ENGINE_FLAGS]
-    argv += ["--num-prompts", "3", "--output-len", "6", "--lora-rank", "4"]
+    argv += ["--num-prompts", "3", "--output-len", "6", "--lora-rank", "8"]
     argv += ["--num-iters", "1", "--json", json_path]
     out = run_bench(argv)
     report = json.load(open(json_path))
-    assert report["config"] == {"num_prompts": 3, "output_len": 6, "lora_rank": 4, "num_iters": 1}
+    assert report["config"] == {"num_prompts": 3, "output_len": 6, "lora_rank": 8, "num_iters": 1}
     assert report["base_rows_same_tokens"] is True
     ways = report["ways"]
     assert list(ways) == [
@@ -48,12 +48,12 @@ def test_random_adapters_cover_every_target_and_change_the_output(
         skip_tokenizer_init=True,
         num_kv_blocks=64,
         enable_lora=True,
-        max_lora_rank=4,
+        max_lora_rank=8,
     )
-    folder = write_random_adapter(str(tmp_path / "a"), llm, 4, seed=0)
+    folder = write_random_adapter(str(tmp_path / "a"), llm, 8, seed=0)
     shapes = llm.llm_engine.lora_registry.target_shapes
-    adapter = read_peft_adapter(folder, shapes, 4)
-    assert set(adapter.ranks) == set(shapes) and set(adapter.ranks.values()) == {4}
+    adapter = read_peft_adapter(folder, shapes, 8)
+    assert set(adapter.ranks) == set(shapes) and set(adapter.ranks.values()) == {8}
     prompt = [{"prompt_token_ids": [5, 6, 7]}]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
     (base,) = llm.generate(prompt, params, use_tqdm=False)

@@ -49,7 +49,7 @@ def target_shapes(path: str) -> dict[str, tuple[int, int]]:
 def loaded(adapters: list[tuple[LoRARequest, PeftModel]]) -> list[LoadedAdapter]:
     """The adapters as the engine's registry loads them."""
     shapes = LlamaForCausalLM.lora_target_shapes(tiny_configs()[MODEL])
-    registry = LoRARegistry(LoRAConfig(max_loras=2, max_lora_rank=4, max_cpu_loras=3), shapes)
+    registry = LoRARegistry(LoRAConfig(max_loras=2, max_lora_rank=8, max_cpu_loras=3), shapes)
     return [registry.check(request) for request, _ in adapters]
 
 
@@ -57,7 +57,7 @@ def new_manager(
     tiny_model_path: Callable[[str], str], name: str = MODEL, **lora: int
 ) -> LoRAModelManager:
     model = get_model(ModelConfig.create(tiny_model_path(name), dtype="float32"))
-    config = LoRAConfig(**{"max_loras": 2, "max_lora_rank": 4, **lora})
+    config = LoRAConfig(**{"max_loras": 2, "max_lora_rank": 8, **lora})
     return LoRAModelManager(model, config, torch.float32, torch.device("cpu"))
 
 

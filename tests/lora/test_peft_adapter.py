@@ -12,6 +12,7 @@ import torch
 from peft.tuners.lora.config import BdLoraConfig, KasaConfig
 from safetensors.torch import load_file, save_file
 
+from pagedllm.lora import peft_adapter
 from pagedllm.lora.peft_adapter import load_lora_weights, read_peft_adapter
 from pagedllm.models.llama import LlamaForCausalLM
 from pagedllm.models.qwen3_moe import Qwen3MoeForCausalLM
@@ -79,7 +80,11 @@ def test_a_folder_without_adapter_config_is_refused(adapter_copy: str) -> None:
 
 @pytest.mark.parametrize(
     "text, match",
-    [("{not json", "is not readable JSON"), ("[1, 2]", "must hold a JSON object")],
+    [
+        ("{not json", "is not readable JSON"),
+        ("[1, 2]", "must hold a JSON object"),
+        ("[" * 100_000 + "]" * 100_000, "is not readable JSON: RecursionError"),
+    ],
 )
 def test_an_adapter_config_that_is_not_a_json_object_is_refused(
     adapter_copy: str, text: str, match: str
@@ -87,6 +92,16 @@ def test_an_adapter_config_that_is_not_a_json_object_is_refused(
     with open(os.path.join(adapter_copy, "adapter_config.json"), "w") as f:
         f.write(text)
     assert_refused(adapter_copy, match)
+
+
+def test_a_pattern_key_that_takes_too_long_to_match_is_refused(
+    adapter_copy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys are matched on the engine's thread with a time limit (here cut to a microsecond,
+    which an expression that backtracks over every split of the name overruns)."""
+    monkeypatch.setattr(peft_adapter, "PATTERN_TIMEOUT_S", 1e-6)
+    edit_config(adapter_copy, rank_pattern={"(.|..)*(.|..)*(.|..)*Z": 4})
+    assert_refused(adapter_copy, "takes over 1e-06 s to match")
 
 
 @pytest.mark.parametrize(

@@ -455,6 +455,7 @@ def _serve(
         log_level=args.uvicorn_log_level,
         root_path=args.root_path,
     )
+    _check_lora_modules(engine, app.state.serving_models)
     app.state.uvicorn_server = server = APIServer(config, engine, args.shutdown_timeout)
     port = sockets[0].getsockname()[1]
     logger.info("serving %s at http://%s:%d/v1", names[0], args.host, port)
@@ -469,6 +470,18 @@ def _serve(
     if engine.dead_error is not None:
         print(f"pagedllm serve: the engine died: {engine.dead_error}", file=sys.stderr)
         sys.exit(1)
+
+
+def _check_lora_modules(engine: AsyncLLM, serving_models: OpenAIServingModels) -> None:
+    """--lora-modules checked by the engine before uvicorn starts (and before the engine's
+    thread does): a refused adapter ends the start-up with its reason alone, where the
+    app's lifespan would print uvicorn's traceback first. The lifespan registers them again,
+    as known adapters."""
+    for lora in serving_models.static_lora_requests():
+        try:
+            engine.engine.add_lora(lora)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"--lora-modules {lora.lora_name}={lora.lora_path}: {e}") from None
 
 
 def run_headless_node(headless: bool, engine_args: EngineArgs) -> NoReturn:

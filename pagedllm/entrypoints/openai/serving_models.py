@@ -85,6 +85,13 @@ class OpenAIServingModels:
         self.last_lora_int_id = 0  # the last loaded's: an unloaded adapter's id stays unused
         self.lock = asyncio.Lock()  # one load or unload at a time
 
+    def static_lora_requests(self) -> list[LoRARequest]:
+        """The LoRARequests init_static_loras registers (ids 1, 2, ... in order)."""
+        return [
+            LoRARequest(m.name, i + 1, m.path, m.base_model_name)
+            for i, m in enumerate(self.static_lora_modules)
+        ]
+
     async def init_static_loras(self) -> None:
         """Registers --lora-modules with the engine (lora_int_id 1, 2, ... in order); an
         adapter the engine cannot use is a ValueError naming it: the server does not start."""
