@@ -32,9 +32,16 @@ class LoRAModelManager:
             subs = packed.get(leaf, [leaf])
             if not isinstance(module, LinearBase) or not set(subs) <= set(LORA_TARGET_MODULES):
                 continue
-            slots = LoRASlots(
-                module, len(subs), config.max_loras, config.max_lora_rank, dtype, device
-            )
+            try:
+                slots = LoRASlots(
+                    module, len(subs), config.max_loras, config.max_lora_rank, dtype, device
+                )
+            except (RuntimeError, MemoryError) as e:  # torch's out-of-memory errors
+                raise ValueError(
+                    f"LoRA slots of {name} (max_loras {config.max_loras} x max_lora_rank "
+                    f"{config.max_lora_rank}) do not fit in memory: lower --max-loras or "
+                    f"--max-lora-rank ({str(e).splitlines()[0]})"
+                ) from None
             module.lora = slots
             self.layers.append((slots, [f"{parent}.{sub}" for sub in subs]))
         self.slot_keys: list[str | None] = [None] * config.max_loras

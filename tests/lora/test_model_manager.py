@@ -171,3 +171,10 @@ def test_each_layer_computes_peft_s_adapted_modules_per_row(
                         wrapped = wrapped.get_base_layer()
                     parts.append(wrapped(x[row]))
                 torch.testing.assert_close(out[row], torch.cat(parts), msg=f"{modules} row {row}")
+
+
+def test_slots_that_do_not_fit_in_memory_are_a_value_error(
+    tiny_model_path: Callable[[str], str],
+) -> None:
+    with pytest.raises(ValueError, match="do not fit in memory: lower --max-loras"):
+        new_manager(tiny_model_path, max_loras=10**12, max_lora_rank=512)
