@@ -407,3 +407,45 @@ def test_a_folder_whose_files_changed_is_another_adapter(
     assert new.num_cached_tokens == 0
     peft_greedy(adapters(name, 0)[1], prompt).assert_matches(old.outputs[0])
     peft_greedy(adapters(name, 1)[1], prompt).assert_matches(new.outputs[0])
+
+
+def test_a_refused_request_registers_no_adapter(tiny_model_path, adapters) -> None:
+    """A request refused for its prompt or its params (after its adapter was read) leaves
+    the adapter's id and name free, as add_request promises to change nothing."""
+    name = "llama-gqa-llama3"
+    folder = adapters(name, 0)[0]
+    engine = LLMEngine.from_engine_args(
+        EngineArgs(tiny_model_path(name), enable_lora=True, max_lora_rank=8, **ENGINE)
+    )
+    too_long = {"prompt_token_ids": [5] * 300}
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add_request("r", too_long, greedy(), lora_request=LoRARequest("z", 50, folder))
+    with pytest.raises(ValueError, match="logprobs"):
+        params = SamplingParams(max_tokens=2, logprobs=100)
+        engine.add_request(
+            "r", {"prompt_token_ids": [5]}, params, lora_request=LoRARequest("z", 60, folder)
+        )
+    assert engine.list_loras() == set()
+    engine.add_request(
+        "r", {"prompt_token_ids": [5]}, greedy(), lora_request=LoRARequest("z", 51, folder)
+    )
+    assert engine.list_loras() == {51}
+
+
+def test_data_parallel_replicas_run_the_weights_add_lora_read(
+    tiny_model_path, adapters, tmp_path
+) -> None:
+    """add_lora loads the adapter on every replica: files changed or removed afterwards
+    change nothing, on whichever replica a request runs (as on one engine)."""
+    name = "llama-gqa-llama3"
+    folder = shutil.copytree(adapters(name, 0)[0], f"{tmp_path}/moving")
+    lora = LoRARequest("moving", 1, folder)
+    prompts = prompts_of([4, 9, 15, 6], seed=10)
+    with LLM(
+        tiny_model_path(name), enable_lora=True, max_lora_rank=8, data_parallel_size=2, **ENGINE
+    ) as llm:
+        assert llm.llm_engine.add_lora(lora)
+        shutil.rmtree(folder)
+        outputs = llm.generate(as_token_prompts(prompts), greedy(), False, lora_request=lora)
+    for output, prompt in zip(outputs, prompts, strict=True):
+        peft_greedy(adapters(name, 0)[1], prompt).assert_matches(output.outputs[0])

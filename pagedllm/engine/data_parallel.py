@@ -152,7 +152,7 @@ class DPEngine:
         adapter is checked here first, so a bad one fails at once."""
         if request_id in self._engine_of:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        self.lora_registry.check(lora_request)
+        lora = self.lora_registry.check(lora_request)
         try:
             message = pickle.dumps(("add", request_id, prompt, params, priority, lora_request))
         except (pickle.PicklingError, TypeError, AttributeError) as e:
@@ -165,10 +165,18 @@ class DPEngine:
             error = self._wait_added(rank, request_id)
             if error is not None:
                 raise error
+        self.lora_registry.keep(lora)
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
-        """LLMEngine's, checked here; each replica reads the adapter when a request names it."""
-        return self.lora_registry.add(lora_request)
+        """LLMEngine's: checked and loaded here, and its weights sent to every replica, so
+        each runs what was read now (a request naming an adapter no add_lora gave is read
+        by the replica that takes it)."""
+        loaded = self.lora_registry.check(lora_request)
+        self.lora_registry.keep(loaded)
+        message = pickle.dumps(("add_lora", loaded))
+        for rank in range(len(self.conns)):
+            self._send_bytes(rank, message)
+        return True
 
     def remove_lora(self, lora_int_id: int) -> bool:
         """LLMEngine's, on every replica."""

@@ -4,7 +4,7 @@ messages over a multiprocessing pipe from the DPEngine in the server's (or LLM's
 
 In (parent -> replica):  ("add", request_id, prompt, params, priority, lora_request),
                           ("abort", [request_id, ...]),
-                          ("remove_lora", lora_int_id),
+                          ("add_lora", loaded_adapter), ("remove_lora", lora_int_id),
                           ("stop",)
 Out (replica -> parent): ("ready", stats) once loaded, or ("error", error) and exit 1: the
                           ValueError / TypeError of a bad setting, else the traceback;
@@ -100,6 +100,8 @@ class EngineCore:
                 self.engine.abort_request(command[1])
             elif command[0] == "remove_lora":
                 self.engine.remove_lora(command[1])
+            elif command[0] == "add_lora":
+                self._add_lora(command[1])
             else:
                 _, request_id, prompt, params, priority, lora_request = command
                 error = self._add(request_id, prompt, params, priority, lora_request)
@@ -117,6 +119,15 @@ class EngineCore:
         except Exception as e:  # noqa: BLE001 - a request that can't be added fails alone
             return _portable_error(e)
         return None
+
+    def _add_lora(self, loaded: object) -> None:
+        """The adapter the parent's add_lora loaded, its weights with it; refused (an id or
+        name this replica holds for another), it is logged, and requests naming it fail
+        here when added."""
+        try:
+            self.engine.lora_registry.adopt(loaded)
+        except (ValueError, TypeError) as e:
+            logger.warning("data-parallel engine: add_lora %s failed: %s", loaded.request, e)
 
     def _step(self) -> list[RequestOutput | PoolingRequestOutput]:
         """One step; as in AsyncLLM, a failed step fails the requests in flight and the

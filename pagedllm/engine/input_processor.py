@@ -141,6 +141,7 @@ class InputProcessor:
         request.completions.append(Completion(0, seq, detokenizer))
         request.generators = [self._generator(params, k) for k in range(params.n)]
         request.compiling_matchers = self._compile(params)
+        self.lora_registry.keep(lora)  # the request passed every check
         return request
 
     def process_pooling(

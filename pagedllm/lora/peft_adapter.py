@@ -98,7 +98,7 @@ def load_lora_weights(adapter: PeftAdapter) -> dict[str, tuple[torch.Tensor, tor
     ValueError where the file no longer holds what read_peft_adapter checked."""
     try:
         tensors = _load_tensors(adapter.weights_file)
-    except (SafetensorError, OSError) as e:
+    except (SafetensorError, OSError, RuntimeError) as e:  # RuntimeError: file gone
         raise ValueError(f"LoRA adapter {adapter.weights_file} is not readable: {e}") from None
     weights = {}
     for module, scaling in adapter.scalings.items():
@@ -160,7 +160,7 @@ def _tensor_shapes(path: str) -> tuple[str, dict[str, tuple[int, ...]]]:
         try:
             with safe_open(file, framework="pt") as f:
                 return file, {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-        except (SafetensorError, OSError) as e:
+        except (SafetensorError, OSError, RuntimeError) as e:  # RuntimeError: file gone
             raise ValueError(
                 f"LoRA adapter {file} is not a readable safetensors file: {e}"
             ) from None

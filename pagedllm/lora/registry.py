@@ -56,7 +56,8 @@ class LoRARegistry:
 
     def check(self, request: object) -> LoadedAdapter | None:
         """The adapter a request names (None: the base model), loaded unless its weights
-        are still held; ValueError / TypeError for one the engine cannot run."""
+        are held; ValueError / TypeError for one the engine cannot run. The registry is
+        unchanged until `keep` (a request refused for another reason registers nothing)."""
         if request is None:
             return None
         if not isinstance(request, LoRARequest):
@@ -68,14 +69,27 @@ class LoRARegistry:
             )
         self._check_identity(request)
         loaded = self.loaded.get(request.lora_int_id)
+        return self._load(request) if loaded is None else loaded
+
+    def adopt(self, loaded: LoadedAdapter) -> None:
+        """Registers an adapter another registry loaded (a data-parallel replica's, from its
+        parent's add_lora): the same weights, not read again."""
+        if self.config is None:
+            raise ValueError("LoRA is off; start the engine with enable_lora=True")
+        self._check_identity(loaded.request)
+        self.keep(loaded)
+
+    def keep(self, loaded: LoadedAdapter | None) -> None:
+        """Registers a checked adapter (its id and name taken) and holds its weights among
+        the max_cpu_loras named last."""
         if loaded is None:
-            loaded = self._load(request)
-        self.adapters[request.lora_int_id] = request
-        self.loaded[request.lora_int_id] = loaded
-        self.loaded.move_to_end(request.lora_int_id)
+            return
+        lora_int_id = loaded.request.lora_int_id
+        self.adapters[lora_int_id] = loaded.request
+        self.loaded[lora_int_id] = loaded
+        self.loaded.move_to_end(lora_int_id)
         while len(self.loaded) > self.config.max_cpu_loras:
             self.loaded.popitem(last=False)
-        return loaded
 
     def _check_identity(self, request: LoRARequest) -> None:
         known = self.adapters.get(request.lora_int_id)
@@ -104,7 +118,7 @@ class LoRARegistry:
         """vLLM's add_lora: True once the adapter is checked, loaded and known."""
         if not isinstance(request, LoRARequest):
             raise TypeError(f"add_lora takes a LoRARequest, got {type(request).__name__}")
-        self.check(request)
+        self.keep(self.check(request))
         return True
 
     def remove(self, lora_int_id: int) -> bool:

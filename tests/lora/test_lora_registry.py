@@ -10,7 +10,7 @@ import pytest
 
 from pagedllm.config import LoRAConfig
 from pagedllm.lora import registry as registry_module
-from pagedllm.lora.registry import LoRARegistry
+from pagedllm.lora.registry import LoadedAdapter, LoRARegistry
 from pagedllm.lora.request import LoRARequest
 from pagedllm.models.llama import LlamaForCausalLM
 from tests.lora.peft_folders import save_adapter
@@ -42,6 +42,24 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(registry_module, "read_peft_adapter", spy)
     return paths
+
+
+def keep(registry: LoRARegistry, request: LoRARequest) -> LoadedAdapter:
+    """As a request that passed every check: the adapter checked, then kept."""
+    loaded = registry.check(request)
+    registry.keep(loaded)
+    return loaded
+
+
+def test_check_alone_registers_nothing(folders: list[str]) -> None:
+    """A request refused for another reason after its adapter was checked takes no id,
+    no name and no place among the held weights."""
+    registry = new_registry()
+    loaded = registry.check(LoRARequest("a", 1, folders[0]))
+    assert registry.list() == set() and not registry.loaded
+    assert registry.check(LoRARequest("a", 2, folders[0])).key == loaded.key  # name still free
+    registry.keep(loaded)
+    assert registry.list() == {1} and registry.loaded[1] is loaded
 
 
 def new_registry(max_lora_rank: int = 8, max_cpu_loras: int | None = None) -> LoRARegistry:
@@ -85,9 +103,9 @@ def test_weights_past_max_cpu_loras_are_read_again_when_named(
     """The registry holds the last max_cpu_loras adapters' weights; a request holding an
     older one keeps its own, and naming it again reads its folder again (same key)."""
     registry = new_registry(max_cpu_loras=2)
-    first = registry.check(LoRARequest("a", 1, folders[0]))
-    registry.check(LoRARequest("b", 2, folders[1]))
-    registry.check(LoRARequest("c", 3, folders[0]))  # the same weights as "a"
+    first = keep(registry, LoRARequest("a", 1, folders[0]))
+    keep(registry, LoRARequest("b", 2, folders[1]))
+    keep(registry, LoRARequest("c", 3, folders[0]))  # the same weights as "a"
     assert list(registry.loaded) == [2, 3] and first.weights
     again = registry.check(LoRARequest("a", 1, folders[0]))
     assert again is not first and again.key == first.key
@@ -146,9 +164,9 @@ def test_remove_then_add_the_same_adapter_again(folders: list[str], reads: list[
 def test_a_removed_id_and_name_are_free_again(folders: list[str]) -> None:
     """As vLLM's: requests still running with the removed adapter hold its weights."""
     registry = new_registry()
-    held = registry.check(LoRARequest("a", 1, folders[0]))
+    held = keep(registry, LoRARequest("a", 1, folders[0]))
     registry.remove(1)
-    assert registry.check(LoRARequest("b", 1, folders[1])).key != held.key
+    assert keep(registry, LoRARequest("b", 1, folders[1])).key != held.key
     assert registry.add(LoRARequest("a", 2, folders[1]))
     assert registry.list() == {1, 2} and held.weights
 
@@ -157,7 +175,7 @@ def test_list_holds_the_known_ids(folders: list[str]) -> None:
     registry = new_registry()
     assert registry.list() == set()
     registry.add(LoRARequest("a", 3, folders[0]))
-    registry.check(LoRARequest("b", 7, folders[1]))
+    keep(registry, LoRARequest("b", 7, folders[1]))
     assert registry.list() == {3, 7}
     assert not registry.remove(5)
     registry.remove(3)
