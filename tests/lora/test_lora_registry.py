@@ -180,3 +180,20 @@ def test_list_holds_the_known_ids(folders: list[str]) -> None:
     assert not registry.remove(5)
     registry.remove(3)
     assert registry.list() == {7}
+
+
+def test_adopt_registers_anothers_loaded_adapter_without_reading_it(
+    folders: list[str], reads: list[str]
+) -> None:
+    """A data-parallel replica adopts what its parent's add_lora loaded (the same object,
+    no read), under the same identity rules; with LoRA off it adopts nothing."""
+    parent, replica = new_registry(), new_registry()
+    loaded = keep(parent, LoRARequest("a", 1, folders[0]))
+    replica.adopt(loaded)
+    assert reads == [folders[0]] and replica.check(LoRARequest("a", 1, folders[0])) is loaded
+    other = parent.check(LoRARequest("b", 2, folders[1]))
+    clash = LoadedAdapter(LoRARequest("b", 1, folders[1]), other.key, other.weights)
+    with pytest.raises(ValueError, match="lora_int_id 1 is adapter 'a'"):
+        replica.adopt(clash)
+    with pytest.raises(ValueError, match="LoRA is off"):
+        LoRARegistry(None, {}).adopt(loaded)
