@@ -290,7 +290,7 @@ class Scheduler:
             budget -= num_new_tokens
         self.waiting.extendleft(reversed(skipped))
 
-    def _over_max_loras(self, seq: Sequence, loras: set[tuple[int, str]]) -> bool:
+    def _over_max_loras(self, seq: Sequence, loras: set[str]) -> bool:
         return (
             self.max_loras is not None
             and seq.lora_key is not None

@@ -173,18 +173,14 @@ class DPEngine:
         by the replica that takes it)."""
         loaded = self.lora_registry.check(lora_request)
         self.lora_registry.keep(loaded)
-        message = pickle.dumps(("add_lora", loaded))
-        for rank in range(len(self.conns)):
-            self._send_bytes(rank, message)
+        self._broadcast(("add_lora", loaded))
         return True
 
     def remove_lora(self, lora_int_id: int) -> bool:
         """LLMEngine's, on every replica."""
         if not self.lora_registry.remove(lora_int_id):
             return False
-        message = pickle.dumps(("remove_lora", lora_int_id))
-        for rank in range(len(self.conns)):
-            self._send_bytes(rank, message)
+        self._broadcast(("remove_lora", lora_int_id))
         return True
 
     def list_loras(self) -> set[int]:
@@ -301,6 +297,12 @@ class DPEngine:
         if rank is not None:
             self.balancer.finished(rank)
         return rank
+
+    def _broadcast(self, message: tuple) -> None:
+        """`message` to every replica."""
+        data = pickle.dumps(message)
+        for rank in range(len(self.conns)):
+            self._send_bytes(rank, data)
 
     def _send_bytes(self, rank: int, message: bytes) -> None:
         try:

@@ -194,8 +194,8 @@ class LLMEngine:
         """Validate and queue a request; a bad one raises ValueError and changes nothing.
         A pooling model's requests take PoolingParams (None: the defaults). `priority`
         (vLLM's; lower is served first) needs the "priority" scheduling policy unless 0.
-        `lora_request`: the LoRA adapter it runs with (needs enable_lora; checked the first
-        time an adapter is named, docs/lora.md)."""
+        `lora_request`: the LoRA adapter it runs with (needs enable_lora; read and checked
+        unless the engine holds its weights, docs/lora.md)."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         processor = self.input_processor
@@ -217,8 +217,8 @@ class LLMEngine:
             self.waiting_for_grammar.add(request)
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
-        """vLLM's: check an adapter and keep it known (ValueError for one the engine cannot
-        run); its weights load when a step first needs them."""
+        """vLLM's: check an adapter, load its weights into host memory and keep it known
+        (ValueError for one the engine cannot run)."""
         return self.lora_registry.add(lora_request)
 
     def remove_lora(self, lora_int_id: int) -> bool:

@@ -60,7 +60,6 @@ class LoRASlots:
     ) -> None:
         self.layer = layer
         self.max_rank = max_rank
-        self.num_subs = num_subs
         width = num_subs * max_rank
         self.lora_a = torch.zeros(max_loras, width, layer.input_size, dtype=dtype, device=device)
         self.lora_b = torch.zeros(max_loras, layer.output_size, width, dtype=dtype, device=device)

@@ -15,9 +15,6 @@ from pagedllm.layers.linear import LinearBase
 from pagedllm.lora.layers import LoRASlots, set_lora_mapping
 from pagedllm.lora.registry import Weights
 
-# The checkpoint modules an adapter may target (the model class's lora_target_shapes).
-LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
 
 class LoRAModelManager:
     def __init__(
@@ -26,15 +23,16 @@ class LoRAModelManager:
         self.device = device
         # each targeted layer's slots, with the checkpoint modules fused in it, in order
         self.layers: list[tuple[LoRASlots, list[str]]] = []
+        targets = type(model).lora_target_shapes(model.config)
         packed = type(model).packed_modules_mapping()
         for name, module in model.named_modules():
             parent, _, leaf = name.rpartition(".")
-            subs = packed.get(leaf, [leaf])
-            if not isinstance(module, LinearBase) or not set(subs) <= set(LORA_TARGET_MODULES):
+            modules = [f"{parent}.{sub}" for sub in packed.get(leaf, [leaf])]
+            if not isinstance(module, LinearBase) or not all(m in targets for m in modules):
                 continue
             try:
                 slots = LoRASlots(
-                    module, len(subs), config.max_loras, config.max_lora_rank, dtype, device
+                    module, len(modules), config.max_loras, config.max_lora_rank, dtype, device
                 )
             except (RuntimeError, MemoryError) as e:  # torch's out-of-memory errors
                 raise ValueError(
@@ -43,7 +41,7 @@ class LoRAModelManager:
                     f"--max-lora-rank ({str(e).splitlines()[0]})"
                 ) from None
             module.lora = slots
-            self.layers.append((slots, [f"{parent}.{sub}" for sub in subs]))
+            self.layers.append((slots, modules))
         self.slot_keys: list[str | None] = [None] * config.max_loras
 
     @contextmanager

@@ -56,7 +56,7 @@ class PeftAdapter:
     weights_file: str
     ranks: dict[str, int]
     scalings: dict[str, float]
-    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]  # module -> (A's, B's)
+    tensors: dict[str, torch.Tensor]  # the weights file's, as read
 
     @property
     def rank(self) -> int:
@@ -68,10 +68,12 @@ def read_peft_adapter(
 ) -> PeftAdapter:
     """The adapter at `path`, checked against the model's `target_shapes` (module ->
     (in_features, out_features), the model class's lora_target_shapes) and max_lora_rank;
-    ValueError naming what is wrong. Reads the config and the weights' shapes only."""
+    ValueError naming what is wrong. The folder is read once: the weights are checked as
+    they were read."""
     config = _read_config(path)
-    weights_file, shapes = _tensor_shapes(path)
-    pairs = _module_pairs(shapes, weights_file)
+    weights_file = _weights_file(path)
+    tensors = _load_tensors(weights_file)
+    pairs = _module_pairs({k: tuple(t.shape) for k, t in tensors.items()}, weights_file)
     ranks, scalings = {}, {}
     for module, (a_shape, b_shape) in pairs.items():
         if module not in target_shapes:
@@ -90,24 +92,15 @@ def read_peft_adapter(
                 f"{max_lora_rank}; raise --max-lora-rank"
             )
         ranks[module], scalings[module] = rank, _scaling(config, module, rank, path)
-    return PeftAdapter(path, weights_file, ranks, scalings, pairs)
+    return PeftAdapter(path, weights_file, ranks, scalings, tensors)
 
 
 def load_lora_weights(adapter: PeftAdapter) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """module -> (lora_A [r, in], lora_B * scaling [out, r]), float32 on the CPU; a
-    ValueError where the file no longer holds what read_peft_adapter checked."""
-    try:
-        tensors = _load_tensors(adapter.weights_file)
-    except (SafetensorError, OSError, RuntimeError) as e:  # RuntimeError: file gone
-        raise ValueError(f"LoRA adapter {adapter.weights_file} is not readable: {e}") from None
+    """module -> (lora_A [r, in], lora_B * scaling [out, r]), float32 on the CPU."""
     weights = {}
     for module, scaling in adapter.scalings.items():
-        a = tensors.get(f"{_NAME_PREFIX}{module}.lora_A.weight")
-        b = tensors.get(f"{_NAME_PREFIX}{module}.lora_B.weight")
-        if a is None or b is None or (tuple(a.shape), tuple(b.shape)) != adapter.shapes[module]:
-            raise ValueError(
-                f"LoRA adapter {adapter.weights_file} changed while it was read ({module})"
-            )
+        a = adapter.tensors[f"{_NAME_PREFIX}{module}.lora_A.weight"]
+        b = adapter.tensors[f"{_NAME_PREFIX}{module}.lora_B.weight"]
         weights[module] = (a.float(), b.float() * scaling)
     return weights
 
@@ -153,27 +146,24 @@ def _read_config(path: str) -> dict:
     return config
 
 
-def _tensor_shapes(path: str) -> tuple[str, dict[str, tuple[int, ...]]]:
-    """(the weights file, each tensor's shape)."""
-    file = os.path.join(path, SAFETENSORS_FILE)
-    if os.path.isfile(file):
-        try:
-            with safe_open(file, framework="pt") as f:
-                return file, {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-        except (SafetensorError, OSError, RuntimeError) as e:  # RuntimeError: file gone
-            raise ValueError(
-                f"LoRA adapter {file} is not a readable safetensors file: {e}"
-            ) from None
-    file = os.path.join(path, BIN_FILE)
-    if os.path.isfile(file):
-        return file, {k: tuple(t.shape) for k, t in _load_tensors(file).items()}
+def _weights_file(path: str) -> str:
+    """The folder's adapter_model.safetensors, else its adapter_model.bin."""
+    for name in (SAFETENSORS_FILE, BIN_FILE):
+        file = os.path.join(path, name)
+        if os.path.isfile(file):
+            return file
     raise ValueError(f"LoRA adapter {path} has neither {SAFETENSORS_FILE} nor {BIN_FILE}")
 
 
 def _load_tensors(file: str) -> dict[str, torch.Tensor]:
     if file.endswith(".safetensors"):
-        with safe_open(file, framework="pt") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}
+        try:
+            with safe_open(file, framework="pt") as f:
+                return {k: f.get_tensor(k) for k in f.keys()}
+        except (SafetensorError, OSError, RuntimeError) as e:  # RuntimeError: file gone
+            raise ValueError(
+                f"LoRA adapter {file} is not a readable safetensors file: {e}"
+            ) from None
     try:
         tensors = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle, zip and torch's own errors
