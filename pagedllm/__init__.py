@@ -5,6 +5,8 @@ from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.inputs import PromptType, TextPrompt, TokensPrompt
 from pagedllm.llm import LLM
 from pagedllm.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
     CompletionOutput,
     EmbeddingRequestOutput,
     Logprob,
@@ -20,6 +22,8 @@ from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, Sampli
 __all__ = [
     "LLM",
     "BeamSearchParams",
+    "ClassificationOutput",
+    "ClassificationRequestOutput",
     "CompletionOutput",
     "EmbeddingRequestOutput",
     "EngineArgs",

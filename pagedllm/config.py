@@ -8,6 +8,11 @@ from dataclasses import dataclass, field, fields
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from pagedllm.classifier_config import (
+    ClassifierConfig,
+    classifier_config,
+    is_seq_cls_architecture,
+)
 from pagedllm.cpu_features import native_bf16_matmul
 from pagedllm.logger import init_logger
 from pagedllm.pooler_config import (
@@ -159,6 +164,9 @@ class ModelConfig:
     """"generate" (sample tokens) or "pooling" (prefill only; pool the final hidden states)."""
     pooler_config: PoolerConfig | None = None
     """The pooling of a pooling model (every field resolved), None for a generating one."""
+    classifier_config: ClassifierConfig | None = None
+    """A sequence-classification model's head and activations (its architecture is
+    `*ForSequenceClassification`), None for an embedding or generating model."""
     load_format: str = "auto"
     """vLLM's name: "auto" loads the checkpoint's weights; "dummy" makes random ones of its
     shapes on the device instead (benchmarks of a model's shape; nothing is read)."""
@@ -226,7 +234,19 @@ class ModelConfig:
         dtype = resolve_dtype(dtype, device)
         architectures = getattr(hf_config, "architectures", None) or [""]
         runner_type = resolve_runner(runner, model, architectures[0])
-        pooler = None
+        pooler = classifier = None
+        if is_seq_cls_architecture(architectures[0]):
+            if runner_type != "pooling":
+                raise ValueError(
+                    f"{architectures[0]} classifies (it has a score head, no LM head): "
+                    "use runner 'pooling' or 'auto'"
+                )
+            if gguf_file is not None:
+                raise ValueError(
+                    f"{architectures[0]}: sequence classification runs from a Hugging Face "
+                    "folder's safetensors, not a GGUF file"
+                )
+            classifier = classifier_config(hf_config, model)
         if runner_type == "pooling":
             pooler = PoolerConfig.parse(pooler_config).over(
                 sentence_transformers_pooler_config(model)
@@ -248,6 +268,7 @@ class ModelConfig:
             quantization,
             runner_type,
             pooler,
+            classifier,
             load_format,
             tokenizer,
             tokenizer_mode,
@@ -297,9 +318,26 @@ class ModelConfig:
 
     @property
     def pooled_size(self) -> int:
-        """A pooling model's vector length: its last Dense module's, else the hidden size."""
+        """A pooling model's vector length: a classifier's number of labels, else its last
+        Dense module's, else the hidden size."""
         assert self.pooler_config is not None, "a pooling model's"
+        if self.classifier_config is not None:
+            return self.classifier_config.num_labels
         return self.pooler_config.output_size(self.hf_config.hidden_size)
+
+    @property
+    def pooling_tasks(self) -> tuple[str, ...]:
+        """vLLM's pooling tasks this model serves: a classifier classifies and scores pairs
+        as a cross-encoder; an embedding model embeds and scores pairs by cosine
+        similarity; a generating model serves none."""
+        if self.runner_type != "pooling":
+            return ()
+        return ("classify", "score") if self.is_cross_encoder else ("embed", "score")
+
+    @property
+    def is_cross_encoder(self) -> bool:
+        """vLLM's name: a pair of texts is scored in one forward pass (a classifier)."""
+        return self.classifier_config is not None
 
     @property
     def is_matryoshka(self) -> bool:
@@ -345,8 +383,8 @@ RUNNERS = ("auto", "generate", "pooling")
 
 def resolve_runner(runner: str, model: str, architecture: str) -> str:
     """vLLM's `runner`: "auto" pools for a sentence-transformers folder (modules.json, as
-    Qwen3-Embedding ships) or a bare decoder (an architecture `*Model`, no LM head), and
-    generates otherwise."""
+    Qwen3-Embedding ships), a bare decoder (an architecture `*Model`, no LM head) or a
+    classifier (`*ForSequenceClassification`), and generates otherwise."""
     if runner not in RUNNERS:
         raise ValueError(f"runner {runner!r} is not supported; use one of {', '.join(RUNNERS)}")
     if runner != "auto":
@@ -356,6 +394,9 @@ def resolve_runner(runner: str, model: str, architecture: str) -> str:
         return "pooling"
     if architecture.endswith("Model"):
         logger.info("runner auto -> pooling: %s is a bare decoder (no LM head)", architecture)
+        return "pooling"
+    if is_seq_cls_architecture(architecture):
+        logger.info("runner auto -> pooling: %s is a classifier", architecture)
         return "pooling"
     return "generate"
 

@@ -18,9 +18,10 @@ from pagedllm.engine.data_parallel import make_engine
 from pagedllm.engine.input_processor import prompt_text_and_ids
 from pagedllm.engine.stat_logger import LoggingStatLogger, kv_cache_label, log_stats_interval
 from pagedllm.engine.tokenizer import model_eos_token_ids
-from pagedllm.inputs import PromptType, cache_salt_of
+from pagedllm.inputs import PromptType, TokensPrompt, cache_salt_of
 from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import (
+    ClassificationRequestOutput,
     EmbeddingRequestOutput,
     PoolingRequestOutput,
     RequestOutput,
@@ -28,7 +29,15 @@ from pagedllm.outputs import (
 )
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
-from pagedllm.scoring import as_score_inputs, check_score_lengths, cosine_scores
+from pagedllm.scoring import (
+    as_score_inputs,
+    check_cross_encoder,
+    check_score_lengths,
+    cosine_scores,
+    cross_encoder_prompt,
+    cross_encoder_scores,
+    paired,
+)
 
 ChatMessages = list[dict[str, str]]
 
@@ -206,16 +215,18 @@ class LLM:
         pooling_task: str | None = None,
         lora_request: object = None,
     ) -> list[PoolingRequestOutput]:
-        """A pooling model's pooled vector per prompt (`outputs.data`, a float32 tensor),
-        in input order. vLLM's `truncate_prompt_tokens` sets every prompt's params' own;
-        `pooling_task` may be "embed" (the one task here)."""
-        check_vllm_options(pooling_task=pooling_task)
+        """A pooling model's pooled vector per prompt (`outputs.data`, a float32 tensor: an
+        embedding, or a classifier's label scores), in input order. vLLM's
+        `truncate_prompt_tokens` sets every prompt's params' own; `pooling_task` ("embed",
+        "classify" or "score", one of the model's) sets their task."""
         if lora_request is not None:
             raise ValueError("lora_request: pooling models serve no LoRA adapters; pass None")
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(pooling_params, len(prompts), PoolingParams)
         if truncate_prompt_tokens is not None:
             params = [replace(p, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
+        if pooling_task is not None:
+            params = [replace(p, task=pooling_task) for p in params]
         outputs = self._run(prompts, params, use_tqdm)
         for output in outputs:
             if output.error is not None:
@@ -233,14 +244,55 @@ class LLM:
     ) -> list[EmbeddingRequestOutput]:
         """vLLM's `LLM.embed`: one embedding per prompt (`outputs.embedding`, a list of
         floats), in input order."""
+        self._check_pooling_task("embed", "LLM.embed()")
         outputs = self.encode(
             prompts,
             pooling_params,
             use_tqdm,
             truncate_prompt_tokens=truncate_prompt_tokens,
+            pooling_task="embed",
             lora_request=lora_request,
         )
         return [EmbeddingRequestOutput.from_base(o) for o in outputs]
+
+    def classify(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        lora_request: object = None,
+    ) -> list[ClassificationRequestOutput]:
+        """vLLM's `LLM.classify` on a classifier (`*ForSequenceClassification`): each
+        prompt's label scores (`outputs.probs`, after the model's activation), in input
+        order."""
+        self._check_pooling_task("classify", "LLM.classify()")
+        outputs = self.encode(
+            prompts,
+            pooling_params,
+            use_tqdm,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            pooling_task="classify",
+            lora_request=lora_request,
+        )
+        return [ClassificationRequestOutput.from_base(o) for o in outputs]
+
+    def _check_pooling_task(self, task: str, api: str) -> None:
+        """vLLM's refusals: a generating model pools nothing; a classifier does not embed
+        and an embedding model does not classify."""
+        model_config = self.llm_engine.config.model_config
+        if model_config.runner_type != "pooling":
+            raise ValueError(
+                f"{api} is only supported for pooling models; pass runner='pooling' "
+                "(--runner pooling) to use the model as an embedding model"
+            )
+        if task not in model_config.pooling_tasks:
+            kind = "a classifier" if model_config.is_cross_encoder else "an embedding model"
+            raise ValueError(
+                f"{api}: this model is {kind}; its pooling tasks are "
+                f"{', '.join(model_config.pooling_tasks)}"
+            )
 
     def score(
         self,
@@ -252,29 +304,80 @@ class LLM:
         pooling_params: PoolingParams | None = None,
         truncate_prompt_tokens: int | None = None,
         lora_request: object = None,
+        chat_template: str | None = None,
     ) -> list[ScoringRequestOutput]:
-        """vLLM's `LLM.score` on an embedding model: the cosine similarity of each pair's
-        embeddings, one ScoringRequestOutput per pair, in order. One prompt against N gives
-        N scores, N against N pairs them; any other lengths raise ValueError
-        (pagedllm/scoring.py)."""
-        if self.llm_engine.config.model_config.runner_type != "pooling":
-            raise ValueError(
-                "LLM.score() is only supported for pooling models; pass runner='pooling' "
-                "(--runner pooling) to use the model as an embedding model"
-            )
+        """vLLM's `LLM.score`: one ScoringRequestOutput per pair, in order. An embedding
+        model scores the cosine similarity of each pair's embeddings; a classifier with one
+        label (a cross-encoder or reranker) scores each pair as one prompt (its two texts
+        through `chat_template` where given, pagedllm/scoring.py). One prompt against N
+        gives N scores, N against N pairs them; any other lengths raise ValueError."""
+        self._check_pooling_task("score", "LLM.score()")
         prompts_1, prompts_2 = as_score_inputs(data_1), as_score_inputs(data_2)
         check_score_lengths(len(prompts_1), len(prompts_2), ("data_1", "data_2"))
+        if self.llm_engine.config.model_config.is_cross_encoder:
+            return self._cross_encoder_score(
+                prompts_1,
+                prompts_2,
+                use_tqdm,
+                pooling_params,
+                truncate_prompt_tokens,
+                chat_template,
+                lora_request,
+            )
+        if chat_template is not None:
+            raise ValueError(
+                "chat_template: a score template formats a cross-encoder's pair; an "
+                "embedding model embeds each text on its own"
+            )
         outputs = self.encode(
             prompts_1 + prompts_2,
             pooling_params,
             use_tqdm,
             truncate_prompt_tokens=truncate_prompt_tokens,
+            pooling_task="embed",
             lora_request=lora_request,
         )
         tokenizer = self.llm_engine.tokenizer
         pad_token_id = None if tokenizer is None else tokenizer.pad_token_id
         split = len(prompts_1)
         return cosine_scores(outputs[:split], outputs[split:], pad_token_id)
+
+    def _cross_encoder_score(
+        self,
+        prompts_1: list[PromptType],
+        prompts_2: list[PromptType],
+        use_tqdm: bool,
+        pooling_params: PoolingParams | None,
+        truncate_prompt_tokens: int | None,
+        score_template: str | None,
+        lora_request: object,
+    ) -> list[ScoringRequestOutput]:
+        """Each pair as one prompt through the classifier, its one label's score."""
+        model_config = self.llm_engine.config.model_config
+        assert model_config.classifier_config is not None
+        check_cross_encoder(model_config.classifier_config)
+        tokenizer = self.llm_engine.tokenizer
+        if tokenizer is None:
+            raise ValueError("a cross-encoder tokenizes its pairs; skip_tokenizer_init=False")
+        pairs = []
+        for p1, p2 in paired(prompts_1, prompts_2):
+            text, ids = cross_encoder_prompt(
+                tokenizer,
+                model_config.classifier_config,
+                _prompt_text(p1),
+                _prompt_text(p2),
+                score_template,
+            )
+            pairs.append(TokensPrompt(prompt_token_ids=ids, prompt=text))
+        outputs = self.encode(
+            pairs,
+            pooling_params,
+            use_tqdm,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            pooling_task="score",
+            lora_request=lora_request,
+        )
+        return cross_encoder_scores(outputs)
 
     def _run(
         self,
@@ -355,16 +458,21 @@ def interrupts_between_steps() -> Iterator[Callable[[], bool]]:
         signal.signal(signal.SIGINT, previous)
 
 
-def check_vllm_options(content_format: str = "auto", pooling_task: str | None = None) -> None:
+def check_vllm_options(content_format: str = "auto") -> None:
     """vLLM's per-call options, accepted where they ask for nothing pagedllm lacks:
-    content as strings, the embed task."""
+    content as strings."""
     if content_format not in ("auto", "string"):
         raise ValueError(
             f"chat_template_content_format {content_format!r}: pagedllm gives templates "
             "string content; use 'auto' or 'string'"
         )
-    if pooling_task not in (None, "embed"):
-        raise ValueError(f"pooling_task {pooling_task!r}: pagedllm's pooling task is 'embed'")
+
+
+def _prompt_text(prompt: PromptType) -> str:
+    """A scoring side's text: a string, or a text prompt's `prompt`."""
+    if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
+        return prompt.get("prompt")
+    return prompt
 
 
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:

@@ -148,9 +148,36 @@ class EmbeddingRequestOutput:
 
 
 @dataclass
+class ClassificationOutput:
+    """vLLM's: one prompt's score per label (after the classifier's activation, where it
+    runs: probabilities under softmax or sigmoid)."""
+
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ClassificationRequestOutput:
+    """What `LLM.classify` returns per prompt (vLLM's): `outputs.probs`."""
+
+    request_id: str
+    outputs: ClassificationOutput
+    prompt_token_ids: list[int]
+    finished: bool
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> "ClassificationRequestOutput":
+        probs = ClassificationOutput(output.outputs.data.tolist())
+        return cls(output.request_id, probs, output.prompt_token_ids, output.finished)
+
+
+@dataclass
 class ScoringOutput:
     """vLLM's: the score of one pair of texts (for an embedding model, the cosine
-    similarity of their embeddings)."""
+    similarity of their embeddings; for a cross-encoder, its one label's score)."""
 
     score: float
 

@@ -1,6 +1,8 @@
-"""Scoring pairs of texts with an embedding model (vLLM's bi-encoder score): each text is
-embedded on its own, and a pair's score is the cosine similarity of its two embeddings.
-`LLM.score` and the server's /score and /rerank share these rules.
+"""Scoring pairs of texts (vLLM's score API), as `LLM.score` and the server's /score and
+/rerank share it. An embedding model scores as a bi-encoder: each text is embedded on its
+own, and a pair's score is the cosine similarity of its two embeddings. A classifier with
+one label scores as a cross-encoder: the pair is one prompt (cross_encoder_prompt), and its
+score is the label's (after the classifier's score activation).
 
 Pairing (vLLM's): one text against N texts gives N scores (the one text is embedded once
 and paired with each); N against N pairs them in order; N against M with N > 1 and N != M
@@ -8,10 +10,11 @@ is refused, as is an empty side.
 """
 
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch.nn.functional as F
 
+from pagedllm.classifier_config import ClassifierConfig
 from pagedllm.outputs import PoolingRequestOutput, ScoringOutput, ScoringRequestOutput
 
 T = TypeVar("T")
@@ -66,3 +69,67 @@ def cosine_scores(
 def _cosine(a: PoolingRequestOutput, b: PoolingRequestOutput) -> float:
     vector_a, vector_b = a.outputs.data.float(), b.outputs.data.float()  # [hidden] each
     return F.cosine_similarity(vector_a, vector_b, dim=0).item()
+
+
+def paired(items_1: list[T], items_2: list[T]) -> list[tuple[T, T]]:
+    """The pairs the pairing rule makes (check_score_lengths has checked the lengths)."""
+    if len(items_1) == 1:
+        items_1 = items_1 * len(items_2)
+    return list(zip(items_1, items_2, strict=True))
+
+
+def check_cross_encoder(config: ClassifierConfig) -> None:
+    """A pair's score is one number: the classifier must have one label."""
+    if config.num_labels != 1:
+        raise ValueError(
+            f"scoring pairs takes a classifier with one label (a cross-encoder or reranker); "
+            f"this model has {config.num_labels} labels: classify the texts instead"
+        )
+
+
+def cross_encoder_prompt(
+    tokenizer: Any,
+    config: ClassifierConfig,
+    text_1: str,
+    text_2: str,
+    score_template: str | None = None,
+    add_special_tokens: bool = True,
+) -> tuple[str, list[int]]:
+    """A pair's one prompt (vLLM's get_score_prompt) and its token ids: through
+    `score_template` where one is given (a chat template over the messages
+    [{"role": "query", ...}, {"role": "document", ...}], as Qwen3-Reranker's), else the
+    tokenizer's pair encoding (its separator between the texts) for a classifier
+    checkpoint, or the texts joined for a generative checkpoint converted to a reranker."""
+    if not isinstance(text_1, str) or not isinstance(text_2, str):
+        raise TypeError(
+            "a cross-encoder scores texts: each side takes strings (or {'prompt': text}), "
+            "not token ids"
+        )
+    if score_template is not None:
+        messages = [{"role": "query", "content": text_1}, {"role": "document", "content": text_2}]
+        try:
+            text = tokenizer.apply_chat_template(
+                messages, chat_template=score_template, tokenize=False
+            )
+        except Exception as e:  # noqa: BLE001 - templates raise anything
+            raise ValueError(f"cannot apply the score template: {e}") from e
+        ids = tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+        return text, ids
+    if config.pair_tokenized:
+        ids = tokenizer(text=text_1, text_pair=text_2, add_special_tokens=add_special_tokens)
+        return tokenizer.decode(ids["input_ids"]), ids["input_ids"]
+    text = text_1 + text_2
+    return text, tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+
+
+def cross_encoder_scores(outputs: list[PoolingRequestOutput]) -> list[ScoringRequestOutput]:
+    """One ScoringRequestOutput per pair's output: the one label's score."""
+    return [
+        ScoringRequestOutput(
+            request_id=o.request_id,
+            outputs=ScoringOutput(o.outputs.data[0].item()),
+            prompt_token_ids=o.prompt_token_ids,
+            finished=True,
+        )
+        for o in outputs
+    ]

@@ -26,6 +26,7 @@ LAYERS = (
         "sampling_params",
         "pooling_params",
         "pooler_config",
+        "classifier_config",
         "sampling_defaults",
         "outputs",
         "cpu_features",

@@ -456,7 +456,9 @@ def test_chat_and_encode_take_vllms_options(tmp_path, tiny_model_path) -> None:
     prompt = {"prompt_token_ids": [5, 6, 7, 8]}
     (cut,) = pooling.encode(prompt, use_tqdm=False, truncate_prompt_tokens=2, pooling_task="embed")
     assert cut.prompt_token_ids == [7, 8]
-    with pytest.raises(ValueError, match="pooling_task 'classify'"):
+    with pytest.raises(
+        ValueError, match="task 'classify': this model's pooling tasks are embed, score"
+    ):
         pooling.encode(prompt, use_tqdm=False, pooling_task="classify")
     (embedded,) = pooling.embed(prompt, use_tqdm=False, truncate_prompt_tokens=3)
     assert embedded.prompt_token_ids == [6, 7, 8]

@@ -11,6 +11,7 @@ thread). A bad request raises ValueError/TypeError and changes nothing.
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import replace
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -163,6 +164,7 @@ class InputProcessor:
         params = PoolingParams() if params is None else params
         if not isinstance(params, PoolingParams):
             raise TypeError(f"pooling params must be PoolingParams, got {type(params)}")
+        params = replace(params, task=params.verify_task(model_config.pooling_tasks))
         size = model_config.pooled_size
         params.verify(size, model_config.is_matryoshka, model_config.matryoshka_dimensions)
         text, token_ids = self._tokenize(prompt, params.truncate_prompt_tokens)

@@ -58,6 +58,7 @@ from pagedllm.logger import init_logger
 from pagedllm.lora.registry import make_lora_registry
 from pagedllm.lora.request import LoRARequest
 from pagedllm.lora.slot_planner import LoRASlotPlanner
+from pagedllm.model_loader.seq_cls_model import load_seq_cls_head
 from pagedllm.models.registry import ModelRegistry
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
@@ -154,6 +155,7 @@ class LLMEngine:
             self.model_config.max_model_len,
             self.model_config.pooler_config,
             load_st_projector(self.model_config.pooler_config),
+            load_seq_cls_head(self.model_config, self.tokenizer),
         )
         self.drafter = None
         if config.speculative_config is not None:

@@ -29,6 +29,7 @@ from pagedllm.engine.request import Completion, Request
 from pagedllm.engine.stats import SpecDecodingStats
 from pagedllm.engine.stop_checker import check_stop, token_stop
 from pagedllm.executor.model_runner import StepOutput
+from pagedllm.layers.classifier import SequenceClassifier
 from pagedllm.layers.st_projector import StProjector
 from pagedllm.logger import init_logger
 from pagedllm.outputs import Logprob, PoolingRequestOutput, RequestOutput
@@ -47,12 +48,15 @@ class OutputProcessor:
         max_model_len: int,
         pooler_config: PoolerConfig | None = None,
         projector: StProjector | None = None,
+        classifier: SequenceClassifier | None = None,
     ) -> None:
         """`pooler_config`: a pooling model's (None when it generates); `projector`: its
-        sentence-transformers Dense modules, where it has any."""
+        sentence-transformers Dense modules, where it has any; `classifier`: a classifier's
+        score head."""
         self.scheduler = scheduler
         self.pooler_config = pooler_config
         self.projector = projector
+        self.classifier = classifier
         self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
         self.max_model_len = max_model_len
@@ -113,7 +117,7 @@ class OutputProcessor:
             if i in result.pooled:
                 request.add_chunk(result.pooled[i], s.start, self.pooler_config.pooling_type)
             if s.produces_token:
-                request.finish(self.pooler_config, self.projector)
+                request.finish(self.pooler_config, self.projector, self.classifier)
                 self.num_prompt_tokens += len(request.prompt_token_ids)
                 self.scheduler.finish_seq(s.seq, SequenceStatus.FINISHED_STOPPED)
                 touched.add(request.request_id)

@@ -7,6 +7,7 @@ import torch
 
 from pagedllm.core.sequence import Sequence
 from pagedllm.engine.stats import request_metrics
+from pagedllm.layers.classifier import SequenceClassifier
 from pagedllm.layers.pooler import Pooled, accumulate, finish_pooling
 from pagedllm.layers.st_projector import StProjector
 from pagedllm.outputs import PoolingOutput, PoolingRequestOutput
@@ -42,11 +43,27 @@ class PoolingRequest:
         """A chunk at prompt position `start` gave `partial`."""
         self.pooled = accumulate(self.pooled, partial, start, pooling_type)
 
-    def finish(self, config: PoolerConfig, projector: StProjector | None = None) -> None:
+    def finish(
+        self,
+        config: PoolerConfig,
+        projector: StProjector | None = None,
+        classifier: SequenceClassifier | None = None,
+    ) -> None:
         """The prompt's last chunk has run: pool it as the model's config (and its Dense
-        modules, `projector`) and the request's params say."""
+        modules, `projector`) and the request's params say; a classifier's pooled state
+        goes through its head instead (the request's task picks the activation)."""
         assert self.pooled is not None, "a finished pooled prompt has pooled at least a chunk"
-        normalize = config.normalize if self.params.normalize is None else self.params.normalize
+        params = self.params
+        if classifier is not None:
+            pooled = finish_pooling(
+                self.pooled, len(self.prompt_token_ids), config.pooling_type, False
+            )
+            use_activation = params.use_activation is not False
+            self.embedding = classifier(pooled, params.task or "classify", use_activation)
+            return
+        normalize = params.normalize
+        if normalize is None:  # vLLM: an embedding's activation is its normalisation
+            normalize = config.normalize if params.use_activation is None else params.use_activation
         self.embedding = finish_pooling(
             self.pooled,
             len(self.prompt_token_ids),

@@ -1,6 +1,8 @@
 """Architecture string (config.json `architectures`) -> model class. A bare decoder
-(`LlamaModel`, as embedding checkpoints name theirs) maps to its `*ForCausalLM` class,
-which a pooling model runs without its LM head (model_loader/pooling_model.py)."""
+(`LlamaModel`, as embedding checkpoints name theirs) and a classifier
+(`LlamaForSequenceClassification`) map to their `*ForCausalLM` class, which a pooling model
+runs without its LM head (model_loader/pooling_model.py); a classifier's score head runs
+after the pooling (layers/classifier.py)."""
 
 from torch import nn
 
@@ -16,7 +18,11 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
-_MODELS |= {name.replace("ForCausalLM", "Model"): cls for name, cls in _MODELS.items()}
+_MODELS |= {
+    name.replace("ForCausalLM", suffix): cls
+    for name, cls in _MODELS.items()
+    for suffix in ("Model", "ForSequenceClassification")
+}
 
 
 class ModelRegistry:
