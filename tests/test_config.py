@@ -75,6 +75,19 @@ def test_dummy_weights_of_a_gguf_file_are_unquantized_only() -> None:
         ModelConfig.create(load_format="dummy")
 
 
+def test_a_classifier_pools_and_runs_from_safetensors_only(tiny_model_path) -> None:
+    classifier = {"architectures": ["Qwen2ForSequenceClassification"], "num_labels": 2}
+    config = ModelConfig.create(tiny_model_path("qwen2"), hf_overrides=classifier)
+    assert config.runner_type == "pooling" and config.pooling_tasks == ("classify", "score")
+    assert config.is_cross_encoder and config.pooled_size == 2
+    assert ModelConfig.create(tiny_model_path("qwen2"), runner="pooling").pooling_tasks == (
+        "embed",
+        "score",
+    )
+    with pytest.raises(ValueError, match="runs from a Hugging Face folder's safetensors"):
+        ModelConfig.create(hf_overrides={"architectures": ["LlamaForSequenceClassification"]})
+
+
 @pytest.mark.parametrize(
     ("quantization", "hf", "message"),
     [

@@ -16,6 +16,7 @@ import pytest
 from pagedllm import LLM, SamplingParams
 from pagedllm.config import ModelConfig
 from pagedllm.entrypoints.inspect import inspect_model
+from tests.classifier_models import save_tiny_classifier
 from tests.executor.parallel_jobs import assert_same, mixed_prompts
 from tests.processes import MARKER_VARIABLE, alive, marked_processes
 
@@ -201,6 +202,19 @@ def test_tp2_pooling_equals_tp1(tiny_model_path) -> None:
         got = tp.embed(prompts, use_tqdm=False)
     for want, have in zip(expected, got, strict=True):
         assert have.outputs.embedding == pytest.approx(want.outputs.embedding, abs=1e-5)
+
+
+def test_tp2_classify_equals_tp1(tmp_path) -> None:
+    """A classifier's pooled states over 2 ranks, through the engine's score head: the same
+    label scores as one rank, within 1e-5, chunked prefill included."""
+    path = save_tiny_classifier("qwen3", str(tmp_path), 3)
+    prompts = mixed_prompts()
+    with LLM(path, max_num_batched_tokens=16, **ENGINE) as single:
+        expected = single.classify(prompts, use_tqdm=False)
+    with LLM(path, max_num_batched_tokens=16, tensor_parallel_size=2, **ENGINE) as tp:
+        got = tp.classify(prompts, use_tqdm=False)
+    for want, have in zip(expected, got, strict=True):
+        assert have.outputs.probs == pytest.approx(want.outputs.probs, abs=1e-5)
 
 
 def test_an_llm_built_in_a_thread_that_ended_keeps_its_workers(tiny_model_path) -> None:
