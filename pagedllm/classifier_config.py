@@ -143,7 +143,7 @@ def _score_activation(hf_config: object, model: str) -> str:
         name = getattr(hf_config, "sbert_ce_default_activation_function", None)
     if name is None:
         return "classify"
-    if name not in CROSS_ENCODER_ACTIVATIONS:
+    if not isinstance(name, str) or name not in CROSS_ENCODER_ACTIVATIONS:
         raise ValueError(
             f"{model!r}: the cross-encoder activation {name!r} is not supported; pagedllm "
             f"runs {sorted(CROSS_ENCODER_ACTIVATIONS)}"

@@ -130,6 +130,17 @@ def _auto_config(model: str) -> PretrainedConfig:
         if remote is None:
             raise
         raise remote from e
+    except (AttributeError, TypeError) as e:  # a field of the wrong type (id2label a list)
+        raise ValueError(f"config of {model!r} has a field transformers cannot read: {e}") from e
+
+
+def apply_hf_overrides(hf_config: PretrainedConfig, overrides: dict | str) -> None:
+    """vLLM's hf_overrides set over the config; a value of the wrong type for its field is a
+    ValueError naming hf_overrides."""
+    try:
+        hf_config.update(parse_hf_overrides(overrides))
+    except (AttributeError, TypeError) as e:
+        raise ValueError(f"hf_overrides: a value transformers cannot set: {e}") from e
 
 
 def needs_remote_code(path: str, error: Exception) -> ValueError | None:
@@ -212,7 +223,7 @@ class ModelConfig:
             model = default_model_path()
         hf_config, gguf_file = load_hf_config(model)
         if hf_overrides is not None:
-            hf_config.update(parse_hf_overrides(hf_overrides))
+            apply_hf_overrides(hf_config, hf_overrides)
         derived = derive_max_model_len(hf_config, model)
         if max_model_len is None:
             max_model_len = derived
@@ -232,7 +243,7 @@ class ModelConfig:
             dtype, why = auto_dtype(device)
             logger.info("dtype auto -> %s: %s", str(dtype).removeprefix("torch."), why)
         dtype = resolve_dtype(dtype, device)
-        architectures = getattr(hf_config, "architectures", None) or [""]
+        architectures = checked_architectures(hf_config, model)
         runner_type = resolve_runner(runner, model, architectures[0])
         pooler = classifier = None
         if is_seq_cls_architecture(architectures[0]):
@@ -376,6 +387,18 @@ def check_tokenizer_args(tokenizer: str | None, tokenizer_mode: str) -> None:
             f"tokenizer {tokenizer!r} is neither a folder nor a .gguf file (tokenizers are "
             "never downloaded)"
         )
+
+
+def checked_architectures(hf_config: PretrainedConfig, model: str) -> list[str]:
+    """The config's `architectures`, a list of names ([""] where it names none)."""
+    architectures = getattr(hf_config, "architectures", None) or [""]
+    if not isinstance(architectures, list | tuple) or not all(
+        isinstance(a, str) for a in architectures
+    ):
+        raise ValueError(
+            f"config of {model!r}: architectures must be a list of names, got {architectures!r}"
+        )
+    return list(architectures)
 
 
 RUNNERS = ("auto", "generate", "pooling")

@@ -226,7 +226,7 @@ class LLM:
         if truncate_prompt_tokens is not None:
             params = [replace(p, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
         if pooling_task is not None:
-            params = [replace(p, task=pooling_task) for p in params]
+            params = [_with_task(p, pooling_task) for p in params]
         outputs = self._run(prompts, params, use_tqdm)
         for output in outputs:
             if output.error is not None:
@@ -283,10 +283,13 @@ class LLM:
         and an embedding model does not classify."""
         model_config = self.llm_engine.config.model_config
         if model_config.runner_type != "pooling":
-            raise ValueError(
-                f"{api} is only supported for pooling models; pass runner='pooling' "
-                "(--runner pooling) to use the model as an embedding model"
+            how = (
+                "a *ForSequenceClassification checkpoint, or this one converted with "
+                "hf_overrides (docs/classification.md)"
+                if task == "classify"
+                else "runner='pooling' (--runner pooling) to use the model as an embedding model"
             )
+            raise ValueError(f"{api} is only supported for pooling models; use {how}")
         if task not in model_config.pooling_tasks:
             kind = "a classifier" if model_config.is_cross_encoder else "an embedding model"
             raise ValueError(
@@ -468,10 +471,24 @@ def check_vllm_options(content_format: str = "auto") -> None:
         )
 
 
+def _with_task(params: PoolingParams, task: str) -> PoolingParams:
+    """The params for `task`; params that ask for another task are refused (vLLM's rule)."""
+    if params.task not in (None, task):
+        raise ValueError(f"pooling params ask for task {params.task!r}; this call runs {task!r}")
+    return replace(params, task=task)
+
+
 def _prompt_text(prompt: PromptType) -> str:
-    """A scoring side's text: a string, or a text prompt's `prompt`."""
-    if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
-        return prompt.get("prompt")
+    """A cross-encoder's side: a string, or a text prompt's `prompt`."""
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            raise TypeError(
+                "a cross-encoder scores texts: its pair is tokenized as one prompt, so token "
+                "ids are refused; give strings (or {'prompt': text})"
+            )
+        prompt = prompt.get("prompt")
+    if not isinstance(prompt, str):
+        raise TypeError(f"a cross-encoder scores texts: got {prompt!r}, not a string")
     return prompt
 
 

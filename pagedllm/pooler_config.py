@@ -57,11 +57,14 @@ class DenseModule:
 class PoolerConfig:
     """`pooling_type`: LAST (the prompt's last token, vLLM's default for decoder models),
     MEAN (the mean over all the prompt's tokens) or CLS (its first token); `normalize`:
-    L2-normalise the pooled vector. None leaves a field to the checkpoint, then to the
-    defaults (LAST, normalised)."""
+    L2-normalise the pooled vector; `use_activation` (vLLM's): a classifier's activation
+    (softmax, sigmoid, ...) for requests that leave theirs unset, and on an embedding model
+    `normalize` where that is unset. None leaves a field to the checkpoint, then to the
+    defaults (LAST, normalised, activated)."""
 
     pooling_type: str | None = None
     normalize: bool | None = None
+    use_activation: bool | None = None
     dense: tuple[DenseModule, ...] = field(default=(), repr=False)
     """The checkpoint's projections of the pooled vector, in order (not a user's field)."""
 
@@ -73,8 +76,10 @@ class PoolerConfig:
                     f"pooling_type {self.pooling_type!r} is not supported; use one of "
                     f"{', '.join(POOLING_TYPES)}"
                 )
-        if self.normalize is not None and not isinstance(self.normalize, bool):
-            raise TypeError(f"normalize must be a bool or None, got {self.normalize!r}")
+        for name in ("normalize", "use_activation"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool or None, got {value!r}")
 
     @classmethod
     def parse(cls, value: "PoolerConfig | dict | str | None") -> "PoolerConfig":
@@ -86,19 +91,22 @@ class PoolerConfig:
         if not isinstance(value, str | dict):
             raise TypeError(f"pooler_config must be a PoolerConfig, a dict or JSON, got {value!r}")
         value = as_json_object("pooler_config", value)
-        unknown = set(value) - {"pooling_type", "normalize"}
+        unknown = set(value) - {"pooling_type", "normalize", "use_activation"}
         if unknown:
             raise ValueError(
                 f"pooler_config has unknown fields {sorted(unknown)}; "
-                "known: pooling_type, normalize"
+                "known: pooling_type, normalize, use_activation"
             )
         return cls(**value)
 
     def over(self, base: "PoolerConfig") -> "PoolerConfig":
         """This config's fields where set, else `base`'s, else the defaults."""
         pooling_type = self.pooling_type or base.pooling_type or "LAST"
-        normalize = self.normalize if self.normalize is not None else base.normalize
-        return PoolerConfig(pooling_type, True if normalize is None else normalize, base.dense)
+        normalize = next(
+            (v for v in (self.normalize, self.use_activation, base.normalize) if v is not None),
+            True,
+        )
+        return PoolerConfig(pooling_type, normalize, self.use_activation, base.dense)
 
     def output_size(self, hidden_size: int) -> int:
         """The pooled vector's length: the last projection's, else the hidden size."""
@@ -148,7 +156,7 @@ def sentence_transformers_pooler_config(model: str) -> PoolerConfig:
                 f"{model!r}: Dense module {after.path!r} takes {after.in_features} values "
                 f"where the one before gives {before.out_features}"
             )
-    return PoolerConfig(pooling_type, _ST_NORMALIZE in kinds, dense)
+    return PoolerConfig(pooling_type, _ST_NORMALIZE in kinds, dense=dense)
 
 
 def _dense_module(model: str, path: str) -> DenseModule:

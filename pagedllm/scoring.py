@@ -24,7 +24,7 @@ def as_score_inputs(data: T | Sequence[T]) -> list[T]:
     """One side's items: a text (or a prompt dict) alone is one item."""
     if isinstance(data, str | dict):
         return [data]
-    if not isinstance(data, Sequence):
+    if not isinstance(data, Sequence) or isinstance(data, bytes | bytearray):
         raise TypeError(f"score inputs must be a text, a prompt or a list of them, got {data!r}")
     return list(data)
 

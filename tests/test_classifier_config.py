@@ -41,6 +41,8 @@ def test_cross_encoder_activation_from_its_config() -> None:
     assert classifier_config(sbert, "m").score_activation == "identity"
     with pytest.raises(ValueError, match="'m': the cross-encoder activation 'os.system'"):
         classifier_config(config(sbert_ce_default_activation_function="os.system"), "m")
+    with pytest.raises(ValueError, match=r"the cross-encoder activation \['x'\]"):
+        classifier_config(config(sentence_transformers={"activation_fn": ["x"]}), "m")
 
 
 def test_qwen3_reranker_is_one_label_from_two_tokens_joined_texts() -> None:

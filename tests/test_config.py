@@ -88,6 +88,21 @@ def test_a_classifier_pools_and_runs_from_safetensors_only(tiny_model_path) -> N
         ModelConfig.create(hf_overrides={"architectures": ["LlamaForSequenceClassification"]})
 
 
+def test_config_fields_of_the_wrong_type_are_named(tmp_path, tiny_model_path) -> None:
+    with pytest.raises(ValueError, match="architectures must be a list of names"):
+        ModelConfig.create(tiny_model_path("qwen2"), hf_overrides={"architectures": "Qwen2"})
+    with pytest.raises(ValueError, match="hf_overrides: a value transformers cannot set"):
+        ModelConfig.create(tiny_model_path("qwen2"), hf_overrides={"num_labels": "3"})
+    shutil.copytree(tiny_model_path("qwen2"), tmp_path, dirs_exist_ok=True)
+    with open(tmp_path / "config.json") as f:
+        config = json.load(f)
+    config["id2label"] = ["a", "b"]
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump(config, f)
+    with pytest.raises(ValueError, match="has a field transformers cannot read"):
+        ModelConfig.create(str(tmp_path))
+
+
 @pytest.mark.parametrize(
     ("quantization", "hf", "message"),
     [

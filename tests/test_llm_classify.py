@@ -240,3 +240,34 @@ def test_a_classifier_does_not_generate(tmp_path) -> None:
     folder = save_tiny_classifier("qwen3", str(tmp_path), 2)
     with pytest.raises(ValueError, match="classifies .* use runner 'pooling' or 'auto'"):
         LLM(folder, runner="generate", num_kv_blocks=16)
+
+
+def test_refusals_name_what_is_wrong(tmp_path, tiny_model_path: Callable[[str], str]) -> None:
+    folder = save_tiny_classifier("qwen3", str(tmp_path / "three"), 3)
+    with classifier_llm(folder) as llm:
+        with pytest.raises(
+            ValueError, match="params ask for task 'embed'; this call runs 'classify'"
+        ):
+            llm.classify("hi", PoolingParams(task="embed"), use_tqdm=False)
+        with pytest.raises(ValueError, match="it classifies prompts .* use classify or score"):
+            llm.generate("hi", use_tqdm=False)
+    with classifier_llm(cross_encoder(tmp_path / "one")) as llm:
+        with pytest.raises(TypeError, match="got None, not a string"):
+            llm.score({"text": "q"}, "d", use_tqdm=False)
+        with pytest.raises(TypeError, match="a text, a prompt or a list of them, got b'q'"):
+            llm.score(b"q", "d", use_tqdm=False)
+    with LLM(tiny_model_path("qwen3"), num_kv_blocks=64, skip_tokenizer_init=True) as llm:
+        with pytest.raises(ValueError, match="use a \\*ForSequenceClassification checkpoint"):
+            llm.classify(tokens([5]), use_tqdm=False)
+
+
+def test_pooler_config_use_activation_is_the_models_default(
+    tmp_path, prompts: list[list[int]]
+) -> None:
+    folder = save_tiny_classifier("qwen3", str(tmp_path), 3)
+    with classifier_llm(folder, pooler_config={"use_activation": False}) as llm:
+        raw = llm.classify(tokens(prompts[2]), use_tqdm=False)[0].outputs.probs
+        asked = llm.classify(tokens(prompts[2]), PoolingParams(use_activation=True))
+    (logits,) = hf_label_logits(folder, [prompts[2]])
+    assert raw == pytest.approx(logits.tolist(), abs=1e-5)
+    assert asked[0].outputs.probs == pytest.approx(torch.softmax(logits, -1).tolist(), abs=1e-5)

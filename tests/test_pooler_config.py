@@ -84,3 +84,14 @@ def test_modules_pagedllm_does_not_run_are_named(tmp_path: Path) -> None:
     (tmp_path / "modules.json").write_text(json.dumps(modules[3:] + modules[:2]))
     with pytest.raises(ValueError, match="in the order"):
         sentence_transformers_pooler_config(str(tmp_path))
+
+
+def test_use_activation_is_vllms_model_default() -> None:
+    """A classifier's default activation; on an embedding model, normalize where unset."""
+    folder = PoolerConfig("MEAN", True)
+    assert PoolerConfig(use_activation=False).over(folder) == PoolerConfig("MEAN", False, False)
+    both = PoolerConfig(normalize=True, use_activation=False).over(folder)
+    assert (both.normalize, both.use_activation) == (True, False)
+    assert PoolerConfig.parse('{"use_activation": false}').use_activation is False
+    with pytest.raises(TypeError, match="use_activation must be a bool"):
+        PoolerConfig(use_activation="no")

@@ -176,10 +176,17 @@ class InputProcessor:
         return request
 
     def _prepare_params(self, params: SamplingParams | None) -> SamplingParams:
-        if self.config.model_config.runner_type == "pooling":
+        model_config = self.config.model_config
+        if model_config.runner_type == "pooling":
+            use = (
+                "classify or score (POST /classify, /score, /rerank)"
+                if model_config.is_cross_encoder
+                else "embed (POST /v1/embeddings)"
+            )
             raise ValueError(
-                "this model is a pooling model (runner='pooling'): it embeds prompts and "
-                "generates no text; use embed (POST /v1/embeddings)"
+                "this model is a pooling model (runner='pooling'): it "
+                f"{'classifies' if model_config.is_cross_encoder else 'embeds'} prompts and "
+                f"generates no text; use {use}"
             )
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):

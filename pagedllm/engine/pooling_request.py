@@ -58,7 +58,9 @@ class PoolingRequest:
             pooled = finish_pooling(
                 self.pooled, len(self.prompt_token_ids), config.pooling_type, False
             )
-            use_activation = params.use_activation is not False
+            use_activation = params.use_activation
+            if use_activation is None:
+                use_activation = config.use_activation is not False
             self.embedding = classifier(pooled, params.task or "classify", use_activation)
             return
         normalize = params.normalize
