@@ -1,9 +1,10 @@
 """`pagedllm serve [MODEL]`: an OpenAI-compatible HTTP server over the AsyncLLM.
 
-Routes: POST /v1/completions, /v1/chat/completions, /v1/embeddings, /score, /v1/score,
-/rerank, /v1/rerank and /v2/rerank (the last six on pooling models), /v1/responses (with
-GET and DELETE /v1/responses/{id} and POST /v1/responses/{id}/cancel), Anthropic's
-/v1/messages and /v1/messages/count_tokens, GET /v1/models, POST /v1/load_lora_adapter and
+Routes: POST /v1/completions, /v1/chat/completions, /v1/embeddings (on an embedding model),
+/classify and /v1/classify (on a classifier), /score, /v1/score, /rerank, /v1/rerank and
+/v2/rerank (on either: a bi-encoder or a cross-encoder), /v1/responses (with GET and DELETE
+/v1/responses/{id} and POST /v1/responses/{id}/cancel), Anthropic's /v1/messages and
+/v1/messages/count_tokens, GET /v1/models, POST /v1/load_lora_adapter and
 /v1/unload_lora_adapter where runtime LoRA updating is on (all /v1 routes guarded by
 --api-key), and POST /tokenize, /detokenize, GET /health, /version, /metrics. FastAPI
 serves the OpenAPI schema at /openapi.json and its docs at /docs.
@@ -56,6 +57,7 @@ from pagedllm.entrypoints.openai.response_store import (
 )
 from pagedllm.entrypoints.openai.routes import router, runtime_lora_router
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from pagedllm.entrypoints.openai.serving_classification import OpenAIServingClassification
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from pagedllm.entrypoints.openai.serving_messages import AnthropicServingMessages
@@ -213,8 +215,9 @@ def build_app(
     app.state.serving_tokenization = OpenAIServingTokenization(
         *shared, chat_template, tool_parser=TOOL_PARSERS[tool_format]
     )
-    app.state.serving_embedding = OpenAIServingEmbedding(*shared)
+    app.state.serving_embedding = OpenAIServingEmbedding(*shared, chat_template)
     app.state.serving_score = OpenAIServingScore(app.state.serving_embedding)
+    app.state.serving_classification = OpenAIServingClassification(app.state.serving_embedding)
     for serving in (app.state.serving_completion, app.state.serving_chat):
         serving.request_logger = request_logger
         serving.force_include_usage = force_include_usage
@@ -332,8 +335,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve MODEL (default: the embedded SmolLM2-135M-Instruct) at "
         "/v1/completions, /v1/chat/completions, /v1/responses, Anthropic's /v1/messages, "
-        "/v1/embeddings, /v1/score and /v1/rerank (--runner pooling) and /v1/models, plus "
-        "/score, /rerank, /tokenize, /detokenize, /health, /version and /metrics.",
+        "/v1/embeddings, /v1/score and /v1/rerank (--runner pooling), /v1/classify (a "
+        "classifier) and /v1/models, plus /score, /rerank, /classify, /tokenize, "
+        "/detokenize, /health, /version and /metrics.",
     )
     make_arg_parser(parser)
     parser.set_defaults(func=run)

@@ -17,6 +17,9 @@ from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
+from pagedllm.classifier_config import ClassifierConfig
+from pagedllm.scoring import cross_encoder_prompt
+
 T = TypeVar("T")
 
 NUM_TOKENIZER_THREADS = 2
@@ -66,6 +69,14 @@ class AsyncTokenizer:
             return text, t.encode(text, add_special_tokens=False)
 
         return await self._run(render)
+
+    async def cross_encoder_prompt(
+        self, config: ClassifierConfig, text_1: str, text_2: str, score_template: str | None
+    ) -> tuple[str, list[int]]:
+        """A cross-encoder's pair as one prompt: pagedllm/scoring.py's cross_encoder_prompt."""
+        return await self._run(
+            lambda t: cross_encoder_prompt(t, config, text_1, text_2, score_template)
+        )
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,6 +1,7 @@
 """Request and response bodies of POST /v1/embeddings (OpenAI's fields; `normalize`,
 `truncate_prompt_tokens`, `add_special_tokens` and the chat form's `messages` are vLLM's
-extras)."""
+extras), and PoolingRequest, the prompt fields it shares with /classify
+(classify_protocol.py)."""
 
 from typing import Literal
 
@@ -14,32 +15,37 @@ from pagedllm.entrypoints.openai.protocol import (
     ToolChoice,
 )
 
-EmbeddingInput = str | list[str] | TokenIds | list[TokenIds]
+PoolingInput = str | list[str] | TokenIds | list[TokenIds]
 
 
-class EmbeddingRequest(ChatTemplateFields):
-    """`input`: a text, texts, token ids, or lists of token ids (one embedding each), or
-    `messages` (vLLM's chat form: one embedding of the conversation through the chat
-    template, with the template fields chat takes); `dimensions`: Matryoshka truncation,
-    for models trained for it; `encoding_format`: "float" (a JSON list) or "base64"
-    (little-endian float32 bytes, base64, as OpenAI); `truncate_prompt_tokens`: keep each
-    input's last N tokens (-1: the model's context length), as vLLM; `add_special_tokens`:
-    the tokenizer's (BOS, EOS) around a text, by default True for `input` and False for
-    `messages` (the template places them)."""
+class PoolingRequest(ChatTemplateFields):
+    """A pooling request's prompts, in vLLM's two forms: `input`, a text, texts, token ids,
+    or lists of token ids (one result each), or `messages` (one result of the conversation
+    through the chat template, with the template fields chat takes);
+    `truncate_prompt_tokens`: keep each prompt's last N tokens (-1: the model's context
+    length), as vLLM; `add_special_tokens`: the tokenizer's (BOS, EOS) around a text, by
+    default True for `input` and False for `messages` (the template places them)."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)  # refused fields: a 400
 
-    input: EmbeddingInput | None = None
+    input: PoolingInput | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
     user: str | None = None
-    normalize: bool | None = None
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
     add_special_tokens: bool | None = None
-    add_generation_prompt: bool = False  # vLLM's default for an embedding's conversation
+    add_generation_prompt: bool = False  # vLLM's default for a pooled conversation
     tool_choice: ToolChoice | None = None
+
+
+class EmbeddingRequest(PoolingRequest):
+    """One embedding per prompt (PoolingRequest); `dimensions`: Matryoshka truncation, for
+    models trained for it; `encoding_format`: "float" (a JSON list) or "base64"
+    (little-endian float32 bytes, base64, as OpenAI)."""
+
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    normalize: bool | None = None
 
 
 class EmbeddingResponseData(OpenAIBaseModel):

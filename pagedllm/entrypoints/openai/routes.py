@@ -18,6 +18,10 @@ from pagedllm.entrypoints.openai.anthropic_protocol import (
     MessagesRequest,
     MessagesResponse,
 )
+from pagedllm.entrypoints.openai.classify_protocol import (
+    ClassificationRequest,
+    ClassificationResponse,
+)
 from pagedllm.entrypoints.openai.embedding_protocol import EmbeddingRequest, EmbeddingResponse
 from pagedllm.entrypoints.openai.errors import error_response
 from pagedllm.entrypoints.openai.protocol import (
@@ -100,6 +104,15 @@ async def create_chat_completion(request: ChatCompletionRequest, raw_request: Re
 @router.post("/v1/embeddings", responses=_ERRORS)
 async def create_embedding(request: EmbeddingRequest, raw_request: Request) -> EmbeddingResponse:
     return await raw_request.app.state.serving_embedding.create_embedding(request, raw_request)
+
+
+@router.post("/classify", responses=_ERRORS, operation_id="create_classify")
+@router.post("/v1/classify", responses=_ERRORS, operation_id="create_classify_v1")
+async def create_classify(
+    request: ClassificationRequest, raw_request: Request
+) -> ClassificationResponse:
+    serving = raw_request.app.state.serving_classification
+    return await serving.create_classify(request, raw_request)
 
 
 @router.post("/score", responses=_ERRORS, operation_id="create_score")

@@ -17,8 +17,10 @@ class ScoreRequest(OpenAIRequestModel):
     """One pair of sides, each a text or a list of texts: `text_1` and `text_2`, or
     `queries` and `documents`, or `data_1` and `data_2` (vLLM's names; one pair only).
     One text against N gives N scores, N against N pairs them in order.
-    `truncate_prompt_tokens`: keep each text's last N tokens (-1: the model's context
-    length), as vLLM."""
+    `truncate_prompt_tokens`: keep each prompt's last N tokens (-1: the model's context
+    length), as vLLM: each text's on an embedding model, each pair's on a cross-encoder.
+    `use_activation`: a cross-encoder's score activation (False: its raw logit); an
+    embedding model's cosine does not change with it."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)  # refused fields: a 400
 
@@ -30,6 +32,7 @@ class ScoreRequest(OpenAIRequestModel):
     data_1: ScoreInputs | None = None
     data_2: ScoreInputs | None = None
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    use_activation: bool | None = None
     user: str | None = None
 
     @model_validator(mode="after")
@@ -60,7 +63,8 @@ class ScoreRequest(OpenAIRequestModel):
 
 class RerankRequest(OpenAIRequestModel):
     """`documents` ranked by their score against `query`, best first; `top_n`: keep the
-    best N (0, the default: all). `truncate_prompt_tokens` as in ScoreRequest."""
+    best N (0, the default: all). `truncate_prompt_tokens` and `use_activation` as in
+    ScoreRequest."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)  # refused fields: a 400
 
@@ -69,6 +73,7 @@ class RerankRequest(OpenAIRequestModel):
     documents: list[str]
     top_n: int = Field(0, ge=0)
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    use_activation: bool | None = None
     user: str | None = None
 
 

@@ -1,7 +1,8 @@
-"""POST /v1/embeddings (OpenAI's): one embedding per input, pooled by a pooling model
-(`--runner pooling`, or a sentence-transformers folder). A server of a generating model
-answers 400, as vLLM does. The score and rerank endpoints (serving_score.py) embed their
-texts through the same checks and `pool`."""
+"""POST /v1/embeddings (OpenAI's): one embedding per input, pooled by an embedding model
+(`--runner pooling`, or a sentence-transformers folder). A server of a generating model or
+of a classifier answers 400, as vLLM does. The score, rerank and classification endpoints
+(serving_score.py, serving_classification.py) run their prompts through the same checks
+and `pool`."""
 
 import base64
 import time
@@ -11,15 +12,16 @@ import torch
 from fastapi import Request
 
 from pagedllm.entrypoints.openai.embedding_protocol import (
-    EmbeddingInput,
     EmbeddingRequest,
     EmbeddingResponse,
     EmbeddingResponseData,
     EmbeddingUsage,
+    PoolingInput,
+    PoolingRequest,
 )
 from pagedllm.entrypoints.openai.errors import OpenAIError, engine_error, invalid_value_error
 from pagedllm.entrypoints.openai.protocol import TokenIds
-from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
+from pagedllm.entrypoints.openai.serving_engine import OpenAIServing, pooling_routes
 from pagedllm.entrypoints.openai.streaming import merge_streams, until_disconnected
 from pagedllm.entrypoints.openai.unsupported_fields import check_unsupported_fields
 from pagedllm.outputs import PoolingRequestOutput
@@ -32,10 +34,10 @@ class OpenAIServingEmbedding(OpenAIServing):
     ) -> EmbeddingResponse:
         arrival_time = time.monotonic()
         model, _ = self.check_model(request.model)
-        self.check_pooling("Embeddings")
+        self.check_pooling("Embeddings", "embed")
         check_unsupported_fields(request.model_extra, "embedding")
         params = self._pooling_params(request)
-        prompts = await self._prompts(request)
+        prompts = await self.prompts(request)
         request_id = self.request_id("embd", raw_request)
         outputs = await self.pool(prompts, params, request_id, raw_request, arrival_time)
         data = [
@@ -51,13 +53,22 @@ class OpenAIServingEmbedding(OpenAIServing):
             usage=EmbeddingUsage(prompt_tokens=num_tokens, total_tokens=num_tokens),
         )
 
-    def check_pooling(self, api: str) -> None:
-        """A 400 naming the `api` ("Embeddings", "Score", ...) on a generating server, as
-        vLLM's."""
-        if self.engine.config.model_config.runner_type != "pooling":
+    def check_pooling(self, api: str, task: str) -> None:
+        """A 400 naming the `api` ("Embeddings", "Score", ...) where the model lacks its
+        pooling `task`, as vLLM's: on a generating server, and across the two kinds of
+        pooling model (a classifier does not embed, an embedding model does not classify)."""
+        config = self.engine.config.model_config
+        if config.runner_type != "pooling":
             raise OpenAIError(
-                f"The model does not support the {api} API: this server generates; "
-                "serve an embedding model with --runner pooling",
+                f"The model does not support the {api} API: this server generates; serve "
+                "an embedding model with --runner pooling, or a classifier",
+                param="model",
+            )
+        if task not in config.pooling_tasks:
+            kind = "a classifier" if config.is_cross_encoder else "an embedding model"
+            raise OpenAIError(
+                f"The model does not support the {api} API: this model is {kind}; it "
+                f"serves {pooling_routes(config.pooling_tasks)}",
                 param="model",
             )
 
@@ -106,7 +117,7 @@ class OpenAIServingEmbedding(OpenAIServing):
         except (ValueError, TypeError) as e:
             raise invalid_value_error(e, EmbeddingRequest.model_fields) from e
 
-    async def _prompts(self, request: EmbeddingRequest) -> list[TokenIds]:
+    async def prompts(self, request: PoolingRequest) -> list[TokenIds]:
         """Each input's token ids (texts tokenized here; a list of ints is one input, the
         messages one conversation), cut to their last `truncate_prompt_tokens`."""
         if (request.input is None) == (request.messages is None):
@@ -119,7 +130,7 @@ class OpenAIServingEmbedding(OpenAIServing):
         prompts = [self.truncated(ids, request.truncate_prompt_tokens) for ids in prompts]
         return [self.check_prompt(ids, "input") for ids in prompts]
 
-    async def _input_ids(self, inputs: EmbeddingInput, add_special_tokens: bool) -> list[TokenIds]:
+    async def _input_ids(self, inputs: PoolingInput, add_special_tokens: bool) -> list[TokenIds]:
         """`input`'s items as token ids; an empty text or list is a 400, as OpenAI's."""
         if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
             inputs = [inputs]

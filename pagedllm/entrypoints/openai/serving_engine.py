@@ -46,6 +46,14 @@ from pagedllm.value_checks import as_truncate_prompt_tokens
 
 T = TypeVar("T")
 
+# The routes that serve each of vLLM's pooling tasks, for the messages that point to them.
+_TASK_ROUTES = {"embed": "/v1/embeddings", "classify": "/classify", "score": "/score and /rerank"}
+
+
+def pooling_routes(tasks: tuple[str, ...]) -> str:
+    """The routes a pooling model's `tasks` answer: "/classify, /score and /rerank"."""
+    return ", ".join(_TASK_ROUTES[task] for task in tasks)
+
 
 def engine_prompt(text: str | None, token_ids: list[int], cache_salt: str | None) -> dict:
     """The prompt the engine takes (pagedllm/inputs.py): its text, its ids and the
@@ -92,10 +100,11 @@ class OpenAIServing:
     def check_generates(self) -> None:
         """A 400 on a pooling server for the APIs that generate, before anything is queued
         (a background response included)."""
-        if self.engine.config.model_config.runner_type == "pooling":
+        config = self.engine.config.model_config
+        if config.runner_type == "pooling":
             raise OpenAIError(
-                "this model is a pooling model (--runner pooling): it embeds prompts and "
-                "generates no text; use POST /v1/embeddings",
+                "this model is a pooling model: it generates no text; use POST "
+                f"{pooling_routes(config.pooling_tasks)}",
                 param="model",
             )
 

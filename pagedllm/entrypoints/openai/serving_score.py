@@ -1,13 +1,18 @@
-"""vLLM's score API on an embedding model: POST /score and /v1/score (each pair's cosine
-similarity), and its rerank API (Jina's and Cohere's shape): POST /rerank, /v1/rerank and
-/v2/rerank (documents ranked by their score against a query).
-
-The texts run through /v1/embeddings' path (OpenAIServingEmbedding.pool: one pooling
-request each, logged and counted in /metrics as embeddings are); pagedllm/scoring.py pairs
-them and scores each pair, as LLM.score does. A server of a generating model answers 400.
+"""vLLM's score API: POST /score and /v1/score (a score for each pair of texts), and its
+rerank API (Jina's and Cohere's shape): POST /rerank, /v1/rerank and /v2/rerank (documents
+ranked by their score against a query). pagedllm/scoring.py pairs the texts and scores each
+pair, as LLM.score does:
+- an embedding model (a bi-encoder) embeds each text on its own, one pooling request
+  each, and a pair's score is the cosine similarity of its two embeddings;
+- a classifier with one label (a cross-encoder or reranker) takes each pair as one prompt
+  (cross_encoder_prompt: through the server's --chat-template as the score template, where
+  one is given), one pooling request each, and a pair's score is its label's.
+The prompts run through /v1/embeddings' path (OpenAIServingEmbedding.pool: logged and
+counted in /metrics as embeddings are). A server of a generating model answers 400.
 """
 
 import time
+from collections.abc import Callable
 
 from fastapi import Request
 
@@ -25,9 +30,18 @@ from pagedllm.entrypoints.openai.score_protocol import (
 )
 from pagedllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from pagedllm.entrypoints.openai.unsupported_fields import check_unsupported_fields
-from pagedllm.outputs import ScoringRequestOutput
+from pagedllm.outputs import PoolingRequestOutput, ScoringRequestOutput
 from pagedllm.pooling_params import PoolingParams
-from pagedllm.scoring import as_score_inputs, check_score_lengths, cosine_scores
+from pagedllm.scoring import (
+    as_score_inputs,
+    check_cross_encoder,
+    check_score_lengths,
+    cosine_scores,
+    cross_encoder_scores,
+    paired,
+)
+
+Scorer = Callable[[list[PoolingRequestOutput]], list[ScoringRequestOutput]]
 
 
 class OpenAIServingScore:
@@ -78,8 +92,14 @@ class OpenAIServingScore:
     def _check(self, request: ScoreRequest | RerankRequest, api: str) -> str:
         """The model name to answer with, after the 404 / 400s that come before any work."""
         model, _ = self.embedding.check_model(request.model)
-        self.embedding.check_pooling(api)
-        check_unsupported_fields(request.model_extra, "embedding")
+        self.embedding.check_pooling(api, "score")
+        classifier = self.embedding.engine.config.model_config.classifier_config
+        if classifier is not None:
+            try:
+                check_cross_encoder(classifier)
+            except ValueError as e:
+                raise OpenAIError(str(e), param="model") from e
+        check_unsupported_fields(request.model_extra, "classify")
         return model
 
     async def _score(
@@ -99,20 +119,64 @@ class OpenAIServingScore:
             check_score_lengths(len(texts_1), len(texts_2), names)
         except ValueError as e:
             raise invalid_value_error(e, names) from e
+        for name, texts in ((names[0], texts_1), (names[1], texts_2)):
+            if "" in texts:
+                raise OpenAIError(f"{name} holds an empty text; give at least 1 token", param=name)
+        if self.embedding.engine.config.model_config.is_cross_encoder:
+            prompts, params, scorer = await self._cross_encoder(names, texts_1, texts_2, request)
+        else:
+            prompts, params, scorer = await self._bi_encoder(names, texts_1, texts_2, request)
+        outputs = await self.embedding.pool(prompts, params, request_id, raw_request, arrival_time)
+        return scorer(outputs)
+
+    async def _bi_encoder(
+        self,
+        names: tuple[str, str],
+        texts_1: list[str],
+        texts_2: list[str],
+        request: ScoreRequest | RerankRequest,
+    ) -> tuple[list[list[int]], PoolingParams, Scorer]:
+        """Each text's prompt, the embedding's params (`use_activation` changes no cosine:
+        it ignores the vectors' lengths), and the pairs' cosines."""
         keep = request.truncate_prompt_tokens
         sides = ((names[0], texts_1), (names[1], texts_2))
         prompts = [await self._prompt(text, name, keep) for name, texts in sides for text in texts]
-        outputs = await self.embedding.pool(
-            prompts, PoolingParams(), request_id, raw_request, arrival_time
-        )
         pad_token_id = self.embedding.tokenizer.pad_token_id
-        return cosine_scores(outputs[: len(texts_1)], outputs[len(texts_1) :], pad_token_id)
+
+        def scorer(outputs: list[PoolingRequestOutput]) -> list[ScoringRequestOutput]:
+            n = len(texts_1)
+            return cosine_scores(outputs[:n], outputs[n:], pad_token_id)
+
+        return prompts, PoolingParams(), scorer
+
+    async def _cross_encoder(
+        self,
+        names: tuple[str, str],
+        texts_1: list[str],
+        texts_2: list[str],
+        request: ScoreRequest | RerankRequest,
+    ) -> tuple[list[list[int]], PoolingParams, Scorer]:
+        """Each pair's one prompt (the score template's where the server has one), cut to
+        its last `truncate_prompt_tokens`; a prompt too long is a 400 naming the second
+        side."""
+        config = self.embedding.engine.config.model_config.classifier_config
+        template = self.embedding.chat_template
+        prompts = []
+        for text_1, text_2 in paired(texts_1, texts_2):
+            try:
+                _, ids = await self.embedding.async_tokenizer.cross_encoder_prompt(
+                    config, text_1, text_2, template
+                )
+            except ValueError as e:
+                raise OpenAIError(str(e)) from e
+            ids = self.embedding.truncated(ids, request.truncate_prompt_tokens)
+            prompts.append(self.embedding.check_prompt(ids, names[1]))
+        params = PoolingParams(task="score", use_activation=request.use_activation)
+        return prompts, params, cross_encoder_scores
 
     async def _prompt(self, text: str, param: str, keep: int | None) -> list[int]:
         """A text's token ids (with the tokenizer's special tokens, as vLLM's), cut to its
-        last `keep`; an empty text is a 400, as in /v1/embeddings."""
-        if text == "":
-            raise OpenAIError(f"{param} holds an empty text; give at least 1 token", param=param)
+        last `keep`."""
         ids = self.embedding.truncated(await self.embedding.encode(text), keep)
         return self.embedding.check_prompt(ids, param)
 

@@ -16,7 +16,7 @@ from pagedllm.logger import init_logger
 
 logger = init_logger(__name__)
 
-Endpoint = Literal["chat", "completion", "embedding"]
+Endpoint = Literal["chat", "completion", "embedding", "classify"]
 
 _USE_STRUCTURED_OUTPUTS = "use structured_outputs (vLLM removed the guided_* fields)"
 
@@ -53,13 +53,20 @@ _REFUSED_COMPLETION: dict[str, tuple[tuple[object, ...], str]] = {
     "prompt_logprobs": ((), "use echo with logprobs"),
     "add_special_tokens": ((True,), "not implemented"),
 }
-# vLLM's output options, which the generating endpoints implement (SamplingFields').
-_REFUSED_EMBEDDING: dict[str, tuple[tuple[object, ...], str]] = {
-    "return_tokens_as_token_ids": ((False,), "an embedding has no tokens to name"),
-    "return_token_ids": ((False,), "an embedding has no generated tokens"),
+# vLLM's output options, which the generating endpoints implement (SamplingFields'), and
+# the pooling requests' own.
+_REFUSED_POOLING: dict[str, tuple[tuple[object, ...], str]] = {
+    "return_tokens_as_token_ids": ((False,), "a pooled prompt has no tokens to name"),
+    "return_token_ids": ((False,), "a pooled prompt has no generated tokens"),
     "request_id": ((), "the server makes the response's id"),
-    "cache_salt": ((), "embeddings skip the prefix cache"),
-    "priority": ((0,), "embeddings run at priority 0"),
+    "cache_salt": ((), "pooling requests skip the prefix cache"),
+    "priority": ((0,), "pooling requests run at priority 0"),
+    "chat_template": ((), "the server's template is set with --chat-template"),
+}
+# The classifier's fields (classification, score and rerank) vLLM deprecated.
+_REFUSED_CLASSIFY: dict[str, tuple[tuple[object, ...], str]] = {
+    "softmax": ((), "vLLM's deprecated name; use use_activation"),
+    "activation": ((), "vLLM's deprecated name; use use_activation"),
 }
 IGNORED_FIELDS = {
     "metadata",
@@ -77,7 +84,8 @@ def refused_fields(endpoint: Endpoint) -> dict[str, tuple[tuple[object, ...], st
     own = {
         "chat": _REFUSED_CHAT,
         "completion": _REFUSED_COMPLETION,
-        "embedding": _REFUSED_EMBEDDING,
+        "embedding": _REFUSED_POOLING,
+        "classify": _REFUSED_POOLING | _REFUSED_CLASSIFY,
     }
     return _REFUSED | own[endpoint]
 

@@ -16,12 +16,17 @@ def app_over(
     folder: str,
     model_name: str,
     request_logger: RequestLogger | None = None,
+    chat_template: str | None = None,
     **engine_args: object,
 ) -> Iterator[TestClient]:
-    """Yields a client of a server of `folder` (as `model_name`), then closes its LLM."""
+    """Yields a client of a server of `folder` (as `model_name`, with `chat_template` as
+    its --chat-template), then closes its LLM."""
     llm = LLM(folder, **engine_args)
     app = api_server.build_app(
-        AsyncLLM(llm.llm_engine), [model_name], request_logger=request_logger
+        AsyncLLM(llm.llm_engine),
+        [model_name],
+        chat_template=chat_template,
+        request_logger=request_logger,
     )
     with TestClient(app) as http:
         yield http

@@ -32,6 +32,7 @@ POST_PATHS = [
     "/v1/embeddings",
     "/v1/score",
     "/v1/rerank",
+    "/v1/classify",
     "/tokenize",
     "/detokenize",
 ]

@@ -1,7 +1,10 @@
-"""vLLM's score and rerank APIs (pagedllm/entrypoints/openai/serving_score.py) on an
-embedding model. Reference: the cosine similarity, computed here, of transformers' pooled
-hidden states (tests/embedding_models.py) of the tokenizer's ids; vLLM's pairing (1:N, N:N),
-its usage count (each pair's ids with the pad token between them) and its response shapes."""
+"""vLLM's score and rerank APIs (pagedllm/entrypoints/openai/serving_score.py). References:
+on an embedding model, the cosine similarity, computed here, of transformers' pooled
+hidden states (tests/embedding_models.py) of the tokenizer's ids; on a cross-encoder (a
+one-label classifier), transformers' sequence-classification logit of each pair's ids, its
+sigmoid (tests/classifier_models.py); vLLM's pairing (1:N, N:N), its usage count (each
+pair's ids, with the pad token between them on an embedding model) and its response
+shapes."""
 
 import logging
 from collections.abc import Callable, Iterator
@@ -14,6 +17,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagedllm.entrypoints.openai.request_logger import RequestLogger
+from tests.classifier_models import hf_label_logits, save_tiny_classifier
 from tests.embedding_models import embedding_folder, hf_embedding
 from tests.entrypoints.openai.app_client import app_over
 
@@ -287,3 +291,163 @@ def test_enable_log_requests_logs_each_text_under_the_answers_id(folder: str) ->
         logging.getLogger("pagedllm.requests").removeHandler(handler)
     ids = [line.split(":")[0].removeprefix("Received request ") for line in records]
     assert ids == ["rerank-abc-0", "rerank-abc-1", "rerank-abc-2"]
+
+
+# A cross-encoder: a classifier with one label scores each pair as one prompt. Reference:
+# transformers' AutoModelForSequenceClassification logit of the pair's token ids (the
+# tokenizer's pair encoding, or the score template's text), through a sigmoid.
+
+SCORE_TEMPLATE = "{% for m in messages %}{{ m['role'] }}={{ m['content'] }};{% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return save_tiny_classifier("qwen3", str(tmp_path_factory.mktemp("cross-encoder")), 1)
+
+
+@pytest.fixture(scope="module")
+def cross_http(cross_encoder: str) -> Iterator[TestClient]:
+    yield from app_client(cross_encoder)
+
+
+@pytest.fixture(scope="module")
+def pair_logit(cross_encoder: str) -> Callable[[list[int]], float]:
+    """A pair prompt's token ids -> transformers' one label logit."""
+    return lambda ids: hf_label_logits(cross_encoder, [ids])[0][0].item()
+
+
+@pytest.fixture(scope="module")
+def pair_ids(cross_encoder: str) -> Callable[[str, str], list[int]]:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(cross_encoder)
+    return lambda text_1, text_2: tokenizer(text=text_1, text_pair=text_2)["input_ids"]
+
+
+def sigmoid(x: float) -> float:
+    return torch.sigmoid(torch.tensor(x)).item()
+
+
+@pytest.mark.parametrize("path", ["/score", "/v1/score"])
+@pytest.mark.parametrize(
+    ("text_1", "text_2", "firsts"),
+    [(QUERY, DOCS, [QUERY] * 4), (DOCS[:2], DOCS[2:], DOCS[:2]), ([QUERY], DOCS[:1], [QUERY])],
+)
+def test_cross_encoder_scores_each_pair_as_one_prompt(
+    cross_http: TestClient,
+    pair_logit: Callable[[list[int]], float],
+    pair_ids: Callable[[str, str], list[int]],
+    path: str,
+    text_1: str | list[str],
+    text_2: list[str],
+    firsts: list[str],
+) -> None:
+    """`firsts`: the first text of each pair (vLLM's pairing: 1 against N, N against N)."""
+    body = post(cross_http, path, {"text_1": text_1, "text_2": text_2})
+    pairs = [pair_ids(a, b) for a, b in zip(firsts, text_2, strict=True)]
+    assert [d["index"] for d in body["data"]] == list(range(len(pairs)))
+    expected = [sigmoid(pair_logit(ids)) for ids in pairs]
+    assert [d["score"] for d in body["data"]] == pytest.approx(expected, abs=1e-5)
+    tokens = sum(len(ids) for ids in pairs)
+    assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+
+
+@pytest.mark.parametrize("path", RERANK_PATHS)
+def test_cross_encoder_rerank_ranks_by_the_pairs_logit(
+    cross_http: TestClient,
+    pair_logit: Callable[[list[int]], float],
+    pair_ids: Callable[[str, str], list[int]],
+    path: str,
+) -> None:
+    body = post(cross_http, path, {"query": QUERY, "documents": DOCS})
+    expected = sorted(
+        ((i, sigmoid(pair_logit(pair_ids(QUERY, doc)))) for i, doc in enumerate(DOCS)),
+        key=lambda p: -p[1],
+    )
+    results = body["results"]
+    assert [r["index"] for r in results] == [i for i, _ in expected]
+    assert [r["relevance_score"] for r in results] == pytest.approx(
+        [s for _, s in expected], abs=1e-5
+    )
+    assert [r["document"]["text"] for r in results] == [DOCS[i] for i, _ in expected]
+    top = post(cross_http, path, {"query": QUERY, "documents": DOCS, "top_n": 2})["results"]
+    assert top == results[:2]
+
+
+def test_cross_encoder_use_activation_false_gives_the_raw_logit(
+    cross_http: TestClient,
+    pair_logit: Callable[[list[int]], float],
+    pair_ids: Callable[[str, str], list[int]],
+) -> None:
+    expected = [pair_logit(pair_ids(QUERY, doc)) for doc in DOCS[:2]]
+    body = {"text_1": QUERY, "text_2": DOCS[:2], "use_activation": False}
+    scores = [d["score"] for d in post(cross_http, "/score", body)["data"]]
+    assert scores == pytest.approx(expected, abs=1e-5)
+    assert any(not 0 < s < 1 for s in scores)  # raw: not squashed into (0, 1)
+    body = {"query": QUERY, "documents": DOCS[:2], "use_activation": False}
+    reranked = post(cross_http, "/rerank", body)["results"]
+    assert sorted(r["relevance_score"] for r in reranked) == pytest.approx(
+        sorted(expected), abs=1e-5
+    )
+
+
+def test_the_servers_chat_template_is_the_score_template(
+    cross_encoder: str, pair_logit: Callable[[list[int]], float]
+) -> None:
+    """vLLM's: --chat-template renders the pair as messages [query, document]."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(cross_encoder)
+    for http in app_client(cross_encoder, chat_template=SCORE_TEMPLATE):
+        body = post(http, "/rerank", {"query": "q", "documents": ["d1", "d22"]})
+    for result in body["results"]:
+        text = f"query=q;document={['d1', 'd22'][result['index']]};"
+        ids = tokenizer(text)["input_ids"]
+        assert result["relevance_score"] == pytest.approx(sigmoid(pair_logit(ids)), abs=1e-5)
+    assert body["usage"]["prompt_tokens"] == len("query=q;document=d1;") * 2 + 1
+
+
+def test_cross_encoder_truncation_cuts_each_pair_prompt(
+    cross_http: TestClient,
+    pair_logit: Callable[[list[int]], float],
+    pair_ids: Callable[[str, str], list[int]],
+) -> None:
+    body = {"text_1": QUERY, "text_2": DOCS, "truncate_prompt_tokens": 4}
+    answer = post(cross_http, "/v1/score", body)
+    assert answer["usage"]["prompt_tokens"] == 4 * len(DOCS)
+    expected = [sigmoid(pair_logit(pair_ids(QUERY, doc)[-4:])) for doc in DOCS]
+    assert [d["score"] for d in answer["data"]] == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/score", {"text_1": "", "text_2": DOCS}, "text_1"),
+        ("/v1/score", {"text_1": QUERY, "text_2": ["a", ""]}, "text_2"),
+        ("/v1/score", {"text_1": "x" * 300, "text_2": "y" * 300}, "text_2"),
+        ("/rerank", {"query": "", "documents": DOCS}, "query"),
+        ("/rerank", {"query": "x" * 300, "documents": ["y", "y" * 300]}, "documents"),
+        ("/rerank", {"query": QUERY, "documents": DOCS, "use_activation": 3}, "use_activation"),
+        ("/rerank", {"query": QUERY, "documents": DOCS, "softmax": True}, "softmax"),
+    ],
+)
+def test_cross_encoder_bad_requests_get_400_naming_the_field(
+    cross_http: TestClient, path: str, body: dict, param: str
+) -> None:
+    response = cross_http.post(path, json={"model": MODEL, **body})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param, response.json()
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/score", {"text_1": "a", "text_2": "b"}),
+        ("/v2/rerank", {"query": "a", "documents": ["b"]}),
+    ],
+)
+def test_a_classifier_of_several_labels_does_not_score_pairs(
+    tmp_path_factory: pytest.TempPathFactory, path: str, body: dict
+) -> None:
+    folder = save_tiny_classifier("qwen3", str(tmp_path_factory.mktemp("three-labels")), 3)
+    for http in app_client(folder):
+        response = http.post(path, json={"model": MODEL, **body})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "model" and "3 labels" in error["message"]

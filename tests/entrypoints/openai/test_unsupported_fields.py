@@ -7,8 +7,11 @@ import logging
 
 import pytest
 
+from pagedllm.entrypoints.openai.classify_protocol import ClassificationRequest
+from pagedllm.entrypoints.openai.embedding_protocol import EmbeddingRequest
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from pagedllm.entrypoints.openai.score_protocol import RerankRequest, ScoreRequest
 from pagedllm.entrypoints.openai.unsupported_fields import (
     IGNORED_FIELDS,
     check_unsupported_fields,
@@ -30,6 +33,10 @@ MESSAGES = [{"role": "user", "content": "hi"}]
         ("completion", "best_of", True),
         ("embedding", "return_token_ids", True),
         ("embedding", "request_id", "abc"),
+        ("embedding", "chat_template", "{{ 1 }}"),
+        ("classify", "softmax", False),
+        ("classify", "activation", True),
+        ("classify", "priority", 1),
     ],
 )
 def test_refused_fields_are_a_400_naming_them(endpoint: str, field: str, value: object) -> None:
@@ -54,7 +61,14 @@ def test_values_that_ask_for_nothing_and_ignored_fields_pass(
 
 def test_no_refused_field_is_one_the_server_implements() -> None:
     """A field declared by a request body never reaches this check (it is not extra)."""
-    for endpoint, model in (("chat", ChatCompletionRequest), ("completion", CompletionRequest)):
+    for endpoint, model in (
+        ("chat", ChatCompletionRequest),
+        ("completion", CompletionRequest),
+        ("embedding", EmbeddingRequest),
+        ("classify", ClassificationRequest),
+        ("classify", ScoreRequest),
+        ("classify", RerankRequest),
+    ):
         assert not set(refused_fields(endpoint)) & set(model.model_fields)
         assert not IGNORED_FIELDS & set(model.model_fields)
     extra = ChatCompletionRequest(messages=MESSAGES, functions=[], n=2).model_extra
