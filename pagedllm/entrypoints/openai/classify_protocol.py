@@ -1,16 +1,16 @@
 """Request and response bodies of vLLM's classification API (POST /classify, and
 /v1/classify as SGLang and clients call it): vLLM's ClassificationCompletionRequest and
-ClassificationChatRequest in one body (PoolingRequest's `input` or `messages`)."""
+ClassificationChatRequest in one body (PoolingPromptRequest's `input` or `messages`)."""
 
 from typing import Literal
 
-from pagedllm.entrypoints.openai.embedding_protocol import PoolingRequest
+from pagedllm.entrypoints.openai.embedding_protocol import PoolingPromptRequest
 from pagedllm.entrypoints.openai.protocol import OpenAIBaseModel
 from pagedllm.entrypoints.openai.responses import UsageInfo
 
 
-class ClassificationRequest(PoolingRequest):
-    """Each prompt's label scores (PoolingRequest's prompts); `use_activation`: False gives
+class ClassificationRequest(PoolingPromptRequest):
+    """Each prompt's label scores (PoolingPromptRequest's prompts); `use_activation`: False gives
     the score head's raw logits, None or True the model's activation (softmax, sigmoid,
     ...)."""
 

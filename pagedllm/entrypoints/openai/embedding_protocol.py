@@ -1,6 +1,6 @@
 """Request and response bodies of POST /v1/embeddings (OpenAI's fields; `normalize`,
 `truncate_prompt_tokens`, `add_special_tokens` and the chat form's `messages` are vLLM's
-extras), and PoolingRequest, the prompt fields it shares with /classify
+extras), and PoolingPromptRequest, the prompt fields it shares with /classify
 (classify_protocol.py)."""
 
 from typing import Literal
@@ -18,7 +18,7 @@ from pagedllm.entrypoints.openai.protocol import (
 PoolingInput = str | list[str] | TokenIds | list[TokenIds]
 
 
-class PoolingRequest(ChatTemplateFields):
+class PoolingPromptRequest(ChatTemplateFields):
     """A pooling request's prompts, in vLLM's two forms: `input`, a text, texts, token ids,
     or lists of token ids (one result each), or `messages` (one result of the conversation
     through the chat template, with the template fields chat takes);
@@ -38,8 +38,8 @@ class PoolingRequest(ChatTemplateFields):
     tool_choice: ToolChoice | None = None
 
 
-class EmbeddingRequest(PoolingRequest):
-    """One embedding per prompt (PoolingRequest); `dimensions`: Matryoshka truncation, for
+class EmbeddingRequest(PoolingPromptRequest):
+    """One embedding per prompt (PoolingPromptRequest); `dimensions`: Matryoshka truncation, for
     models trained for it; `encoding_format`: "float" (a JSON list) or "base64"
     (little-endian float32 bytes, base64, as OpenAI)."""
 

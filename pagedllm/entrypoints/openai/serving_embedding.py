@@ -17,7 +17,7 @@ from pagedllm.entrypoints.openai.embedding_protocol import (
     EmbeddingResponseData,
     EmbeddingUsage,
     PoolingInput,
-    PoolingRequest,
+    PoolingPromptRequest,
 )
 from pagedllm.entrypoints.openai.errors import OpenAIError, engine_error, invalid_value_error
 from pagedllm.entrypoints.openai.protocol import TokenIds
@@ -117,7 +117,7 @@ class OpenAIServingEmbedding(OpenAIServing):
         except (ValueError, TypeError) as e:
             raise invalid_value_error(e, EmbeddingRequest.model_fields) from e
 
-    async def prompts(self, request: PoolingRequest) -> list[TokenIds]:
+    async def prompts(self, request: PoolingPromptRequest) -> list[TokenIds]:
         """Each input's token ids (texts tokenized here; a list of ints is one input, the
         messages one conversation), cut to their last `truncate_prompt_tokens`."""
         if (request.input is None) == (request.messages is None):
