@@ -33,6 +33,7 @@ setup(
                 "csrc/layernorm.c",
                 "csrc/pos_encoding.c",
                 "csrc/activation.c",
+                "csrc/lora.c",
                 "csrc/gguf_mm.c",
                 "csrc/gguf_mm_avx512.c",
                 "csrc/gguf_mm_avx2.c",

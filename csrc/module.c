@@ -342,6 +342,14 @@ BINDING(argmax, ARGMAX_ARGS, 0,
 BINDING(silu_and_mul, SILU_AND_MUL_ARGS, 0,
         silu_and_mul(out, x, dtype == FLOAT_BFLOAT16, num_tokens, d, num_threads))
 
+#define LORA_MASKED_ADD_ARGS(ARG)                                                          \
+  ARG(p, void *, out) ARG(p, const void *, y) ARG(p, const void *, delta)                 \
+  ARG(p, const int32_t *, row_slots) ARG(i, int64_t, slot) ARG(i, int, dtype)             \
+  ARG(i, int64_t, rows) ARG(i, int64_t, n) ARG(i, int, num_threads)
+BINDING(lora_masked_add, LORA_MASKED_ADD_ARGS, 0,
+        lora_masked_add(out, y, delta, row_slots, slot, dtype == FLOAT_BFLOAT16, rows, n,
+                        num_threads))
+
 #define GGUF_MM_ARGS(ARG)                                                                  \
   ARG(p, const void *, x) ARG(p, const uint8_t *, packed) ARG(p, const void *, bias)      \
   ARG(p, void *, y) ARG(i, int, dtype) ARG(i, int, qtype) ARG(i, int64_t, M)              \
@@ -383,6 +391,7 @@ BINDING(gguf_dequantize, GGUF_DEQUANTIZE_ARGS, 0,
   X(convert, CONVERT_ARGS)                                    \
   X(argmax, ARGMAX_ARGS)                                      \
   X(silu_and_mul, SILU_AND_MUL_ARGS)                          \
+  X(lora_masked_add, LORA_MASKED_ADD_ARGS)                    \
   X(gguf_mm, GGUF_MM_ARGS)                                    \
   X(gguf_pack, GGUF_PACK_ARGS)                                \
   X(gguf_unpack_rows, GGUF_UNPACK_ROWS_ARGS)                  \

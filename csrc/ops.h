@@ -123,6 +123,11 @@ void rotary_embedding(const int64_t *positions, const void *query, const void *k
 void silu_and_mul(void *out, const void *x, int bf16, int64_t num_tokens, int64_t d,
                   int num_threads);
 
+/* out [T, n] = y + delta on the rows t whose row_slots[t] == slot, y elsewhere; bfloat16 when
+ * bf16 (each sum rounded once), else float32 (lora.c). */
+void lora_masked_add(void *out, const void *y, const void *delta, const int32_t *row_slots,
+                     int64_t slot, int bf16, int64_t rows, int64_t n, int num_threads);
+
 /* Bytes of a GGUF weight [N, K] of qtype packed for gguf_mm (gguf_packed.h). */
 int64_t gguf_packed_bytes(int qtype, int64_t N, int64_t K);
 

@@ -73,6 +73,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(x[..., :d]) * x[..., d:]
 
 
+def lora_masked_add(
+    y: torch.Tensor, delta: torch.Tensor, row_slots: torch.Tensor, slot: int
+) -> torch.Tensor:
+    """y + delta on the rows whose row_slots entry is `slot`, y's rows as they are elsewhere."""
+    return torch.where((row_slots == slot).unsqueeze(1), y + delta, y)
+
+
 def rotary_embedding(
     positions: torch.Tensor,
     query: torch.Tensor,

@@ -433,6 +433,27 @@ def test_silu_and_mul_bf16_is_the_torch_definition_up_to_exp(
 
 
 @needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize("num_tokens,n", [(1, 576), (5, 7), (40, 1000)])
+def test_lora_masked_add_is_the_torch_definition_bit_for_bit(
+    dtype: torch.dtype, num_tokens: int, n: int, kernel_calls: list[str]
+) -> None:
+    """Reference: _torch_ops.lora_masked_add (torch's y + delta, rounded once in bf16, on the
+    rows of the slot; y's rows, signed zeros included, elsewhere)."""
+    y = torch.randn(num_tokens, n).to(dtype)
+    y[:, 0] = -0.0
+    delta = torch.randn(num_tokens, n).to(dtype)
+    row_slots = torch.randint(-1, 3, (num_tokens,), dtype=torch.int32)
+    row_slots[0] = 1
+    for slot in (-1, 0, 1, 2):
+        out = _custom_ops.lora_masked_add(y, delta, row_slots, slot)
+        expected = _torch_ops.lora_masked_add(y, delta, row_slots, slot)
+        assert out.dtype == dtype and torch.equal(out.view(torch.uint8), expected.view(torch.uint8))
+    assert set(kernel_calls) == {"lora_masked_add"}
+    assert not torch.equal(_custom_ops.lora_masked_add(y, delta, row_slots, 1)[0], y[0])
+
+
+@needs_kernels
 @pytest.mark.parametrize("is_neox_style", [True, False])
 @pytest.mark.parametrize("head_size,rotary_dim", [(64, 64), (80, 40), (8, 8), (72, 72)])
 @pytest.mark.parametrize("num_tokens", [1, 40])

@@ -329,12 +329,14 @@ def test_pipeline_stages_apply_their_layers_adapter_weights(tiny_model_path, ada
         peft_greedy(model, prompt).assert_matches(output.outputs[0])
 
 
-def test_base_decodes_replay_captured_steps_and_adapter_steps_run_eagerly(
+def test_decodes_replay_captured_steps_with_and_without_adapter_rows(
     tiny_model_path, adapters, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With enable_lora, decode steps without adapter rows replay the CPU graphs (captured
-    with no adapter applied) and give the tokens and logprobs of an engine without LoRA,
-    bit for bit; steps with adapter rows never reach the graph runner."""
+    """With enable_lora, decode steps without adapter rows replay the CPU graphs captured
+    with no adapter applied, and give the tokens and logprobs of an engine without LoRA;
+    decode steps with adapter rows (two adapters and base rows mixed) replay the captures
+    made with every slot, and give those of an eager engine (enforce_eager); bit for bit,
+    and PeftModel's within 1e-4."""
     name = "llama-gqa-llama3"
     path = tiny_model_path(name)
     calls = []
@@ -348,15 +350,26 @@ def test_base_decodes_replay_captured_steps_and_adapter_steps_run_eagerly(
     monkeypatch.setattr(CpuGraphRunner, "run", spy)
     prompts = as_token_prompts(prompts_of([6, 11]))
     plain = LLM(path, **ENGINE).generate(prompts, greedy(), False)
-    llm = LLM(path, enable_lora=True, max_lora_rank=8, **ENGINE)
+    llm = LLM(path, enable_lora=True, max_lora_rank=8, max_loras=2, **ENGINE)
     calls.clear()
     base = llm.generate(prompts, greedy(), False)
     assert sum(calls) >= MAX_TOKENS - 1
     for got, expected in zip(base, plain, strict=True):
         assert logprobs_of(got) == logprobs_of(expected)
+    (folder_a, model_a), (folder_b, model_b) = adapters(name, 0), adapters(name, 1)
+    loras = [LoRARequest("a", 1, folder_a), None, LoRARequest("b", 2, folder_b)]
+    mixed = as_token_prompts(prompts_of([6, 11, 4], seed=9))
     calls.clear()
-    llm.generate(prompts, greedy(), False, lora_request=LoRARequest("all", 1, adapters(name, 0)[0]))
-    assert calls == []
+    replayed = llm.generate(mixed, greedy(), False, lora_request=loras)
+    assert sum(calls) >= MAX_TOKENS - 1
+    assert llm.llm_engine.executor.runner.graph_runner.graphs[(4, True)] is not None
+    eager = LLM(path, enable_lora=True, max_lora_rank=8, max_loras=2, enforce_eager=True, **ENGINE)
+    expected = eager.generate(mixed, greedy(), False, lora_request=loras)
+    for got, want in zip(replayed, expected, strict=True):
+        assert logprobs_of(got) == logprobs_of(want)
+    for output, prompt, model in zip(replayed, mixed, [model_a, None, model_b], strict=True):
+        if model is not None:
+            peft_greedy(model, prompt["prompt_token_ids"]).assert_matches(output.outputs[0])
 
 
 def test_an_adapter_folder_gone_fails_only_the_requests_naming_it_again(

@@ -1,5 +1,6 @@
 """The kernels that work row by row, float32 or bfloat16: RMSNorm (plain and fused with the
-residual add), SiLU-and-mul, rotary embedding, dtype conversion and argmax."""
+residual add), SiLU-and-mul, rotary embedding, dtype conversion, argmax and a LoRA slot's
+masked add."""
 
 import math
 
@@ -8,7 +9,7 @@ import torch
 from pagedllm._cpu_kernels.boundary import Flag, Float, Int, Kernel, Output, Tensor, require
 from pagedllm._cpu_kernels.flags import FLOAT_TYPE, FloatType, RotaryStyle
 
-_F32, _BF16, _I64 = torch.float32, torch.bfloat16, torch.int64
+_F32, _BF16, _I32, _I64 = torch.float32, torch.bfloat16, torch.int32, torch.int64
 
 RMS_NORM = Kernel(
     "rms_norm",
@@ -63,6 +64,18 @@ SILU_AND_MUL = Kernel(
     Flag("dtype", FloatType),
     Int("num_tokens"),
     Int("d"),
+    Int("num_threads"),
+)
+LORA_MASKED_ADD = Kernel(
+    "lora_masked_add",
+    Output("out"),
+    Tensor("y", "[T, n]", "float"),
+    Tensor("delta", "[T, n] like y", "float"),
+    Tensor("row_slots", "[T]", _I32),
+    Int("slot"),
+    Flag("dtype", FloatType),
+    Int("rows"),
+    Int("n"),
     Int("num_threads"),
 )
 CONVERT = Kernel(
@@ -146,6 +159,23 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = x.new_empty(*x.shape[:-1], d)
     rows = x.numel() // width if width else 0
     SILU_AND_MUL.launch(out, x, FLOAT_TYPE[x.dtype], rows, d, torch.get_num_threads())
+    return out
+
+
+def lora_masked_add(
+    y: torch.Tensor, delta: torch.Tensor, row_slots: torch.Tensor, slot: int
+) -> torch.Tensor:
+    """A new [T, n] tensor: y + delta on the rows whose row_slots entry is `slot`, y's rows
+    as they are elsewhere; in bfloat16 each sum rounded once, as torch's y + delta."""
+    kernel = LORA_MASKED_ADD
+    kernel.check(y, delta, row_slots)
+    rows, n = y.shape
+    kernel.check_shape("delta", delta, y.shape)
+    kernel.check_shape("row_slots", row_slots, (rows,))
+    out = torch.empty_like(y)
+    kernel.launch(
+        out, y, delta, row_slots, slot, FLOAT_TYPE[y.dtype], rows, n, torch.get_num_threads()
+    )
     return out
 
 

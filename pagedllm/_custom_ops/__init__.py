@@ -44,6 +44,7 @@ from pagedllm._custom_ops.linear import (
 from pagedllm._custom_ops.rowwise import (
     argmax,
     fused_add_rms_norm,
+    lora_masked_add,
     rms_norm,
     rotary_embedding,
     silu_and_mul,
@@ -53,6 +54,7 @@ __all__ = [
     "LinearKernel",
     "MoEKernel",
     "argmax",
+    "lora_masked_add",
     "cpu_kernels_apply",
     "fused_add_rms_norm",
     "fused_experts",

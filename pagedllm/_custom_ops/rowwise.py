@@ -1,6 +1,7 @@
-"""Row-wise ops: RMSNorm (with the residual add), SiLU-and-multiply, rotary embedding and the
-greedy argmax. Each runs pagedllm._C's kernel on CPU tensors it takes, a Triton kernel
-(pagedllm/_triton_ops) on CUDA tensors, and the torch definition elsewhere."""
+"""Row-wise ops: RMSNorm (with the residual add), SiLU-and-multiply, rotary embedding, the
+greedy argmax and a LoRA slot's masked add. Each runs pagedllm._C's kernel on CPU tensors it
+takes, a Triton kernel (pagedllm/_triton_ops) on CUDA tensors where there is one, and the
+torch definition elsewhere."""
 
 import torch
 
@@ -53,6 +54,17 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).contiguous()
         return triton_silu_and_mul(rows).view(*x.shape[:-1], x.shape[-1] // 2)
     return _torch_ops.silu_and_mul(x)
+
+
+def lora_masked_add(
+    y: torch.Tensor, delta: torch.Tensor, row_slots: torch.Tensor, slot: int
+) -> torch.Tensor:
+    """y [T, n] + delta [T, n] on the rows t whose row_slots[t] (int32) is `slot`, y's rows
+    elsewhere (lora/layers.py); pagedllm._C's kernel on CPU tensors (a launch that captured
+    decode steps replay), the torch definition elsewhere, the same bits."""
+    if cpu_kernels_apply(y, delta, dtypes=_one_float_dtype(y)):
+        return _cpu_kernels.lora_masked_add(y.contiguous(), delta.contiguous(), row_slots, slot)
+    return _torch_ops.lora_masked_add(y, delta, row_slots, slot)
 
 
 def rotary_embedding(

@@ -19,7 +19,10 @@ the size is used. Everything the launches point into stays alive here: the arena
 static inputs, and the model's parameters, buffers and KV cache as they were at capture.
 
 B decodes replay the smallest captured size >= B; the rows past B are padding: position 0,
-cache slot -1 (not written), a one-token sequence reading block 0. A replayed step equals
+cache slot -1 (not written), a one-token sequence reading block 0. A step with LoRA adapter
+rows replays a second capture of its size, made with every LoRA slot applied to the rows a
+static buffer maps to it (lora/layers.py; padding rows map to none), so the same launches
+serve any mix of adapters and base rows. A replayed step equals
 the eager step of its padded size exactly (tests/executor/test_cpu_graph.py), and, since the
 kernels compute every row independently of the others (float32, bf16 and GGUF alike), the
 unpadded one too.
@@ -37,6 +40,7 @@ from pagedllm import _cpu_kernels
 from pagedllm.executor import launch_memory
 from pagedllm.executor.batch import BatchInputs, write_placeholders
 from pagedllm.forward_context import AttentionMetadata, set_forward_context
+from pagedllm.lora.layers import LoRAMapping, current_lora_mapping, set_lora_mapping
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +102,7 @@ class _DecodeGraph:
     slot_mapping: torch.Tensor  # [size] int64
     seq_lens: torch.Tensor  # [size] int32
     block_tables: torch.Tensor  # [size, max_blocks] int32
+    lora_rows: torch.Tensor | None = None  # [size] int32: each row's LoRA slot, -1 none
     output: torch.Tensor | None = None
     launches: list[_cpu_kernels.Launch] = field(default_factory=list)
     kept: list[object] = field(default_factory=list)
@@ -114,6 +119,11 @@ class _DecodeGraph:
         self.seq_lens[b:] = 1
         self.block_tables[:b, : md.block_tables.shape[1]].copy_(md.block_tables)
         self.block_tables[b:] = 0
+        if self.lora_rows is not None:
+            mapping = current_lora_mapping()
+            assert mapping is not None, "a LoRA capture replays steps with adapter rows"
+            self.lora_rows[:b].copy_(mapping.row_slots)
+            self.lora_rows[b:] = -1
 
     def metadata(self, seq_lens: list[int]) -> AttentionMetadata:
         """The forward context of the capture: every row a decode."""
@@ -134,13 +144,18 @@ class CpuGraphRunner:
     `run` returns the hidden states [B, hidden], or None when the step must run eagerly (a
     prefill in it, too many sequences, a size that could not be captured)."""
 
-    def __init__(self, model: torch.nn.Module, max_blocks: int, kept: list[object]) -> None:
+    def __init__(
+        self, model: torch.nn.Module, max_blocks: int, kept: list[object], lora_slots: int = 0
+    ) -> None:
         """max_blocks: the longest block table a sequence can have; kept: tensors the
-        launches may point into besides the model's (the KV cache)."""
+        launches may point into besides the model's (the KV cache); lora_slots: the
+        model's LoRA slots (max_loras), 0 without LoRA."""
         self.model = model
         self.max_blocks = max_blocks
         self.kept = kept
-        self.graphs: dict[int, _DecodeGraph | None] = {}  # None: that size runs eagerly
+        self.lora_slots = lora_slots
+        # by (size, with LoRA rows); None: those steps run eagerly
+        self.graphs: dict[tuple[int, bool], _DecodeGraph | None] = {}
 
     @staticmethod
     def applies(device: torch.device, world_size: int, enforce_eager: bool) -> bool:
@@ -173,12 +188,13 @@ class CpuGraphRunner:
         ):
             return None
         size = next(s for s in CAPTURE_SIZES if s >= b)
-        if size in self.graphs and self.graphs[size] is None:
+        key = (size, current_lora_mapping() is not None)
+        if key in self.graphs and self.graphs[key] is None:
             return None
         inputs_embeds = self.model.get_input_embeddings(batch.input_ids)
-        graph = self.graphs.get(size)
+        graph = self.graphs.get(key)
         if graph is None:
-            hidden = self._capture(size, batch, inputs_embeds)
+            hidden = self._capture(key, batch, inputs_embeds)
             return None if hidden is None else hidden[:b]
         graph.fill(batch, inputs_embeds)
         try:
@@ -191,7 +207,7 @@ class CpuGraphRunner:
         return graph.output[:b]
 
     def _capture(
-        self, size: int, batch: BatchInputs, inputs_embeds: torch.Tensor
+        self, key: tuple[int, bool], batch: BatchInputs, inputs_embeds: torch.Tensor
     ) -> torch.Tensor | None:
         """Runs the step eagerly while recording it; -> its hidden states [size, hidden], or
         None when it computed in torch (the caller then runs it eagerly).
@@ -202,14 +218,15 @@ class CpuGraphRunner:
         is freed at once (docs/python-api.md), not at the cyclic collector's next run."""
         dynamo_was_loaded = "torch._dynamo" in sys.modules
         try:
-            return self._record(size, batch, inputs_embeds)
+            return self._record(key, batch, inputs_embeds)
         finally:
             if not dynamo_was_loaded and "torch._dynamo" in sys.modules:
                 gc.collect()
 
     def _record(
-        self, size: int, batch: BatchInputs, inputs_embeds: torch.Tensor
+        self, key: tuple[int, bool], batch: BatchInputs, inputs_embeds: torch.Tensor
     ) -> torch.Tensor | None:
+        size, lora = key
         hidden = inputs_embeds.shape[1]
         graph = _DecodeGraph(
             size,
@@ -218,12 +235,16 @@ class CpuGraphRunner:
             torch.empty(size, dtype=torch.int64),
             torch.empty(size, dtype=torch.int32),
             torch.zeros(size, self.max_blocks, dtype=torch.int32),
+            torch.empty(size, dtype=torch.int32) if lora else None,
         )
         graph.fill(batch, inputs_embeds)
+        what = f"{size} sequences{' with LoRA rows' if lora else ''}"
         mode = _CaptureMode()
+        every_slot = LoRAMapping(graph.lora_rows, tuple(range(self.lora_slots))) if lora else None
         try:
             with (
                 set_forward_context(graph.metadata(batch.attn_metadata.seq_lens_cpu)),
+                set_lora_mapping(every_slot),
                 _cpu_kernels.record_launches() as launches,
                 mode,
             ):
@@ -231,21 +252,21 @@ class CpuGraphRunner:
         except CaptureUnsupported as e:
             # str(e): a log record holding e would hold its traceback's frames, the whole
             # engine among them, for as long as a handler keeps records
-            logger.info("Decode steps of %d sequences run eagerly: %s", size, str(e))
-            self.graphs[size] = None
+            logger.info("Decode steps of %s run eagerly: %s", what, str(e))
+            self.graphs[key] = None
             return None
         graph.launches, arena, graph.output = launch_memory.plan(launches, mode.allocations, eager)
         _cpu_kernels.replay_launches(graph.launches)  # rewrites this step's cache rows as they are
         if not _same_bits(graph.output, eager):
-            logger.warning("Decode steps of %d sequences run eagerly: replay differed", size)
-            self.graphs[size] = None
+            logger.warning("Decode steps of %s run eagerly: replay differed", what)
+            self.graphs[key] = None
             return eager
         graph.kept = [arena, *self.model.parameters(), *self.model.buffers(), *self.kept]
-        self.graphs[size] = graph
+        self.graphs[key] = graph
         logger.info(
-            "Captured decode steps of %d sequences: %d kernel launches, %.2f MB of buffers "
+            "Captured decode steps of %s: %d kernel launches, %.2f MB of buffers "
             "(%.1f MB before packing)",
-            size,
+            what,
             len(launches),
             arena.numel() / 1e6,
             sum(launch_memory.storages(mode.allocations).values()) / 1e6,

@@ -44,6 +44,7 @@ from pagedllm.executor.kv_cache import attention_layers
 from pagedllm.forward_context import AttentionMetadata, set_forward_context
 from pagedllm.layers.attention_backends.backend import AttentionCGSupport
 from pagedllm.logger import init_logger
+from pagedllm.lora.layers import current_lora_mapping
 
 logger = init_logger(__name__)
 
@@ -261,9 +262,10 @@ class CudaGraphRunner:
         placeholders: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor | None:
         """batch: the step on the host (host_batch); placeholders: input ids written on
-        the device after it is copied there (write_placeholders)."""
+        the device after it is copied there (write_placeholders). A step with LoRA adapter
+        rows runs eagerly: the graphs were captured without adapters."""
         size = self.size_for(batch.attn_metadata)
-        if size is None:
+        if size is None or current_lora_mapping() is not None:
             return None
         self.inputs.load(batch, size)
         write_placeholders(self.inputs.device["input_ids"], placeholders)

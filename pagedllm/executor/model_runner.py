@@ -220,7 +220,8 @@ class ModelRunner:
             self.device, config.parallel_config.world_size, config.enforce_eager
         ):
             max_blocks = -(-max_model_len // self.block_size)
-            self.graph_runner = CpuGraphRunner(self.model, max_blocks, [self.kv_cache])
+            lora_slots = 0 if self.lora_manager is None else self.lora_manager.num_slots
+            self.graph_runner = CpuGraphRunner(self.model, max_blocks, [self.kv_cache], lora_slots)
         elif no_cuda_graphs is None:
             sizes = cuda_graph.capture_sizes(config.scheduler_config.max_num_seqs)
             self.graph_runner = CudaGraphRunner(
@@ -287,9 +288,7 @@ class ModelRunner:
         pin = self.device.type != "cpu"
         batch = host_batch(step.chunks, self.block_size, pin, self.host_block_tables)
         starts = [0, *itertools.accumulate(batch.attn_metadata.query_lens_cpu)]
-        # Captured steps hold no LoRA delta (none was applied when they were captured): a
-        # step with adapter rows runs eagerly.
-        replay = self.graph_runner is not None and not step.lora_slots
+        replay = self.graph_runner is not None
         if replay and step.sample_offsets and starts[-1] <= self.graph_runner.max_decode_rows:
             # Verifying drafts: as decode rows, the graph runner replays the step.
             batch = as_decode_rows(batch, pin)

@@ -8,18 +8,22 @@ gives every sub-matrix's delta. Under tensor parallelism a slot holds this rank'
 cut as the base weight is: B's rows for column-parallel layers, A's columns for row-parallel
 ones (whose partial deltas the layer's all-reduce sums with its output).
 
-Each slot a step uses is multiplied over all of the step's rows and kept where the row's
-mask is set: a row's delta is its own adapter's, computed by the same kernels in the same
-order whatever rows, slots or other adapters share the step (`_custom_ops.linear` sums
-every row in one order on the CPU), and a row without an adapter adds exact zeros.
+Each slot a step uses is multiplied over all of the step's rows and added to the rows that
+use it (`_custom_ops.lora_masked_add`: the other rows stay as they are): a row's delta is
+its own adapter's, computed by the same kernels in the same order whatever rows, slots or
+other adapters share the step (`_custom_ops.linear` sums every row in one order on the CPU),
+and a row without an adapter keeps the base layer's output bit for bit. A captured decode
+step (executor/cpu_graph.py) applies every slot, its rows' slots in a static buffer; each
+row still gets only its own slot's delta, so replayed and eager steps agree bit for bit.
 """
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
-from pagedllm._custom_ops import linear
+from pagedllm._custom_ops import linear, lora_masked_add
 from pagedllm.layers.linear import (
     ColumnParallelLinear,
     LinearBase,
@@ -29,20 +33,34 @@ from pagedllm.layers.linear import (
 )
 from pagedllm.layers.parameter import shard_of
 
-# (slot, [T, 1] bool: the rows that use it, or None: all of them) for each slot the running
-# step uses.
-_step_slots: list[tuple[int, torch.Tensor | None]] = []
+
+@dataclass(frozen=True)
+class LoRAMapping:
+    """vLLM's name: which slot each of a step's rows runs with. `row_slots` [T] int32 (-1:
+    no adapter); `slots`: the slots to apply (those the rows use, or every slot in a
+    captured step)."""
+
+    row_slots: torch.Tensor
+    slots: tuple[int, ...]
+
+
+_step_mapping: LoRAMapping | None = None
+
+
+def current_lora_mapping() -> LoRAMapping | None:
+    """The running step's mapping (None: no adapter rows)."""
+    return _step_mapping
 
 
 @contextmanager
-def set_lora_mapping(slots: list[tuple[int, torch.Tensor | None]]) -> Iterator[None]:
+def set_lora_mapping(mapping: LoRAMapping | None) -> Iterator[None]:
     """The step's rows by slot, read by every LoRA layer of its forward."""
-    global _step_slots
-    previous, _step_slots = _step_slots, slots
+    global _step_mapping
+    previous, _step_mapping = _step_mapping, mapping
     try:
         yield
     finally:
-        _step_slots = previous
+        _step_mapping = previous
 
 
 class LoRASlots:
@@ -84,10 +102,13 @@ class LoRASlots:
             self.lora_b[slot, offset : offset + size, cols].copy_(b)
 
     def add_to(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """y (the layer's output for x) plus each row's adapter delta."""
-        for slot, rows in _step_slots:
+        """y [T, out] (the layer's output for x [T, in]) plus each row's adapter delta."""
+        mapping = _step_mapping
+        if mapping is None:
+            return y
+        for slot in mapping.slots:
             delta = linear(linear(x, self.lora_a[slot]), self.lora_b[slot])
-            y = y + (delta if rows is None else torch.where(rows, delta, 0))
+            y = lora_masked_add(y, delta, mapping.row_slots, slot)
         return y
 
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from pagedllm.config import LoRAConfig
 from pagedllm.layers.linear import LinearBase
-from pagedllm.lora.layers import LoRASlots, set_lora_mapping
+from pagedllm.lora.layers import LoRAMapping, LoRASlots, set_lora_mapping
 from pagedllm.lora.registry import Weights
 
 
@@ -63,16 +63,17 @@ class LoRAModelManager:
         rows: list[int] = []
         for slot, length in zip(chunk_slots, lengths, strict=True):
             rows.extend([slot] * length)
-        used = sorted(set(rows) - {-1})
-        if not used:
-            slots = []
-        elif len(set(rows)) == 1:  # every row runs with one adapter: no mask to apply
-            slots = [(used[0], None)]
-        else:
-            mapping = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
-            slots = [(slot, (mapping == slot).unsqueeze(1)) for slot in used]
-        with set_lora_mapping(slots):
+        used = tuple(sorted(set(rows) - {-1}))
+        mapping = None
+        if used:
+            row_slots = torch.tensor(rows, dtype=torch.int32).to(self.device, non_blocking=True)
+            mapping = LoRAMapping(row_slots, used)
+        with set_lora_mapping(mapping):
             yield
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.slot_keys)
 
     def _load(self, slot: int, key: str, weights: Weights) -> None:
         self.slot_keys[slot] = None

@@ -65,7 +65,7 @@ def test_replayed_decode_steps_equal_eager_ones(
     llm, replayed, eager = _both(tiny_model_path(name), dtype=dtype)
     assert replayed == eager
     graphs = _runner(llm).graph_runner.graphs
-    assert sorted(graphs) == [1, 2, 4, 8] and all(graphs.values())
+    assert sorted(graphs) == [(s, False) for s in (1, 2, 4, 8)] and all(graphs.values())
 
 
 @needs_kernels
@@ -84,7 +84,7 @@ def test_the_default_models_gguf_blocks_replay_like_eager() -> None:
     kwargs = {"num_kv_blocks": 64, "max_model_len": 256}
     llm = LLM(default_model_path(), **kwargs)
     assert generate(llm) == generate(LLM(default_model_path(), enforce_eager=True, **kwargs))
-    assert sorted(_runner(llm).graph_runner.graphs) == [1, 4]
+    assert sorted(_runner(llm).graph_runner.graphs) == [(1, False), (4, False)]
 
 
 @needs_kernels
@@ -127,7 +127,7 @@ def test_qk_norm_models_replay_every_size(tiny_model_path: Callable[[str], str])
     llm, replayed, eager = _both(tiny_model_path("qwen3"), dtype="float32")
     assert replayed == eager
     graphs = _runner(llm).graph_runner.graphs
-    assert sorted(graphs) == [1, 2, 4, 8] and all(graphs.values())
+    assert sorted(graphs) == [(s, False) for s in (1, 2, 4, 8)] and all(graphs.values())
 
 
 def test_enforce_eager_and_tensor_parallel_take_no_graph_runner(
@@ -160,7 +160,7 @@ def test_a_bad_index_in_a_replayed_step_raises_and_drops_the_graphs(
     )
     runner = _runner(llm)
     runner.forward(StepInput([SeqChunk([5], 3, [1])], [], [0], []))
-    assert runner.graph_runner.graphs[1] is not None
+    assert runner.graph_runner.graphs[(1, False)] is not None
     with pytest.raises(ValueError, match="slot_mapping"):
         runner.forward(StepInput([SeqChunk([5], 3, [8])], [], [0], []))
     assert runner.graph_runner.graphs == {}

@@ -20,7 +20,7 @@ from pagedllm.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
-from pagedllm.lora.layers import LoRASlots, output_shards, set_lora_mapping
+from pagedllm.lora.layers import LoRAMapping, LoRASlots, output_shards, set_lora_mapping
 
 HIDDEN, HEAD, MAX_RANK, MAX_LORAS = 16, 4, 4, 3
 BuildPerRank = Callable[[Callable[[], nn.Module], int], list[nn.Module]]
@@ -121,9 +121,10 @@ def reference(
 ROW_SLOTS = [2, 0, None, 2, None]
 
 
-def mapping(row_slots: list[int | None]) -> list[tuple[int, torch.Tensor]]:
-    slots = sorted({s for s in row_slots if s is not None})
-    return [(s, torch.tensor([[r == s] for r in row_slots])) for s in slots]
+def mapping(row_slots: list[int | None]) -> LoRAMapping:
+    slots = tuple(sorted({s for s in row_slots if s is not None}))
+    rows = torch.tensor([-1 if s is None else s for s in row_slots], dtype=torch.int32)
+    return LoRAMapping(rows, slots)
 
 
 def two_adapters(case: Case) -> dict[int, list[Pair | None]]:

@@ -120,26 +120,17 @@ def test_activate_maps_each_chunk_s_rows_to_its_slot(
     with activate(manager, planner, [b], [1]):  # b in slot 0, a will take slot 1
         pass
     with activate(manager, planner, [a, None, b, a], [2, 1, 3, 1]):
-        step_slots = lora_layers._step_slots
-        assert [slot for slot, _ in step_slots] == [0, 1]
-        rows = {slot: mask.squeeze(1).tolist() for slot, mask in step_slots}
-        assert rows[1] == [True, True, False, False, False, False, True]
-        assert rows[0] == [False, False, False, True, True, True, False]
-    assert lora_layers._step_slots == []
-
-
-def test_rows_all_of_one_adapter_need_no_mask(
-    tiny_model_path: Callable[[str], str], loaded: list[LoadedAdapter]
-) -> None:
-    manager = new_manager(tiny_model_path)
-    with activate(manager, LoRASlotPlanner(2), [loaded[0], loaded[0]], [3, 2]):
-        assert lora_layers._step_slots == [(0, None)]
+        mapping = lora_layers.current_lora_mapping()
+        assert mapping.slots == (0, 1)
+        assert mapping.row_slots.dtype == torch.int32
+        assert mapping.row_slots.tolist() == [1, 1, -1, 0, 0, 0, 1]
+    assert lora_layers.current_lora_mapping() is None
 
 
 def test_base_rows_only_map_to_no_slot(tiny_model_path: Callable[[str], str]) -> None:
     manager = new_manager(tiny_model_path)
     with manager.activate({}, {}, [-1, -1], [3, 2]):
-        assert lora_layers._step_slots == []
+        assert lora_layers.current_lora_mapping() is None
 
 
 def test_each_layer_computes_peft_s_adapted_modules_per_row(
