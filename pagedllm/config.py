@@ -338,12 +338,14 @@ class ModelConfig:
 
     @property
     def pooling_tasks(self) -> tuple[str, ...]:
-        """vLLM's pooling tasks this model serves: a classifier classifies and scores pairs
-        as a cross-encoder; an embedding model embeds and scores pairs by cosine
-        similarity; a generating model serves none."""
+        """vLLM's pooling tasks this model serves: a classifier classifies, and with one
+        label scores pairs as a cross-encoder; an embedding model embeds and scores pairs
+        by cosine similarity; a generating model serves none."""
         if self.runner_type != "pooling":
             return ()
-        return ("classify", "score") if self.is_cross_encoder else ("embed", "score")
+        if self.classifier_config is None:
+            return ("embed", "score")
+        return ("classify", "score") if self.classifier_config.num_labels == 1 else ("classify",)
 
     @property
     def is_cross_encoder(self) -> bool:

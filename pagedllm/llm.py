@@ -28,7 +28,12 @@ from pagedllm.outputs import (
     ScoringRequestOutput,
 )
 from pagedllm.pooling_params import PoolingParams
-from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from pagedllm.sampling_params import (
+    BeamSearchParams,
+    RequestOutputKind,
+    SamplingParams,
+    truncation_size,
+)
 from pagedllm.scoring import (
     as_score_inputs,
     check_cross_encoder,
@@ -38,6 +43,7 @@ from pagedllm.scoring import (
     cross_encoder_scores,
     paired,
 )
+from pagedllm.value_checks import as_truncate_prompt_tokens
 
 ChatMessages = list[dict[str, str]]
 
@@ -290,6 +296,8 @@ class LLM:
                 else "runner='pooling' (--runner pooling) to use the model as an embedding model"
             )
             raise ValueError(f"{api} is only supported for pooling models; use {how}")
+        if task == "score" and model_config.classifier_config is not None:
+            check_cross_encoder(model_config.classifier_config)
         if task not in model_config.pooling_tasks:
             kind = "a classifier" if model_config.is_cross_encoder else "an embedding model"
             raise ValueError(
@@ -355,13 +363,22 @@ class LLM:
         score_template: str | None,
         lora_request: object,
     ) -> list[ScoringRequestOutput]:
-        """Each pair as one prompt through the classifier, its one label's score."""
+        """Each pair as one prompt through the classifier, its one label's score. A
+        truncation (truncate_prompt_tokens, or the params') cuts the pair as the tokenizer
+        cuts it (vLLM's rule), not the joined prompt's start."""
         model_config = self.llm_engine.config.model_config
         assert model_config.classifier_config is not None
         check_cross_encoder(model_config.classifier_config)
         tokenizer = self.llm_engine.tokenizer
         if tokenizer is None:
             raise ValueError("a cross-encoder tokenizes its pairs; skip_tokenizer_init=False")
+        if truncate_prompt_tokens is None and pooling_params is not None:
+            truncate_prompt_tokens = pooling_params.truncate_prompt_tokens
+        if pooling_params is not None:
+            pooling_params = replace(pooling_params, truncate_prompt_tokens=None)
+        max_length = truncation_size(
+            as_truncate_prompt_tokens(truncate_prompt_tokens), model_config.max_model_len
+        )
         pairs = []
         for p1, p2 in paired(prompts_1, prompts_2):
             text, ids = cross_encoder_prompt(
@@ -370,15 +387,11 @@ class LLM:
                 _prompt_text(p1),
                 _prompt_text(p2),
                 score_template,
+                max_length=max_length,
             )
             pairs.append(TokensPrompt(prompt_token_ids=ids, prompt=text))
         outputs = self.encode(
-            pairs,
-            pooling_params,
-            use_tqdm,
-            truncate_prompt_tokens=truncate_prompt_tokens,
-            pooling_task="score",
-            lora_request=lora_request,
+            pairs, pooling_params, use_tqdm, pooling_task="score", lora_request=lora_request
         )
         return cross_encoder_scores(outputs)
 

@@ -453,11 +453,18 @@ class BeamSearchParams:
 def truncated_prompt(token_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
     """vLLM's truncate_prompt_tokens: the prompt's last `keep` ids (-1: max_model_len's worth;
     None: all of them); a `keep` over max_model_len is refused, as vLLM refuses it."""
+    size = truncation_size(keep, max_model_len)
+    return token_ids if size is None else token_ids[-size:]
+
+
+def truncation_size(keep: int | None, max_model_len: int) -> int | None:
+    """How many tokens vLLM's truncate_prompt_tokens keeps (-1: max_model_len; None: no
+    cut); a `keep` over max_model_len is refused, as vLLM refuses it."""
     if keep is None:
-        return token_ids
+        return None
     if keep > max_model_len:
         raise ValueError(
             f"truncate_prompt_tokens value ({keep}) is greater than max_model_len "
             f"({max_model_len}). Please request a smaller truncation size."
         )
-    return token_ids[-(max_model_len if keep == -1 else keep) :]
+    return max_model_len if keep == -1 else keep

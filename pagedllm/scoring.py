@@ -94,17 +94,24 @@ def cross_encoder_prompt(
     text_2: str,
     score_template: str | None = None,
     add_special_tokens: bool = True,
+    max_length: int | None = None,
 ) -> tuple[str, list[int]]:
     """A pair's one prompt (vLLM's get_score_prompt) and its token ids: through
     `score_template` where one is given (a chat template over the messages
     [{"role": "query", ...}, {"role": "document", ...}], as Qwen3-Reranker's), else the
     tokenizer's pair encoding (its separator between the texts) for a classifier
-    checkpoint, or the texts joined for a generative checkpoint converted to a reranker."""
+    checkpoint, or the texts joined for a generative checkpoint converted to a reranker.
+    `max_length` (vLLM's truncate_prompt_tokens on a pair): the tokenizer's truncation to
+    that many tokens, its `longest_first` rule on a pair (the longer text loses tokens
+    first, so the query stays), its truncation side on one text."""
     if not isinstance(text_1, str) or not isinstance(text_2, str):
         raise TypeError(
             "a cross-encoder scores texts: each side takes strings (or {'prompt': text}), "
             "not token ids"
         )
+    kwargs = {"add_special_tokens": add_special_tokens}
+    if max_length is not None:
+        kwargs |= {"truncation": True, "max_length": max_length}
     if score_template is not None:
         messages = [{"role": "query", "content": text_1}, {"role": "document", "content": text_2}]
         try:
@@ -113,13 +120,21 @@ def cross_encoder_prompt(
             )
         except Exception as e:  # noqa: BLE001 - templates raise anything
             raise ValueError(f"cannot apply the score template: {e}") from e
-        ids = tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
-        return text, ids
+        return text, _encode(tokenizer, kwargs, text)
     if config.pair_tokenized:
-        ids = tokenizer(text=text_1, text_pair=text_2, add_special_tokens=add_special_tokens)
-        return tokenizer.decode(ids["input_ids"]), ids["input_ids"]
+        ids = _encode(tokenizer, kwargs, text_1, text_2)
+        return tokenizer.decode(ids), ids
     text = text_1 + text_2
-    return text, tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+    return text, _encode(tokenizer, kwargs, text)
+
+
+def _encode(tokenizer: Any, kwargs: dict, text: str, text_pair: str | None = None) -> list[int]:
+    """The tokenizer's ids of a text (or a pair); a truncation it cannot make (a length
+    shorter than its special tokens) is a ValueError."""
+    try:
+        return tokenizer(text=text, text_pair=text_pair, **kwargs)["input_ids"]
+    except Exception as e:  # noqa: BLE001 - tokenizers raise their own errors
+        raise ValueError(f"cannot tokenize the pair: {e}") from e
 
 
 def cross_encoder_scores(outputs: list[PoolingRequestOutput]) -> list[ScoringRequestOutput]:

@@ -78,8 +78,12 @@ def test_dummy_weights_of_a_gguf_file_are_unquantized_only() -> None:
 def test_a_classifier_pools_and_runs_from_safetensors_only(tiny_model_path) -> None:
     classifier = {"architectures": ["Qwen2ForSequenceClassification"], "num_labels": 2}
     config = ModelConfig.create(tiny_model_path("qwen2"), hf_overrides=classifier)
-    assert config.runner_type == "pooling" and config.pooling_tasks == ("classify", "score")
+    assert config.runner_type == "pooling" and config.pooling_tasks == ("classify",)
     assert config.is_cross_encoder and config.pooled_size == 2
+    reranker = ModelConfig.create(
+        tiny_model_path("qwen2"), hf_overrides=classifier | {"num_labels": 1}
+    )
+    assert reranker.pooling_tasks == ("classify", "score")
     assert ModelConfig.create(tiny_model_path("qwen2"), runner="pooling").pooling_tasks == (
         "embed",
         "score",

@@ -123,6 +123,26 @@ def test_score_runs_each_pair_as_one_prompt(tmp_path) -> None:
     assert [o.outputs.score for o in raw] == pytest.approx(logits, abs=1e-5)
 
 
+def test_score_truncation_cuts_the_pair_as_the_tokenizer_does(tmp_path) -> None:
+    """vLLM's rule: truncate_prompt_tokens is the tokenizer's truncation of the pair
+    (longest_first), so the query's start stays in every pair."""
+    folder = cross_encoder(tmp_path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    query, documents = "what is a cat?", ["a cat is an animal", "meow"]
+    with classifier_llm(folder) as llm:
+        outputs = llm.score(query, documents, truncate_prompt_tokens=10, use_tqdm=False)
+        same = llm.score(query, documents, pooling_params=PoolingParams(truncate_prompt_tokens=10))
+    cut = [
+        tokenizer(text=query, text_pair=d, truncation=True, max_length=10)["input_ids"]
+        for d in documents
+    ]
+    assert [o.prompt_token_ids for o in outputs] == cut
+    assert all(ids[:4] == tokenizer(query)["input_ids"][:4] for ids in cut)
+    expected = [torch.sigmoid(x)[0].item() for x in hf_label_logits(folder, cut)]
+    assert [o.outputs.score for o in outputs] == pytest.approx(expected, abs=1e-5)
+    assert [o.outputs.score for o in same] == [o.outputs.score for o in outputs]
+
+
 def test_score_template_formats_the_pair(tmp_path) -> None:
     folder = cross_encoder(tmp_path)
     template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"

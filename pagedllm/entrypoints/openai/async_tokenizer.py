@@ -71,11 +71,18 @@ class AsyncTokenizer:
         return await self._run(render)
 
     async def cross_encoder_prompt(
-        self, config: ClassifierConfig, text_1: str, text_2: str, score_template: str | None
+        self,
+        config: ClassifierConfig,
+        text_1: str,
+        text_2: str,
+        score_template: str | None,
+        max_length: int | None = None,
     ) -> tuple[str, list[int]]:
         """A cross-encoder's pair as one prompt: pagedllm/scoring.py's cross_encoder_prompt."""
         return await self._run(
-            lambda t: cross_encoder_prompt(t, config, text_1, text_2, score_template)
+            lambda t: cross_encoder_prompt(
+                t, config, text_1, text_2, score_template, max_length=max_length
+            )
         )
 
     def shutdown(self) -> None:

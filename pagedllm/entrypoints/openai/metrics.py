@@ -198,17 +198,26 @@ class ServerMetrics:
         self, outputs: AsyncIterator[PoolingRequestOutput], arrival_time: float
     ) -> AsyncIterator[PoolingRequestOutput]:
         """A pooling request's one output, passed through: counted as a finished request
-        ("stop") with its prompt tokens, e2e latency and engine phases."""
-        async with aclosing(outputs):
-            async for output in outputs:
-                if output.finished:
-                    labels = self._labels(output)
-                    latency = time.monotonic() - arrival_time
-                    self.e2e_request_latency.labels(*labels).observe(latency)
-                    self.request_prompt_tokens.labels(*labels).observe(len(output.prompt_token_ids))
-                    self.request_success.labels(*labels, "stop").inc()
-                    self._observe_phases(labels, output.metrics)
-                yield output
+        ("stop") with its prompt tokens, e2e latency and engine phases; closed before it (its
+        client gone), counted as "abort", as `track` counts an unfinished completion."""
+        finished = False
+        try:
+            async with aclosing(outputs):
+                async for output in outputs:
+                    if output.finished:
+                        finished = True
+                        labels = self._labels(output)
+                        latency = time.monotonic() - arrival_time
+                        self.e2e_request_latency.labels(*labels).observe(latency)
+                        tokens = len(output.prompt_token_ids)
+                        self.request_prompt_tokens.labels(*labels).observe(tokens)
+                        self.request_success.labels(*labels, "stop").inc()
+                        self._observe_phases(labels, output.metrics)
+                    yield output
+        except (GeneratorExit, asyncio.CancelledError):
+            if not finished:
+                self.request_success.labels(self.model_name, ENGINE, "abort").inc()
+            raise
 
     def _observe_finished(
         self,

@@ -128,7 +128,8 @@ class OpenAIServingEmbedding(OpenAIServing):
         else:
             prompts = await self._input_ids(request.input, request.add_special_tokens is not False)
         prompts = [self.truncated(ids, request.truncate_prompt_tokens) for ids in prompts]
-        return [self.check_prompt(ids, "input") for ids in prompts]
+        param = "input" if request.messages is None else "messages"
+        return [self.check_prompt(ids, param) for ids in prompts]
 
     async def _input_ids(self, inputs: PoolingInput, add_special_tokens: bool) -> list[TokenIds]:
         """`input`'s items as token ids; an empty text or list is a 400, as OpenAI's."""

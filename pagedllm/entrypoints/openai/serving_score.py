@@ -32,14 +32,15 @@ from pagedllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from pagedllm.entrypoints.openai.unsupported_fields import check_unsupported_fields
 from pagedllm.outputs import PoolingRequestOutput, ScoringRequestOutput
 from pagedllm.pooling_params import PoolingParams
+from pagedllm.sampling_params import truncation_size
 from pagedllm.scoring import (
     as_score_inputs,
-    check_cross_encoder,
     check_score_lengths,
     cosine_scores,
     cross_encoder_scores,
     paired,
 )
+from pagedllm.value_checks import as_truncate_prompt_tokens
 
 Scorer = Callable[[list[PoolingRequestOutput]], list[ScoringRequestOutput]]
 
@@ -92,13 +93,7 @@ class OpenAIServingScore:
     def _check(self, request: ScoreRequest | RerankRequest, api: str) -> str:
         """The model name to answer with, after the 404 / 400s that come before any work."""
         model, _ = self.embedding.check_model(request.model)
-        self.embedding.check_pooling(api, "score")
-        classifier = self.embedding.engine.config.model_config.classifier_config
-        if classifier is not None:
-            try:
-                check_cross_encoder(classifier)
-            except ValueError as e:
-                raise OpenAIError(str(e), param="model") from e
+        self.embedding.check_pooling(api, "score")  # a classifier of several labels: 400
         check_unsupported_fields(request.model_extra, "classify")
         return model
 
@@ -157,19 +152,25 @@ class OpenAIServingScore:
         request: ScoreRequest | RerankRequest,
     ) -> tuple[list[list[int]], PoolingParams, Scorer]:
         """Each pair's one prompt (the score template's where the server has one), cut to
-        its last `truncate_prompt_tokens`; a prompt too long is a 400 naming the second
-        side."""
+        `truncate_prompt_tokens` as the tokenizer cuts a pair (vLLM's rule: the longer text
+        loses tokens first); a prompt too long is a 400 naming the second side."""
         config = self.embedding.engine.config.model_config.classifier_config
         template = self.embedding.chat_template
+        try:
+            max_length = truncation_size(
+                as_truncate_prompt_tokens(request.truncate_prompt_tokens),
+                self.embedding.max_model_len,
+            )
+        except (ValueError, TypeError) as e:
+            raise OpenAIError(str(e), param="truncate_prompt_tokens") from e
         prompts = []
         for text_1, text_2 in paired(texts_1, texts_2):
             try:
                 _, ids = await self.embedding.async_tokenizer.cross_encoder_prompt(
-                    config, text_1, text_2, template
+                    config, text_1, text_2, template, max_length
                 )
             except ValueError as e:
                 raise OpenAIError(str(e)) from e
-            ids = self.embedding.truncated(ids, request.truncate_prompt_tokens)
             prompts.append(self.embedding.check_prompt(ids, names[1]))
         params = PoolingParams(task="score", use_activation=request.use_activation)
         return prompts, params, cross_encoder_scores

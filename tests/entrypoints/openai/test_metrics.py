@@ -406,3 +406,24 @@ def test_track_pooling_counts_the_request_its_prompt_tokens_and_latency(
     success = [s for f in families for s in f.samples if s.name == "vllm:request_success_total"]
     assert [(s.labels["finished_reason"], s.value) for s in success if s.value] == [("stop", 1)]
     assert values["vllm:time_to_first_token_seconds_count"] == 0
+
+
+def test_a_pooling_request_cancelled_before_its_output_counts_an_abort() -> None:
+    """A /classify or /v1/embeddings client that goes away: its requests count as
+    "abort", as a generating request's unfinished completions do."""
+    metrics = make_metrics()
+
+    async def never() -> AsyncIterator[PoolingRequestOutput]:
+        await asyncio.Event().wait()
+        yield  # never reached: the request is cancelled while it runs
+
+    async def cancelled() -> None:
+        task = asyncio.create_task(drain(metrics.track_pooling(never(), 0.0)))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled())
+    assert successes(metrics)[("0", "abort")] == 1
+    assert successes(metrics)[("0", "stop")] == 0

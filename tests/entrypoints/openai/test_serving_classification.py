@@ -191,6 +191,7 @@ def test_a_converted_checkpoint_without_labels_answers_label_null(
         ({"messages": []}, "messages"),
         ({"input": [[5, 999]]}, "input"),
         ({"input": "x" * 600}, "input"),
+        ({"messages": [{"role": "user", "content": "x" * 600}]}, "messages"),
         ({"input": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
         ({"input": "hi", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
         ({"input": "hi", "use_activation": "sometimes"}, "use_activation"),

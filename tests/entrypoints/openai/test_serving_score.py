@@ -319,7 +319,9 @@ def pair_logit(cross_encoder: str) -> Callable[[list[int]], float]:
 @pytest.fixture(scope="module")
 def pair_ids(cross_encoder: str) -> Callable[[str, str], list[int]]:
     tokenizer = transformers.AutoTokenizer.from_pretrained(cross_encoder)
-    return lambda text_1, text_2: tokenizer(text=text_1, text_pair=text_2)["input_ids"]
+    return lambda text_1, text_2, **cut: tokenizer(text=text_1, text_pair=text_2, **cut)[
+        "input_ids"
+    ]
 
 
 def sigmoid(x: float) -> float:
@@ -403,16 +405,20 @@ def test_the_servers_chat_template_is_the_score_template(
     assert body["usage"]["prompt_tokens"] == len("query=q;document=d1;") * 2 + 1
 
 
-def test_cross_encoder_truncation_cuts_each_pair_prompt(
+def test_cross_encoder_truncation_cuts_each_pair_as_the_tokenizer_does(
     cross_http: TestClient,
     pair_logit: Callable[[list[int]], float],
-    pair_ids: Callable[[str, str], list[int]],
+    pair_ids: Callable[..., list[int]],
 ) -> None:
-    body = {"text_1": QUERY, "text_2": DOCS, "truncate_prompt_tokens": 4}
+    """vLLM's rule: the tokenizer's truncation of the pair (longest_first: the longer text
+    loses tokens first), so the query stays in every pair."""
+    body = {"text_1": QUERY, "text_2": DOCS, "truncate_prompt_tokens": 8}
     answer = post(cross_http, "/v1/score", body)
-    assert answer["usage"]["prompt_tokens"] == 4 * len(DOCS)
-    expected = [sigmoid(pair_logit(pair_ids(QUERY, doc)[-4:])) for doc in DOCS]
+    cut = [pair_ids(QUERY, doc, truncation=True, max_length=8) for doc in DOCS]
+    assert answer["usage"]["prompt_tokens"] == sum(len(ids) for ids in cut)
+    expected = [sigmoid(pair_logit(ids)) for ids in cut]
     assert [d["score"] for d in answer["data"]] == pytest.approx(expected, abs=1e-5)
+    assert all(ids[:4] == pair_ids(QUERY, "")[:4] for ids in cut), "the query's start stays"
 
 
 @pytest.mark.parametrize(
@@ -450,4 +456,5 @@ def test_a_classifier_of_several_labels_does_not_score_pairs(
         response = http.post(path, json={"model": MODEL, **body})
     assert response.status_code == 400
     error = response.json()["error"]
-    assert error["param"] == "model" and "3 labels" in error["message"]
+    assert error["param"] == "model"
+    assert error["message"].endswith("this model is a classifier; it serves /classify")
