@@ -362,7 +362,7 @@ def test_decodes_replay_captured_steps_with_and_without_adapter_rows(
     calls.clear()
     replayed = llm.generate(mixed, greedy(), False, lora_request=loras)
     assert sum(calls) >= MAX_TOKENS - 1
-    assert llm.llm_engine.executor.runner.graph_runner.graphs[(4, True)] is not None
+    assert llm.llm_engine.executor.runner.graph_runner.graphs[(4, (0, 1))] is not None
     eager = LLM(path, enable_lora=True, max_lora_rank=8, max_loras=2, enforce_eager=True, **ENGINE)
     expected = eager.generate(mixed, greedy(), False, lora_request=loras)
     for got, want in zip(replayed, expected, strict=True):

@@ -20,12 +20,13 @@ static inputs, and the model's parameters, buffers and KV cache as they were at 
 
 B decodes replay the smallest captured size >= B; the rows past B are padding: position 0,
 cache slot -1 (not written), a one-token sequence reading block 0. A step with LoRA adapter
-rows replays a second capture of its size, made with every LoRA slot applied to the rows a
-static buffer maps to it (lora/layers.py; padding rows map to none), so the same launches
-serve any mix of adapters and base rows. A replayed step equals
-the eager step of its padded size exactly (tests/executor/test_cpu_graph.py), and, since the
-kernels compute every row independently of the others (float32, bf16 and GGUF alike), the
-unpadded one too.
+rows replays a capture of its size made with the slots its rows use, each applied to the
+rows a static buffer maps to it (lora/layers.py; padding rows map to none), so the same
+launches serve any rows of those adapters and base rows. Each size keeps up to
+LORA_CAPTURES_PER_SIZE such sets of slots; other sets replay the capture of every slot.
+A replayed step equals the eager step of its padded size exactly
+(tests/executor/test_cpu_graph.py), and, since the kernels compute every row independently
+of the others (float32, bf16 and GGUF alike), the unpadded one too.
 """
 
 import gc
@@ -43,6 +44,12 @@ from pagedllm.forward_context import AttentionMetadata, set_forward_context
 from pagedllm.lora.layers import LoRAMapping, current_lora_mapping, set_lora_mapping
 
 logger = logging.getLogger(__name__)
+
+LORA_CAPTURES_PER_SIZE = 4
+"""Captures of one size for steps with LoRA rows, each for one set of slots: a step pays
+for the slots it uses only (a slot's two thin matmuls on every targeted layer, `pagedllm
+bench lora` measures them), and a model with many slots does not keep a capture for every
+set of them."""
 
 CAPTURE_SIZES = (1, 2, 4, 8, 16)
 """Decode batch sizes that are captured (as vLLM pads to its cudagraph sizes); larger
@@ -154,8 +161,9 @@ class CpuGraphRunner:
         self.max_blocks = max_blocks
         self.kept = kept
         self.lora_slots = lora_slots
-        # by (size, with LoRA rows); None: those steps run eagerly
-        self.graphs: dict[tuple[int, bool], _DecodeGraph | None] = {}
+        # by (size, the LoRA slots applied: () without LoRA rows); None: those steps run
+        # eagerly
+        self.graphs: dict[tuple[int, tuple[int, ...]], _DecodeGraph | None] = {}
 
     @staticmethod
     def applies(device: torch.device, world_size: int, enforce_eager: bool) -> bool:
@@ -188,7 +196,7 @@ class CpuGraphRunner:
         ):
             return None
         size = next(s for s in CAPTURE_SIZES if s >= b)
-        key = (size, current_lora_mapping() is not None)
+        key = (size, self._lora_slots_key(size))
         if key in self.graphs and self.graphs[key] is None:
             return None
         inputs_embeds = self.model.get_input_embeddings(batch.input_ids)
@@ -206,8 +214,19 @@ class CpuGraphRunner:
             return None
         return graph.output[:b]
 
+    def _lora_slots_key(self, size: int) -> tuple[int, ...]:
+        """The slots the step's capture applies: none without LoRA rows; the slots its rows
+        use, or every slot once the size holds LORA_CAPTURES_PER_SIZE other sets."""
+        mapping = current_lora_mapping()
+        if mapping is None:
+            return ()
+        captured = {slots for s, slots in self.graphs if s == size and slots}
+        if mapping.slots in captured or len(captured) < LORA_CAPTURES_PER_SIZE:
+            return mapping.slots
+        return tuple(range(self.lora_slots))
+
     def _capture(
-        self, key: tuple[int, bool], batch: BatchInputs, inputs_embeds: torch.Tensor
+        self, key: tuple[int, tuple[int, ...]], batch: BatchInputs, inputs_embeds: torch.Tensor
     ) -> torch.Tensor | None:
         """Runs the step eagerly while recording it; -> its hidden states [size, hidden], or
         None when it computed in torch (the caller then runs it eagerly).
@@ -224,9 +243,9 @@ class CpuGraphRunner:
                 gc.collect()
 
     def _record(
-        self, key: tuple[int, bool], batch: BatchInputs, inputs_embeds: torch.Tensor
+        self, key: tuple[int, tuple[int, ...]], batch: BatchInputs, inputs_embeds: torch.Tensor
     ) -> torch.Tensor | None:
-        size, lora = key
+        size, slots = key
         hidden = inputs_embeds.shape[1]
         graph = _DecodeGraph(
             size,
@@ -235,16 +254,16 @@ class CpuGraphRunner:
             torch.empty(size, dtype=torch.int64),
             torch.empty(size, dtype=torch.int32),
             torch.zeros(size, self.max_blocks, dtype=torch.int32),
-            torch.empty(size, dtype=torch.int32) if lora else None,
+            torch.empty(size, dtype=torch.int32) if slots else None,
         )
         graph.fill(batch, inputs_embeds)
-        what = f"{size} sequences{' with LoRA rows' if lora else ''}"
+        what = f"{size} sequences" + (f" with LoRA slots {list(slots)}" if slots else "")
         mode = _CaptureMode()
-        every_slot = LoRAMapping(graph.lora_rows, tuple(range(self.lora_slots))) if lora else None
+        lora = LoRAMapping(graph.lora_rows, slots) if slots else None
         try:
             with (
                 set_forward_context(graph.metadata(batch.attn_metadata.seq_lens_cpu)),
-                set_lora_mapping(every_slot),
+                set_lora_mapping(lora),
                 _cpu_kernels.record_launches() as launches,
                 mode,
             ):

@@ -16,11 +16,13 @@ from pagedllm.config import default_model_path
 from pagedllm.executor.batch import SeqChunk
 from pagedllm.executor.cpu_graph import (
     CAPTURE_SIZES,
+    LORA_CAPTURES_PER_SIZE,
     CaptureUnsupported,
     CpuGraphRunner,
     _CaptureMode,
 )
 from pagedllm.executor.model_runner import ModelRunner, StepInput
+from pagedllm.lora.layers import LoRAMapping, set_lora_mapping
 
 needs_kernels = pytest.mark.skipif(not _cpu_kernels.available(), reason="no pagedllm._C")
 
@@ -65,7 +67,7 @@ def test_replayed_decode_steps_equal_eager_ones(
     llm, replayed, eager = _both(tiny_model_path(name), dtype=dtype)
     assert replayed == eager
     graphs = _runner(llm).graph_runner.graphs
-    assert sorted(graphs) == [(s, False) for s in (1, 2, 4, 8)] and all(graphs.values())
+    assert sorted(graphs) == [(s, ()) for s in (1, 2, 4, 8)] and all(graphs.values())
 
 
 @needs_kernels
@@ -84,7 +86,7 @@ def test_the_default_models_gguf_blocks_replay_like_eager() -> None:
     kwargs = {"num_kv_blocks": 64, "max_model_len": 256}
     llm = LLM(default_model_path(), **kwargs)
     assert generate(llm) == generate(LLM(default_model_path(), enforce_eager=True, **kwargs))
-    assert sorted(_runner(llm).graph_runner.graphs) == [(1, False), (4, False)]
+    assert sorted(_runner(llm).graph_runner.graphs) == [(1, ()), (4, ())]
 
 
 @needs_kernels
@@ -127,7 +129,7 @@ def test_qk_norm_models_replay_every_size(tiny_model_path: Callable[[str], str])
     llm, replayed, eager = _both(tiny_model_path("qwen3"), dtype="float32")
     assert replayed == eager
     graphs = _runner(llm).graph_runner.graphs
-    assert sorted(graphs) == [(s, False) for s in (1, 2, 4, 8)] and all(graphs.values())
+    assert sorted(graphs) == [(s, ()) for s in (1, 2, 4, 8)] and all(graphs.values())
 
 
 def test_enforce_eager_and_tensor_parallel_take_no_graph_runner(
@@ -160,7 +162,7 @@ def test_a_bad_index_in_a_replayed_step_raises_and_drops_the_graphs(
     )
     runner = _runner(llm)
     runner.forward(StepInput([SeqChunk([5], 3, [1])], [], [0], []))
-    assert runner.graph_runner.graphs[(1, False)] is not None
+    assert runner.graph_runner.graphs[(1, ())] is not None
     with pytest.raises(ValueError, match="slot_mapping"):
         runner.forward(StepInput([SeqChunk([5], 3, [8])], [], [0], []))
     assert runner.graph_runner.graphs == {}
@@ -217,3 +219,20 @@ def test_a_fresh_processs_first_capture_leaves_no_cycle_holding_the_model(
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "freed"
+
+
+def test_lora_steps_capture_their_set_of_slots_up_to_a_bound() -> None:
+    """A step with LoRA rows replays the capture of the slots its rows use (it pays for
+    those only); past LORA_CAPTURES_PER_SIZE sets in one size, the capture of every slot."""
+    runner = CpuGraphRunner(torch.nn.Module(), max_blocks=4, kept=[], lora_slots=8)
+    rows = torch.tensor([3, -1], dtype=torch.int32)
+    assert runner._lora_slots_key(2) == ()
+    for n in range(LORA_CAPTURES_PER_SIZE):
+        with set_lora_mapping(LoRAMapping(rows, (n,))):
+            assert runner._lora_slots_key(2) == (n,)
+        runner.graphs[(2, (n,))] = None
+    with set_lora_mapping(LoRAMapping(rows, (1,))):
+        assert runner._lora_slots_key(2) == (1,), "a set already captured"
+    with set_lora_mapping(LoRAMapping(rows, (7,))):
+        assert runner._lora_slots_key(2) == tuple(range(8))
+        assert runner._lora_slots_key(4) == (7,), "another size has its own bound"
