@@ -1,7 +1,8 @@
 """pagedllm/models/registry.py. Reference: transformers' model classes: every registered
 architecture string is the name of a transformers class (what config.json's `architectures`
-holds; a bare decoder `*Model` resolves to its `*ForCausalLM` class, run by pooling models
-without its LM head), and the model class of every tiny test config is registered."""
+holds; a bare decoder `*Model` and a classifier `*ForSequenceClassification` resolve to their
+`*ForCausalLM` class, run by pooling models without its LM head), and the model class of
+every tiny test config is registered."""
 
 import pytest
 import transformers
@@ -13,7 +14,8 @@ from tests.models.tiny_models import tiny_configs
 @pytest.mark.parametrize("arch", ModelRegistry.get_supported_archs())
 def test_every_registered_architecture_resolves_to_its_namesake(arch: str) -> None:
     model_cls = ModelRegistry.resolve_model_cls(arch)
-    assert model_cls.__name__ in (arch, arch.removesuffix("Model") + "ForCausalLM")
+    family = arch.removesuffix("Model").removesuffix("ForSequenceClassification")
+    assert model_cls.__name__ in (arch, family + "ForCausalLM")
     assert hasattr(transformers, arch), f"{arch} is not a transformers architecture"
     assert callable(model_cls.load_weights) and callable(model_cls.compute_logits)
 
