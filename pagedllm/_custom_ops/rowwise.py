@@ -61,7 +61,8 @@ def lora_masked_add(
 ) -> torch.Tensor:
     """y [T, n] + delta [T, n] on the rows t whose row_slots[t] (int32) is `slot`, y's rows
     elsewhere (lora/layers.py); pagedllm._C's kernel on CPU tensors (a launch that captured
-    decode steps replay), the torch definition elsewhere, the same bits."""
+    decode steps replay), the torch definition elsewhere, the same bits (a NaN's payload
+    aside: bf16 NaNs come out canonical)."""
     if cpu_kernels_apply(y, delta, dtypes=_one_float_dtype(y)):
         return _cpu_kernels.lora_masked_add(y.contiguous(), delta.contiguous(), row_slots, slot)
     return _torch_ops.lora_masked_add(y, delta, row_slots, slot)
