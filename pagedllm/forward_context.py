@@ -5,6 +5,7 @@ tokens in the paged KV cache travels here instead, with the lengths also as Pyth
 that no layer reads a device tensor on the host to plan (RoPE sizes its table by them too).
 """
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -81,27 +82,35 @@ class AttentionMetadata:
         )
 
 
-_attn_metadata: AttentionMetadata | None = None
+class _Context(threading.local):
+    """The running step's metadata, per thread: engines stepping in two threads of one
+    process (two AsyncLLMs, two LLMs) each see their own."""
+
+    attn_metadata: AttentionMetadata | None = None
+
+
+_context = _Context()
 
 
 @contextmanager
 def set_forward_context(attn_metadata: AttentionMetadata) -> Iterator[None]:
-    global _attn_metadata
-    previous, _attn_metadata = _attn_metadata, attn_metadata
+    previous, _context.attn_metadata = _context.attn_metadata, attn_metadata
     try:
         yield
     finally:
-        _attn_metadata = previous
+        _context.attn_metadata = previous
 
 
 def get_attn_metadata() -> AttentionMetadata:
-    if _attn_metadata is None:
+    attn_metadata = _context.attn_metadata
+    if attn_metadata is None:
         raise RuntimeError("Attention ran outside set_forward_context(); the runner sets it")
-    return _attn_metadata
+    return attn_metadata
 
 
 def get_max_seq_len() -> int:
     """1 + the largest position of this step's tokens, from the host-side lengths; 0 outside
     set_forward_context (a layer called on its own). Lets a layer size a position-indexed
     table without reading the positions tensor, a host sync on accelerators."""
-    return 0 if _attn_metadata is None else _attn_metadata.max_seq_len
+    attn_metadata = _context.attn_metadata
+    return 0 if attn_metadata is None else attn_metadata.max_seq_len

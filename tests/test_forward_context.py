@@ -1,6 +1,8 @@
 """The forward context: set per step by the runner, read by layers; host-side lengths give
 every plan without reading a device tensor."""
 
+import threading
+
 import pytest
 import torch
 
@@ -52,3 +54,15 @@ def test_lengths_and_decode_rows_of_a_mixed_batch() -> None:
 
 def test_no_decode_rows_without_decodes() -> None:
     assert _metadata([3, 2], [3, 9]).decode_rows is None
+
+
+def test_each_thread_sees_its_own_step() -> None:
+    """Engines stepping in two threads of one process read their own metadata."""
+    outer = _metadata([1], [5])
+    seen = []
+    with set_forward_context(outer):
+        thread = threading.Thread(target=lambda: seen.append(get_max_seq_len()))
+        thread.start()
+        thread.join()
+        assert get_attn_metadata() is outer
+    assert seen == [0], "another thread's step is not this one's"

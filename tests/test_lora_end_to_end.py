@@ -7,6 +7,7 @@ request's logprobs do not depend on its batch, the prefix cache or prefill chunk
 import asyncio
 import os
 import shutil
+import threading
 
 import peft
 import pytest
@@ -370,6 +371,45 @@ def test_decodes_replay_captured_steps_with_and_without_adapter_rows(
     for output, prompt, model in zip(replayed, mixed, [model_a, None, model_b], strict=True):
         if model is not None:
             peft_greedy(model, prompt["prompt_token_ids"]).assert_matches(output.outputs[0])
+
+
+def test_two_engines_stepping_in_two_threads_keep_their_own_rows(tiny_model_path, adapters) -> None:
+    """Two LoRA engines in one process, generating at once from two threads (as two
+    AsyncLLMs): each gives its answers alone, the step's LoRA mapping and forward context
+    being per thread."""
+    name = "llama-gqa-llama3"
+    folder, model = adapters(name, 0)
+    lora = LoRARequest("a", 1, folder)
+    engines = [
+        LLM(tiny_model_path(name), enable_lora=True, max_lora_rank=8, **ENGINE) for _ in "ab"
+    ]
+    prompts = [
+        as_token_prompts(prompts_of([7, 9, 11], seed=1)),
+        as_token_prompts(prompts_of([5, 13], seed=2)),
+    ]
+    loras = [lora, None]
+    alone = [
+        llm.generate(p, greedy(), False, lora_request=r)
+        for llm, p, r in zip(engines, prompts, loras)
+    ]
+    together: dict[int, list] = {}
+
+    def run(i: int) -> None:
+        together[i] = [
+            engines[i].generate(prompts[i], greedy(), False, lora_request=loras[i])
+            for _ in range(3)
+        ]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i in range(2):
+        for outputs in together[i]:
+            assert [logprobs_of(o) for o in outputs] == [logprobs_of(o) for o in alone[i]]
+    for output, prompt in zip(alone[0], prompts[0], strict=True):
+        peft_greedy(model, prompt["prompt_token_ids"]).assert_matches(output.outputs[0])
 
 
 def test_an_adapter_folder_gone_fails_only_the_requests_naming_it_again(

@@ -17,6 +17,7 @@ step (executor/cpu_graph.py) applies every slot, its rows' slots in a static buf
 row still gets only its own slot's delta, so replayed and eager steps agree bit for bit.
 """
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,23 +45,28 @@ class LoRAMapping:
     slots: tuple[int, ...]
 
 
-_step_mapping: LoRAMapping | None = None
+class _StepMapping(threading.local):
+    """The running step's mapping, per thread (as forward_context.py's metadata)."""
+
+    mapping: LoRAMapping | None = None
+
+
+_step = _StepMapping()
 
 
 def current_lora_mapping() -> LoRAMapping | None:
     """The running step's mapping (None: no adapter rows)."""
-    return _step_mapping
+    return _step.mapping
 
 
 @contextmanager
 def set_lora_mapping(mapping: LoRAMapping | None) -> Iterator[None]:
     """The step's rows by slot, read by every LoRA layer of its forward."""
-    global _step_mapping
-    previous, _step_mapping = _step_mapping, mapping
+    previous, _step.mapping = _step.mapping, mapping
     try:
         yield
     finally:
-        _step_mapping = previous
+        _step.mapping = previous
 
 
 class LoRASlots:
@@ -103,7 +109,7 @@ class LoRASlots:
 
     def add_to(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """y [T, out] (the layer's output for x [T, in]) plus each row's adapter delta."""
-        mapping = _step_mapping
+        mapping = _step.mapping
         if mapping is None:
             return y
         for slot in mapping.slots:
