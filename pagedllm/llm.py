@@ -367,8 +367,7 @@ class LLM:
         truncation (truncate_prompt_tokens, or the params') cuts the pair as the tokenizer
         cuts it (vLLM's rule), not the joined prompt's start."""
         model_config = self.llm_engine.config.model_config
-        assert model_config.classifier_config is not None
-        check_cross_encoder(model_config.classifier_config)
+        assert model_config.classifier_config is not None, "score() checked the task"
         tokenizer = self.llm_engine.tokenizer
         if tokenizer is None:
             raise ValueError("a cross-encoder tokenizes its pairs; skip_tokenizer_init=False")

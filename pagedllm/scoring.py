@@ -42,6 +42,14 @@ def check_score_lengths(len_1: int, len_2: int, names: tuple[str, str]) -> None:
         )
 
 
+def paired(items_1: list[T], items_2: list[T]) -> list[tuple[T, T]]:
+    """The pairs the pairing rule makes (check_score_lengths has checked the lengths): a
+    single item on the first side pairs with each of the second's."""
+    if len(items_1) == 1:
+        items_1 = items_1 * len(items_2)
+    return list(zip(items_1, items_2, strict=True))
+
+
 def cosine_scores(
     outputs_1: list[PoolingRequestOutput],
     outputs_2: list[PoolingRequestOutput],
@@ -51,9 +59,6 @@ def cosine_scores(
     (float32). A single output on the first side pairs with each of the second's. As
     vLLM's, a pair's `prompt_token_ids` are the first text's ids, the tokenizer's pad token
     (where it has one) and the second's: the tokens a score's usage counts."""
-    if len(outputs_1) == 1:
-        outputs_1 = outputs_1 * len(outputs_2)
-    assert len(outputs_1) == len(outputs_2), "check_score_lengths checks the pairing"
     separator = [] if pad_token_id is None else [pad_token_id]
     return [
         ScoringRequestOutput(
@@ -62,20 +67,13 @@ def cosine_scores(
             prompt_token_ids=a.prompt_token_ids + separator + b.prompt_token_ids,
             finished=True,
         )
-        for a, b in zip(outputs_1, outputs_2)
+        for a, b in paired(outputs_1, outputs_2)
     ]
 
 
 def _cosine(a: PoolingRequestOutput, b: PoolingRequestOutput) -> float:
     vector_a, vector_b = a.outputs.data.float(), b.outputs.data.float()  # [hidden] each
     return F.cosine_similarity(vector_a, vector_b, dim=0).item()
-
-
-def paired(items_1: list[T], items_2: list[T]) -> list[tuple[T, T]]:
-    """The pairs the pairing rule makes (check_score_lengths has checked the lengths)."""
-    if len(items_1) == 1:
-        items_1 = items_1 * len(items_2)
-    return list(zip(items_1, items_2, strict=True))
 
 
 def check_cross_encoder(config: ClassifierConfig) -> None:
@@ -104,11 +102,6 @@ def cross_encoder_prompt(
     `max_length` (vLLM's truncate_prompt_tokens on a pair): the tokenizer's truncation to
     that many tokens, its `longest_first` rule on a pair (the longer text loses tokens
     first, so the query stays), its truncation side on one text."""
-    if not isinstance(text_1, str) or not isinstance(text_2, str):
-        raise TypeError(
-            "a cross-encoder scores texts: each side takes strings (or {'prompt': text}), "
-            "not token ids"
-        )
     kwargs = {"add_special_tokens": add_special_tokens}
     if max_length is not None:
         kwargs |= {"truncation": True, "max_length": max_length}

@@ -288,13 +288,13 @@ class ModelRunner:
         pin = self.device.type != "cpu"
         batch = host_batch(step.chunks, self.block_size, pin, self.host_block_tables)
         starts = [0, *itertools.accumulate(batch.attn_metadata.query_lens_cpu)]
-        replay = self.graph_runner is not None
-        if replay and step.sample_offsets and starts[-1] <= self.graph_runner.max_decode_rows:
+        runner = self.graph_runner
+        if runner is not None and step.sample_offsets and starts[-1] <= runner.max_decode_rows:
             # Verifying drafts: as decode rows, the graph runner replays the step.
             batch = as_decode_rows(batch, pin)
         placeholders = self._placeholder_tokens(step.placeholder_rows, starts)
         with self._lora(step):
-            return self._run_model(batch, intermediate, placeholders, replay), starts
+            return self._run_model(batch, intermediate, placeholders), starts
 
     def _lora(self, step: StepInput) -> AbstractContextManager:
         """The step's LoRA adapters applied to their chunks' rows (nothing without any)."""
@@ -349,12 +349,11 @@ class ModelRunner:
         batch: BatchInputs,
         intermediate: IntermediateTensors | None,
         placeholders: tuple[torch.Tensor, torch.Tensor] | None = None,
-        replay: bool = True,
     ) -> torch.Tensor:
         """Hidden states [T, hidden] of the batch built on the host: replayed when the graph
-        runner can (and `replay`), else eager on the batch copied to the device
-        (`placeholders`: input ids written on the device, see _placeholder_tokens)."""
-        if self.graph_runner is not None and replay:
+        runner can, else eager on the batch copied to the device (`placeholders`: input ids
+        written on the device, see _placeholder_tokens)."""
+        if self.graph_runner is not None:
             hidden = self.graph_runner.run(batch, placeholders)
             if hidden is not None:
                 return hidden

@@ -13,8 +13,9 @@ use it (`_custom_ops.lora_masked_add`: the other rows stay as they are): a row's
 its own adapter's, computed by the same kernels in the same order whatever rows, slots or
 other adapters share the step (`_custom_ops.linear` sums every row in one order on the CPU),
 and a row without an adapter keeps the base layer's output bit for bit. A captured decode
-step (executor/cpu_graph.py) applies every slot, its rows' slots in a static buffer; each
-row still gets only its own slot's delta, so replayed and eager steps agree bit for bit.
+step (executor/cpu_graph.py) applies the slots of its capture, its rows' slots in a static
+buffer; each row still gets only its own slot's delta, so replayed and eager steps agree
+bit for bit.
 """
 
 import threading
@@ -38,8 +39,7 @@ from pagedllm.layers.parameter import shard_of
 @dataclass(frozen=True)
 class LoRAMapping:
     """vLLM's name: which slot each of a step's rows runs with. `row_slots` [T] int32 (-1:
-    no adapter); `slots`: the slots to apply (those the rows use, or every slot in a
-    captured step)."""
+    no adapter); `slots`: the slots to apply (those the rows use, or a captured step's)."""
 
     row_slots: torch.Tensor
     slots: tuple[int, ...]

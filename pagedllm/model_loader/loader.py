@@ -10,12 +10,7 @@ from pagedllm.config import ModelConfig
 from pagedllm.layers.quantization import get_quantization_config
 from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.logger import init_logger
-from pagedllm.model_loader.pooling_model import (
-    causal_lm_name,
-    drop_lm_head,
-    is_decoder_weight,
-    pooling_weights,
-)
+from pagedllm.model_loader.pooling_model import drop_lm_head, pooling_keep, pooling_weights
 from pagedllm.model_loader.weight_arena import move_weights_to_arena
 from pagedllm.models.rank_weights import rank_weight_filter
 from pagedllm.models.registry import ModelRegistry
@@ -112,11 +107,7 @@ def get_model(model_config: ModelConfig, device: str | torch.device = "cpu") -> 
         else:
             if model_config.runner_type == "pooling":
                 weights = pooling_weights(
-                    iterate_weights(
-                        model_config,
-                        quant_config,
-                        lambda n: is_decoder_weight(n) and owned(causal_lm_name(n)),
-                    )
+                    iterate_weights(model_config, quant_config, pooling_keep(owned))
                 )
             else:
                 weights = iterate_weights(model_config, quant_config, owned)

@@ -4,7 +4,7 @@
 checkpoint or from a bare `*Model` one, whose names lack the `model.` prefix (as
 sentence-transformers and Qwen3-Embedding save them)."""
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -15,19 +15,19 @@ def drop_lm_head(model: nn.Module) -> None:
     model.lm_head = None
 
 
+def pooling_keep(owned: Callable[[str], bool]) -> Callable[[str], bool]:
+    """The checkpoint tensors a pooling model reads: those of its decoder that `owned` (the
+    rank's filter, by `*ForCausalLM` names) takes; the LM head's and a classifier's score
+    head's are never read (seq_cls_model.py reads the score head)."""
+    return lambda name: not name.startswith(("lm_head.", "score.")) and owned(causal_lm_name(name))
+
+
 def pooling_weights(
     weights: Iterable[tuple[str, torch.Tensor]],
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint's tensors under the `*ForCausalLM` names, the LM head's and a
-    classifier's score head's skipped (seq_cls_model.py loads the score head)."""
+    """The checkpoint's tensors (read with pooling_keep) under the `*ForCausalLM` names."""
     for name, tensor in weights:
-        if is_decoder_weight(name):
-            yield causal_lm_name(name), tensor
-
-
-def is_decoder_weight(name: str) -> bool:
-    """Not a head's tensor: the heads are never read into the decoder."""
-    return not name.startswith(("lm_head.", "score."))
+        yield causal_lm_name(name), tensor
 
 
 def causal_lm_name(name: str) -> str:

@@ -27,14 +27,16 @@ def safetensors_files(folder: str) -> list[str]:
 
 
 def iterate_safetensors_weights(
-    folder: str, dtype: torch.dtype, keep: Callable[[str], bool] | None = None
+    folder: str, dtype: torch.dtype | None, keep: Callable[[str], bool] | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Tensors whose name `keep` rejects (another pipeline stage's) are never read."""
+    """Tensors whose name `keep` rejects (another pipeline stage's) are never read; dtype
+    None leaves each tensor as stored."""
     for path in safetensors_files(folder):
         try:
             with safe_open(path, framework="pt") as f:
                 for name in f.keys():
                     if keep is None or keep(name):
-                        yield name, f.get_tensor(name).to(dtype)
+                        tensor = f.get_tensor(name)
+                        yield name, tensor if dtype is None else tensor.to(dtype)
         except (SafetensorError, OSError) as e:
             raise ValueError(f"cannot read weight file {path}: {e}") from e

@@ -7,12 +7,11 @@ for the engine's host beside the model: the checkpoint's `score.weight`
 model's (pooling_model.py skips `score.` and `lm_head.`)."""
 
 import torch
-from safetensors import SafetensorError, safe_open
 from transformers import PreTrainedTokenizerBase
 
 from pagedllm.config import ModelConfig
 from pagedllm.layers.classifier import SequenceClassifier
-from pagedllm.model_loader.safetensors import safetensors_files
+from pagedllm.model_loader.safetensors import iterate_safetensors_weights
 
 SCORE_WEIGHT = "score.weight"
 _LM_HEAD_NAMES = ("lm_head.weight",)
@@ -68,13 +67,8 @@ def _token_rows(
 
 
 def _read_tensor(folder: str, names: tuple[str, ...]) -> torch.Tensor:
-    """The first of `names` found in the folder's safetensors files, as stored."""
-    for path in safetensors_files(folder):
-        try:
-            with safe_open(path, framework="pt") as f:
-                for name in names:
-                    if name in f.keys():
-                        return f.get_tensor(name)
-        except (SafetensorError, OSError) as e:
-            raise ValueError(f"cannot read weight file {path}: {e}") from e
+    """The first of `names` the folder's safetensors files hold, as stored (a checkpoint
+    holds one of them)."""
+    for _, tensor in iterate_safetensors_weights(folder, None, lambda name: name in names):
+        return tensor
     raise ValueError(f"{folder!r} has no tensor {' or '.join(names)} (the classifier's head)")
