@@ -8,6 +8,11 @@ from dataclasses import dataclass, field, fields
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from pagedllm.checkpoint_quant import (
+    PREQUANTIZED_METHODS,
+    CheckpointQuant,
+    parse_quantization_config,
+)
 from pagedllm.classifier_config import (
     ClassifierConfig,
     classifier_config,
@@ -170,7 +175,9 @@ class ModelConfig:
     gguf_file: str | None = None
     quantization: str | None = None
     """"gguf" (a GGUF file's tensors run in their own block formats), "int8" (float weights
-    quantized at load to 8-bit blocks) or None (weights in `dtype`)."""
+    quantized at load to 8-bit blocks), a quantized checkpoint's method ("gptq", "awq",
+    "compressed-tensors", "fp8": its layers in GGUF blocks where their layout allows) or None
+    (weights in `dtype`)."""
     runner_type: str = "generate"
     """"generate" (sample tokens) or "pooling" (prefill only; pool the final hidden states)."""
     pooler_config: PoolerConfig | None = None
@@ -192,6 +199,9 @@ class ModelConfig:
     max_tokens_cap: int | None = None
     """override_generation_config's max_new_tokens: vLLM caps every server request's
     max_tokens by it."""
+    checkpoint_quant: CheckpointQuant | None = None
+    """How a quantized HF checkpoint stores its weights (its `quantization_config`), read
+    whatever `quantization` says: with None, its layers are dequantized at load."""
 
     def __post_init__(self) -> None:
         if self.tokenizer is None:
@@ -233,11 +243,12 @@ class ModelConfig:
                 "context length: max_position_embeddings, times its rope scaling factor, "
                 "capped by a sliding window or a sentence-transformers max_seq_length)"
             )
-        quantization = resolve_quantization(quantization, gguf_file)
-        if load_format == "dummy" and quantization == "gguf":
+        checkpoint_quant = checkpoint_quantization(hf_config, gguf_file)
+        quantization = resolve_quantization(quantization, gguf_file, checkpoint_quant)
+        if load_format == "dummy" and quantization is not None and quantization != "int8":
             raise ValueError(
-                "load_format 'dummy' makes random weights in the dtype, not GGUF blocks: "
-                "pass quantization 'none' with this GGUF file"
+                "load_format 'dummy' makes random weights in the dtype, not quantized ones: "
+                "pass quantization 'none' with this quantized model"
             )
         if dtype == "auto":
             dtype, why = auto_dtype(device)
@@ -285,6 +296,7 @@ class ModelConfig:
             tokenizer_mode,
             checked_sampling_defaults(model, generation_config, override_generation_config),
             override_max_tokens(override_generation_config),
+            checkpoint_quant,
         )
 
     def verify_with_parallel_config(self, parallel: "ParallelConfig") -> None:
@@ -426,13 +438,28 @@ def resolve_runner(runner: str, model: str, architecture: str) -> str:
     return "generate"
 
 
-QUANTIZATION_CHOICES = ("gguf", "int8", "none")
+QUANTIZATION_CHOICES = ("gguf", "int8", *PREQUANTIZED_METHODS, "none")
 LOAD_FORMATS = ("auto", "dummy")
 
 
-def resolve_quantization(quantization: str | None, gguf_file: str | None) -> str | None:
-    """The weights' format: None on a GGUF file means "as stored" ("gguf"), "none" means
-    dequantized to the dtype at load; on a HF checkpoint None and "none" mean unquantized."""
+def checkpoint_quantization(
+    hf_config: PretrainedConfig, gguf_file: str | None
+) -> CheckpointQuant | None:
+    """A HF checkpoint's own quantization, from its config's quantization_config."""
+    config = getattr(hf_config, "quantization_config", None)
+    if gguf_file is not None or config is None:
+        return None
+    return parse_quantization_config(config)
+
+
+def resolve_quantization(
+    quantization: str | None,
+    gguf_file: str | None,
+    checkpoint_quant: CheckpointQuant | None = None,
+) -> str | None:
+    """The weights' format: None on a GGUF file or a quantized checkpoint means "as stored"
+    ("gguf", or the checkpoint's method), "none" means dequantized to the dtype at load; on
+    a float HF checkpoint None and "none" mean unquantized."""
     if quantization is not None and quantization not in QUANTIZATION_CHOICES:
         raise ValueError(
             f"quantization {quantization!r} is not supported; use one of "
@@ -440,6 +467,19 @@ def resolve_quantization(quantization: str | None, gguf_file: str | None) -> str
         )
     if quantization == "none":
         return None
+    if checkpoint_quant is not None:
+        if quantization not in (None, checkpoint_quant.method):
+            raise ValueError(
+                f"quantization {quantization!r}: this checkpoint is already quantized with "
+                f"{checkpoint_quant.method!r} (its config's quantization_config); leave "
+                "quantization unset to run it as stored, or pass 'none' to dequantize it"
+            )
+        return checkpoint_quant.method
+    if quantization in PREQUANTIZED_METHODS:
+        raise ValueError(
+            f"quantization {quantization!r} runs a checkpoint quantized with it; this one "
+            "has no quantization_config (for a float checkpoint use 'int8')"
+        )
     if gguf_file is not None:
         if quantization == "int8":
             raise ValueError(

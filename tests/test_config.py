@@ -71,7 +71,7 @@ def test_gguf_files_run_as_stored_unless_asked_to_dequantize(tiny_model_path) ->
 def test_dummy_weights_of_a_gguf_file_are_unquantized_only() -> None:
     config = ModelConfig.create(quantization="none", load_format="dummy")
     assert config.load_format == "dummy" and config.quantization is None
-    with pytest.raises(ValueError, match="pass quantization 'none' with this GGUF file"):
+    with pytest.raises(ValueError, match="pass quantization .none. with this quantized model"):
         ModelConfig.create(load_format="dummy")
 
 
@@ -110,7 +110,8 @@ def test_config_fields_of_the_wrong_type_are_named(tmp_path, tiny_model_path) ->
 @pytest.mark.parametrize(
     ("quantization", "hf", "message"),
     [
-        ("awq", False, "'awq' is not supported; use one of gguf, int8, none"),
+        ("bitsandbytes", False, "'bitsandbytes' is not supported; use one of gguf, int8, gptq"),
+        ("awq", True, "'awq' runs a checkpoint quantized with it; this one has no"),
         ("int8", False, "already in their own formats: use quantization 'gguf'"),
         ("gguf", True, "quantization 'gguf' needs a .gguf model file"),
     ],

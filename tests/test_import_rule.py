@@ -27,6 +27,7 @@ LAYERS = (
         "pooling_params",
         "pooler_config",
         "classifier_config",
+        "checkpoint_quant",
         "sampling_defaults",
         "outputs",
         "cpu_features",

@@ -7,7 +7,8 @@ it stands for the largest rank of its stage. Under pipeline parallelism stages d
 layers, the embedding on the first, norm and LM head on the last): "bytes_per_rank" is the
 largest stage's rank, and "bytes_per_rank_by_stage" lists each. With a
 quantization (a GGUF file type, or pagedllm's int8), weight bytes follow its plan
-(pagedllm.gguf.quant_plan; quantized_weights.py splits fused parameters for it).
+(pagedllm.gguf.quant_plan; quantized_weights.py splits fused parameters for it); a quantized
+checkpoint (GPTQ, AWQ, ...) without one is sized as the loader runs its layers.
 """
 
 import argparse
@@ -23,7 +24,7 @@ from pagedllm.distributed.parallel_state import (
     override_tensor_parallel,
     set_expert_parallel,
 )
-from pagedllm.entrypoints.quantized_weights import quantized_weight_bytes
+from pagedllm.entrypoints.quantized_weights import CHECKPOINT, quantized_weight_bytes
 from pagedllm.executor.kv_cache import kv_cache_bytes_per_token
 from pagedllm.gguf.quant_plan import FILE_TYPES
 from pagedllm.layers.fused_moe import FusedMoE
@@ -71,6 +72,8 @@ def inspect_model(
     the engine's would; per token, the most of any stage's rank (it sizes every cache). With
     `enable_expert_parallel` each rank holds whole experts (layers/fused_moe.py)."""
     kv_dtype = CacheConfig(cache_dtype=kv_cache_dtype).kv_dtype(model_config.dtype)
+    if quantization is None and model_config.checkpoint_quant is not None:
+        quantization = CHECKPOINT  # a quantized checkpoint: the layers as it runs them
     model_config = replace(model_config, quantization=None)  # float weights, even from a GGUF
     full = build_model(model_config, "meta")
     ep = enable_expert_parallel
@@ -82,7 +85,9 @@ def inspect_model(
     report = {
         "architecture": model_config.architecture,
         "dtype": str(model_config.dtype).removeprefix("torch."),
-        "quantization": quantization,
+        "quantization": (
+            model_config.checkpoint_quant.method if quantization == CHECKPOINT else quantization
+        ),
         "tensor_parallel_size": tp,
         "pipeline_parallel_size": pp,
         "enable_expert_parallel": enable_expert_parallel,

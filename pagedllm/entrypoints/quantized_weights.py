@@ -9,18 +9,23 @@ shard along it must be too. Under expert parallelism a rank holds its experts wh
 none of the others (rows 0).
 """
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
+from pagedllm.checkpoint_quant import CheckpointQuant
 from pagedllm.config import ModelConfig
-from pagedllm.gguf.quant_plan import PlanModel, tensor_bytes, tensor_type
+from pagedllm.gguf.quant_plan import Category, PlanModel, category, tensor_bytes, tensor_type
 from pagedllm.layers.fused_moe import FusedMoE
 from pagedllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear
+from pagedllm.layers.quantization.gguf import GGUFConfig
 from pagedllm.layers.vocab_embedding import VocabParallelEmbedding
+from pagedllm.model_loader.group_blocks import native_block_type
+from pagedllm.model_loader.quantized_weights import checkpoint_tensor_types, type_name
 from pagedllm.models.config_fields import num_experts
 
 _FLOAT_TYPES = {
@@ -40,13 +45,24 @@ class RankTensor:
 def quantized_weight_bytes(
     model_config: ModelConfig, full: nn.Module, shard: nn.Module, file_type: str, tp: int
 ) -> dict:
-    """{"bytes_per_rank", "total_weight_bytes", "bytes_per_rank_by_type"} under `file_type`;
-    `full` is the model built for one rank, `shard` for one rank of `tp`."""
+    """{"bytes_per_rank", "total_weight_bytes", "bytes_per_rank_by_type"} under `file_type`
+    (or, for the checkpoint's own quantization, CHECKPOINT); `full` is the model built for
+    one rank, `shard` for one rank of `tp`."""
     plan = plan_model(model_config)
+    if file_type == CHECKPOINT:
+        types = checkpoint_types(model_config, full)
+
+        def type_of(name: str, shape: tuple[int, ...]) -> GGMLQuantizationType:
+            return types(name, shape) or plan.float_type
+    else:
+
+        def type_of(name: str, shape: tuple[int, ...]) -> GGMLQuantizationType:
+            return tensor_type(file_type, name, shape, plan)
+
     by_type: dict[str, int] = {}
     total = 0
     for tensor in rank_tensors(full, shard):
-        qtype = tensor_type(file_type, tensor.name, tensor.shape, plan)
+        qtype = type_of(tensor.name, tensor.shape)
         check_whole_blocks(tensor, qtype, tp)
         total += tensor_bytes(qtype, tensor.shape)
         by_type[qtype.name] = by_type.get(qtype.name, 0) + tensor_bytes(qtype, tensor.rank_shape)
@@ -55,6 +71,49 @@ def quantized_weight_bytes(
         "total_weight_bytes": total,
         "bytes_per_rank_by_type": dict(sorted(by_type.items())),
     }
+
+
+CHECKPOINT = "checkpoint"
+"""The file type of a quantized checkpoint's own layers (its quantization_config)."""
+
+
+def checkpoint_types(
+    model_config: ModelConfig, full: nn.Module
+) -> Callable[[str, tuple[int, ...]], GGMLQuantizationType | None]:
+    """(name, shape) -> the GGUF type a quantized checkpoint's tensor runs in, None for one
+    in the dtype: the loader's plan when the weight files are there, else (a config alone)
+    the tools' default, every linear layer but the LM head and the MoE router quantized. A
+    fused layer runs in blocks only when all its parts do, as the loader decides (GGUFConfig)."""
+    quant = model_config.checkpoint_quant
+    folder = model_config.model
+    if os.path.isdir(folder) and any(name.endswith(".safetensors") for name in os.listdir(folder)):
+        types = checkpoint_tensor_types(folder, quant)
+    else:
+        types = {}
+        for tensor in rank_tensors(full, full):
+            qtype = _scheme_type(quant, tensor.name, tensor.shape)
+            if qtype is not None:
+                types[type_name(tensor.name)] = int(qtype)
+    config = GGUFConfig(types)
+    config.packed_modules_mapping = full.packed_modules_mapping()
+
+    def planned(name: str, shape: tuple[int, ...]) -> GGMLQuantizationType | None:
+        return GGMLQuantizationType(types[type_name(name)]) if config.is_raw(name) else None
+
+    return planned
+
+
+def _scheme_type(
+    quant: CheckpointQuant, name: str, shape: tuple[int, ...]
+) -> GGMLQuantizationType | None:
+    kind = category(name, shape)
+    if kind in (Category.FLOAT, Category.ROUTER, Category.OUTPUT, Category.TOKEN_EMBD):
+        return None
+    scheme = quant.scheme(name.removesuffix(".weight"))
+    if scheme.kind != "int":
+        return None
+    columns = shape[-1]
+    return native_block_type(scheme.bits, scheme.symmetric, scheme.group_size or columns, columns)
 
 
 def plan_model(model_config: ModelConfig) -> PlanModel:

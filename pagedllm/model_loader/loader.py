@@ -11,6 +11,10 @@ from pagedllm.layers.quantization import get_quantization_config
 from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.pooling_model import drop_lm_head, pooling_keep, pooling_weights
+from pagedllm.model_loader.quantized_weights import (
+    checkpoint_tensor_types,
+    iterate_quantized_weights,
+)
 from pagedllm.model_loader.weight_arena import move_weights_to_arena
 from pagedllm.models.rank_weights import rank_weight_filter
 from pagedllm.models.registry import ModelRegistry
@@ -30,7 +34,8 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 def get_quant_config(model_config: ModelConfig) -> QuantizationConfig | None:
     """The model's quantization config: for a GGUF file, the type of each of its tensors
-    (read from the header); None when the weights stay in model_config.dtype."""
+    (read from the header), for a quantized checkpoint the GGUF type each of its layers
+    runs in; None when the weights stay in model_config.dtype."""
     if model_config.quantization is None:
         return None
     settings = {}
@@ -38,6 +43,10 @@ def get_quant_config(model_config: ModelConfig) -> QuantizationConfig | None:
         from pagedllm.gguf.tensor_names import hf_tensor_types
 
         settings["tensor_types"] = hf_tensor_types(model_config.gguf_file)
+    elif model_config.checkpoint_quant is not None:
+        settings["tensor_types"] = checkpoint_tensor_types(
+            model_config.model, model_config.checkpoint_quant
+        )
     quant_config = get_quantization_config(model_config.quantization).from_config(settings)
     model_cls = ModelRegistry.resolve_model_cls(model_config.architecture)
     quant_config.packed_modules_mapping = model_cls.packed_modules_mapping()
@@ -83,6 +92,11 @@ def iterate_weights(
 
         keep_blocks = getattr(quant_config, "is_raw", None)
         return iterate_gguf_weights(model_config.gguf_file, model_config.dtype, keep_blocks, keep)
+    if model_config.checkpoint_quant is not None:
+        keep_blocks = getattr(quant_config, "is_raw", None)
+        return iterate_quantized_weights(
+            model_config.model, model_config.checkpoint_quant, model_config.dtype, keep_blocks, keep
+        )
     from pagedllm.model_loader.safetensors import iterate_safetensors_weights
 
     return iterate_safetensors_weights(model_config.model, model_config.dtype, keep)

@@ -7,6 +7,12 @@ from pagedllm.layers.quantization.int8 import Int8Config
 QUANTIZATION_METHODS: dict[str, type[QuantizationConfig]] = {
     "gguf": GGUFConfig,
     "int8": Int8Config,
+    # quantized HF checkpoints: their layers converted at load to GGUF blocks
+    # (pagedllm/model_loader/quantized_weights.py)
+    "gptq": GGUFConfig,
+    "awq": GGUFConfig,
+    "compressed-tensors": GGUFConfig,
+    "fp8": GGUFConfig,
 }
 
 

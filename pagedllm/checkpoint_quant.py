@@ -1,0 +1,142 @@
+"""A Hugging Face checkpoint's own quantization: its config.json's `quantization_config`.
+
+vLLM's names for the methods: "gptq" (GPTQ, AutoGPTQ / GPTQModel), "awq" (AutoAWQ's GEMM
+layout), "compressed-tensors" (llm-compressor's int and fp8 schemes) and "fp8" (block-wise
+fp8 checkpoints such as Qwen3-*-FP8). A CheckpointQuant says how each quantized linear
+weight is stored; model_loader/checkpoint_formats.py reads them.
+"""
+
+import re
+from dataclasses import dataclass
+
+PREQUANTIZED_METHODS = ("gptq", "awq", "compressed-tensors", "fp8")
+
+
+@dataclass(frozen=True)
+class WeightScheme:
+    """How one quantized weight is stored."""
+
+    bits: int
+    group_size: int | None
+    """Input columns per scale; None: one scale per output row (per channel or tensor)."""
+    symmetric: bool
+    kind: str = "int"
+    """"int" (codes and scales) or "float" (fp8 values and scales, dequantized at load)."""
+    block: tuple[int, int] | None = None
+    """A float scheme's [rows, columns] per scale, None for one per row or tensor."""
+
+
+@dataclass(frozen=True)
+class CheckpointQuant:
+    method: str
+    """One of PREQUANTIZED_METHODS."""
+    schemes: tuple[tuple[tuple[str, ...], WeightScheme], ...]
+    """(targets, scheme) in the config's order: a target is "Linear" (every linear
+    layer) or "re:" and a regular expression over the layer's name."""
+    gptq_v1_zeros: bool = False
+    """GPTQ's original format stores each zero point minus one."""
+
+    def scheme(self, prefix: str) -> WeightScheme:
+        """The scheme of the linear layer named prefix (a regular-expression target first)."""
+        fallback = None
+        for targets, scheme in self.schemes:
+            for target in targets:
+                if target.startswith("re:") and re.match(target[3:], prefix):
+                    return scheme
+                if not target.startswith("re:") and fallback is None:
+                    fallback = scheme
+        if fallback is None:
+            raise ValueError(f"quantization_config names no scheme for {prefix!r}")
+        return fallback
+
+
+def parse_quantization_config(config: object) -> CheckpointQuant:
+    """A checkpoint's quantization_config (a dict, or transformers' object of it) as a
+    CheckpointQuant; ValueError naming what pagedllm cannot run."""
+    if not isinstance(config, dict):
+        config = config.to_dict() if hasattr(config, "to_dict") else vars(config)
+    method = str(config.get("quant_method", "")).lower()
+    parse = {
+        "gptq": _gptq,
+        "awq": _awq,
+        "compressed-tensors": _compressed_tensors,
+        "fp8": _fp8,
+    }.get(method)
+    if parse is None:
+        raise ValueError(
+            f"the checkpoint's quantization_config has quant_method {method!r}; pagedllm reads "
+            f"{', '.join(PREQUANTIZED_METHODS)} checkpoints (and GGUF files)"
+        )
+    return parse(config)
+
+
+def _bits(value: object, allowed: tuple[int, ...], what: str) -> int:
+    if value not in allowed:
+        raise ValueError(f"{what} checkpoints of {value} bits are not supported (use {allowed})")
+    return int(value)
+
+
+def _group(value: object) -> int | None:
+    return None if value in (None, -1, 0) else int(value)
+
+
+def _gptq(config: dict) -> CheckpointQuant:
+    bits = _bits(config.get("bits"), (2, 4, 8), "GPTQ")
+    fmt = config.get("checkpoint_format", "gptq")
+    if fmt not in ("gptq", "gptq_v2"):
+        raise ValueError(f"GPTQ checkpoint_format {fmt!r} is not supported (gptq, gptq_v2)")
+    scheme = WeightScheme(bits, _group(config.get("group_size")), bool(config.get("sym", True)))
+    return CheckpointQuant("gptq", ((("Linear",), scheme),), gptq_v1_zeros=fmt == "gptq")
+
+
+def _awq(config: dict) -> CheckpointQuant:
+    bits = _bits(config.get("bits", config.get("w_bit")), (4,), "AWQ")
+    version = str(config.get("version", "gemm")).lower()
+    if version != "gemm":
+        raise ValueError(f"AWQ version {version!r} is not supported (gemm)")
+    if not config.get("zero_point", True):
+        raise ValueError("AWQ checkpoints without zero points are not supported")
+    group = _group(config.get("group_size", config.get("q_group_size")))
+    return CheckpointQuant("awq", ((("Linear",), WeightScheme(bits, group, False)),))
+
+
+def _compressed_tensors(config: dict) -> CheckpointQuant:
+    schemes = []
+    for name, group in (config.get("config_groups") or {}).items():
+        weights = group.get("weights")
+        if not weights:
+            continue
+        kind = weights.get("type", "int")
+        fmt = group.get("format") or config.get("format")
+        if kind == "float":
+            if weights.get("num_bits") != 8:
+                raise ValueError(f"config group {name!r}: float weights of other than 8 bits")
+        elif fmt not in ("pack-quantized", "naive-quantized", "int-quantized"):
+            raise ValueError(
+                f"config group {name!r}: compressed-tensors format {fmt!r} is not supported "
+                "(pack-quantized, naive-quantized, int-quantized, float-quantized)"
+            )
+        bits = _bits(weights.get("num_bits"), (4, 8), "compressed-tensors int")
+        strategy = weights.get("strategy")
+        group_size = _group(weights.get("group_size")) if strategy == "group" else None
+        block = weights.get("block_structure") if strategy == "block" else None
+        scheme = WeightScheme(
+            bits,
+            group_size,
+            bool(weights.get("symmetric", True)),
+            kind,
+            None if block is None else (int(block[0]), int(block[1])),
+        )
+        schemes.append((tuple(group.get("targets") or ("Linear",)), scheme))
+    if not schemes:
+        raise ValueError("the compressed-tensors config quantizes no weights")
+    return CheckpointQuant("compressed-tensors", tuple(schemes))
+
+
+def _fp8(config: dict) -> CheckpointQuant:
+    fmt = config.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise ValueError(f"fp8 checkpoints in {fmt!r} are not supported (e4m3)")
+    block = config.get("weight_block_size")
+    block = None if block is None else (int(block[0]), int(block[1]))
+    return CheckpointQuant("fp8", ((("Linear",), WeightScheme(8, None, True, "float", block)),))
