@@ -269,9 +269,13 @@ def test_refusals_name_what_is_wrong(tmp_path, tiny_model_path: Callable[[str], 
             ValueError, match="params ask for task 'embed'; this call runs 'classify'"
         ):
             llm.classify("hi", PoolingParams(task="embed"), use_tqdm=False)
-        with pytest.raises(ValueError, match="it classifies prompts .* use classify or score"):
+        with pytest.raises(
+            ValueError, match=r"classifies prompts .*; use classify \(POST /classify\)$"
+        ):
             llm.generate("hi", use_tqdm=False)
     with classifier_llm(cross_encoder(tmp_path / "one")) as llm:
+        with pytest.raises(ValueError, match=r"use classify \(POST /classify\) or score \(POST"):
+            llm.generate("hi", use_tqdm=False)
         with pytest.raises(TypeError, match="got None, not a string"):
             llm.score({"text": "q"}, "d", use_tqdm=False)
         with pytest.raises(TypeError, match="a text, a prompt or a list of them, got b'q'"):

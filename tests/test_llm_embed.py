@@ -149,7 +149,9 @@ def test_generation_and_pooling_requests_are_refused_by_the_other_runner(
 ) -> None:
     folder = tiny_model_path("llama-tied-mqa")
     with pooling_llm(folder, runner="pooling") as llm:
-        with pytest.raises(ValueError, match="pooling model"):
+        with pytest.raises(
+            ValueError, match=r"embeds prompts .*; use embed \(POST /v1/embeddings\) or score"
+        ):
             llm.generate({"prompt_token_ids": [5, 6]}, SamplingParams(max_tokens=2))
         with pytest.raises(TypeError, match="must be a PoolingParams .*got SamplingParams"):
             llm.encode({"prompt_token_ids": [5, 6]}, SamplingParams(), use_tqdm=False)

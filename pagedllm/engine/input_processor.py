@@ -34,6 +34,13 @@ PromptType = UserPrompt | list[int]
 """vLLM's prompt types (pagedllm/inputs.py), or bare token ids, which the engine takes too
 (LLM.generate refuses them as ambiguous)."""
 
+_TASK_USE = {
+    "embed": "embed (POST /v1/embeddings)",
+    "classify": "classify (POST /classify)",
+    "score": "score (POST /score, /rerank)",
+}
+"""What serves each pooling task: the LLM method and the server's routes."""
+
 
 def check_token_ids(token_ids: Sequence[int], vocab_size: int, name: str = "prompt") -> None:
     """Token ids must be ints in [0, vocab_size); the message names `name`."""
@@ -178,15 +185,11 @@ class InputProcessor:
     def _prepare_params(self, params: SamplingParams | None) -> SamplingParams:
         model_config = self.config.model_config
         if model_config.runner_type == "pooling":
-            use = (
-                "classify or score (POST /classify, /score, /rerank)"
-                if model_config.is_cross_encoder
-                else "embed (POST /v1/embeddings)"
-            )
+            use = " or ".join(_TASK_USE[task] for task in model_config.pooling_tasks)
             raise ValueError(
                 "this model is a pooling model (runner='pooling'): it "
-                f"{'classifies' if model_config.is_cross_encoder else 'embeds'} prompts and "
-                f"generates no text; use {use}"
+                f"{'embeds' if 'embed' in model_config.pooling_tasks else 'classifies'} "
+                f"prompts and generates no text; use {use}"
             )
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
