@@ -37,13 +37,19 @@ class CheckpointQuant:
     """GPTQ's original format stores each zero point minus one."""
 
     def scheme(self, prefix: str) -> WeightScheme:
-        """The scheme of the linear layer named prefix (a regular-expression target first)."""
+        """The scheme of the linear layer named prefix, as vLLM matches targets: a target
+        naming the layer (its full name, or "re:" and an expression) first, in the config's
+        order; then a class target ("Linear")."""
         fallback = None
         for targets, scheme in self.schemes:
             for target in targets:
-                if target.startswith("re:") and re.match(target[3:], prefix):
-                    return scheme
-                if not target.startswith("re:") and fallback is None:
+                if target.startswith("re:"):
+                    if re.match(target[3:], prefix):
+                        return scheme
+                elif "." in target:
+                    if target == prefix:
+                        return scheme
+                elif fallback is None:
                     fallback = scheme
         if fallback is None:
             raise ValueError(f"quantization_config names no scheme for {prefix!r}")
@@ -53,8 +59,10 @@ class CheckpointQuant:
 def parse_quantization_config(config: object) -> CheckpointQuant:
     """A checkpoint's quantization_config (a dict, or transformers' object of it) as a
     CheckpointQuant; ValueError naming what pagedllm cannot run."""
+    if not isinstance(config, dict) and hasattr(config, "to_dict"):
+        config = config.to_dict()
     if not isinstance(config, dict):
-        config = config.to_dict() if hasattr(config, "to_dict") else vars(config)
+        raise ValueError(f"quantization_config must be a JSON object, got {config!r}")
     method = str(config.get("quant_method", "")).lower()
     parse = {
         "gptq": _gptq,
@@ -81,12 +89,37 @@ def _group(value: object) -> int | None:
 
 
 def _gptq(config: dict) -> CheckpointQuant:
-    bits = _bits(config.get("bits"), (2, 4, 8), "GPTQ")
     fmt = config.get("checkpoint_format", "gptq")
-    if fmt not in ("gptq", "gptq_v2"):
+    if fmt not in ("gptq", "gptq_v2") or config.get("is_marlin_format"):
         raise ValueError(f"GPTQ checkpoint_format {fmt!r} is not supported (gptq, gptq_v2)")
-    scheme = WeightScheme(bits, _group(config.get("group_size")), bool(config.get("sym", True)))
-    return CheckpointQuant("gptq", ((("Linear",), scheme),), gptq_v1_zeros=fmt == "gptq")
+    _refuse_other(config, "pack_dtype", "int32", "GPTQ")
+    if "bits" not in config:
+        raise ValueError("the GPTQ quantization_config has no bits")
+    base = _gptq_scheme(config, WeightScheme(0, None, True))
+    schemes = []
+    for key, override in (config.get("dynamic") or {}).items():
+        if not key.startswith("-:"):  # "-:" layers are left float, so stored as weights
+            pattern = key.removeprefix("+:")
+            schemes.append(((f"re:{pattern}",), _gptq_scheme(override, base)))
+    schemes.append((("Linear",), base))
+    return CheckpointQuant("gptq", tuple(schemes), gptq_v1_zeros=fmt == "gptq")
+
+
+def _gptq_scheme(fields: dict, base: WeightScheme) -> WeightScheme:
+    """GPTQ's bits, group_size and sym, each from `fields` else from base (GPTQModel's
+    `dynamic` overrides a layer's)."""
+    if not isinstance(fields, dict):
+        raise ValueError(f"GPTQ dynamic overrides must be objects, got {fields!r}")
+    bits = _bits(fields.get("bits", base.bits), (2, 4, 8), "GPTQ")
+    group = _group(fields["group_size"]) if "group_size" in fields else base.group_size
+    return WeightScheme(bits, group, bool(fields.get("sym", base.symmetric)))
+
+
+def _refuse_other(config: dict, field: str, value: object, what: str) -> None:
+    if config.get(field, value) != value:
+        raise ValueError(
+            f"{what} checkpoints with {field} {config[field]!r} are not supported ({value!r})"
+        )
 
 
 def _awq(config: dict) -> CheckpointQuant:
@@ -96,11 +129,17 @@ def _awq(config: dict) -> CheckpointQuant:
         raise ValueError(f"AWQ version {version!r} is not supported (gemm)")
     if not config.get("zero_point", True):
         raise ValueError("AWQ checkpoints without zero points are not supported")
+    _refuse_other(config, "backend", "autoawq", "AWQ")
     group = _group(config.get("group_size", config.get("q_group_size")))
     return CheckpointQuant("awq", ((("Linear",), WeightScheme(bits, group, False)),))
 
 
 def _compressed_tensors(config: dict) -> CheckpointQuant:
+    sparsity = config.get("sparsity_config") or {}
+    if sparsity.get("format", "dense") != "dense":
+        raise ValueError(
+            f"compressed-tensors sparsity format {sparsity['format']!r} is not supported"
+        )
     schemes = []
     for name, group in (config.get("config_groups") or {}).items():
         weights = group.get("weights")
@@ -120,6 +159,13 @@ def _compressed_tensors(config: dict) -> CheckpointQuant:
         strategy = weights.get("strategy")
         group_size = _group(weights.get("group_size")) if strategy == "group" else None
         block = weights.get("block_structure") if strategy == "block" else None
+        if kind == "float" and group_size is not None:  # a group: a block of one row
+            block, group_size = (1, group_size), None
+        if kind != "float" and strategy not in ("tensor", "channel", "group", None):
+            raise ValueError(
+                f"config group {name!r}: int weights with strategy {strategy!r} are not "
+                "supported (tensor, channel, group)"
+            )
         scheme = WeightScheme(
             bits,
             group_size,
@@ -134,6 +180,7 @@ def _compressed_tensors(config: dict) -> CheckpointQuant:
 
 
 def _fp8(config: dict) -> CheckpointQuant:
+    """Block scales stored as raw ue8m0 bytes (`scale_fmt`) are read by their dtype."""
     fmt = config.get("fmt", "e4m3")
     if fmt != "e4m3":
         raise ValueError(f"fp8 checkpoints in {fmt!r} are not supported (e4m3)")

@@ -1,6 +1,7 @@
 """Model configuration: where the model is, its HF config, dtype and context length."""
 
 import importlib.util
+import json
 import os
 import socket
 from dataclasses import dataclass, field, fields
@@ -243,7 +244,7 @@ class ModelConfig:
                 "context length: max_position_embeddings, times its rope scaling factor, "
                 "capped by a sliding window or a sentence-transformers max_seq_length)"
             )
-        checkpoint_quant = checkpoint_quantization(hf_config, gguf_file)
+        checkpoint_quant = checkpoint_quantization(hf_config, model, gguf_file)
         quantization = resolve_quantization(quantization, gguf_file, checkpoint_quant)
         if load_format == "dummy" and quantization is not None and quantization != "int8":
             raise ValueError(
@@ -442,14 +443,37 @@ QUANTIZATION_CHOICES = ("gguf", "int8", *PREQUANTIZED_METHODS, "none")
 LOAD_FORMATS = ("auto", "dummy")
 
 
+QUANT_CONFIG_FILES = {"quantize_config.json": "gptq", "quant_config.json": "awq"}
+"""Where AutoGPTQ and AutoAWQ folders older than transformers' quantization_config keep
+their settings, and the method each file's settings are when they do not say (vLLM's)."""
+
+
 def checkpoint_quantization(
-    hf_config: PretrainedConfig, gguf_file: str | None
+    hf_config: PretrainedConfig, model: str, gguf_file: str | None
 ) -> CheckpointQuant | None:
-    """A HF checkpoint's own quantization, from its config's quantization_config."""
-    config = getattr(hf_config, "quantization_config", None)
-    if gguf_file is not None or config is None:
+    """A HF checkpoint's own quantization: its config's quantization_config, else the
+    folder's quantize_config.json or quant_config.json."""
+    if gguf_file is not None:
         return None
-    return parse_quantization_config(config)
+    config = getattr(hf_config, "quantization_config", None)
+    if config is None and os.path.isdir(model):
+        for name, method in QUANT_CONFIG_FILES.items():
+            path = os.path.join(model, name)
+            if os.path.isfile(path):
+                settings = as_json_object(name, _read_json(path))
+                if "zero_point" in settings or "w_bit" in settings:  # AutoAWQ's fields
+                    method = "awq"
+                config = {"quant_method": method, **settings}
+                break
+    return None if config is None else parse_quantization_config(config)
+
+
+def _read_json(path: str) -> object:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from e
 
 
 def resolve_quantization(

@@ -3,7 +3,8 @@ fp8 tools write them, each beside a float32 "reference" folder holding the weigh
 dequantize to.
 
 GPTQ and AWQ are packed here from their formats' definitions (AutoGPTQ's and AutoAWQ's
-`pack`: the codes, the order of AWQ's columns, GPTQ's zeros stored minus one); the
+`pack`: the codes, the order of AWQ's columns, GPTQ's zeros stored minus one as GPTQModel
+subtracts it, word by word); the
 reference weights come from the codes before packing, so a reader that unpacks wrongly
 differs from them. compressed-tensors checkpoints are written by the compressed-tensors
 library itself, and fp8 ones by torch's float8 cast.
@@ -105,6 +106,14 @@ def _pack_awq(values: torch.Tensor, order: list[int]) -> torch.Tensor:
     return _int32(out)
 
 
+def v1_zeros(qzeros: torch.Tensor, bits: int) -> torch.Tensor:
+    """GPTQModel's conversion of packed zeros to GPTQ's original format (its
+    convert_gptq_v2_to_v1_format): one subtracted from every field at once, from the whole
+    int32 word, so a zero of 0 borrows from the field above it."""
+    ones = sum(1 << shift for shift in range(0, 32, bits))
+    return _int32((qzeros.to(torch.int64) - ones) & 0xFFFFFFFF)
+
+
 def save_gptq(
     source: str,
     folder: str,
@@ -128,9 +137,9 @@ def save_gptq(
             g_idx = g_idx[torch.randperm(k, generator=gen)]
         codes, scale, zero = group_quantize(w.float(), bits, group_size, symmetric, g_idx)
         prefix = name.removesuffix(".weight")
-        stored_zero = zero if v2 else zero - 1
+        qzeros = pack_columns(zero.t(), bits)
         weights[f"{prefix}.qweight"] = pack_rows(codes.t(), bits)
-        weights[f"{prefix}.qzeros"] = pack_columns(stored_zero.t() & ((1 << bits) - 1), bits)
+        weights[f"{prefix}.qzeros"] = qzeros if v2 else v1_zeros(qzeros, bits)
         weights[f"{prefix}.scales"] = scale.t()
         weights[f"{prefix}.g_idx"] = g_idx.to(torch.int32)
         reference[name] = dequantize(codes, scale, zero, g_idx)

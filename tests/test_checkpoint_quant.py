@@ -58,6 +58,50 @@ def test_compressed_tensors_schemes_match_regex_targets_first() -> None:
     assert fp8 == WeightScheme(8, None, True, "float", (128, 64))
 
 
+def test_a_target_naming_the_layer_comes_before_the_class() -> None:
+    """vLLM's find_matched_target: the layer's name (exact or "re:") first, then "Linear"."""
+    quant = parse_quantization_config(
+        {
+            "quant_method": "compressed-tensors",
+            "config_groups": {
+                "all": {
+                    "targets": ["Linear"],
+                    "format": "pack-quantized",
+                    "weights": {"num_bits": 4, "strategy": "group", "group_size": 32},
+                },
+                "one": {
+                    "targets": ["model.layers.0.mlp.down_proj"],
+                    "format": "int-quantized",
+                    "weights": {"num_bits": 8, "strategy": "channel"},
+                },
+            },
+        }
+    )
+    assert quant.scheme("model.layers.0.mlp.down_proj") == WeightScheme(8, None, True)
+    assert quant.scheme("model.layers.1.mlp.down_proj") == WeightScheme(4, 32, True)
+
+
+def test_compressed_tensors_fp8_groups_are_blocks_of_one_row() -> None:
+    quant = parse_quantization_config(
+        {
+            "quant_method": "compressed-tensors",
+            "config_groups": {
+                "g": {
+                    "targets": ["Linear"],
+                    "format": "float-quantized",
+                    "weights": {
+                        "num_bits": 8,
+                        "type": "float",
+                        "strategy": "group",
+                        "group_size": 128,
+                    },
+                }
+            },
+        }
+    )
+    assert quant.scheme("x") == WeightScheme(8, None, True, "float", (1, 128))
+
+
 def test_fp8_block_size() -> None:
     quant = parse_quantization_config(
         {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
@@ -84,6 +128,35 @@ def test_fp8_block_size() -> None:
             "format 'nvfp4-pack-quantized'",
         ),
         ({"quant_method": "compressed-tensors", "config_groups": {}}, "quantizes no weights"),
+        ({"quant_method": "gptq", "bits": 4, "pack_dtype": "int16"}, "pack_dtype 'int16'"),
+        ({"quant_method": "gptq", "bits": 4, "is_marlin_format": True}, "not supported"),
+        ({"quant_method": "gptq", "group_size": 128}, "has no bits"),
+        ({"quant_method": "awq", "bits": 4, "backend": "llm-awq"}, "backend 'llm-awq'"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "sparsity_config": {"format": "sparse-24-bitmask"},
+                "config_groups": {"g": {"weights": {"num_bits": 4}, "format": "pack-quantized"}},
+            },
+            "sparsity format 'sparse-24-bitmask'",
+        ),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "g": {
+                        "format": "int-quantized",
+                        "weights": {
+                            "num_bits": 8,
+                            "strategy": "block",
+                            "block_structure": [128, 128],
+                        },
+                    }
+                },
+            },
+            "int weights with strategy 'block'",
+        ),
+        (["gptq"], "must be a JSON object"),
     ],
 )
 def test_what_pagedllm_cannot_run_is_named(config: dict, match: str) -> None:

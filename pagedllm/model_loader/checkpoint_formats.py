@@ -146,13 +146,22 @@ def _optional(name: str, get: Get, has: Has) -> torch.Tensor | None:
     return get(name) if has(name) else None
 
 
+def _add_one_per_field(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """GPTQ's original format stores each zero minus one, subtracted from the whole 32-bit
+    word (0x11111111 for 4 bits, as GPTQModel writes it), so a zero of 0 borrows from the
+    next field; adding the same constant to the word restores every field."""
+    ones = sum(1 << shift for shift in range(0, 32, bits))
+    return ((words.to(torch.int64) + ones) & 0xFFFFFFFF).to(torch.uint32).view(torch.int32)
+
+
 def _gptq(quant: CheckpointQuant, prefix: str, get: Get, has: Has) -> GroupQuantized | torch.Tensor:
     scheme = quant.scheme(prefix)
     # codes [N, K] straight from the words [K / per, N] turned [N, K / per]: no byte transpose
     codes = unpack(get(f"{prefix}.qweight").t().contiguous(), scheme.bits, dim=1)
-    zero = unpack(get(f"{prefix}.qzeros"), scheme.bits, dim=1).t().to(torch.int32)
+    qzeros = get(f"{prefix}.qzeros")
     if quant.gptq_v1_zeros:
-        zero = zero + 1
+        qzeros = _add_one_per_field(qzeros, scheme.bits)
+    zero = unpack(qzeros, scheme.bits, dim=1).t().to(torch.int32)
     scale = get(f"{prefix}.scales").t()
     zero = zero[: codes.shape[0]].contiguous()
     return _in_order(codes, scale, zero, scheme, _optional(f"{prefix}.g_idx", get, has))
@@ -177,10 +186,14 @@ def _ct_packed(
     n, k = (int(v) for v in get(f"{prefix}.weight_shape").tolist())
     codes = unpack(get(f"{prefix}.weight_packed"), scheme.bits, dim=1)[:, :k]
     scale = _row_scales(get(f"{prefix}.weight_scale"), n)
+    offset = 1 << (scheme.bits - 1)
+    zero = torch.full(scale.shape, offset)
     if has(f"{prefix}.weight_zero_point"):
-        zero = unpack(get(f"{prefix}.weight_zero_point"), scheme.bits, dim=0)[:n]
-    else:
-        zero = torch.full(scale.shape, 1 << (scheme.bits - 1))
+        stored = get(f"{prefix}.weight_zero_point")
+        if stored.dtype == torch.int32:  # packed down the output dimension, offset
+            zero = unpack(stored, scheme.bits, dim=0)[:n]
+        else:  # as computed, signed (older libraries; a tensor's one zero point)
+            zero = zero + _row_scales(stored, n).to(torch.int32)
     g_idx = _optional(f"{prefix}.weight_g_idx", get, has)
     return _in_order(codes, scale, zero.to(torch.int32).contiguous(), scheme, g_idx)
 
@@ -215,7 +228,10 @@ def _fp8(
     """float32 weight * its scale: per tensor, per row or per [bn, bk] block."""
     w = weight.to(torch.float32)
     name = f"{prefix}.weight_scale_inv"
-    scale = get(name if has(name) else f"{prefix}.weight_scale").to(torch.float32)
+    scale = get(name if has(name) else f"{prefix}.weight_scale")
+    if scale.dtype == torch.uint8:  # ue8m0 exponents stored as raw bytes
+        scale = scale.view(torch.float8_e8m0fnu)
+    scale = scale.to(torch.float32)
     n, k = w.shape
     if scale.numel() == 1:
         return w * scale.reshape(())

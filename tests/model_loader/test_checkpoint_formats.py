@@ -73,3 +73,85 @@ def test_fp8_scales_per_block_with_partial_blocks() -> None:
             {"quant_method": "fp8", "weight_block_size": [32, 32]},
             {"weight": weight, "weight_scale_inv": scales[:1]},
         )
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_gptq_v1_zeros_of_zero_borrow_from_the_next_field(bits: int) -> None:
+    """GPTQModel subtracts one from the whole word: a zero of 0 takes one off the zero above
+    it in the word, which adding one to the whole word gives back."""
+    w = torch.randn(16, 64)
+    codes, scale, zero = qc.group_quantize(w, bits, 32, False)
+    zero[::2] = 0  # every other row's zeros underflow
+    qzeros = qc.pack_columns(zero.t(), bits)
+    layer = read(
+        {"quant_method": "gptq", "bits": bits, "group_size": 32, "sym": False},
+        {
+            "qweight": qc.pack_rows(codes.t(), bits),
+            "qzeros": qc.v1_zeros(qzeros, bits),
+            "scales": scale.t(),
+        },
+    )
+    assert torch.equal(layer.zero, zero)
+
+
+def test_gptq_dynamic_overrides_a_layers_bits() -> None:
+    quant = parse_quantization_config(
+        {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": 32,
+            "dynamic": {r"+:.*down_proj": {"bits": 8}, r"-:.*o_proj": {}},
+        }
+    )
+    w = torch.randn(16, 64)
+    codes, scale, zero = qc.group_quantize(w, 8, 32, True)
+    named = {
+        "mlp.down_proj.qweight": qc.pack_rows(codes.t(), 8),
+        "mlp.down_proj.qzeros": qc.v1_zeros(qc.pack_columns(zero.t(), 8), 8),
+        "mlp.down_proj.scales": scale.t(),
+    }
+    layer = read_layer(quant, "mlp.down_proj", named.__getitem__, named.__contains__)
+    assert layer.bits == 8 and torch.equal(layer.codes, codes)
+    assert quant.scheme("mlp.up_proj").bits == 4
+
+
+def test_older_compressed_tensors_zero_points_are_stored_unpacked() -> None:
+    """Before their packing, asymmetric zero points were int8 [N, G], signed."""
+    codes = torch.randint(0, 16, (8, 64), dtype=torch.uint8)
+    signed_zero = torch.randint(-8, 8, (8, 2), dtype=torch.int8)
+    scale = torch.rand(8, 2) + 0.1
+    config = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {
+            "g": {
+                "targets": ["Linear"],
+                "format": "pack-quantized",
+                "weights": {
+                    "num_bits": 4,
+                    "strategy": "group",
+                    "group_size": 32,
+                    "symmetric": False,
+                },
+            }
+        },
+    }
+    layer = read(
+        config,
+        {
+            "weight_packed": qc.pack_columns(codes, 4),
+            "weight_scale": scale,
+            "weight_shape": torch.tensor([8, 64]),
+            "weight_zero_point": signed_zero,
+        },
+    )
+    assert torch.equal(layer.zero, signed_zero.to(torch.int32) + 8)
+
+
+def test_fp8_ue8m0_scales_stored_as_bytes() -> None:
+    weight = torch.randn(32, 32).to(torch.float8_e4m3fn)
+    exponents = torch.tensor([[120]], dtype=torch.uint8)  # 2^(120 - 127)
+    layer = read(
+        {"quant_method": "fp8", "weight_block_size": [32, 32], "scale_fmt": "ue8m0"},
+        {"weight": weight, "weight_scale_inv": exponents},
+    )
+    assert torch.equal(layer, weight.float() * 2.0**-7)

@@ -226,3 +226,33 @@ def test_inspect_sizes_the_layers_as_the_loader_runs_them(fmt: str, checkpoint) 
     from_config = inspect_model(ModelConfig.create(f"{quantized}/config.json", "float32"))
     same = from_config["bytes_per_rank"] == report["bytes_per_rank"]
     assert same == (fmt != "gptq-act-order")
+
+
+@pytest.mark.parametrize(
+    ("fmt", "file"), [("gptq-4bit-sym", "quantize_config.json"), ("awq", "quant_config.json")]
+)
+def test_settings_in_an_older_tools_own_file(fmt: str, file: str, checkpoint, tmp_path) -> None:
+    """AutoGPTQ's quantize_config.json and AutoAWQ's quant_config.json (without quant_method,
+    in AutoAWQ's field names), read as vLLM reads them."""
+    import json
+    import shutil
+
+    quantized, reference = checkpoint(fmt, "llama-gqa-llama3")
+    folder = tmp_path / "older"
+    shutil.copytree(quantized, folder)
+    config = json.loads((folder / "config.json").read_text())
+    settings = config.pop("quantization_config")
+    settings.pop("quant_method")
+    if fmt == "awq":
+        settings = {
+            "w_bit": 4,
+            "q_group_size": settings["group_size"],
+            "zero_point": True,
+            "version": "GEMM",
+        }
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / file).write_text(json.dumps(settings))
+    assert ModelConfig.create(str(folder), "float32").quantization == fmt.split("-")[0]
+    torch.testing.assert_close(
+        prompt_logprobs(str(folder)), prompt_logprobs(reference), atol=0.06, rtol=0
+    )
