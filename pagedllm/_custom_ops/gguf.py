@@ -2,11 +2,20 @@
 torch definitions where the kernels do not apply."""
 
 import torch
+from gguf import GGMLQuantizationType as Q
 
 from pagedllm import _cpu_kernels, _torch_ops, _torch_quant
-from pagedllm._custom_ops.common import _as_dense, _one_float_dtype, cpu_kernels_apply
+from pagedllm._custom_ops.common import (
+    _as_dense,
+    _one_float_dtype,
+    cpu_kernels_apply,
+    triton_kernels_apply,
+)
+from pagedllm.batch_invariant import is_batch_invariant
 
 _GGUF_KERNEL_TYPES = frozenset(int(t) for t in _cpu_kernels.GGUF_TYPES)
+_TRITON_TYPES = frozenset(int(t) for t in (Q.Q4_0, Q.Q4_1, Q.Q8_0))
+"""The types _triton_ops/gguf_matmul.py reads (kept here: that module imports triton)."""
 
 
 def _gguf_kernels_apply(qweight: torch.Tensor, qtype: int) -> bool:
@@ -79,9 +88,30 @@ def gguf_linear(
 ) -> torch.Tensor:
     """x [..., K] @ W^T (+ bias [N]) -> [..., N], W [N, K] being the GGUF blocks qweight
     [N, K / block_size * type_size] of qtype as stored (weights gguf_pack leaves as they are:
-    GPUs, no extension): dequantized and multiplied in torch (_torch_ops.linear, so row by row
-    in batch-invariant mode)."""
+    GPUs, no extension). On a GPU, Q4_0 / Q4_1 / Q8_0 (the types quantized HF checkpoints
+    run in) go through the Triton kernel that dequantizes tiles as it multiplies
+    (_triton_ops/gguf_matmul.py); otherwise the weight is dequantized and multiplied in torch
+    (_torch_ops.linear, so row by row in batch-invariant mode)."""
+    if _gguf_triton_applies(x, qweight, qtype, bias):
+        from pagedllm._triton_ops.gguf_matmul import gguf_matmul
+
+        return gguf_matmul(x, qweight, qtype, bias)
     return _torch_ops.linear(x, _torch_quant.dequantize(qweight, qtype).to(x.dtype), bias)
+
+
+def _gguf_triton_applies(
+    x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None
+) -> bool:
+    """CUDA tensors of one float dtype, a 2-D weight of a type the kernel reads, outside
+    batch-invariant mode (its tiles' sums are not the row-by-row path's)."""
+    tensors = (x,) if bias is None else (x, bias)
+    return (
+        int(qtype) in _TRITON_TYPES
+        and qweight.is_cuda
+        and qweight.dim() == 2
+        and triton_kernels_apply(*tensors)
+        and not is_batch_invariant()
+    )
 
 
 def gguf_dequantize(qweight: torch.Tensor, qtype: int) -> torch.Tensor:

@@ -203,3 +203,23 @@ def test_topk_softmax_kernel(top_k: int, experts: int) -> None:
         RENORMALIZE=True,
     )
     compile_sm90(topk_softmax_kernel, pointers, constexprs)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("qtype", [2, 3, 8], ids=["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_gguf_matmul_kernel(dtype: str, qtype: int, block_m: int) -> None:
+    from pagedllm._triton_ops.gguf_matmul import TYPES, gguf_matmul_kernel
+
+    type_size = {int(t): size for t, size in TYPES.items()}[qtype]
+    constexprs = dict(
+        QTYPE=qtype,
+        TYPE_SIZE=type_size,
+        HAS_BIAS=True,
+        BLOCK_M=block_m,
+        BLOCK_N=64,
+        BLOCK_K=64,
+        WIDEN=False,
+    )
+    pointers = {"x_ptr": f"*{dtype}", "w_ptr": "*u8", "bias_ptr": f"*{dtype}"}
+    compile_sm90(gguf_matmul_kernel, pointers | {"out_ptr": f"*{dtype}"}, constexprs)
