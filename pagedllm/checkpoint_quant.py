@@ -37,9 +37,16 @@ class CheckpointQuant:
     """GPTQ's original format stores each zero point minus one."""
 
     def scheme(self, prefix: str) -> WeightScheme:
+        """The scheme of the linear layer named prefix (ValueError if no target matches)."""
+        scheme = self.find_scheme(prefix)
+        if scheme is None:
+            raise ValueError(f"quantization_config names no scheme for {prefix!r}")
+        return scheme
+
+    def find_scheme(self, prefix: str) -> WeightScheme | None:
         """The scheme of the linear layer named prefix, as vLLM matches targets: a target
         naming the layer (its full name, or "re:" and an expression) first, in the config's
-        order; then a class target ("Linear")."""
+        order; then a class target ("Linear"); None if none matches."""
         fallback = None
         for targets, scheme in self.schemes:
             for target in targets:
@@ -51,8 +58,6 @@ class CheckpointQuant:
                         return scheme
                 elif fallback is None:
                     fallback = scheme
-        if fallback is None:
-            raise ValueError(f"quantization_config names no scheme for {prefix!r}")
         return fallback
 
 
@@ -79,9 +84,11 @@ def parse_quantization_config(config: object) -> CheckpointQuant:
 
 
 def _bits(value: object, allowed: tuple[int, ...], what: str) -> int:
-    if value not in allowed:
-        raise ValueError(f"{what} checkpoints of {value} bits are not supported (use {allowed})")
-    return int(value)
+    if type(value) is not int or value not in allowed:
+        raise ValueError(
+            f"{what} checkpoints of {value!r} bits are not supported (bits: one of {allowed})"
+        )
+    return value
 
 
 def _group(value: object) -> int | None:
@@ -185,5 +192,12 @@ def _fp8(config: dict) -> CheckpointQuant:
     if fmt != "e4m3":
         raise ValueError(f"fp8 checkpoints in {fmt!r} are not supported (e4m3)")
     block = config.get("weight_block_size")
-    block = None if block is None else (int(block[0]), int(block[1]))
+    if block is not None:
+        if not (
+            isinstance(block, list)
+            and len(block) == 2
+            and all(type(b) is int and b > 0 for b in block)
+        ):
+            raise ValueError(f"fp8 weight_block_size must be [rows, columns], got {block!r}")
+        block = (block[0], block[1])
     return CheckpointQuant("fp8", ((("Linear",), WeightScheme(8, None, True, "float", block)),))

@@ -127,6 +127,7 @@ def _gguf_hint(folder: str) -> str:
 def _auto_config(model: str) -> PretrainedConfig:
     """transformers' config of a folder or a config.json; a config it cannot read (not
     JSON, not readable) is a ValueError, as every other bad model path is."""
+    _check_quantization_config(model)
     try:
         return AutoConfig.from_pretrained(model, trust_remote_code=False)
     except OSError as e:
@@ -138,6 +139,22 @@ def _auto_config(model: str) -> PretrainedConfig:
         raise remote from e
     except (AttributeError, TypeError) as e:  # a field of the wrong type (id2label a list)
         raise ValueError(f"config of {model!r} has a field transformers cannot read: {e}") from e
+
+
+def _check_quantization_config(model: str) -> None:
+    """A quantization_config that is not an object is refused by name (transformers would
+    fail on it with an AttributeError of its own)."""
+    path = os.path.join(model, "config.json") if os.path.isdir(model) else model
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return  # AutoConfig names the unreadable file
+    quant = config.get("quantization_config") if isinstance(config, dict) else None
+    if quant is not None and not isinstance(quant, dict):
+        raise ValueError(
+            f"{path}: quantization_config must be a JSON object, got {type(quant).__name__}"
+        )
 
 
 def apply_hf_overrides(hf_config: PretrainedConfig, overrides: dict | str) -> None:

@@ -114,6 +114,8 @@ def test_fp8_block_size() -> None:
     [
         ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes'; pagedllm reads gptq"),
         ({"quant_method": "gptq", "bits": 3}, "GPTQ checkpoints of 3 bits"),
+        ({"quant_method": "gptq", "bits": "4"}, "GPTQ checkpoints of '4' bits .* one of"),
+        ({"quant_method": "fp8", "weight_block_size": [128]}, "must be \\[rows, columns\\]"),
         ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"}, "'marlin'"),
         ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "AWQ version 'gemv'"),
         ({"quant_method": "awq", "bits": 4, "zero_point": False}, "without zero points"),

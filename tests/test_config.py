@@ -456,3 +456,15 @@ def test_lora_config_refuses_values_vllm_refuses(kwargs: dict, match: str) -> No
 def test_lora_config_defaults_keep_max_loras_adapters_on_the_host() -> None:
     config = LoRAConfig(max_loras=3)
     assert (config.max_lora_rank, config.max_cpu_loras) == (16, 3)
+
+
+def test_a_quantization_config_that_is_not_an_object_is_named(tmp_path, tiny_model_path) -> None:
+    import shutil
+
+    shutil.copytree(tiny_model_path("qwen2"), tmp_path / "model")
+    path = tmp_path / "model" / "config.json"
+    config = json.loads(path.read_text())
+    config["quantization_config"] = ["gptq"]
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="quantization_config must be a JSON object, got list"):
+        ModelConfig.create(str(tmp_path / "model"))

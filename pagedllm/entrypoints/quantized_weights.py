@@ -109,8 +109,8 @@ def _scheme_type(
     kind = category(name, shape)
     if kind in (Category.FLOAT, Category.ROUTER, Category.OUTPUT, Category.TOKEN_EMBD):
         return None
-    scheme = quant.scheme(name.removesuffix(".weight"))
-    if scheme.kind != "int":
+    scheme = quant.find_scheme(name.removesuffix(".weight"))
+    if scheme is None or scheme.kind != "int":  # no target: a float layer
         return None
     columns = shape[-1]
     return native_block_type(scheme.bits, scheme.symmetric, scheme.group_size or columns, columns)

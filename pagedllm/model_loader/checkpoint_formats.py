@@ -133,13 +133,34 @@ def _in_order(
 ) -> GroupQuantized | torch.Tensor:
     """The layer as groups of consecutive columns, or its float32 weight where g_idx (from
     act-order quantization) puts columns in groups out of order."""
-    k = codes.shape[1]
+    n, k = codes.shape
     group = _group_size(scheme, k)
     in_order = torch.arange(k) // group
     if g_idx is not None and not torch.equal(g_idx.to(torch.int64), in_order):
         g_idx = g_idx.to(torch.int64)
+        groups = scale.shape[1]
+        if g_idx.shape != (k,) or int(g_idx.min()) < 0 or int(g_idx.max()) >= groups:
+            raise ValueError(
+                f"g_idx of shape {tuple(g_idx.shape)} with groups {int(g_idx.min())} .. "
+                f"{int(g_idx.max())} for {k} columns in {groups} groups"
+            )
+        if scale.shape[0] != n or zero.shape != scale.shape:
+            raise ValueError(
+                f"scales {tuple(scale.shape)} and zeros {tuple(zero.shape)} for {n} rows"
+            )
         return (codes.float() - zero.float()[:, g_idx]) * scale.float()[:, g_idx]
     return GroupQuantized(codes.contiguous(), scale.contiguous(), zero, scheme.bits, group)
+
+
+def _packed(get: Get, name: str) -> torch.Tensor:
+    """A tensor of int32 words (GPTQ's, AWQ's, compressed-tensors' packed codes)."""
+    words = get(name)
+    if words.dtype != torch.int32 or words.dim() != 2:
+        raise ValueError(
+            f"{name}: packed codes are 2-D int32 words, got {words.dtype} of shape "
+            f"{tuple(words.shape)}"
+        )
+    return words
 
 
 def _optional(name: str, get: Get, has: Has) -> torch.Tensor | None:
@@ -157,8 +178,8 @@ def _add_one_per_field(words: torch.Tensor, bits: int) -> torch.Tensor:
 def _gptq(quant: CheckpointQuant, prefix: str, get: Get, has: Has) -> GroupQuantized | torch.Tensor:
     scheme = quant.scheme(prefix)
     # codes [N, K] straight from the words [K / per, N] turned [N, K / per]: no byte transpose
-    codes = unpack(get(f"{prefix}.qweight").t().contiguous(), scheme.bits, dim=1)
-    qzeros = get(f"{prefix}.qzeros")
+    codes = unpack(_packed(get, f"{prefix}.qweight").t().contiguous(), scheme.bits, dim=1)
+    qzeros = _packed(get, f"{prefix}.qzeros")
     if quant.gptq_v1_zeros:
         qzeros = _add_one_per_field(qzeros, scheme.bits)
     zero = unpack(qzeros, scheme.bits, dim=1).t().to(torch.int32)
@@ -171,9 +192,10 @@ def _awq(quant: CheckpointQuant, prefix: str, get: Get) -> GroupQuantized:
     scheme = quant.scheme(prefix)
     bits = scheme.bits
 
-    qweight = get(f"{prefix}.qweight").t().contiguous()  # [N / 8, K]
+    qweight = _packed(get, f"{prefix}.qweight").t().contiguous()  # [N / 8, K]
     codes = unpack(qweight, bits, dim=0, order=AWQ_ORDER)
-    zero = unpack(get(f"{prefix}.qzeros"), bits, dim=1, order=AWQ_ORDER).t().to(torch.int32)
+    qzeros = _packed(get, f"{prefix}.qzeros")
+    zero = unpack(qzeros, bits, dim=1, order=AWQ_ORDER).t().to(torch.int32)
     scale = get(f"{prefix}.scales").t()
     group = _group_size(scheme, codes.shape[1])
     return GroupQuantized(codes.contiguous(), scale.contiguous(), zero.contiguous(), bits, group)
@@ -183,8 +205,14 @@ def _ct_packed(
     quant: CheckpointQuant, prefix: str, get: Get, has: Has
 ) -> GroupQuantized | torch.Tensor:
     scheme = quant.scheme(prefix)
-    n, k = (int(v) for v in get(f"{prefix}.weight_shape").tolist())
-    codes = unpack(get(f"{prefix}.weight_packed"), scheme.bits, dim=1)[:, :k]
+    n, k = (int(v) for v in get(f"{prefix}.weight_shape").reshape(-1).tolist())
+    packed = _packed(get, f"{prefix}.weight_packed")
+    if packed.shape != (n, -(-k * scheme.bits // 32)):
+        raise ValueError(
+            f"{prefix}: weight_shape [{n}, {k}] of {scheme.bits}-bit codes, weight_packed of "
+            f"shape {tuple(packed.shape)}"
+        )
+    codes = unpack(packed, scheme.bits, dim=1)[:, :k]
     scale = _row_scales(get(f"{prefix}.weight_scale"), n)
     offset = 1 << (scheme.bits - 1)
     zero = torch.full(scale.shape, offset)

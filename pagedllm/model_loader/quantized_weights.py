@@ -54,10 +54,16 @@ class CheckpointTensors:
         return name in self.where
 
     def get(self, name: str) -> torch.Tensor:
-        return self.where[name].get_tensor(name)
+        return self._file(name).get_tensor(name)
 
     def shape(self, name: str) -> list[int]:
-        return self.where[name].get_slice(name).get_shape()
+        return self._file(name).get_slice(name).get_shape()
+
+    def _file(self, name: str) -> object:
+        if name not in self.where:
+            prefix = name.rpartition(".")[0]
+            raise ValueError(f"the checkpoint has no tensor {name!r}, a part of layer {prefix!r}")
+        return self.where[name]
 
     def names(self) -> Iterator[str]:
         for _, handle in self.files:
@@ -124,8 +130,8 @@ def _columns(quant: CheckpointQuant, tensors: CheckpointTensors, prefix: str, bi
         return tensors.shape(f"{prefix}.qweight")[0] * 32 // bits
     if quant.method == "awq":
         return tensors.shape(f"{prefix}.qweight")[0]
-    if tensors.has(f"{prefix}.weight_shape"):
-        return int(tensors.get(f"{prefix}.weight_shape")[1])
+    if tensors.has(f"{prefix}.weight_packed"):
+        return int(tensors.get(f"{prefix}.weight_shape").reshape(-1)[-1])
     return tensors.shape(f"{prefix}.weight")[1]
 
 
@@ -146,7 +152,7 @@ def iterate_quantized_weights(
             prefix = _layer_of(quant, tensors, name)
             if prefix is None:
                 if keep is None or keep(name):
-                    yield name, tensors.get(name).to(dtype)
+                    yield name, _plain(quant, tensors, name).to(dtype)
                 continue
             if not name.endswith(_LAYER_MARKS):
                 continue  # a part read with its layer
@@ -156,6 +162,36 @@ def iterate_quantized_weights(
             yield out, _converted(quant, tensors, prefix, dtype, keep_blocks)
 
 
+def read_checked(
+    quant: CheckpointQuant, tensors: CheckpointTensors, prefix: str
+) -> GroupQuantized | torch.Tensor:
+    """read_layer, whose tensors not fitting together (shapes from another bits or group
+    size than the config's) is a ValueError naming the layer."""
+    try:
+        return read_layer(quant, prefix, tensors.get, tensors.has)
+    except (RuntimeError, IndexError) as e:
+        raise ValueError(
+            f"{prefix}: its quantized tensors do not fit together or with the "
+            f"quantization_config's bits and group size ({str(e).splitlines()[0]})"
+        ) from e
+    except ValueError as e:
+        if prefix in str(e):
+            raise
+        raise ValueError(f"{prefix}: {e}") from e
+
+
+def _plain(quant: CheckpointQuant, tensors: CheckpointTensors, name: str) -> torch.Tensor:
+    """A tensor outside every quantized layer: a float one. Integer or fp8 values there are
+    codes whose scale is missing."""
+    tensor = tensors.get(name)
+    if not tensor.is_floating_point() or tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise ValueError(
+            f"checkpoint tensor {name!r} is {tensor.dtype}: quantized values, but the "
+            f"checkpoint has no scale for them ({quant.method})"
+        )
+    return tensor
+
+
 def _converted(
     quant: CheckpointQuant,
     tensors: CheckpointTensors,
@@ -163,7 +199,7 @@ def _converted(
     dtype: torch.dtype,
     keep_blocks: Callable[[str], bool] | None,
 ) -> torch.Tensor:
-    layer = read_layer(quant, prefix, tensors.get, tensors.has)
+    layer = read_checked(quant, tensors, prefix)
     if not isinstance(layer, GroupQuantized):
         return layer.to(dtype)
     if keep_blocks is None or not keep_blocks(f"{prefix}.weight"):

@@ -30,6 +30,8 @@ def load_named_weights(
     for name, tensor in weights:
         if name.startswith(skip_prefixes) or name.endswith("rotary_emb.inv_freq"):
             continue
+        if _unused_zero_bias(name, tensor, params, stacked_params_mapping):
+            continue
         param_name, args = _resolve(name, params, stacked_params_mapping, expert_params_mapping)
         param = params[param_name]
         loader = getattr(param, "weight_loader", default_weight_loader)
@@ -39,6 +41,17 @@ def load_named_weights(
             raise ValueError(f"cannot load checkpoint tensor {name!r}: {e}") from e
         loaded.setdefault(param_name, set()).add(args)
     _check_all_loaded(model, params, loaded, stacked_params_mapping, expert_params_mapping)
+
+
+def _unused_zero_bias(
+    name: str, tensor: torch.Tensor, params: dict[str, nn.Parameter], stacked: StackedMapping
+) -> bool:
+    """A bias of zeros for a layer that has none: AutoGPTQ writes them for every quantized
+    layer; vLLM skips such extra biases, and a zero bias changes nothing."""
+    if not name.endswith(".bias") or name in params:
+        return False
+    fused = [name.replace(w, p) for p, w, _ in stacked if w in name]
+    return not any(candidate in params for candidate in fused) and not tensor.any()
 
 
 def _resolve(

@@ -256,3 +256,101 @@ def test_settings_in_an_older_tools_own_file(fmt: str, file: str, checkpoint, tm
     torch.testing.assert_close(
         prompt_logprobs(str(folder)), prompt_logprobs(reference), atol=0.06, rtol=0
     )
+
+
+def _edited(folder: str, out, edit: Callable[[dict], None]) -> str:
+    """A copy of checkpoint folder with its tensors changed by edit (a dict, in place)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, out)
+    tensors = load_file(f"{out}/model.safetensors")
+    edit(tensors)
+    save_file(tensors, f"{out}/model.safetensors")
+    return str(out)
+
+
+Q_PROJ = "model.layers.0.self_attn.q_proj"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "edit", "match"),
+    [
+        (
+            "gptq-4bit-sym",
+            lambda t: t.pop(f"{Q_PROJ}.qzeros"),
+            f"no tensor '{Q_PROJ}.qzeros', a part of layer",
+        ),
+        (
+            "gptq-4bit-sym",
+            lambda t: t.update({f"{Q_PROJ}.qweight": t[f"{Q_PROJ}.qweight"].float()}),
+            "packed codes are 2-D int32 words, got torch.float32",
+        ),
+        (
+            "gptq-act-order",
+            lambda t: t[f"{Q_PROJ}.g_idx"].__setitem__(0, 5),
+            f"{Q_PROJ}: g_idx of shape \\(64,\\) with groups 0 .. 5 for 64 columns in 2",
+        ),
+        (
+            "ct-w4a16",
+            lambda t: t.pop(f"{Q_PROJ}.weight_shape"),
+            f"no tensor '{Q_PROJ}.weight_shape'",
+        ),
+        (
+            "ct-w8-channel",
+            lambda t: t.pop(f"{Q_PROJ}.weight_scale"),
+            f"'{Q_PROJ}.weight' is torch.int8: quantized values, but the checkpoint has no scale",
+        ),
+        (
+            "fp8-block",
+            lambda t: t.pop(f"{Q_PROJ}.weight_scale_inv"),
+            "is torch.float8_e4m3fn: quantized values, but the checkpoint has no scale",
+        ),
+    ],
+)
+def test_a_malformed_layer_is_an_error_naming_it(fmt, edit, match, checkpoint, tmp_path) -> None:
+    quantized, _ = checkpoint(fmt, "llama-gqa-llama3")
+    folder = _edited(quantized, tmp_path / "bad", edit)
+    with pytest.raises(ValueError, match=match):
+        get_model(ModelConfig.create(folder, "float32"))
+
+
+def test_autogptq_zero_biases_of_layers_without_one_are_skipped(checkpoint, tmp_path) -> None:
+    """AutoGPTQ writes a bias of zeros for every quantized layer; vLLM skips them. A nonzero
+    one for a layer without a bias is still an error."""
+    quantized, reference = checkpoint("gptq-4bit-sym", "llama-gqa-llama3")
+    zero = _edited(
+        quantized, tmp_path / "zero", lambda t: t.update({f"{Q_PROJ}.bias": torch.zeros(64)})
+    )
+    assert_follows(greedy(zero, "none"), greedy(reference), atol=1e-5)
+    ones = _edited(
+        quantized, tmp_path / "ones", lambda t: t.update({f"{Q_PROJ}.bias": torch.ones(64)})
+    )
+    with pytest.raises(ValueError, match=f"'{Q_PROJ}.bias' matches no parameter"):
+        get_model(ModelConfig.create(ones, "float32"))
+
+
+def test_a_tensor_parallel_split_that_cuts_blocks_names_the_layer(checkpoint) -> None:
+    quantized, _ = checkpoint("gptq-4bit-sym", "llama-gqa-llama3")  # down_proj: 96 columns
+    with pytest.raises(ValueError, match="model.layers.0.mlp.down_proj: 48 columns are not whole"):
+        LLM(quantized, tensor_parallel_size=2, **ENGINE)
+
+
+def test_inspect_of_a_config_sizes_layers_no_target_names_as_float(tmp_path) -> None:
+    config = transformers.LlamaConfig(
+        **COMMON, num_key_value_heads=2, architectures=["LlamaForCausalLM"]
+    )
+    config.quantization_config = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {
+            "mlp": {
+                "targets": [r"re:.*mlp\..*"],
+                "format": "pack-quantized",
+                "weights": {"num_bits": 4, "strategy": "group", "group_size": 32},
+            }
+        },
+    }
+    config.save_pretrained(tmp_path)
+    report = inspect_model(ModelConfig.create(str(tmp_path / "config.json"), "float32"))
+    assert set(report["bytes_per_rank_by_type"]) == {"F32", "Q4_0"}

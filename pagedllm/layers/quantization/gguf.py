@@ -167,7 +167,11 @@ class GGUFLinearMethod(LinearMethodBase):
     ) -> None:
         row, byte = 0, 0
         for size, qtype in zip(output_partition_sizes, self.shard_types, strict=True):
-            width = row_bytes(qtype, input_size_per_partition, type(layer).__name__)
+            width = row_bytes(
+                qtype,
+                input_size_per_partition,
+                getattr(layer, "prefix", "") or type(layer).__name__,
+            )
             if self.segments and self.segments[-1][2] == qtype:
                 first_row, rows, _, first_byte = self.segments[-1]
                 self.segments[-1] = (first_row, rows + size, qtype, first_byte)
