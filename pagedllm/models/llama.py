@@ -41,6 +41,18 @@ class AttentionOptions:
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
+    scale: float | None = None
+    """The softmax scale of q.k; None: head_dim ** -0.5."""
+
+
+@dataclass(frozen=True)
+class Multipliers:
+    """Constant scales of the residual stream (all 1 but in Granite): the input embeddings,
+    each block's output before it joins the residual, and the logits."""
+
+    embedding: float = 1.0
+    residual: float = 1.0
+    logits: float = 1.0
 
 
 class LlamaMLP(InferenceModule):
@@ -117,7 +129,8 @@ class LlamaAttention(InferenceModule):
             theta,
             scaling,
         )
-        self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads)
+        scale = self.head_dim**-0.5 if options.scale is None else options.scale
+        self.attn = Attention(self.num_heads, self.head_dim, scale, self.num_kv_heads)
         self.q_norm = self.k_norm = None
         if options.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
@@ -140,10 +153,14 @@ class LlamaDecoderLayer(InferenceModule):
         mlp: nn.Module,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        residual_multiplier: float = 1.0,
     ) -> None:
+        """residual_multiplier (Granite's): the attention's and the MLP's outputs are
+        scaled by it before they join the residual stream."""
         super().__init__()
         self.self_attn = LlamaAttention(config, options, quant_config, f"{prefix}.self_attn")
         self.mlp = mlp
+        self.residual_multiplier = residual_multiplier
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -156,8 +173,13 @@ class LlamaDecoderLayer(InferenceModule):
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
         hidden_states = self.self_attn(positions, hidden_states)
+        if self.residual_multiplier != 1.0:
+            hidden_states = hidden_states * self.residual_multiplier
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        hidden_states = self.mlp(hidden_states)
+        if self.residual_multiplier != 1.0:
+            hidden_states = hidden_states * self.residual_multiplier
+        return hidden_states, residual
 
 
 class LlamaModel(nn.Module):
@@ -171,8 +193,12 @@ class LlamaModel(nn.Module):
         layer_fn: Callable[[int], LlamaDecoderLayer],
         quant_config: QuantizationConfig | None = None,
         prefix: str = "model",
+        embedding_multiplier: float = 1.0,
     ) -> None:
+        """embedding_multiplier (Granite's): the input embeddings are scaled by it, whether
+        looked up here or passed in as inputs_embeds."""
         super().__init__()
+        self.embedding_multiplier = embedding_multiplier
         pp = get_pp_group()
         self.is_first_rank, self.is_last_rank = pp.is_first_rank, pp.is_last_rank
         self.embed_tokens: nn.Module = PPMissingLayer()
@@ -203,6 +229,8 @@ class LlamaModel(nn.Module):
         if self.is_first_rank:
             if inputs_embeds is None:
                 inputs_embeds = self.get_input_embeddings(input_ids)
+            if self.embedding_multiplier != 1.0:
+                inputs_embeds = inputs_embeds * self.embedding_multiplier
             hidden_states, residual = inputs_embeds, None
         else:
             assert intermediate_tensors is not None, "a later stage continues from the last"
@@ -227,6 +255,9 @@ class LlamaForCausalLM(nn.Module):
         ("gate_up_proj", "up_proj", 1),
     ]
 
+    decoder_layer: type[LlamaDecoderLayer] = LlamaDecoderLayer
+    """The class of each decoder layer (OLMo 2 places its norms differently)."""
+
     def __init__(
         self, config: PretrainedConfig, quant_config: QuantizationConfig | None = None
     ) -> None:
@@ -234,12 +265,18 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         options = self.attention_options(config)
 
+        multipliers = self.multipliers(config)
+
         def layer_fn(i: int) -> LlamaDecoderLayer:
             prefix = f"model.layers.{i}"
             mlp = self.make_mlp(config, i, quant_config, f"{prefix}.mlp")
-            return LlamaDecoderLayer(config, options, mlp, quant_config, prefix)
+            return self.decoder_layer(
+                config, options, mlp, quant_config, prefix, multipliers.residual
+            )
 
-        self.model = LlamaModel(config, layer_fn, quant_config)
+        self.model = LlamaModel(
+            config, layer_fn, quant_config, embedding_multiplier=multipliers.embedding
+        )
         self.lm_head: nn.Module = PPMissingLayer()
         if get_pp_group().is_last_rank:
             self.lm_head = ParallelLMHead(
@@ -249,9 +286,13 @@ class LlamaForCausalLM(nn.Module):
                 self.lm_head.tie_weights(self.model.embed_tokens)
         self.logits_processor = LogitsProcessor(
             config.vocab_size,
-            scale=getattr(config, "logit_scale", None) or 1.0,
+            scale=multipliers.logits,
             soft_cap=getattr(config, "final_logit_softcapping", None),
         )
+
+    @classmethod
+    def multipliers(cls, config: PretrainedConfig) -> "Multipliers":
+        return Multipliers(logits=getattr(config, "logit_scale", None) or 1.0)
 
     @classmethod
     def attention_options(cls, config: PretrainedConfig) -> AttentionOptions:

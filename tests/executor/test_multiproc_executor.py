@@ -39,7 +39,9 @@ def generate_twice(llm: LLM) -> list:
     return first + llm.generate(mixed_prompts(), PARAMS, use_tqdm=False)
 
 
-@pytest.mark.parametrize("name", ["llama-gqa4", "llama-tied-mqa", "qwen3", "qwen3-moe"])
+@pytest.mark.parametrize(
+    "name", ["llama-gqa4", "llama-tied-mqa", "qwen3", "qwen3-moe", "granite", "olmo2"]
+)
 def test_tp2_matches_tp1(name: str, tiny_model_path) -> None:
     path = tiny_model_path(name)
     single = LLM(path, max_num_batched_tokens=16, **ENGINE)

@@ -50,8 +50,20 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0},
             tie_word_embeddings=False,
         ),
+        "granite": transformers.GraniteConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            embedding_multiplier=12.0,
+            residual_multiplier=0.22,
+            attention_multiplier=0.015625,
+            logits_scaling=8.0,
+            tie_word_embeddings=True,
+        ),
         "mistral": transformers.MistralConfig(
             **COMMON, num_key_value_heads=2, sliding_window=None, tie_word_embeddings=False
+        ),
+        "olmo2": transformers.Olmo2Config(
+            **COMMON, num_key_value_heads=2, tie_word_embeddings=False
         ),
         "qwen2": transformers.Qwen2Config(
             **COMMON, num_key_value_heads=2, tie_word_embeddings=True
