@@ -34,6 +34,7 @@ setup(
                 "csrc/pos_encoding.c",
                 "csrc/activation.c",
                 "csrc/lora.c",
+                "csrc/elementwise.c",
                 "csrc/gguf_mm.c",
                 "csrc/gguf_mm_avx512.c",
                 "csrc/gguf_mm_avx2.c",

@@ -350,6 +350,16 @@ BINDING(lora_masked_add, LORA_MASKED_ADD_ARGS, 0,
         lora_masked_add(out, y, delta, row_slots, slot, dtype == FLOAT_BFLOAT16, rows, n,
                         num_threads))
 
+#define SCALE_ARGS(ARG)                                                                    \
+  ARG(p, void *, out) ARG(p, const void *, x) ARG(f, float, alpha) ARG(i, int, dtype)     \
+  ARG(i, int64_t, n) ARG(i, int, num_threads)
+BINDING(scale, SCALE_ARGS, 0, scale(out, x, alpha, dtype == FLOAT_BFLOAT16, n, num_threads))
+
+#define ADD_ARGS(ARG)                                                                      \
+  ARG(p, void *, out) ARG(p, const void *, a) ARG(p, const void *, b) ARG(i, int, dtype)  \
+  ARG(i, int64_t, n) ARG(i, int, num_threads)
+BINDING(add, ADD_ARGS, 0, add(out, a, b, dtype == FLOAT_BFLOAT16, n, num_threads))
+
 #define GGUF_MM_ARGS(ARG)                                                                  \
   ARG(p, const void *, x) ARG(p, const uint8_t *, packed) ARG(p, const void *, bias)      \
   ARG(p, void *, y) ARG(i, int, dtype) ARG(i, int, qtype) ARG(i, int64_t, M)              \
@@ -392,6 +402,8 @@ BINDING(gguf_dequantize, GGUF_DEQUANTIZE_ARGS, 0,
   X(argmax, ARGMAX_ARGS)                                      \
   X(silu_and_mul, SILU_AND_MUL_ARGS)                          \
   X(lora_masked_add, LORA_MASKED_ADD_ARGS)                    \
+  X(scale, SCALE_ARGS)                                        \
+  X(add, ADD_ARGS)                                            \
   X(gguf_mm, GGUF_MM_ARGS)                                    \
   X(gguf_pack, GGUF_PACK_ARGS)                                \
   X(gguf_unpack_rows, GGUF_UNPACK_ROWS_ARGS)                  \

@@ -128,6 +128,11 @@ void silu_and_mul(void *out, const void *x, int bf16, int64_t num_tokens, int64_
 void lora_masked_add(void *out, const void *y, const void *delta, const int32_t *row_slots,
                      int64_t slot, int bf16, int64_t rows, int64_t n, int num_threads);
 
+/* out [n] = x * alpha, and out [n] = a + b, over contiguous elements; bfloat16 when bf16
+ * (each result rounded once from float32), else float32 (elementwise.c). */
+void scale(void *out, const void *x, float alpha, int bf16, int64_t n, int num_threads);
+void add(void *out, const void *a, const void *b, int bf16, int64_t n, int num_threads);
+
 /* Bytes of a GGUF weight [N, K] of qtype packed for gguf_mm (gguf_packed.h). */
 int64_t gguf_packed_bytes(int qtype, int64_t N, int64_t K);
 

@@ -73,6 +73,14 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(x[..., :d]) * x[..., d:]
 
 
+def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    return x * alpha
+
+
+def add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a + b
+
+
 def lora_masked_add(
     y: torch.Tensor, delta: torch.Tensor, row_slots: torch.Tensor, slot: int
 ) -> torch.Tensor:

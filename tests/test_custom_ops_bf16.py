@@ -499,3 +499,24 @@ def test_bf16_ops_with_a_float32_tensor_run_the_torch_definition(
     ):
         assert torch.equal(actual, want)
     assert kernel_calls == []
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize("shape", [(1, 576), (5, 7), (3, 40000)])
+def test_scale_and_add_are_the_torch_definitions_bit_for_bit(
+    dtype: torch.dtype, shape: tuple[int, int], kernel_calls: list[str]
+) -> None:
+    """Reference: torch's x * alpha and a + b (in bf16 from float32, rounded once), signed
+    zeros and infinities included; (3, 40000) takes the threads' chunks."""
+    a = torch.randn(shape).to(dtype)
+    b = torch.randn(shape).to(dtype)
+    a[0, :3] = torch.tensor([-0.0, float("inf"), 3e38]).to(dtype)
+    for alpha in (0.22, 12.0, -1.0 / 3):
+        out = _custom_ops.scale(a, alpha)
+        assert out.dtype == dtype and torch.equal(
+            out.view(torch.uint8), (a * alpha).view(torch.uint8)
+        )
+    out = _custom_ops.add(a, b)
+    assert torch.equal(out.view(torch.uint8), (a + b).view(torch.uint8))
+    assert set(kernel_calls) == {"scale", "add"}

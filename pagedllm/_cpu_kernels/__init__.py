@@ -65,12 +65,14 @@ from pagedllm._cpu_kernels.quantized import (
     gguf_weight_shape,
 )
 from pagedllm._cpu_kernels.rowwise import (
+    add,
     argmax,
     convert,
     fused_add_rms_norm,
     lora_masked_add,
     rms_norm,
     rotary_embedding,
+    scale,
     silu_and_mul,
 )
 
@@ -81,6 +83,7 @@ __all__ = [
     "Launch",
     "RotaryStyle",
     "WeightLayout",
+    "add",
     "amx_available",
     "amx_gemm_bf16",
     "amx_pack_bf16",
@@ -105,6 +108,7 @@ __all__ = [
     "reshape_and_cache",
     "rms_norm",
     "rotary_embedding",
+    "scale",
     "silu_and_mul",
     "skinny_gemm",
     "skinny_gemm_bf16",

@@ -1,6 +1,6 @@
 """The kernels that work row by row, float32 or bfloat16: RMSNorm (plain and fused with the
-residual add), SiLU-and-mul, rotary embedding, dtype conversion, argmax and a LoRA slot's
-masked add."""
+residual add), SiLU-and-mul, rotary embedding, dtype conversion, argmax, a LoRA slot's
+masked add, and the elementwise scale and add of residual streams."""
 
 import math
 
@@ -75,6 +75,24 @@ LORA_MASKED_ADD = Kernel(
     Int("slot"),
     Flag("dtype", FloatType),
     Int("rows"),
+    Int("n"),
+    Int("num_threads"),
+)
+SCALE = Kernel(
+    "scale",
+    Output("out"),
+    Tensor("x", "[...]", "float"),
+    Float("alpha"),
+    Flag("dtype", FloatType),
+    Int("n"),
+    Int("num_threads"),
+)
+ADD = Kernel(
+    "add",
+    Output("out"),
+    Tensor("a", "[...]", "float"),
+    Tensor("b", "[...] like a", "float"),
+    Flag("dtype", FloatType),
     Int("n"),
     Int("num_threads"),
 )
@@ -176,6 +194,23 @@ def lora_masked_add(
     kernel.launch(
         out, y, delta, row_slots, slot, FLOAT_TYPE[y.dtype], rows, n, torch.get_num_threads()
     )
+    return out
+
+
+def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    """A new tensor x * alpha (x float32 or bfloat16, contiguous), torch's bits."""
+    SCALE.check(x)
+    out = torch.empty_like(x)
+    SCALE.launch(out, x, alpha, FLOAT_TYPE[x.dtype], x.numel(), torch.get_num_threads())
+    return out
+
+
+def add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A new tensor a + b (float32 or bfloat16, contiguous, one shape), torch's bits."""
+    ADD.check(a, b)
+    ADD.check_shape("b", b, a.shape)
+    out = torch.empty_like(a)
+    ADD.launch(out, a, b, FLOAT_TYPE[a.dtype], a.numel(), torch.get_num_threads())
     return out
 
 

@@ -42,17 +42,20 @@ from pagedllm._custom_ops.linear import (
     select_linear_kernel,
 )
 from pagedllm._custom_ops.rowwise import (
+    add,
     argmax,
     fused_add_rms_norm,
     lora_masked_add,
     rms_norm,
     rotary_embedding,
+    scale,
     silu_and_mul,
 )
 
 __all__ = [
     "LinearKernel",
     "MoEKernel",
+    "add",
     "argmax",
     "lora_masked_add",
     "cpu_kernels_apply",
@@ -75,6 +78,7 @@ __all__ = [
     "reshape_and_cache_kernel",
     "rms_norm",
     "rotary_embedding",
+    "scale",
     "select_linear_kernel",
     "select_moe_kernel",
     "silu_and_mul",

@@ -56,6 +56,22 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _torch_ops.silu_and_mul(x)
 
 
+def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    """x * alpha (a residual stream's constant scale: Granite); pagedllm._C's kernel on CPU
+    tensors (a launch captured decode steps replay), torch elsewhere; the same bits."""
+    if cpu_kernels_apply(x, dtypes=_one_float_dtype(x)):
+        return _cpu_kernels.scale(x.contiguous(), alpha)
+    return _torch_ops.scale(x, alpha)
+
+
+def add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a + b of one shape and dtype (a residual add outside a fused norm: OLMo 2);
+    pagedllm._C's kernel on CPU tensors, torch elsewhere; the same bits."""
+    if a.shape == b.shape and cpu_kernels_apply(a, b, dtypes=_one_float_dtype(a)):
+        return _cpu_kernels.add(a.contiguous(), b.contiguous())
+    return _torch_ops.add(a, b)
+
+
 def lora_masked_add(
     y: torch.Tensor, delta: torch.Tensor, row_slots: torch.Tensor, slot: int
 ) -> torch.Tensor:

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from pagedllm import _custom_ops as ops
 from pagedllm.distributed import get_tensor_model_parallel_world_size
 from pagedllm.distributed.parallel_state import get_pp_group
 from pagedllm.layers.activation import SiluAndMul
@@ -174,11 +175,11 @@ class LlamaDecoderLayer(InferenceModule):
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
         hidden_states = self.self_attn(positions, hidden_states)
         if self.residual_multiplier != 1.0:
-            hidden_states = hidden_states * self.residual_multiplier
+            hidden_states = ops.scale(hidden_states, self.residual_multiplier)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         hidden_states = self.mlp(hidden_states)
         if self.residual_multiplier != 1.0:
-            hidden_states = hidden_states * self.residual_multiplier
+            hidden_states = ops.scale(hidden_states, self.residual_multiplier)
         return hidden_states, residual
 
 
@@ -230,7 +231,7 @@ class LlamaModel(nn.Module):
             if inputs_embeds is None:
                 inputs_embeds = self.get_input_embeddings(input_ids)
             if self.embedding_multiplier != 1.0:
-                inputs_embeds = inputs_embeds * self.embedding_multiplier
+                inputs_embeds = ops.scale(inputs_embeds, self.embedding_multiplier)
             hidden_states, residual = inputs_embeds, None
         else:
             assert intermediate_tensors is not None, "a later stage continues from the last"

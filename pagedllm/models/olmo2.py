@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from pagedllm import _custom_ops as ops
 from pagedllm.distributed import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
@@ -83,8 +84,9 @@ class Olmo2DecoderLayer(LlamaDecoderLayer):
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        stream = hidden_states if residual is None else residual + hidden_states
-        stream = stream + self.post_attention_layernorm(self.self_attn(positions, stream))
+        stream = hidden_states if residual is None else ops.add(residual, hidden_states)
+        attn = self.post_attention_layernorm(self.self_attn(positions, stream))
+        stream = ops.add(stream, attn)
         return self.post_feedforward_layernorm(self.mlp(stream)), stream
 
 

@@ -4,7 +4,6 @@
 runs without its LM head (model_loader/pooling_model.py); a classifier's score head runs
 after the pooling (layers/classifier.py)."""
 
-import transformers
 from torch import nn
 
 from pagedllm.models.granite import GraniteForCausalLM
@@ -23,14 +22,16 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
+_NO_CLASSIFIER = frozenset({"GraniteForCausalLM"})
+"""Families transformers has no *ForSequenceClassification class of (asking transformers
+would import its modeling code, seconds of start-up)."""
 _MODELS |= {
-    variant: cls
+    name.replace("ForCausalLM", suffix): cls
     for name, cls in _MODELS.items()
     for suffix in ("Model", "ForSequenceClassification")
-    if hasattr(transformers, variant := name.replace("ForCausalLM", suffix))
+    if not (suffix == "ForSequenceClassification" and name in _NO_CLASSIFIER)
 }
-"""A family's bare decoder and classifier, where transformers has them (Granite has no
-classifier)."""
+"""A family's bare decoder and its classifier."""
 
 
 class ModelRegistry:
