@@ -12,11 +12,15 @@ from pagedllm.gguf.tensor_shapes import check_tensor_shapes
 
 # GGUF architecture -> (transformers model_type, the `architectures` entry of its config)
 _ARCHITECTURES = {
+    "granite": ("granite", "GraniteForCausalLM"),
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
 }
+LLAMA_LAYOUT = ("llama", "granite")
+"""Architectures llama.cpp's converter writes as llama (Granite's converter is Llama's): q/k
+rows permuted, ffn biases where the model has them."""
 # the Llama 3 rope scaling this holds is rebuilt into the config (see _llama3_rope_scaling)
 ROPE_FREQS = "rope_freqs.weight"
 
@@ -62,8 +66,10 @@ def _config(gguf: GGUFFile) -> PretrainedConfig:
     kwargs["rope_parameters"] = _rope_parameters(gguf, arch, kwargs["head_dim"])
     if arch != "qwen2":  # Qwen2 always has q/k/v biases; the others say so in their config
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in gguf.tensors
-    if arch == "llama":  # llama.cpp loads the ffn biases of llama where present
+    if arch in LLAMA_LAYOUT:  # llama.cpp loads the ffn biases of llama where present
         kwargs["mlp_bias"] = "blk.0.ffn_up.bias" in gguf.tensors
+    if arch == "granite":
+        kwargs |= _granite_scales(gguf)
     if arch == "qwen3moe":
         kwargs |= _moe_kwargs(gguf, arch)
     config = AutoConfig.for_model(model_type, **kwargs)
@@ -90,6 +96,16 @@ def _sizes(gguf: GGUFFile, arch: str) -> dict[str, int]:
     if f"{arch}.feed_forward_length" in gguf.metadata:  # absent from some all-expert files
         sizes["intermediate_size"] = integer(gguf, f"{arch}.feed_forward_length", minimum=0)
     return sizes
+
+
+def _granite_scales(gguf: GGUFFile) -> dict[str, float]:
+    """Granite's four multipliers, under the names llama.cpp's converter gives them."""
+    return {
+        "embedding_multiplier": positive_float(gguf, "granite.embedding_scale"),
+        "residual_multiplier": positive_float(gguf, "granite.residual_scale"),
+        "attention_multiplier": positive_float(gguf, "granite.attention.scale"),
+        "logits_scaling": positive_float(gguf, "granite.logit_scale"),
+    }
 
 
 def _token_ids(gguf: GGUFFile) -> dict[str, int | None]:

@@ -1,8 +1,9 @@
 """A GGUF file's tensors under Hugging Face checkpoint names and layouts.
 
 llama.cpp renames every tensor (`blk.3.attn_q.weight` for `model.layers.3.self_attn.q_proj.weight`),
-stacks each layer's experts into one tensor, and, for llama, permutes the q/k rows; this undoes
-all three, so the model's `load_weights` reads a GGUF as it reads a safetensors checkpoint.
+stacks each layer's experts into one tensor, and, for llama and granite, permutes the q/k rows;
+this undoes all three, so the model's `load_weights` reads a GGUF as it reads a safetensors
+checkpoint.
 """
 
 import logging
@@ -10,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from pagedllm.gguf.hf_config import ROPE_FREQS, architecture
+from pagedllm.gguf.hf_config import LLAMA_LAYOUT, ROPE_FREQS, architecture
 from pagedllm.gguf.metadata import integer
 from pagedllm.gguf.reader import (
     GGUFFile,
@@ -99,8 +100,8 @@ def _iterate_weights(
         read = read_blocks if as_blocks else read_tensor
         if _is_expert_stack(info.name):
             tensors = _read_experts(gguf, info, names, wanted, read)
-        elif arch == "llama":
-            tensors = [(names[0], _unpermute_llama_qk(gguf, info.name, read(gguf, info)))]
+        elif arch in LLAMA_LAYOUT:
+            tensors = [(names[0], _unpermute_llama_qk(gguf, arch, info.name, read(gguf, info)))]
         else:
             tensors = [(names[0], read(gguf, info))]
         for name, tensor in tensors:
@@ -146,15 +147,15 @@ def hf_tensor_types(path: str) -> dict[str, int]:
     return types
 
 
-def _unpermute_llama_qk(gguf: GGUFFile, name: str, tensor: torch.Tensor) -> torch.Tensor:
+def _unpermute_llama_qk(gguf: GGUFFile, arch: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
     """Undo the row permutation llama.cpp's converter applies to llama's q and k projections.
 
     HF rotates the two halves of each head, llama.cpp adjacent pairs, so the converter reorders
     each head's rows [2, D/2] -> [D/2, 2]; this reorders them back. Rows [heads * D, ...].
     """
-    heads = integer(gguf, "llama.attention.head_count")
+    heads = integer(gguf, f"{arch}.attention.head_count")
     if ".attn_k." in name:
-        heads = integer(gguf, "llama.attention.head_count_kv", heads)
+        heads = integer(gguf, f"{arch}.attention.head_count_kv", heads)
     elif ".attn_q." not in name:
         return tensor
     shape = tensor.shape

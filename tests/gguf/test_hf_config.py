@@ -45,6 +45,7 @@ CONFIG_FIELDS = [
     "eos_token_id",
 ]
 HF_CLASSES = {
+    "granite": "GraniteForCausalLM",
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
@@ -74,6 +75,10 @@ def test_tiny_round_trip_config(arch: str, tiny_files: dict) -> None:
             assert config.rms_norm_eps == pytest.approx(expected.rms_norm_eps, rel=1e-6)
         else:
             assert getattr(config, field) == getattr(expected, field), field
+    if arch == "granite":  # stored as float32
+        for field in ("embedding_multiplier", "residual_multiplier", "attention_multiplier"):
+            assert getattr(config, field) == pytest.approx(getattr(expected, field), rel=1e-6)
+        assert config.logits_scaling == expected.logits_scaling
     if arch == "qwen3moe":
         for field in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
             assert getattr(config, field) == getattr(expected, field), field

@@ -11,6 +11,14 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 TINY = {
     "llama": dict(model_type="llama", head_dim=8),
+    "granite": dict(
+        model_type="granite",
+        head_dim=8,  # not a Granite field: hidden / heads, named as the other configs name it
+        embedding_multiplier=12.0,
+        residual_multiplier=0.22,
+        attention_multiplier=0.0625,
+        logits_scaling=8.0,
+    ),
     "qwen2": dict(model_type="qwen2", head_dim=8),
     "qwen3": dict(model_type="qwen3", head_dim=16),  # not hidden/heads: read from key_length
     "qwen3moe": dict(
@@ -24,6 +32,7 @@ TINY = {
 }
 ARCH_ENUMS = {
     "llama": gguf.MODEL_ARCH.LLAMA,
+    "granite": gguf.MODEL_ARCH.GRANITE,
     "qwen2": gguf.MODEL_ARCH.QWEN2,
     "qwen3": gguf.MODEL_ARCH.QWEN3,
     "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE,
@@ -92,9 +101,9 @@ def gguf_tensors(arch: str, config, state_dict: dict) -> dict[str, np.ndarray]:
         if suffix == "down_proj":
             out[names.get_name(f"{base}.down_proj") + ".weight"] = tensor
             continue
-        if arch == "llama" and base.endswith("q_proj"):
+        if arch in ("llama", "granite") and base.endswith("q_proj"):
             tensor = llama_cpp_permute(tensor, config.num_attention_heads)
-        if arch == "llama" and base.endswith("k_proj"):
+        if arch in ("llama", "granite") and base.endswith("k_proj"):
             tensor = llama_cpp_permute(tensor, config.num_key_value_heads)
         out[f"{names.get_name(base)}.{suffix}"] = tensor
     return {name: t.detach().contiguous().numpy() for name, t in out.items()}
@@ -117,11 +126,18 @@ def write_gguf(
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
+    writer.add_key_length(
+        getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
+    )
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_bos_token_id(config.bos_token_id)
     writer.add_eos_token_id(config.eos_token_id)
+    if arch == "granite":  # convert_hf_to_gguf.py's GraniteModel: _multiplier -> _scale
+        writer.add_embedding_scale(config.embedding_multiplier)
+        writer.add_residual_scale(config.residual_multiplier)
+        writer.add_attention_scale(config.attention_multiplier)
+        writer.add_logit_scale(config.logits_scaling)
     if arch == "qwen3moe":
         writer.add_expert_count(config.num_experts)
         writer.add_expert_used_count(config.num_experts_per_tok)
