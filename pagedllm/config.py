@@ -334,6 +334,12 @@ class ModelConfig:
                 f"tensor_parallel_size {tp} neither divides nor is a multiple of the model's "
                 f"{kv_heads} kv heads"
             )
+        if self.architecture.startswith(WHOLE_K_NORM) and kv_heads % tp:
+            raise ValueError(
+                f"{self.architecture} norms k over all its kv heads, which tensor parallel "
+                f"ranks must split, not replicate: tensor_parallel_size {tp} does not divide "
+                f"its {kv_heads} kv heads"
+            )
         moe = getattr(config, "num_experts", None) is not None
         rows = getattr(config, "moe_intermediate_size" if moe else "intermediate_size", None)
         if rows and not (moe and parallel.enable_expert_parallel) and rows % tp:
@@ -456,6 +462,9 @@ def resolve_runner(runner: str, model: str, architecture: str) -> str:
     return "generate"
 
 
+WHOLE_K_NORM = ("Olmo2",)
+"""Families whose k RMSNorm spans every kv head (models/olmo2.py): gathered from the ranks,
+so no rank may hold a replica."""
 QUANTIZATION_CHOICES = ("gguf", "int8", *PREQUANTIZED_METHODS, "none")
 LOAD_FORMATS = ("auto", "dummy")
 

@@ -41,8 +41,8 @@ class Olmo2Attention(LlamaAttention):
             getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         ):
             raise ValueError(
-                "OLMo 2 norms k over all kv heads: tensor_parallel_size must divide "
-                "num_key_value_heads (no replicated kv heads)"
+                f"OLMo 2 norms k over all kv heads: tensor_parallel_size {self.tp_size} must "
+                f"divide num_key_value_heads {config.num_key_value_heads} (no replicated kv heads)"
             )
         self.q_norm = RMSNorm(self.q_size * self.tp_size, eps=config.rms_norm_eps)
         self.k_norm = RMSNorm(self.kv_size * self.tp_size, eps=config.rms_norm_eps)
