@@ -520,3 +520,42 @@ def test_scale_and_add_are_the_torch_definitions_bit_for_bit(
     out = _custom_ops.add(a, b)
     assert torch.equal(out.view(torch.uint8), (a + b).view(torch.uint8))
     assert set(kernel_calls) == {"scale", "add"}
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_lora_apply_is_the_two_matmuls_and_masked_add(
+    dtype: torch.dtype, rows: int, kernel_calls: list[str]
+) -> None:
+    """Reference: _torch_ops.lora_apply (per slot: torch's linear(linear(x, A), B), each
+    rounded to the dtype, added to the slot's rows). The kernel reads B's block-diagonal
+    sub-matrices only and sums in another order: float32 to rounding, bf16 within an ulp of
+    the intermediate's rounding; rows without a slot keep y's bits."""
+    gen = torch.Generator().manual_seed(rows)
+    slots, rank, k, bounds = 3, 8, 72, [0, 40, 56, 72]  # q, k, v rows of a fused qkv
+    width, n = 3 * rank, bounds[-1]
+    lora_a = torch.randn(slots, width, k, generator=gen).to(dtype)
+    lora_b = torch.zeros(slots, n, width)
+    for i in range(3):  # block-diagonal, as LoRASlots lays B out
+        lora_b[:, bounds[i] : bounds[i + 1], i * rank : (i + 1) * rank] = torch.randn(
+            slots, bounds[i + 1] - bounds[i], rank, generator=gen
+        )
+    lora_b = lora_b.to(dtype)
+    x = torch.randn(rows, k, generator=gen).to(dtype)
+    y = torch.randn(rows, n, generator=gen).to(dtype)
+    row_slots = torch.randint(-1, slots, (rows,), generator=gen, dtype=torch.int32)
+    row_slots[0] = 1
+    bound_tensor = torch.tensor(bounds, dtype=torch.int64)
+    lora_bt = lora_b.transpose(1, 2).contiguous()
+    out = _custom_ops.lora_apply(
+        y, x, lora_a, lora_b, lora_bt, row_slots, (0, 1, 2), bound_tensor, rank
+    )
+    expected = _torch_ops.lora_apply(y, x, lora_a, lora_b, row_slots, (0, 1, 2))
+    assert set(kernel_calls) == {"lora_apply"}
+    base = row_slots < 0
+    assert torch.equal(out[base].view(torch.uint8), y[base].view(torch.uint8))
+    scale = expected.abs().max().item()
+    tolerance = 1e-5 if dtype == torch.float32 else 2**-6
+    torch.testing.assert_close(out.float(), expected.float(), atol=tolerance * scale, rtol=0)
+    assert not torch.equal(out[0], y[0])
