@@ -350,16 +350,6 @@ BINDING(lora_masked_add, LORA_MASKED_ADD_ARGS, 0,
         lora_masked_add(out, y, delta, row_slots, slot, dtype == FLOAT_BFLOAT16, rows, n,
                         num_threads))
 
-#define LORA_APPLY_ARGS(ARG)                                                               \
-  ARG(p, void *, out) ARG(p, const void *, y) ARG(p, const void *, x)                     \
-  ARG(p, const void *, lora_a) ARG(p, const void *, lora_bt)                              \
-  ARG(p, const int32_t *, row_slots) ARG(p, const int64_t *, bounds)                      \
-  ARG(i, int64_t, num_subs) ARG(i, int64_t, rank) ARG(i, int, dtype) ARG(i, int64_t, rows) \
-  ARG(i, int64_t, k) ARG(i, int64_t, n) ARG(i, int, num_threads)
-BINDING(lora_apply, LORA_APPLY_ARGS, 0,
-        lora_apply(out, y, x, lora_a, lora_bt, row_slots, bounds, num_subs, rank,
-                   dtype == FLOAT_BFLOAT16, rows, k, n, num_threads))
-
 #define SCALE_ARGS(ARG)                                                                    \
   ARG(p, void *, out) ARG(p, const void *, x) ARG(f, float, alpha) ARG(i, int, dtype)     \
   ARG(i, int64_t, n) ARG(i, int, num_threads)
@@ -412,7 +402,6 @@ BINDING(gguf_dequantize, GGUF_DEQUANTIZE_ARGS, 0,
   X(argmax, ARGMAX_ARGS)                                      \
   X(silu_and_mul, SILU_AND_MUL_ARGS)                          \
   X(lora_masked_add, LORA_MASKED_ADD_ARGS)                    \
-  X(lora_apply, LORA_APPLY_ARGS)                              \
   X(scale, SCALE_ARGS)                                        \
   X(add, ADD_ARGS)                                            \
   X(gguf_mm, GGUF_MM_ARGS)                                    \

@@ -128,15 +128,6 @@ void silu_and_mul(void *out, const void *x, int bf16, int64_t num_tokens, int64_
 void lora_masked_add(void *out, const void *y, const void *delta, const int32_t *row_slots,
                      int64_t slot, int bf16, int64_t rows, int64_t n, int num_threads);
 
-/* out [T, n] = y + B[s] (A[s] x[t]) on each row t whose slot s = row_slots[t] >= 0, y's row
- * elsewhere: lora_a [S, W, k], lora_bt [S, W, n] (B transposed), W = num_subs * rank,
- * sub-matrix i's rows of B being [bounds[i], bounds[i + 1]) and its columns
- * [i * rank, (i + 1) * rank) (the rest zero); rounded as torch's two matmuls and add
- * (lora.c). */
-void lora_apply(void *out, const void *y, const void *x, const void *lora_a, const void *lora_bt,
-                const int32_t *row_slots, const int64_t *bounds, int64_t num_subs, int64_t rank,
-                int bf16, int64_t rows, int64_t k, int64_t n, int num_threads);
-
 /* out [n] = x * alpha, and out [n] = a + b, over contiguous elements; bfloat16 when bf16
  * (each result rounded once from float32), else float32 (elementwise.c). */
 void scale(void *out, const void *x, float alpha, int bf16, int64_t n, int num_threads);

@@ -73,21 +73,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(x[..., :d]) * x[..., d:]
 
 
-def lora_apply(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    lora_a: torch.Tensor,
-    lora_b: torch.Tensor,
-    row_slots: torch.Tensor,
-    slots: tuple[int, ...],
-) -> torch.Tensor:
-    """y plus, on each row, its slot's linear(linear(x, A), B), for the slots named."""
-    for slot in slots:
-        delta = linear(linear(x, lora_a[slot]), lora_b[slot])
-        y = lora_masked_add(y, delta, row_slots, slot)
-    return y
-
-
 def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
     return x * alpha
 

@@ -78,23 +78,6 @@ LORA_MASKED_ADD = Kernel(
     Int("n"),
     Int("num_threads"),
 )
-LORA_APPLY = Kernel(
-    "lora_apply",
-    Output("out"),
-    Tensor("y", "[T, n]", "float"),
-    Tensor("x", "[T, k]", "float"),
-    Tensor("lora_a", "[S, W, k]", "float"),
-    Tensor("lora_bt", "[S, W, n]", "float"),
-    Tensor("row_slots", "[T]", _I32),
-    Tensor("bounds", "[num_subs + 1]", _I64),
-    Int("num_subs"),
-    Int("rank"),
-    Flag("dtype", FloatType),
-    Int("rows"),
-    Int("k"),
-    Int("n"),
-    Int("num_threads"),
-)
 SCALE = Kernel(
     "scale",
     Output("out"),
@@ -211,44 +194,6 @@ def lora_masked_add(
     kernel.launch(
         out, y, delta, row_slots, slot, FLOAT_TYPE[y.dtype], rows, n, torch.get_num_threads()
     )
-    return out
-
-
-def lora_apply(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    lora_a: torch.Tensor,
-    lora_bt: torch.Tensor,
-    row_slots: torch.Tensor,
-    bounds: torch.Tensor,
-    rank: int,
-) -> torch.Tensor:
-    """A new [T, n] tensor: y plus each row's slot's (x A^T) B^T, y's rows where the slot is
-    -1. lora_bt is B transposed, [S, W, n]; sub-matrix i's outputs are bounds[i] ..
-    bounds[i + 1] (which run from 0 to n: the caller's, unchecked, since reading them would
-    be a torch op in a captured step) and its rank columns of B i * rank .. (i + 1) * rank,
-    the rest zero. Rounded as torch's linear(linear(x, A), B) and add."""
-    kernel = LORA_APPLY
-    kernel.check(y, x, lora_a, lora_bt, row_slots, bounds)
-    rows, n = y.shape
-    slots, width, k = lora_a.shape
-    num_subs = bounds.shape[0] - 1
-    kernel.check_shape("x", x, (rows, k))
-    kernel.check_shape("lora_bt", lora_bt, (slots, width, n))
-    kernel.check_shape("row_slots", row_slots, (rows,))
-    require(
-        "lora_apply",
-        num_subs * rank == width,
-        "{} sub-matrices of rank {} in {} columns",
-        num_subs,
-        rank,
-        width,
-    )
-    out = torch.empty_like(y)
-    kernel.launch(
-        out, y, x, lora_a, lora_bt, row_slots, bounds, num_subs, rank,
-        FLOAT_TYPE[y.dtype], rows, k, n, torch.get_num_threads(),
-    )  # fmt: skip
     return out
 
 

@@ -56,28 +56,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _torch_ops.silu_and_mul(x)
 
 
-def lora_apply(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    lora_a: torch.Tensor,
-    lora_b: torch.Tensor,
-    lora_bt: torch.Tensor,
-    row_slots: torch.Tensor,
-    slots: tuple[int, ...],
-    bounds: torch.Tensor,
-    rank: int,
-) -> torch.Tensor:
-    """y [T, n] plus each row's LoRA delta (x A^T) B^T of its slot (lora/layers.py): on CPU
-    tensors pagedllm._C's one launch for every row and slot, which reads B transposed
-    (lora_bt) and its block-diagonal sub-matrices (`bounds`, `rank`) only; elsewhere, per
-    slot in `slots`, torch's two matmuls and the masked add."""
-    if cpu_kernels_apply(y, x, lora_a, lora_bt, dtypes=_one_float_dtype(y)):
-        return _cpu_kernels.lora_apply(
-            y.contiguous(), x.contiguous(), lora_a, lora_bt, row_slots, bounds, rank
-        )
-    return _torch_ops.lora_apply(y, x, lora_a, lora_b, row_slots, slots)
-
-
 def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
     """x * alpha (a residual stream's constant scale: Granite); pagedllm._C's kernel on CPU
     tensors (a launch captured decode steps replay), torch elsewhere; the same bits."""

@@ -46,10 +46,10 @@ from pagedllm.lora.layers import LoRAMapping, current_lora_mapping, set_lora_map
 logger = logging.getLogger(__name__)
 
 LORA_CAPTURES_PER_SIZE = 4
-"""Captures of one size for steps with LoRA rows, each for one set of slots, so a model with
-many slots does not keep a capture for every set of them. The layers' `lora_apply` launch
-reads each row's slot when it runs, so what a step pays is its rows' adapters, whichever
-capture it replays (`pagedllm bench lora` measures it)."""
+"""Captures of one size for steps with LoRA rows, each for one set of slots: a step pays
+for the slots it uses only (a slot's two thin matmuls on every targeted layer, `pagedllm
+bench lora` measures them), and a model with many slots does not keep a capture for every
+set of them."""
 
 CAPTURE_SIZES = (1, 2, 4, 8, 16)
 """Decode batch sizes that are captured (as vLLM pads to its cudagraph sizes); larger

@@ -8,15 +8,14 @@ gives every sub-matrix's delta. Under tensor parallelism a slot holds this rank'
 cut as the base weight is: B's rows for column-parallel layers, A's columns for row-parallel
 ones (whose partial deltas the layer's all-reduce sums with its output).
 
-On the CPU one launch (`_custom_ops.lora_apply`) adds every row's delta of its own slot,
-row by row: the shrink x A^T, then each sub-matrix's rows of B times its rank columns only
-(not the block-diagonal's zeros), each rounded to the dtype as torch's two matmuls round,
-then the add; a row without an adapter keeps the base layer's output bit for bit, and a
-row's delta is the same bits whatever rows, slots or adapters share the step. A captured
-decode step (executor/cpu_graph.py) replays that launch, its rows' slots in a static buffer,
-so replayed and eager steps agree bit for bit. Elsewhere (GPUs), each slot a step uses is
-multiplied over all rows and added to the rows that use it (torch's two matmuls and
-`lora_masked_add`).
+Each slot a step uses is multiplied over all of the step's rows and added to the rows that
+use it (`_custom_ops.lora_masked_add`: the other rows stay as they are): a row's delta is
+its own adapter's, computed by the same kernels in the same order whatever rows, slots or
+other adapters share the step (`_custom_ops.linear` sums every row in one order on the CPU),
+and a row without an adapter keeps the base layer's output bit for bit. A captured decode
+step (executor/cpu_graph.py) applies the slots of its capture, its rows' slots in a static
+buffer; each row still gets only its own slot's delta, so replayed and eager steps agree
+bit for bit.
 """
 
 import threading
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedllm._custom_ops import lora_apply
+from pagedllm._custom_ops import linear, lora_masked_add
 from pagedllm.layers.linear import (
     ColumnParallelLinear,
     LinearBase,
@@ -88,15 +87,6 @@ class LoRASlots:
         width = num_subs * max_rank
         self.lora_a = torch.zeros(max_loras, width, layer.input_size, dtype=dtype, device=device)
         self.lora_b = torch.zeros(max_loras, layer.output_size, width, dtype=dtype, device=device)
-        self.lora_bt = torch.zeros(max_loras, width, layer.output_size, dtype=dtype, device=device)
-        """lora_b transposed, as the CPU kernel reads it."""
-        shards = output_shards(layer)
-        if len(shards) != num_subs:
-            raise ValueError(f"{type(layer).__name__} fuses {len(shards)} matrices, not {num_subs}")
-        ends = [offset + size for offset, size, _, _ in shards]
-        self.bounds = torch.tensor([0, *ends], dtype=torch.int64)
-        """Where each sub-matrix's rows of lora_b start and end (the kernel reads only its
-        rank columns there)."""
 
     def set_slot(self, slot: int, weights: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
         """Slot `slot` takes one (A [r, in], B [out, r]) per sub-matrix, whole as in the
@@ -116,24 +106,16 @@ class LoRASlots:
             b = shard_of(b, 0, shard, size, num_shards)
             self.lora_a[slot, cols].copy_(a)
             self.lora_b[slot, offset : offset + size, cols].copy_(b)
-        self.lora_bt[slot].copy_(self.lora_b[slot].t())
 
     def add_to(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """y [T, out] (the layer's output for x [T, in]) plus each row's adapter delta."""
         mapping = _step.mapping
         if mapping is None:
             return y
-        return lora_apply(
-            y,
-            x,
-            self.lora_a,
-            self.lora_b,
-            self.lora_bt,
-            mapping.row_slots,
-            mapping.slots,
-            self.bounds,
-            self.max_rank,
-        )
+        for slot in mapping.slots:
+            delta = linear(linear(x, self.lora_a[slot]), self.lora_b[slot])
+            y = lora_masked_add(y, delta, mapping.row_slots, slot)
+        return y
 
 
 def output_shards(layer: LinearBase) -> list[tuple[int, int, int, int]]:
