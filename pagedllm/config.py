@@ -127,7 +127,6 @@ def _gguf_hint(folder: str) -> str:
 def _auto_config(model: str) -> PretrainedConfig:
     """transformers' config of a folder or a config.json; a config it cannot read (not
     JSON, not readable) is a ValueError, as every other bad model path is."""
-    _check_quantization_config(model)
     try:
         return AutoConfig.from_pretrained(model, trust_remote_code=False)
     except OSError as e:
@@ -138,12 +137,13 @@ def _auto_config(model: str) -> PretrainedConfig:
             raise
         raise remote from e
     except (AttributeError, TypeError) as e:  # a field of the wrong type (id2label a list)
+        _check_quantization_config(model)
         raise ValueError(f"config of {model!r} has a field transformers cannot read: {e}") from e
 
 
 def _check_quantization_config(model: str) -> None:
-    """A quantization_config that is not an object is refused by name (transformers would
-    fail on it with an AttributeError of its own)."""
+    """Once transformers has failed on a field: a quantization_config that is not an object
+    is refused by name (transformers' own AttributeError does not say which field)."""
     path = os.path.join(model, "config.json") if os.path.isdir(model) else model
     try:
         with open(path) as f:
