@@ -204,7 +204,9 @@ def _converted(
         return layer.to(dtype)
     if keep_blocks is None or not keep_blocks(f"{prefix}.weight"):
         return layer.dequantize(dtype)
-    qtype = planned_type(quant, tensors, prefix)
+    # the plan's type: read_checked gave groups in column order, so g_idx needs no second read
+    scheme = quant.scheme(prefix)
+    qtype = native_block_type(scheme.bits, scheme.symmetric, layer.group, layer.codes.shape[1])
     if qtype in (Q.Q4_0, Q.Q8_0) and layer.block_type() != qtype:
         raise ValueError(
             f"{prefix}: the quantization_config says symmetric {layer.bits}-bit weights, "
