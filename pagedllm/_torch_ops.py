@@ -185,6 +185,8 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     max_seq_len: int,
     scale: float,
+    sliding_window: int = 0,
+    logits_soft_cap: float = 0.0,
 ) -> torch.Tensor:
     """query [B, H, D], one new token per sequence; caches [num_blocks, block_size, KV, D];
     block_tables [B, max_blocks]; seq_lens [B], whose largest is max_seq_len (a host int, so
@@ -193,10 +195,14 @@ def paged_decode_attention(
     Keys are gathered into a copy padded to max_seq_len (in the query's dtype) and masked past
     each sequence's length. GQA never copies keys per query head: the G = H / KV query heads
     of a kv head become G query rows against it. In batch-invariant mode each sequence is
-    attended alone, over its own keys (attend_row).
+    attended alone, over its own keys (attend_row). `sliding_window` > 0 lets a query see
+    only its last that many tokens, itself included; `logits_soft_cap` > 0 caps each score s
+    as cap * tanh(s / cap) before the softmax (Gemma 2's), see masked_attention.
     """
     if is_batch_invariant():
-        return _decode_per_row(query, k_cache, v_cache, block_tables, seq_lens, scale)
+        return _decode_per_row(
+            query, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, logits_soft_cap
+        )
     num_seqs, num_heads, head_size = query.shape
     block_size, num_kv_heads = k_cache.shape[1:3]
     num_blocks = -(-max_seq_len // block_size)
@@ -204,10 +210,35 @@ def paged_decode_attention(
     key = gather_blocks(k_cache, tables, query.dtype).transpose(1, 2)
     value = gather_blocks(v_cache, tables, query.dtype).transpose(1, 2)
     positions = torch.arange(key.shape[2], device=query.device)
-    mask = (positions < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    mask = positions < seq_lens[:, None]
+    if sliding_window > 0:
+        mask &= positions >= seq_lens[:, None] - sliding_window
+    mask = mask[:, None, None, :]  # [B, 1, 1, L]
     grouped = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_size)
-    output = F.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scale)
+    if logits_soft_cap > 0:
+        output = masked_attention(grouped, key, value, mask, scale, logits_soft_cap)
+    else:
+        output = F.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scale)
     return output.reshape(num_seqs, num_heads, head_size)
+
+
+def masked_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    logits_soft_cap: float = 0.0,
+) -> torch.Tensor:
+    """softmax(cap(query @ key^T * scale) where mask, else -inf) @ value, in float32, as the
+    query's dtype: query [..., KV, G, n, D] or [..., KV, n, D] with key, value [..., KV, L, D]
+    broadcast over G; mask broadcasts to the scores [..., n, L]. cap(s) = c * tanh(s / c)
+    where logits_soft_cap c > 0, else s (what SDPA cannot do)."""
+    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
+    if logits_soft_cap > 0:
+        scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), value.float()).to(query.dtype)
 
 
 def prefill_attention(
@@ -217,19 +248,37 @@ def prefill_attention(
     block_table: torch.Tensor,
     seq_len: int,
     scale: float,
+    sliding_window: int = 0,
+    logits_soft_cap: float = 0.0,
 ) -> torch.Tensor:
     """query [n, H, D] at positions seq_len - n .. seq_len - 1 -> [n, H, D].
 
     With cached context the causal mask is aligned bottom-right: query j sees keys
-    0 .. seq_len - n + j. In batch-invariant mode each query is attended alone over those
-    keys (attend_row), as its decode would be.
+    0 .. seq_len - n + j, and only the last `sliding_window` of them where it is > 0
+    (`logits_soft_cap`: see paged_decode_attention). In batch-invariant mode each query is
+    attended alone over those keys (attend_row), as its decode would be.
     """
     if is_batch_invariant():
-        return _prefill_per_row(query, k_cache, v_cache, block_table, seq_len, scale)
+        return _prefill_per_row(
+            query, k_cache, v_cache, block_table, seq_len, scale, sliding_window, logits_soft_cap
+        )
     num_queries = query.shape[0]
     key = _sequence_kv(k_cache, block_table, seq_len, query.dtype)
     value = _sequence_kv(v_cache, block_table, seq_len, query.dtype)
     context_len = seq_len - num_queries
+    if sliding_window > 0 or logits_soft_cap > 0:
+        mask = _visible_keys(num_queries, seq_len, sliding_window, query.device)
+        num_kv_heads = key.shape[1]
+        grouped = query.view(num_queries, num_kv_heads, -1, query.shape[-1]).permute(1, 2, 0, 3)
+        output = masked_attention(
+            grouped,
+            key.transpose(0, 1)[:, None],
+            value.transpose(0, 1)[:, None],
+            mask,
+            scale,
+            logits_soft_cap,
+        )
+        return output.permute(2, 0, 1, 3).reshape(query.shape)
     mask = None
     if context_len > 0:
         mask = torch.ones(num_queries, seq_len, dtype=torch.bool, device=query.device)
@@ -248,17 +297,37 @@ def prefill_attention(
     return output[0].transpose(0, 1)
 
 
+def _visible_keys(
+    num_queries: int, seq_len: int, sliding_window: int, device: torch.device
+) -> torch.Tensor:
+    """[n, seq_len] bool: the keys each of the last n positions of a sequence of seq_len
+    tokens attends, causal and within `sliding_window` where it is > 0."""
+    query_pos = torch.arange(seq_len - num_queries, seq_len, device=device)[:, None]
+    key_pos = torch.arange(seq_len, device=device)
+    mask = key_pos <= query_pos
+    if sliding_window > 0:
+        mask &= key_pos > query_pos - sliding_window
+    return mask
+
+
 def attend_row(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    logits_soft_cap: float = 0.0,
 ) -> torch.Tensor:
     """One query [H, D] over all of key, value [L, KV, D] -> [H, D]: the call shaped the same
     for a token decoded or prefilled, alone or batched (batch-invariant mode)."""
     num_heads, head_size = query.shape
     num_kv_heads = key.shape[1]
     grouped = query.reshape(1, num_kv_heads, num_heads // num_kv_heads, head_size)
-    output = F.scaled_dot_product_attention(
-        grouped, key.transpose(0, 1)[None], value.transpose(0, 1)[None], scale=scale
-    )
+    key, value = key.transpose(0, 1)[None], value.transpose(0, 1)[None]
+    if logits_soft_cap > 0:
+        every = torch.ones(1, dtype=torch.bool, device=query.device)
+        output = masked_attention(grouped, key, value, every, scale, logits_soft_cap)
+    else:
+        output = F.scaled_dot_product_attention(grouped, key, value, scale=scale)
     return output.reshape(num_heads, head_size)
 
 
@@ -270,6 +339,11 @@ def _sequence_kv(
     return gather_blocks(cache, table, dtype)[0, :seq_len]
 
 
+def _window_start(length: int, sliding_window: int) -> int:
+    """The first key a query at position length - 1 sees."""
+    return max(0, length - sliding_window) if sliding_window > 0 else 0
+
+
 def _decode_per_row(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -277,12 +351,15 @@ def _decode_per_row(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    sliding_window: int,
+    logits_soft_cap: float,
 ) -> torch.Tensor:
     rows = []
     for i, seq_len in enumerate(seq_lens.tolist()):
         key = _sequence_kv(k_cache, block_tables[i], seq_len, query.dtype)
         value = _sequence_kv(v_cache, block_tables[i], seq_len, query.dtype)
-        rows.append(attend_row(query[i], key, value, scale))
+        start = _window_start(seq_len, sliding_window)
+        rows.append(attend_row(query[i], key[start:], value[start:], scale, logits_soft_cap))
     return torch.stack(rows)
 
 
@@ -293,9 +370,14 @@ def _prefill_per_row(
     block_table: torch.Tensor,
     seq_len: int,
     scale: float,
+    sliding_window: int,
+    logits_soft_cap: float,
 ) -> torch.Tensor:
     key = _sequence_kv(k_cache, block_table, seq_len, query.dtype)
     value = _sequence_kv(v_cache, block_table, seq_len, query.dtype)
     first = seq_len - query.shape[0] + 1  # keys the first query sees
-    rows = [attend_row(q, key[: first + j], value[: first + j], scale) for j, q in enumerate(query)]
+    rows = []
+    for j, q in enumerate(query):
+        start, end = _window_start(first + j, sliding_window), first + j
+        rows.append(attend_row(q, key[start:end], value[start:end], scale, logits_soft_cap))
     return torch.stack(rows)

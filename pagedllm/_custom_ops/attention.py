@@ -57,18 +57,21 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     max_seq_len: int,
     scale: float,
+    sliding_window: int = 0,
+    logits_soft_cap: float = 0.0,
 ) -> torch.Tensor:
     """query [B, H, D], one new token per sequence; caches [num_blocks, block_size, KV, D];
     block_tables [B, max_blocks] and seq_lens [B] -> [B, H, D]. The kernel reads the cache in
     place; max_seq_len (the host-side max of seq_lens) sizes the torch path's padded gather.
     The caches may hold another dtype than the query (kv_cache_dtype); the output has the
     query's. The kernel computes in float32."""
-    if not cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16):
+    window = (sliding_window, logits_soft_cap)
+    if not cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16) or any(window):
         return _torch_ops.paged_decode_attention(
-            query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale
+            query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale, *window
         )
     return paged_decode_attention_kernel(
-        query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale
+        query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale, *window
     )
 
 
@@ -80,8 +83,11 @@ def paged_decode_attention_kernel(
     seq_lens: torch.Tensor,
     max_seq_len: int,
     scale: float,
+    sliding_window: int = 0,
+    logits_soft_cap: float = 0.0,
 ) -> torch.Tensor:
     """paged_decode_attention on pagedllm._C alone (see reshape_and_cache_kernel)."""
+    _no_window_yet(sliding_window, logits_soft_cap)
     out = _cpu_kernels.paged_decode_attention(
         _as_float32(query.contiguous()),
         k_cache,
@@ -100,6 +106,8 @@ def prefill_attention(
     block_table: torch.Tensor,
     seq_len: int,
     scale: float,
+    sliding_window: int = 0,
+    logits_soft_cap: float = 0.0,
 ) -> torch.Tensor:
     """query [n, H, D] at positions seq_len - n .. seq_len - 1 of one sequence, whose keys
     and values are in the caches through block_table -> [n, H, D], causal.
@@ -116,9 +124,12 @@ def prefill_attention(
     times prefill (time to first token).
     Elsewhere the torch definition (sdpa).
     """
-    if not cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16):
-        return _torch_ops.prefill_attention(query, k_cache, v_cache, block_table, seq_len, scale)
-    return prefill_attention_kernel(query, k_cache, v_cache, block_table, seq_len, scale)
+    window = (sliding_window, logits_soft_cap)
+    if not cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16) or any(window):
+        return _torch_ops.prefill_attention(
+            query, k_cache, v_cache, block_table, seq_len, scale, *window
+        )
+    return prefill_attention_kernel(query, k_cache, v_cache, block_table, seq_len, scale, *window)
 
 
 def prefill_attention_kernel(
@@ -128,8 +139,11 @@ def prefill_attention_kernel(
     block_table: torch.Tensor,
     seq_len: int,
     scale: float,
+    sliding_window: int = 0,
+    logits_soft_cap: float = 0.0,
 ) -> torch.Tensor:
     """prefill_attention on pagedllm._C alone (see reshape_and_cache_kernel)."""
+    _no_window_yet(sliding_window, logits_soft_cap)
     out = _cpu_kernels.prefill_attention_f32(
         _as_float32(query.contiguous()),
         k_cache,
@@ -139,3 +153,8 @@ def prefill_attention_kernel(
         scale,
     )
     return out if query.dtype is torch.float32 else _cpu_kernels.convert(out, query.dtype)
+
+
+def _no_window_yet(sliding_window: int, logits_soft_cap: float) -> None:
+    if sliding_window or logits_soft_cap:
+        raise ValueError("the CPU attention kernels take no sliding window or logit soft cap")

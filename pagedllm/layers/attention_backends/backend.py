@@ -57,7 +57,12 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
         scale: float,
+        sliding_window: int = 0,
+        logits_soft_cap: float = 0.0,
     ) -> torch.Tensor:
         """query [T, H, D] -> [T, H, D]: each sequence's new queries attend causally over all
-        seq_len tokens of its cache, the last q_len of which are the new ones."""
+        seq_len tokens of its cache, the last q_len of which are the new ones; where
+        sliding_window > 0, a query at position p sees only positions p - sliding_window + 1
+        .. p; where logits_soft_cap > 0, each score s becomes cap * tanh(s / cap) before the
+        softmax."""
         ...

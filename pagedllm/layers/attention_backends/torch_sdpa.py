@@ -50,10 +50,20 @@ class TorchSdpaBackend:
         seq_lens: torch.Tensor,
         max_seq_len: int,
         scale: float,
+        sliding_window: int = 0,
+        logits_soft_cap: float = 0.0,
     ) -> torch.Tensor:
         """query [B, H, D], one new token per sequence -> [B, H, D]."""
         return self.ops.paged_decode_attention(
-            query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            max_seq_len,
+            scale,
+            sliding_window,
+            logits_soft_cap,
         )
 
     def forward(
@@ -63,12 +73,22 @@ class TorchSdpaBackend:
         v_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
         scale: float,
+        sliding_window: int = 0,
+        logits_soft_cap: float = 0.0,
     ) -> torch.Tensor:
         """query [T, H, D] -> [T, H, D] (see AttentionBackend.forward)."""
         md = attn_metadata
+        window = (sliding_window, logits_soft_cap)
         if all(n == 1 for n in md.query_lens_cpu):
             return self.decode(
-                query, k_cache, v_cache, md.block_tables, md.seq_lens, md.max_seq_len, scale
+                query,
+                k_cache,
+                v_cache,
+                md.block_tables,
+                md.seq_lens,
+                md.max_seq_len,
+                scale,
+                *window,
             )
         output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         decodes = md.decode_rows
@@ -81,6 +101,7 @@ class TorchSdpaBackend:
                 md.seq_lens.index_select(0, decodes.seq_idx),
                 decodes.max_seq_len,
                 scale,
+                *window,
             )
             output.index_copy_(0, decodes.rows, decoded)
         starts = md.query_starts_cpu
@@ -93,5 +114,6 @@ class TorchSdpaBackend:
                     md.block_tables[i],
                     md.seq_lens_cpu[i],
                     scale,
+                    *window,
                 )
         return output

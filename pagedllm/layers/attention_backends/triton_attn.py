@@ -58,6 +58,8 @@ class TritonAttentionBackend:
         v_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
         scale: float,
+        sliding_window: int = 0,
+        logits_soft_cap: float = 0.0,
     ) -> torch.Tensor:
         """query [T, H, D] -> [T, H, D] (see AttentionBackend.forward)."""
         from pagedllm._triton_ops.unified_attention import unified_attention
@@ -73,4 +75,6 @@ class TritonAttentionBackend:
             md.max_query_len,
             md.max_seq_len,
             scale,
+            sliding_window,
+            logits_soft_cap=logits_soft_cap,
         )
