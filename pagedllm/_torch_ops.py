@@ -73,6 +73,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(x[..., :d]) * x[..., d:]
 
 
+def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """x [..., 2d] -> gelu(x[..., :d]) * x[..., d:]; approximate "tanh" is torch's
+    tanh form (Gemma's gelu_pytorch_tanh), "none" the erf form."""
+    d = x.shape[-1] // 2
+    return F.gelu(x[..., :d], approximate=approximate) * x[..., d:]
+
+
 def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
     return x * alpha
 

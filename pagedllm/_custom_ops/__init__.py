@@ -45,6 +45,7 @@ from pagedllm._custom_ops.rowwise import (
     add,
     argmax,
     fused_add_rms_norm,
+    gelu_and_mul,
     lora_masked_add,
     rms_norm,
     rotary_embedding,
@@ -81,6 +82,7 @@ __all__ = [
     "scale",
     "select_linear_kernel",
     "select_moe_kernel",
+    "gelu_and_mul",
     "silu_and_mul",
     "topk_softmax",
 ]

@@ -56,6 +56,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _torch_ops.silu_and_mul(x)
 
 
+def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """x [..., 2d] -> gelu(x[..., :d]) * x[..., d:] (approximate: "none", the erf form, or
+    "tanh")."""
+    return _torch_ops.gelu_and_mul(x, approximate)
+
+
 def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
     """x * alpha (a residual stream's constant scale: Granite); pagedllm._C's kernel on CPU
     tensors (a launch captured decode steps replay), torch elsewhere; the same bits."""

@@ -11,3 +11,20 @@ class SiluAndMul(InferenceModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _custom_ops.silu_and_mul(x)
+
+
+class GeluAndMul(InferenceModule):
+    """[..., 2d] -> gelu(x[..., :d]) * x[..., d:], the GeGLU of Gemma's MLPs; approximate
+    "tanh" (gelu_pytorch_tanh) or "none" (the exact erf form), as torch's F.gelu."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _custom_ops.gelu_and_mul(x, self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
