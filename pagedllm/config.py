@@ -259,7 +259,7 @@ class ModelConfig:
             raise ValueError(
                 f"max_model_len {max_model_len} must be in [1, {derived}] (the model's "
                 "context length: max_position_embeddings, times its rope scaling factor, "
-                "capped by a sliding window or a sentence-transformers max_seq_length)"
+                "capped by a sentence-transformers max_seq_length)"
             )
         checkpoint_quant = checkpoint_quantization(hf_config, model, gguf_file)
         quantization = resolve_quantization(quantization, gguf_file, checkpoint_quant)
@@ -562,8 +562,8 @@ def checked_sampling_defaults(
 def derive_max_model_len(hf_config: PretrainedConfig, model: str | None = None) -> int:
     """The longest context the model supports, by vLLM's rule: max_position_embeddings,
     times the rope scaling factor (yarn's from its original length; llama3 and longrope
-    configs state the scaled length already), capped by any sliding window (not applied) and by a
-    sentence-transformers folder's `max_seq_length`."""
+    configs state the scaled length already), capped by a sentence-transformers folder's
+    `max_seq_length`. A sliding window does not cap it: the layers apply their windows."""
     length = getattr(hf_config, "max_position_embeddings", None) or 2048
     rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None)
     rope_type = (rope or {}).get("rope_type") or (rope or {}).get("type") or "default"
@@ -572,10 +572,6 @@ def derive_max_model_len(hf_config: PretrainedConfig, model: str | None = None) 
         if rope_type == "yarn":  # never below max_position_embeddings, as its rope cache
             original = rope.get("original_max_position_embeddings") or length
         length = max(length, original * float(rope["factor"]))
-    window = getattr(hf_config, "sliding_window", None)
-    use_window = getattr(hf_config, "use_sliding_window", True)
-    if window and use_window:
-        length = min(length, window)
     max_seq_length = sentence_transformers_max_seq_length(model)
     if max_seq_length:
         length = min(length, max_seq_length)

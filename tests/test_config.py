@@ -294,12 +294,13 @@ def test_async_scheduling_is_on_by_default_where_it_overlaps_a_gpu(tiny_model_pa
             },
             64,
         ),
-        ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}, "sliding_window": 100}, 100),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}, "sliding_window": 100}, 256),
     ],
 )
 def test_max_model_len_is_derived_as_vllm_derives_it(fields: dict, expected: int) -> None:
     """vLLM's _get_and_verify_max_len: max_position_embeddings times the rope factor
-    (linear, dynamic; yarn from its original length), llama3 as stated, then the window."""
+    (linear, dynamic; yarn from its original length), llama3 as stated; a sliding window
+    does not cap it (the layers apply it)."""
     hf_config = transformers.LlamaConfig(max_position_embeddings=64, **fields)
     assert config.derive_max_model_len(hf_config) == expected
 

@@ -28,3 +28,17 @@ class GeluAndMul(InferenceModule):
 
     def extra_repr(self) -> str:
         return f"approximate={self.approximate!r}"
+
+
+def get_act_and_mul_fn(name: str) -> InferenceModule:
+    """The gated activation of a config's `hidden_act` / `hidden_activation` (vLLM's
+    get_act_and_mul_fn): act(x[..., :d]) * x[..., d:]."""
+    makers = {
+        "silu": SiluAndMul,
+        "gelu": lambda: GeluAndMul("none"),
+        "gelu_pytorch_tanh": lambda: GeluAndMul("tanh"),
+        "gelu_new": lambda: GeluAndMul("tanh"),
+    }
+    if name not in makers:
+        raise ValueError(f"hidden_act {name!r} is not supported; supported: {', '.join(makers)}")
+    return makers[name]()

@@ -8,7 +8,7 @@ import torch
 
 from pagedllm import _custom_ops
 from pagedllm.layers.inference_module import InferenceModule
-from pagedllm.layers.parameter import default_weight_loader, new_parameter
+from pagedllm.layers.parameter import copy_weight, default_weight_loader, new_parameter
 
 
 class RMSNorm(InferenceModule):
@@ -31,3 +31,18 @@ class RMSNorm(InferenceModule):
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm, which scales by 1 + weight: a checkpoint's weight w is kept as 1 + w
+    (added in float32, as transformers adds it), so the arithmetic is RMSNorm's."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__(hidden_size, eps)
+        self.weight.weight_loader = load_offset_weight
+
+
+def load_offset_weight(
+    param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: object = None
+) -> None:
+    copy_weight(param, loaded_weight.float() + 1.0)

@@ -8,9 +8,15 @@ says `num_experts`, Mixtral `num_local_experts`. Models read them here, one way.
 from transformers import PretrainedConfig
 
 
-def rope_parameters(hf_config: PretrainedConfig) -> tuple[float, dict | None]:
-    """(rope_theta, rope scaling dict or None) from 5.x `rope_parameters` or 4.x fields."""
+def rope_parameters(
+    hf_config: PretrainedConfig, layer_type: str = "full_attention"
+) -> tuple[float, dict | None]:
+    """(rope_theta, rope scaling dict or None) from 5.x `rope_parameters` or 4.x fields.
+    Configs whose layer types rotate differently (Gemma 3: local layers at their own theta,
+    unscaled) key `rope_parameters` by layer type; `layer_type` picks one."""
     params = getattr(hf_config, "rope_parameters", None)
+    if params and isinstance(params.get(layer_type), dict):
+        params = params[layer_type]
     if params:
         params = dict(params)
         theta = float(params.pop("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
@@ -31,3 +37,23 @@ def num_experts(hf_config: PretrainedConfig) -> int:
         if value:
             return int(value)
     return 0
+
+
+def layer_type(hf_config: PretrainedConfig, layer_idx: int) -> str:
+    """transformers' `layer_types[layer_idx]` ("full_attention", "sliding_attention"), or
+    "full_attention" where the config lists none."""
+    types = getattr(hf_config, "layer_types", None)
+    return types[layer_idx] if types else "full_attention"
+
+
+def sliding_window(hf_config: PretrainedConfig, layer_idx: int) -> int | None:
+    """How many positions a query of layer `layer_idx` attends, itself included (None: all),
+    as transformers decides: the config's `sliding_window` on its "sliding_attention" layers
+    where it lists `layer_types` (Gemma 2/3, Qwen2/3 past `max_window_layers`), on every layer
+    where it lists none (Mistral), on none where `use_sliding_window` is false."""
+    window = getattr(hf_config, "sliding_window", None)
+    if not window or getattr(hf_config, "use_sliding_window", True) is False:
+        return None
+    if getattr(hf_config, "layer_types", None):
+        return window if layer_type(hf_config, layer_idx) == "sliding_attention" else None
+    return int(window)

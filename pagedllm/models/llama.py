@@ -14,7 +14,7 @@ from transformers import PretrainedConfig
 from pagedllm import _custom_ops as ops
 from pagedllm.distributed import get_tensor_model_parallel_world_size
 from pagedllm.distributed.parallel_state import get_pp_group
-from pagedllm.layers.activation import SiluAndMul
+from pagedllm.layers.activation import get_act_and_mul_fn
 from pagedllm.layers.attention import Attention
 from pagedllm.layers.inference_module import InferenceModule
 from pagedllm.layers.layernorm import RMSNorm
@@ -27,10 +27,11 @@ from pagedllm.layers.logits_processor import LogitsProcessor
 from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.layers.rotary_embedding import get_rope
 from pagedllm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
-from pagedllm.models.config_fields import head_dim, rope_parameters
+from pagedllm.models.config_fields import head_dim, layer_type, rope_parameters, sliding_window
 from pagedllm.models.pipeline import (
     IntermediateTensors,
     PPMissingLayer,
+    layer_index,
     make_layers,
     missing_prefixes,
 )
@@ -44,6 +45,8 @@ class AttentionOptions:
     qk_norm: bool = False
     scale: float | None = None
     """The softmax scale of q.k; None: head_dim ** -0.5."""
+    logits_soft_cap: float | None = None
+    """Gemma 2's attn_logit_softcapping: scores s become cap * tanh(s / cap)."""
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,7 @@ class LlamaMLP(InferenceModule):
     ) -> None:
         """`bias`: the config's `mlp_bias` (biases on gate, up and down, as vLLM's)."""
         super().__init__()
-        if hidden_act != "silu":
-            raise ValueError(f"hidden_act {hidden_act!r} is not supported; only 'silu'")
+        self.act_fn = get_act_and_mul_fn(hidden_act)
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden_size,
             [intermediate_size] * 2,
@@ -84,7 +86,6 @@ class LlamaMLP(InferenceModule):
             quant_config=quant_config,
             prefix=f"{prefix}.down_proj",
         )
-        self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
@@ -122,7 +123,8 @@ class LlamaAttention(InferenceModule):
             quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
         )
-        theta, scaling = rope_parameters(config)
+        layer_idx = layer_index(prefix)
+        theta, scaling = rope_parameters(config, layer_type(config, layer_idx))
         self.rotary_emb = get_rope(
             self.head_dim,
             self.head_dim,
@@ -131,7 +133,14 @@ class LlamaAttention(InferenceModule):
             scaling,
         )
         scale = self.head_dim**-0.5 if options.scale is None else options.scale
-        self.attn = Attention(self.num_heads, self.head_dim, scale, self.num_kv_heads)
+        self.attn = Attention(
+            self.num_heads,
+            self.head_dim,
+            scale,
+            self.num_kv_heads,
+            per_layer_sliding_window=sliding_window(config, layer_idx),
+            logits_soft_cap=options.logits_soft_cap,
+        )
         self.q_norm = self.k_norm = None
         if options.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
@@ -383,4 +392,4 @@ class LlamaForCausalLM(nn.Module):
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    """Mistral's decoder is Llama's; its sliding window caps max_model_len (config.py)."""
+    """Mistral's decoder is Llama's; a config's `sliding_window` applies to every layer."""

@@ -43,6 +43,16 @@ def make_layers(
     return start, end, nn.ModuleList(layers)
 
 
+def layer_index(prefix: str) -> int:
+    """The decoder layer a module of that prefix belongs to ("model.layers.3.self_attn" ->
+    3), as vLLM's extract_layer_index."""
+    parts = prefix.split(".")
+    indices = [int(p) for p in parts if p.isdigit()]
+    if len(indices) != 1:
+        raise ValueError(f"prefix {prefix!r} names no single layer index")
+    return indices[0]
+
+
 def missing_prefixes(model: nn.Module) -> tuple[str, ...]:
     """The name prefixes of the model's PPMissingLayers ("model.layers.3.", "lm_head.")."""
     return tuple(f"{name}." for name, m in model.named_modules() if isinstance(m, PPMissingLayer))

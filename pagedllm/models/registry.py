@@ -6,6 +6,8 @@ after the pooling (layers/classifier.py)."""
 
 from torch import nn
 
+from pagedllm.models.gemma import GemmaForCausalLM
+from pagedllm.models.gemma2 import Gemma2ForCausalLM, Gemma3ForCausalLM
 from pagedllm.models.granite import GraniteForCausalLM
 from pagedllm.models.llama import LlamaForCausalLM, MistralForCausalLM
 from pagedllm.models.olmo2 import Olmo2ForCausalLM
@@ -14,6 +16,9 @@ from pagedllm.models.qwen3 import Qwen3ForCausalLM
 from pagedllm.models.qwen3_moe import Qwen3MoeForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
+    "GemmaForCausalLM": GemmaForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
@@ -22,16 +27,19 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
-_NO_CLASSIFIER = frozenset({"GraniteForCausalLM"})
+_NO_CLASSIFIER = frozenset({"GraniteForCausalLM", "Gemma3ForCausalLM"})
 """Families transformers has no *ForSequenceClassification class of (asking transformers
-would import its modeling code, seconds of start-up)."""
+would import its modeling code, seconds of start-up), or whose classifier is another
+model's (Gemma3ForSequenceClassification is the multimodal Gemma 3's)."""
 _MODELS |= {
     name.replace("ForCausalLM", suffix): cls
     for name, cls in _MODELS.items()
     for suffix in ("Model", "ForSequenceClassification")
     if not (suffix == "ForSequenceClassification" and name in _NO_CLASSIFIER)
 }
-"""A family's bare decoder and its classifier."""
+_MODELS["Gemma3TextModel"] = _MODELS.pop("Gemma3Model")
+"""A family's bare decoder and its classifier (Gemma3Model is the multimodal Gemma 3; its
+text decoder is Gemma3TextModel)."""
 
 
 class ModelRegistry:

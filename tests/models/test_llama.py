@@ -88,6 +88,6 @@ def test_attention_options_follow_attention_bias() -> None:
     assert LlamaForCausalLM.attention_options(config) == AttentionOptions(True, True, False)
 
 
-def test_mlp_supports_only_silu() -> None:
-    with pytest.raises(ValueError, match="hidden_act 'gelu' is not supported; only 'silu'"):
-        LlamaMLP(64, 96, "gelu")
+def test_mlp_refuses_an_unknown_activation() -> None:
+    with pytest.raises(ValueError, match="hidden_act 'relu' is not supported; supported: silu"):
+        LlamaMLP(64, 96, "relu")

@@ -50,6 +50,30 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0},
             tie_word_embeddings=False,
         ),
+        "gemma": transformers.GemmaConfig(
+            **COMMON, num_key_value_heads=1, head_dim=32, hidden_activation="gelu_pytorch_tanh"
+        ),
+        "gemma2": transformers.Gemma2Config(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            sliding_window=6,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=4.0,
+        ),
+        "gemma3": transformers.Gemma3TextConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            sliding_window=5,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 50000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            },
+        ),
         "granite": transformers.GraniteConfig(
             **COMMON,
             num_key_value_heads=2,
@@ -88,4 +112,15 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
 def save_tiny_model(config: transformers.PretrainedConfig, folder: str, seed: int = 0) -> None:
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if config.model_type.startswith("gemma"):
+        _randomize_norms(model)
     model.save_pretrained(folder)
+
+
+def _randomize_norms(model: torch.nn.Module) -> None:
+    """Gemma stores its norm weights as offsets from 1, initialised to 0: random ones make
+    a model that mistook them for the scales themselves fail."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.normal_(0.0, 0.3)

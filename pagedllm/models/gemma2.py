@@ -1,0 +1,87 @@
+"""Gemma 2 and Gemma 3 (text), as transformers' Gemma2ForCausalLM and Gemma3ForCausalLM:
+Gemma (models/gemma.py) with a norm after the attention and around the MLP, each block's
+output normed before it joins the residual stream:
+h = h + post_attn_norm(attn(input_norm(h))); h = h + post_ff_norm(mlp(pre_ff_norm(h))).
+
+Attention: q.k scaled by query_pre_attn_scalar ** -0.5; layers alternate between a sliding
+window and full attention (`layer_types`, config_fields.sliding_window); Gemma 2 caps the
+attention scores (attn_logit_softcapping) and the logits (final_logit_softcapping, the
+LogitsProcessor's soft_cap). Gemma 3 norms q and k per head (Gemma's 1 + weight) and rotates
+its sliding layers at their own theta (`rope_parameters` by layer type)."""
+
+import dataclasses
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from pagedllm.layers.layernorm import GemmaRMSNorm
+from pagedllm.layers.quantization.base_config import QuantizationConfig
+from pagedllm.models.gemma import GemmaForCausalLM
+from pagedllm.models.llama import AttentionOptions, LlamaDecoderLayer
+
+
+class Gemma2DecoderLayer(LlamaDecoderLayer):
+    """Takes and returns (h, residual) whose sum is the residual stream, as a Llama layer;
+    the fused add-and-norm of the next norm adds them."""
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        options: AttentionOptions,
+        mlp: nn.Module,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+        residual_multiplier: float = 1.0,
+    ) -> None:
+        super().__init__(config, options, mlp, quant_config, prefix)
+        size, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = GemmaRMSNorm(size, eps=eps)
+        self.post_attention_layernorm = GemmaRMSNorm(size, eps=eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(size, eps=eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(size, eps=eps)
+        if options.qk_norm:
+            self.self_attn.q_norm = GemmaRMSNorm(self.self_attn.head_dim, eps=eps)
+            self.self_attn.k_norm = GemmaRMSNorm(self.self_attn.head_dim, eps=eps)
+
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.post_attention_layernorm(self.self_attn(positions, hidden_states))
+        hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
+        return self.post_feedforward_layernorm(self.mlp(hidden_states)), residual
+
+
+class Gemma2ForCausalLM(GemmaForCausalLM):
+    decoder_layer = Gemma2DecoderLayer
+
+    @classmethod
+    def attention_options(cls, config: PretrainedConfig) -> AttentionOptions:
+        bias = bool(getattr(config, "attention_bias", False))
+        return AttentionOptions(
+            qkv_bias=bias,
+            o_bias=bias,
+            scale=config.query_pre_attn_scalar**-0.5,
+            logits_soft_cap=getattr(config, "attn_logit_softcapping", None),
+        )
+
+
+class Gemma3ForCausalLM(Gemma2ForCausalLM):
+    def __init__(
+        self, config: PretrainedConfig, quant_config: QuantizationConfig | None = None
+    ) -> None:
+        if getattr(config, "use_bidirectional_attention", False):
+            raise ValueError(
+                "this Gemma 3 config attends bidirectionally (an EmbeddingGemma encoder); "
+                "pagedllm runs causal decoders only"
+            )
+        super().__init__(config, quant_config)
+
+    @classmethod
+    def attention_options(cls, config: PretrainedConfig) -> AttentionOptions:
+        return dataclasses.replace(super().attention_options(config), qk_norm=True)
