@@ -15,6 +15,7 @@ from tests.models.tiny_models import tiny_configs
 def test_every_registered_architecture_resolves_to_its_namesake(arch: str) -> None:
     model_cls = ModelRegistry.resolve_model_cls(arch)
     family = arch.removesuffix("Model").removesuffix("ForSequenceClassification")
+    family = family.removesuffix("Text")  # Gemma3TextModel: Gemma 3's text decoder
     assert model_cls.__name__ in (arch, family + "ForCausalLM")
     assert hasattr(transformers, arch), f"{arch} is not a transformers architecture"
     assert callable(model_cls.load_weights) and callable(model_cls.compute_logits)
@@ -37,3 +38,9 @@ def test_unknown_architecture_names_itself_and_the_supported_ones() -> None:
     message = str(info.value)
     assert "'GPT2LMHeadModel' is not supported" in message
     assert all(arch in message for arch in ModelRegistry.get_supported_archs())
+
+
+def test_the_multimodal_gemma3_is_not_taken_for_its_text_decoder() -> None:
+    archs = ModelRegistry.get_supported_archs()
+    assert "Gemma3TextModel" in archs
+    assert "Gemma3Model" not in archs and "Gemma3ForSequenceClassification" not in archs
