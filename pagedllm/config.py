@@ -1,5 +1,6 @@
 """Model configuration: where the model is, its HF config, dtype and context length."""
 
+import copy
 import importlib.util
 import json
 import os
@@ -113,7 +114,32 @@ def load_hf_config(model: str) -> tuple[PretrainedConfig, str | None]:
         )
     if not os.path.isfile(os.path.join(model, "config.json")):
         raise ValueError(f"model folder {model!r} has no config.json{_gguf_hint(model)}")
-    return _auto_config(model), None
+    return language_model_config(_auto_config(model)), None
+
+
+TEXT_ONLY_ARCHITECTURES = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+"""Image-and-text architectures whose language model pagedllm runs alone, as the text
+model it is (its weights under `language_model.`; the model class maps the names)."""
+
+
+def language_model_config(hf_config: PretrainedConfig) -> PretrainedConfig:
+    """The config as it is, or, for a TEXT_ONLY_ARCHITECTURES model, its text config naming
+    the text architecture (the checkpoint's quantization_config carried over)."""
+    architectures = getattr(hf_config, "architectures", None) or [""]
+    text_arch = TEXT_ONLY_ARCHITECTURES.get(architectures[0])
+    if text_arch is None:
+        return hf_config
+    text = copy.deepcopy(hf_config.get_text_config())
+    text.architectures = [text_arch]
+    quantization = getattr(hf_config, "quantization_config", None)
+    if quantization is not None:
+        text.quantization_config = quantization
+    logger.info(
+        "%s: running its language model alone as %s; image inputs are not supported",
+        architectures[0],
+        text_arch,
+    )
+    return text
 
 
 def _gguf_hint(folder: str) -> str:

@@ -18,6 +18,7 @@ from pagedllm.model_loader.quantized_weights import (
 from pagedllm.model_loader.weight_arena import move_weights_to_arena
 from pagedllm.models.rank_weights import rank_weight_filter
 from pagedllm.models.registry import ModelRegistry
+from pagedllm.models.weight_loading import WeightsMapper
 
 logger = init_logger(__name__)
 
@@ -113,6 +114,7 @@ def get_model(model_config: ModelConfig, device: str | torch.device = "cpu") -> 
     quant_config = get_quant_config(model_config)
     model = build_model(model_config, device, quant_config)
     owned = rank_weight_filter(model)  # this stage's tensors, this rank's experts
+    mapper = getattr(model, "hf_to_pagedllm_mapper", None) or WeightsMapper()
     if model_config.runner_type == "pooling":
         drop_lm_head(model)
     with torch.no_grad():
@@ -120,11 +122,13 @@ def get_model(model_config: ModelConfig, device: str | torch.device = "cpu") -> 
             initialize_dummy_weights(model)
         else:
             if model_config.runner_type == "pooling":
+                keep = mapper.keep(pooling_keep(owned))
                 weights = pooling_weights(
-                    iterate_weights(model_config, quant_config, pooling_keep(owned))
+                    mapper.apply(iterate_weights(model_config, quant_config, keep))
                 )
             else:
-                weights = iterate_weights(model_config, quant_config, owned)
+                weights = iterate_weights(model_config, quant_config, mapper.keep(owned))
+                weights = mapper.apply(weights)
             model.load_weights(weights)
         for module in model.modules():
             method = getattr(module, "quant_method", None)

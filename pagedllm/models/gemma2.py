@@ -19,6 +19,7 @@ from pagedllm.layers.layernorm import GemmaRMSNorm
 from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.models.gemma import GemmaForCausalLM
 from pagedllm.models.llama import AttentionOptions, LlamaDecoderLayer
+from pagedllm.models.weight_loading import WeightsMapper
 
 
 class Gemma2DecoderLayer(LlamaDecoderLayer):
@@ -72,6 +73,22 @@ class Gemma2ForCausalLM(GemmaForCausalLM):
 
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
+    """Also the language model of Gemma3ForConditionalGeneration checkpoints, run text-only
+    (config.TEXT_ONLY_ARCHITECTURES): their tensors under `language_model.` (or transformers'
+    newer `model.language_model.`) are this model's; the vision tower's are not read."""
+
+    hf_to_pagedllm_mapper = WeightsMapper(
+        {
+            "language_model.model.": "model.",
+            "language_model.lm_head.": "lm_head.",
+            "model.language_model.": "model.",
+            "vision_tower.": None,
+            "multi_modal_projector.": None,
+            "model.vision_tower.": None,
+            "model.multi_modal_projector.": None,
+        }
+    )
+
     def __init__(
         self, config: PretrainedConfig, quant_config: QuantizationConfig | None = None
     ) -> None:

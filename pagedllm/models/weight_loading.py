@@ -6,13 +6,47 @@ expert mappings from FusedMoE.make_expert_params_mapping. Every checkpoint tenso
 land somewhere and every parameter must be loaded, or loading fails naming them.
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from pagedllm.layers.fused_moe import FusedMoE
 from pagedllm.layers.parameter import default_weight_loader
+
+
+@dataclass(frozen=True)
+class WeightsMapper:
+    """vLLM's WeightsMapper, by prefix: a checkpoint name starting with a key of
+    `orig_to_new_prefix` has it replaced by its value, or is dropped where the value is
+    None (a part of the checkpoint the model does not run)."""
+
+    orig_to_new_prefix: dict[str, str | None] = field(default_factory=dict)
+
+    def map_name(self, name: str) -> str | None:
+        for old, new in self.orig_to_new_prefix.items():
+            if name.startswith(old):
+                return None if new is None else new + name[len(old) :]
+        return name
+
+    def keep(self, keep: Callable[[str], bool]) -> Callable[[str], bool]:
+        """`keep` (a filter of the model's names) as a filter of the checkpoint's."""
+
+        def mapped(name: str) -> bool:
+            new = self.map_name(name)
+            return new is not None and keep(new)
+
+        return mapped
+
+    def apply(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            new = self.map_name(name)
+            if new is not None:
+                yield new, tensor
+
 
 StackedMapping = list[tuple[str, str, object]]
 ExpertMapping = list[tuple[str, str, int, str]]

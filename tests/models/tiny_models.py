@@ -84,7 +84,7 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             tie_word_embeddings=True,
         ),
         "mistral": transformers.MistralConfig(
-            **COMMON, num_key_value_heads=2, sliding_window=None, tie_word_embeddings=False
+            **COMMON, num_key_value_heads=2, sliding_window=7, tie_word_embeddings=False
         ),
         "olmo2": transformers.Olmo2Config(
             **COMMON, num_key_value_heads=2, tie_word_embeddings=False
@@ -113,11 +113,11 @@ def save_tiny_model(config: transformers.PretrainedConfig, folder: str, seed: in
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if config.model_type.startswith("gemma"):
-        _randomize_norms(model)
+        randomize_norms(model)
     model.save_pretrained(folder)
 
 
-def _randomize_norms(model: torch.nn.Module) -> None:
+def randomize_norms(model: torch.nn.Module) -> None:
     """Gemma stores its norm weights as offsets from 1, initialised to 0: random ones make
     a model that mistook them for the scales themselves fail."""
     with torch.no_grad():

@@ -1,0 +1,85 @@
+"""pagedllm/models/gemma.py and gemma2.py beyond the shared comparison with transformers
+(test_models_vs_transformers.py): Gemma 3's image-and-text checkpoints run as their language
+model (reference: transformers' Gemma3ForConditionalGeneration on text alone), norms kept
+as 1 + the checkpoint's weight, and what is refused."""
+
+import pytest
+import torch
+import transformers
+
+from pagedllm import LLM
+from pagedllm.config import ModelConfig
+from pagedllm.layers.layernorm import GemmaRMSNorm
+from pagedllm.model_loader.loader import get_model
+from tests.models.test_models_vs_transformers import paged_greedy
+from tests.models.tiny_models import randomize_norms, tiny_configs
+
+VISION = dict(
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    image_size=28,
+    patch_size=14,
+)
+
+
+@pytest.fixture(scope="module")
+def multimodal_folder(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny Gemma3ForConditionalGeneration: the tiny Gemma 3 text model, a SigLIP tower."""
+    config = transformers.Gemma3Config(
+        text_config=tiny_configs()["gemma3"].to_dict(),
+        vision_config=VISION,
+        mm_tokens_per_image=4,
+        image_token_index=300,
+        boi_token_index=301,
+        eoi_token_index=302,
+        architectures=["Gemma3ForConditionalGeneration"],
+    )
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    randomize_norms(model)
+    folder = str(tmp_path_factory.mktemp("gemma3-mm"))
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_a_multimodal_gemma3_runs_its_language_model(multimodal_folder: str) -> None:
+    """Logits of a prefill and 8 decodes within 1e-4 of transformers' multimodal model on
+    the same text, greedy tokens identical; the vision tower is never read."""
+    model_config = ModelConfig.create(multimodal_folder, dtype="float32")
+    assert model_config.architecture == "Gemma3ForCausalLM"
+    model = get_model(model_config)
+    hf = transformers.Gemma3ForConditionalGeneration.from_pretrained(
+        multimodal_folder, dtype=torch.float32
+    ).eval()
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 300, (n,), generator=gen).tolist() for n in (9, 21)]
+    seqs, logits = paged_greedy(model, prompts)
+    for seq, ours in zip(seqs, logits):
+        with torch.no_grad():
+            ref = hf(input_ids=torch.tensor([seq[:-1]])).logits[0]
+        torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
+        assert seq[-9:] == ref[-9:].argmax(-1).tolist()
+
+
+def test_a_multimodal_gemma3_serves_text(multimodal_folder: str) -> None:
+    with LLM(multimodal_folder, skip_tokenizer_init=True, num_kv_blocks=16) as llm:
+        out = llm.generate({"prompt_token_ids": [5, 6, 7]}, use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) > 0
+
+
+def test_gemma_norms_hold_one_plus_the_checkpoint_weight() -> None:
+    norm = GemmaRMSNorm(4)
+    weight = torch.tensor([-1.0, 0.0, 0.25, 3.0])
+    norm.weight.weight_loader(norm.weight, weight)
+    assert norm.weight.tolist() == [0.0, 1.0, 1.25, 4.0]
+
+
+def test_a_bidirectional_gemma3_is_refused(tmp_path) -> None:
+    config = tiny_configs()["gemma3"]
+    config.use_bidirectional_attention = True
+    config.architectures = ["Gemma3ForCausalLM"]
+    config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="attends bidirectionally"):
+        get_model(ModelConfig.create(str(tmp_path), dtype="float32", load_format="dummy"))
