@@ -85,12 +85,12 @@ def generate(path: str, device: torch.device, prompts: list[list[int]], **engine
     return [out.outputs[0] for out in outputs]
 
 
-@pytest.mark.parametrize("name", ["llama-gqa-llama3", "qwen3"])
+@pytest.mark.parametrize("name", ["llama-gqa-llama3", "qwen3", "gemma2", "gemma3"])
 def test_the_engine_on_triton_attn_gives_transformers_greedy_tokens(
     triton_device: torch.device, name: str, tiny_model_path, hf_greedy, spread_prompts
 ) -> None:
     """Tokens equal and logprobs within 1e-4 of transformers', a prefix-cache hit included
-    (a prompt twice)."""
+    (a prompt twice); Gemma 2 and 3 with their sliding windows and Gemma 2's soft caps."""
     prompts = [spread_prompts[1], spread_prompts[3], spread_prompts[3]]
     reference = hf_greedy(name, prompts, 6)
     outputs = generate(
