@@ -9,7 +9,8 @@ inverse frequency would move the angle by ~1e-2.
 
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -17,6 +18,9 @@ from pagedllm import _custom_ops
 from pagedllm.forward_context import get_max_seq_len
 from pagedllm.layers.inference_module import InferenceModule
 from pagedllm.layers.layernorm import RMSNorm
+from pagedllm.logger import init_logger
+
+logger = init_logger(__name__)
 
 RopeParameters = dict[str, object]
 # (inverse frequencies [rotary_dim / 2], attention scaling of cos/sin, positions to cache)
@@ -95,6 +99,40 @@ class RotaryEmbedding(InferenceModule):
             f"max_position={self.cos_sin_cache.shape[0]}, is_neox_style={self.is_neox_style}, "
             f"attention_scaling={self.attention_scaling:g}"
         )
+
+
+def _longrope(base: float, dim: int, max_position: int, params: RopeParameters) -> RopeSpec:
+    """LongRoPE (Phi-3's "longrope", formerly "su"): frequencies divided per dimension by
+    the short factors, or by the long ones when the engine serves sequences longer than
+    original_max_position_embeddings, for every position either way (vLLM's rule, so a
+    position's rotation never changes as a sequence grows: transformers switches a whole
+    sequence to the long factors, recomputing its cache, once it passes that length). The
+    cos/sin scale: long_mscale / short_mscale where the config states them, else its
+    attention_factor, else sqrt(1 + ln(s) / ln(original)) for s = factor, or
+    max_position / original, above 1."""
+    original = int(_require(params, "original_max_position_embeddings", "longrope"))
+    use_long = int(params["max_model_len"]) > original
+    if use_long:
+        logger.warning(
+            "LongRoPE: its long factors for every position, as the engine serves up to %d "
+            "tokens, past the original %d; max_model_len <= %d keeps the short ones",
+            params["max_model_len"],
+            original,
+            original,
+        )
+    name = "long_factor" if use_long else "short_factor"
+    ext = torch.tensor(params.get(name) or [], dtype=torch.float32)
+    if ext.shape != (dim // 2,):
+        raise ValueError(f"longrope {name} must list rotary_dim / 2 = {dim // 2} numbers")
+    shape = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+    inv_freq = 1.0 / (ext * base**shape)
+    scale = params.get("long_mscale" if use_long else "short_mscale")
+    if scale is None:
+        scale = params.get("attention_factor")
+    if scale is None:
+        factor = float(params.get("factor") or max_position / original)
+        scale = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return inv_freq, float(scale), max_position
 
 
 def _cos_sin_cache(
@@ -218,7 +256,23 @@ _ROPE_INIT_FUNCTIONS: dict[str, Callable[[float, int, int, RopeParameters], Rope
     "dynamic": _dynamic_ntk,
     "llama3": _llama3,
     "yarn": _yarn,
+    "longrope": _longrope,
 }
+
+_max_model_len: int | None = None
+
+
+@contextmanager
+def use_max_model_len(max_model_len: int | None) -> Iterator[None]:
+    """Rotary embeddings built inside serve sequences of up to max_model_len tokens (None:
+    max_position_embeddings), which picks LongRoPE's factors (build_model sets it)."""
+    global _max_model_len
+    previous, _max_model_len = _max_model_len, max_model_len
+    try:
+        yield
+    finally:
+        _max_model_len = previous
+
 
 # Weak: an engine's layers hold their embedding, and it (with its cos/sin cache on the
 # device) goes with the last model that uses it, not with the process.
@@ -255,10 +309,13 @@ def get_rope(
     _check_dims(head_size, rotary_dim)
     params = dict(rope_scaling or {})
     rope_type = params.get("rope_type") or params.get("type") or "default"
+    rope_type = "longrope" if rope_type == "su" else rope_type
     if rope_type not in _ROPE_INIT_FUNCTIONS:
         raise ValueError(
             f"rope type {rope_type!r} is not supported; supported: {sorted(_ROPE_INIT_FUNCTIONS)}"
         )
+    if rope_type == "longrope":
+        params["max_model_len"] = _max_model_len or max_position
     key = (head_size, rotary_dim, max_position, base, is_neox_style, _hashable(params))
     key += (torch.get_default_device(),)
     rope = _ROPE_DICT.get(key)

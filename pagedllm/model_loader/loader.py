@@ -9,6 +9,7 @@ from torch import nn
 from pagedllm.config import ModelConfig
 from pagedllm.layers.quantization import get_quantization_config
 from pagedllm.layers.quantization.base_config import QuantizationConfig
+from pagedllm.layers.rotary_embedding import use_max_model_len
 from pagedllm.logger import init_logger
 from pagedllm.model_loader.pooling_model import drop_lm_head, pooling_keep, pooling_weights
 from pagedllm.model_loader.quantized_weights import (
@@ -65,7 +66,11 @@ def build_model(
         quant_config = get_quant_config(model_config)
     model_cls = ModelRegistry.resolve_model_cls(model_config.architecture)
     try:
-        with default_dtype(model_config.dtype), torch.device(device):
+        with (
+            default_dtype(model_config.dtype),
+            torch.device(device),
+            use_max_model_len(model_config.max_model_len),
+        ):
             return model_cls(model_config.hf_config, quant_config)
     except RuntimeError as e:  # torch.OutOfMemoryError is one
         if not _is_allocation_failure(e):

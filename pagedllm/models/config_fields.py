@@ -20,10 +20,25 @@ def rope_parameters(
     if params:
         params = dict(params)
         theta = float(params.pop("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
-        rope_type = params.get("rope_type", params.get("type", "default"))
-        return theta, (None if rope_type == "default" else params)
-    theta = float(getattr(hf_config, "rope_theta", 10000.0))
-    return theta, getattr(hf_config, "rope_scaling", None)
+    else:
+        theta = float(getattr(hf_config, "rope_theta", 10000.0))
+        params = dict(getattr(hf_config, "rope_scaling", None) or {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type in ("longrope", "su"):  # Phi-3 states its original length on the config
+        original = getattr(hf_config, "original_max_position_embeddings", None)
+        params.setdefault("original_max_position_embeddings", original)
+    return theta, (None if rope_type == "default" or not params else params)
+
+
+def rotary_dim(hf_config: PretrainedConfig, head_size: int) -> int:
+    """The channels of a head the rotary embedding turns: head_size times
+    `partial_rotary_factor` (5.x keeps it in `rope_parameters`, 4.x on the config; Phi-4-mini
+    turns 3/4 of each head)."""
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    factor = params.get("partial_rotary_factor")
+    if factor is None:
+        factor = getattr(hf_config, "partial_rotary_factor", None) or 1.0
+    return int(head_size * float(factor))
 
 
 def head_dim(hf_config: PretrainedConfig) -> int:

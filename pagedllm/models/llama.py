@@ -27,7 +27,13 @@ from pagedllm.layers.logits_processor import LogitsProcessor
 from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.layers.rotary_embedding import get_rope
 from pagedllm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
-from pagedllm.models.config_fields import head_dim, layer_type, rope_parameters, sliding_window
+from pagedllm.models.config_fields import (
+    head_dim,
+    layer_type,
+    rope_parameters,
+    rotary_dim,
+    sliding_window,
+)
 from pagedllm.models.pipeline import (
     IntermediateTensors,
     PPMissingLayer,
@@ -127,7 +133,7 @@ class LlamaAttention(InferenceModule):
         theta, scaling = rope_parameters(config, layer_type(config, layer_idx))
         self.rotary_emb = get_rope(
             self.head_dim,
-            self.head_dim,
+            rotary_dim(config, self.head_dim),
             config.max_position_embeddings,
             theta,
             scaling,

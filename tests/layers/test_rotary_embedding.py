@@ -17,7 +17,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 from pagedllm import _cpu_kernels
 from pagedllm.forward_context import AttentionMetadata, set_forward_context
-from pagedllm.layers.rotary_embedding import get_rope
+from pagedllm.layers.rotary_embedding import get_rope, use_max_model_len
 
 NUM_HEADS, NUM_KV_HEADS, NUM_TOKENS = 4, 2, 48
 
@@ -277,10 +277,49 @@ def test_layers_with_equal_settings_share_one_instance() -> None:
     assert "cos_sin_cache" not in a.state_dict()
 
 
-@pytest.mark.parametrize("scaling", [{"rope_type": "longrope"}, {"type": "su"}])
-def test_unknown_rope_type_lists_supported_ones(scaling: dict) -> None:
+def test_unknown_rope_type_lists_supported_ones() -> None:
     with pytest.raises(ValueError, match=r"not supported.*default.*dynamic.*linear.*llama3.*yarn"):
-        get_rope(64, 64, 512, 10000.0, scaling)
+        get_rope(64, 64, 512, 10000.0, {"rope_type": "mrope"})
+
+
+LONGROPE = {
+    "rope_type": "longrope",
+    "short_factor": [1.0, 1.05, 1.2, 1.5, 2.0, 3.0],
+    "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0],
+    "original_max_position_embeddings": 256,
+    "partial_rotary_factor": 0.75,
+}
+
+
+@pytest.mark.parametrize("max_model_len", [200, 256, 257, 1024])
+@pytest.mark.parametrize("type_name", ["longrope", "su"])
+def test_longrope_takes_one_set_of_factors_by_max_model_len(
+    max_model_len: int, type_name: str
+) -> None:
+    """vLLM's rule: the long factors for every position once the engine serves past the
+    original length, else the short ones. Reference: transformers' longrope frequencies and
+    attention factor for a sequence of that length (Phi-3's config: head 16, 3/4 rotated,
+    max_position_embeddings 1024)."""
+    from transformers import Phi3Config
+
+    config = Phi3Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        max_position_embeddings=1024,
+        original_max_position_embeddings=256,
+        rope_parameters={**LONGROPE, "rope_theta": 10000.0},
+    )
+    inv_freq, factor = ROPE_INIT_FUNCTIONS["longrope"](config, "cpu", seq_len=max_model_len)
+    with use_max_model_len(max_model_len):
+        rope = get_rope(16, 12, 1024, 10000.0, {**LONGROPE, "rope_type": type_name})
+    assert torch.equal(rope.inv_freq, inv_freq)
+    assert rope.attention_scaling == pytest.approx(factor, rel=1e-12)
+    assert factor > 1.0
+
+
+def test_longrope_without_its_factors_is_refused() -> None:
+    with pytest.raises(ValueError, match="long_factor must list rotary_dim / 2 = 8 numbers"):
+        get_rope(16, 16, 1024, 10000.0, {**LONGROPE, "long_factor": [1.0]})
 
 
 def test_missing_factor_is_named() -> None:

@@ -89,6 +89,21 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
         "olmo2": transformers.Olmo2Config(
             **COMMON, num_key_value_heads=2, tie_word_embeddings=False
         ),
+        "phi3": transformers.Phi3Config(
+            **{**COMMON, "max_position_embeddings": 128},
+            num_key_value_heads=2,
+            original_max_position_embeddings=128,
+            sliding_window=9,
+            pad_token_id=0,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                "long_factor": [1.0, 2.0, 3.0, 4.0, 6.0, 8.0],
+            },
+            tie_word_embeddings=True,
+        ),
         "qwen2": transformers.Qwen2Config(
             **COMMON, num_key_value_heads=2, tie_word_embeddings=True
         ),
