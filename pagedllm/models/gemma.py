@@ -53,7 +53,9 @@ class GemmaForCausalLM(LlamaForCausalLM):
 
     @classmethod
     def multipliers(cls, config: PretrainedConfig) -> Multipliers:
-        normalizer = torch.tensor(config.hidden_size**0.5, dtype=torch.get_default_dtype())
+        normalizer = torch.tensor(
+            config.hidden_size**0.5, dtype=torch.get_default_dtype(), device="cpu"
+        )
         return Multipliers(embedding=float(normalizer))
 
     def make_mlp(

@@ -10,7 +10,7 @@ import transformers
 from pagedllm import LLM
 from pagedllm.config import ModelConfig
 from pagedllm.layers.layernorm import GemmaRMSNorm
-from pagedllm.model_loader.loader import get_model
+from pagedllm.model_loader.loader import build_model, get_model
 from tests.models.test_models_vs_transformers import paged_greedy
 from tests.models.tiny_models import randomize_norms, tiny_configs
 
@@ -83,3 +83,10 @@ def test_a_bidirectional_gemma3_is_refused(tmp_path) -> None:
     config.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="attends bidirectionally"):
         get_model(ModelConfig.create(str(tmp_path), dtype="float32", load_format="dummy"))
+
+
+@pytest.mark.parametrize("name", ["gemma", "gemma2", "gemma3"])
+def test_gemma_builds_on_the_meta_device(name: str, tiny_model_path) -> None:
+    """As `pagedllm inspect` builds it: no tensor the constructor reads may be a meta one."""
+    model = build_model(ModelConfig.create(tiny_model_path(name), dtype="bfloat16"), "meta")
+    assert model.model.embedding_multiplier == 8.0  # sqrt(64), exact in bfloat16
