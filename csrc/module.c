@@ -342,6 +342,13 @@ BINDING(argmax, ARGMAX_ARGS, 0,
 BINDING(silu_and_mul, SILU_AND_MUL_ARGS, 0,
         silu_and_mul(out, x, dtype == FLOAT_BFLOAT16, num_tokens, d, num_threads))
 
+#define GELU_AND_MUL_ARGS(ARG)                                                             \
+  ARG(p, void *, out) ARG(p, const void *, x) ARG(i, int, dtype) ARG(i, int, approximate) \
+  ARG(i, int64_t, num_tokens) ARG(i, int64_t, d) ARG(i, int, num_threads)
+BINDING(gelu_and_mul, GELU_AND_MUL_ARGS, 0,
+        gelu_and_mul(out, x, dtype == FLOAT_BFLOAT16, approximate == GELU_TANH, num_tokens, d,
+                     num_threads))
+
 #define LORA_MASKED_ADD_ARGS(ARG)                                                          \
   ARG(p, void *, out) ARG(p, const void *, y) ARG(p, const void *, delta)                 \
   ARG(p, const int32_t *, row_slots) ARG(i, int64_t, slot) ARG(i, int, dtype)             \
@@ -401,6 +408,7 @@ BINDING(gguf_dequantize, GGUF_DEQUANTIZE_ARGS, 0,
   X(convert, CONVERT_ARGS)                                    \
   X(argmax, ARGMAX_ARGS)                                      \
   X(silu_and_mul, SILU_AND_MUL_ARGS)                          \
+  X(gelu_and_mul, GELU_AND_MUL_ARGS)                          \
   X(lora_masked_add, LORA_MASKED_ADD_ARGS)                    \
   X(scale, SCALE_ARGS)                                        \
   X(add, ADD_ARGS)                                            \
@@ -429,6 +437,7 @@ static PyObject *py_signatures(PyObject *self, PyObject *const *args, Py_ssize_t
 
 /* Every flag value ops.h and gguf.h name, for the check against their Python enums. */
 #define FLAGS(X)                                                                           \
+  X(GELU_NONE) X(GELU_TANH)                                                                \
   X(FLOAT_FLOAT32) X(FLOAT_BFLOAT16) X(WEIGHT_PLAIN) X(WEIGHT_PACKED) X(ROTARY_GPTJ)      \
   X(ROTARY_NEOX) X(ISA_BEST) X(GGUF_Q4_0) X(GGUF_Q4_1) X(GGUF_Q5_0) X(GGUF_Q5_1)          \
   X(GGUF_Q8_0) X(GGUF_Q4_K) X(GGUF_Q5_K) X(GGUF_Q6_K)

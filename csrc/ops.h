@@ -13,6 +13,7 @@
 enum float_type { FLOAT_FLOAT32 = 0, FLOAT_BFLOAT16 = 1 };      /* a tensor's element type */
 enum weight_layout { WEIGHT_PLAIN = 0, WEIGHT_PACKED = 1 };     /* skinny_gemm's packed */
 enum rotary_style { ROTARY_GPTJ = 0, ROTARY_NEOX = 1 };         /* rotary_embedding's is_neox */
+enum gelu_approximate { GELU_NONE = 0, GELU_TANH = 1 };        /* gelu_and_mul's form */
 enum { ISA_BEST = -1 }; /* an isa argument: the best build this CPU runs */
 
 /* y [M, N] = x [M, K] @ w [N, K]^T (+ b [N]); b may be NULL (skinny_gemm.c). Each build sums
@@ -122,6 +123,12 @@ void rotary_embedding(const int64_t *positions, const void *query, const void *k
  * bfloat16 before the product), else float32. */
 void silu_and_mul(void *out, const void *x, int bf16, int64_t num_tokens, int64_t d,
                   int num_threads);
+
+/* out [T, d] = gelu(x[:, :d]) * x[:, d:] for x [T, 2d], gelu's tanh form when tanh_form, else
+ * its erf form; bfloat16 when bf16 (gelu rounded to bfloat16 before the product), else
+ * float32 (activation.c). */
+void gelu_and_mul(void *out, const void *x, int bf16, int tanh_form, int64_t num_tokens,
+                  int64_t d, int num_threads);
 
 /* out [T, n] = y + delta on the rows t whose row_slots[t] == slot, y elsewhere; bfloat16 when
  * bf16 (each sum rounded once), else float32 (lora.c). */

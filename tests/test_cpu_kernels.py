@@ -102,6 +102,10 @@ def _silu(**override: object) -> torch.Tensor:
     return _cpu_kernels.silu_and_mul(**{"x": torch.randn(3, 10), **override})
 
 
+def _gelu(**override: object) -> torch.Tensor:
+    return _cpu_kernels.gelu_and_mul(**{"x": torch.randn(3, 10), "approximate": "tanh", **override})
+
+
 CACHE = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, KV, D)
 TABLES = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
 
@@ -327,6 +331,11 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
     ),
     "silu odd width": (lambda: _silu(x=torch.randn(3, 9)), "last dim must be even"),
     "silu x strided": (lambda: _silu(x=torch.randn(10, 3).t()), "x must be a contiguous"),
+    "gelu odd width": (lambda: _gelu(x=torch.randn(3, 9)), "gelu_and_mul: .* must be even"),
+    "gelu another form": (
+        lambda: _gelu(approximate="erf"),
+        r"gelu_and_mul: approximate must be one of \['none', 'tanh'\], got 'erf'",
+    ),
 }
 
 
@@ -360,6 +369,8 @@ def test_the_valid_calls_above_run() -> None:
     bf16_cache_32 = _bf16(NUM_BLOCKS, BLOCK_SIZE, KV, 32)
     assert _prefill_f32(k_cache=bf16_cache_32, v_cache=bf16_cache_32).shape == (3, HEADS, 32)
     assert _silu(x=_bf16(3, 10)).dtype == torch.bfloat16
+    assert _gelu().shape == _gelu(approximate="none").shape == (3, 5)
+    assert _gelu(x=_bf16(3, 10)).dtype == torch.bfloat16
     assert _cpu_kernels.convert(_bf16(3, 10), torch.float32).dtype == torch.float32
     assert _cpu_kernels.argmax(torch.randn(2, 5)).dtype == torch.int64
     assert _rms_norm(x=_bf16(3, 16), weight=_bf16(16)).dtype == torch.bfloat16

@@ -514,6 +514,37 @@ def test_silu_and_mul_matches_the_formula(num_tokens: int, d: int) -> None:
     torch.testing.assert_close(_custom_ops.silu_and_mul(x), expected, rtol=1e-5, atol=1e-5)
 
 
+def _gelu_inputs(num_tokens: int, d: int) -> torch.Tensor:
+    """[num_tokens, 2d]: gates out to +-30 on a grid (every width's tail), +-120 and
+    +-1e4 where e^x must not overflow, ups N(0, 1)."""
+    gate = torch.linspace(-30, 30, num_tokens * d).view(num_tokens, d)
+    gate[0, :4] = torch.tensor([120.0, -120.0, 1e4, -1e4])[: min(d, 4)]
+    return torch.cat([gate, torch.randn(num_tokens, d)], dim=-1)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("num_tokens,d", [(1, 1536), (3, 7), (70, 1000)])
+def test_gelu_and_mul_matches_the_formula(num_tokens: int, d: int, approximate: str) -> None:
+    """Reference: _torch_ops.gelu_and_mul (F.gelu(gate) * up) in float64, to a few float32
+    ulps and 1e-7 absolute (where gelu is tiny: below -2 its relative error grows as erfc's
+    conditioning, like any float32 evaluation's); d = 7 is all tail, 70 x 1000 spreads over
+    threads. torch's own float32 GELU is further off there (up to ~1e-6 absolute)."""
+    x = _gelu_inputs(num_tokens, d)
+    out = _custom_ops.gelu_and_mul(x, approximate)
+    expected = _torch_ops.gelu_and_mul(x.double(), approximate).float()
+    torch.testing.assert_close(out, expected, rtol=5e-7, atol=1e-7)
+    torch.testing.assert_close(out, _torch_ops.gelu_and_mul(x, approximate), rtol=1e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_and_mul_passes_nan_on(approximate: str) -> None:
+    """Reference: F.gelu's NaN for a NaN gate, and NaN times any gelu for a NaN up."""
+    x = torch.randn(2, 2 * 17)
+    x[0, 3], x[1, 17 + 16] = float("nan"), float("nan")
+    out = _custom_ops.gelu_and_mul(x, approximate)
+    assert out.isnan().nonzero().tolist() == [[0, 3], [1, 16]]
+
+
 def _op_inputs(dtype: torch.dtype) -> dict[str, tuple]:
     """Arguments of each dispatched op (besides linear), in one dtype."""
     x, residual, weight = (torch.randn(3, 16, dtype=dtype) for _ in range(3))
@@ -526,6 +557,7 @@ def _op_inputs(dtype: torch.dtype) -> dict[str, tuple]:
         "rms_norm": (x, weight[0], 1e-6),
         "fused_add_rms_norm": (x, residual, weight[0], 1e-6),
         "silu_and_mul": (x,),
+        "gelu_and_mul": (x, "tanh"),
         "rotary_embedding": (torch.tensor([0, 7]), q, k, 8, torch.randn(8, 8), True),
         "paged_decode_attention": (
             torch.randn(2, 4, 8, dtype=dtype),
@@ -539,7 +571,7 @@ def _op_inputs(dtype: torch.dtype) -> dict[str, tuple]:
     }
 
 
-OPS = ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"]
+OPS = ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gelu_and_mul", "rotary_embedding"]
 OPS.append("paged_decode_attention")
 
 

@@ -29,6 +29,14 @@ class RotaryStyle(IntEnum):
     NEOX = 1
 
 
+class GeluApproximate(IntEnum):
+    """gelu_and_mul's form: the erf definition or the tanh approximation (enum
+    gelu_approximate), torch's F.gelu `approximate` "none" and "tanh"."""
+
+    NONE = 0
+    TANH = 1
+
+
 ISA_BEST = -1
 """An isa argument: the best build this CPU runs (ops.h's ISA_BEST); else an index into the
 kernel's table of builds."""
@@ -36,10 +44,18 @@ kernel's table of builds."""
 FLOAT_TYPE = {torch.float32: FloatType.FLOAT32, torch.bfloat16: FloatType.BFLOAT16}
 """The flag of each dtype the kernels take."""
 
+GELU_APPROXIMATE = {"none": GeluApproximate.NONE, "tanh": GeluApproximate.TANH}
+"""The flag of each F.gelu `approximate` gelu_and_mul takes."""
+
 GGUF_TYPES = NATIVE_TYPES
 """The GGUF block types gguf_pack, gguf_mm and gguf_dequantize take (gguf.h's GGUF_*)."""
 
-_PREFIXES = {FloatType: "FLOAT", WeightLayout: "WEIGHT", RotaryStyle: "ROTARY"}
+_PREFIXES = {
+    FloatType: "FLOAT",
+    WeightLayout: "WEIGHT",
+    RotaryStyle: "ROTARY",
+    GeluApproximate: "GELU",
+}
 
 
 def c_names() -> dict[str, int]:

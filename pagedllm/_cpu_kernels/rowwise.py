@@ -1,13 +1,19 @@
 """The kernels that work row by row, float32 or bfloat16: RMSNorm (plain and fused with the
-residual add), SiLU-and-mul, rotary embedding, dtype conversion, argmax, a LoRA slot's
-masked add, and the elementwise scale and add of residual streams."""
+residual add), SiLU-and-mul and GELU-and-mul, rotary embedding, dtype conversion, argmax, a
+LoRA slot's masked add, and the elementwise scale and add of residual streams."""
 
 import math
 
 import torch
 
 from pagedllm._cpu_kernels.boundary import Flag, Float, Int, Kernel, Output, Tensor, require
-from pagedllm._cpu_kernels.flags import FLOAT_TYPE, FloatType, RotaryStyle
+from pagedllm._cpu_kernels.flags import (
+    FLOAT_TYPE,
+    GELU_APPROXIMATE,
+    FloatType,
+    GeluApproximate,
+    RotaryStyle,
+)
 
 _F32, _BF16, _I32, _I64 = torch.float32, torch.bfloat16, torch.int32, torch.int64
 
@@ -62,6 +68,16 @@ SILU_AND_MUL = Kernel(
     Output("out"),
     Tensor("x", "[..., 2d]", "float"),
     Flag("dtype", FloatType),
+    Int("num_tokens"),
+    Int("d"),
+    Int("num_threads"),
+)
+GELU_AND_MUL = Kernel(
+    "gelu_and_mul",
+    Output("out"),
+    Tensor("x", "[..., 2d]", "float"),
+    Flag("dtype", FloatType),
+    Flag("approximate", GeluApproximate),
     Int("num_tokens"),
     Int("d"),
     Int("num_threads"),
@@ -169,15 +185,32 @@ def fused_add_rms_norm(
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [..., 2d] -> silu(x[..., :d]) * x[..., d:], float32 or bfloat16."""
-    SILU_AND_MUL.check(x)
-    width = x.shape[-1]
-    shape = list(x.shape)
-    require("silu_and_mul", width % 2 == 0, "x's last dim must be even, got shape {}", shape)
-    d = width // 2
-    out = x.new_empty(*x.shape[:-1], d)
-    rows = x.numel() // width if width else 0
+    out, rows, d = _gated_output(SILU_AND_MUL, x)
     SILU_AND_MUL.launch(out, x, FLOAT_TYPE[x.dtype], rows, d, torch.get_num_threads())
     return out
+
+
+def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """x [..., 2d] -> gelu(x[..., :d]) * x[..., d:], float32 or bfloat16; approximate as
+    F.gelu's: "none" (the erf form) or "tanh"."""
+    out, rows, d = _gated_output(GELU_AND_MUL, x)
+    form = GELU_APPROXIMATE.get(approximate)
+    allowed = "approximate must be one of {}, got {!r}"
+    require(GELU_AND_MUL.name, form is not None, allowed, list(GELU_APPROXIMATE), approximate)
+    threads = torch.get_num_threads()
+    GELU_AND_MUL.launch(out, x, FLOAT_TYPE[x.dtype], form, rows, d, threads)
+    return out
+
+
+def _gated_output(kernel: Kernel, x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """x [..., 2d] checked: (its output [..., d], its row count, d)."""
+    kernel.check(x)
+    width = x.shape[-1]
+    shape = list(x.shape)
+    require(kernel.name, width % 2 == 0, "x's last dim must be even, got shape {}", shape)
+    d = width // 2
+    rows = x.numel() // width if width else 0
+    return x.new_empty(*x.shape[:-1], d), rows, d
 
 
 def lora_masked_add(

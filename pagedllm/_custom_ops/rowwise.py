@@ -1,7 +1,7 @@
-"""Row-wise ops: RMSNorm (with the residual add), SiLU-and-multiply, rotary embedding, the
-greedy argmax and a LoRA slot's masked add. Each runs pagedllm._C's kernel on CPU tensors it
-takes, a Triton kernel (pagedllm/_triton_ops) on CUDA tensors where there is one, and the
-torch definition elsewhere."""
+"""Row-wise ops: RMSNorm (with the residual add), SiLU- and GELU-and-multiply, rotary
+embedding, the greedy argmax and a LoRA slot's masked add. Each runs pagedllm._C's kernel on
+CPU tensors it takes, a Triton kernel (pagedllm/_triton_ops) on CUDA tensors where there is
+one, and the torch definition elsewhere."""
 
 import torch
 
@@ -59,6 +59,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """x [..., 2d] -> gelu(x[..., :d]) * x[..., d:] (approximate: "none", the erf form, or
     "tanh")."""
+    if cpu_kernels_apply(x, dtypes=_one_float_dtype(x)):
+        return _cpu_kernels.gelu_and_mul(x.contiguous(), approximate)
+    if triton_kernels_apply(x):
+        from pagedllm._triton_ops.activation import gelu_and_mul as triton_gelu_and_mul
+
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        return triton_gelu_and_mul(rows, approximate).view(*x.shape[:-1], x.shape[-1] // 2)
     return _torch_ops.gelu_and_mul(x, approximate)
 
 

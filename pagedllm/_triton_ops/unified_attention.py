@@ -8,7 +8,9 @@ new tokens of one sequence and the G = H / KV query heads of one kv head, BLOCK_
 BLOCK_Q * G rows (padded to a power of two), so GQA reads each key once for its G heads.
 It walks the sequence's keys in tiles of TILE_SIZE tokens straight out of the paged cache
 (each token's block from block_tables), causal and optionally within a sliding window,
-with an online softmax accumulated in float32.
+with an online softmax accumulated in float32. Gemma 2's logit soft-capping, where asked,
+maps each score s to c * tanh(s / c) before the mask (USE_SOFTCAP, a constexpr: off, the
+kernel has no trace of it).
 
 Long decodes split the context (flash-decoding, split-K): NUM_SEGMENTS programs per
 sequence and kv head each take a share of the tiles and write an unnormalized partial
@@ -59,6 +61,17 @@ def _find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr)
 
 
 @triton.jit
+def _softcap(scores, cap):
+    """cap * tanh(scores / cap), tanh from exp (tl has no tanh on every Triton): tanh |y| =
+    (1 - e) / (1 + e) with e = exp(-2 |y|) in (0, 1], which neither overflows nor divides
+    inf by inf at any |y|."""
+    y = scores / cap
+    e = tl.exp(-2.0 * tl.abs(y))
+    magnitude = (1.0 - e) / (1.0 + e)
+    return cap * tl.where(y < 0, -magnitude, magnitude)
+
+
+@triton.jit
 def _dot(a, b, DOT_FP32: tl.constexpr):
     if DOT_FP32:
         product = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
@@ -83,6 +96,7 @@ def _attention_kernel(
     seq_lens_ptr,  # [B] int32
     query_start_loc_ptr,  # [B + 1] int32
     scale,
+    softcap,  # c of c * tanh(s / c), read when USE_SOFTCAP
     num_seqs,
     stride_q_token,
     stride_q_head,
@@ -101,6 +115,7 @@ def _attention_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     SLIDING_WINDOW: tl.constexpr,  # 0: none
+    USE_SOFTCAP: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
@@ -172,6 +187,8 @@ def _attention_kernel(
             other=0.0,
         )  # [TILE, HEAD_PADDED]
         scores = scale * _dot(query, key.to(query.dtype), DOT_FP32)
+        if USE_SOFTCAP:
+            scores = _softcap(scores, softcap)
         seen = kv_valid[None, :] & (kv_pos[None, :] <= key_pos[:, None])
         if SLIDING_WINDOW > 0:
             seen = seen & (key_pos[:, None] - kv_pos[None, :] < SLIDING_WINDOW)
@@ -265,10 +282,12 @@ def unified_attention(
     scale: float,
     sliding_window: int = 0,
     num_kv_splits: int | None = None,
+    logits_soft_cap: float = 0.0,
 ) -> torch.Tensor:
     """query [T, H, D] -> [T, H, D]: each sequence's new queries attend causally over its
     seq_len cached tokens (the last q_len of which are the new ones), within the last
-    `sliding_window` positions if it is > 0. Caches [num_blocks, block_size, KV, D];
+    `sliding_window` positions if it is > 0, each score s = q.k * scale capped to
+    c * tanh(s / c) if logits_soft_cap c is > 0. Caches [num_blocks, block_size, KV, D];
     query_start_loc [B + 1], seq_lens [B], block_tables [B, max_blocks], all int32.
     max_query_len and max_seq_len (host ints) only shape the launch. num_kv_splits: how
     many segments each sequence's context is split into (a power of two; None: chosen by
@@ -300,6 +319,7 @@ def unified_attention(
         seq_lens,
         query_start_loc,
         scale,
+        logits_soft_cap,
         num_seqs,
         query.stride(0),
         query.stride(1),
@@ -318,6 +338,7 @@ def unified_attention(
         BLOCK_Q=block_q,
         BLOCK_M=block_m,
         SLIDING_WINDOW=sliding_window,
+        USE_SOFTCAP=logits_soft_cap > 0,
         NUM_SEGMENTS=num_kv_splits,
         DOT_FP32=query.dtype == torch.float32 or interpreting(),
     )

@@ -22,7 +22,7 @@ def compile_kernel(
 ) -> None:
     """kernel with every `*_ptr` argument a pointer (to float32 for the split's partials, to
     int32 for the batch's tables, to `cache_dtype` (default `dtype`) for the caches, else to
-    `dtype`), `scale` a float and the rest int32."""
+    `dtype`), `scale` and `softcap` floats and the rest int32."""
     signature = {}
     for name in kernel.arg_names:
         if name in constexprs:
@@ -38,12 +38,14 @@ def compile_kernel(
         elif name.endswith("_ptr"):
             signature[name] = "*" + TYPES[dtype]
         else:
-            signature[name] = "fp32" if name == "scale" else "i32"
+            signature[name] = "fp32" if name in ("scale", "softcap") else "i32"
     compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=TARGET)
     print(kernel.__name__, dtype, cache_dtype, constexprs, "shared", compiled.metadata.shared)
 
 
-def attention_constexprs(group: int, head_size: int, splits: int, window: int, dtype: str) -> dict:
+def attention_constexprs(
+    group: int, head_size: int, splits: int, window: int, softcap: bool, dtype: str
+) -> dict:
     block_m = max(unified_attention.MIN_BLOCK_M, triton.next_power_of_2(group))
     return dict(
         NUM_HEADS=4 * group,
@@ -55,6 +57,7 @@ def attention_constexprs(group: int, head_size: int, splits: int, window: int, d
         BLOCK_Q=block_m // group,
         BLOCK_M=block_m,
         SLIDING_WINDOW=window,
+        USE_SOFTCAP=softcap,
         NUM_SEGMENTS=splits,
         DOT_FP32=dtype == "float32",
     )
@@ -62,13 +65,14 @@ def attention_constexprs(group: int, head_size: int, splits: int, window: int, d
 
 def main() -> None:
     assert not os.environ.get("TRITON_INTERPRET"), "compile outside the interpreter"
-    for dtype, cache_dtype, group, head_size, splits, window in [
-        ("bfloat16", None, 4, 128, 16, 0),
-        ("float16", None, 8, 64, 1, 0),
-        ("float32", None, 1, 80, 1, 128),
-        ("bfloat16", "fp8", 4, 128, 1, 0),
+    for dtype, cache_dtype, group, head_size, splits, window, softcap in [
+        ("bfloat16", None, 4, 128, 16, 0, False),
+        ("float16", None, 8, 64, 1, 0, False),
+        ("float32", None, 1, 80, 1, 128, False),
+        ("bfloat16", "fp8", 4, 128, 1, 0, False),
+        ("bfloat16", None, 2, 256, 16, 4096, True),  # Gemma 2's local layers
     ]:
-        constexprs = attention_constexprs(group, head_size, splits, window, dtype)
+        constexprs = attention_constexprs(group, head_size, splits, window, softcap, dtype)
         compile_kernel(unified_attention._attention_kernel, dtype, constexprs, cache_dtype)
     reduce = dict(NUM_HEADS=32, HEAD_SIZE=128, HEAD_PADDED=128, NUM_SEGMENTS=16)
     compile_kernel(unified_attention._reduce_segments_kernel, "bfloat16", reduce)

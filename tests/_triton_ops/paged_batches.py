@@ -1,6 +1,7 @@
 """Random paged batches for the Triton kernels' tests: caches filled at random, sequences
 scattered over shuffled blocks, and the torch reference's answer for them."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -73,28 +74,37 @@ def make_batch(
     )
 
 
-def reference(batch: PagedBatch, sliding_window: int = 0) -> torch.Tensor:
+def reference(
+    batch: PagedBatch, sliding_window: int = 0, logits_soft_cap: float = 0.0
+) -> torch.Tensor:
     """The torch reference in float32 on the CPU: _torch_ops.prefill_attention per sequence
-    (a decode is a one-token chunk), or with a sliding window a dense masked softmax over the
-    same gathered keys."""
+    (a decode is a one-token chunk), with the window and the soft cap passed on."""
+    return _per_sequence(batch, _torch_ops.prefill_attention, sliding_window, logits_soft_cap)
+
+
+def dense_reference(
+    batch: PagedBatch, sliding_window: int = 0, logits_soft_cap: float = 0.0
+) -> torch.Tensor:
+    """The formula written out, independent of _torch_ops' attention: each sequence's keys
+    gathered, scores s = q.k * scale capped to c * tanh(s / c) where c > 0, masked to keys
+    0 .. p (and p - W + 1 .. p for a window W > 0) for a query at position p, softmax."""
+    return _per_sequence(batch, _dense, sliding_window, logits_soft_cap)
+
+
+def _per_sequence(batch: PagedBatch, attend: Callable, *options: float) -> torch.Tensor:
     out = torch.empty(batch.query.shape, dtype=torch.float32)
     k_cache, v_cache = batch.k_cache.cpu().float(), batch.v_cache.cpu().float()
     starts = batch.query_start_loc.tolist()
     for i, seq_len in enumerate(batch.seq_lens_list):
         query = batch.query[starts[i] : starts[i + 1]].cpu().float()
         table = batch.block_tables[i].cpu()
-        if sliding_window:
-            out[starts[i] : starts[i + 1]] = _windowed(
-                query, k_cache, v_cache, table, seq_len, batch.scale, sliding_window
-            )
-        else:
-            out[starts[i] : starts[i + 1]] = _torch_ops.prefill_attention(
-                query, k_cache, v_cache, table, seq_len, batch.scale
-            )
+        out[starts[i] : starts[i + 1]] = attend(
+            query, k_cache, v_cache, table, seq_len, batch.scale, *options
+        )
     return out
 
 
-def _windowed(
+def _dense(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -102,6 +112,7 @@ def _windowed(
     seq_len: int,
     scale: float,
     window: int,
+    cap: float,
 ) -> torch.Tensor:
     key, value = (
         _torch_ops.gather_blocks(c, table[None], torch.float32)[0, :seq_len]
@@ -111,7 +122,11 @@ def _windowed(
     key, value = (x.repeat_interleave(group, dim=1) for x in (key, value))  # [L, H, D]
     positions = torch.arange(seq_len - query.shape[0], seq_len)[:, None]  # [n, 1]
     keys = torch.arange(seq_len)[None, :]
-    seen = (keys <= positions) & (positions - keys < window)  # [n, L]
+    seen = keys <= positions  # [n, L]
+    if window:
+        seen &= positions - keys < window
     scores = torch.einsum("nhd,lhd->hnl", query, key) * scale
+    if cap:
+        scores = cap * torch.tanh(scores / cap)
     probs = scores.masked_fill(~seen, float("-inf")).softmax(-1)
     return torch.einsum("hnl,lhd->nhd", probs, value)

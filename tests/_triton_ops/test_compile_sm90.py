@@ -13,7 +13,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from pagedllm._triton_ops.activation import silu_and_mul_kernel  # noqa: E402
+from pagedllm._triton_ops.activation import GELU_FORMS, SILU, act_and_mul_kernel  # noqa: E402
 from pagedllm._triton_ops.fused_moe import fused_moe_kernel  # noqa: E402
 from pagedllm._triton_ops.fused_moe_configs import _TUNED, MoEConfig, get_default_config  # noqa: E402
 from pagedllm._triton_ops.layernorm import rms_norm_kernel  # noqa: E402
@@ -104,9 +104,10 @@ def test_moe_align_block_size_kernel() -> None:
     compile_sm90(moe_align_block_size_kernel, pointers, constexprs)
 
 
-def test_silu_and_mul_kernel() -> None:
+@pytest.mark.parametrize("activation", [SILU, *GELU_FORMS.values()])
+def test_act_and_mul_kernel(activation: int) -> None:
     pointers = {"x_ptr": "*bf16", "out_ptr": "*bf16"}
-    compile_sm90(silu_and_mul_kernel, pointers, {"BLOCK": 1024})
+    compile_sm90(act_and_mul_kernel, pointers, {"ACTIVATION": activation, "BLOCK": 1024})
 
 
 def launch_keys(kernel, varying: dict[str, list[int]]) -> set[tuple]:

@@ -1,11 +1,12 @@
 """Unified paged attention (pagedllm/_triton_ops/unified_attention.py) on a GPU, else under
 Triton's interpreter. Reference: the torch reference (_torch_ops.prefill_attention per sequence, in
-float32; a dense masked softmax for the sliding window) on the same random paged batch."""
+float32; with a sliding window or a soft cap, also the formula written out as a dense masked
+softmax) on the same random paged batch."""
 
 import pytest
 import torch
 
-from tests._triton_ops.paged_batches import PagedBatch, make_batch, reference
+from tests._triton_ops.paged_batches import PagedBatch, dense_reference, make_batch, reference
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 3e-3}
 
@@ -31,12 +32,15 @@ def run(batch: PagedBatch, **kwargs: object) -> torch.Tensor:
     )
 
 
-def check(batch: PagedBatch, out: torch.Tensor, sliding_window: int = 0) -> None:
+def check(
+    batch: PagedBatch, out: torch.Tensor, sliding_window: int = 0, logits_soft_cap: float = 0.0
+) -> None:
     assert out.dtype == batch.query.dtype and out.shape == batch.query.shape
     tol = TOLERANCE[batch.query.dtype]
-    torch.testing.assert_close(
-        out.cpu().float(), reference(batch, sliding_window), rtol=tol, atol=tol
-    )
+    options = (sliding_window, logits_soft_cap)
+    references = [reference] + ([dense_reference] if any(options) else [])
+    for expected in references:
+        torch.testing.assert_close(out.cpu().float(), expected(batch, *options), rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize(
@@ -110,14 +114,45 @@ def test_a_split_chunked_prefill_matches_the_reference(triton_device: torch.devi
 
 
 @pytest.mark.parametrize("num_kv_splits", [1, 4])
-def test_a_sliding_window_matches_a_windowed_reference(
-    triton_device: torch.device, num_kv_splits: int
+@pytest.mark.parametrize("sliding_window, logits_soft_cap", [(20, 0.0), (0, 1.5), (20, 1.5)])
+def test_a_window_and_a_soft_cap_match_the_references(
+    triton_device: torch.device, sliding_window: int, logits_soft_cap: float, num_kv_splits: int
 ) -> None:
-    """Window 20: keys more than 19 positions back are hidden, tiles before it skipped."""
+    """Window 20: keys more than 19 positions back are hidden, tiles before it skipped. Cap
+    1.5: scores s (about unit variance here) become 1.5 tanh(s / 1.5). A mixed batch of
+    decodes and prefill chunks, unsplit and split."""
     batch = make_batch(*MIXED, 8, 2, 64, 16, torch.float32, triton_device, seed=5)
-    out = run(batch, sliding_window=20, num_kv_splits=num_kv_splits)
-    check(batch, out, sliding_window=20)
+    out = run(
+        batch,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
+        num_kv_splits=num_kv_splits,
+    )
+    check(batch, out, sliding_window, logits_soft_cap)
     assert not torch.allclose(out.cpu(), reference(batch), atol=1e-3)
+
+
+def test_split_decodes_with_a_window_and_a_soft_cap_match_the_unsplit_kernel(
+    triton_device: torch.device,
+) -> None:
+    """bf16, GQA 4: window 40 leaves the long decode's first segments without a key."""
+    batch = make_batch([1, 1, 1], [100, 7, 65], 8, 2, 64, 16, torch.bfloat16, triton_device)
+    options = dict(sliding_window=40, logits_soft_cap=2.0)
+    unsplit = run(batch, num_kv_splits=1, **options)
+    split = run(batch, num_kv_splits=4, **options)
+    check(batch, unsplit, 40, 2.0)
+    check(batch, split, 40, 2.0)
+    torch.testing.assert_close(split, unsplit, rtol=3e-2, atol=3e-2)
+
+
+def test_a_soft_cap_saturates_huge_scores_without_overflow(triton_device: torch.device) -> None:
+    """Scores near 1e3 with cap 5 (s / c near 200, where exp overflows float32): each
+    capped score is +-5 within float32 rounding, no inf / inf."""
+    batch = make_batch(*MIXED, 4, 4, 64, 16, torch.float32, triton_device, seed=8)
+    batch.scale = 100.0
+    out = run(batch, logits_soft_cap=5.0, num_kv_splits=1)
+    assert out.isfinite().all()
+    check(batch, out, logits_soft_cap=5.0)
 
 
 def test_the_default_split_is_for_few_long_decodes(triton_device: torch.device) -> None:

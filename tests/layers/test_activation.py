@@ -1,11 +1,13 @@
-"""SiluAndMul against the SwiGLU formula and transformers' LlamaMLP."""
+"""SiluAndMul against the SwiGLU formula and transformers' LlamaMLP; GeluAndMul against the
+GeGLU formula (F.gelu in float64) and its refusal of another form."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP
 
-from pagedllm.layers.activation import SiluAndMul
+from pagedllm.layers.activation import GeluAndMul, SiluAndMul
 from pagedllm.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 
 
@@ -35,3 +37,20 @@ def test_merged_mlp_with_silu_and_mul_equals_transformers_llama_mlp(cpu_kernels:
     with torch.no_grad():
         expected = mlp(x)
     torch.testing.assert_close(down(SiluAndMul()(gate_up(x))), expected)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_and_mul_equals_gelu_gate_times_up(cpu_kernels: str, approximate: str) -> None:
+    """Reference: F.gelu(gate, approximate) * up in float64, gate the first half of the
+    last dim."""
+    x = torch.randn(3, 5, 2 * 19) * 3
+    gate, up = x.double()[..., :19], x.double()[..., 19:]
+    out = GeluAndMul(approximate)(x)
+    assert out.shape == (3, 5, 19)
+    expected = F.gelu(gate, approximate=approximate) * up
+    torch.testing.assert_close(out, expected.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_gelu_and_mul_refuses_another_form() -> None:
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh', got 'erf'"):
+        GeluAndMul("erf")
