@@ -1,7 +1,9 @@
 """pagedllm/gguf/gemma.py: what llama.cpp assumes of Gemma files that do not say it (its
 llama_model::load_hparams for gemma2 and gemma3), the attention scale against the released
 models' transformers configs, and norms stored plus one (convert_hf_to_gguf.py's GemmaModel)
-held by the model exactly as stored."""
+held by the model exactly as stored.
+
+(Not test_gemma.py: tests/models has one, and test basenames must be unique.)"""
 
 import gguf
 import numpy as np
