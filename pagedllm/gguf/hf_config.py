@@ -6,12 +6,16 @@ from typing import Any
 import numpy as np
 from transformers import AutoConfig, PretrainedConfig
 
+from pagedllm.gguf.gemma import GEMMA_LAYOUT, gemma_kwargs
 from pagedllm.gguf.metadata import integer, positive_float, string
 from pagedllm.gguf.reader import GGUFFile, TensorInfo, read_gguf, read_tensor
 from pagedllm.gguf.tensor_shapes import check_tensor_shapes
 
 # GGUF architecture -> (transformers model_type, the `architectures` entry of its config)
 _ARCHITECTURES = {
+    "gemma": ("gemma", "GemmaForCausalLM"),
+    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
     "granite": ("granite", "GraniteForCausalLM"),
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
@@ -70,6 +74,8 @@ def _config(gguf: GGUFFile) -> PretrainedConfig:
         kwargs["mlp_bias"] = "blk.0.ffn_up.bias" in gguf.tensors
     if arch == "granite":
         kwargs |= _granite_scales(gguf)
+    if arch in GEMMA_LAYOUT:  # see gemma.py
+        kwargs |= gemma_kwargs(gguf, arch, kwargs)
     if arch == "qwen3moe":
         kwargs |= _moe_kwargs(gguf, arch)
     config = AutoConfig.for_model(model_type, **kwargs)

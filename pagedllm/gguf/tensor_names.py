@@ -1,9 +1,9 @@
 """A GGUF file's tensors under Hugging Face checkpoint names and layouts.
 
 llama.cpp renames every tensor (`blk.3.attn_q.weight` for `model.layers.3.self_attn.q_proj.weight`),
-stacks each layer's experts into one tensor, and, for llama and granite, permutes the q/k rows;
-this undoes all three, so the model's `load_weights` reads a GGUF as it reads a safetensors
-checkpoint.
+stacks each layer's experts into one tensor, for llama and granite permutes the q/k rows, and
+for the Gemmas stores the norm weights plus one; this undoes all four, so the model's
+`load_weights` reads a GGUF as it reads a safetensors checkpoint.
 """
 
 import logging
@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from pagedllm.gguf.gemma import POST_NORM_LAYOUT, checkpoint_norm, is_offset_norm
 from pagedllm.gguf.hf_config import LLAMA_LAYOUT, ROPE_FREQS, architecture
 from pagedllm.gguf.metadata import integer
 from pagedllm.gguf.reader import (
@@ -46,6 +47,12 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
     "ffn_gate_inp": "mlp.gate",
 }
+# Gemma 2 and 3 norm each block's outputs too; ffn_norm is the norm before the MLP
+_POST_NORM_LAYER_NAMES = _LAYER_NAMES | {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 # stacked expert tensors [E, out, in] -> the per-expert names of HF checkpoints
 _EXPERT_NAMES = {
     "ffn_gate_exps": "gate_proj",
@@ -64,11 +71,13 @@ def iterate_gguf_weights(
     (uint8 [..., bytes per row], see read_blocks) where keep_blocks says so, else dequantized
     to `dtype`. Shapes are HF's: a linear weight is [out, in]. Stacked expert tensors come
     out per expert, as `model.layers.N.mlp.experts.E.gate_proj.weight` [I, H]. For llama,
-    the q/k row permutation of llama.cpp is undone (whole rows move, so blocks stay whole).
-    rope_freqs is skipped: its scaling is in the config, and so are the tensors whose HF
-    name `keep` rejects (another pipeline stage's, another expert-parallel rank's experts):
-    their data is never read. Of a stacked expert tensor only the kept experts' rows are
-    read (or dequantized), each run of consecutive experts at once.
+    the q/k row permutation of llama.cpp is undone (whole rows move, so blocks stay whole);
+    for the Gemmas, a norm's weight comes as the checkpoint's (the stored weight minus one),
+    in float64 whatever `dtype` (see gemma.checkpoint_norm). rope_freqs is skipped: its
+    scaling is in the config, and so are the tensors whose HF name `keep` rejects (another
+    pipeline stage's, another expert-parallel rank's experts): their data is never read. Of
+    a stacked expert tensor only the kept experts' rows are read (or dequantized), each run
+    of consecutive experts at once.
 
     The header is read now, so a bad file raises here rather than at the first tensor.
     """
@@ -90,7 +99,7 @@ def _iterate_weights(
     for info in gguf.tensors.values():
         if info.name == ROPE_FREQS:
             continue
-        names = _hf_names(gguf, info)
+        names = _hf_names(gguf, arch, info)
         wanted = [i for i, name in enumerate(names) if keep is None or keep(name)]
         if not wanted:
             continue
@@ -98,14 +107,17 @@ def _iterate_weights(
         if keep_blocks and not as_blocks and info.qtype.name not in ("F32", "F16", "BF16"):
             dequantized.add(info.qtype.name)
         read = read_blocks if as_blocks else read_tensor
+        offset_norm = is_offset_norm(arch, info.name)
         if _is_expert_stack(info.name):
             tensors = _read_experts(gguf, info, names, wanted, read)
+        elif offset_norm:
+            tensors = [(names[0], checkpoint_norm(read_tensor(gguf, info)))]
         elif arch in LLAMA_LAYOUT:
             tensors = [(names[0], _unpermute_llama_qk(gguf, arch, info.name, read(gguf, info)))]
         else:
             tensors = [(names[0], read(gguf, info))]
-        for name, tensor in tensors:
-            yield name, tensor if as_blocks else tensor.to(dtype)
+        for name, tensor in tensors:  # blocks stay bytes, a Gemma norm float64 (see gemma.py)
+            yield name, tensor if as_blocks or offset_norm else tensor.to(dtype)
     if dequantized:
         logger.info("dequantized at load (no native kernels): %s", ", ".join(sorted(dequantized)))
 
@@ -139,10 +151,11 @@ def hf_tensor_types(path: str) -> dict[str, int]:
     """HF name -> GGUF type (an int) of every weight in the file; stacked experts under
     `model.layers.N.mlp.experts.gate_proj.weight` (no expert index)."""
     gguf = read_gguf(path)
+    arch = architecture(gguf)
     types = {}
     for info in gguf.tensors.values():
         if info.name != ROPE_FREQS:
-            name = _hf_names(gguf, info)[0].replace(".experts.0.", ".experts.")
+            name = _hf_names(gguf, arch, info)[0].replace(".experts.0.", ".experts.")
             types[name] = int(info.qtype)
     return types
 
@@ -169,14 +182,15 @@ def _is_expert_stack(name: str) -> bool:
     return len(parts) == 3 and parts[0] == "blk" and parts[2] in _EXPERT_NAMES
 
 
-def _hf_names(gguf: GGUFFile, info: TensorInfo) -> list[str]:
+def _hf_names(gguf: GGUFFile, arch: str, info: TensorInfo) -> list[str]:
     """The HF name(s) of one GGUF tensor: one, or one per expert for stacked experts."""
     base, _, suffix = info.name.rpartition(".")
     parts = base.split(".")
+    layer_names = _POST_NORM_LAYER_NAMES if arch in POST_NORM_LAYOUT else _LAYER_NAMES
     if base in _GLOBAL_NAMES:
         return [f"{_GLOBAL_NAMES[base]}.{suffix}"]
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return [f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"]
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_names:
+        return [f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{suffix}"]
     if _is_expert_stack(info.name):
         prefix = f"model.layers.{parts[1]}.mlp.experts"
         return [f"{prefix}.{e}.{_EXPERT_NAMES[parts[2]]}.{suffix}" for e in range(info.shape[0])]

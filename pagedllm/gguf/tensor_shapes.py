@@ -23,6 +23,8 @@ _SHAPES = {
     "attn_q_norm": ("head_dim",),
     "attn_k_norm": ("head_dim",),
     "ffn_norm": ("hidden",),
+    "post_attention_norm": ("hidden",),
+    "post_ffw_norm": ("hidden",),
     "ffn_gate": ("ffn", "hidden"),
     "ffn_up": ("ffn", "hidden"),
     "ffn_down": ("hidden", "ffn"),

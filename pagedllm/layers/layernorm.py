@@ -34,8 +34,11 @@ class RMSNorm(InferenceModule):
 
 
 class GemmaRMSNorm(RMSNorm):
-    """Gemma's RMSNorm, which scales by 1 + weight: a checkpoint's weight w is kept as 1 + w
-    (added in float32, as transformers adds it), so the arithmetic is RMSNorm's."""
+    """Gemma's RMSNorm, which scales by 1 + weight: a checkpoint's weight w is kept as 1 + w,
+    so the arithmetic is RMSNorm's. The sum is exact in float64 and rounded once to the
+    parameter's dtype: in float32 that is transformers' float32 1 + w, and a GGUF's norm,
+    stored as 1 + w and handed over as w in float64 (pagedllm/gguf/gemma.py), comes back
+    bit for bit."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__(hidden_size, eps)
@@ -45,4 +48,4 @@ class GemmaRMSNorm(RMSNorm):
 def load_offset_weight(
     param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: object = None
 ) -> None:
-    copy_weight(param, loaded_weight.float() + 1.0)
+    copy_weight(param, loaded_weight.double() + 1.0)

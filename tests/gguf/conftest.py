@@ -26,5 +26,5 @@ def tiny_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str,
         model = tiny_model(arch)
         path = str(tmp_path_factory.mktemp(arch) / f"{arch}.gguf")
         write_gguf(path, arch, model.config, gguf_tensors(arch, model.config, model.state_dict()))
-        files[arch] = (path, model.config, checkpoint_tensors(model.state_dict()))
+        files[arch] = (path, model.config, checkpoint_tensors(model))
     return files

@@ -55,6 +55,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory):
         path = str(tmp_path_factory.mktemp(f"{kind}_gguf") / "model.gguf")
         tiny_tokenizers.write_tokenizer_gguf(path, folder, kind)
         files[kind] = (path, hf)
+    path = str(tmp_path_factory.mktemp("gemma_gguf") / "model.gguf")
+    tiny_tokenizers.write_tokenizer_gguf(path, folder, "llama", "gemma")
+    files["gemma"] = (path, hf)
     return files
 
 
@@ -81,3 +84,15 @@ def test_sentencepiece_keeps_a_leading_space(trained: dict, text: str) -> None:
     normalized = hf.backend_tokenizer.normalizer.normalize_str(text)
     assert "".join(tokenizer.convert_ids_to_tokens(ids)) == normalized
     assert tokenizer.decode(ids) == text
+
+
+@pytest.mark.parametrize("text", [" leading space", "two  words"])
+def test_gemma_sentencepiece_adds_bos_and_no_space_prefix(trained: dict, text: str) -> None:
+    """Reference: Gemma's tokenizer.json, whose normalizer only spells spaces "▁" (no prefix;
+    the file's add_space_prefix is false), and its add_bos_token: "<s>" then the text."""
+    path, hf = trained["gemma"]
+    tokenizer = load_gguf_tokenizer(path)
+    ids = tokenizer(text).input_ids
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    assert tokens[0] == hf.bos_token and "".join(tokens[1:]) == text.replace(" ", "\u2581")
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text

@@ -16,9 +16,11 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from pagedllm.config import ModelConfig
 from pagedllm.gguf.hf_config import load_gguf_config
 from pagedllm.gguf.tensor_names import iterate_gguf_weights
+from pagedllm.layers.attention_backends.selector import use_attn_backend
 from pagedllm.layers.rotary_embedding import get_rope
 from pagedllm.model_loader.loader import get_model
 from tests.gguf.tiny_gguf import (
+    GEMMAS,
     TINY,
     gguf_tensors,
     set_metadata,
@@ -44,7 +46,17 @@ CONFIG_FIELDS = [
     "bos_token_id",
     "eos_token_id",
 ]
+GEMMA2_FIELDS = [
+    "query_pre_attn_scalar",
+    "sliding_window",
+    "layer_types",
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
+]
 HF_CLASSES = {
+    "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
     "granite": "GraniteForCausalLM",
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -83,6 +95,28 @@ def test_tiny_round_trip_config(arch: str, tiny_files: dict) -> None:
         for field in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
             assert getattr(config, field) == getattr(expected, field), field
         assert config.norm_topk_prob
+    if arch in GEMMAS:
+        assert config.hidden_activation == "gelu_pytorch_tanh"
+    if arch in ("gemma2", "gemma3"):
+        for field in GEMMA2_FIELDS:
+            assert getattr(config, field) == getattr(expected, field), field
+
+
+@pytest.mark.parametrize("arch", list(TINY))
+def test_tiny_logits_match_transformers(arch: str, tiny_files: dict) -> None:
+    """Reference: transformers' model of the weights the file was written from (tiny_model is
+    seeded), fp32 logits of a paged prefill and 8 decode steps within 1e-4, past the Gemmas'
+    windows. Attention is the torch reference (TORCH_SDPA), which applies windows and soft
+    caps whichever kernels do: this tests what the file maps to, not the kernels."""
+    path, _, _ = tiny_files[arch]
+    with use_attn_backend("TORCH_SDPA"):
+        ours = get_model(ModelConfig.create(path, dtype="float32"))
+    prompt = [5, 17, 60, 3, 33, 42, 7, 12, 9, 50]
+    (tokens,), (logits,) = paged_greedy(ours, [prompt])
+    with torch.no_grad():
+        reference = tiny_model(arch).eval()(torch.tensor([tokens[:-1]])).logits[0]
+    assert reference.std() > 100 * 1e-4, "reference logits too flat to test anything"
+    torch.testing.assert_close(logits, reference, atol=1e-4, rtol=0)
 
 
 def write_model(path: str, arch: str, model, rope: dict | None = None, **tensors) -> None:

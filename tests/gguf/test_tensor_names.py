@@ -68,8 +68,8 @@ def test_tiny_round_trip_weights(arch: str, tiny_files: dict) -> None:
     path, _, expected = tiny_files[arch]
     loaded = dict(iterate_gguf_weights(path, torch.float32))
     assert set(loaded) == set(expected)
-    for name, tensor in loaded.items():
-        assert torch.equal(tensor, expected[name]), name
+    for name, tensor in loaded.items():  # a Gemma norm comes in float64 (gguf/gemma.py)
+        assert torch.equal(tensor, expected[name].to(tensor.dtype)), name
 
 
 @pytest.mark.parametrize("arch", list(TINY))

@@ -5,12 +5,13 @@ the hyperparameters in llama_model_loader::create_tensor before it allocates).""
 
 import re
 
+import numpy as np
 import pytest
 from gguf import GGUFValueType as VT
 
 from pagedllm.entrypoints.cli import main
 from pagedllm.gguf.hf_config import load_gguf_config
-from tests.gguf.tiny_gguf import write_tiny
+from tests.gguf.tiny_gguf import gguf_tensors, tiny_model, write_gguf, write_tiny
 
 # tiny llama: hidden 32, 4 heads, 2 kv heads, head_dim 8, ffn 48, vocab 64, 2 layers
 MISMATCHES = {
@@ -39,6 +40,18 @@ def test_expert_count_that_disagrees_with_the_experts(tmp_path) -> None:
     with pytest.raises(
         ValueError, match=r"ffn_\w+.weight has shape \[4, .*gives \[8, .*expert_count"
     ):
+        load_gguf_config(path)
+
+
+@pytest.mark.parametrize("norm", ["post_attention_norm", "post_ffw_norm"])
+def test_gemma2_post_norms_are_checked(tmp_path, norm: str) -> None:
+    """Gemma 2's (and 3's) norms after attention and the MLP are [hidden] as the others."""
+    model = tiny_model("gemma2")
+    tensors = gguf_tensors("gemma2", model.config, model.state_dict())
+    tensors[f"blk.1.{norm}.weight"] = np.ones(48, np.float32)
+    path = str(tmp_path / "norm.gguf")
+    write_gguf(path, "gemma2", model.config, tensors)
+    with pytest.raises(ValueError, match=rf"blk.1.{norm}.weight has shape \[48\].*\[32\]"):
         load_gguf_config(path)
 
 

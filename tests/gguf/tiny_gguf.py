@@ -1,5 +1,6 @@
 """Tiny random HF models written to GGUF with llama.cpp's conventions (gguf's tensor-name map,
-convert_hf_to_gguf.py's q/k permutation), and the HF checkpoint tensors they should read back as.
+convert_hf_to_gguf.py's q/k permutation of llama, its Gemma norms plus one and the metadata
+each of its model classes writes), and the HF checkpoint tensors they should read back as.
 """
 
 from collections.abc import Callable
@@ -19,6 +20,29 @@ TINY = {
         attention_multiplier=0.0625,
         logits_scaling=8.0,
     ),
+    "gemma": dict(model_type="gemma", head_dim=16, tie_word_embeddings=True),
+    "gemma2": dict(
+        model_type="gemma2",
+        head_dim=16,
+        query_pre_attn_scalar=16,  # head_dim: what llama.cpp takes for all but the 27B
+        sliding_window=6,
+        attn_logit_softcapping=2.0,
+        final_logit_softcapping=4.0,
+        tie_word_embeddings=True,
+    ),
+    "gemma3": dict(
+        model_type="gemma3_text",
+        num_hidden_layers=7,  # llama.cpp's default pattern: layer 5 of each 6 is global
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=5,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 50000.0},
+            # llama.cpp's for sliding layers: the converter writes none
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        tie_word_embeddings=True,
+    ),
     "qwen2": dict(model_type="qwen2", head_dim=8),
     "qwen3": dict(model_type="qwen3", head_dim=16),  # not hidden/heads: read from key_length
     "qwen3moe": dict(
@@ -31,6 +55,9 @@ TINY = {
     ),
 }
 ARCH_ENUMS = {
+    "gemma": gguf.MODEL_ARCH.GEMMA,
+    "gemma2": gguf.MODEL_ARCH.GEMMA2,
+    "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "llama": gguf.MODEL_ARCH.LLAMA,
     "granite": gguf.MODEL_ARCH.GRANITE,
     "qwen2": gguf.MODEL_ARCH.QWEN2,
@@ -39,8 +66,14 @@ ARCH_ENUMS = {
 }
 
 
+GEMMAS = ("gemma", "gemma2", "gemma3")
+
+
 def tiny_model(arch: str, **overrides: object):
-    """A random HF model of `arch`; overrides replace config fields (sizes, say)."""
+    """A random HF model of `arch`; overrides replace config fields (sizes, say). A Gemma's
+    norm weights, offsets from 1 that start at 0, are random and bfloat16 values, as in the
+    released checkpoints (so 1 + w is exact in float32); its attention is transformers'
+    eager one, which applies Gemma 2's soft cap."""
     torch.manual_seed(0)
     fields = dict(
         hidden_size=32,
@@ -57,7 +90,14 @@ def tiny_model(arch: str, **overrides: object):
         eos_token_id=2,
     )
     config = AutoConfig.for_model(**(fields | TINY[arch] | overrides))
-    return AutoModelForCausalLM.from_config(config)
+    if arch not in GEMMAS:
+        return AutoModelForCausalLM.from_config(config)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(torch.randn(param.shape).mul(0.3).bfloat16())
+    return model
 
 
 def llama_cpp_permute(weights: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -69,10 +109,11 @@ def llama_cpp_permute(weights: torch.Tensor, n_head: int) -> torch.Tensor:
     )
 
 
-def checkpoint_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF checkpoint names: transformers fuses experts in memory, checkpoints list them."""
+def checkpoint_tensors(model) -> dict[str, torch.Tensor]:
+    """HF checkpoint names: transformers fuses experts in memory, checkpoints list them, and
+    a tied lm_head is not saved."""
     out = {}
-    for name, tensor in state_dict.items():
+    for name, tensor in _saved(model.config, model.state_dict()).items():
         prefix, _, kind = name.rpartition(".")
         if kind == "gate_up_proj":
             gate, up = tensor.chunk(2, dim=1)
@@ -87,11 +128,17 @@ def checkpoint_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
     return out
 
 
+def _saved(config, state_dict: dict) -> dict[str, torch.Tensor]:
+    """The state dict without a tied lm_head (which neither checkpoints nor GGUFs hold)."""
+    tied = config.tie_word_embeddings
+    return {name: t for name, t in state_dict.items() if not (tied and name == "lm_head.weight")}
+
+
 def gguf_tensors(arch: str, config, state_dict: dict) -> dict[str, np.ndarray]:
     """The model's tensors under GGUF names, as llama.cpp's converter writes them."""
     names = gguf.get_tensor_name_map(ARCH_ENUMS[arch], config.num_hidden_layers)
     out = {}
-    for name, tensor in state_dict.items():
+    for name, tensor in _saved(config, state_dict).items():
         base, suffix = name.rsplit(".", 1)
         if suffix == "gate_up_proj":
             gate, up = tensor.chunk(2, dim=1)
@@ -105,6 +152,8 @@ def gguf_tensors(arch: str, config, state_dict: dict) -> dict[str, np.ndarray]:
             tensor = llama_cpp_permute(tensor, config.num_attention_heads)
         if arch in ("llama", "granite") and base.endswith("k_proj"):
             tensor = llama_cpp_permute(tensor, config.num_key_value_heads)
+        if arch in GEMMAS and name.endswith("norm.weight"):  # GemmaModel.modify_tensors
+            tensor = tensor + 1
         out[f"{names.get_name(base)}.{suffix}"] = tensor
     return {name: t.detach().contiguous().numpy() for name, t in out.items()}
 
@@ -130,7 +179,10 @@ def write_gguf(
         getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
     )
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    if arch in GEMMAS:
+        _add_gemma_metadata(writer, arch, config)
+    else:
+        writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_bos_token_id(config.bos_token_id)
     writer.add_eos_token_id(config.eos_token_id)
     if arch == "granite":  # convert_hf_to_gguf.py's GraniteModel: _multiplier -> _scale
@@ -159,6 +211,25 @@ def write_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _add_gemma_metadata(writer: gguf.GGUFWriter, arch: str, config) -> None:
+    """What convert_hf_to_gguf.py's GemmaModel, Gemma2Model and Gemma3Model write beyond the
+    sizes: no rope theta for Gemma and Gemma 2 (llama.cpp's default, 10000, is theirs)."""
+    writer.add_value_length(config.head_dim)
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(config.final_logit_softcapping)
+        writer.add_sliding_window(config.sliding_window)
+    if arch == "gemma3":  # TextModel's rope scaling and Gemma3Model's keys, of global layers
+        rope = config.rope_parameters["full_attention"]
+        writer.add_rope_freq_base(rope["rope_theta"])
+        if rope["rope_type"] == "linear":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(rope["factor"])
+        if config.final_logit_softcapping:
+            writer.add_final_logit_softcapping(config.final_logit_softcapping)
+        writer.add_sliding_window(config.sliding_window)
 
 
 def set_metadata(values: dict[str, tuple]) -> Callable[[gguf.GGUFWriter], None]:

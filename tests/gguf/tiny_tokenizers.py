@@ -23,7 +23,7 @@ from tokenizers import (
 )
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from tests.gguf.tiny_gguf import gguf_tensors, tiny_model, write_gguf
+from tests.gguf.tiny_gguf import GEMMAS, gguf_tensors, tiny_model, write_gguf
 
 TEXT = (pathlib.Path(__file__).parents[1] / "fixtures" / "perplexity.txt").read_text().splitlines()
 LLAMA3_SPLIT = (
@@ -84,13 +84,20 @@ def _save(folder: pathlib.Path, tokenizer: Tokenizer, **special: str) -> PreTrai
     return AutoTokenizer.from_pretrained(folder)
 
 
-def write_tokenizer_gguf(path: str, folder: pathlib.Path, kind: str) -> None:
-    """A tiny llama with the folder's tokenizer, `kind` "gpt2" (byte_level) or "llama"
-    (sentencepiece), its embedding one row per token."""
+def write_tokenizer_gguf(path: str, folder: pathlib.Path, kind: str, arch: str = "llama") -> None:
+    """A tiny model of `arch` with the folder's tokenizer, `kind` "gpt2" (byte_level) or
+    "llama" (sentencepiece), its embedding one row per token. A Gemma's sentencepiece
+    vocabulary has no space prefix (convert_hf_to_gguf.py's GemmaModel.set_vocab)."""
     hf = AutoTokenizer.from_pretrained(folder)
-    model = tiny_model("llama", vocab_size=len(hf))
-    tensors = gguf_tensors("llama", model.config, model.state_dict())
-    write_gguf(path, "llama", model.config, tensors, edit=lambda w: _add_vocab(w, folder, kind, hf))
+    model = tiny_model(arch, vocab_size=len(hf))
+    tensors = gguf_tensors(arch, model.config, model.state_dict())
+
+    def edit(writer: gguf.GGUFWriter) -> None:
+        _add_vocab(writer, folder, kind, hf)
+        if arch in GEMMAS:
+            writer.add_add_space_prefix(False)
+
+    write_gguf(path, arch, model.config, tensors, edit=edit)
 
 
 def _add_vocab(writer: gguf.GGUFWriter, folder: pathlib.Path, kind: str, hf) -> None:
