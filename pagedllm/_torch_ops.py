@@ -237,15 +237,16 @@ def masked_attention(
     scale: float,
     logits_soft_cap: float = 0.0,
 ) -> torch.Tensor:
-    """softmax(cap(query @ key^T * scale) where mask, else -inf) @ value, in float32, as the
-    query's dtype: query [..., KV, G, n, D] or [..., KV, n, D] with key, value [..., KV, L, D]
+    """softmax(cap(query @ key^T * scale) where mask, else -inf) @ value, in float32 (or the
+    query's wider dtype), as the query's dtype: query [..., KV, G, n, D] or [..., KV, n, D] with key, value [..., KV, L, D]
     broadcast over G; mask broadcasts to the scores [..., n, L]. cap(s) = c * tanh(s / c)
     where logits_soft_cap c > 0, else s (what SDPA cannot do)."""
-    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    scores = torch.matmul(query.to(dtype), key.to(dtype).transpose(-1, -2)) * scale
     if logits_soft_cap > 0:
         scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
     scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), value.float()).to(query.dtype)
+    return torch.matmul(torch.softmax(scores, dim=-1), value.to(dtype)).to(query.dtype)
 
 
 def prefill_attention(

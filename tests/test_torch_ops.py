@@ -138,3 +138,54 @@ def test_batch_invariant_attention_gives_a_prefill_row_its_decode_bits(
     tol = dict(atol=1e-2, rtol=1e-2) if dtype is torch.bfloat16 else {}
     batched = _torch_ops.prefill_attention(query, k_cache, v_cache, tables[0], 19, scale)
     torch.testing.assert_close(whole, batched, **tol)
+
+
+def _dense_row(q, keys, values, heads, start, end, scale, cap):
+    """softmax(cap(q k^T * scale)) v of one query [H, D] over keys [start, end)."""
+    kv = keys.shape[1]
+    k = keys[start:end].repeat_interleave(heads // kv, dim=1)
+    v = values[start:end].repeat_interleave(heads // kv, dim=1)
+    scores = torch.einsum("hd,lhd->hl", q, k) * scale
+    if cap:
+        scores = cap * torch.tanh(scores / cap)
+    return torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=-1), v)
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+@pytest.mark.parametrize(("window", "cap"), [(3, 0.0), (0, 0.7), (5, 1.5), (40, 0.0)])
+def test_windows_and_soft_caps_follow_their_definition(
+    window: int, cap: float, batch_invariant: bool
+) -> None:
+    """Reference: dense attention of each query over its last `window` positions (itself
+    included), scores s capped as cap * tanh(s / cap); decodes of sequences of 1 to 13
+    tokens and a 7-token chunk after 6 cached ones."""
+    heads, kv, d, block_size, scale = 4, 2, 8, 4, 0.9
+    lengths = [1, 6, 13]
+    keys = [torch.randn(n, kv, d, dtype=torch.float64) for n in lengths]
+    values = [torch.randn(n, kv, d, dtype=torch.float64) for n in lengths]
+    torch.manual_seed(5)
+    k_cache, tables = _paged_cache(keys, block_size, 12)
+    torch.manual_seed(5)
+    v_cache, _ = _paged_cache(values, block_size, 12)
+    query = torch.randn(len(lengths), heads, d, dtype=torch.float64)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    set_batch_invariant(batch_invariant)
+    try:
+        out = _torch_ops.paged_decode_attention(
+            query, k_cache, v_cache, tables, seq_lens, 13, scale, window, cap
+        )
+        chunk = torch.randn(7, heads, d, dtype=torch.float64)
+        prefill = _torch_ops.prefill_attention(
+            chunk, k_cache, v_cache, tables[2], 13, scale, window, cap
+        )
+    finally:
+        set_batch_invariant(False)
+    for i, n in enumerate(lengths):
+        start = max(0, n - window) if window else 0
+        expected = _dense_row(query[i], keys[i], values[i], heads, start, n, scale, cap)
+        torch.testing.assert_close(out[i], expected)
+    for j in range(7):
+        end = 6 + j + 1
+        start = max(0, end - window) if window else 0
+        expected = _dense_row(chunk[j], keys[2], values[2], heads, start, end, scale, cap)
+        torch.testing.assert_close(prefill[j], expected)
