@@ -121,7 +121,7 @@ def _longrope(base: float, dim: int, max_position: int, params: RopeParameters) 
             original,
         )
     name = "long_factor" if use_long else "short_factor"
-    ext = torch.tensor(params.get(name) or [], dtype=torch.float32)
+    ext = torch.tensor(params.get(name) or [], dtype=torch.float32, device="cpu")
     if ext.shape != (dim // 2,):
         raise ValueError(f"longrope {name} must list rotary_dim / 2 = {dim // 2} numbers")
     shape = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim

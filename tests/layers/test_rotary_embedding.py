@@ -317,6 +317,13 @@ def test_longrope_takes_one_set_of_factors_by_max_model_len(
     assert factor > 1.0
 
 
+def test_longrope_builds_on_the_meta_device() -> None:
+    """As `pagedllm inspect` builds a model: the frequencies are computed on the CPU."""
+    with torch.device("meta"):
+        rope = get_rope(16, 12, 1024, 10000.0, LONGROPE)
+    assert rope.cos_sin_cache.is_meta and not rope.inv_freq.is_meta
+
+
 def test_longrope_without_its_factors_is_refused() -> None:
     with pytest.raises(ValueError, match="long_factor must list rotary_dim / 2 = 8 numbers"):
         get_rope(16, 16, 1024, 10000.0, {**LONGROPE, "long_factor": [1.0]})
