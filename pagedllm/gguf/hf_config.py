@@ -8,6 +8,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from pagedllm.gguf.gemma import GEMMA_LAYOUT, gemma_kwargs
 from pagedllm.gguf.metadata import integer, positive_float, string
+from pagedllm.gguf.phi3 import PHI3, ROPE_FACTORS, phi3_kwargs
 from pagedllm.gguf.reader import GGUFFile, TensorInfo, read_gguf, read_tensor
 from pagedllm.gguf.tensor_shapes import check_tensor_shapes
 
@@ -18,6 +19,7 @@ _ARCHITECTURES = {
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
     "granite": ("granite", "GraniteForCausalLM"),
     "llama": ("llama", "LlamaForCausalLM"),
+    "phi3": ("phi3", "Phi3ForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
@@ -27,6 +29,8 @@ LLAMA_LAYOUT = ("llama", "granite")
 rows permuted, ffn biases where the model has them."""
 # the Llama 3 rope scaling this holds is rebuilt into the config (see _llama3_rope_scaling)
 ROPE_FREQS = "rope_freqs.weight"
+CONFIG_TENSORS = frozenset((ROPE_FREQS, *ROPE_FACTORS.values()))
+"""Tensors the config holds (rope scaling), which are no weights of the model."""
 
 # Every Llama 3.1-3.3 model's rope scaling, apart from the factor.
 _LLAMA3_ROPE = {
@@ -67,7 +71,10 @@ def _config(gguf: GGUFFile) -> PretrainedConfig:
         "tie_word_embeddings": "output.weight" not in gguf.tensors,
         **_token_ids(gguf),
     }
-    kwargs["rope_parameters"] = _rope_parameters(gguf, arch, kwargs["head_dim"])
+    if arch == PHI3:  # see phi3.py
+        kwargs |= phi3_kwargs(gguf, arch, kwargs)
+    else:
+        kwargs["rope_parameters"] = _rope_parameters(gguf, arch, kwargs["head_dim"])
     if arch != "qwen2":  # Qwen2 always has q/k/v biases; the others say so in their config
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in gguf.tensors
     if arch in LLAMA_LAYOUT:  # llama.cpp loads the ffn biases of llama where present
@@ -130,8 +137,11 @@ def _required_tensor(gguf: GGUFFile, name: str) -> TensorInfo:
 
 def _head_dim(gguf: GGUFFile, arch: str, default: int) -> int:
     """`attention.key_length` where written; else the rotary width, which is the whole head in
-    every architecture here; else hidden_size / heads."""
-    for key in (f"{arch}.attention.key_length", f"{arch}.rope.dimension_count"):
+    every architecture here but phi3 (whose rotary width is partial); else hidden_size / heads."""
+    keys = [f"{arch}.attention.key_length"]
+    if arch != PHI3:
+        keys.append(f"{arch}.rope.dimension_count")
+    for key in keys:
         if key in gguf.metadata:
             return integer(gguf, key)
     return default

@@ -3,7 +3,8 @@
 llama.cpp renames every tensor (`blk.3.attn_q.weight` for `model.layers.3.self_attn.q_proj.weight`),
 stacks each layer's experts into one tensor, for llama and granite permutes the q/k rows, and
 for the Gemmas stores the norm weights plus one; this undoes all four, so the model's
-`load_weights` reads a GGUF as it reads a safetensors checkpoint.
+`load_weights` reads a GGUF as it reads a safetensors checkpoint. (Phi-3's fused q/k/v and
+gate/up tensors keep their checkpoint's fused names.)
 """
 
 import logging
@@ -12,8 +13,9 @@ from collections.abc import Callable, Iterator
 import torch
 
 from pagedllm.gguf.gemma import POST_NORM_LAYOUT, checkpoint_norm, is_offset_norm
-from pagedllm.gguf.hf_config import LLAMA_LAYOUT, ROPE_FREQS, architecture
+from pagedllm.gguf.hf_config import CONFIG_TENSORS, LLAMA_LAYOUT, architecture
 from pagedllm.gguf.metadata import integer
+from pagedllm.gguf.phi3 import PHI3
 from pagedllm.gguf.reader import (
     GGUFFile,
     TensorInfo,
@@ -53,6 +55,11 @@ _POST_NORM_LAYER_NAMES = _LAYER_NAMES | {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+# Phi-3's checkpoints fuse q, k and v, and gate and up, and so does llama.cpp (see phi3.py)
+_PHI3_LAYER_NAMES = _LAYER_NAMES | {
+    "attn_qkv": "self_attn.qkv_proj",
+    "ffn_up": "mlp.gate_up_proj",
+}
 # stacked expert tensors [E, out, in] -> the per-expert names of HF checkpoints
 _EXPERT_NAMES = {
     "ffn_gate_exps": "gate_proj",
@@ -73,11 +80,13 @@ def iterate_gguf_weights(
     out per expert, as `model.layers.N.mlp.experts.E.gate_proj.weight` [I, H]. For llama,
     the q/k row permutation of llama.cpp is undone (whole rows move, so blocks stay whole);
     for the Gemmas, a norm's weight comes as the checkpoint's (the stored weight minus one),
-    in float64 whatever `dtype` (see gemma.checkpoint_norm). rope_freqs is skipped: its
-    scaling is in the config, and so are the tensors whose HF name `keep` rejects (another
-    pipeline stage's, another expert-parallel rank's experts): their data is never read. Of
-    a stacked expert tensor only the kept experts' rows are read (or dequantized), each run
-    of consecutive experts at once.
+    in float64 whatever `dtype` (see gemma.checkpoint_norm). Phi-3's fused tensors come
+    fused, as its checkpoints hold them (`self_attn.qkv_proj`, `mlp.gate_up_proj`). The rope
+    scaling tensors (rope_freqs, LongRoPE's factors) are skipped, as the config holds them;
+    so are the tensors whose HF name `keep` rejects (another pipeline stage's, another
+    expert-parallel rank's experts): their data is never read. Of a stacked expert tensor
+    only the kept experts' rows are read (or dequantized), each run of consecutive experts
+    at once.
 
     The header is read now, so a bad file raises here rather than at the first tensor.
     """
@@ -97,7 +106,7 @@ def _iterate_weights(
     it did not keep, which were dequantized."""
     dequantized = set()
     for info in gguf.tensors.values():
-        if info.name == ROPE_FREQS:
+        if info.name in CONFIG_TENSORS:
             continue
         names = _hf_names(gguf, arch, info)
         wanted = [i for i, name in enumerate(names) if keep is None or keep(name)]
@@ -154,7 +163,7 @@ def hf_tensor_types(path: str) -> dict[str, int]:
     arch = architecture(gguf)
     types = {}
     for info in gguf.tensors.values():
-        if info.name != ROPE_FREQS:
+        if info.name not in CONFIG_TENSORS:
             name = _hf_names(gguf, arch, info)[0].replace(".experts.0.", ".experts.")
             types[name] = int(info.qtype)
     return types
@@ -182,11 +191,17 @@ def _is_expert_stack(name: str) -> bool:
     return len(parts) == 3 and parts[0] == "blk" and parts[2] in _EXPERT_NAMES
 
 
+def _layer_names(arch: str) -> dict[str, str]:
+    if arch in POST_NORM_LAYOUT:
+        return _POST_NORM_LAYER_NAMES
+    return _PHI3_LAYER_NAMES if arch == PHI3 else _LAYER_NAMES
+
+
 def _hf_names(gguf: GGUFFile, arch: str, info: TensorInfo) -> list[str]:
     """The HF name(s) of one GGUF tensor: one, or one per expert for stacked experts."""
     base, _, suffix = info.name.rpartition(".")
     parts = base.split(".")
-    layer_names = _POST_NORM_LAYER_NAMES if arch in POST_NORM_LAYOUT else _LAYER_NAMES
+    layer_names = _layer_names(arch)
     if base in _GLOBAL_NAMES:
         return [f"{_GLOBAL_NAMES[base]}.{suffix}"]
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_names:

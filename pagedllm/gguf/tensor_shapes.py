@@ -8,6 +8,7 @@ allocated, hundreds of GB or millions of layers, before any weight is compared w
 
 from transformers import PretrainedConfig
 
+from pagedllm.gguf.phi3 import PHI3
 from pagedllm.gguf.reader import GGUFFile, TensorInfo
 
 # GGUF tensor name (without "blk.N." and ".weight") -> its dimensions, in torch order
@@ -19,6 +20,7 @@ _SHAPES = {
     "attn_q": ("q", "hidden"),
     "attn_k": ("kv", "hidden"),
     "attn_v": ("kv", "hidden"),
+    "attn_qkv": ("qkv", "hidden"),
     "attn_output": ("hidden", "q"),
     "attn_q_norm": ("head_dim",),
     "attn_k_norm": ("head_dim",),
@@ -33,14 +35,18 @@ _SHAPES = {
     "ffn_up_exps": ("experts", "expert_ffn", "hidden"),
     "ffn_down_exps": ("experts", "hidden", "expert_ffn"),
 }
+# Phi-3's ffn_up holds gate and up
+_PHI3_SHAPES = _SHAPES | {"ffn_up": ("gate_up", "hidden")}
 # each dimension as the metadata states it
 _DIMENSION_SOURCES = {
     "vocab": "token_embd's rows",
     "hidden": "embedding_length",
     "q": "head_count * head_dim",
     "kv": "head_count_kv * head_dim",
+    "qkv": "(head_count + 2 * head_count_kv) * head_dim",
     "head_dim": "head_dim",
     "ffn": "feed_forward_length",
+    "gate_up": "2 * feed_forward_length",
     "experts": "expert_count",
     "expert_ffn": "expert_feed_forward_length",
 }
@@ -51,8 +57,9 @@ def check_tensor_shapes(gguf: GGUFFile, arch: str, config: PretrainedConfig) -> 
     that is not block_count. Tensors of other names are left to the weight loader."""
     _check_layer_count(gguf, arch, config.num_hidden_layers)
     sizes = _dimensions(config)
+    shapes = _PHI3_SHAPES if arch == PHI3 else _SHAPES
     for info in gguf.tensors.values():
-        dims = _SHAPES.get(_base_name(info.name))
+        dims = shapes.get(_base_name(info.name))
         if dims is None or any(sizes[d] is None for d in dims):
             continue
         if info.name.endswith(".bias"):  # a linear layer's bias: its output dimensions
@@ -65,13 +72,16 @@ def check_tensor_shapes(gguf: GGUFFile, arch: str, config: PretrainedConfig) -> 
 def _dimensions(config: PretrainedConfig) -> dict[str, int | None]:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    ffn = getattr(config, "intermediate_size", None)
     return {
         "vocab": config.vocab_size,
         "hidden": config.hidden_size,
         "q": heads * head_dim,
         "kv": config.num_key_value_heads * head_dim,
+        "qkv": (heads + 2 * config.num_key_value_heads) * head_dim,
         "head_dim": head_dim,
-        "ffn": getattr(config, "intermediate_size", None),
+        "ffn": ffn,
+        "gate_up": None if ffn is None else 2 * ffn,
         "experts": getattr(config, "num_experts", None),
         "expert_ffn": getattr(config, "moe_intermediate_size", None),
     }

@@ -59,6 +59,7 @@ HF_CLASSES = {
     "gemma3": "Gemma3ForCausalLM",
     "granite": "GraniteForCausalLM",
     "llama": "LlamaForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
@@ -85,6 +86,8 @@ def test_tiny_round_trip_config(arch: str, tiny_files: dict) -> None:
     for field in CONFIG_FIELDS[1:]:
         if field == "rms_norm_eps":  # stored as float32
             assert config.rms_norm_eps == pytest.approx(expected.rms_norm_eps, rel=1e-6)
+        elif field == "rope_parameters" and arch == "phi3":
+            check_longrope(config, expected)
         else:
             assert getattr(config, field) == getattr(expected, field), field
     if arch == "granite":  # stored as float32
@@ -102,12 +105,24 @@ def test_tiny_round_trip_config(arch: str, tiny_files: dict) -> None:
             assert getattr(config, field) == getattr(expected, field), field
 
 
+def check_longrope(config, expected) -> None:
+    """Phi-3: the factors and lengths exactly, and the cos/sin scale the converter wrote
+    (float32) as transformers computes it from the lengths."""
+    rope = dict(config.rope_parameters)
+    _, scale = ROPE_INIT_FUNCTIONS["longrope"](expected, "cpu")
+    assert rope.pop("attention_factor") == pytest.approx(scale, rel=1e-6)
+    assert rope == expected.rope_parameters
+    for field in ("original_max_position_embeddings", "sliding_window"):
+        assert getattr(config, field) == getattr(expected, field), field
+
+
 @pytest.mark.parametrize("arch", list(TINY))
 def test_tiny_logits_match_transformers(arch: str, tiny_files: dict) -> None:
     """Reference: transformers' model of the weights the file was written from (tiny_model is
     seeded), fp32 logits of a paged prefill and 8 decode steps within 1e-4, past the Gemmas'
-    windows. Attention is the torch reference (TORCH_SDPA), which applies windows and soft
-    caps whichever kernels do: this tests what the file maps to, not the kernels."""
+    and Phi-3's windows and Phi-3's original length (its long LongRoPE factors). Attention
+    is the torch reference (TORCH_SDPA), which applies windows and soft caps whichever
+    kernels do: this tests what the file maps to, not the kernels."""
     path, _, _ = tiny_files[arch]
     with use_attn_backend("TORCH_SDPA"):
         ours = get_model(ModelConfig.create(path, dtype="float32"))

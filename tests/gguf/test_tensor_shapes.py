@@ -69,3 +69,20 @@ def test_inspect_exits_2_on_ten_million_layers_rather_than_sizing_them(tmp_path,
         main(["inspect", path])
     assert exit_info.value.code == 2
     assert "block_count is 10000000" in capsys.readouterr().err
+
+
+# tiny phi3: hidden 32, 2 heads, 1 kv head, head_dim 16, ffn 48; qkv and gate/up fused
+PHI3_MISMATCHES = {
+    "phi3.attention.head_count_kv": (2, "attn_qkv.weight has shape [64, 32]", "[96, 32]"),
+    "phi3.feed_forward_length": (64, "ffn_up.weight has shape [96, 32]", "[128, 32]"),
+}
+
+
+@pytest.mark.parametrize("key", list(PHI3_MISMATCHES))
+def test_phi3_fused_tensors_are_checked(tmp_path, key: str) -> None:
+    """Phi-3's attn_qkv holds q, k and v rows, its ffn_up gate and up rows."""
+    value, tensor, expected = PHI3_MISMATCHES[key]
+    path = write_tiny(str(tmp_path / "bad.gguf"), "phi3", **{key: (value, VT.UINT32)})
+    message = f"tensor blk.0.{tensor}.*gives {expected}"
+    with pytest.raises(ValueError, match=re.escape(message).replace(r"\.\*", ".*")):
+        load_gguf_config(path)

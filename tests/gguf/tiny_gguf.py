@@ -1,8 +1,10 @@
 """Tiny random HF models written to GGUF with llama.cpp's conventions (gguf's tensor-name map,
-convert_hf_to_gguf.py's q/k permutation of llama, its Gemma norms plus one and the metadata
-each of its model classes writes), and the HF checkpoint tensors they should read back as.
+convert_hf_to_gguf.py's q/k permutation of llama, its Gemma norms plus one, Phi-3's LongRoPE
+factor tensors and the metadata each of its model classes writes), and the HF checkpoint
+tensors they should read back as.
 """
 
+import math
 from collections.abc import Callable
 
 import gguf
@@ -43,6 +45,23 @@ TINY = {
         },
         tie_word_embeddings=True,
     ),
+    "phi3": dict(
+        model_type="phi3",
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,  # not a Phi3Config field: hidden / heads, named as the other configs name it
+        original_max_position_embeddings=16,  # LongRoPE to 256: the long factors serve
+        sliding_window=6,
+        pad_token_id=None,  # Phi3Config's default, 32000, is past the tiny vocabulary
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.75,  # Phi-4-mini's: 12 of 16 channels
+            # float32 values, which the file's F32 tensors hold exactly
+            "short_factor": [1.0, 1.125, 1.25, 1.5, 1.75, 2.0],
+            "long_factor": [1.0, 2.0, 3.0, 4.0, 6.0, 8.0],
+        },
+    ),
     "qwen2": dict(model_type="qwen2", head_dim=8),
     "qwen3": dict(model_type="qwen3", head_dim=16),  # not hidden/heads: read from key_length
     "qwen3moe": dict(
@@ -59,6 +78,7 @@ ARCH_ENUMS = {
     "gemma2": gguf.MODEL_ARCH.GEMMA2,
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "llama": gguf.MODEL_ARCH.LLAMA,
+    "phi3": gguf.MODEL_ARCH.PHI3,
     "granite": gguf.MODEL_ARCH.GRANITE,
     "qwen2": gguf.MODEL_ARCH.QWEN2,
     "qwen3": gguf.MODEL_ARCH.QWEN3,
@@ -155,7 +175,20 @@ def gguf_tensors(arch: str, config, state_dict: dict) -> dict[str, np.ndarray]:
         if arch in GEMMAS and name.endswith("norm.weight"):  # GemmaModel.modify_tensors
             tensor = tensor + 1
         out[f"{names.get_name(base)}.{suffix}"] = tensor
+    if arch == "phi3":
+        out |= _phi3_rope_factors(config)
     return {name: t.detach().contiguous().numpy() for name, t in out.items()}
+
+
+def _phi3_rope_factors(config) -> dict[str, torch.Tensor]:
+    """Phi3MiniModel.generate_extra_tensors: LongRoPE's factors as F32 tensors, if any."""
+    rope = config.rope_parameters
+    if not rope.get("long_factor"):
+        return {}
+    return {
+        f"rope_factors_{kind}.weight": torch.tensor(rope[f"{kind}_factor"], dtype=torch.float32)
+        for kind in ("long", "short")
+    }
 
 
 def write_gguf(
@@ -175,12 +208,15 @@ def write_gguf(
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(
-        getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
-    )
+    if arch != "phi3":  # Phi3MiniModel writes the rotary width instead (see _add_phi3_metadata)
+        writer.add_key_length(
+            getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        )
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     if arch in GEMMAS:
         _add_gemma_metadata(writer, arch, config)
+    elif arch == "phi3":
+        _add_phi3_metadata(writer, config)
     else:
         writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_bos_token_id(config.bos_token_id)
@@ -230,6 +266,23 @@ def _add_gemma_metadata(writer: gguf.GGUFWriter, arch: str, config) -> None:
         if config.final_logit_softcapping:
             writer.add_final_logit_softcapping(config.final_logit_softcapping)
         writer.add_sliding_window(config.sliding_window)
+
+
+def _add_phi3_metadata(writer: gguf.GGUFWriter, config) -> None:
+    """What convert_hf_to_gguf.py's Phi3MiniModel writes beyond the sizes: the rotary width as
+    rope.dimension_count, the original length, a sliding window of 0 where there is none
+    (Phi-4), and with LongRoPE factors their cos/sin scale, computed as it computes it."""
+    rope = config.rope_parameters
+    rotary = int(rope["partial_rotary_factor"] * config.hidden_size) // config.num_attention_heads
+    original = config.original_max_position_embeddings
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_rope_dimension_count(rotary)
+    writer.add_rope_freq_base(rope["rope_theta"])
+    writer.add_sliding_window(config.sliding_window or 0)
+    if rope.get("long_factor"):
+        scale = config.max_position_embeddings / original
+        attn_factor = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+        writer.add_rope_scaling_attn_factors(attn_factor)
 
 
 def set_metadata(values: dict[str, tuple]) -> Callable[[gguf.GGUFWriter], None]:

@@ -115,6 +115,16 @@ class GGUFConfig(QuantizationConfig):
         types = [self.tensor_types.get(name) for name in names]
         return types if all(t in NATIVE_TYPES for t in types) else None
 
+    def _checkpoint_names(self, prefix: str) -> list[str]:
+        """The checkpoint weight of each shard of layer `prefix`: the shards' own tensors, or
+        for a checkpoint that stores the fused layer whole (Phi-3's qkv_proj and
+        gate_up_proj), that tensor for each."""
+        parent, _, leaf = prefix.rpartition(".")
+        members = self.packed_modules_mapping.get(leaf, [leaf])
+        if f"{prefix}.weight" in self.tensor_types:
+            return [f"{prefix}.weight"] * len(members)
+        return [f"{parent}.{m}.weight" if parent else f"{m}.weight" for m in members]
+
     def is_raw(self, name: str) -> bool:
         """Whether the loader hands checkpoint tensor `name` over as its GGUF blocks."""
         return name.endswith(".weight") and self._native_types(self._group(name)) is not None
@@ -128,10 +138,7 @@ class GGUFConfig(QuantizationConfig):
             return GGUFFusedMoEMethod(types[0], types[2])
         if kind is LayerKind.LM_HEAD and "lm_head.weight" not in self.tensor_types:
             prefix = "model.embed_tokens"  # tied: the head is the embedding
-        parent, _, leaf = prefix.rpartition(".")
-        members = self.packed_modules_mapping.get(leaf, [leaf])
-        names = [f"{parent}.{m}.weight" if parent else f"{m}.weight" for m in members]
-        types = self._native_types(names)
+        types = self._native_types(self._checkpoint_names(prefix))
         if types is None:
             return None
         if kind is LayerKind.LINEAR:

@@ -3,7 +3,8 @@
 The legacy types are written by gguf's own quantizer from a random HF model's weights; the
 k-quants (which gguf cannot quantize) as random valid blocks with small scales. The plan
 mixes types the way llama.cpp's files do, so a fused qkv holds three types (segments) and
-each of the eight native types appears at least once.
+each of the eight native types appears at least once; Phi-3's qkv and gate/up, stored fused,
+are Q8_0 and Q4_1.
 """
 
 import numpy as np
@@ -22,12 +23,20 @@ SHAPE = dict(
     moe_intermediate_size=256,
 )
 """Every row length a multiple of 256, so every type's blocks fit."""
+ARCH_SHAPE = {
+    # Phi-4's: plain rope (TINY's LongRoPE factors are for its smaller heads) and no window
+    # (the CPU attention kernels take none)
+    "phi3": dict(
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, sliding_window=None
+    ),
+}
 
 PLAN = {
     "token_embd": Q.Q8_0,
     "attn_q": Q.Q4_K,
     "attn_k": Q.Q5_K,
     "attn_v": Q.Q6_K,
+    "attn_qkv": Q.Q8_0,
     "attn_output": Q.Q4_0,
     "ffn_gate": Q.Q4_1,
     "ffn_up": Q.Q4_1,
@@ -54,7 +63,7 @@ def _stored(name: str, array: np.ndarray, rng: np.random.Generator) -> tuple[np.
 
 def write_quantized_gguf(path: str, arch: str, **overrides: object) -> None:
     """A tiny random `arch` model (tests/gguf/tiny_gguf.py) with SHAPE, stored per PLAN."""
-    model = tiny_model(arch, **SHAPE, **overrides)
+    model = tiny_model(arch, **SHAPE, **ARCH_SHAPE.get(arch, {}), **overrides)
     tensors = gguf_tensors(arch, model.config, model.state_dict())
     rng = np.random.default_rng(0)
     stored = {name: _stored(name, array, rng) for name, array in tensors.items()}

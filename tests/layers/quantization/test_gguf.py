@@ -1,6 +1,6 @@
 """GGUF files run natively (quantization "gguf") against the same file dequantized at load
-("none"), on tiny models that store every native type, a qkv of three types and quantized
-experts.
+("none"), on tiny models that store every native type, a qkv of three types, quantized
+experts and Phi-3's fused qkv and gate/up tensors.
 
 With the torch reference ops both runs do the same float arithmetic on the same weights, so
 they agree to float rounding: this checks loading (names, llama's q/k row order, fused
@@ -24,7 +24,7 @@ from pagedllm.model_loader.loader import build_model
 from tests.devices import DEVICES
 from tests.layers.quantization.quantized_gguf import write_quantized_gguf
 
-ARCHS = ("llama", "qwen3moe")
+ARCHS = ("llama", "phi3", "qwen3moe")
 VOCAB = 64
 ENGINE = dict(skip_tokenizer_init=True, num_kv_blocks=32, max_logprobs=VOCAB, dtype="float32")
 PROMPT = {"prompt_token_ids": [1, 5, 9, 33, 17, 60, 2, 41, 8, 8, 23]}
@@ -88,6 +88,15 @@ def test_every_layer_runs_natively_with_its_types(quantized_files: dict[str, str
     assert experts.w2_weight.shape == (4, 256, 144)  # one Q4_K block per row
     assert isinstance(model.model.embed_tokens.quant_method, GGUFEmbeddingMethod)
     assert model.model.layers[0].mlp.gate.weight.dtype == torch.float32  # F32 router
+
+
+def test_fused_checkpoint_tensors_run_natively(quantized_files: dict[str, str]) -> None:
+    """Phi-3's qkv_proj (Q8_0) and gate_up_proj (Q4_1), stored fused: one type per shard."""
+    model = build_model(ModelConfig.create(quantized_files["phi3"], "float32"), "meta")
+    layer = model.model.layers[0]
+    assert layer.self_attn.qkv_proj.quant_method.shard_types == [8, 8, 8]
+    assert layer.self_attn.qkv_proj.weight.shape == (512, 256 // 32 * 34)
+    assert layer.mlp.gate_up_proj.quant_method.shard_types == [3, 3]
 
 
 def test_tensor_parallel_shard_that_cuts_a_block_is_named(quantized_files: dict[str, str]) -> None:
