@@ -238,8 +238,9 @@ def masked_attention(
     logits_soft_cap: float = 0.0,
 ) -> torch.Tensor:
     """softmax(cap(query @ key^T * scale) where mask, else -inf) @ value, in float32 (or the
-    query's wider dtype), as the query's dtype: query [..., KV, G, n, D] or [..., KV, n, D] with key, value [..., KV, L, D]
-    broadcast over G; mask broadcasts to the scores [..., n, L]. cap(s) = c * tanh(s / c)
+    query's wider dtype), as the query's dtype: query [..., KV, G, n, D] or [..., KV, n, D]
+    with key, value [..., KV, L, D] broadcast over G; mask broadcasts to the scores
+    [..., n, L]. cap(s) = c * tanh(s / c)
     where logits_soft_cap c > 0, else s (what SDPA cannot do)."""
     dtype = torch.promote_types(query.dtype, torch.float32)
     scores = torch.matmul(query.to(dtype), key.to(dtype).transpose(-1, -2)) * scale
