@@ -7,15 +7,17 @@
  * instruction set with that build's VEC_LANES defined (vecn.h): the bits depend on the build,
  * never on the batch, the chunk or the thread count.
  *
- * For a query of length L (it sees keys 0 .. L - 1):
- * - partitions: PARTITION_TOKENS keys at a time from key 0, each with its own softmax, merged
- *   by merge_head when there are several (partitions());
+ * For a query at position L - 1 (it sees keys 0 .. L - 1, or under a sliding window of W
+ * keys only its last W, window_start() .. L - 1):
+ * - partitions: PARTITION_TOKENS keys at a time from its first visible key, each with its own
+ *   softmax, merged by merge_head when there are several (partitions() of visible_keys());
  * - a score, q . k * scale: VEC_LANES lane sums, each an FMA chain from zero over the head's
  *   vectors, summed by transpose_sumn's tree (lane l + lane l + VEC_LANES / 2, then l + 1/4,
  *   ..., a butterfly), times scale. A widened head (widened_head()) runs two chains, over the
  *   even and the odd vectors of its elements in widened_element order, and adds them per lane;
  *   any other head runs one chain in element order, its elements past the last whole vector
- *   continuing lane 0's chain (store_scores masks and stores a chunk's scores);
+ *   continuing lane 0's chain (store_scores masks and stores a chunk's scores); with a logit
+ *   soft cap c, then c * tanhn(score / c) over the partition's scores (cap_scores);
  * - weights: softmax_scores over the partition's scores, in chunks of VEC_LANES from its
  *   first key;
  * - output: per element, an FMA chain from zero over the partition's keys in order of weight
@@ -94,10 +96,48 @@ INLINE int64_t partitions(int64_t seq_len) {
   return (seq_len + PARTITION_TOKENS - 1) / PARTITION_TOKENS;
 }
 
+/* The keys a query at position len - 1 sees: all len, or its last `window` under a sliding
+ * window (window > 0, as Mistral's and Gemma's local layers). */
+INLINE int64_t visible_keys(int64_t len, int64_t window) {
+  return window > 0 && len > window ? window : len;
+}
+
+/* The first key a query at position len - 1 sees. */
+INLINE int64_t window_start(int64_t len, int64_t window) {
+  return len - visible_keys(len, window);
+}
+
 /* scores[0, VEC_LANES) = lane_sums * scale for the chunk's first n keys (lane i: key i's
  * lane sums, summed), -FLT_MAX past them. */
 INLINE void store_scores(float *scores, vecn lane_sums, int64_t n, float scale) {
   storen(scores, selectn(lanes_below_n(n), lane_sums * scale, splatn(-__FLT_MAX__)));
+}
+
+/* tanh of each lane, relative error < 4e-7: Eigen's rational approximation (odd degree 13
+ * over even degree 6) on [-9, 9], past which tanh is +-1 in float32; explicit FMAs, so that
+ * every kernel of a build rounds it alike. */
+INLINE vecn tanhn(vecn x) {
+  x = minn(maxn(x, splatn(-9.0f)), splatn(9.0f));
+  const vecn x2 = x * x;
+  vecn p = fman(x2, splatn(-2.76076847742355e-16f), splatn(2.00018790482477e-13f));
+  p = fman(x2, p, splatn(-8.60467152213735e-11f));
+  p = fman(x2, p, splatn(5.12229709037114e-08f));
+  p = fman(x2, p, splatn(1.48572235717979e-05f));
+  p = fman(x2, p, splatn(6.37261928875436e-04f));
+  p = fman(x2, p, splatn(4.89352455891786e-03f));
+  vecn q = fman(x2, splatn(1.19825839466702e-06f), splatn(1.18534705686654e-04f));
+  q = fman(x2, q, splatn(2.26843463243900e-03f));
+  q = fman(x2, q, splatn(4.89352518554385e-03f));
+  return x * p / q;
+}
+
+/* scores[t] = cap * tanh(scores[t] / cap) for t < n (Gemma 2's logit soft cap), in place;
+ * the padding past n keeps its -FLT_MAX. */
+INLINE void cap_scores(float *scores, int64_t n, float cap) {
+  for (int64_t t = 0; t < n; t += VEC_LANES) {
+    const vecn s = loadn(scores + t);
+    storen(scores + t, selectn(lanes_below_n(n - t), splatn(cap) * tanhn(s / cap), s));
+  }
 }
 
 /* A query's softmax over its tokens (or one partition's): max score and sum of e^(s - max). */

@@ -255,8 +255,9 @@ static int check_prefill(const char *op, const int32_t *block_table, int64_t n, 
   ARG(p, const void *, v_cache) ARG(i, int, cache_dtype)                                  \
   ARG(p, const int32_t *, block_table) ARG(i, int64_t, n) ARG(i, int64_t, seq_len)        \
   ARG(i, int64_t, H) ARG(i, int64_t, KV) ARG(i, int64_t, D) ARG(i, int64_t, block_size)   \
-  ARG(f, float, scale) ARG(i, int, isa) ARG(i, int, num_threads)                          \
-  ARG(i, int64_t, max_blocks) ARG(i, int64_t, num_blocks)
+  ARG(f, float, scale) ARG(i, int64_t, sliding_window) ARG(f, float, logits_soft_cap)     \
+  ARG(i, int, isa) ARG(i, int, num_threads) ARG(i, int64_t, max_blocks)                   \
+  ARG(i, int64_t, num_blocks)
 BINDING(prefill_attention_f32, PREFILL_ATTENTION_F32_ARGS,
         (check_prefill(op, block_table, n, seq_len, max_blocks, block_size, num_blocks) < 0 ||
          check_isa(op, isa, prefill_attention_f32_isa_count,
@@ -264,8 +265,8 @@ BINDING(prefill_attention_f32, PREFILL_ATTENTION_F32_ARGS,
             ? -1
             : 0,
         rc = prefill_attention_f32(out, query, k_cache, v_cache, cache_dtype == FLOAT_BFLOAT16,
-                                   block_table, n, seq_len, H, KV, D, block_size, scale, isa,
-                                   num_threads))
+                                   block_table, n, seq_len, H, KV, D, block_size, scale,
+                                   sliding_window, logits_soft_cap, isa, num_threads))
 
 #define PAGED_DECODE_ATTENTION_ARGS(ARG)                                                   \
   ARG(p, float *, out) ARG(p, const float *, query) ARG(p, const void *, k_cache)         \
@@ -273,7 +274,8 @@ BINDING(prefill_attention_f32, PREFILL_ATTENTION_F32_ARGS,
   ARG(p, const int32_t *, block_tables) ARG(p, const int32_t *, seq_lens)                 \
   ARG(i, int64_t, B) ARG(i, int64_t, H) ARG(i, int64_t, KV) ARG(i, int64_t, D)            \
   ARG(i, int64_t, block_size) ARG(i, int64_t, max_blocks) ARG(f, float, scale)            \
-  ARG(i, int, isa) ARG(i, int, num_threads) ARG(i, int64_t, num_blocks)
+  ARG(i, int64_t, sliding_window) ARG(f, float, logits_soft_cap) ARG(i, int, isa)         \
+  ARG(i, int, num_threads) ARG(i, int64_t, num_blocks)
 BINDING(paged_decode_attention, PAGED_DECODE_ATTENTION_ARGS,
         (check_block_tables(block_tables, seq_lens, B, max_blocks, block_size, num_blocks) < 0 ||
          check_isa(op, isa, paged_attention_isa_count, paged_attention_isa_supported) < 0)
@@ -281,7 +283,7 @@ BINDING(paged_decode_attention, PAGED_DECODE_ATTENTION_ARGS,
             : 0,
         rc = paged_decode_attention(out, query, k_cache, v_cache, cache_dtype == FLOAT_BFLOAT16,
                                     block_tables, seq_lens, B, H, KV, D, block_size, max_blocks,
-                                    scale, isa, num_threads))
+                                    scale, sliding_window, logits_soft_cap, isa, num_threads))
 
 #define RESHAPE_AND_CACHE_ARGS(ARG)                                                        \
   ARG(p, const void *, key) ARG(p, const void *, value) ARG(i, int, kv_dtype)             \

@@ -55,14 +55,16 @@ int amx_gemm_bf16(const uint16_t *x, const uint16_t *packed, const uint16_t *b, 
 /* Causal attention of one sequence's prefill chunk in float32 (prefill_attention_f32.c):
  * out, q [n, H, D] float32, queries at positions seq_len - n .. seq_len - 1, against the keys
  * and values of positions up to each one's own in k_cache, v_cache [num_blocks, block_size,
- * KV, D] (bfloat16 when kv_bf16, else float32) through block_table. Row i is the bits
- * paged_decode_attention gives its query as a sequence of seq_len - n + i + 1 tokens (same
- * isa). isa: an index of prefill_attention_f32_isa_name that prefill_attention_f32_isa_supported,
- * or -1 for the best. Returns 0, or -1 when its scratch memory cannot be allocated. */
+ * KV, D] (bfloat16 when kv_bf16, else float32) through block_table; sliding_window > 0: only
+ * the last that many of them; soft_cap > 0: each score s capped as soft_cap * tanh(s /
+ * soft_cap). Row i is the bits paged_decode_attention gives its query as a sequence of
+ * seq_len - n + i + 1 tokens with the same options (same isa). isa: an index of
+ * prefill_attention_f32_isa_name that prefill_attention_f32_isa_supported, or -1 for the
+ * best. Returns 0, or -1 when its scratch memory cannot be allocated. */
 int prefill_attention_f32(float *out, const float *q, const void *k_cache, const void *v_cache,
                           int kv_bf16, const int32_t *block_table, int64_t n, int64_t seq_len,
                           int64_t H, int64_t KV, int64_t D, int64_t block_size, float scale,
-                          int isa, int num_threads);
+                          int64_t sliding_window, float soft_cap, int isa, int num_threads);
 int prefill_attention_f32_isa_count(void);
 const char *prefill_attention_f32_isa_name(int isa);
 int prefill_attention_f32_isa_supported(int isa);
@@ -70,13 +72,16 @@ int prefill_attention_f32_isa_supported(int isa);
 /* One new query token per sequence against its paged keys and values:
  * out, q [B, H, D]; k_cache, v_cache [num_blocks, block_size, KV, D];
  * block_tables [B, max_blocks]; seq_lens [B] (>= 1). Query head h reads kv head h / (H / KV).
- * The caches hold bfloat16 when kv_bf16, else float32. isa: an index of
- * paged_attention_isa_name that paged_attention_isa_supported, or -1 for the best. Returns 0,
- * or -1 when its scratch memory cannot be allocated (paged_attention.c). */
+ * The caches hold bfloat16 when kv_bf16, else float32. sliding_window > 0: a query sees only
+ * its sequence's last that many keys (and reads no others); soft_cap > 0: each score s is
+ * capped as soft_cap * tanh(s / soft_cap). isa: an index of paged_attention_isa_name that
+ * paged_attention_isa_supported, or -1 for the best. Returns 0, or -1 when its scratch memory
+ * cannot be allocated (paged_attention.c). */
 int paged_decode_attention(float *out, const float *q, const void *k_cache, const void *v_cache,
                            int kv_bf16, const int32_t *block_tables, const int32_t *seq_lens,
                            int64_t B, int64_t H, int64_t KV, int64_t D, int64_t block_size,
-                           int64_t max_blocks, float scale, int isa, int num_threads);
+                           int64_t max_blocks, float scale, int64_t sliding_window,
+                           float soft_cap, int isa, int num_threads);
 int paged_attention_isa_count(void);
 const char *paged_attention_isa_name(int isa);
 int paged_attention_isa_supported(int isa);

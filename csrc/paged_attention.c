@@ -24,6 +24,11 @@
  * softmax, merged at the end (vLLM's paged attention v2): at batch 1 the default
  * model's 3 kv heads were 3 tasks for 2 threads, one thread idle a third of the time.
  *
+ * Under a sliding window a query's keys, and so its partitions, start at its window's first
+ * key: no earlier row is read, so a windowed decode costs its window, not its context. A logit
+ * soft cap passes each head's scores through cap_scores before their softmax; with neither,
+ * nothing runs that did not before.
+ *
  * A query's arithmetic (attention_row.h) is shared with prefill attention
  * (prefill_attention_f32.c), so a token's output is the same bits as a decode or as a row of a
  * prefill chunk.
@@ -65,10 +70,11 @@ ISA_TABLE(paged_attention, ISAS)
 int paged_decode_attention(float *out, const float *q, const void *k_cache, const void *v_cache,
                            int kv_bf16, const int32_t *block_tables, const int32_t *seq_lens,
                            int64_t B, int64_t H, int64_t KV, int64_t D, int64_t block_size,
-                           int64_t max_blocks, float scale, int isa, int num_threads) {
-  const paged_attention_args a = {
-      out, q, k_cache, v_cache, kv_bf16, block_tables, seq_lens, B, H, KV, D, block_size,
-      max_blocks, scale, prefetch_into_l1(), num_threads};
+                           int64_t max_blocks, float scale, int64_t sliding_window,
+                           float soft_cap, int isa, int num_threads) {
+  const paged_attention_args a = {out, q, k_cache, v_cache, kv_bf16, block_tables, seq_lens,
+                                  B, H, KV, D, block_size, max_blocks, scale, sliding_window,
+                                  soft_cap, prefetch_into_l1(), num_threads};
   return ISAS[isa < 0 ? best_isa() : isa].run(&a);
 }
 

@@ -14,6 +14,8 @@ typedef struct {
   const int32_t *block_tables, *seq_lens;
   int64_t B, H, KV, D, block_size, max_blocks;
   float scale;
+  int64_t sliding_window; /* a query sees its last this many keys; 0: all */
+  float soft_cap;         /* scores capped at +-soft_cap by tanh; 0: not */
   int into_l1; /* prefetch the next chunk's rows into L1 (else L2) */
   int num_threads;
 } paged_attention_args;

@@ -33,10 +33,10 @@ INLINE int64_t attend_scratch_floats(int64_t heads, int64_t D) {
 }
 
 /* Where each sequence's tasks and partial results start, [B + 1] each: first_task[b]
- * (tasks_per_seq tasks per partition), first_slot[b] (one slot per partition of a sequence of
- * several, so first_slot[b + 1] - first_slot[b] is 0 for a sequence attended whole; a slot
- * holds every head's unnormalized output, [H, D] in partial_out, and its softmax state, [H]
- * in partial_state). */
+ * (tasks_per_seq tasks per partition of the keys its query sees), first_slot[b] (one slot per
+ * partition of a sequence of several, so first_slot[b + 1] - first_slot[b] is 0 for a
+ * sequence attended whole; a slot holds every head's unnormalized output, [H, D] in
+ * partial_out, and its softmax state, [H] in partial_state). */
 typedef struct {
   int64_t *first_task, *first_slot;
   float *partial_out;
@@ -60,7 +60,7 @@ static int plan_partitions(Partitions *p, const paged_attention_args *a, int64_t
   }
   p->first_task[0] = p->first_slot[0] = 0;
   for (int64_t b = 0; b < a->B; b++) {
-    const int64_t parts = partitions(a->seq_lens[b]);
+    const int64_t parts = partitions(visible_keys(a->seq_lens[b], a->sliding_window));
     p->first_task[b + 1] = p->first_task[b] + parts * tasks_per_seq;
     p->first_slot[b + 1] = p->first_slot[b] + (parts > 1 ? parts : 0);
   }

@@ -23,8 +23,9 @@ ISA_TABLE(prefill_attention_f32, ISAS)
 int prefill_attention_f32(float *out, const float *q, const void *k_cache, const void *v_cache,
                           int kv_bf16, const int32_t *block_table, int64_t n, int64_t seq_len,
                           int64_t H, int64_t KV, int64_t D, int64_t block_size, float scale,
-                          int isa, int num_threads) {
-  const prefill_attention_f32_args a = {out, q,  k_cache, v_cache, kv_bf16,    block_table,
-                                        n,   seq_len, H, KV, D, block_size, scale, num_threads};
+                          int64_t sliding_window, float soft_cap, int isa, int num_threads) {
+  const prefill_attention_f32_args a = {out, q,  k_cache, v_cache, kv_bf16, block_table,
+                                        n,   seq_len, H, KV, D, block_size, scale,
+                                        sliding_window, soft_cap, num_threads};
   return ISAS[isa < 0 ? best_isa() : isa].run(&a);
 }

@@ -13,6 +13,8 @@ typedef struct {
   const int32_t *block_table;
   int64_t n, seq_len, H, KV, D, block_size;
   float scale;
+  int64_t sliding_window; /* a query sees its last this many keys; 0: all */
+  float soft_cap;         /* scores capped at +-soft_cap by tanh; 0: not */
   int num_threads;
 } prefill_attention_f32_args;
 

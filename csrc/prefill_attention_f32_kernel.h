@@ -5,20 +5,24 @@
  * ISA(prefill_attention_f32_run), which prefill_attention_f32.c picks at run time.
  *
  * Queries q [n, H, D] float32 at positions seq_len - n .. seq_len - 1 attend to the keys and
- * values of positions 0 .. their own in the paged cache [num_blocks, block_size, KV, D]
- * (float32 or bf16, written there first). Each row follows attention_row.h's arithmetic, so
- * its output is the bits the same build of decode attention gives its query as one sequence
- * of ctx + i + 1 tokens, whatever chunk it comes in and whatever rows are beside it.
+ * values of positions 0 .. their own (under a sliding window only the last sliding_window of
+ * them) in the paged cache [num_blocks, block_size, KV, D] (float32 or bf16, written there
+ * first). Each row follows attention_row.h's arithmetic, so its output is the bits the same
+ * build of decode attention gives its query as one sequence of ctx + i + 1 tokens, whatever
+ * chunk it comes in and whatever rows are beside it.
  *
  * Each kv head's keys are first copied out of their blocks transposed, VEC_LANES tokens at a
  * time ([tokens / VEC_LANES][D][VEC_LANES], the elements in the order the lane chains take
  * them), its values as they are ([tokens][Dv], Dv: D rounded up to whole vectors), both zero
- * past seq_len and widened to float32. Then each task, TILE_QUERIES query rows of one kv head
- * (its query heads of a row, then the next row's), partition by partition: the scores of each
- * block of VEC_LANES keys as lane chains across the block (one load of a key vector and
- * TILE_QUERIES broadcast query elements for TILE_QUERIES FMAs), summed in transpose_sumn's
- * tree; each query's softmax; its weighted values (one load of a value row for all the
- * tile's queries); then the partitions merged. */
+ * past seq_len and widened to float32, from the block of VEC_LANES tokens that holds the
+ * first key any row sees. Then each task, TILE_QUERIES query rows of one kv head (its query
+ * heads of a row, then the next row's), partition by partition (each query's from its first
+ * visible key, so under a sliding window the tile's queries' partitions start up to
+ * TILE_QUERIES - 1 keys apart): the scores of each block of VEC_LANES keys as lane chains
+ * across the block (one load of a key vector and TILE_QUERIES broadcast query elements for
+ * TILE_QUERIES FMAs), summed in transpose_sumn's tree, a query's scores outside its partition
+ * left unread; each query's cap (cap_scores) and softmax; its weighted values (one load of a
+ * value row for all the tile's queries that see it); then the partitions merged. */
 #ifndef PAGEDLLM_PREFILL_ATTENTION_F32_KERNEL_H
 #define PAGEDLLM_PREFILL_ATTENTION_F32_KERNEL_H
 
@@ -93,16 +97,17 @@ static void pack_key_vectors(const prefill_attention_f32_args *a, const int64_t 
     storen(block + (d0 + VEC_LANES + j) * VEC_LANES, hi[j]);
 }
 
-/* Keys of kv head h, tokens [0, lc) (lc: seq_len rounded up to VEC_LANES), into packed
- * [lc / VEC_LANES][D][VEC_LANES], rows in key_element order; tokens past seq_len are zero. */
-static void pack_keys(const prefill_attention_f32_args *a, float *packed, int64_t lc,
-                      int64_t h) {
+/* Keys of kv head h, tokens [first, lc) (both multiples of VEC_LANES; lc: seq_len rounded
+ * up), into packed [(lc - first) / VEC_LANES][D][VEC_LANES], rows in key_element order;
+ * tokens past seq_len are zero. */
+static void pack_keys(const prefill_attention_f32_args *a, float *packed, int64_t first,
+                      int64_t lc, int64_t h) {
   const int64_t D = a->D, step = widened_head(D) ? WIDEN_ELEMENTS : VEC_LANES;
-  for (int64_t t0 = 0; t0 < lc; t0 += VEC_LANES) {
+  for (int64_t t0 = first; t0 < lc; t0 += VEC_LANES) {
     int64_t rows[VEC_LANES];
     for (int64_t i = 0; i < VEC_LANES; i++)
       rows[i] = t0 + i < a->seq_len ? cache_row(a, t0 + i, h) : -1;
-    float *block = packed + t0 * D;
+    float *block = packed + (t0 - first) * D;
     int64_t d = 0;
     for (; d + step <= D; d += step) pack_key_vectors(a, rows, block, d, widened_head(D));
     for (; d < D; d++)
@@ -112,28 +117,36 @@ static void pack_keys(const prefill_attention_f32_args *a, float *packed, int64_
   }
 }
 
-/* Values of kv head h, tokens [0, lc), into packed [lc][Dv] float32, zero past seq_len and
- * past D. */
-static void pack_values(const prefill_attention_f32_args *a, float *packed, int64_t lc,
-                        int64_t Dv, int64_t h) {
+/* Values of kv head h, tokens [first, lc), into packed [lc - first][Dv] float32, zero past
+ * seq_len and past D. */
+static void pack_values(const prefill_attention_f32_args *a, float *packed, int64_t first,
+                        int64_t lc, int64_t Dv, int64_t h) {
   const int64_t D = a->D;
-  for (int64_t t = 0; t < lc; t++) {
+  for (int64_t t = first; t < lc; t++) {
     const int64_t row = t < a->seq_len ? cache_row(a, t, h) : -1;
+    float *p = packed + (t - first) * Dv;
     int64_t d = 0;
     for (; row >= 0 && d + VEC_LANES <= D; d += VEC_LANES)
-      storen(packed + t * Dv + d, loadn_as(a->v_cache, row + d, a->kv_bf16));
+      storen(p + d, loadn_as(a->v_cache, row + d, a->kv_bf16));
     for (; d < Dv; d++)
-      packed[t * Dv + d] = row < 0 || d >= D ? 0.0f : load1_as(a->v_cache, row + d, a->kv_bf16);
+      p[d] = row < 0 || d >= D ? 0.0f : load1_as(a->v_cache, row + d, a->kv_bf16);
   }
 }
 
+/* One kv head's packed keys and values, from token `first` (a multiple of VEC_LANES) on. */
+typedef struct {
+  const float *keys, *values;
+  int64_t first, Dv;
+} Packed;
+
 /* A task's TILE_QUERIES query rows of one kv head: where each is read (q [D]) and written
- * (out, NULL for the copies of the last one that fill a short tile) and how many keys it sees
- * (len, non-decreasing along the tile). */
+ * (out, NULL for the copies of the last one that fill a short tile) and which keys it sees,
+ * first .. len - 1 (window_start; both non-decreasing along the tile, and at most
+ * TILE_QUERIES - 1 apart). */
 typedef struct {
   const float *q[TILE_QUERIES];
   float *out[TILE_QUERIES];
-  int64_t len[TILE_QUERIES];
+  int64_t len[TILE_QUERIES], first[TILE_QUERIES];
 } Tile;
 
 /* The tile of kv head kvh's queries q0 .. (query r * G + g: row r's query head kvh * G + g). */
@@ -146,6 +159,7 @@ static Tile tile_at(const prefill_attention_f32_args *a, int64_t kvh, int64_t q0
     t.q[q] = a->q + row;
     t.out[q] = q0 + q < queries ? a->out + row : NULL;
     t.len[q] = ctx + i / G + 1;
+    t.first[q] = window_start(t.len[q], a->sliding_window);
   }
   return t;
 }
@@ -196,16 +210,35 @@ INLINE void block_scores(const float *block, const Tile *t, vecn sums[TILE_QUERI
   for (int q = 0; q < TILE_QUERIES; q++) sums[q] = half[0][q];
 }
 
-/* Each query's scores over its n[q] keys of the partition whose packed keys start at keys,
- * into scores [TILE_QUERIES][PARTITION_TOKENS]. */
-INLINE void score_partition(const float *keys, const Tile *t, const int64_t *n, float scale,
+/* The floats of a query's scores in a task: a partition's keys from the block of VEC_LANES
+ * that holds the tile's first one (up to TILE_QUERIES - 1 keys before the query's own first),
+ * and a vector of padding past them; rounded up to 64 bytes, so that every query's scores
+ * share one alignment. */
+#define SCORE_STRIDE ((PARTITION_TOKENS + 2 * VEC_LANES + TILE_QUERIES + 15) / 16 * 16)
+
+/* The keys of partition `part` of each of the tile's queries, [begin[q], end[q]) counted from
+ * the returned base (a multiple of VEC_LANES: the block that holds query 0's first one);
+ * begin and end are non-decreasing along the tile. */
+INLINE int64_t partition_keys(const Tile *t, int64_t part, int64_t *begin, int64_t *end) {
+  const int64_t base = (t->first[0] + part * PARTITION_TOKENS) / VEC_LANES * VEC_LANES;
+  for (int q = 0; q < TILE_QUERIES; q++) {
+    const int64_t start = t->first[q] + part * PARTITION_TOKENS, left = t->len[q] - start;
+    begin[q] = start - base;
+    end[q] = begin[q] + (left < 0 ? 0 : left < PARTITION_TOKENS ? left : PARTITION_TOKENS);
+  }
+  return base;
+}
+
+/* Each query's scores over keys [0, end[q]) from the partition's base, whose packed keys start
+ * at keys, into scores [TILE_QUERIES][SCORE_STRIDE] (the ones before its begin are not its). */
+INLINE void score_partition(const float *keys, const Tile *t, const int64_t *end, float scale,
                             float *scores, const int64_t D, const int widened,
                             const int kv_bf16) {
-  for (int64_t t0 = 0; t0 < n[TILE_QUERIES - 1]; t0 += VEC_LANES) {
+  for (int64_t t0 = 0; t0 < end[TILE_QUERIES - 1]; t0 += VEC_LANES) {
     vecn sums[TILE_QUERIES];
     block_scores(keys + t0 * D, t, sums, D, widened, kv_bf16);
     for (int q = 0; q < TILE_QUERIES; q++)
-      if (t0 < n[q]) store_scores(scores + q * PARTITION_TOKENS + t0, sums[q], n[q] - t0, scale);
+      if (t0 < end[q]) store_scores(scores + q * SCORE_STRIDE + t0, sums[q], end[q] - t0, scale);
   }
 }
 
@@ -215,28 +248,33 @@ typedef struct {
   float factor[TILE_QUERIES];
 } Outputs;
 
-/* The first of the tile's queries that sees key t (n: their keys, non-decreasing). */
-INLINE int first_seeing(const int64_t *n, int64_t t) {
+/* The first of the tile's queries whose x[q] > t (x non-decreasing, x[TILE_QUERIES - 1] > t). */
+INLINE int first_above(const int64_t *x, int64_t t) {
   int q = 0;
-  while (n[q] <= t) q++;
+  while (x[q] <= t) q++;
   return q;
 }
 
 /* Output columns [c0, c0 + vecs vectors) of each query: per element an FMA chain from zero
- * over its n[q] keys in order of weight (p, [TILE_QUERIES][PARTITION_TOKENS]) x value (packed
- * rows of Dv), times its factor, into its out (elements below D; vecs: a constant). */
-INLINE void value_columns(const float *values, int64_t Dv, const float *p, const int64_t *n,
-                          const Outputs *o, int64_t c0, const int vecs, const int64_t D) {
+ * over its keys [begin[q], end[q]) in order of weight (p, [TILE_QUERIES][SCORE_STRIDE]) x
+ * value (packed rows of Dv from the partition's base), times its factor, into its out
+ * (elements below D). vecs and staggered are constants; staggered: whether the queries begin
+ * past the partition's base (a sliding window), which the loop then checks too. */
+INLINE void value_columns(const float *values, int64_t Dv, const float *p,
+                          const int64_t *begin, const int64_t *end, const Outputs *o,
+                          int64_t c0, const int vecs, const int64_t D, const int staggered) {
   vecn acc[TILE_QUERIES][VALUE_VECS];
   for (int q = 0; q < TILE_QUERIES; q++)
     for (int c = 0; c < vecs; c++) acc[q][c] = splatn(0.0f);
-  for (int64_t t = 0; t < n[TILE_QUERIES - 1]; t++) {
+  for (int64_t t = staggered ? begin[0] : 0; t < end[TILE_QUERIES - 1]; t++) {
     vecn v[VALUE_VECS];
     for (int c = 0; c < vecs; c++) v[c] = loadn(values + t * Dv + c0 + c * VEC_LANES);
-    const int first = t < n[0] ? 0 : first_seeing(n, t); /* rows before it end sooner */
+    const int first = t < end[0] ? 0 : first_above(end, t); /* rows before it end sooner */
+    const int last = /* rows from it begin later */
+        !staggered || t >= begin[TILE_QUERIES - 1] ? TILE_QUERIES : first_above(begin, t);
     for (int q = 0; q < TILE_QUERIES; q++) {
-      if (q < first) continue;
-      const vecn w = broadcastn(p + q * PARTITION_TOKENS + t);
+      if (q < first || q >= last) continue;
+      const vecn w = broadcastn(p + q * SCORE_STRIDE + t);
       for (int c = 0; c < vecs; c++) acc[q][c] = fman(w, v[c], acc[q][c]);
     }
   }
@@ -252,86 +290,119 @@ INLINE void value_columns(const float *values, int64_t Dv, const float *p, const
   }
 }
 
-/* value_columns over all Dv columns, VALUE_VECS vectors at a time. */
-INLINE void value_partition(const float *values, int64_t Dv, const float *p, const int64_t *n,
-                            const Outputs *o, const int64_t D) {
+/* value_columns over all Dv columns, VALUE_VECS vectors at a time (staggered: a constant). */
+INLINE void value_columns_all(const float *values, int64_t Dv, const float *p,
+                              const int64_t *begin, const int64_t *end, const Outputs *o,
+                              const int64_t D, const int staggered) {
   int64_t c0 = 0;
   for (; c0 + VALUE_VECS * VEC_LANES <= Dv; c0 += VALUE_VECS * VEC_LANES)
-    value_columns(values, Dv, p, n, o, c0, VALUE_VECS, D);
-  for (; c0 < Dv; c0 += VEC_LANES) value_columns(values, Dv, p, n, o, c0, 1, D);
+    value_columns(values, Dv, p, begin, end, o, c0, VALUE_VECS, D, staggered);
+  for (; c0 < Dv; c0 += VEC_LANES)
+    value_columns(values, Dv, p, begin, end, o, c0, 1, D, staggered);
+}
+
+/* value_columns_all, staggered where a query begins past the partition's base. */
+INLINE void value_partition(const float *values, int64_t Dv, const float *p,
+                            const int64_t *begin, const int64_t *end, const Outputs *o,
+                            const int64_t D) {
+  if (begin[TILE_QUERIES - 1] > 0)
+    value_columns_all(values, Dv, p, begin, end, o, D, 1);
+  else
+    value_columns_all(values, Dv, p, begin, end, o, D, 0);
 }
 
 /* The floats of one thread's scratch: a task's scores and partition outputs. */
 INLINE int64_t task_scratch_floats(int64_t D, int64_t parts) {
-  return TILE_QUERIES * (PARTITION_TOKENS + parts * D);
+  return TILE_QUERIES * (SCORE_STRIDE + parts * D);
+}
+
+/* The partitions of the keys query q of the tile sees. */
+INLINE int64_t query_partitions(const Tile *t, int q) {
+  return partitions(t->len[q] - t->first[q]);
+}
+
+/* Each query's weights of one partition (keys [begin[q], end[q]) of scores) from its scores:
+ * capped (cap_scores), their softmax, and where its output goes and the factor that finishes
+ * it (parts: the scratch's partitions per query). */
+INLINE Outputs partition_weights(const prefill_attention_f32_args *a, const Tile *t,
+                                 int64_t part, const int64_t *begin, const int64_t *end,
+                                 float *scores, float *part_out, SoftmaxState *states,
+                                 int64_t parts, const int64_t D) {
+  Outputs o;
+  for (int q = 0; q < TILE_QUERIES; q++) {
+    const int64_t n = end[q] - begin[q];
+    const int whole = query_partitions(t, q) == 1;
+    o.out[q] = n == 0 || t->out[q] == NULL ? NULL
+               : whole                     ? t->out[q]
+                                           : part_out + (q * parts + part) * D;
+    if (n == 0) continue;
+    float *s = scores + q * SCORE_STRIDE + begin[q];
+    storen(s + n, splatn(-__FLT_MAX__)); /* the padding to whole vectors from begin[q] */
+    if (a->soft_cap > 0) cap_scores(s, n, a->soft_cap);
+    const SoftmaxState state = softmax_scores(s, n);
+    o.factor[q] = finish_head(&state, whole ? NULL : &states[q * parts + part]);
+  }
+  return o;
 }
 
 /* One task: the tile t, reading its kv head's packed keys and values. scratch:
  * task_scratch_floats(D, parts) floats, states: TILE_QUERIES * parts (parts: of the longest
  * query of the chunk). kv_bf16: a->kv_bf16 as a constant. */
-INLINE void attend_tile(const prefill_attention_f32_args *a, const float *keys,
-                        const float *values, int64_t Dv, const Tile *t, int64_t parts,
-                        float *scratch, SoftmaxState *states, const int64_t D,
+INLINE void attend_tile(const prefill_attention_f32_args *a, const Packed *kv, const Tile *t,
+                        int64_t parts, float *scratch, SoftmaxState *states, const int64_t D,
                         const int widened, const int kv_bf16) {
-  float *scores = scratch, *part_out = scores + TILE_QUERIES * PARTITION_TOKENS;
-  for (int64_t part = 0; part < partitions(t->len[TILE_QUERIES - 1]); part++) {
-    const int64_t start = part * PARTITION_TOKENS;
-    int64_t n[TILE_QUERIES];
-    for (int q = 0; q < TILE_QUERIES; q++) {
-      const int64_t left = t->len[q] - start;
-      n[q] = left < 0 ? 0 : left < PARTITION_TOKENS ? left : PARTITION_TOKENS;
-    }
-    score_partition(keys + start * D, t, n, a->scale, scores, D, widened, kv_bf16);
-    Outputs o;
-    for (int q = 0; q < TILE_QUERIES; q++) {
-      const int whole = partitions(t->len[q]) == 1;
-      o.out[q] = n[q] == 0 || t->out[q] == NULL ? NULL
-                 : whole                       ? t->out[q]
-                                               : part_out + (q * parts + part) * D;
-      if (n[q] == 0) continue;
-      const SoftmaxState s = softmax_scores(scores + q * PARTITION_TOKENS, n[q]);
-      o.factor[q] = finish_head(&s, whole ? NULL : &states[q * parts + part]);
-    }
-    value_partition(values + start * Dv, Dv, scores, n, &o, D);
+  float *scores = scratch, *part_out = scores + TILE_QUERIES * SCORE_STRIDE;
+  for (int64_t part = 0; part < query_partitions(t, TILE_QUERIES - 1); part++) {
+    int64_t begin[TILE_QUERIES], end[TILE_QUERIES];
+    const int64_t base = partition_keys(t, part, begin, end) - kv->first;
+    score_partition(kv->keys + base * D, t, end, a->scale, scores, D, widened, kv_bf16);
+    const Outputs o =
+        partition_weights(a, t, part, begin, end, scores, part_out, states, parts, D);
+    value_partition(kv->values + base * kv->Dv, kv->Dv, scores, begin, end, &o, D);
   }
   for (int q = 0; q < TILE_QUERIES; q++)
-    if (t->out[q] != NULL && partitions(t->len[q]) > 1)
-      merge_head(t->out[q], part_out + q * parts * D, states + q * parts, partitions(t->len[q]),
+    if (t->out[q] != NULL && query_partitions(t, q) > 1)
+      merge_head(t->out[q], part_out + q * parts * D, states + q * parts, query_partitions(t, q),
                  D, 1, D);
 }
 
 /* attend_tile for a widened head with the cache's element order a constant, which folds the
  * offsets of the query elements (widened_element) into their loads: 1.2x faster on AVX2. */
-INLINE void attend_widened(const prefill_attention_f32_args *a, const float *keys,
-                           const float *values, int64_t Dv, const Tile *t, int64_t parts,
-                           float *scratch, SoftmaxState *states, const int64_t D) {
+INLINE void attend_widened(const prefill_attention_f32_args *a, const Packed *kv, const Tile *t,
+                           int64_t parts, float *scratch, SoftmaxState *states, const int64_t D) {
   if (a->kv_bf16)
-    attend_tile(a, keys, values, Dv, t, parts, scratch, states, D, 1, 1);
+    attend_tile(a, kv, t, parts, scratch, states, D, 1, 1);
   else
-    attend_tile(a, keys, values, Dv, t, parts, scratch, states, D, 1, 0);
+    attend_tile(a, kv, t, parts, scratch, states, D, 1, 0);
 }
 
 /* attend_tile with the common head sizes as constants, whose loops the compiler unrolls. A
  * head that is not widened takes its elements in order, whatever the cache. */
-static void attend(const prefill_attention_f32_args *a, const float *keys, const float *values,
-                   int64_t Dv, const Tile *t, int64_t parts, float *scratch,
-                   SoftmaxState *states) {
+static void attend(const prefill_attention_f32_args *a, const Packed *kv, const Tile *t,
+                   int64_t parts, float *scratch, SoftmaxState *states) {
   if (a->D == 64 && widened_head(64))
-    attend_widened(a, keys, values, Dv, t, parts, scratch, states, 64);
+    attend_widened(a, kv, t, parts, scratch, states, 64);
   else if (a->D == 128 && widened_head(128))
-    attend_widened(a, keys, values, Dv, t, parts, scratch, states, 128);
+    attend_widened(a, kv, t, parts, scratch, states, 128);
   else if (widened_head(a->D))
-    attend_widened(a, keys, values, Dv, t, parts, scratch, states, a->D);
+    attend_widened(a, kv, t, parts, scratch, states, a->D);
   else
-    attend_tile(a, keys, values, Dv, t, parts, scratch, states, a->D, 0, 0);
+    attend_tile(a, kv, t, parts, scratch, states, a->D, 0, 0);
 }
 
+/* Tasks: each tile of each kv head, after every kv head's keys and values are packed from the
+ * block of the first key the chunk's first row sees (window_start: under a sliding window no
+ * earlier block is read). */
 int ISA(prefill_attention_f32_run)(const prefill_attention_f32_args *a) {
   const int64_t KV = a->KV, D = a->D, Dv = (D + VEC_LANES - 1) / VEC_LANES * VEC_LANES;
   const int64_t tiles = (a->n * (a->H / KV) + TILE_QUERIES - 1) / TILE_QUERIES;
   const int64_t lc = (a->seq_len + VEC_LANES - 1) / VEC_LANES * VEC_LANES;
-  const int64_t parts = partitions(a->seq_len), per_thread = task_scratch_floats(D, parts);
-  float *keys = malloc((size_t)(KV * lc * (D + Dv)) * sizeof(float));
+  const int64_t first =
+      window_start(a->seq_len - a->n + 1, a->sliding_window) / VEC_LANES * VEC_LANES;
+  const int64_t tokens = lc - first;
+  const int64_t parts = partitions(visible_keys(a->seq_len, a->sliding_window));
+  const int64_t per_thread = task_scratch_floats(D, parts);
+  float *keys = malloc((size_t)(KV * tokens * (D + Dv)) * sizeof(float));
   float *scratch = malloc((size_t)(a->num_threads * per_thread) * sizeof(float));
   SoftmaxState *states =
       malloc((size_t)(a->num_threads * TILE_QUERIES * parts) * sizeof(SoftmaxState));
@@ -341,15 +412,15 @@ int ISA(prefill_attention_f32_run)(const prefill_attention_f32_args *a) {
     free(states);
     return -1;
   }
-  float *values = keys + KV * lc * D;
+  float *values = keys + KV * tokens * D;
 #pragma omp parallel num_threads(a->num_threads)
   {
 #pragma omp for schedule(static)
     for (int64_t job = 0; job < 2 * KV; job++) {
       if (job < KV)
-        pack_keys(a, keys + job * lc * D, lc, job);
+        pack_keys(a, keys + job * tokens * D, first, lc, job);
       else
-        pack_values(a, values + (job - KV) * lc * Dv, lc, Dv, job - KV);
+        pack_values(a, values + (job - KV) * tokens * Dv, first, lc, Dv, job - KV);
     }
     const int thread = omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
@@ -357,8 +428,9 @@ int ISA(prefill_attention_f32_run)(const prefill_attention_f32_args *a) {
       /* the longest rows first */
       const int64_t tile = tiles - 1 - task / KV, kvh = task % KV;
       const Tile t = tile_at(a, kvh, tile * TILE_QUERIES);
-      attend(a, keys + kvh * lc * D, values + kvh * lc * Dv, Dv, &t, parts,
-             scratch + thread * per_thread, states + thread * TILE_QUERIES * parts);
+      const Packed kv = {keys + kvh * tokens * D, values + kvh * tokens * Dv, first, Dv};
+      attend(a, &kv, &t, parts, scratch + thread * per_thread,
+             states + thread * TILE_QUERIES * parts);
     }
   }
   free(keys);

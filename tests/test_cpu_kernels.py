@@ -325,6 +325,18 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
         ),
         "head_dim 0 must be positive",
     ),
+    "attention negative sliding_window": (
+        lambda: _attention(sliding_window=-1),
+        r"paged_decode_attention: sliding_window -1 must be >= 0 \(0: none\)",
+    ),
+    "attention soft cap NaN": (
+        lambda: _attention(logits_soft_cap=float("nan")),
+        r"logits_soft_cap nan must be >= 0",
+    ),
+    "prefill float32 negative soft cap": (
+        lambda: _prefill_f32(logits_soft_cap=-30.0),
+        r"prefill_attention_f32: logits_soft_cap -30.0 must be >= 0",
+    ),
     "prefill float32 isa of another kernel": (
         lambda: _prefill_f32(isa="amx"),
         r"prefill_attention_f32: isa 'amx' is not one of this CPU's",

@@ -232,8 +232,9 @@ def test_linear_without_the_extension_is_f_linear(monkeypatch: pytest.MonkeyPatc
     assert torch.equal(_custom_ops.linear(x, w), F.linear(x, w))
 
 
-def _torch_decode(query, k_cache, v_cache, block_tables, seq_lens, scale):
-    """The torch definition's padded-gather decode, in float64."""
+def _torch_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, *options):
+    """The torch definition's padded-gather decode, in float64 (options: sliding_window,
+    logits_soft_cap)."""
     out = _torch_ops.paged_decode_attention(
         query.double(),
         k_cache.double(),
@@ -242,6 +243,7 @@ def _torch_decode(query, k_cache, v_cache, block_tables, seq_lens, scale):
         seq_lens,
         int(seq_lens.max()),
         scale,
+        *options,
     )
     return out.float()
 
@@ -291,6 +293,45 @@ def test_paged_decode_attention_matches_torch_backend(
     # A float32 score's rounding grows with scale * |q| |k| (~ scale * sqrt(D) here), and the
     # output's with it: up to 2.3e-5 seen at scale 4, D 256 (AVX2's summing order), 1e-7 at 1/8.
     atol = max(2e-5, 2e-6 * scale * head_size**0.5)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=atol)
+
+
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_size,block_size",
+    [(9, 3, 64, 16), (4, 1, 80, 1), (2, 2, 8, 5), (5, 1, 256, 8)],
+)
+@pytest.mark.parametrize(
+    "sliding_window,logits_soft_cap",
+    [(1, 0.0), (5, 0.0), (40, 0.0), (512, 0.0), (600, 0.0), (0, 3.0), (0, 50.0), (600, 3.0)],
+)
+def test_paged_decode_attention_in_a_window_or_capped_matches_torch_backend(
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    sliding_window: int,
+    logits_soft_cap: float,
+    attention_isa: str,
+) -> None:
+    """Reference: the float64 torch definition with the window (the last sliding_window keys)
+    and the soft cap (cap * tanh(s / cap)): windows of 1 key to more than a partition, shorter
+    and longer than the sequences (1 to 1,300 tokens); caps that flatten the scores (3) and that
+    barely touch them (50); both. Scale 1, so that the caps bite."""
+    num_blocks = 1400 // block_size + 60
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
+    k_cache, v_cache = torch.randn(cache_shape), torch.randn(cache_shape)
+    seq_lens = torch.tensor([1, 17, 700, 33, 1300, 512, 513], dtype=torch.int32)
+    max_blocks = -(-1300 // block_size) + 2
+    block_tables = torch.stack([torch.randperm(num_blocks)[:max_blocks] for _ in seq_lens]).to(
+        torch.int32
+    )
+    query = torch.randn(len(seq_lens), num_heads, head_size)
+    options = (sliding_window, logits_soft_cap)
+    out = _custom_ops.paged_decode_attention(
+        query, k_cache, v_cache, block_tables, seq_lens, 1300, 1.0, *options
+    )
+    expected = _torch_decode(query, k_cache, v_cache, block_tables, seq_lens, 1.0, *options)
+    atol = max(2e-5, 2e-6 * head_size**0.5)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=atol)
 
 
@@ -399,6 +440,42 @@ def test_prefill_attention_f32_is_the_causal_definition(
         query.double(), k_cache.double(), v_cache.double(), table, seq_len, 0.2
     )
     assert out.dtype == torch.float32 and out.shape == query.shape
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_size,block_size", [(9, 3, 64, 16), (4, 2, 80, 8), (2, 1, 24, 5)]
+)
+@pytest.mark.parametrize("num_queries,seq_len", [(1, 70), (20, 45), (300, 300), (40, 1100)])
+@pytest.mark.parametrize(
+    "sliding_window,logits_soft_cap",
+    [(1, 0.0), (7, 0.0), (30, 0.0), (600, 0.0), (0, 3.0), (600, 3.0)],
+)
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_prefill_attention_f32_in_a_window_or_capped_is_the_definition(
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    num_queries: int,
+    seq_len: int,
+    sliding_window: int,
+    logits_soft_cap: float,
+    cache_dtype: torch.dtype,
+    prefill_f32_isa: str,
+) -> None:
+    """Reference: the float64 torch definition, causal and within the sliding window (rows in
+    a tile start their windows at different keys), scores capped; windows of 1 key to more
+    than a partition, shorter and longer than the context; scale 1, so that the cap bites."""
+    query, k_cache, v_cache, table = _prefill_case(
+        num_heads, num_kv_heads, head_size, seq_len, block_size, cache_dtype
+    )
+    query = query[seq_len - num_queries :]
+    options = (sliding_window, logits_soft_cap)
+    out = _cpu_kernels.prefill_attention_f32(query, k_cache, v_cache, table, seq_len, 1.0, *options)
+    expected = _torch_ops.prefill_attention(
+        query.double(), k_cache.double(), v_cache.double(), table, seq_len, 1.0, *options
+    )
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=2e-5)
 
 

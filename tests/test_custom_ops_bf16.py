@@ -293,6 +293,37 @@ def test_paged_decode_attention_on_a_bf16_cache(
     torch.testing.assert_close(out.double(), expected.to(query_dtype).double(), **tolerance)
 
 
+@needs_kernels
+@pytest.mark.parametrize("query_dtype", [torch.float32, BF16])
+@pytest.mark.parametrize(
+    "sliding_window,logits_soft_cap", [(7, 0.0), (600, 0.0), (0, 3.0), (40, 3.0)]
+)
+def test_paged_decode_attention_on_a_bf16_cache_in_a_window_or_capped(
+    query_dtype: torch.dtype, sliding_window: int, logits_soft_cap: float, attention_isa: str
+) -> None:
+    """Reference: the float64 torch definition with the sliding window and the soft cap, on
+    the same (bf16-valued) cache and query, rounded to the query's dtype; lengths 1 to 1,100
+    over scattered blocks."""
+    block_size, num_blocks = 16, 100
+    shape = (num_blocks, block_size, 3, 64)
+    k_cache, v_cache = torch.randn(shape).to(BF16), torch.randn(shape).to(BF16)
+    seq_lens = torch.tensor([1, 17, 1100, 33, 600], dtype=torch.int32)
+    tables = torch.stack([torch.randperm(num_blocks)[:70] for _ in seq_lens]).to(torch.int32)
+    query = torch.randn(len(seq_lens), 9, 64).to(query_dtype)
+    options = (sliding_window, logits_soft_cap)
+    out = _custom_ops.paged_decode_attention(
+        query, k_cache, v_cache, tables, seq_lens, 1100, 0.3, *options
+    )
+    expected = _torch_ops.paged_decode_attention(
+        query.double(), k_cache.double(), v_cache.double(), tables, seq_lens, 1100, 0.3, *options
+    )
+    assert out.dtype == query_dtype
+    tolerance = (
+        {"rtol": 2.0**-7, "atol": 1e-5} if query_dtype == BF16 else {"rtol": 1e-5, "atol": 2e-5}
+    )
+    torch.testing.assert_close(out.double(), expected.to(query_dtype).double(), **tolerance)
+
+
 def _prefill_case(
     num_heads: int, num_kv_heads: int, head_size: int, seq_len: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -319,6 +350,23 @@ def test_prefill_attention_on_bf16_is_the_float32_kernel_rounded() -> None:
         float32 = _cpu_kernels.prefill_attention_f32(q.float(), k_cache, v_cache, table, 20, 0.125)
         expected = float32.to(BF16)
     assert out.dtype == BF16 and torch.equal(out, expected)
+
+
+@needs_kernels
+@pytest.mark.parametrize("sliding_window,logits_soft_cap", [(7, 0.0), (600, 0.0), (30, 3.0)])
+def test_prefill_attention_on_bf16_in_a_window_or_capped_is_the_definition(
+    sliding_window: int, logits_soft_cap: float, prefill_f32_isa: str
+) -> None:
+    """Reference: the float64 torch definition with the sliding window and the soft cap on the
+    same bf16 values, rounded to bf16: 40 rows after 660 cached tokens (two partitions)."""
+    query, k_cache, v_cache, table = _prefill_case(9, 3, 64, 700)
+    q, options = query[660:], (sliding_window, logits_soft_cap)
+    out = _custom_ops.prefill_attention(q, k_cache, v_cache, table, 700, 0.3, *options)
+    expected = _torch_ops.prefill_attention(
+        q.double(), k_cache.double(), v_cache.double(), table, 700, 0.3, *options
+    )
+    assert out.dtype == BF16
+    torch.testing.assert_close(out.double(), expected.to(BF16).double(), rtol=2.0**-7, atol=1e-5)
 
 
 def test_torch_paths_convert_between_the_cache_and_the_model_dtype() -> None:

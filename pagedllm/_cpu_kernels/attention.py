@@ -38,6 +38,8 @@ PAGED_DECODE_ATTENTION = Kernel(
     Int("block_size"),
     Int("max_blocks"),
     Float("scale"),
+    Int("sliding_window"),
+    Float("logits_soft_cap"),
     Int("isa"),
     Int("num_threads"),
     Int("num_blocks"),
@@ -57,6 +59,8 @@ PREFILL_ATTENTION_F32 = Kernel(
     Int("D"),
     Int("block_size"),
     Float("scale"),
+    Int("sliding_window"),
+    Float("logits_soft_cap"),
     Int("isa"),
     Int("num_threads"),
     Int("max_blocks"),
@@ -98,6 +102,12 @@ def _heads(op: str, h: int, kv: int, d: int, cache_d: int) -> None:
     require(op, kv > 0 and h % kv == 0, "num_kv_heads {} must divide num_heads {}", kv, h)
 
 
+def _options(op: str, sliding_window: int, logits_soft_cap: float) -> None:
+    """The attention options are off (0) or positive."""
+    require(op, sliding_window >= 0, "sliding_window {} must be >= 0 (0: none)", sliding_window)
+    require(op, logits_soft_cap >= 0, "logits_soft_cap {} must be >= 0 (0: none)", logits_soft_cap)
+
+
 def paged_decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -105,11 +115,15 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    sliding_window: int = 0,
+    logits_soft_cap: float = 0.0,
     isa: str | None = None,
 ) -> torch.Tensor:
     """query [B, H, D] float32, one new token per sequence; caches [num_blocks, block_size,
     KV, D], float32 or bfloat16; block_tables [B, max_blocks] and seq_lens [B], int32 ->
-    float32 [B, H, D]. isa: one of paged_attention_isas(), or None for the best."""
+    float32 [B, H, D]. sliding_window > 0: a query sees (and the kernel reads) only its
+    sequence's last that many keys; logits_soft_cap > 0: each score s becomes
+    cap * tanh(s / cap). isa: one of paged_attention_isas(), or None for the best."""
     kernel = PAGED_DECODE_ATTENTION
     kernel.check(query, k_cache, v_cache, block_tables, seq_lens)
     kernel.check_shape("v_cache", v_cache, k_cache.shape)
@@ -117,6 +131,7 @@ def paged_decode_attention(
     num_blocks, block_size, kv, cache_d = k_cache.shape
     kernel.check_shape("seq_lens", seq_lens, (b,))
     _heads(kernel.name, h, kv, d, cache_d)
+    _options(kernel.name, sliding_window, logits_soft_cap)
     rows, max_blocks = block_tables.shape
     require(kernel.name, rows == b, "block_tables has {} rows for {} sequences", rows, b)
     index = isa_index(kernel.name, isa, _ATTENTION_ISAS)
@@ -136,6 +151,8 @@ def paged_decode_attention(
         block_size=block_size,
         max_blocks=max_blocks,
         scale=scale,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
         isa=index,
         num_threads=torch.get_num_threads(),
         num_blocks=num_blocks,
@@ -150,13 +167,16 @@ def prefill_attention_f32(
     block_table: torch.Tensor,
     seq_len: int,
     scale: float,
+    sliding_window: int = 0,
+    logits_soft_cap: float = 0.0,
     isa: str | None = None,
 ) -> torch.Tensor:
     """query [n, H, D] float32 at positions seq_len - n .. seq_len - 1 of one sequence;
     caches [num_blocks, block_size, KV, D] float32 or bfloat16; block_table [max_blocks]
-    int32 -> float32 [n, H, D], causal: row i the bits paged_decode_attention gives its query
-    as a sequence of seq_len - n + i + 1 tokens on the same build. isa: one of
-    prefill_attention_f32_isas(), or None for the best."""
+    int32 -> float32 [n, H, D], causal (and within sliding_window, logits_soft_cap as
+    paged_decode_attention's): row i the bits paged_decode_attention gives its query as a
+    sequence of seq_len - n + i + 1 tokens with the same options on the same build. isa: one
+    of prefill_attention_f32_isas(), or None for the best."""
     kernel = PREFILL_ATTENTION_F32
     kernel.check(query, k_cache, v_cache, block_table)
     kernel.check_shape("v_cache", v_cache, k_cache.shape)
@@ -164,6 +184,7 @@ def prefill_attention_f32(
     num_blocks, block_size, kv, cache_d = k_cache.shape
     _heads(kernel.name, h, kv, d, cache_d)
     require(kernel.name, d > 0, "head_dim {} must be positive", d)
+    _options(kernel.name, sliding_window, logits_soft_cap)
     index = isa_index(kernel.name, isa, _PREFILL_F32_ISAS)
     out = torch.empty_like(query)
     kernel.launch(
@@ -180,6 +201,8 @@ def prefill_attention_f32(
         D=d,
         block_size=block_size,
         scale=scale,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
         isa=index,
         num_threads=torch.get_num_threads(),
         max_blocks=block_table.shape[0],

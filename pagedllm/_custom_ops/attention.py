@@ -64,9 +64,11 @@ def paged_decode_attention(
     block_tables [B, max_blocks] and seq_lens [B] -> [B, H, D]. The kernel reads the cache in
     place; max_seq_len (the host-side max of seq_lens) sizes the torch path's padded gather.
     The caches may hold another dtype than the query (kv_cache_dtype); the output has the
-    query's. The kernel computes in float32."""
+    query's. The kernel computes in float32. sliding_window > 0: a query sees only its
+    sequence's last that many keys (the kernel reads no others); logits_soft_cap > 0: each
+    score s becomes cap * tanh(s / cap) before the softmax (0: either off)."""
     window = (sliding_window, logits_soft_cap)
-    if not cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16) or any(window):
+    if not cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16):
         return _torch_ops.paged_decode_attention(
             query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale, *window
         )
@@ -87,7 +89,6 @@ def paged_decode_attention_kernel(
     logits_soft_cap: float = 0.0,
 ) -> torch.Tensor:
     """paged_decode_attention on pagedllm._C alone (see reshape_and_cache_kernel)."""
-    _no_window_yet(sliding_window, logits_soft_cap)
     out = _cpu_kernels.paged_decode_attention(
         _as_float32(query.contiguous()),
         k_cache,
@@ -95,6 +96,8 @@ def paged_decode_attention_kernel(
         _as_dense(block_tables, torch.int32),
         _as_dense(seq_lens, torch.int32),
         scale,
+        sliding_window,
+        logits_soft_cap,
     )
     return out if query.dtype is torch.float32 else _cpu_kernels.convert(out, query.dtype)
 
@@ -110,7 +113,8 @@ def prefill_attention(
     logits_soft_cap: float = 0.0,
 ) -> torch.Tensor:
     """query [n, H, D] at positions seq_len - n .. seq_len - 1 of one sequence, whose keys
-    and values are in the caches through block_table -> [n, H, D], causal.
+    and values are in the caches through block_table -> [n, H, D], causal; sliding_window
+    and logits_soft_cap as paged_decode_attention's.
 
     On CPU float32 or bf16 tensors (any head size, a float32 or bf16 cache): pagedllm._C's
     float32 kernel (csrc/prefill_attention_f32.c), bf16 queries widened and the output
@@ -125,7 +129,7 @@ def prefill_attention(
     Elsewhere the torch definition (sdpa).
     """
     window = (sliding_window, logits_soft_cap)
-    if not cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16) or any(window):
+    if not cpu_kernels_apply(query, k_cache, v_cache, dtypes=_FLOAT32_OR_BF16):
         return _torch_ops.prefill_attention(
             query, k_cache, v_cache, block_table, seq_len, scale, *window
         )
@@ -143,7 +147,6 @@ def prefill_attention_kernel(
     logits_soft_cap: float = 0.0,
 ) -> torch.Tensor:
     """prefill_attention on pagedllm._C alone (see reshape_and_cache_kernel)."""
-    _no_window_yet(sliding_window, logits_soft_cap)
     out = _cpu_kernels.prefill_attention_f32(
         _as_float32(query.contiguous()),
         k_cache,
@@ -151,10 +154,7 @@ def prefill_attention_kernel(
         _as_dense(block_table, torch.int32),
         seq_len,
         scale,
+        sliding_window,
+        logits_soft_cap,
     )
     return out if query.dtype is torch.float32 else _cpu_kernels.convert(out, query.dtype)
-
-
-def _no_window_yet(sliding_window: int, logits_soft_cap: float) -> None:
-    if sliding_window or logits_soft_cap:
-        raise ValueError("the CPU attention kernels take no sliding window or logit soft cap")
