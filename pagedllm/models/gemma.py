@@ -14,16 +14,9 @@ from pagedllm.models.llama import (
     AttentionOptions,
     LlamaDecoderLayer,
     LlamaForCausalLM,
-    LlamaMLP,
     Multipliers,
 )
 from pagedllm.models.pipeline import PPMissingLayer
-
-
-def hidden_activation(config: PretrainedConfig) -> str:
-    """Gemma's activation: `hidden_activation`, where older configs leave it unset the tanh
-    GELU their models were trained with (transformers' and vLLM's rule)."""
-    return getattr(config, "hidden_activation", None) or "gelu_pytorch_tanh"
 
 
 class GemmaDecoderLayer(LlamaDecoderLayer):
@@ -58,17 +51,8 @@ class GemmaForCausalLM(LlamaForCausalLM):
         )
         return Multipliers(embedding=float(normalizer))
 
-    def make_mlp(
-        self,
-        config: PretrainedConfig,
-        layer_idx: int,
-        quant_config: QuantizationConfig | None,
-        prefix: str,
-    ) -> nn.Module:
-        return LlamaMLP(
-            config.hidden_size,
-            config.intermediate_size,
-            hidden_activation(config),
-            quant_config,
-            prefix,
-        )
+    @classmethod
+    def hidden_act(cls, config: PretrainedConfig) -> str:
+        """`hidden_activation`; where older configs leave it unset, the tanh GELU their
+        models were trained with (transformers' and vLLM's rule)."""
+        return getattr(config, "hidden_activation", None) or "gelu_pytorch_tanh"

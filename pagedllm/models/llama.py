@@ -316,6 +316,11 @@ class LlamaForCausalLM(nn.Module):
         return AttentionOptions(qkv_bias=bias, o_bias=bias)
 
     @classmethod
+    def hidden_act(cls, config: PretrainedConfig) -> str:
+        """The MLP's gated activation (layers/activation.py's get_act_and_mul_fn)."""
+        return config.hidden_act
+
+    @classmethod
     def packed_modules_mapping(cls) -> dict[str, list[str]]:
         """Fused parameter -> the checkpoint tensors it holds, in order."""
         packed: dict[str, list[str]] = {}
@@ -358,7 +363,7 @@ class LlamaForCausalLM(nn.Module):
         return LlamaMLP(
             config.hidden_size,
             config.intermediate_size,
-            config.hidden_act,
+            self.hidden_act(config),
             quant_config,
             prefix,
             bias=getattr(config, "mlp_bias", False),
