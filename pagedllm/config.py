@@ -8,6 +8,7 @@ import socket
 from dataclasses import dataclass, field, fields
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, PretrainedConfig
 
 from pagedllm.checkpoint_quant import (
@@ -162,7 +163,9 @@ def _auto_config(model: str) -> PretrainedConfig:
         if remote is None:
             raise
         raise remote from e
-    except (AttributeError, TypeError) as e:  # a field of the wrong type (id2label a list)
+    except (AttributeError, TypeError, StrictDataclassError) as e:
+        # a field of the wrong type (id2label a list), or one the config class's own
+        # validation refuses (Gemma 3's layer_types shorter than its layers)
         _check_quantization_config(model)
         raise ValueError(f"config of {model!r} has a field transformers cannot read: {e}") from e
 
@@ -188,7 +191,7 @@ def apply_hf_overrides(hf_config: PretrainedConfig, overrides: dict | str) -> No
     ValueError naming hf_overrides."""
     try:
         hf_config.update(parse_hf_overrides(overrides))
-    except (AttributeError, TypeError) as e:
+    except (AttributeError, TypeError, StrictDataclassError) as e:
         raise ValueError(f"hf_overrides: a value transformers cannot set: {e}") from e
 
 

@@ -478,3 +478,16 @@ def test_olmo2_refuses_replicated_kv_heads_before_any_worker(tiny_model_path) ->
     with pytest.raises(ValueError, match="tensor_parallel_size 4 does not divide its 2 kv heads"):
         config.verify_with_parallel_config(ParallelConfig(tensor_parallel_size=4))
     config.verify_with_parallel_config(ParallelConfig(tensor_parallel_size=2))
+
+
+def test_a_field_the_config_class_refuses_is_named(tiny_model_path, tmp_path) -> None:
+    """transformers' own validation (Gemma 3's layer_types must list every layer) raises
+    huggingface_hub's StrictDataclassError, not a ValueError: it is one here, as every other
+    unreadable field is."""
+    folder = tmp_path / "gemma3"
+    shutil.copytree(tiny_model_path("gemma3"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["layer_types"] = ["sliding_attention"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="(?s)has a field transformers cannot read.*layer_types"):
+        ModelConfig.create(str(folder))

@@ -95,8 +95,9 @@ def query_pre_attn_scalar(arch: str, sizes: dict[str, int]) -> int:
 
 
 def _periodic(period: int, layers: int) -> list[bool]:
-    """Whether each layer slides under llama.cpp's periodic pattern."""
-    return [i % period < period - 1 for i in range(layers)]
+    """Whether each layer slides under llama.cpp's periodic pattern (set_swa_pattern: a
+    period of 0 slides every layer)."""
+    return [period == 0 or i % period < period - 1 for i in range(layers)]
 
 
 def _gemma3_sliding_layers(gguf: GGUFFile, arch: str, layers: int) -> list[bool]:
@@ -111,7 +112,7 @@ def _gemma3_sliding_layers(gguf: GGUFFile, arch: str, layers: int) -> list[bool]
                 f"{list(value.shape)}; it must be a period or one bool per layer ({layers})"
             )
         return value.tolist()
-    return _periodic(integer(gguf, key, _SWA_PERIODS[arch]), layers)
+    return _periodic(integer(gguf, key, _SWA_PERIODS[arch], minimum=0), layers)
 
 
 def is_offset_norm(arch: str, gguf_name: str) -> bool:

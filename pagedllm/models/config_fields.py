@@ -54,11 +54,21 @@ def num_experts(hf_config: PretrainedConfig) -> int:
     return 0
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
 def layer_type(hf_config: PretrainedConfig, layer_idx: int) -> str:
     """transformers' `layer_types[layer_idx]` ("full_attention", "sliding_attention"), or
-    "full_attention" where the config lists none."""
+    "full_attention" where the config lists none; another type is a ValueError."""
     types = getattr(hf_config, "layer_types", None)
-    return types[layer_idx] if types else "full_attention"
+    if not types:
+        return "full_attention"
+    if types[layer_idx] not in LAYER_TYPES:
+        raise ValueError(
+            f"layer_types[{layer_idx}] is {types[layer_idx]!r}; pagedllm runs "
+            f"{' and '.join(LAYER_TYPES)} layers"
+        )
+    return types[layer_idx]
 
 
 def sliding_window(hf_config: PretrainedConfig, layer_idx: int) -> int | None:

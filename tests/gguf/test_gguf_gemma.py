@@ -57,6 +57,7 @@ def test_gemma2_without_window_or_caps_takes_llama_cpps_defaults(tmp_path) -> No
     [
         ({}, [0, 1, 2, 3, 4, 6]),  # llama.cpp's period 6
         ({"gemma3.attention.sliding_window_pattern": (3, VT.UINT32)}, [0, 1, 3, 4, 6]),
+        ({"gemma3.attention.sliding_window_pattern": (0, VT.UINT32)}, list(range(7))),
         (
             {"gemma3.attention.sliding_window_pattern": ([True] * 6 + [False], VT.ARRAY, VT.BOOL)},
             [0, 1, 2, 3, 4, 5],

@@ -1,8 +1,13 @@
-"""pagedllm/models/config_fields.py: a transformers 4.x config reads like a 5.x one."""
+"""pagedllm/models/config_fields.py: a transformers 4.x config reads like a 5.x one; a
+layer type pagedllm cannot run is refused."""
 
 from pathlib import Path
 
+import pytest
+import transformers
+
 from pagedllm.config import ModelConfig
+from pagedllm.models import config_fields
 from pagedllm.models.config_fields import rope_parameters
 
 
@@ -12,3 +17,12 @@ def test_transformers_4x_config_fields_are_read() -> None:
     theta, scaling = rope_parameters(ModelConfig.create(str(path)).hf_config)
     assert theta == 500000.0
     assert scaling["rope_type"] == "llama3" and scaling["factor"] == 8.0
+
+
+def test_an_unknown_layer_type_is_refused() -> None:
+    config = transformers.Gemma3TextConfig(
+        num_hidden_layers=2, layer_types=["sliding_attention", "chunked_attention"]
+    )
+    assert config_fields.layer_type(config, 0) == "sliding_attention"
+    with pytest.raises(ValueError, match="layer_types\\[1\\] is 'chunked_attention'"):
+        config_fields.layer_type(config, 1)

@@ -115,7 +115,7 @@ _logged: set[tuple[str, str, torch.dtype]] = set()
 
 def _log_once(backend: type[AttentionBackend], device: torch.device, dtype: torch.dtype) -> None:
     key = (backend.name, device.type, dtype)
-    if key in _logged:
+    if key in _logged or device.type == "meta":  # a model sized, not run (inspect)
         return
     _logged.add(key)
     others = [b.name for b, types in _CANDIDATES if device.type in types and b is not backend]

@@ -65,6 +65,7 @@ def test_the_choice_is_logged_once_per_backend_device_and_dtype(caplog) -> None:
         for _ in range(3):
             get_attn_backend("cpu", torch.float32)
             get_attn_backend("cpu", torch.float16)
+            get_attn_backend("meta", torch.float32)  # a model sized (inspect): not logged
     lines = [r.getMessage() for r in caplog.records if "attention backend" in r.getMessage()]
     assert lines == [
         "attention backend: CPU_ATTN",
