@@ -15,14 +15,13 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from pagedllm.layers.layernorm import GemmaRMSNorm
 from pagedllm.layers.quantization.base_config import QuantizationConfig
-from pagedllm.models.gemma import GemmaForCausalLM
-from pagedllm.models.llama import AttentionOptions, LlamaDecoderLayer
+from pagedllm.models.gemma import GemmaDecoderLayer, GemmaForCausalLM
+from pagedllm.models.llama import AttentionOptions
 from pagedllm.models.weight_loading import WeightsMapper
 
 
-class Gemma2DecoderLayer(LlamaDecoderLayer):
+class Gemma2DecoderLayer(GemmaDecoderLayer):
     """Takes and returns (h, residual) whose sum is the residual stream, as a Llama layer;
     the fused add-and-norm of the next norm adds them."""
 
@@ -37,13 +36,8 @@ class Gemma2DecoderLayer(LlamaDecoderLayer):
     ) -> None:
         super().__init__(config, options, mlp, quant_config, prefix)
         size, eps = config.hidden_size, config.rms_norm_eps
-        self.input_layernorm = GemmaRMSNorm(size, eps=eps)
-        self.post_attention_layernorm = GemmaRMSNorm(size, eps=eps)
-        self.pre_feedforward_layernorm = GemmaRMSNorm(size, eps=eps)
-        self.post_feedforward_layernorm = GemmaRMSNorm(size, eps=eps)
-        if options.qk_norm:
-            self.self_attn.q_norm = GemmaRMSNorm(self.self_attn.head_dim, eps=eps)
-            self.self_attn.k_norm = GemmaRMSNorm(self.self_attn.head_dim, eps=eps)
+        self.pre_feedforward_layernorm = self.norm_class(size, eps=eps)
+        self.post_feedforward_layernorm = self.norm_class(size, eps=eps)
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None

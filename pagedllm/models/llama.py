@@ -104,7 +104,9 @@ class LlamaAttention(InferenceModule):
         options: AttentionOptions,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        norm_class: type[RMSNorm] = RMSNorm,
     ) -> None:
+        """norm_class: the q/k norms' (Gemma's scale by 1 + weight)."""
         super().__init__()
         tp_size = get_tensor_model_parallel_world_size()
         self.head_dim = head_dim(config)
@@ -149,8 +151,8 @@ class LlamaAttention(InferenceModule):
         )
         self.q_norm = self.k_norm = None
         if options.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.q_norm = norm_class(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = norm_class(self.head_dim, eps=config.rms_norm_eps)
         assert tp_size * self.num_heads == config.num_attention_heads
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -162,6 +164,9 @@ class LlamaAttention(InferenceModule):
 
 
 class LlamaDecoderLayer(InferenceModule):
+    norm_class: type[RMSNorm] = RMSNorm
+    """The class of every RMSNorm of the model (Gemma's scale by 1 + weight)."""
+
     def __init__(
         self,
         config: PretrainedConfig,
@@ -174,11 +179,13 @@ class LlamaDecoderLayer(InferenceModule):
         """residual_multiplier (Granite's): the attention's and the MLP's outputs are
         scaled by it before they join the residual stream."""
         super().__init__()
-        self.self_attn = LlamaAttention(config, options, quant_config, f"{prefix}.self_attn")
+        self.self_attn = LlamaAttention(
+            config, options, quant_config, f"{prefix}.self_attn", self.norm_class
+        )
         self.mlp = mlp
         self.residual_multiplier = residual_multiplier
-        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = self.norm_class(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = self.norm_class(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
@@ -210,6 +217,7 @@ class LlamaModel(nn.Module):
         quant_config: QuantizationConfig | None = None,
         prefix: str = "model",
         embedding_multiplier: float = 1.0,
+        norm_class: type[RMSNorm] = RMSNorm,
     ) -> None:
         """embedding_multiplier (Granite's): the input embeddings are scaled by it, whether
         looked up here or passed in as inputs_embeds."""
@@ -230,7 +238,7 @@ class LlamaModel(nn.Module):
         )
         self.norm: nn.Module = PPMissingLayer()
         if pp.is_last_rank:
-            self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            self.norm = norm_class(config.hidden_size, eps=config.rms_norm_eps)
 
     def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -291,7 +299,11 @@ class LlamaForCausalLM(nn.Module):
             )
 
         self.model = LlamaModel(
-            config, layer_fn, quant_config, embedding_multiplier=multipliers.embedding
+            config,
+            layer_fn,
+            quant_config,
+            embedding_multiplier=multipliers.embedding,
+            norm_class=self.decoder_layer.norm_class,
         )
         self.lm_head: nn.Module = PPMissingLayer()
         if get_pp_group().is_last_rank:
