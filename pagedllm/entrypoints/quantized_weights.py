@@ -98,9 +98,22 @@ def checkpoint_types(
     config.packed_modules_mapping = full.packed_modules_mapping()
 
     def planned(name: str, shape: tuple[int, ...]) -> GGMLQuantizationType | None:
+        name = _stored_name(name, config.packed_modules_mapping, types)
         return GGMLQuantizationType(types[type_name(name)]) if config.is_raw(name) else None
 
     return planned
+
+
+def _stored_name(name: str, packed: dict[str, list[str]], types: dict[str, int]) -> str:
+    """The checkpoint weight that holds weight `name` (q_proj's, gate_proj's, ...): the
+    fused layer's whole weight where the checkpoint stores that (Phi-3's qkv_proj and
+    gate_up_proj, quantized whole by the tools), else `name` itself."""
+    parent, _, leaf = name.removesuffix(".weight").rpartition(".")
+    for fused, members in packed.items():
+        whole = f"{parent}.{fused}.weight"
+        if leaf in members and whole in types:
+            return whole
+    return name
 
 
 def _scheme_type(

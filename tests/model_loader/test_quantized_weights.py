@@ -2,7 +2,8 @@
 float32 checkpoint of the weights they dequantize to (tests/quantized_checkpoints.py):
 dequantized at load (quantization="none") they are that checkpoint, to float32 rounding;
 run as stored, their layers are GGUF blocks and the model follows the reference within the
-noise of 8-bit activations, as a GGUF file does."""
+noise of 8-bit activations, as a GGUF file does. Each format for Llama's separate q/k/v and
+gate/up layers and for Phi-3's, which the tools quantize fused (qkv_proj, gate_up_proj)."""
 
 from collections.abc import Callable
 
@@ -16,7 +17,7 @@ from pagedllm.config import ModelConfig
 from pagedllm.entrypoints.inspect import inspect_model
 from pagedllm.model_loader.loader import get_model, weight_bytes
 from tests import quantized_checkpoints as qc
-from tests.models.tiny_models import COMMON, save_tiny_model
+from tests.models.tiny_models import COMMON, save_tiny_model, tiny_configs
 
 ENGINE = dict(skip_tokenizer_init=True, num_kv_blocks=64, max_logprobs=20, dtype="float32")
 PROMPTS = [
@@ -93,37 +94,44 @@ def assert_follows(got: list, want: list, atol: float) -> None:
         )
 
 
+FUSED = ["llama-gqa-llama3", "phi3"]
+"""A model whose checkpoint stores q/k/v and gate/up apart, and one that stores them fused."""
+
+
+@pytest.mark.parametrize("name", FUSED)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_dequantized_at_load_is_the_reference_checkpoint(fmt: str, checkpoint) -> None:
-    quantized, reference = checkpoint(fmt, "llama-gqa-llama3")
+def test_dequantized_at_load_is_the_reference_checkpoint(fmt: str, name: str, checkpoint) -> None:
+    quantized, reference = checkpoint(fmt, name)
     assert_follows(greedy(quantized, "none"), greedy(reference), atol=1e-5)
 
 
+@pytest.mark.parametrize("name", FUSED)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_run_as_stored_follows_the_reference(fmt: str, checkpoint) -> None:
+def test_run_as_stored_follows_the_reference(fmt: str, name: str, checkpoint) -> None:
     """Blocks hold the checkpoint's weights (Q4_1's m rounded to fp16); the kernels' 8-bit
     activations move a tiny random model's logprobs by a few hundredths, as for int8."""
-    quantized, reference = checkpoint(fmt, "llama-gqa-llama3")
+    quantized, reference = checkpoint(fmt, name)
     atol = 1e-5 if FORMATS[fmt][2] is None else 0.06
     got, want = prompt_logprobs(quantized), prompt_logprobs(reference)
     torch.testing.assert_close(got, want, atol=atol, rtol=0)
 
 
+@pytest.mark.parametrize("name", FUSED)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_layers_run_in_the_block_type_their_layout_maps_to(fmt: str, checkpoint) -> None:
-    quantized, _ = checkpoint(fmt, "llama-gqa-llama3")
+def test_layers_run_in_the_block_type_their_layout_maps_to(fmt: str, name: str, checkpoint) -> None:
+    quantized, _ = checkpoint(fmt, name)
     config = ModelConfig.create(quantized, "float32")
     assert config.quantization == fmt.split("-")[0].replace("ct", "compressed-tensors")
     model = get_model(config)
     layer = model.model.layers[0]
     qtype = FORMATS[fmt][2]
-    for module in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.down_proj):
+    attention, mlp = layer.self_attn, layer.mlp
+    for module in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj):
         if qtype is None:
             assert module.weight.dtype == torch.float32
         else:
-            assert (
-                module.weight.dtype == torch.uint8 and module.quant_method.shard_types[0] == qtype
-            )
+            assert module.weight.dtype == torch.uint8
+            assert set(module.quant_method.shard_types) == {qtype}
     assert model.model.embed_tokens.weight.dtype == torch.float32  # not quantized by the tools
     assert model.lm_head.weight.dtype == torch.float32
 
@@ -167,12 +175,13 @@ def test_bf16_runs_as_stored(checkpoint) -> None:
     torch.testing.assert_close(got, want, atol=0.1, rtol=0)
 
 
-def test_tensor_parallel_follows_one_rank(tmp_path) -> None:
+@pytest.mark.parametrize("name", FUSED)
+def test_tensor_parallel_follows_one_rank(name: str, tmp_path) -> None:
     """2 ranks split every quantized layer on block boundaries (intermediate 128: down_proj's
-    64 input columns a rank are 2 blocks)."""
-    config = transformers.LlamaConfig(
-        **{**COMMON, "intermediate_size": 128}, num_key_value_heads=2, tie_word_embeddings=False
-    )
+    64 input columns a rank are 2 blocks); Phi-3's fused layers are cut into their parts,
+    whole rows of blocks, before the ranks take their rows of each."""
+    config = tiny_configs()[name]
+    config.intermediate_size = 128
     save_tiny_model(config, str(tmp_path / "float"))
     quantized, _ = qc.save_gptq(str(tmp_path / "float"), str(tmp_path / "gptq"))
     one = prompt_logprobs(quantized)
@@ -211,15 +220,19 @@ def test_zero_points_that_contradict_the_config_are_an_error(checkpoint, tmp_pat
         get_model(ModelConfig.create(str(folder), "float32"))
 
 
+@pytest.mark.parametrize("name", ["qwen3-moe", "phi3"])
 @pytest.mark.parametrize("fmt", ["gptq-4bit-sym", "gptq-act-order", "awq", "ct-w8-channel"])
-def test_inspect_sizes_the_layers_as_the_loader_runs_them(fmt: str, checkpoint) -> None:
+def test_inspect_sizes_the_layers_as_the_loader_runs_them(fmt: str, name: str, checkpoint) -> None:
     """From the weight files' headers; from the config alone, the tools' default (every
     linear layer quantized), which act-order layers (dequantized at load) do not follow.
     Blocks packed for the CPU kernels take a little more than the file's bytes (here, with
-    rows of one block, 0.5% more in all)."""
-    quantized, _ = checkpoint(fmt, "qwen3-moe")
+    rows of one block, 0.5% more in all); a tied LM head's copy packed for the CPU matmul
+    is not a weight of the checkpoint."""
+    quantized, _ = checkpoint(fmt, name)
     config = ModelConfig.create(quantized, "float32")
-    loaded = weight_bytes(get_model(config), buffers=False)
+    model = get_model(config)
+    head_copy = getattr(model.lm_head, "packed_weight", torch.empty(0))
+    loaded = weight_bytes(model, buffers=False) - head_copy.numel() * head_copy.element_size()
     report = inspect_model(config)
     assert report["quantization"] == config.quantization
     assert report["bytes_per_rank"] == pytest.approx(loaded, rel=0.01)
