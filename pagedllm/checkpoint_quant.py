@@ -43,18 +43,19 @@ class CheckpointQuant:
             raise ValueError(f"quantization_config names no scheme for {prefix!r}")
         return scheme
 
-    def find_scheme(self, prefix: str) -> WeightScheme | None:
-        """The scheme of the linear layer named prefix, as vLLM matches targets: a target
-        naming the layer (its full name, or "re:" and an expression) first, in the config's
-        order; then a class target ("Linear"); None if none matches."""
+    def find_scheme(self, *prefixes: str) -> WeightScheme | None:
+        """The scheme of the linear layer named by any of `prefixes` (its name, or each name
+        a checkpoint may give it), as vLLM matches targets: a target naming the layer (its
+        full name, or "re:" and an expression) first, in the config's order; then a class
+        target ("Linear"); None if none matches."""
         fallback = None
         for targets, scheme in self.schemes:
             for target in targets:
                 if target.startswith("re:"):
-                    if re.match(target[3:], prefix):
+                    if any(re.match(target[3:], prefix) for prefix in prefixes):
                         return scheme
                 elif "." in target:
-                    if target == prefix:
+                    if target in prefixes:
                         return scheme
                 elif fallback is None:
                     fallback = scheme

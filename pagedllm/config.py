@@ -107,7 +107,7 @@ def load_hf_config(model: str) -> tuple[PretrainedConfig, str | None]:
 
         return load_gguf_config(model), model
     if model.endswith(".json") and os.path.isfile(model):
-        return _auto_config(model), None
+        return language_model_config(_auto_config(model)), None
     if not os.path.isdir(model):
         raise ValueError(
             f"model {model!r} is neither a folder with config.json nor a .gguf file "

@@ -260,3 +260,41 @@ def save_compressed_tensors(
     ).model_dump()
     config["quant_method"] = "compressed-tensors"
     return _write(folder, source, weights, config), _write(f"{folder}-ref", source, reference, None)
+
+
+VISION_PARTS = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector)\.")
+"""An image-and-text checkpoint's vision tower and projector (transformers' older and newer
+names of Gemma 3's), which the writers above quantize like any linear layer."""
+
+
+def with_float_vision(source: str, quantized: str, reference: str) -> tuple[str, str]:
+    """The writers' folders of an image-and-text checkpoint as the tools write one: only the
+    language model quantized, the vision tower and projector as `source` holds them and
+    named in the config's list of layers left alone (compressed-tensors' `ignore`,
+    AutoAWQ's and transformers' `modules_to_not_convert`)."""
+    vision = {n: w for n, w in _float_weights(source).items() if VISION_PARTS.match(n)}
+    for folder in (quantized, reference):
+        text = {n: w for n, w in _float_weights(folder).items() if not VISION_PARTS.match(n)}
+        save_file({**text, **vision}, f"{folder}/model.safetensors")
+    path = os.path.join(quantized, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    quant = config["quantization_config"]
+    if quant["quant_method"] == "compressed-tensors":
+        quant["ignore"] = [*quant["ignore"], "re:.*vision_tower.*", "re:.*multi_modal_projector.*"]
+    else:
+        quant["modules_to_not_convert"] = ["vision_tower", "multi_modal_projector"]
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
+    return quantized, reference
+
+
+def rename_tensors(folder: str, renames: dict[str, str]) -> str:
+    """The folder's tensors renamed in place, each name's first prefix of `renames` replaced
+    (transformers' older and newer names of a nested model)."""
+    weights = {}
+    for name, tensor in _float_weights(folder).items():
+        old = next((p for p in renames if name.startswith(p)), "")
+        weights[renames.get(old, "") + name[len(old) :]] = tensor
+    save_file(weights, f"{folder}/model.safetensors")
+    return folder

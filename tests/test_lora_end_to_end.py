@@ -22,6 +22,7 @@ from pagedllm.executor.cpu_graph import CpuGraphRunner
 from pagedllm.lora.request import LoRARequest
 from tests.conftest import Generation
 from tests.hf_reference import hf_generate
+from tests.models.tiny_models import save_tiny_gemma3_multimodal
 
 ENGINE = dict(skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=256)
 ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -502,3 +503,60 @@ def test_data_parallel_replicas_run_the_weights_add_lora_read(
         outputs = llm.generate(as_token_prompts(prompts), greedy(), False, lora_request=lora)
     for output, prompt in zip(outputs, prompts, strict=True):
         peft_greedy(adapters(name, 0)[1], prompt).assert_matches(output.outputs[0])
+
+
+def test_adapters_of_the_multimodal_gemma3_give_peft_models_greedy(tmp_path) -> None:
+    """Adapters trained on Gemma3ForConditionalGeneration (modules under `language_model`,
+    one also on the vision tower's q_proj and fc1, and a copy of it named as on
+    transformers' older layout) on its language model run text-only: each request gets its
+    PeftModel's tokens on the same text."""
+    model_folder = str(tmp_path / "gemma3-mm")
+    save_tiny_gemma3_multimodal(model_folder)
+    specs = {
+        "language": dict(r=4, lora_alpha=8, target_modules=r".*language_model.*_proj"),
+        "with-vision": dict(r=8, lora_alpha=16, target_modules=["q_proj", "down_proj", "fc1"]),
+    }
+    folders, models = {}, {}
+    for name, spec in specs.items():
+        base = transformers.AutoModelForImageTextToText.from_pretrained(
+            model_folder, dtype=torch.float32
+        )
+        torch.manual_seed(len(folders))
+        models[name] = peft.get_peft_model(base, peft.LoraConfig(init_lora_weights=False, **spec))
+        folders[name] = str(tmp_path / name)
+        models[name].eval().save_pretrained(folders[name])
+    folders["older"] = str(tmp_path / "older")
+    shutil.copytree(folders["with-vision"], folders["older"])
+    _rename_to_older_layout(os.path.join(folders["older"], "adapter_model.safetensors"))
+    models["older"] = models["with-vision"]
+    llm = LLM(model_folder, enable_lora=True, max_loras=3, max_lora_rank=8, **ENGINE)
+    loras = [LoRARequest(name, i + 1, folder) for i, (name, folder) in enumerate(folders.items())]
+    gen = torch.Generator().manual_seed(0)
+    prompts = [
+        torch.randint(3, 300, (n,), generator=gen).tolist() for n in (4, 17, 30)
+    ]  # no image tokens (300 ..)
+    batch = [(p, lora) for p in prompts for lora in loras]
+    outputs = llm.generate(
+        as_token_prompts([p for p, _ in batch]),
+        greedy(),
+        use_tqdm=False,
+        lora_request=[lora for _, lora in batch],
+    )
+    for output, (prompt, lora) in zip(outputs, batch, strict=True):
+        peft_greedy(models[lora.lora_name], prompt).assert_matches(output.outputs[0])
+
+
+def _rename_to_older_layout(file: str) -> None:
+    """PEFT's names `...model.language_model.` / `...model.vision_tower.` as on transformers'
+    older Gemma3ForConditionalGeneration: `...language_model.model.` / `...vision_tower.`."""
+    from safetensors.torch import load_file, save_file
+
+    renames = {
+        "base_model.model.model.language_model.": "base_model.model.language_model.model.",
+        "base_model.model.model.vision_tower.": "base_model.model.vision_tower.",
+    }
+    tensors = {}
+    for name, tensor in load_file(file).items():
+        old = next(p for p in renames if name.startswith(p))
+        tensors[renames[old] + name[len(old) :]] = tensor
+    save_file(tensors, file)

@@ -27,6 +27,7 @@ from pagedllm.layers.vocab_embedding import VocabParallelEmbedding
 from pagedllm.model_loader.group_blocks import native_block_type
 from pagedllm.model_loader.quantized_weights import checkpoint_tensor_types, type_name
 from pagedllm.models.config_fields import num_experts
+from pagedllm.models.weight_loading import WeightsMapper
 
 _FLOAT_TYPES = {
     torch.float32: GGMLQuantizationType.F32,
@@ -86,12 +87,13 @@ def checkpoint_types(
     fused layer runs in blocks only when all its parts do, as the loader decides (GGUFConfig)."""
     quant = model_config.checkpoint_quant
     folder = model_config.model
+    mapper = full.hf_to_pagedllm_mapper
     if os.path.isdir(folder) and any(name.endswith(".safetensors") for name in os.listdir(folder)):
-        types = checkpoint_tensor_types(folder, quant)
+        types = checkpoint_tensor_types(folder, quant, mapper)
     else:
         types = {}
         for tensor in rank_tensors(full, full):
-            qtype = _scheme_type(quant, tensor.name, tensor.shape)
+            qtype = _scheme_type(quant, tensor.name, tensor.shape, mapper)
             if qtype is not None:
                 types[type_name(tensor.name)] = int(qtype)
     config = GGUFConfig(types)
@@ -117,12 +119,14 @@ def _stored_name(name: str, packed: dict[str, list[str]], types: dict[str, int])
 
 
 def _scheme_type(
-    quant: CheckpointQuant, name: str, shape: tuple[int, ...]
+    quant: CheckpointQuant, name: str, shape: tuple[int, ...], mapper: WeightsMapper
 ) -> GGMLQuantizationType | None:
+    """The type of the model's tensor `name` by the quantization_config's targets, which
+    match the checkpoint's names of it (those `mapper` renames to it)."""
     kind = category(name, shape)
     if kind in (Category.FLOAT, Category.ROUTER, Category.OUTPUT, Category.TOKEN_EMBD):
         return None
-    scheme = quant.find_scheme(name.removesuffix(".weight"))
+    scheme = quant.find_scheme(*(n.removesuffix(".weight") for n in mapper.checkpoint_names(name)))
     if scheme is None or scheme.kind != "int":  # no target: a float layer
         return None
     columns = shape[-1]

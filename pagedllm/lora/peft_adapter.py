@@ -2,6 +2,11 @@
 with it: adapter_config.json and adapter_model.safetensors (or PEFT's older
 adapter_model.bin), as `PeftModel.save_pretrained` writes them.
 
+An adapter names modules as the model it was trained on does; the model class's
+hf_to_pagedllm_mapper renames them to the model's (Gemma 3's image-and-text checkpoints nest
+the language model under `language_model`), and modules of parts the model does not run (a
+vision tower) are ignored, as vLLM ignores them when it serves the language model's LoRA only.
+
 Module m's weights are lora_A [r, in] and lora_B [out, r]; PEFT adds
 (x A^T) B^T * scaling to m's output, with scaling = lora_alpha / r (lora_alpha / sqrt(r)
 under use_rslora), r and lora_alpha per module where rank_pattern and alpha_pattern name it.
@@ -18,6 +23,11 @@ import regex
 import torch
 import xxhash
 from safetensors import SafetensorError, safe_open
+
+from pagedllm.logger import init_logger
+from pagedllm.models.weight_loading import WeightsMapper
+
+logger = init_logger(__name__)
 
 ADAPTER_CONFIG = "adapter_config.json"
 SAFETENSORS_FILE = "adapter_model.safetensors"
@@ -50,13 +60,14 @@ _REFUSED_OPTIONS = {
 @dataclass
 class PeftAdapter:
     """An adapter checked against the model: the folder, its weights file, and for each
-    target module (checkpoint name) its rank and scaling."""
+    target module (the model's checkpoint name) its rank and scaling."""
 
     path: str
     weights_file: str
     ranks: dict[str, int]
     scalings: dict[str, float]
     tensors: dict[str, torch.Tensor]  # the weights file's, as read
+    sources: dict[str, str]  # target module -> the adapter's name of it
 
     @property
     def rank(self) -> int:
@@ -64,9 +75,13 @@ class PeftAdapter:
 
 
 def read_peft_adapter(
-    path: str, target_shapes: dict[str, tuple[int, int]], max_lora_rank: int
+    path: str,
+    target_shapes: dict[str, tuple[int, int]],
+    max_lora_rank: int,
+    mapper: WeightsMapper | None = None,
 ) -> PeftAdapter:
-    """The adapter at `path`, checked against the model's `target_shapes` (module ->
+    """The adapter at `path`, its module names renamed by `mapper` (the model class's
+    hf_to_pagedllm_mapper), checked against the model's `target_shapes` (module ->
     (in_features, out_features), the model class's lora_target_shapes) and max_lora_rank;
     ValueError naming what is wrong. The folder is read once: the weights are checked as
     they were read."""
@@ -74,33 +89,36 @@ def read_peft_adapter(
     weights_file = _weights_file(path)
     tensors = _load_tensors(weights_file)
     pairs = _module_pairs({k: tuple(t.shape) for k, t in tensors.items()}, weights_file)
+    sources = _model_modules(list(pairs), mapper or WeightsMapper(), path)
     ranks, scalings = {}, {}
-    for module, (a_shape, b_shape) in pairs.items():
+    for module, source in sources.items():
+        a_shape, b_shape = pairs[source]
         if module not in target_shapes:
-            raise ValueError(_unsupported_module(module, path))
+            raise ValueError(_unsupported_module(source, path))
         in_features, out_features = target_shapes[module]
         rank = a_shape[0]
         if rank < 1 or a_shape != (rank, in_features) or b_shape != (out_features, rank):
             raise ValueError(
-                f"LoRA adapter {path}: {module} has lora_A {list(a_shape)} and lora_B "
+                f"LoRA adapter {path}: {source} has lora_A {list(a_shape)} and lora_B "
                 f"{list(b_shape)}; this model's {module} needs [r, {in_features}] and "
                 f"[{out_features}, r]"
             )
         if rank > max_lora_rank:
             raise ValueError(
-                f"LoRA adapter {path} has rank {rank} ({module}), over max_lora_rank "
+                f"LoRA adapter {path} has rank {rank} ({source}), over max_lora_rank "
                 f"{max_lora_rank}; raise --max-lora-rank"
             )
-        ranks[module], scalings[module] = rank, _scaling(config, module, rank, path)
-    return PeftAdapter(path, weights_file, ranks, scalings, tensors)
+        # PEFT matches rank_pattern / alpha_pattern on the name it trained the module under
+        ranks[module], scalings[module] = rank, _scaling(config, source, rank, path)
+    return PeftAdapter(path, weights_file, ranks, scalings, tensors, sources)
 
 
 def load_lora_weights(adapter: PeftAdapter) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """module -> (lora_A [r, in], lora_B * scaling [out, r]), float32 on the CPU."""
     weights = {}
     for module, scaling in adapter.scalings.items():
-        a = adapter.tensors[f"{_NAME_PREFIX}{module}.lora_A.weight"]
-        b = adapter.tensors[f"{_NAME_PREFIX}{module}.lora_B.weight"]
+        name = f"{_NAME_PREFIX}{adapter.sources[module]}"
+        a, b = adapter.tensors[f"{name}.lora_A.weight"], adapter.tensors[f"{name}.lora_B.weight"]
         weights[module] = (a.float(), b.float() * scaling)
     return weights
 
@@ -198,6 +216,38 @@ def _module_pairs(
             missing = ({"A", "B"} - set(pair)).pop()
             raise ValueError(f"LoRA adapter {file}: {module} has no lora_{missing}.weight")
     return {module: (pair["A"], pair["B"]) for module, pair in halves.items()}
+
+
+def _model_modules(modules: list[str], mapper: WeightsMapper, path: str) -> dict[str, str]:
+    """The model's name of each of the adapter's modules -> the adapter's; modules the
+    mapper drops (parts of the checkpoint the model does not run) are left out, with a
+    warning, unless they are all the adapter has."""
+    sources: dict[str, str] = {}
+    dropped = []
+    for source in modules:
+        module = mapper.map_name(source)
+        if module is None:
+            dropped.append(source)
+        elif module in sources:
+            raise ValueError(
+                f"LoRA adapter {path} adapts {module} twice, as {sources[module]} and {source}"
+            )
+        else:
+            sources[module] = source
+    if dropped and not sources:
+        raise ValueError(
+            f"LoRA adapter {path} adapts only modules outside the language model pagedllm "
+            f"runs ({', '.join(dropped[:3])}{' ...' if len(dropped) > 3 else ''})"
+        )
+    if dropped:
+        logger.warning(
+            "LoRA adapter %s: its %d modules outside the language model (%s%s) are ignored",
+            path,
+            len(dropped),
+            ", ".join(dropped[:3]),
+            " ..." if len(dropped) > 3 else "",
+        )
+    return sources
 
 
 def _unsupported_module(module: str, path: str) -> str:

@@ -19,6 +19,7 @@ from pagedllm.config import EngineConfig, LoRAConfig
 from pagedllm.lora.peft_adapter import load_lora_weights, read_peft_adapter, weights_digest
 from pagedllm.lora.request import LoRARequest
 from pagedllm.models.registry import ModelRegistry
+from pagedllm.models.weight_loading import WeightsMapper
 
 Weights = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
@@ -39,17 +40,23 @@ def make_lora_registry(config: EngineConfig) -> "LoRARegistry":
         return LoRARegistry(None, {})
     model_config = config.model_config
     model_cls = ModelRegistry.resolve_model_cls(model_config.architecture)
-    return LoRARegistry(config.lora_config, model_cls.lora_target_shapes(model_config.hf_config))
+    shapes = model_cls.lora_target_shapes(model_config.hf_config)
+    return LoRARegistry(config.lora_config, shapes, model_cls.hf_to_pagedllm_mapper)
 
 
 class LoRARegistry:
     def __init__(
-        self, config: LoRAConfig | None, target_shapes: dict[str, tuple[int, int]]
+        self,
+        config: LoRAConfig | None,
+        target_shapes: dict[str, tuple[int, int]],
+        mapper: WeightsMapper | None = None,
     ) -> None:
         """`target_shapes`: the model class's lora_target_shapes (checkpoint module ->
-        (in_features, out_features))."""
+        (in_features, out_features)); `mapper`: its hf_to_pagedllm_mapper, which renames
+        an adapter's modules."""
         self.config = config
         self.target_shapes = target_shapes
+        self.mapper = mapper
         self.adapters: dict[int, LoRARequest] = {}
         # Weights of the max_cpu_loras adapters named last (requests hold their own).
         self.loaded: OrderedDict[int, LoadedAdapter] = OrderedDict()
@@ -109,7 +116,7 @@ class LoRARegistry:
 
     def _load(self, request: LoRARequest) -> LoadedAdapter:
         adapter = read_peft_adapter(
-            request.lora_path, self.target_shapes, self.config.max_lora_rank
+            request.lora_path, self.target_shapes, self.config.max_lora_rank, self.mapper
         )
         weights = load_lora_weights(adapter)
         return LoadedAdapter(request, weights_digest(weights), weights)

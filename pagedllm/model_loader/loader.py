@@ -37,20 +37,21 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 def get_quant_config(model_config: ModelConfig) -> QuantizationConfig | None:
     """The model's quantization config: for a GGUF file, the type of each of its tensors
     (read from the header), for a quantized checkpoint the GGUF type each of its layers
-    runs in; None when the weights stay in model_config.dtype."""
+    runs in, by the model's names of them; None when the weights stay in
+    model_config.dtype."""
     if model_config.quantization is None:
         return None
     settings = {}
+    model_cls = ModelRegistry.resolve_model_cls(model_config.architecture)
     if model_config.quantization == "gguf":
         from pagedllm.gguf.tensor_names import hf_tensor_types
 
         settings["tensor_types"] = hf_tensor_types(model_config.gguf_file)
     elif model_config.checkpoint_quant is not None:
         settings["tensor_types"] = checkpoint_tensor_types(
-            model_config.model, model_config.checkpoint_quant
+            model_config.model, model_config.checkpoint_quant, model_cls.hf_to_pagedllm_mapper
         )
     quant_config = get_quantization_config(model_config.quantization).from_config(settings)
-    model_cls = ModelRegistry.resolve_model_cls(model_config.architecture)
     quant_config.packed_modules_mapping = model_cls.packed_modules_mapping()
     return quant_config
 
@@ -91,21 +92,35 @@ def iterate_weights(
     model_config: ModelConfig,
     quant_config: QuantizationConfig | None = None,
     keep: Callable[[str], bool] | None = None,
+    mapper: WeightsMapper | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint's tensors; those whose name `keep` rejects are never read."""
+    """The checkpoint's tensors under the model's names (`mapper`'s renames). Those the
+    mapper drops (a vision tower) or whose model name `keep` rejects are never read; a
+    quantized layer comes out as its blocks where quant_config's is_raw says so of its
+    model name."""
+    mapper = WeightsMapper() if mapper is None else mapper
+    keep = mapper.keep(keep or _everything)
+    is_raw = getattr(quant_config, "is_raw", None)
+    keep_blocks = None if is_raw is None else mapper.keep(is_raw)
     if model_config.gguf_file is not None:
         from pagedllm.gguf.tensor_names import iterate_gguf_weights
 
-        keep_blocks = getattr(quant_config, "is_raw", None)
-        return iterate_gguf_weights(model_config.gguf_file, model_config.dtype, keep_blocks, keep)
-    if model_config.checkpoint_quant is not None:
-        keep_blocks = getattr(quant_config, "is_raw", None)
-        return iterate_quantized_weights(
+        weights = iterate_gguf_weights(
+            model_config.gguf_file, model_config.dtype, keep_blocks, keep
+        )
+    elif model_config.checkpoint_quant is not None:
+        weights = iterate_quantized_weights(
             model_config.model, model_config.checkpoint_quant, model_config.dtype, keep_blocks, keep
         )
-    from pagedllm.model_loader.safetensors import iterate_safetensors_weights
+    else:
+        from pagedllm.model_loader.safetensors import iterate_safetensors_weights
 
-    return iterate_safetensors_weights(model_config.model, model_config.dtype, keep)
+        weights = iterate_safetensors_weights(model_config.model, model_config.dtype, keep)
+    return mapper.apply(weights)
+
+
+def _everything(name: str) -> bool:
+    return True
 
 
 def weight_bytes(model: nn.Module, buffers: bool = True) -> int:
@@ -119,7 +134,7 @@ def get_model(model_config: ModelConfig, device: str | torch.device = "cpu") -> 
     quant_config = get_quant_config(model_config)
     model = build_model(model_config, device, quant_config)
     owned = rank_weight_filter(model)  # this stage's tensors, this rank's experts
-    mapper = getattr(model, "hf_to_pagedllm_mapper", None) or WeightsMapper()
+    mapper = model.hf_to_pagedllm_mapper
     if model_config.runner_type == "pooling":
         drop_lm_head(model)
     with torch.no_grad():
@@ -127,13 +142,10 @@ def get_model(model_config: ModelConfig, device: str | torch.device = "cpu") -> 
             initialize_dummy_weights(model)
         else:
             if model_config.runner_type == "pooling":
-                keep = mapper.keep(pooling_keep(owned))
-                weights = pooling_weights(
-                    mapper.apply(iterate_weights(model_config, quant_config, keep))
-                )
+                keep = pooling_keep(owned)
+                weights = pooling_weights(iterate_weights(model_config, quant_config, keep, mapper))
             else:
-                weights = iterate_weights(model_config, quant_config, mapper.keep(owned))
-                weights = mapper.apply(weights)
+                weights = iterate_weights(model_config, quant_config, owned, mapper)
             model.load_weights(weights)
         for module in model.modules():
             method = getattr(module, "quant_method", None)

@@ -23,6 +23,7 @@ from pagedllm.model_loader.checkpoint_formats import (
 )
 from pagedllm.model_loader.group_blocks import GroupQuantized, Q, native_block_type
 from pagedllm.model_loader.safetensors import safetensors_files
+from pagedllm.models.weight_loading import WeightsMapper
 
 logger = init_logger(__name__)
 
@@ -78,15 +79,22 @@ def _layer_of(quant: CheckpointQuant, tensors: CheckpointTensors, name: str) -> 
     return prefix if is_quantized_layer(quant, prefix, tensors.get, tensors.has) else None
 
 
-def checkpoint_tensor_types(folder: str, quant: CheckpointQuant) -> dict[str, int]:
-    """HF weight name -> GGUF type of every quantized layer that runs in GGUF blocks (as
-    GGUFConfig takes them); the other layers are dequantized at load. Read from the
-    files' headers (and act-order layers' column groups), not their weights."""
+def checkpoint_tensor_types(
+    folder: str, quant: CheckpointQuant, mapper: WeightsMapper | None = None
+) -> dict[str, int]:
+    """The model's weight name (the checkpoint's, renamed by `mapper`) -> GGUF type of
+    every quantized layer that runs in GGUF blocks (as GGUFConfig takes them); the other
+    layers are dequantized at load. Read from the files' headers (and act-order layers'
+    column groups), not their weights; layers the mapper drops (a vision tower) are not
+    read at all. The quantization_config's targets match the checkpoint's names."""
+    mapper = WeightsMapper() if mapper is None else mapper
     types: dict[str, int] = {}
     dequantized = 0
     with ExitStack() as stack:
         tensors = CheckpointTensors(folder, stack)
         for name in tensors.names():
+            if mapper.map_name(name) is None:
+                continue
             prefix = _layer_of(quant, tensors, name)
             if prefix is None or not name.endswith(_LAYER_MARKS):
                 continue
@@ -94,7 +102,7 @@ def checkpoint_tensor_types(folder: str, quant: CheckpointQuant) -> dict[str, in
             if qtype is None:
                 dequantized += 1
             else:
-                types[type_name(f"{prefix}.weight")] = int(qtype)
+                types[type_name(mapper.map_name(f"{prefix}.weight"))] = int(qtype)
     if dequantized:
         logger.info(
             "%s: %d quantized layers have no GGUF block layout and are dequantized at load",

@@ -41,7 +41,7 @@ from pagedllm.models.pipeline import (
     make_layers,
     missing_prefixes,
 )
-from pagedllm.models.weight_loading import load_named_weights
+from pagedllm.models.weight_loading import WeightsMapper, load_named_weights
 
 
 @dataclass(frozen=True)
@@ -281,6 +281,10 @@ class LlamaForCausalLM(nn.Module):
 
     decoder_layer: type[LlamaDecoderLayer] = LlamaDecoderLayer
     """The class of each decoder layer (OLMo 2 places its norms differently)."""
+
+    hf_to_pagedllm_mapper = WeightsMapper()
+    """Renames of the checkpoint's names to the model's, which the loader, the quantized
+    plan and LoRA adapters all go by: none, unless a checkpoint nests the model (Gemma 3's)."""
 
     def __init__(
         self, config: PretrainedConfig, quant_config: QuantizationConfig | None = None

@@ -30,6 +30,16 @@ class WeightsMapper:
                 return None if new is None else new + name[len(old) :]
         return name
 
+    def checkpoint_names(self, name: str) -> list[str]:
+        """The checkpoint names that map to model name `name` (map_name's inverse): the
+        renames' sources first, then `name` itself where no rename takes it."""
+        names = [
+            old + name[len(new) :]
+            for old, new in self.orig_to_new_prefix.items()
+            if new is not None and name.startswith(new)
+        ]
+        return [n for n in [*names, name] if self.map_name(n) == name]
+
     def keep(self, keep: Callable[[str], bool]) -> Callable[[str], bool]:
         """`keep` (a filter of the model's names) as a filter of the checkpoint's."""
 

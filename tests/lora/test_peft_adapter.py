@@ -14,10 +14,11 @@ from safetensors.torch import load_file, save_file
 
 from pagedllm.lora import peft_adapter
 from pagedllm.lora.peft_adapter import load_lora_weights, read_peft_adapter
+from pagedllm.models.gemma2 import Gemma3ForCausalLM
 from pagedllm.models.llama import LlamaForCausalLM
 from pagedllm.models.qwen3_moe import Qwen3MoeForCausalLM
 from tests.lora.peft_folders import PREFIX, peft_modules, save_adapter
-from tests.models.tiny_models import tiny_configs
+from tests.models.tiny_models import save_tiny_gemma3_multimodal, tiny_configs
 
 MODEL = "llama-gqa4"
 SHAPES = LlamaForCausalLM.lora_target_shapes(tiny_configs()[MODEL])
@@ -299,3 +300,74 @@ def test_a_bin_adapter_reads_as_the_safetensors_one(
     from_safe = load_lora_weights(read_peft_adapter(safe, SHAPES, 16))
     for module, (a, b) in from_bin.items():
         torch.testing.assert_close((a, b), from_safe[module], rtol=0, atol=0)
+
+
+GEMMA3_SHAPES = Gemma3ForCausalLM.lora_target_shapes(tiny_configs()["gemma3"])
+OLDER_NAMES = {
+    f"{PREFIX}model.language_model.": f"{PREFIX}language_model.model.",
+    f"{PREFIX}model.vision_tower.": f"{PREFIX}vision_tower.",
+}
+"""PEFT's names of an image-and-text Gemma 3's modules on transformers' older layout (PEFT
+writes the newer one, `model.language_model.`)."""
+
+
+@pytest.fixture(scope="module")
+def gemma3_multimodal(tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = str(tmp_path_factory.mktemp("gemma3-mm"))
+    save_tiny_gemma3_multimodal(folder)
+    return folder
+
+
+@pytest.mark.parametrize("layout", ["newer", "older"])
+def test_a_multimodal_gemma3_adapter_reads_as_peft_on_the_language_model(
+    layout: str, gemma3_multimodal: str, tmp_path
+) -> None:
+    """An adapter trained on Gemma3ForConditionalGeneration names its modules under
+    `language_model` (and, targeting q_proj and fc1 by name, the vision tower's too): its
+    language model's modules read as PEFT holds them under the model's names, with patterns
+    matched on the adapter's own names; the vision tower's are ignored, as vLLM does."""
+    model = save_adapter(
+        gemma3_multimodal,
+        str(tmp_path),
+        r=4,
+        lora_alpha=8,
+        target_modules=r".*language_model.*\.(k_proj|down_proj)|.*\.q_proj|.*\.fc1",
+        alpha_pattern={r"language_model\.layers\.0\.self_attn\.q_proj": 24},
+    )
+    if layout == "older":  # as PEFT writes it for transformers' older model
+        edit_tensors(str(tmp_path), lambda t: t.update(_renamed(t, OLDER_NAMES)))
+        older_q = r"language_model\.model\.layers\.0\.self_attn\.q_proj"
+        edit_config(str(tmp_path), alpha_pattern={older_q: 24})
+    adapter = read_peft_adapter(
+        str(tmp_path), GEMMA3_SHAPES, 16, Gemma3ForCausalLM.hf_to_pagedllm_mapper
+    )
+    expected = {
+        m.replace("model.language_model.", "model."): p
+        for m, p in peft_modules(model).items()
+        if "language_model" in m
+    }
+    assert len(expected) == 6 and expected[Q_PROJ].scaling == 6.0
+    assert adapter.scalings == pytest.approx({m: p.scaling for m, p in expected.items()})
+    weights = load_lora_weights(adapter)
+    assert set(weights) == set(expected)
+    for module, (a, b) in weights.items():
+        torch.testing.assert_close(a, expected[module].a, rtol=0, atol=0)
+        torch.testing.assert_close(b, expected[module].b * expected[module].scaling)
+
+
+def _renamed(tensors: dict[str, torch.Tensor], renames: dict[str, str]) -> dict:
+    """`tensors` under the names `renames` gives them (the old ones removed)."""
+    out = {}
+    for name in list(tensors):
+        old = next((p for p in renames if name.startswith(p)), None)
+        if old is not None:
+            out[renames[old] + name[len(old) :]] = tensors.pop(name)
+    return out
+
+
+def test_a_multimodal_gemma3_adapter_of_the_vision_tower_alone_is_refused(
+    gemma3_multimodal: str, tmp_path
+) -> None:
+    save_adapter(gemma3_multimodal, str(tmp_path), r=4, target_modules=r".*vision_tower.*\.fc1")
+    with pytest.raises(ValueError, match="adapts only modules outside the language model"):
+        read_peft_adapter(str(tmp_path), GEMMA3_SHAPES, 16, Gemma3ForCausalLM.hf_to_pagedllm_mapper)

@@ -12,35 +12,13 @@ from pagedllm.config import ModelConfig
 from pagedllm.layers.layernorm import GemmaRMSNorm
 from pagedllm.model_loader.loader import build_model, get_model
 from tests.models.test_models_vs_transformers import paged_greedy
-from tests.models.tiny_models import randomize_norms, tiny_configs
-
-VISION = dict(
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    image_size=28,
-    patch_size=14,
-)
+from tests.models.tiny_models import save_tiny_gemma3_multimodal, tiny_configs
 
 
 @pytest.fixture(scope="module")
 def multimodal_folder(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A tiny Gemma3ForConditionalGeneration: the tiny Gemma 3 text model, a SigLIP tower."""
-    config = transformers.Gemma3Config(
-        text_config=tiny_configs()["gemma3"].to_dict(),
-        vision_config=VISION,
-        mm_tokens_per_image=4,
-        image_token_index=300,
-        boi_token_index=301,
-        eoi_token_index=302,
-        architectures=["Gemma3ForConditionalGeneration"],
-    )
-    torch.manual_seed(0)
-    model = transformers.Gemma3ForConditionalGeneration(config)
-    randomize_norms(model)
     folder = str(tmp_path_factory.mktemp("gemma3-mm"))
-    model.save_pretrained(folder)
+    save_tiny_gemma3_multimodal(folder)
     return folder
 
 

@@ -132,6 +132,35 @@ def save_tiny_model(config: transformers.PretrainedConfig, folder: str, seed: in
     model.save_pretrained(folder)
 
 
+GEMMA3_VISION = dict(
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    image_size=28,
+    patch_size=14,
+)
+"""A tiny SigLIP vision tower for an image-and-text Gemma 3."""
+
+
+def save_tiny_gemma3_multimodal(folder: str) -> None:
+    """A tiny Gemma3ForConditionalGeneration: the tiny Gemma 3 text model, a SigLIP tower;
+    transformers writes its language model under `language_model.`."""
+    config = transformers.Gemma3Config(
+        text_config=tiny_configs()["gemma3"].to_dict(),
+        vision_config=GEMMA3_VISION,
+        mm_tokens_per_image=4,
+        image_token_index=300,
+        boi_token_index=301,
+        eoi_token_index=302,
+        architectures=["Gemma3ForConditionalGeneration"],
+    )
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    randomize_norms(model)
+    model.save_pretrained(folder)
+
+
 def randomize_norms(model: torch.nn.Module) -> None:
     """Gemma stores its norm weights as offsets from 1, initialised to 0: random ones make
     a model that mistook them for the scales themselves fail."""
