@@ -1,7 +1,8 @@
 """Llama (and the Llama-shaped family: Mistral, Qwen2, Qwen3 via options).
 
 Attention options cover the family's differences: q/k/v bias (Qwen2), o_proj bias
-(Llama's attention_bias), and per-head q/k RMSNorm before rotary (Qwen3).
+(Llama's attention_bias) and per-head q/k RMSNorm before rotary (Qwen3). Layers without
+rope (SmolLM3's NoPE layers) are the config's (config_fields.uses_rope).
 """
 
 from collections.abc import Callable, Iterable
@@ -25,7 +26,7 @@ from pagedllm.layers.linear import (
 )
 from pagedllm.layers.logits_processor import LogitsProcessor
 from pagedllm.layers.quantization.base_config import QuantizationConfig
-from pagedllm.layers.rotary_embedding import get_rope
+from pagedllm.layers.rotary_embedding import RotaryEmbedding, get_rope
 from pagedllm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedllm.models.config_fields import (
     head_dim,
@@ -33,6 +34,7 @@ from pagedllm.models.config_fields import (
     rope_parameters,
     rotary_dim,
     sliding_window,
+    uses_rope,
 )
 from pagedllm.models.pipeline import (
     IntermediateTensors,
@@ -132,14 +134,7 @@ class LlamaAttention(InferenceModule):
             prefix=f"{prefix}.o_proj",
         )
         layer_idx = layer_index(prefix)
-        theta, scaling = rope_parameters(config, layer_type(config, layer_idx))
-        self.rotary_emb = get_rope(
-            self.head_dim,
-            rotary_dim(config, self.head_dim),
-            config.max_position_embeddings,
-            theta,
-            scaling,
-        )
+        self.rotary_emb = self._rope(config, options, layer_idx)
         scale = self.head_dim**-0.5 if options.scale is None else options.scale
         self.attn = Attention(
             self.num_heads,
@@ -155,11 +150,32 @@ class LlamaAttention(InferenceModule):
             self.k_norm = norm_class(self.head_dim, eps=config.rms_norm_eps)
         assert tp_size * self.num_heads == config.num_attention_heads
 
+    def _rope(
+        self, config: PretrainedConfig, options: AttentionOptions, layer_idx: int
+    ) -> RotaryEmbedding | None:
+        """The layer's rotary embedding; None for a layer without rope (a NoPE layer)."""
+        if not uses_rope(config, layer_idx):
+            if options.qk_norm:  # the per-head norms run inside the rotation's kernel
+                raise ValueError(
+                    f"layer {layer_idx} has no rope (no_rope_layers) and q/k norms; "
+                    "pagedllm runs q/k norms only on layers with rope"
+                )
+            return None
+        theta, scaling = rope_parameters(config, layer_type(config, layer_idx))
+        return get_rope(
+            self.head_dim,
+            rotary_dim(config, self.head_dim),
+            config.max_position_embeddings,
+            theta,
+            scaling,
+        )
+
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        qk_norms = None if self.q_norm is None else (self.q_norm, self.k_norm)
-        q, k = self.rotary_emb(positions, q, k, qk_norms)  # each head normed first
+        if self.rotary_emb is not None:
+            qk_norms = None if self.q_norm is None else (self.q_norm, self.k_norm)
+            q, k = self.rotary_emb(positions, q, k, qk_norms)  # each head normed first
         return self.o_proj(self.attn(q, k, v))
 
 

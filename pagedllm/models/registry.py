@@ -15,6 +15,7 @@ from pagedllm.models.phi3 import Phi3ForCausalLM
 from pagedllm.models.qwen2 import Qwen2ForCausalLM
 from pagedllm.models.qwen3 import Qwen3ForCausalLM
 from pagedllm.models.qwen3_moe import Qwen3MoeForCausalLM
+from pagedllm.models.smollm3 import SmolLM3ForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
     "GemmaForCausalLM": GemmaForCausalLM,
@@ -28,6 +29,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
 _NO_CLASSIFIER = frozenset({"GraniteForCausalLM", "Gemma3ForCausalLM"})
 """Families transformers has no *ForSequenceClassification class of (asking transformers

@@ -121,6 +121,16 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             mlp_only_layers=[1],
             tie_word_embeddings=False,
         ),
+        "smollm3": transformers.SmolLM3Config(
+            **{**COMMON, "num_hidden_layers": 4},
+            num_key_value_heads=2,
+            no_rope_layer_interval=2,  # layers 1 and 3 without rope (SmolLM3-3B: every 4th)
+            use_sliding_window=True,  # on the NoPE layers, as the config's layer_types say
+            sliding_window=6,
+            rope_parameters={"rope_type": "default", "rope_theta": 2000000.0},
+            pad_token_id=None,  # SmolLM3Config's default, 128004, is past the tiny vocabulary
+            tie_word_embeddings=True,
+        ),
     }
 
 
