@@ -1,8 +1,9 @@
 """Llama (and the Llama-shaped family: Mistral, Qwen2, Qwen3 via options).
 
 Attention options cover the family's differences: q/k/v bias (Qwen2), o_proj bias
-(Llama's attention_bias) and per-head q/k RMSNorm before rotary (Qwen3). Layers without
-rope (SmolLM3's NoPE layers) are the config's (config_fields.uses_rope).
+(Llama's attention_bias), per-head q/k RMSNorm before rotary (Qwen3) and Llama 4's
+position-dependent query scale (Ministral 3). Layers without rope (SmolLM3's NoPE layers)
+are the config's (config_fields.uses_rope).
 """
 
 from collections.abc import Callable, Iterable
@@ -55,6 +56,16 @@ class AttentionOptions:
     """The softmax scale of q.k; None: head_dim ** -0.5."""
     logits_soft_cap: float | None = None
     """Gemma 2's attn_logit_softcapping: scores s become cap * tanh(s / cap)."""
+    llama_4_scaling: tuple[float, int] | None = None
+    """(beta, original_max_position_embeddings): rotated q is multiplied by
+    1 + beta * ln(1 + floor(position / original)) (Llama 4's attention temperature, which
+    Ministral 3 takes); None: unscaled."""
+
+
+def llama_4_attn_scale(positions: torch.Tensor, beta: float, original: int) -> torch.Tensor:
+    """positions [T] -> [T, 1] float32, transformers' get_llama_4_attn_scale: 1 up to the
+    original context, growing with the log of each multiple of it past there."""
+    return (1 + beta * torch.log(1 + torch.floor(positions / original)))[:, None]
 
 
 @dataclass(frozen=True)
@@ -135,6 +146,7 @@ class LlamaAttention(InferenceModule):
         )
         layer_idx = layer_index(prefix)
         self.rotary_emb = self._rope(config, options, layer_idx)
+        self.llama_4_scaling = options.llama_4_scaling
         scale = self.head_dim**-0.5 if options.scale is None else options.scale
         self.attn = Attention(
             self.num_heads,
@@ -176,6 +188,8 @@ class LlamaAttention(InferenceModule):
         if self.rotary_emb is not None:
             qk_norms = None if self.q_norm is None else (self.q_norm, self.k_norm)
             q, k = self.rotary_emb(positions, q, k, qk_norms)  # each head normed first
+        if self.llama_4_scaling is not None:
+            q = q * llama_4_attn_scale(positions, *self.llama_4_scaling).to(q.dtype)
         return self.o_proj(self.attn(q, k, v))
 
 

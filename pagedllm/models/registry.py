@@ -10,6 +10,7 @@ from pagedllm.models.gemma import GemmaForCausalLM
 from pagedllm.models.gemma2 import Gemma2ForCausalLM, Gemma3ForCausalLM
 from pagedllm.models.granite import GraniteForCausalLM
 from pagedllm.models.llama import LlamaForCausalLM, MistralForCausalLM
+from pagedllm.models.ministral import Ministral3ForCausalLM, MinistralForCausalLM
 from pagedllm.models.olmo2 import Olmo2ForCausalLM
 from pagedllm.models.phi3 import Phi3ForCausalLM
 from pagedllm.models.qwen2 import Qwen2ForCausalLM
@@ -23,6 +24,8 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
+    "MinistralForCausalLM": MinistralForCausalLM,
+    "Ministral3ForCausalLM": Ministral3ForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,

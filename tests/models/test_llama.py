@@ -9,7 +9,13 @@ import pytest
 import torch
 import transformers
 
-from pagedllm.models.llama import AttentionOptions, LlamaAttention, LlamaForCausalLM, LlamaMLP
+from pagedllm.models.llama import (
+    AttentionOptions,
+    LlamaAttention,
+    LlamaForCausalLM,
+    LlamaMLP,
+    llama_4_attn_scale,
+)
 from tests.models.checkpoints import (
     assert_loaded_from,
     empty_model,
@@ -101,3 +107,12 @@ def test_a_layer_without_rope_refuses_q_k_norms() -> None:
     LlamaAttention(config, options, prefix="model.layers.0.self_attn")
     with pytest.raises(ValueError, match="layer 1 has no rope .* and q/k norms"):
         LlamaAttention(config, options, prefix="model.layers.1.self_attn")
+
+
+def test_llama_4_attn_scale_is_transformers() -> None:
+    """Reference: transformers' get_llama_4_attn_scale (Ministral 3), float32, bit for bit."""
+    from transformers.models.ministral3.modeling_ministral3 import get_llama_4_attn_scale
+
+    positions = torch.tensor([0, 7, 8, 15, 16, 100, 4095, 70000])
+    expected = get_llama_4_attn_scale(positions[None], 0.1, 8)[0, 0]  # [T, 1]
+    assert torch.equal(llama_4_attn_scale(positions, 0.1, 8), expected)

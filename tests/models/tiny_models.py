@@ -83,6 +83,32 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             logits_scaling=8.0,
             tie_word_embeddings=True,
         ),
+        "ministral": transformers.MinistralConfig(
+            **{**COMMON, "num_hidden_layers": 3},
+            num_key_value_heads=2,
+            head_dim=16,  # stated, as Ministral-8B's config does: MinistralConfig derives none
+            sliding_window=5,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            tie_word_embeddings=False,
+        ),
+        "ministral3": transformers.Ministral3Config(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            rope_parameters={  # Ministral 3's, over an original context of 8 tokens
+                "rope_type": "yarn",
+                "rope_theta": 1000000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 8,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "llama_4_scaling_beta": 0.1,
+            },
+            pad_token_id=None,  # Ministral3Config's default, 11, is a token of the prompts
+            tie_word_embeddings=False,
+        ),
         "mistral": transformers.MistralConfig(
             **COMMON, num_key_value_heads=2, sliding_window=7, tie_word_embeddings=False
         ),
