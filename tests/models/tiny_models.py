@@ -165,7 +165,17 @@ def save_tiny_model(config: transformers.PretrainedConfig, folder: str, seed: in
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if config.model_type.startswith("gemma"):
         randomize_norms(model)
+    randomize_biases(model)
     model.save_pretrained(folder)
+
+
+def randomize_biases(model: torch.nn.Module) -> None:
+    """transformers initialises linear biases to 0: random ones make a model that drops a
+    bias, or adds it in the wrong place, fail."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.1)
 
 
 def randomize_norms(model: torch.nn.Module) -> None:
