@@ -1,9 +1,9 @@
 """Llama (and the Llama-shaped family: Mistral, Qwen2, Qwen3 via options).
 
 Attention options cover the family's differences: q/k/v bias (Qwen2), o_proj bias
-(Llama's attention_bias), per-head q/k RMSNorm before rotary (Qwen3) and Llama 4's
-position-dependent query scale (Ministral 3). Layers without rope (SmolLM3's NoPE layers)
-are the config's (config_fields.uses_rope).
+(Llama's attention_bias), per-head q/k RMSNorm before rotary (Qwen3), GPT-J's rotation of
+adjacent channel pairs (ERNIE 4.5) and Llama 4's position-dependent query scale (Ministral
+3). Layers without rope (SmolLM3's NoPE layers) are the config's (config_fields.uses_rope).
 """
 
 from collections.abc import Callable, Iterable
@@ -56,6 +56,9 @@ class AttentionOptions:
     """The softmax scale of q.k; None: head_dim ** -0.5."""
     logits_soft_cap: float | None = None
     """Gemma 2's attn_logit_softcapping: scores s become cap * tanh(s / cap)."""
+    is_neox_style: bool = True
+    """The rotary embedding's pairs: channel i with i + rotary_dim / 2 (rotate_half, as
+    Llama); False: channels 2i and 2i + 1 (GPT-J's, as ERNIE 4.5)."""
     llama_4_scaling: tuple[float, int] | None = None
     """(beta, original_max_position_embeddings): rotated q is multiplied by
     1 + beta * ln(1 + floor(position / original)) (Llama 4's attention temperature, which
@@ -180,6 +183,7 @@ class LlamaAttention(InferenceModule):
             config.max_position_embeddings,
             theta,
             scaling,
+            options.is_neox_style,
         )
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -358,6 +362,11 @@ class LlamaForCausalLM(nn.Module):
         return AttentionOptions(qkv_bias=bias, o_bias=bias)
 
     @classmethod
+    def mlp_bias(cls, config: PretrainedConfig) -> bool:
+        """Whether gate, up and down have biases (Llama's `mlp_bias`)."""
+        return bool(getattr(config, "mlp_bias", False))
+
+    @classmethod
     def hidden_act(cls, config: PretrainedConfig) -> str:
         """The MLP's gated activation (layers/activation.py's get_act_and_mul_fn)."""
         return config.hidden_act
@@ -408,7 +417,7 @@ class LlamaForCausalLM(nn.Module):
             self.hidden_act(config),
             quant_config,
             prefix,
-            bias=getattr(config, "mlp_bias", False),
+            bias=self.mlp_bias(config),
         )
 
     def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:

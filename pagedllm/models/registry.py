@@ -6,6 +6,7 @@ after the pooling (layers/classifier.py)."""
 
 from torch import nn
 
+from pagedllm.models.ernie4_5 import Ernie4_5ForCausalLM
 from pagedllm.models.gemma import GemmaForCausalLM
 from pagedllm.models.gemma2 import Gemma2ForCausalLM, Gemma3ForCausalLM
 from pagedllm.models.granite import GraniteForCausalLM
@@ -19,6 +20,7 @@ from pagedllm.models.qwen3_moe import Qwen3MoeForCausalLM
 from pagedllm.models.smollm3 import SmolLM3ForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
+    "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "GemmaForCausalLM": GemmaForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
@@ -34,7 +36,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
-_NO_CLASSIFIER = frozenset({"GraniteForCausalLM", "Gemma3ForCausalLM"})
+_NO_CLASSIFIER = frozenset({"Ernie4_5ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM"})
 """Families transformers has no *ForSequenceClassification class of (asking transformers
 would import its modeling code, seconds of start-up), or whose classifier is another
 model's (Gemma3ForSequenceClassification is the multimodal Gemma 3's)."""

@@ -51,6 +51,7 @@ def generate_twice(llm: LLM) -> list:
         "gemma2",
         "gemma3",
         "smollm3",
+        "ernie4_5",
     ],
 )
 def test_tp2_matches_tp1(name: str, tiny_model_path) -> None:

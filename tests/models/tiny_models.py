@@ -50,6 +50,15 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0},
             tie_word_embeddings=False,
         ),
+        "ernie4_5": transformers.Ernie4_5Config(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            use_bias=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+            pad_token_id=0,
+            tie_word_embeddings=True,
+        ),
         "gemma": transformers.GemmaConfig(
             **COMMON, num_key_value_heads=1, head_dim=32, hidden_activation="gelu_pytorch_tanh"
         ),
