@@ -17,6 +17,7 @@ from pagedllm.models.phi3 import Phi3ForCausalLM
 from pagedllm.models.qwen2 import Qwen2ForCausalLM
 from pagedllm.models.qwen3 import Qwen3ForCausalLM
 from pagedllm.models.qwen3_moe import Qwen3MoeForCausalLM
+from pagedllm.models.seed_oss import SeedOssForCausalLM
 from pagedllm.models.smollm3 import SmolLM3ForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
@@ -34,6 +35,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "SeedOssForCausalLM": SeedOssForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
 _NO_CLASSIFIER = frozenset({"Ernie4_5ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM"})

@@ -52,6 +52,7 @@ def generate_twice(llm: LLM) -> list:
         "gemma3",
         "smollm3",
         "ernie4_5",
+        "seed-oss",
     ],
 )
 def test_tp2_matches_tp1(name: str, tiny_model_path) -> None:

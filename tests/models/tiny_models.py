@@ -156,6 +156,25 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             mlp_only_layers=[1],
             tie_word_embeddings=False,
         ),
+        "seed-oss": transformers.SeedOssConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            attention_bias=True,  # Seed-OSS-36B's: q/k/v biases, none on o_proj
+            attention_out_bias=False,
+            pad_token_id=0,
+            tie_word_embeddings=False,
+        ),
+        "seed-oss-out-bias": transformers.SeedOssConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            attention_bias=False,
+            attention_out_bias=True,
+            mlp_bias=True,
+            pad_token_id=0,
+            tie_word_embeddings=True,
+        ),
         "smollm3": transformers.SmolLM3Config(
             **{**COMMON, "num_hidden_layers": 4},
             num_key_value_heads=2,
