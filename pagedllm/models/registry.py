@@ -10,6 +10,7 @@ from pagedllm.models.ernie4_5 import Ernie4_5ForCausalLM
 from pagedllm.models.gemma import GemmaForCausalLM
 from pagedllm.models.gemma2 import Gemma2ForCausalLM, Gemma3ForCausalLM
 from pagedllm.models.granite import GraniteForCausalLM
+from pagedllm.models.internlm3 import InternLM3ForCausalLM
 from pagedllm.models.llama import LlamaForCausalLM, MistralForCausalLM
 from pagedllm.models.ministral import Ministral3ForCausalLM, MinistralForCausalLM
 from pagedllm.models.olmo2 import Olmo2ForCausalLM
@@ -51,6 +52,9 @@ _MODELS |= {
 _MODELS["Gemma3TextModel"] = _MODELS.pop("Gemma3Model")
 """A family's bare decoder and its classifier (Gemma3Model is the multimodal Gemma 3; its
 text decoder is Gemma3TextModel)."""
+_MODELS["InternLM3ForCausalLM"] = InternLM3ForCausalLM
+"""The class InternLM3's checkpoints name, their own code's: transformers runs them as
+LlamaForCausalLM and has no InternLM3 bare decoder or classifier to name."""
 
 
 class ModelRegistry:

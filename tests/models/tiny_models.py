@@ -4,6 +4,9 @@ Each entry is a transformers config; `save_tiny_model` writes it with save_pretr
 so our loader reads exactly what a user's HF folder holds.
 """
 
+import json
+from pathlib import Path
+
 import torch
 import transformers
 
@@ -32,6 +35,15 @@ LLAMA3_ROPE = {
 
 def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
     return {
+        "internlm3": transformers.InternLM3Config(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            qkv_bias=True,  # InternLM3Config's names of attention_bias and mlp_bias
+            bias=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+            tie_word_embeddings=False,
+        ),
         "llama-gqa-llama3": transformers.LlamaConfig(
             **COMMON, num_key_value_heads=2, rope_parameters=LLAMA3_ROPE, tie_word_embeddings=False
         ),
@@ -195,6 +207,33 @@ def save_tiny_model(config: transformers.PretrainedConfig, folder: str, seed: in
         randomize_norms(model)
     randomize_biases(model)
     model.save_pretrained(folder)
+    _as_remote_code_checkpoint(config.model_type, folder)
+
+
+REMOTE_CODE_CHECKPOINTS = {
+    "internlm3": {
+        "architectures": ["InternLM3ForCausalLM"],
+        "auto_map": {
+            "AutoConfig": "configuration_internlm3.InternLM3Config",
+            "AutoModelForCausalLM": "modeling_internlm3.InternLM3ForCausalLM",
+        },
+    }
+}
+"""model_type -> the config.json fields of its released checkpoints, made for their own
+modeling code, which transformers runs as another class (InternLM3 as Llama): they name
+their class, where save_pretrained names transformers'."""
+REMOTE_CODE_NAMES = {"internlm3": {"attention_bias": "qkv_bias", "mlp_bias": "bias"}}
+"""model_type -> {transformers' field: the released config.json's name of it}."""
+
+
+def _as_remote_code_checkpoint(model_type: str, folder: str) -> None:
+    if model_type not in REMOTE_CODE_CHECKPOINTS:
+        return
+    path = Path(folder) / "config.json"
+    fields = json.loads(path.read_text())
+    for name, released in REMOTE_CODE_NAMES[model_type].items():
+        fields[released] = fields.pop(name)
+    path.write_text(json.dumps(fields | REMOTE_CODE_CHECKPOINTS[model_type], indent=2))
 
 
 def randomize_biases(model: torch.nn.Module) -> None:
