@@ -27,7 +27,7 @@ from pagedllm.layers.linear import (
 )
 from pagedllm.layers.logits_processor import LogitsProcessor
 from pagedllm.layers.quantization.base_config import QuantizationConfig
-from pagedllm.layers.rotary_embedding import RotaryEmbedding, get_rope
+from pagedllm.layers.rotary_embedding import RotaryEmbedding, get_nope, get_rope
 from pagedllm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedllm.models.config_fields import (
     head_dim,
@@ -167,15 +167,11 @@ class LlamaAttention(InferenceModule):
 
     def _rope(
         self, config: PretrainedConfig, options: AttentionOptions, layer_idx: int
-    ) -> RotaryEmbedding | None:
-        """The layer's rotary embedding; None for a layer without rope (a NoPE layer)."""
+    ) -> RotaryEmbedding:
+        """The layer's rotary embedding; for a layer without rope (a NoPE layer), one that
+        turns by angle 0 (get_nope)."""
         if not uses_rope(config, layer_idx):
-            if options.qk_norm:  # the per-head norms run inside the rotation's kernel
-                raise ValueError(
-                    f"layer {layer_idx} has no rope (no_rope_layers) and q/k norms; "
-                    "pagedllm runs q/k norms only on layers with rope"
-                )
-            return None
+            return get_nope(self.head_dim, config.max_position_embeddings)
         theta, scaling = rope_parameters(config, layer_type(config, layer_idx))
         return get_rope(
             self.head_dim,
@@ -189,9 +185,8 @@ class LlamaAttention(InferenceModule):
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.rotary_emb is not None:
-            qk_norms = None if self.q_norm is None else (self.q_norm, self.k_norm)
-            q, k = self.rotary_emb(positions, q, k, qk_norms)  # each head normed first
+        qk_norms = None if self.q_norm is None else (self.q_norm, self.k_norm)
+        q, k = self.rotary_emb(positions, q, k, qk_norms)  # each head normed first
         if self.llama_4_scaling is not None:
             q = q * llama_4_attn_scale(positions, *self.llama_4_scaling).to(q.dtype)
         return self.o_proj(self.attn(q, k, v))

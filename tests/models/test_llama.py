@@ -11,7 +11,6 @@ import transformers
 
 from pagedllm.models.llama import (
     AttentionOptions,
-    LlamaAttention,
     LlamaForCausalLM,
     LlamaMLP,
     llama_4_attn_scale,
@@ -97,16 +96,6 @@ def test_attention_options_follow_attention_bias() -> None:
 def test_mlp_refuses_an_unknown_activation() -> None:
     with pytest.raises(ValueError, match="hidden_act 'relu' is not supported; supported: silu"):
         LlamaMLP(64, 96, "relu")
-
-
-def test_a_layer_without_rope_refuses_q_k_norms() -> None:
-    """The per-head q/k norms run inside the rotary kernel; a NoPE layer (no_rope_layers
-    0) with them is refused rather than left unnormed."""
-    config = transformers.Qwen3Config(**COMMON, num_key_value_heads=2, no_rope_layers=[1, 0])
-    options = AttentionOptions(qk_norm=True)
-    LlamaAttention(config, options, prefix="model.layers.0.self_attn")
-    with pytest.raises(ValueError, match="layer 1 has no rope .* and q/k norms"):
-        LlamaAttention(config, options, prefix="model.layers.1.self_attn")
 
 
 def test_llama_4_attn_scale_is_transformers() -> None:
