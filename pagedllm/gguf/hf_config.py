@@ -23,10 +23,14 @@ _ARCHITECTURES = {
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
 }
-LLAMA_LAYOUT = ("llama", "granite")
-"""Architectures llama.cpp's converter writes as llama (Granite's converter is Llama's): q/k
-rows permuted, ffn biases where the model has them."""
+LLAMA_LAYOUT = ("llama", "granite", "smollm3")
+"""Architectures llama.cpp's converter writes as llama (Granite's and SmolLM3's converters are
+Llama's): q/k rows permuted, ffn biases where the model has them."""
+# llama.cpp's smollm3 (llama_model::load_hparams, n_no_rope_layer_step): layer i rotates
+# unless (i + 1) % 4 == 0, which no key states; SmolLM3Config's no_rope_layer_interval
+_SMOLLM3_NO_ROPE_INTERVAL = 4
 # the Llama 3 rope scaling this holds is rebuilt into the config (see _llama3_rope_scaling)
 ROPE_FREQS = "rope_freqs.weight"
 CONFIG_TENSORS = frozenset((ROPE_FREQS, *ROPE_FACTORS.values()))
@@ -81,6 +85,8 @@ def _config(gguf: GGUFFile) -> PretrainedConfig:
         kwargs["mlp_bias"] = "blk.0.ffn_up.bias" in gguf.tensors
     if arch == "granite":
         kwargs |= _granite_scales(gguf)
+    if arch == "smollm3":  # llama.cpp's smollm3 graph has no sliding window
+        kwargs |= {"no_rope_layer_interval": _SMOLLM3_NO_ROPE_INTERVAL, "use_sliding_window": False}
     if arch in GEMMA_LAYOUT:  # see gemma.py
         kwargs |= gemma_kwargs(gguf, arch, kwargs)
     if arch == "qwen3moe":

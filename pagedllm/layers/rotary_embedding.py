@@ -328,3 +328,20 @@ def get_rope(
         )
         _ROPE_DICT[key] = rope
     return rope
+
+
+def get_nope(head_size: int, max_position: int) -> RotaryEmbedding:
+    """The rotary embedding of a layer without rope (a NoPE layer): it turns the first channel
+    pair of each head by angle 0, so q and k come out with the values they went in with (each
+    head normed first where q/k norms are given). It still runs the rotary kernel, whose
+    launch a captured CPU decode step replays and whose outputs are contiguous, as the
+    attention kernels take them; skipped, q would stay a strided view of the fused qkv
+    projection, which the attention copies with torch (executor/cpu_graph.py then runs
+    those steps eagerly). Its cos/sin cache holds one pair per position."""
+    key = ("nope", head_size, max_position, torch.get_default_device())
+    rope = _ROPE_DICT.get(key)
+    if rope is None:
+        zero = torch.zeros(1, dtype=torch.float32, device="cpu")
+        rope = RotaryEmbedding(head_size, 2, zero, 1.0, max_position)
+        _ROPE_DICT[key] = rope
+    return rope

@@ -82,3 +82,19 @@ def sliding_window(hf_config: PretrainedConfig, layer_idx: int) -> int | None:
     if getattr(hf_config, "layer_types", None):
         return window if layer_type(hf_config, layer_idx) == "sliding_attention" else None
     return int(window)
+
+
+def uses_rope(hf_config: PretrainedConfig, layer_idx: int) -> bool:
+    """Whether layer `layer_idx` rotates q and k: transformers' `no_rope_layers[layer_idx]`
+    (1: rope, 0: none, a NoPE layer; SmolLM3's config fills it as every
+    `no_rope_layer_interval`-th layer without), every layer where the config lists none."""
+    flags = getattr(hf_config, "no_rope_layers", None)
+    if flags is None:
+        return True
+    layers = hf_config.num_hidden_layers
+    if len(flags) < layers or any(flag not in (0, 1) for flag in flags):
+        raise ValueError(
+            f"no_rope_layers must give 1 (rope) or 0 (none) for each of the "
+            f"{layers} layers, got {list(flags)}"
+        )
+    return bool(flags[layer_idx])

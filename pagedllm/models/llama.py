@@ -1,7 +1,9 @@
 """Llama (and the Llama-shaped family: Mistral, Qwen2, Qwen3 via options).
 
 Attention options cover the family's differences: q/k/v bias (Qwen2), o_proj bias
-(Llama's attention_bias), and per-head q/k RMSNorm before rotary (Qwen3).
+(Llama's attention_bias), per-head q/k RMSNorm before rotary (Qwen3), GPT-J's rotation of
+adjacent channel pairs (ERNIE 4.5) and Llama 4's position-dependent query scale (Ministral
+3). Layers without rope (SmolLM3's NoPE layers) are the config's (config_fields.uses_rope).
 """
 
 from collections.abc import Callable, Iterable
@@ -25,7 +27,7 @@ from pagedllm.layers.linear import (
 )
 from pagedllm.layers.logits_processor import LogitsProcessor
 from pagedllm.layers.quantization.base_config import QuantizationConfig
-from pagedllm.layers.rotary_embedding import get_rope
+from pagedllm.layers.rotary_embedding import RotaryEmbedding, get_nope, get_rope
 from pagedllm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedllm.models.config_fields import (
     head_dim,
@@ -33,6 +35,7 @@ from pagedllm.models.config_fields import (
     rope_parameters,
     rotary_dim,
     sliding_window,
+    uses_rope,
 )
 from pagedllm.models.pipeline import (
     IntermediateTensors,
@@ -53,6 +56,19 @@ class AttentionOptions:
     """The softmax scale of q.k; None: head_dim ** -0.5."""
     logits_soft_cap: float | None = None
     """Gemma 2's attn_logit_softcapping: scores s become cap * tanh(s / cap)."""
+    is_neox_style: bool = True
+    """The rotary embedding's pairs: channel i with i + rotary_dim / 2 (rotate_half, as
+    Llama); False: channels 2i and 2i + 1 (GPT-J's, as ERNIE 4.5)."""
+    llama_4_scaling: tuple[float, int] | None = None
+    """(beta, original_max_position_embeddings): rotated q is multiplied by
+    1 + beta * ln(1 + floor(position / original)) (Llama 4's attention temperature, which
+    Ministral 3 takes); None: unscaled."""
+
+
+def llama_4_attn_scale(positions: torch.Tensor, beta: float, original: int) -> torch.Tensor:
+    """positions [T] -> [T, 1] float32, transformers' get_llama_4_attn_scale: 1 up to the
+    original context, growing with the log of each multiple of it past there."""
+    return (1 + beta * torch.log(1 + torch.floor(positions / original)))[:, None]
 
 
 @dataclass(frozen=True)
@@ -132,14 +148,8 @@ class LlamaAttention(InferenceModule):
             prefix=f"{prefix}.o_proj",
         )
         layer_idx = layer_index(prefix)
-        theta, scaling = rope_parameters(config, layer_type(config, layer_idx))
-        self.rotary_emb = get_rope(
-            self.head_dim,
-            rotary_dim(config, self.head_dim),
-            config.max_position_embeddings,
-            theta,
-            scaling,
-        )
+        self.rotary_emb = self._rope(config, options, layer_idx)
+        self.llama_4_scaling = options.llama_4_scaling
         scale = self.head_dim**-0.5 if options.scale is None else options.scale
         self.attn = Attention(
             self.num_heads,
@@ -155,11 +165,30 @@ class LlamaAttention(InferenceModule):
             self.k_norm = norm_class(self.head_dim, eps=config.rms_norm_eps)
         assert tp_size * self.num_heads == config.num_attention_heads
 
+    def _rope(
+        self, config: PretrainedConfig, options: AttentionOptions, layer_idx: int
+    ) -> RotaryEmbedding:
+        """The layer's rotary embedding; for a layer without rope (a NoPE layer), one that
+        turns by angle 0 (get_nope)."""
+        if not uses_rope(config, layer_idx):
+            return get_nope(self.head_dim, config.max_position_embeddings)
+        theta, scaling = rope_parameters(config, layer_type(config, layer_idx))
+        return get_rope(
+            self.head_dim,
+            rotary_dim(config, self.head_dim),
+            config.max_position_embeddings,
+            theta,
+            scaling,
+            options.is_neox_style,
+        )
+
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         qk_norms = None if self.q_norm is None else (self.q_norm, self.k_norm)
         q, k = self.rotary_emb(positions, q, k, qk_norms)  # each head normed first
+        if self.llama_4_scaling is not None:
+            q = q * llama_4_attn_scale(positions, *self.llama_4_scaling).to(q.dtype)
         return self.o_proj(self.attn(q, k, v))
 
 
@@ -332,6 +361,11 @@ class LlamaForCausalLM(nn.Module):
         return AttentionOptions(qkv_bias=bias, o_bias=bias)
 
     @classmethod
+    def mlp_bias(cls, config: PretrainedConfig) -> bool:
+        """Whether gate, up and down have biases (Llama's `mlp_bias`)."""
+        return bool(getattr(config, "mlp_bias", False))
+
+    @classmethod
     def hidden_act(cls, config: PretrainedConfig) -> str:
         """The MLP's gated activation (layers/activation.py's get_act_and_mul_fn)."""
         return config.hidden_act
@@ -382,7 +416,7 @@ class LlamaForCausalLM(nn.Module):
             self.hidden_act(config),
             quant_config,
             prefix,
-            bias=getattr(config, "mlp_bias", False),
+            bias=self.mlp_bias(config),
         )
 
     def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -6,30 +6,40 @@ after the pooling (layers/classifier.py)."""
 
 from torch import nn
 
+from pagedllm.models.ernie4_5 import Ernie4_5ForCausalLM
 from pagedllm.models.gemma import GemmaForCausalLM
 from pagedllm.models.gemma2 import Gemma2ForCausalLM, Gemma3ForCausalLM
 from pagedllm.models.granite import GraniteForCausalLM
+from pagedllm.models.internlm3 import InternLM3ForCausalLM
 from pagedllm.models.llama import LlamaForCausalLM, MistralForCausalLM
+from pagedllm.models.ministral import Ministral3ForCausalLM, MinistralForCausalLM
 from pagedllm.models.olmo2 import Olmo2ForCausalLM
 from pagedllm.models.phi3 import Phi3ForCausalLM
 from pagedllm.models.qwen2 import Qwen2ForCausalLM
 from pagedllm.models.qwen3 import Qwen3ForCausalLM
 from pagedllm.models.qwen3_moe import Qwen3MoeForCausalLM
+from pagedllm.models.seed_oss import SeedOssForCausalLM
+from pagedllm.models.smollm3 import SmolLM3ForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
+    "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "GemmaForCausalLM": GemmaForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
+    "MinistralForCausalLM": MinistralForCausalLM,
+    "Ministral3ForCausalLM": Ministral3ForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "SeedOssForCausalLM": SeedOssForCausalLM,
+    "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
-_NO_CLASSIFIER = frozenset({"GraniteForCausalLM", "Gemma3ForCausalLM"})
+_NO_CLASSIFIER = frozenset({"Ernie4_5ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM"})
 """Families transformers has no *ForSequenceClassification class of (asking transformers
 would import its modeling code, seconds of start-up), or whose classifier is another
 model's (Gemma3ForSequenceClassification is the multimodal Gemma 3's)."""
@@ -42,6 +52,9 @@ _MODELS |= {
 _MODELS["Gemma3TextModel"] = _MODELS.pop("Gemma3Model")
 """A family's bare decoder and its classifier (Gemma3Model is the multimodal Gemma 3; its
 text decoder is Gemma3TextModel)."""
+_MODELS["InternLM3ForCausalLM"] = InternLM3ForCausalLM
+"""The class InternLM3's checkpoints name, their own code's: transformers runs them as
+LlamaForCausalLM and has no InternLM3 bare decoder or classifier to name."""
 
 
 class ModelRegistry:

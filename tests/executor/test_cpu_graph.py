@@ -59,6 +59,8 @@ def _both(model: str, **kwargs: object) -> tuple[LLM, list, list]:
         ("llama-tied-mqa", "bfloat16"),
         ("qwen2", "float32"),
         ("mistral", "bfloat16"),
+        ("smollm3", "bfloat16"),  # NoPE layers: their q and k through the rotary kernel
+        ("ernie4_5", "float32"),  # GPT-J's rotary pairs
     ],
 )
 def test_replayed_decode_steps_equal_eager_ones(

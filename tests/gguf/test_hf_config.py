@@ -63,6 +63,7 @@ HF_CLASSES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
 }
 
 
@@ -100,6 +101,9 @@ def test_tiny_round_trip_config(arch: str, tiny_files: dict) -> None:
         assert config.norm_topk_prob
     if arch in GEMMAS:
         assert config.hidden_activation == "gelu_pytorch_tanh"
+    if arch == "smollm3":  # llama.cpp's NoPE layers (every 4th), no window
+        assert config.no_rope_layers == expected.no_rope_layers == [1, 1, 1, 0]
+        assert not config.use_sliding_window
     if arch in ("gemma2", "gemma3"):
         for field in GEMMA2_FIELDS:
             assert getattr(config, field) == getattr(expected, field), field

@@ -1,7 +1,7 @@
 """Tiny random HF models written to GGUF with llama.cpp's conventions (gguf's tensor-name map,
-convert_hf_to_gguf.py's q/k permutation of llama, its Gemma norms plus one, Phi-3's LongRoPE
-factor tensors and the metadata each of its model classes writes), and the HF checkpoint
-tensors they should read back as.
+convert_hf_to_gguf.py's q/k permutation of llama, granite and smollm3, its Gemma norms plus
+one, Phi-3's LongRoPE factor tensors and the metadata each of its model classes writes), and
+the HF checkpoint tensors they should read back as.
 """
 
 import math
@@ -72,6 +72,12 @@ TINY = {
         moe_intermediate_size=16,
         norm_topk_prob=True,
     ),
+    "smollm3": dict(
+        model_type="smollm3",
+        num_hidden_layers=4,  # layer 3 without rope: llama.cpp's (and the config's) every 4th
+        head_dim=8,  # not a SmolLM3Config field: hidden / heads, named as the others name it
+        pad_token_id=None,  # SmolLM3Config's default, 128004, is past the tiny vocabulary
+    ),
 }
 ARCH_ENUMS = {
     "gemma": gguf.MODEL_ARCH.GEMMA,
@@ -83,10 +89,13 @@ ARCH_ENUMS = {
     "qwen2": gguf.MODEL_ARCH.QWEN2,
     "qwen3": gguf.MODEL_ARCH.QWEN3,
     "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE,
+    "smollm3": gguf.MODEL_ARCH.SMOLLM3,
 }
 
 
 GEMMAS = ("gemma", "gemma2", "gemma3")
+LLAMA_PERMUTED = ("llama", "granite", "smollm3")
+"""Architectures whose converter is LlamaModel's, which permutes the q/k rows."""
 
 
 def tiny_model(arch: str, **overrides: object):
@@ -168,9 +177,9 @@ def gguf_tensors(arch: str, config, state_dict: dict) -> dict[str, np.ndarray]:
         if suffix == "down_proj":
             out[names.get_name(f"{base}.down_proj") + ".weight"] = tensor
             continue
-        if arch in ("llama", "granite") and base.endswith("q_proj"):
+        if arch in LLAMA_PERMUTED and base.endswith("q_proj"):
             tensor = llama_cpp_permute(tensor, config.num_attention_heads)
-        if arch in ("llama", "granite") and base.endswith("k_proj"):
+        if arch in LLAMA_PERMUTED and base.endswith("k_proj"):
             tensor = llama_cpp_permute(tensor, config.num_key_value_heads)
         if arch in GEMMAS and name.endswith("norm.weight"):  # GemmaModel.modify_tensors
             tensor = tensor + 1

@@ -17,7 +17,8 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 from pagedllm import _cpu_kernels
 from pagedllm.forward_context import AttentionMetadata, set_forward_context
-from pagedllm.layers.rotary_embedding import get_rope, use_max_model_len
+from pagedllm.layers.layernorm import RMSNorm
+from pagedllm.layers.rotary_embedding import get_nope, get_rope, use_max_model_len
 
 NUM_HEADS, NUM_KV_HEADS, NUM_TOKENS = 4, 2, 48
 
@@ -349,3 +350,25 @@ def test_an_embedding_goes_with_the_last_layer_holding_it() -> None:
     del rope
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nope_gives_q_and_k_back_contiguous(cpu_kernels: str, dtype: torch.dtype) -> None:
+    """A NoPE layer's embedding (get_nope): q and k, strided views of a fused qkv
+    projection, come back bit for bit, contiguous; with q/k norms, each head normed as
+    RMSNorm norms it."""
+    head_size = 16
+    qkv = torch.randn(NUM_TOKENS, (NUM_HEADS + 2 * NUM_KV_HEADS) * head_size).to(dtype)
+    q, k, _ = qkv.split([NUM_HEADS * head_size] + [NUM_KV_HEADS * head_size] * 2, dim=-1)
+    rope, positions = get_nope(head_size, 64), _positions(64)
+    q_out, k_out = rope(positions, q, k)
+    assert torch.equal(q_out, q) and torch.equal(k_out, k)
+    assert q_out.is_contiguous() and k_out.is_contiguous()
+    norms = (RMSNorm(head_size, eps=1e-6), RMSNorm(head_size, eps=1e-6))
+    with torch.no_grad():
+        for norm in norms:
+            norm.weight.copy_(torch.rand(head_size) + 0.5)
+    normed = rope(positions, q.float(), k.float(), norms)
+    for out, x, norm in zip(normed, (q, k), norms, strict=True):
+        expected = norm(x.float().reshape(-1, head_size)).reshape(x.shape)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)

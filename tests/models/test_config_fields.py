@@ -26,3 +26,23 @@ def test_an_unknown_layer_type_is_refused() -> None:
     assert config_fields.layer_type(config, 0) == "sliding_attention"
     with pytest.raises(ValueError, match="layer_types\\[1\\] is 'chunked_attention'"):
         config_fields.layer_type(config, 1)
+
+
+def test_no_rope_layers_are_the_layers_without_rope() -> None:
+    """Reference: transformers' SmolLM3Config, whose default leaves every
+    no_rope_layer_interval-th layer without rope; a config listing none ropes every layer."""
+    config = transformers.SmolLM3Config(num_hidden_layers=8)
+    assert [config_fields.uses_rope(config, i) for i in range(8)] == [1, 1, 1, 0, 1, 1, 1, 0]
+    llama = transformers.LlamaConfig(num_hidden_layers=2)
+    assert config_fields.uses_rope(llama, 0) and config_fields.uses_rope(llama, 1)
+
+
+@pytest.mark.parametrize("flags", [[1, 0], [1, 0, 2, 1]])
+def test_a_bad_no_rope_layers_is_refused(flags: list[int]) -> None:
+    """(transformers reads the flags only where the config lists no layer_types.)"""
+    types = ["full_attention"] * 4
+    config = transformers.SmolLM3Config(
+        num_hidden_layers=4, no_rope_layers=flags, layer_types=types
+    )
+    with pytest.raises(ValueError, match=r"no_rope_layers must give 1 \(rope\) or 0 .* 4 layers"):
+        config_fields.uses_rope(config, 0)

@@ -9,7 +9,12 @@ import pytest
 import torch
 import transformers
 
-from pagedllm.models.llama import AttentionOptions, LlamaForCausalLM, LlamaMLP
+from pagedllm.models.llama import (
+    AttentionOptions,
+    LlamaForCausalLM,
+    LlamaMLP,
+    llama_4_attn_scale,
+)
 from tests.models.checkpoints import (
     assert_loaded_from,
     empty_model,
@@ -91,3 +96,12 @@ def test_attention_options_follow_attention_bias() -> None:
 def test_mlp_refuses_an_unknown_activation() -> None:
     with pytest.raises(ValueError, match="hidden_act 'relu' is not supported; supported: silu"):
         LlamaMLP(64, 96, "relu")
+
+
+def test_llama_4_attn_scale_is_transformers() -> None:
+    """Reference: transformers' get_llama_4_attn_scale (Ministral 3), float32, bit for bit."""
+    from transformers.models.ministral3.modeling_ministral3 import get_llama_4_attn_scale
+
+    positions = torch.tensor([0, 7, 8, 15, 16, 100, 4095, 70000])
+    expected = get_llama_4_attn_scale(positions[None], 0.1, 8)[0, 0]  # [T, 1]
+    assert torch.equal(llama_4_attn_scale(positions, 0.1, 8), expected)

@@ -1,14 +1,23 @@
 """pagedllm/models/registry.py. Reference: transformers' model classes: every registered
 architecture string is the name of a transformers class (what config.json's `architectures`
 holds; a bare decoder `*Model` and a classifier `*ForSequenceClassification` resolve to their
-`*ForCausalLM` class, run by pooling models without its LM head), and the model class of
-every tiny test config is registered."""
+`*ForCausalLM` class, run by pooling models without its LM head), or a class of a model's
+own code that transformers runs as one of its classes; and the model class of every tiny
+test config is registered."""
 
 import pytest
 import transformers
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from pagedllm.models.registry import ModelRegistry
-from tests.models.tiny_models import tiny_configs
+from tests.models.tiny_models import REMOTE_CODE_CHECKPOINTS, tiny_configs
+
+RUN_AS = {
+    fields["architectures"][0]: MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+    for model_type, fields in REMOTE_CODE_CHECKPOINTS.items()
+}
+"""The classes remote-code checkpoints name -> transformers' class of their model_type
+(InternLM3ForCausalLM -> LlamaForCausalLM)."""
 
 
 @pytest.mark.parametrize("arch", ModelRegistry.get_supported_archs())
@@ -17,7 +26,8 @@ def test_every_registered_architecture_resolves_to_its_namesake(arch: str) -> No
     family = arch.removesuffix("Model").removesuffix("ForSequenceClassification")
     family = family.removesuffix("Text")  # Gemma3TextModel: Gemma 3's text decoder
     assert model_cls.__name__ in (arch, family + "ForCausalLM")
-    assert hasattr(transformers, arch), f"{arch} is not a transformers architecture"
+    hf_arch = RUN_AS.get(arch, arch)
+    assert hasattr(transformers, hf_arch), f"{hf_arch} is not a transformers architecture"
     assert callable(model_cls.load_weights) and callable(model_cls.compute_logits)
 
 

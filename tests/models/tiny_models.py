@@ -4,6 +4,9 @@ Each entry is a transformers config; `save_tiny_model` writes it with save_pretr
 so our loader reads exactly what a user's HF folder holds.
 """
 
+import json
+from pathlib import Path
+
 import torch
 import transformers
 
@@ -32,6 +35,15 @@ LLAMA3_ROPE = {
 
 def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
     return {
+        "internlm3": transformers.InternLM3Config(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            qkv_bias=True,  # InternLM3Config's names of attention_bias and mlp_bias
+            bias=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+            tie_word_embeddings=False,
+        ),
         "llama-gqa-llama3": transformers.LlamaConfig(
             **COMMON, num_key_value_heads=2, rope_parameters=LLAMA3_ROPE, tie_word_embeddings=False
         ),
@@ -49,6 +61,15 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             mlp_bias=True,
             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0},
             tie_word_embeddings=False,
+        ),
+        "ernie4_5": transformers.Ernie4_5Config(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            use_bias=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+            pad_token_id=0,
+            tie_word_embeddings=True,
         ),
         "gemma": transformers.GemmaConfig(
             **COMMON, num_key_value_heads=1, head_dim=32, hidden_activation="gelu_pytorch_tanh"
@@ -82,6 +103,32 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             attention_multiplier=0.015625,
             logits_scaling=8.0,
             tie_word_embeddings=True,
+        ),
+        "ministral": transformers.MinistralConfig(
+            **{**COMMON, "num_hidden_layers": 3},
+            num_key_value_heads=2,
+            head_dim=16,  # stated, as Ministral-8B's config does: MinistralConfig derives none
+            sliding_window=5,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            tie_word_embeddings=False,
+        ),
+        "ministral3": transformers.Ministral3Config(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            rope_parameters={  # Ministral 3's, over an original context of 8 tokens
+                "rope_type": "yarn",
+                "rope_theta": 1000000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 8,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "llama_4_scaling_beta": 0.1,
+            },
+            pad_token_id=None,  # Ministral3Config's default, 11, is a token of the prompts
+            tie_word_embeddings=False,
         ),
         "mistral": transformers.MistralConfig(
             **COMMON, num_key_value_heads=2, sliding_window=7, tie_word_embeddings=False
@@ -121,6 +168,35 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             mlp_only_layers=[1],
             tie_word_embeddings=False,
         ),
+        "seed-oss": transformers.SeedOssConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            attention_bias=True,  # Seed-OSS-36B's: q/k/v biases, none on o_proj
+            attention_out_bias=False,
+            pad_token_id=0,
+            tie_word_embeddings=False,
+        ),
+        "seed-oss-out-bias": transformers.SeedOssConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            attention_bias=False,
+            attention_out_bias=True,
+            mlp_bias=True,
+            pad_token_id=0,
+            tie_word_embeddings=True,
+        ),
+        "smollm3": transformers.SmolLM3Config(
+            **{**COMMON, "num_hidden_layers": 4},
+            num_key_value_heads=2,
+            no_rope_layer_interval=2,  # layers 1 and 3 without rope (SmolLM3-3B: every 4th)
+            use_sliding_window=True,  # on the NoPE layers, as the config's layer_types say
+            sliding_window=6,
+            rope_parameters={"rope_type": "default", "rope_theta": 2000000.0},
+            pad_token_id=None,  # SmolLM3Config's default, 128004, is past the tiny vocabulary
+            tie_word_embeddings=True,
+        ),
     }
 
 
@@ -129,7 +205,44 @@ def save_tiny_model(config: transformers.PretrainedConfig, folder: str, seed: in
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if config.model_type.startswith("gemma"):
         randomize_norms(model)
+    randomize_biases(model)
     model.save_pretrained(folder)
+    _as_remote_code_checkpoint(config.model_type, folder)
+
+
+REMOTE_CODE_CHECKPOINTS = {
+    "internlm3": {
+        "architectures": ["InternLM3ForCausalLM"],
+        "auto_map": {
+            "AutoConfig": "configuration_internlm3.InternLM3Config",
+            "AutoModelForCausalLM": "modeling_internlm3.InternLM3ForCausalLM",
+        },
+    }
+}
+"""model_type -> the config.json fields of its released checkpoints, made for their own
+modeling code, which transformers runs as another class (InternLM3 as Llama): they name
+their class, where save_pretrained names transformers'."""
+REMOTE_CODE_NAMES = {"internlm3": {"attention_bias": "qkv_bias", "mlp_bias": "bias"}}
+"""model_type -> {transformers' field: the released config.json's name of it}."""
+
+
+def _as_remote_code_checkpoint(model_type: str, folder: str) -> None:
+    if model_type not in REMOTE_CODE_CHECKPOINTS:
+        return
+    path = Path(folder) / "config.json"
+    fields = json.loads(path.read_text())
+    for name, released in REMOTE_CODE_NAMES[model_type].items():
+        fields[released] = fields.pop(name)
+    path.write_text(json.dumps(fields | REMOTE_CODE_CHECKPOINTS[model_type], indent=2))
+
+
+def randomize_biases(model: torch.nn.Module) -> None:
+    """transformers initialises linear biases to 0: random ones make a model that drops a
+    bias, or adds it in the wrong place, fail."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.1)
 
 
 GEMMA3_VISION = dict(
