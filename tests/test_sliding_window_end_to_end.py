@@ -1,5 +1,5 @@
 """Models whose layers attend within a sliding window or cap their attention scores (the
-tiny Gemma 2, Gemma 3 and Mistral models: windows of 5 to 7 tokens, Gemma 2's soft caps),
+tiny Gemma 2, Gemma 3, Mistral and OLMo 3 models: windows of 5 to 7 tokens, Gemma 2's soft caps),
 served by the engine on its CPU path. References: transformers' greedy tokens and logprobs;
 and, bit for bit, the request alone on a cold engine, against the request after a
 prefix-cache hit, batched with others, prefilled in chunks, and decoded eagerly instead of
@@ -10,7 +10,7 @@ import pytest
 from pagedllm import LLM, SamplingParams
 from pagedllm.outputs import CompletionOutput
 
-NAMES = ["gemma2", "gemma3", "mistral"]
+NAMES = ["gemma2", "gemma3", "mistral", "olmo3"]
 MAX_TOKENS = 8
 
 

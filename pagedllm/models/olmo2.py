@@ -4,7 +4,12 @@ and each block's output is normed before it joins the residual stream, with no n
 front of the blocks: h = h + norm(attn(h)); h = h + norm(mlp(h)).
 
 Under tensor parallelism a rank holds some heads of q and k; the norm needs all of them,
-so q and k are gathered from the ranks, normed and cut back (as vLLM does)."""
+so q and k are gathered from the ranks, normed and cut back (as vLLM does).
+
+OLMo 3 (Olmo3ForCausalLM) is OLMo 2 with sliding-window layers among the global ones
+(`layer_types`, three of every four in its configs), each layer type rotated by its own
+`rope_parameters` (the global layers' YaRN scaling, the sliding ones' unscaled): what
+LlamaAttention reads per layer (config_fields.sliding_window, rope_parameters)."""
 
 import torch
 from torch import nn
@@ -97,3 +102,7 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
     def attention_options(cls, config: PretrainedConfig) -> AttentionOptions:
         bias = bool(getattr(config, "attention_bias", False))
         return AttentionOptions(qkv_bias=bias, o_bias=bias)
+
+
+class Olmo3ForCausalLM(Olmo2ForCausalLM):
+    """OLMo 3: OLMo 2's decoder; its windows and per-type rotations come from the config."""

@@ -10,7 +10,7 @@ from pagedllm.models.gemma import GemmaForCausalLM
 from pagedllm.models.gemma2 import Gemma2ForCausalLM, Gemma3ForCausalLM
 from pagedllm.models.granite import GraniteForCausalLM
 from pagedllm.models.llama import LlamaForCausalLM, MistralForCausalLM
-from pagedllm.models.olmo2 import Olmo2ForCausalLM
+from pagedllm.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from pagedllm.models.phi3 import Phi3ForCausalLM
 from pagedllm.models.qwen2 import Qwen2ForCausalLM
 from pagedllm.models.qwen3 import Qwen3ForCausalLM
@@ -24,6 +24,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,

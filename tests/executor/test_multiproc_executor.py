@@ -41,7 +41,17 @@ def generate_twice(llm: LLM) -> list:
 
 @pytest.mark.parametrize(
     "name",
-    ["llama-gqa4", "llama-tied-mqa", "qwen3", "qwen3-moe", "granite", "olmo2", "gemma2", "gemma3"],
+    [
+        "llama-gqa4",
+        "llama-tied-mqa",
+        "qwen3",
+        "qwen3-moe",
+        "granite",
+        "olmo2",
+        "olmo3",
+        "gemma2",
+        "gemma3",
+    ],
 )
 def test_tp2_matches_tp1(name: str, tiny_model_path) -> None:
     path = tiny_model_path(name)

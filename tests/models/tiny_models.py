@@ -89,6 +89,23 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
         "olmo2": transformers.Olmo2Config(
             **COMMON, num_key_value_heads=2, tie_word_embeddings=False
         ),
+        "olmo3": transformers.Olmo3Config(
+            **{**COMMON, "num_hidden_layers": 3},
+            num_key_value_heads=2,
+            sliding_window=6,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            rope_parameters={
+                "full_attention": {
+                    "rope_type": "yarn",
+                    "rope_theta": 50000.0,
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 128,
+                    "attention_factor": 1.2,
+                },
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
+            },
+            tie_word_embeddings=False,
+        ),
         "phi3": transformers.Phi3Config(
             **{**COMMON, "max_position_embeddings": 128},
             num_key_value_heads=2,
