@@ -71,6 +71,9 @@ class Olmo2DecoderLayer(LlamaDecoderLayer):
     """Takes and returns (h, residual) whose sum is the residual stream, as a Llama layer:
     the model's final norm adds them."""
 
+    attention_class: type[LlamaAttention] = Olmo2Attention
+    """The class of the layer's attention (EXAONE 4 norms q and k per head)."""
+
     def __init__(
         self,
         config: PretrainedConfig,
@@ -81,7 +84,7 @@ class Olmo2DecoderLayer(LlamaDecoderLayer):
         residual_multiplier: float = 1.0,
     ) -> None:
         nn.Module.__init__(self)
-        self.self_attn = Olmo2Attention(config, options, quant_config, f"{prefix}.self_attn")
+        self.self_attn = self.attention_class(config, options, quant_config, f"{prefix}.self_attn")
         self.mlp = mlp
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)

@@ -6,6 +6,7 @@ after the pooling (layers/classifier.py)."""
 
 from torch import nn
 
+from pagedllm.models.exaone4 import Exaone4ForCausalLM
 from pagedllm.models.gemma import GemmaForCausalLM
 from pagedllm.models.gemma2 import Gemma2ForCausalLM, Gemma3ForCausalLM
 from pagedllm.models.granite import GraniteForCausalLM
@@ -17,6 +18,7 @@ from pagedllm.models.qwen3 import Qwen3ForCausalLM
 from pagedllm.models.qwen3_moe import Qwen3MoeForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
+    "Exaone4ForCausalLM": Exaone4ForCausalLM,
     "GemmaForCausalLM": GemmaForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,

@@ -59,6 +59,8 @@ def _both(model: str, **kwargs: object) -> tuple[LLM, list, list]:
         ("llama-tied-mqa", "bfloat16"),
         ("qwen2", "float32"),
         ("mistral", "bfloat16"),
+        ("olmo3", "bfloat16"),
+        ("exaone4", "bfloat16"),
     ],
 )
 def test_replayed_decode_steps_equal_eager_ones(

@@ -49,6 +49,7 @@ def generate_twice(llm: LLM) -> list:
         "granite",
         "olmo2",
         "olmo3",
+        "exaone4",
         "gemma2",
         "gemma3",
     ],

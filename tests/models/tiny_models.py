@@ -50,6 +50,22 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0},
             tie_word_embeddings=False,
         ),
+        "exaone4": transformers.Exaone4Config(
+            **{**COMMON, "num_hidden_layers": 3},
+            num_key_value_heads=2,
+            head_dim=32,
+            sliding_window=5,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            rope_parameters={**LLAMA3_ROPE, "rope_theta": 1000.0},
+            tie_word_embeddings=False,
+        ),
+        "exaone4-global": transformers.Exaone4Config(
+            **COMMON,
+            num_key_value_heads=2,
+            sliding_window=None,
+            layer_types=["full_attention", "full_attention"],
+            tie_word_embeddings=True,
+        ),
         "gemma": transformers.GemmaConfig(
             **COMMON, num_key_value_heads=1, head_dim=32, hidden_activation="gelu_pytorch_tanh"
         ),
