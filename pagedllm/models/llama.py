@@ -53,6 +53,9 @@ class AttentionOptions:
     """The softmax scale of q.k; None: head_dim ** -0.5."""
     logits_soft_cap: float | None = None
     """Gemma 2's attn_logit_softcapping: scores s become cap * tanh(s / cap)."""
+    is_neox_style: bool = True
+    """The rotary embedding's channel pairs: i with i + rotary_dim / 2 (rotate_half, Llama's);
+    False: 2i with 2i + 1 (GPT-J's, GLM-4's)."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,7 @@ class LlamaAttention(InferenceModule):
             config.max_position_embeddings,
             theta,
             scaling,
+            options.is_neox_style,
         )
         scale = self.head_dim**-0.5 if options.scale is None else options.scale
         self.attn = Attention(

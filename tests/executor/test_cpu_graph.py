@@ -61,6 +61,7 @@ def _both(model: str, **kwargs: object) -> tuple[LLM, list, list]:
         ("mistral", "bfloat16"),
         ("olmo3", "bfloat16"),
         ("exaone4", "bfloat16"),
+        ("glm4", "bfloat16"),
     ],
 )
 def test_replayed_decode_steps_equal_eager_ones(

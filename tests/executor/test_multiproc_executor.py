@@ -50,6 +50,7 @@ def generate_twice(llm: LLM) -> list:
         "olmo2",
         "olmo3",
         "exaone4",
+        "glm4",
         "gemma2",
         "gemma3",
     ],

@@ -90,6 +90,13 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
                 "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
             },
         ),
+        "glm4": transformers.Glm4Config(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=32,
+            pad_token_id=0,
+            tie_word_embeddings=False,
+        ),
         "granite": transformers.GraniteConfig(
             **COMMON,
             num_key_value_heads=2,
@@ -162,7 +169,23 @@ def save_tiny_model(config: transformers.PretrainedConfig, folder: str, seed: in
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if config.model_type.startswith("gemma"):
         randomize_norms(model)
+    if config.model_type in RANDOM_SCALES:
+        randomize_scales_and_biases(model)
     model.save_pretrained(folder)
+
+
+RANDOM_SCALES = ("exaone4", "glm4", "olmo3")
+"""Families whose norms and biases transformers initialises to ones and zeros: random ones
+make a model that swapped two norms or dropped a bias fail."""
+
+
+def randomize_scales_and_biases(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.normal_(1.0, 0.3)
+            elif name.endswith(".bias"):
+                param.normal_(0.0, 0.3)
 
 
 def randomize_norms(model: torch.nn.Module) -> None:
