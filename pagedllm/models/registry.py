@@ -17,6 +17,7 @@ from pagedllm.models.phi3 import Phi3ForCausalLM
 from pagedllm.models.qwen2 import Qwen2ForCausalLM
 from pagedllm.models.qwen3 import Qwen3ForCausalLM
 from pagedllm.models.qwen3_moe import Qwen3MoeForCausalLM
+from pagedllm.models.starcoder2 import Starcoder2ForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
     "Exaone4ForCausalLM": Exaone4ForCausalLM,
@@ -33,6 +34,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "Starcoder2ForCausalLM": Starcoder2ForCausalLM,
 }
 _NO_CLASSIFIER = frozenset({"GraniteForCausalLM", "Gemma3ForCausalLM"})
 """Families transformers has no *ForSequenceClassification class of (asking transformers

@@ -62,6 +62,8 @@ def _both(model: str, **kwargs: object) -> tuple[LLM, list, list]:
         ("olmo3", "bfloat16"),
         ("exaone4", "bfloat16"),
         ("glm4", "bfloat16"),
+        ("starcoder2", "float32"),
+        ("starcoder2", "bfloat16"),
     ],
 )
 def test_replayed_decode_steps_equal_eager_ones(

@@ -51,6 +51,7 @@ def generate_twice(llm: LLM) -> list:
         "olmo3",
         "exaone4",
         "glm4",
+        "starcoder2",
         "gemma2",
         "gemma3",
     ],

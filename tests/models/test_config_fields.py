@@ -1,5 +1,5 @@
 """pagedllm/models/config_fields.py: a transformers 4.x config reads like a 5.x one; a
-layer type pagedllm cannot run is refused."""
+layer type pagedllm cannot run is refused; the norms' epsilon under either family's name."""
 
 from pathlib import Path
 
@@ -26,3 +26,10 @@ def test_an_unknown_layer_type_is_refused() -> None:
     assert config_fields.layer_type(config, 0) == "sliding_attention"
     with pytest.raises(ValueError, match="layer_types\\[1\\] is 'chunked_attention'"):
         config_fields.layer_type(config, 1)
+
+
+def test_the_norm_epsilon_is_read_under_either_name() -> None:
+    """Reference: the field transformers' model reads: LlamaRMSNorm's rms_norm_eps,
+    Starcoder2's nn.LayerNorm's norm_epsilon."""
+    assert config_fields.norm_eps(transformers.LlamaConfig(rms_norm_eps=1e-6)) == 1e-6
+    assert config_fields.norm_eps(transformers.Starcoder2Config(norm_epsilon=3e-5)) == 3e-5

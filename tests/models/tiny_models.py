@@ -161,6 +161,13 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             mlp_only_layers=[1],
             tie_word_embeddings=False,
         ),
+        "starcoder2": transformers.Starcoder2Config(
+            **{k: v for k, v in COMMON.items() if k != "rms_norm_eps"},
+            num_key_value_heads=2,
+            norm_epsilon=1e-5,
+            sliding_window=7,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+        ),
     }
 
 
@@ -174,7 +181,7 @@ def save_tiny_model(config: transformers.PretrainedConfig, folder: str, seed: in
     model.save_pretrained(folder)
 
 
-RANDOM_SCALES = ("exaone4", "glm4", "olmo3")
+RANDOM_SCALES = ("exaone4", "glm4", "olmo3", "starcoder2")
 """Families whose norms and biases transformers initialises to ones and zeros: random ones
 make a model that swapped two norms or dropped a bias fail."""
 
@@ -182,10 +189,10 @@ make a model that swapped two norms or dropped a bias fail."""
 def randomize_scales_and_biases(model: torch.nn.Module) -> None:
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "norm" in name:
-                param.normal_(1.0, 0.3)
-            elif name.endswith(".bias"):
+            if name.endswith(".bias"):
                 param.normal_(0.0, 0.3)
+            elif "norm" in name:
+                param.normal_(1.0, 0.3)
 
 
 def randomize_norms(model: torch.nn.Module) -> None:
