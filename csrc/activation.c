@@ -1,6 +1,7 @@
 /* SiluAndMul and GeluAndMul: out [T, I] = act(x[:, :I]) * x[:, I:] for x [T, 2I], one pass,
  * on float32 or bfloat16. In bfloat16 act(gate) is rounded before the product, as torch's
  * F.silu or F.gelu on a bfloat16 tensor rounds it (_torch_ops.silu_and_mul, gelu_and_mul).
+ * And GELU alone, elementwise (the activation of non-gated MLPs: StarCoder 2's).
  *
  * exp16 may differ from torch's exp in the last float bit, which can move that rounding by one
  * bfloat16 step. exp16 clamps its input to [-87, 88], so where the true value underflows
@@ -98,4 +99,42 @@ void gelu_and_mul(void *out, const void *x, int bf16, int tanh_form, int64_t num
                   int64_t d, int num_threads) {
   act_and_mul(out, x, bf16, tanh_form ? ACT_GELU_TANH : ACT_GELU_ERF, num_tokens, d,
               num_threads);
+}
+
+/* Elements [begin, end) of out = act(x). */
+INLINE void act_range(void *out, const void *x, int64_t begin, int64_t end, int bf16, int act) {
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) store16_as(out, i, activate16(load16_as(x, i, bf16), act), bf16);
+  if (i < end) {
+    float tail[16] = {0};
+    for (int64_t j = i; j < end; j++) tail[j - i] = load1_as(x, j, bf16);
+    store16(tail, activate16(load16(tail), act));
+    for (int64_t j = i; j < end; j++) store1_as(out, j, tail[j - i], bf16);
+  }
+}
+
+/* One chunk, with bf16 and act constants in each call so each copy is specialized. */
+CPU_DISPATCH
+static void gelu_chunk(void *out, const void *x, int bf16, int tanh_form, int64_t begin,
+                       int64_t end) {
+#define RANGE(act) \
+  (bf16 ? act_range(out, x, begin, end, 1, act) : act_range(out, x, begin, end, 0, act))
+  if (tanh_form)
+    RANGE(ACT_GELU_TANH);
+  else
+    RANGE(ACT_GELU_ERF);
+#undef RANGE
+}
+
+/* Chunks of 16K elements: a decode step's rows take one thread, no parallel region. */
+#define CHUNK 16384
+
+void gelu(void *out, const void *x, int bf16, int tanh_form, int64_t n, int num_threads) {
+  if (n <= CHUNK) {
+    gelu_chunk(out, x, bf16, tanh_form, 0, n);
+    return;
+  }
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t c = 0; c < (n + CHUNK - 1) / CHUNK; c++)
+    gelu_chunk(out, x, bf16, tanh_form, c * CHUNK, c * CHUNK + CHUNK < n ? c * CHUNK + CHUNK : n);
 }

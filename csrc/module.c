@@ -313,6 +313,23 @@ BINDING(fused_add_rms_norm, FUSED_ADD_RMS_NORM_ARGS, 0,
         fused_add_rms_norm(out, residual_out, x, residual, weight, dtype == FLOAT_BFLOAT16, eps,
                            rows, n, num_threads))
 
+#define LAYER_NORM_ARGS(ARG)                                                               \
+  ARG(p, void *, out) ARG(p, const void *, x) ARG(p, const void *, weight)                \
+  ARG(p, const void *, bias) ARG(i, int, dtype) ARG(f, float, eps) ARG(i, int64_t, rows)  \
+  ARG(i, int64_t, n) ARG(i, int, num_threads)
+BINDING(layer_norm, LAYER_NORM_ARGS, 0,
+        layer_norm(out, NULL, x, NULL, weight, bias, dtype == FLOAT_BFLOAT16, eps, rows, n,
+                   num_threads))
+
+#define FUSED_ADD_LAYER_NORM_ARGS(ARG)                                                     \
+  ARG(p, void *, out) ARG(p, void *, residual_out) ARG(p, const void *, x)                \
+  ARG(p, const void *, residual) ARG(p, const void *, weight) ARG(p, const void *, bias)  \
+  ARG(i, int, dtype) ARG(f, float, eps) ARG(i, int64_t, rows) ARG(i, int64_t, n)          \
+  ARG(i, int, num_threads)
+BINDING(fused_add_layer_norm, FUSED_ADD_LAYER_NORM_ARGS, 0,
+        layer_norm(out, residual_out, x, residual, weight, bias, dtype == FLOAT_BFLOAT16, eps,
+                   rows, n, num_threads))
+
 #define ROTARY_EMBEDDING_ARGS(ARG)                                                         \
   ARG(p, const int64_t *, positions) ARG(p, const void *, query) ARG(p, const void *, key) \
   ARG(p, void *, query_out) ARG(p, void *, key_out) ARG(i, int, dtype)                    \
@@ -350,6 +367,12 @@ BINDING(silu_and_mul, SILU_AND_MUL_ARGS, 0,
 BINDING(gelu_and_mul, GELU_AND_MUL_ARGS, 0,
         gelu_and_mul(out, x, dtype == FLOAT_BFLOAT16, approximate == GELU_TANH, num_tokens, d,
                      num_threads))
+
+#define GELU_ARGS(ARG)                                                                     \
+  ARG(p, void *, out) ARG(p, const void *, x) ARG(i, int, dtype) ARG(i, int, approximate) \
+  ARG(i, int64_t, n) ARG(i, int, num_threads)
+BINDING(gelu, GELU_ARGS, 0,
+        gelu(out, x, dtype == FLOAT_BFLOAT16, approximate == GELU_TANH, n, num_threads))
 
 #define LORA_MASKED_ADD_ARGS(ARG)                                                          \
   ARG(p, void *, out) ARG(p, const void *, y) ARG(p, const void *, delta)                 \
@@ -406,11 +429,14 @@ BINDING(gguf_dequantize, GGUF_DEQUANTIZE_ARGS, 0,
   X(reshape_and_cache, RESHAPE_AND_CACHE_ARGS)                \
   X(rms_norm, RMS_NORM_ARGS)                                  \
   X(fused_add_rms_norm, FUSED_ADD_RMS_NORM_ARGS)              \
+  X(layer_norm, LAYER_NORM_ARGS)                              \
+  X(fused_add_layer_norm, FUSED_ADD_LAYER_NORM_ARGS)          \
   X(rotary_embedding, ROTARY_EMBEDDING_ARGS)                  \
   X(convert, CONVERT_ARGS)                                    \
   X(argmax, ARGMAX_ARGS)                                      \
   X(silu_and_mul, SILU_AND_MUL_ARGS)                          \
   X(gelu_and_mul, GELU_AND_MUL_ARGS)                          \
+  X(gelu, GELU_ARGS)                                          \
   X(lora_masked_add, LORA_MASKED_ADD_ARGS)                    \
   X(scale, SCALE_ARGS)                                        \
   X(add, ADD_ARGS)                                            \

@@ -13,7 +13,7 @@
 enum float_type { FLOAT_FLOAT32 = 0, FLOAT_BFLOAT16 = 1 };      /* a tensor's element type */
 enum weight_layout { WEIGHT_PLAIN = 0, WEIGHT_PACKED = 1 };     /* skinny_gemm's packed */
 enum rotary_style { ROTARY_GPTJ = 0, ROTARY_NEOX = 1 };         /* rotary_embedding's is_neox */
-enum gelu_approximate { GELU_NONE = 0, GELU_TANH = 1 };        /* gelu_and_mul's form */
+enum gelu_approximate { GELU_NONE = 0, GELU_TANH = 1 };        /* gelu(_and_mul)'s form */
 enum { ISA_BEST = -1 }; /* an isa argument: the best build this CPU runs */
 
 /* y [M, N] = x [M, K] @ w [N, K]^T (+ b [N]); b may be NULL (skinny_gemm.c). Each build sums
@@ -115,6 +115,14 @@ void fused_add_rms_norm(void *out, void *residual_out, const void *x, const void
                         const void *weight, int bf16, float eps, int64_t rows, int64_t n,
                         int num_threads);
 
+/* out [rows, n] = (x - mean) * rsqrt(var + eps) * weight [n] + bias [n] row by row (torch's
+ * F.layer_norm), of x, or, when residual is not NULL, of residual_out = x + residual (the
+ * fused residual add; residual_out is written). All bfloat16 when bf16 (x + residual and the
+ * result each rounded once), else float32. */
+void layer_norm(void *out, void *residual_out, const void *x, const void *residual,
+                const void *weight, const void *bias, int bf16, float eps, int64_t rows,
+                int64_t n, int num_threads);
+
 /* query_out [T, H * D], key_out [T, KV * D] = query, key rows (strides q_stride, k_stride)
  * rotated by their positions (see pos_encoding.c); the four bfloat16 when bf16, else float32;
  * cos_sin_cache float32. */
@@ -134,6 +142,10 @@ void silu_and_mul(void *out, const void *x, int bf16, int64_t num_tokens, int64_
  * float32 (activation.c). */
 void gelu_and_mul(void *out, const void *x, int bf16, int tanh_form, int64_t num_tokens,
                   int64_t d, int num_threads);
+
+/* out [n] = gelu(x [n]), the tanh form when tanh_form, else the erf form, over contiguous
+ * elements; bfloat16 when bf16 (rounded once), else float32 (activation.c). */
+void gelu(void *out, const void *x, int bf16, int tanh_form, int64_t n, int num_threads);
 
 /* out [T, n] = y + delta on the rows t whose row_slots[t] == slot, y elsewhere; bfloat16 when
  * bf16 (each sum rounded once), else float32 (lora.c). */

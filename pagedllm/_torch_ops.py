@@ -6,8 +6,8 @@ extension). The torch attention backend uses these alone, so they are also the r
 the kernels are tested against. Nothing here imports pagedllm._C.
 
 In batch-invariant mode (pagedllm.batch_invariant) the ops that sum across a row (linear,
-RMSNorm, attention) run one row at a time, so each row's call, and so its bits, is the same
-whatever the batch around it.
+RMSNorm, LayerNorm, attention) run one row at a time, so each row's call, and so its bits, is
+the same whatever the batch around it.
 """
 
 from collections.abc import Callable
@@ -49,6 +49,28 @@ def fused_add_rms_norm(
     return rms_norm(residual, weight, eps), residual
 
 
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """F.layer_norm of x [..., n] over its last dim, with weight [n] and bias [n] (torch's
+    nn.LayerNorm: StarCoder 2's norms)."""
+    return _per_row(_layer_norm, x, weight, bias, eps)
+
+
+def _layer_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
+def fused_add_layer_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(layer_norm(x + residual), x + residual): the normed input and the new residual stream."""
+    residual = x + residual
+    return layer_norm(residual, weight, bias, eps), residual
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) on a weight [N, K] or in skinny_pack's order."""
     return _per_row(F.linear, x, unpack_skinny(weight), bias)
@@ -78,6 +100,12 @@ def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     tanh form (Gemma's gelu_pytorch_tanh), "none" the erf form."""
     d = x.shape[-1] // 2
     return F.gelu(x[..., :d], approximate=approximate) * x[..., d:]
+
+
+def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """F.gelu(x); approximate "tanh" is torch's tanh form (gelu_pytorch_tanh), "none" the
+    erf form."""
+    return F.gelu(x, approximate=approximate)
 
 
 def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -471,10 +471,11 @@ def test_a_quantization_config_that_is_not_an_object_is_named(tmp_path, tiny_mod
         ModelConfig.create(str(tmp_path / "model"))
 
 
-def test_olmo2_refuses_replicated_kv_heads_before_any_worker(tiny_model_path) -> None:
+@pytest.mark.parametrize("name", ["olmo2", "olmo3"])
+def test_olmo_refuses_replicated_kv_heads_before_any_worker(name: str, tiny_model_path) -> None:
     from pagedllm.config import ParallelConfig
 
-    config = ModelConfig.create(tiny_model_path("olmo2"))  # 2 kv heads
+    config = ModelConfig.create(tiny_model_path(name))  # 2 kv heads
     with pytest.raises(ValueError, match="tensor_parallel_size 4 does not divide its 2 kv heads"):
         config.verify_with_parallel_config(ParallelConfig(tensor_parallel_size=4))
     config.verify_with_parallel_config(ParallelConfig(tensor_parallel_size=2))

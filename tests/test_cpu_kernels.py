@@ -63,6 +63,17 @@ def _fused_norm(**override: object) -> tuple[torch.Tensor, torch.Tensor]:
     return _cpu_kernels.fused_add_rms_norm(**{**args, **override}, eps=1e-6)
 
 
+def _layer_norm(**override: object) -> torch.Tensor:
+    args = {"x": torch.randn(3, 16), "weight": torch.randn(16), "bias": torch.randn(16)}
+    return _cpu_kernels.layer_norm(**{**args, **override}, eps=1e-5)
+
+
+def _fused_layer_norm(**override: object) -> tuple[torch.Tensor, torch.Tensor]:
+    args = {"x": torch.randn(3, 16), "residual": torch.randn(3, 16), "weight": torch.randn(16)}
+    args["bias"] = torch.randn(16)
+    return _cpu_kernels.fused_add_layer_norm(**{**args, **override}, eps=1e-5)
+
+
 def _gemm(**override: object) -> torch.Tensor:
     args = {"x": torch.randn(2, 16), "weight": torch.randn(5, 16), "bias": torch.randn(5)}
     return _cpu_kernels.skinny_gemm(**{**args, **override})
@@ -343,6 +354,27 @@ BAD_CALLS: dict[str, tuple[Callable[[], object], str]] = {
     ),
     "silu odd width": (lambda: _silu(x=torch.randn(3, 9)), "last dim must be even"),
     "silu x strided": (lambda: _silu(x=torch.randn(10, 3).t()), "x must be a contiguous"),
+    "layer_norm bias of other size": (
+        lambda: _layer_norm(bias=torch.randn(15)),
+        r"layer_norm: bias must .* \[n\], n = x's last dim = \[16\]",
+    ),
+    "layer_norm x strided": (lambda: _layer_norm(x=torch.randn(16, 3).t()), "x must be a contig"),
+    "layer_norm bias bfloat16 with float32 x": (
+        lambda: _layer_norm(bias=_bf16(16)),
+        "layer_norm: bias must be a contiguous float32",
+    ),
+    "fused layer norm residual of other shape": (
+        lambda: _fused_layer_norm(residual=torch.randn(2, 16)),
+        r"fused_add_layer_norm: residual must .* = \[3, 16\]",
+    ),
+    "gelu strided": (
+        lambda: _cpu_kernels.gelu(torch.randn(10, 3).t()),
+        "gelu: x must be a contiguous",
+    ),
+    "gelu another form of its own": (
+        lambda: _cpu_kernels.gelu(torch.randn(3), "erf"),
+        r"gelu: approximate must be one of \['none', 'tanh'\], got 'erf'",
+    ),
     "gelu odd width": (lambda: _gelu(x=torch.randn(3, 9)), "gelu_and_mul: .* must be even"),
     "gelu another form": (
         lambda: _gelu(approximate="erf"),
@@ -366,6 +398,10 @@ def test_the_valid_calls_above_run() -> None:
     assert [t.shape for t in _rotary()] == [(3, HEADS * D), (3, KV * D)]
     assert _rms_norm().shape == (3, 16)
     assert [t.shape for t in _fused_norm()] == [(3, 16), (3, 16)]
+    assert _layer_norm().shape == (3, 16)
+    assert [t.shape for t in _fused_layer_norm()] == [(3, 16), (3, 16)]
+    assert _layer_norm(x=_bf16(3, 16), weight=_bf16(16), bias=_bf16(16)).dtype == torch.bfloat16
+    assert _cpu_kernels.gelu(_bf16(3, 10), "tanh").dtype == torch.bfloat16
     assert _gemm().shape == (2, 5)
     assert _gemm(isa="portable").shape == (2, 5)
     assert _gemm_bf16().shape == (2, 5)

@@ -542,6 +542,33 @@ def test_rms_norm_and_fused_add_match_the_formula(rows: int, hidden: int) -> Non
     torch.testing.assert_close(out, _rms_norm_reference(x + residual, weight, 1e-5), **tol)
 
 
+def _layer_norm_reference(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
+    x = x.double()
+    centered = x - x.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(centered.pow(2).mean(-1, keepdim=True) + eps)
+    return (centered * rstd * weight.double() + bias.double()).float()
+
+
+@pytest.mark.parametrize("offset", [0.0, 100.0])
+@pytest.mark.parametrize("rows,hidden", [(1, 576), (3, 20), (200, 100)])
+def test_layer_norm_and_fused_add_match_the_formula(rows: int, hidden: int, offset: float) -> None:
+    """Reference: (x - mean) * rsqrt(var + eps) * w + b in float64 (torch's nn.LayerNorm);
+    fused: the same of x + residual. Rows of N(0, 1) to 1e-5; rows offset by 100 to 1e-4, the
+    float32 rounding of their mean (torch's F.layer_norm is off by up to 3e-5 there), where a
+    one-pass variance, mean(x^2) - mean^2, would be off by ~1e-3."""
+    x = torch.randn(rows, hidden) + offset
+    residual, weight, bias = torch.randn(rows, hidden), torch.randn(hidden), torch.randn(hidden)
+    tol = {"rtol": 0, "atol": 1e-4 if offset else 1e-5}
+    out = _custom_ops.layer_norm(x, weight, bias, 1e-5)
+    torch.testing.assert_close(out, _layer_norm_reference(x, weight, bias, 1e-5), **tol)
+    out, residual_out = _custom_ops.fused_add_layer_norm(x, residual, weight, bias, 1e-5)
+    torch.testing.assert_close(residual_out, x + residual, rtol=0, atol=0)
+    expected = _layer_norm_reference(x + residual, weight, bias, 1e-5)
+    torch.testing.assert_close(out, expected, **tol)
+
+
 def _rotate_reference(x, cos_sin, positions, head_size, is_neox_style):
     """The rotation formula on [T, heads * head_size] in float64; lanes past rotary_dim kept."""
     rotary_dim = cos_sin.shape[1]
@@ -622,6 +649,21 @@ def test_gelu_and_mul_passes_nan_on(approximate: str) -> None:
     assert out.isnan().nonzero().tolist() == [[0, 3], [1, 16]]
 
 
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("num_tokens,d", [(1, 1536), (3, 7), (70, 1000)])
+def test_gelu_matches_the_formula(num_tokens: int, d: int, approximate: str) -> None:
+    """Reference: F.gelu in float64, to a few float32 ulps and 1e-7 absolute (as
+    gelu_and_mul's); 7 is all tail, 70 x 1000 elements spread over threads; NaN passes on."""
+    x = _gelu_inputs(num_tokens, d)[:, :d].contiguous()
+    x[-1, -1] = float("nan")
+    out = _custom_ops.gelu(x, approximate)
+    expected = _torch_ops.gelu(x.double(), approximate).float()
+    torch.testing.assert_close(out, expected, rtol=5e-7, atol=1e-7, equal_nan=True)
+    torch.testing.assert_close(
+        out, _torch_ops.gelu(x, approximate), rtol=1e-6, atol=2e-6, equal_nan=True
+    )
+
+
 def _op_inputs(dtype: torch.dtype) -> dict[str, tuple]:
     """Arguments of each dispatched op (besides linear), in one dtype."""
     x, residual, weight = (torch.randn(3, 16, dtype=dtype) for _ in range(3))
@@ -633,6 +675,9 @@ def _op_inputs(dtype: torch.dtype) -> dict[str, tuple]:
     return {
         "rms_norm": (x, weight[0], 1e-6),
         "fused_add_rms_norm": (x, residual, weight[0], 1e-6),
+        "layer_norm": (x, weight[0], weight[1], 1e-5),
+        "fused_add_layer_norm": (x, residual, weight[0], weight[1], 1e-5),
+        "gelu": (x, "tanh"),
         "silu_and_mul": (x,),
         "gelu_and_mul": (x, "tanh"),
         "rotary_embedding": (torch.tensor([0, 7]), q, k, 8, torch.randn(8, 8), True),
@@ -649,7 +694,7 @@ def _op_inputs(dtype: torch.dtype) -> dict[str, tuple]:
 
 
 OPS = ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gelu_and_mul", "rotary_embedding"]
-OPS.append("paged_decode_attention")
+OPS += ["layer_norm", "fused_add_layer_norm", "gelu", "paged_decode_attention"]
 
 
 def _tensors(out: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:

@@ -35,7 +35,19 @@ def prompts() -> list[list[int]]:
 
 
 @pytest.mark.parametrize(
-    "name", ["llama-gqa-llama3", "llama-tied-mqa", "mistral", "qwen2", "qwen3", "qwen3-moe"]
+    "name",
+    [
+        "llama-gqa-llama3",
+        "llama-tied-mqa",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "qwen3-moe",
+        "olmo3",
+        "exaone4",
+        "glm4",
+        "starcoder2",
+    ],
 )
 @pytest.mark.parametrize("num_labels", [1, 3])
 def test_classify_equals_transformers(

@@ -34,7 +34,8 @@ def adapters(tiny_model_path, tmp_path_factory):
     """(model name, adapter index) -> (folder, PeftModel): adapter 0 on every projection
     at rank 8, adapter 1 on q and v at rank 4 with alpha_pattern, adapter 2 rank 2
     use_rslora on o and down; each with random A and B (init_lora_weights=False). On
-    qwen3-moe, each on the attention's projections only."""
+    qwen3-moe, each on the attention's projections only; on starcoder2, c_fc and c_proj
+    stand for its MLP's projections."""
     specs = [
         dict(r=8, lora_alpha=16, target_modules=ALL_TARGETS),
         dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], alpha_pattern={"v_proj": 2}),
@@ -51,6 +52,9 @@ def adapters(tiny_model_path, tmp_path_factory):
             spec = dict(specs[index])
             if name == "qwen3-moe":  # peft targets its experts' parameters, served by none
                 spec["target_modules"] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+            if name == "starcoder2":
+                mlp = {"gate_proj": "c_fc", "up_proj": "c_fc", "down_proj": "c_proj"}
+                spec["target_modules"] = sorted({mlp.get(m, m) for m in spec["target_modules"]})
             config = peft.LoraConfig(init_lora_weights=False, **spec)
             model = peft.get_peft_model(base, config).eval()
             folder = str(tmp_path_factory.mktemp(f"{name}-lora{index}"))
@@ -87,13 +91,17 @@ def logprobs_of(output) -> list[float]:  # noqa: ANN001 - a RequestOutput
     return [lp[t].logprob for lp, t in zip(completion.logprobs, completion.token_ids)]
 
 
-@pytest.mark.parametrize("name", ["llama-gqa-llama3", "qwen2", "qwen3", "qwen3-moe"])
+@pytest.mark.parametrize(
+    "name", ["llama-gqa-llama3", "qwen2", "qwen3", "qwen3-moe", "glm4", "starcoder2"]
+)
 def test_a_batch_mixing_adapters_gives_each_peft_models_greedy(
     name, tiny_model_path, hf_model, adapters
 ) -> None:
     """Base rows and two adapters' rows in the same steps (max_loras=2), each as its own
     PeftModel (qwen2: biased q/k/v, tied embeddings; qwen3: q/k norms; qwen3-moe: its
-    attention, since PEFT adapts its MLPs as expert parameters, which pagedllm refuses)."""
+    attention, since PEFT adapts its MLPs as expert parameters, which pagedllm refuses;
+    glm4: the attention and down_proj, beside its fused gate_up_proj; starcoder2: c_fc and
+    c_proj)."""
     llm = LLM(tiny_model_path(name), enable_lora=True, max_loras=2, max_lora_rank=8, **ENGINE)
     loras = [
         None,

@@ -1,16 +1,16 @@
 """Models whose layers attend within a sliding window or cap their attention scores (the
-tiny Gemma 2, Gemma 3 and Mistral models: windows of 5 to 7 tokens, Gemma 2's soft caps),
-served by the engine on its CPU path. References: transformers' greedy tokens and logprobs;
-and, bit for bit, the request alone on a cold engine, against the request after a
-prefix-cache hit, batched with others, prefilled in chunks, and decoded eagerly instead of
-by replayed CPU decode graphs."""
+tiny Gemma 2, Gemma 3, Mistral, OLMo 3, EXAONE 4 and StarCoder 2 models: windows of 5 to 7 tokens,
+Gemma 2's soft caps), served by the engine on its CPU path. References: transformers'
+greedy tokens and logprobs; and, bit for bit, the request alone on a cold engine, against
+the request after a prefix-cache hit, batched with others, prefilled in chunks, and decoded
+eagerly instead of by replayed CPU decode graphs."""
 
 import pytest
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.outputs import CompletionOutput
 
-NAMES = ["gemma2", "gemma3", "mistral"]
+NAMES = ["gemma2", "gemma3", "mistral", "olmo3", "exaone4", "starcoder2"]
 MAX_TOKENS = 8
 
 

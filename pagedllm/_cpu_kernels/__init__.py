@@ -12,7 +12,7 @@ anyway. When the extension loads, its bindings' signatures and flag values must 
 declarations' (ImportError otherwise: an extension built from other sources).
 
 The kernels by family: gemm.py (skinny_gemm, AMX), attention.py (the paged KV cache's
-writes, decode and prefill attention), rowwise.py (norms, activation, RoPE, convert,
+writes, decode and prefill attention), rowwise.py (norms, activations, RoPE, convert,
 argmax), quantized.py (GGUF); flags.py holds the enums of their flag arguments.
 
 Callers (`_custom_ops`) pick the kernel only when `available()`; _C is None without the
@@ -68,8 +68,11 @@ from pagedllm._cpu_kernels.rowwise import (
     add,
     argmax,
     convert,
+    fused_add_layer_norm,
     fused_add_rms_norm,
+    gelu,
     gelu_and_mul,
+    layer_norm,
     lora_masked_add,
     rms_norm,
     rotary_embedding,
@@ -91,7 +94,9 @@ __all__ = [
     "argmax",
     "available",
     "convert",
+    "fused_add_layer_norm",
     "fused_add_rms_norm",
+    "gelu",
     "gelu_and_mul",
     "gguf_dequantize",
     "gguf_isas",
@@ -100,6 +105,7 @@ __all__ = [
     "gguf_packed_shape",
     "gguf_unpack_rows",
     "gguf_weight_shape",
+    "layer_norm",
     "lora_masked_add",
     "paged_attention_isas",
     "paged_decode_attention",

@@ -30,7 +30,7 @@ class RotaryStyle(IntEnum):
 
 
 class GeluApproximate(IntEnum):
-    """gelu_and_mul's form: the erf definition or the tanh approximation (enum
+    """gelu's and gelu_and_mul's form: the erf definition or the tanh approximation (enum
     gelu_approximate), torch's F.gelu `approximate` "none" and "tanh"."""
 
     NONE = 0

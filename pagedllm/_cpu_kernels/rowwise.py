@@ -1,6 +1,7 @@
-"""The kernels that work row by row, float32 or bfloat16: RMSNorm (plain and fused with the
-residual add), SiLU-and-mul and GELU-and-mul, rotary embedding, dtype conversion, argmax, a
-LoRA slot's masked add, and the elementwise scale and add of residual streams."""
+"""The kernels that work row by row, float32 or bfloat16: RMSNorm and LayerNorm (plain and
+fused with the residual add), SiLU-and-mul, GELU-and-mul and GELU, rotary embedding, dtype
+conversion, argmax, a LoRA slot's masked add, and the elementwise scale and add of residual
+streams."""
 
 import math
 
@@ -37,6 +38,32 @@ FUSED_ADD_RMS_NORM = Kernel(
     Tensor("x", "[..., n]", "float"),
     Tensor("residual", "[..., n] like x", "float"),
     Tensor("weight", "[n], n = x's last dim", "float"),
+    Flag("dtype", FloatType),
+    Float("eps"),
+    Int("rows"),
+    Int("n"),
+    Int("num_threads"),
+)
+LAYER_NORM = Kernel(
+    "layer_norm",
+    Output("out"),
+    Tensor("x", "[..., n]", "float"),
+    Tensor("weight", "[n], n = x's last dim", "float"),
+    Tensor("bias", "[n], n = x's last dim", "float"),
+    Flag("dtype", FloatType),
+    Float("eps"),
+    Int("rows"),
+    Int("n"),
+    Int("num_threads"),
+)
+FUSED_ADD_LAYER_NORM = Kernel(
+    "fused_add_layer_norm",
+    Output("out"),
+    Output("residual_out"),
+    Tensor("x", "[..., n]", "float"),
+    Tensor("residual", "[..., n] like x", "float"),
+    Tensor("weight", "[n], n = x's last dim", "float"),
+    Tensor("bias", "[n], n = x's last dim", "float"),
     Flag("dtype", FloatType),
     Float("eps"),
     Int("rows"),
@@ -80,6 +107,15 @@ GELU_AND_MUL = Kernel(
     Flag("approximate", GeluApproximate),
     Int("num_tokens"),
     Int("d"),
+    Int("num_threads"),
+)
+GELU = Kernel(
+    "gelu",
+    Output("out"),
+    Tensor("x", "[...]", "float"),
+    Flag("dtype", FloatType),
+    Flag("approximate", GeluApproximate),
+    Int("n"),
     Int("num_threads"),
 )
 LORA_MASKED_ADD = Kernel(
@@ -183,6 +219,50 @@ def fused_add_rms_norm(
     return out, residual_out
 
 
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """F.layer_norm(x, [n], weight, bias, eps) of x [..., n] -> a new contiguous tensor; in
+    bfloat16 computed in float32 and rounded once, as torch's."""
+    LAYER_NORM.check(x, weight, bias)
+    n = x.shape[-1]
+    LAYER_NORM.check_shape("weight", weight, (n,))
+    LAYER_NORM.check_shape("bias", bias, (n,))
+    out = torch.empty_like(x)
+    rows = x.numel() // n if n else 0
+    threads = torch.get_num_threads()
+    LAYER_NORM.launch(out, x, weight, bias, FLOAT_TYPE[x.dtype], eps, rows, n, threads)
+    return out
+
+
+def fused_add_layer_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(layer_norm(x + residual), x + residual), in one pass over each row."""
+    kernel = FUSED_ADD_LAYER_NORM
+    kernel.check(x, residual, weight, bias)
+    n = x.shape[-1]
+    kernel.check_shape("residual", residual, x.shape)
+    kernel.check_shape("weight", weight, (n,))
+    kernel.check_shape("bias", bias, (n,))
+    rows = x.numel() // n if n else 0
+    out, residual_out = torch.empty_like(x), torch.empty_like(x)
+    kernel.launch(
+        out=out,
+        residual_out=residual_out,
+        x=x,
+        residual=residual,
+        weight=weight,
+        bias=bias,
+        dtype=FLOAT_TYPE[x.dtype],
+        eps=eps,
+        rows=rows,
+        n=n,
+        num_threads=torch.get_num_threads(),
+    )
+    return out, residual_out
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [..., 2d] -> silu(x[..., :d]) * x[..., d:], float32 or bfloat16."""
     out, rows, d = _gated_output(SILU_AND_MUL, x)
@@ -199,6 +279,18 @@ def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     require(GELU_AND_MUL.name, form is not None, allowed, list(GELU_APPROXIMATE), approximate)
     threads = torch.get_num_threads()
     GELU_AND_MUL.launch(out, x, FLOAT_TYPE[x.dtype], form, rows, d, threads)
+    return out
+
+
+def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """F.gelu(x, approximate=approximate) of x (float32 or bfloat16, contiguous) -> a new
+    tensor; approximate "none" (the erf form) or "tanh"."""
+    GELU.check(x)
+    form = GELU_APPROXIMATE.get(approximate)
+    allowed = "approximate must be one of {}, got {!r}"
+    require(GELU.name, form is not None, allowed, list(GELU_APPROXIMATE), approximate)
+    out = torch.empty_like(x)
+    GELU.launch(out, x, FLOAT_TYPE[x.dtype], form, x.numel(), torch.get_num_threads())
     return out
 
 

@@ -1,7 +1,7 @@
-"""Row-wise ops: RMSNorm (with the residual add), SiLU- and GELU-and-multiply, rotary
-embedding, the greedy argmax and a LoRA slot's masked add. Each runs pagedllm._C's kernel on
-CPU tensors it takes, a Triton kernel (pagedllm/_triton_ops) on CUDA tensors where there is
-one, and the torch definition elsewhere."""
+"""Row-wise ops: RMSNorm and LayerNorm (with the residual add), SiLU- and GELU-and-multiply,
+GELU, rotary embedding, the greedy argmax and a LoRA slot's masked add. Each runs
+pagedllm._C's kernel on CPU tensors it takes, a Triton kernel (pagedllm/_triton_ops) on
+CUDA tensors where there is one, and the torch definition elsewhere."""
 
 import torch
 
@@ -44,6 +44,26 @@ def fused_add_rms_norm(
     return _torch_ops.fused_add_rms_norm(x, residual, weight, eps)
 
 
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """F.layer_norm of x [..., n] over its last dim, with weight [n] and bias [n]."""
+    if cpu_kernels_apply(x, weight, bias, dtypes=_one_float_dtype(x)):
+        return _cpu_kernels.layer_norm(x.contiguous(), weight.contiguous(), bias.contiguous(), eps)
+    return _torch_ops.layer_norm(x, weight, bias, eps)
+
+
+def fused_add_layer_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(layer_norm(x + residual), x + residual); the kernel does both in one pass."""
+    if cpu_kernels_apply(x, residual, weight, bias, dtypes=_one_float_dtype(x)):
+        return _cpu_kernels.fused_add_layer_norm(
+            x.contiguous(), residual.contiguous(), weight.contiguous(), bias.contiguous(), eps
+        )
+    return _torch_ops.fused_add_layer_norm(x, residual, weight, bias, eps)
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [..., 2d] -> silu(x[..., :d]) * x[..., d:]."""
     if cpu_kernels_apply(x, dtypes=_one_float_dtype(x)):
@@ -67,6 +87,13 @@ def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).contiguous()
         return triton_gelu_and_mul(rows, approximate).view(*x.shape[:-1], x.shape[-1] // 2)
     return _torch_ops.gelu_and_mul(x, approximate)
+
+
+def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """F.gelu(x) (approximate: "none", the erf form, or "tanh"), elementwise."""
+    if cpu_kernels_apply(x, dtypes=_one_float_dtype(x)):
+        return _cpu_kernels.gelu(x.contiguous(), approximate)
+    return _torch_ops.gelu(x, approximate)
 
 
 def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:

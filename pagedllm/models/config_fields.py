@@ -46,6 +46,13 @@ def head_dim(hf_config: PretrainedConfig) -> int:
     return explicit or hf_config.hidden_size // hf_config.num_attention_heads
 
 
+def norm_eps(hf_config: PretrainedConfig) -> float:
+    """The epsilon of the model's norms: `rms_norm_eps` (RMSNorm families), `norm_epsilon`
+    (StarCoder 2's LayerNorms)."""
+    eps = getattr(hf_config, "rms_norm_eps", None)
+    return float(hf_config.norm_epsilon if eps is None else eps)
+
+
 def num_experts(hf_config: PretrainedConfig) -> int:
     for name in ("num_experts", "num_local_experts"):
         value = getattr(hf_config, name, None)

@@ -32,6 +32,7 @@ from pagedllm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbeddi
 from pagedllm.models.config_fields import (
     head_dim,
     layer_type,
+    norm_eps,
     rope_parameters,
     rotary_dim,
     sliding_window,
@@ -58,7 +59,7 @@ class AttentionOptions:
     """Gemma 2's attn_logit_softcapping: scores s become cap * tanh(s / cap)."""
     is_neox_style: bool = True
     """The rotary embedding's pairs: channel i with i + rotary_dim / 2 (rotate_half, as
-    Llama); False: channels 2i and 2i + 1 (GPT-J's, as ERNIE 4.5)."""
+    Llama); False: channels 2i and 2i + 1 (GPT-J's, as ERNIE 4.5 and GLM-4)."""
     llama_4_scaling: tuple[float, int] | None = None
     """(beta, original_max_position_embeddings): rotated q is multiplied by
     1 + beta * ln(1 + floor(position / original)) (Llama 4's attention temperature, which
@@ -194,7 +195,8 @@ class LlamaAttention(InferenceModule):
 
 class LlamaDecoderLayer(InferenceModule):
     norm_class: type[RMSNorm] = RMSNorm
-    """The class of every RMSNorm of the model (Gemma's scale by 1 + weight)."""
+    """The class of every norm of the model (Gemma's scale by 1 + weight; StarCoder 2's are
+    LayerNorms)."""
 
     def __init__(
         self,
@@ -213,8 +215,9 @@ class LlamaDecoderLayer(InferenceModule):
         )
         self.mlp = mlp
         self.residual_multiplier = residual_multiplier
-        self.input_layernorm = self.norm_class(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = self.norm_class(config.hidden_size, eps=config.rms_norm_eps)
+        eps = norm_eps(config)
+        self.input_layernorm = self.norm_class(config.hidden_size, eps=eps)
+        self.post_attention_layernorm = self.norm_class(config.hidden_size, eps=eps)
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
@@ -267,7 +270,7 @@ class LlamaModel(nn.Module):
         )
         self.norm: nn.Module = PPMissingLayer()
         if pp.is_last_rank:
-            self.norm = norm_class(config.hidden_size, eps=config.rms_norm_eps)
+            self.norm = norm_class(config.hidden_size, eps=norm_eps(config))
 
     def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)

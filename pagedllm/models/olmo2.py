@@ -4,7 +4,12 @@ and each block's output is normed before it joins the residual stream, with no n
 front of the blocks: h = h + norm(attn(h)); h = h + norm(mlp(h)).
 
 Under tensor parallelism a rank holds some heads of q and k; the norm needs all of them,
-so q and k are gathered from the ranks, normed and cut back (as vLLM does)."""
+so q and k are gathered from the ranks, normed and cut back (as vLLM does).
+
+OLMo 3 (Olmo3ForCausalLM) is OLMo 2 with sliding-window layers among the global ones
+(`layer_types`, three of every four in its configs), each layer type rotated by its own
+`rope_parameters` (the global layers' YaRN scaling, the sliding ones' unscaled): what
+LlamaAttention reads per layer (config_fields.sliding_window, rope_parameters)."""
 
 import torch
 from torch import nn
@@ -66,6 +71,9 @@ class Olmo2DecoderLayer(LlamaDecoderLayer):
     """Takes and returns (h, residual) whose sum is the residual stream, as a Llama layer:
     the model's final norm adds them."""
 
+    attention_class: type[LlamaAttention] = Olmo2Attention
+    """The class of the layer's attention (EXAONE 4 norms q and k per head)."""
+
     def __init__(
         self,
         config: PretrainedConfig,
@@ -76,7 +84,7 @@ class Olmo2DecoderLayer(LlamaDecoderLayer):
         residual_multiplier: float = 1.0,
     ) -> None:
         nn.Module.__init__(self)
-        self.self_attn = Olmo2Attention(config, options, quant_config, f"{prefix}.self_attn")
+        self.self_attn = self.attention_class(config, options, quant_config, f"{prefix}.self_attn")
         self.mlp = mlp
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -97,3 +105,7 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
     def attention_options(cls, config: PretrainedConfig) -> AttentionOptions:
         bias = bool(getattr(config, "attention_bias", False))
         return AttentionOptions(qkv_bias=bias, o_bias=bias)
+
+
+class Olmo3ForCausalLM(Olmo2ForCausalLM):
+    """OLMo 3: OLMo 2's decoder; its windows and per-type rotations come from the config."""

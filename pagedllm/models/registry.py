@@ -7,37 +7,44 @@ after the pooling (layers/classifier.py)."""
 from torch import nn
 
 from pagedllm.models.ernie4_5 import Ernie4_5ForCausalLM
+from pagedllm.models.exaone4 import Exaone4ForCausalLM
 from pagedllm.models.gemma import GemmaForCausalLM
 from pagedllm.models.gemma2 import Gemma2ForCausalLM, Gemma3ForCausalLM
+from pagedllm.models.glm4 import Glm4ForCausalLM
 from pagedllm.models.granite import GraniteForCausalLM
 from pagedllm.models.internlm3 import InternLM3ForCausalLM
 from pagedllm.models.llama import LlamaForCausalLM, MistralForCausalLM
 from pagedllm.models.ministral import Ministral3ForCausalLM, MinistralForCausalLM
-from pagedllm.models.olmo2 import Olmo2ForCausalLM
+from pagedllm.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from pagedllm.models.phi3 import Phi3ForCausalLM
 from pagedllm.models.qwen2 import Qwen2ForCausalLM
 from pagedllm.models.qwen3 import Qwen3ForCausalLM
 from pagedllm.models.qwen3_moe import Qwen3MoeForCausalLM
 from pagedllm.models.seed_oss import SeedOssForCausalLM
 from pagedllm.models.smollm3 import SmolLM3ForCausalLM
+from pagedllm.models.starcoder2 import Starcoder2ForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
+    "Exaone4ForCausalLM": Exaone4ForCausalLM,
     "GemmaForCausalLM": GemmaForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Glm4ForCausalLM": Glm4ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MinistralForCausalLM": MinistralForCausalLM,
     "Ministral3ForCausalLM": Ministral3ForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "SeedOssForCausalLM": SeedOssForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
+    "Starcoder2ForCausalLM": Starcoder2ForCausalLM,
 }
 _NO_CLASSIFIER = frozenset({"Ernie4_5ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM"})
 """Families transformers has no *ForSequenceClassification class of (asking transformers

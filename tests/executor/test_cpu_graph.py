@@ -61,6 +61,11 @@ def _both(model: str, **kwargs: object) -> tuple[LLM, list, list]:
         ("mistral", "bfloat16"),
         ("smollm3", "bfloat16"),  # NoPE layers: their q and k through the rotary kernel
         ("ernie4_5", "float32"),  # GPT-J's rotary pairs
+        ("olmo3", "bfloat16"),
+        ("exaone4", "bfloat16"),
+        ("glm4", "bfloat16"),
+        ("starcoder2", "float32"),
+        ("starcoder2", "bfloat16"),
     ],
 )
 def test_replayed_decode_steps_equal_eager_ones(

@@ -53,6 +53,10 @@ def generate_twice(llm: LLM) -> list:
         "smollm3",
         "ernie4_5",
         "seed-oss",
+        "olmo3",
+        "exaone4",
+        "glm4",
+        "starcoder2",
     ],
 )
 def test_tp2_matches_tp1(name: str, tiny_model_path) -> None:

@@ -1,13 +1,15 @@
 """SiluAndMul against the SwiGLU formula and transformers' LlamaMLP; GeluAndMul against the
-GeGLU formula (F.gelu in float64) and its refusal of another form."""
+GeGLU formula (F.gelu in float64) and its refusal of another form; get_act_fn's GELUs against
+transformers' ACT2FN."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
+from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaMLP
 
-from pagedllm.layers.activation import GeluAndMul, SiluAndMul
+from pagedllm.layers.activation import GeluAndMul, SiluAndMul, get_act_fn
 from pagedllm.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 
 
@@ -54,3 +56,18 @@ def test_gelu_and_mul_equals_gelu_gate_times_up(cpu_kernels: str, approximate: s
 def test_gelu_and_mul_refuses_another_form() -> None:
     with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh', got 'erf'"):
         GeluAndMul("erf")
+
+
+@pytest.mark.parametrize("name", ["gelu", "gelu_pytorch_tanh", "gelu_new"])
+def test_get_act_fn_is_transformers_activation(cpu_kernels: str, name: str) -> None:
+    """Reference: transformers' ACT2FN[hidden_act] (StarCoder 2's gelu_pytorch_tanh), in
+    float64, elementwise on any shape."""
+    x = torch.randn(3, 5, 19) * 3
+    out = get_act_fn(name)(x)
+    expected = ACT2FN[name](x.double()).float()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_get_act_fn_names_what_it_supports() -> None:
+    with pytest.raises(ValueError, match="hidden_act 'silu' is not supported; supported: gelu,"):
+        get_act_fn("silu")

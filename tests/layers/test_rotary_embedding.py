@@ -9,8 +9,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from transformers import LlamaConfig
+from transformers import Glm4Config, LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.glm4.modeling_glm4 import Glm4RotaryEmbedding
+from transformers.models.glm4.modeling_glm4 import apply_rotary_pos_emb as glm4_apply_rotary
 from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_apply_rotary
 from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
@@ -218,6 +220,36 @@ def test_interleaved_style_matches_transformers_gptj(cpu_kernels: str) -> None:
     rot = gptj_apply_rotary(heads[None, ..., : case.rotary_dim], sin[None], cos[None])[0]
     expected = torch.cat((rot, heads[..., case.rotary_dim :]), dim=-1).reshape(NUM_TOKENS, -1)
     assert (q_out - expected).abs().max() <= 1e-5
+
+
+def test_interleaved_partial_rotation_matches_transformers_glm4(cpu_kernels: str) -> None:
+    """GLM-4 rotates adjacent channel pairs of the first half of each head (its default
+    partial_rotary_factor 0.5): transformers' Glm4RotaryEmbedding and apply_rotary_pos_emb."""
+    config = Glm4Config(
+        hidden_size=256,
+        num_attention_heads=NUM_HEADS,
+        num_key_value_heads=NUM_KV_HEADS,
+        head_dim=64,
+        max_position_embeddings=512,
+    )
+    params = config.rope_parameters
+    rotary = int(64 * params["partial_rotary_factor"])
+    case = Case(64, rotary, 512, params["rope_theta"], None, 512)
+    assert case.rotary_dim == 32
+    torch.manual_seed(3)
+    positions = _positions(case.num_cached)
+    q, k = _qk(case)
+    q_out, k_out = _rope(case, is_neox_style=False)(positions, q, k)
+    cos, sin = Glm4RotaryEmbedding(config)(q, positions[None])
+    q_ref, k_ref = glm4_apply_rotary(
+        q.reshape(1, NUM_TOKENS, NUM_HEADS, -1),
+        k.reshape(1, NUM_TOKENS, NUM_KV_HEADS, -1),
+        cos,
+        sin,
+        unsqueeze_dim=2,
+    )
+    torch.testing.assert_close(q_out, q_ref.reshape(NUM_TOKENS, -1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(k_out, k_ref.reshape(NUM_TOKENS, -1), atol=1e-5, rtol=0)
 
 
 def test_bfloat16_inputs_are_rotated_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,5 @@
 """pagedllm/models/config_fields.py: a transformers 4.x config reads like a 5.x one; a
-layer type pagedllm cannot run is refused."""
+layer type pagedllm cannot run is refused; the norms' epsilon under either family's name."""
 
 from pathlib import Path
 
@@ -46,3 +46,10 @@ def test_a_bad_no_rope_layers_is_refused(flags: list[int]) -> None:
     )
     with pytest.raises(ValueError, match=r"no_rope_layers must give 1 \(rope\) or 0 .* 4 layers"):
         config_fields.uses_rope(config, 0)
+
+
+def test_the_norm_epsilon_is_read_under_either_name() -> None:
+    """Reference: the field transformers' model reads: LlamaRMSNorm's rms_norm_eps,
+    Starcoder2's nn.LayerNorm's norm_epsilon."""
+    assert config_fields.norm_eps(transformers.LlamaConfig(rms_norm_eps=1e-6)) == 1e-6
+    assert config_fields.norm_eps(transformers.Starcoder2Config(norm_epsilon=3e-5)) == 3e-5

@@ -71,6 +71,22 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             pad_token_id=0,
             tie_word_embeddings=True,
         ),
+        "exaone4": transformers.Exaone4Config(
+            **{**COMMON, "num_hidden_layers": 3},
+            num_key_value_heads=2,
+            head_dim=32,
+            sliding_window=5,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            rope_parameters={**LLAMA3_ROPE, "rope_theta": 1000.0},
+            tie_word_embeddings=False,
+        ),
+        "exaone4-global": transformers.Exaone4Config(
+            **COMMON,
+            num_key_value_heads=2,
+            sliding_window=None,
+            layer_types=["full_attention", "full_attention"],
+            tie_word_embeddings=True,
+        ),
         "gemma": transformers.GemmaConfig(
             **COMMON, num_key_value_heads=1, head_dim=32, hidden_activation="gelu_pytorch_tanh"
         ),
@@ -94,6 +110,13 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
                 "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 50000.0},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
             },
+        ),
+        "glm4": transformers.Glm4Config(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=32,
+            pad_token_id=0,
+            tie_word_embeddings=False,
         ),
         "granite": transformers.GraniteConfig(
             **COMMON,
@@ -135,6 +158,23 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
         ),
         "olmo2": transformers.Olmo2Config(
             **COMMON, num_key_value_heads=2, tie_word_embeddings=False
+        ),
+        "olmo3": transformers.Olmo3Config(
+            **{**COMMON, "num_hidden_layers": 3},
+            num_key_value_heads=2,
+            sliding_window=6,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            rope_parameters={
+                "full_attention": {
+                    "rope_type": "yarn",
+                    "rope_theta": 50000.0,
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 128,
+                    "attention_factor": 1.2,
+                },
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
+            },
+            tie_word_embeddings=False,
         ),
         "phi3": transformers.Phi3Config(
             **{**COMMON, "max_position_embeddings": 128},
@@ -197,6 +237,13 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             pad_token_id=None,  # SmolLM3Config's default, 128004, is past the tiny vocabulary
             tie_word_embeddings=True,
         ),
+        "starcoder2": transformers.Starcoder2Config(
+            **{k: v for k, v in COMMON.items() if k != "rms_norm_eps"},
+            num_key_value_heads=2,
+            norm_epsilon=1e-5,
+            sliding_window=7,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+        ),
     }
 
 
@@ -206,6 +253,8 @@ def save_tiny_model(config: transformers.PretrainedConfig, folder: str, seed: in
     if config.model_type.startswith("gemma"):
         randomize_norms(model)
     randomize_biases(model)
+    if config.model_type in RANDOM_SCALES:
+        randomize_scales_and_biases(model)
     model.save_pretrained(folder)
     _as_remote_code_checkpoint(config.model_type, folder)
 
@@ -272,6 +321,20 @@ def save_tiny_gemma3_multimodal(folder: str) -> None:
     model = transformers.Gemma3ForConditionalGeneration(config)
     randomize_norms(model)
     model.save_pretrained(folder)
+
+
+RANDOM_SCALES = ("exaone4", "glm4", "olmo3", "starcoder2")
+"""Families whose norms and biases transformers initialises to ones and zeros: random ones
+make a model that swapped two norms or dropped a bias fail."""
+
+
+def randomize_scales_and_biases(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.3)
+            elif "norm" in name:
+                param.normal_(1.0, 0.3)
 
 
 def randomize_norms(model: torch.nn.Module) -> None:
