@@ -38,6 +38,7 @@ from pagedllm._custom_ops.gguf import (
 from pagedllm._custom_ops.linear import (
     LinearKernel,
     linear,
+    packs_linear_weight,
     prepack_linear_weight,
     select_linear_kernel,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "paged_decode_attention_kernel",
     "prefill_attention",
     "prefill_attention_kernel",
+    "packs_linear_weight",
     "prepack_linear_weight",
     "reshape_and_cache",
     "reshape_and_cache_kernel",

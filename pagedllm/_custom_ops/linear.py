@@ -3,6 +3,7 @@
 row count."""
 
 import enum
+from collections.abc import Callable
 
 import torch
 
@@ -31,15 +32,30 @@ def prepack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     skinny_gemm_bf16 at 1-4 rows, where both read at the memory's bandwidth, and outrun it
     and oneDNN's F.linear from 16 rows. BENCHMARKS.md has the figures; `pagedllm bench
     linear --dtype bfloat16` (or `--isa avx2`) re-measures skinny_gemm against F.linear."""
-    if not has_cpu_kernels() or not weight.is_cpu or weight.dim() != 2 or weight.requires_grad:
+    if not weight.is_cpu or weight.dim() != 2 or weight.requires_grad:
         return weight
+    pack = _packing(weight)
+    return weight if pack is None else pack(weight.detach().contiguous())
+
+
+def packs_linear_weight(shape: tuple[int, ...], dtype: torch.dtype) -> bool:
+    """Whether prepack_linear_weight lays a CPU weight of this shape and dtype out anew on
+    this machine: a tied LM head then holds that copy beside the embedding's rows
+    (`pagedllm inspect` counts it)."""
+    return len(shape) == 2 and _packing(torch.empty(shape, dtype=dtype, device="meta")) is not None
+
+
+def _packing(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The pack function prepack_linear_weight applies to weight [N, K] here, or None."""
+    if not has_cpu_kernels():
+        return None
     n, k = weight.shape
     bf16 = weight.dtype is torch.bfloat16
     if bf16 and _cpu_kernels.amx_available() and n % 16 == 0 and k % 32 == 0:
-        return _cpu_kernels.amx_pack_bf16(weight.detach().contiguous())
+        return _cpu_kernels.amx_pack_bf16
     if _cpu_kernels.skinny_packable(weight) and _cpu_kernels.skinny_gemm_reads_packed(weight.dtype):
-        return _cpu_kernels.skinny_pack(weight.detach().contiguous())
-    return weight
+        return _cpu_kernels.skinny_pack
+    return None
 
 
 class LinearKernel(enum.Enum):

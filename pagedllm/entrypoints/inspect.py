@@ -18,16 +18,22 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from pagedllm._custom_ops import packs_linear_weight
 from pagedllm.config import KV_CACHE_DTYPES, CacheConfig, ModelConfig
 from pagedllm.distributed.parallel_state import (
     override_pipeline_parallel,
     override_tensor_parallel,
     set_expert_parallel,
 )
-from pagedllm.entrypoints.quantized_weights import CHECKPOINT, quantized_weight_bytes
+from pagedllm.entrypoints.quantized_weights import (
+    CHECKPOINT,
+    FLOAT_TYPES,
+    quantized_weight_bytes,
+)
 from pagedllm.executor.kv_cache import kv_cache_bytes_per_token
 from pagedllm.gguf.quant_plan import FILE_TYPES
 from pagedllm.layers.fused_moe import FusedMoE
+from pagedllm.layers.vocab_embedding import ParallelLMHead
 from pagedllm.model_loader.loader import build_model
 
 
@@ -43,6 +49,19 @@ def inactive_expert_params(model: nn.Module) -> int:
         if isinstance(moe, FusedMoE):
             expert_params = moe.w13_weight.numel() + moe.w2_weight.numel()
             total += expert_params * (moe.num_experts - moe.top_k) // moe.num_experts
+    return total
+
+
+def tied_head_copy_bytes(stage: nn.Module) -> int:
+    """Bytes of a float LM head's packed copy, which a tied head holds beside the
+    embedding's rows where this CPU's linear kernel reads a packed order
+    (UnquantizedEmbeddingMethod, _custom_ops.packs_linear_weight); 0 elsewhere."""
+    total = 0
+    for head in stage.modules():
+        if isinstance(head, ParallelLMHead) and head.tied:
+            weight = head.weight
+            if packs_linear_weight(tuple(weight.shape), weight.dtype):
+                total += weight.numel() * weight.element_size()
     return total
 
 
@@ -81,7 +100,8 @@ def inspect_model(
     stages = [build_rank(model_config, tp, s, pp, ep) for s in range(pp)] if pp > 1 else [shard]
     element = torch.empty((), dtype=model_config.dtype).element_size()
     total = count_params(full)
-    by_stage = [count_params(stage) * element for stage in stages]
+    copies = [tied_head_copy_bytes(stage) for stage in stages]
+    by_stage = [count_params(stage) * element + copy for stage, copy in zip(stages, copies)]
     report = {
         "architecture": model_config.architecture,
         "dtype": str(model_config.dtype).removeprefix("torch."),
@@ -101,7 +121,8 @@ def inspect_model(
         "max_model_len": model_config.max_model_len,
     }
     if quantization is not None:
-        report |= _quantized(model_config, full, shard, stages, quantization, tp)
+        head_copies = copies if quantization == CHECKPOINT else [0] * len(stages)
+        report |= _quantized(model_config, full, shard, stages, quantization, tp, head_copies)
     return report
 
 
@@ -112,16 +133,35 @@ def _quantized(
     stages: list[nn.Module],
     quantization: str,
     tp: int,
+    head_copies: list[int],
 ) -> dict:
-    """The quantized figures: the total over the whole shard, the rest per stage."""
+    """The quantized figures: the total over the whole shard, the rest per stage, each
+    stage's with its tied-head copy (a quantized checkpoint's embedding, and so a tied
+    head, stays float; a GGUF plan quantizes it)."""
     total = quantized_weight_bytes(model_config, full, shard, quantization, tp)
-    if len(stages) == 1:
-        return total | {"bytes_per_rank_by_stage": [total["bytes_per_rank"]]}
-    per_stage = [quantized_weight_bytes(model_config, full, s, quantization, tp) for s in stages]
+    per_stage = [total]
+    if len(stages) > 1:
+        per_stage = [
+            quantized_weight_bytes(model_config, full, stage, quantization, tp) for stage in stages
+        ]
+    per_stage = [_with_copy(f, copy, model_config.dtype) for f, copy in zip(per_stage, head_copies)]
     largest = max(per_stage, key=lambda figures: figures["bytes_per_rank"])
     return largest | {
         "total_weight_bytes": total["total_weight_bytes"],
         "bytes_per_rank_by_stage": [figures["bytes_per_rank"] for figures in per_stage],
+    }
+
+
+def _with_copy(figures: dict, copy: int, dtype: torch.dtype) -> dict:
+    """A stage's figures with `copy` bytes of the model's dtype added."""
+    if not copy:
+        return figures
+    by_type = dict(figures["bytes_per_rank_by_type"])
+    name = FLOAT_TYPES[dtype].name
+    by_type[name] = by_type.get(name, 0) + copy
+    return figures | {
+        "bytes_per_rank": figures["bytes_per_rank"] + copy,
+        "bytes_per_rank_by_type": dict(sorted(by_type.items())),
     }
 
 

@@ -29,7 +29,7 @@ from pagedllm.model_loader.quantized_weights import checkpoint_tensor_types, typ
 from pagedllm.models.config_fields import num_experts
 from pagedllm.models.weight_loading import WeightsMapper
 
-_FLOAT_TYPES = {
+FLOAT_TYPES = {
     torch.float32: GGMLQuantizationType.F32,
     torch.float16: GGMLQuantizationType.F16,
     torch.bfloat16: GGMLQuantizationType.BF16,
@@ -143,7 +143,7 @@ def plan_model(model_config: ModelConfig) -> PlanModel:
         num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
         num_experts=num_experts(hf_config),
         tied_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-        float_type=_FLOAT_TYPES[model_config.dtype],
+        float_type=FLOAT_TYPES[model_config.dtype],
     )
 
 

@@ -309,3 +309,15 @@ def test_cli_expert_parallel(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit):
         main(argv)
     assert "tensor parallel size 4 cuts Q6_K blocks of 256" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_tied_head_counts_as_the_loader_holds_it(dtype: str, tiny_model_path) -> None:
+    """Reference: the loaded model's bytes. Where this CPU's linear kernel reads a packed
+    order (float32 on AVX2, bfloat16 on AVX-512 BF16 or AMX), a tied LM head keeps a packed
+    copy beside the embedding's rows, which the report counts; elsewhere both lack it."""
+    from pagedllm.model_loader.loader import get_model, weight_bytes
+
+    config = ModelConfig.create(tiny_model_path("llama-tied-mqa"), dtype)
+    model = get_model(config)
+    assert inspect_model(config)["bytes_per_rank"] == weight_bytes(model, buffers=False)
