@@ -11,45 +11,17 @@ its sliding layers at their own theta (`rope_parameters` by layer type)."""
 
 import dataclasses
 
-import torch
-from torch import nn
 from transformers import PretrainedConfig
 
 from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.models.gemma import GemmaDecoderLayer, GemmaForCausalLM
 from pagedllm.models.llama import AttentionOptions
+from pagedllm.models.sandwich_norm import SandwichNormDecoderLayer
 from pagedllm.models.weight_loading import WeightsMapper
 
 
-class Gemma2DecoderLayer(GemmaDecoderLayer):
-    """Takes and returns (h, residual) whose sum is the residual stream, as a Llama layer;
-    the fused add-and-norm of the next norm adds them."""
-
-    def __init__(
-        self,
-        config: PretrainedConfig,
-        options: AttentionOptions,
-        mlp: nn.Module,
-        quant_config: QuantizationConfig | None = None,
-        prefix: str = "",
-        residual_multiplier: float = 1.0,
-    ) -> None:
-        super().__init__(config, options, mlp, quant_config, prefix)
-        size, eps = config.hidden_size, config.rms_norm_eps
-        self.pre_feedforward_layernorm = self.norm_class(size, eps=eps)
-        self.post_feedforward_layernorm = self.norm_class(size, eps=eps)
-
-    def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.post_attention_layernorm(self.self_attn(positions, hidden_states))
-        hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
-        return self.post_feedforward_layernorm(self.mlp(hidden_states)), residual
+class Gemma2DecoderLayer(SandwichNormDecoderLayer):
+    norm_class = GemmaDecoderLayer.norm_class
 
 
 class Gemma2ForCausalLM(GemmaForCausalLM):
