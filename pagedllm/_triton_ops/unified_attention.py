@@ -24,9 +24,12 @@ The launch reads only host ints (shapes, max_query_len, max_seq_len), so it neve
 on the device. A CUDA graph may replay it for other lengths of the same shapes: every
 length is read on the device.
 
-Triton's interpreter (CPU tensors) multiplies bfloat16 tiles wrongly in tl.dot, so there
-the tiles are widened to float32 first (DOT_FP32); float32 inputs always take that path,
-in IEEE precision rather than TF32.
+float32 inputs multiply in IEEE precision rather than TF32 (DOT_FP32). Under Triton's
+interpreter (CPU tensors) the tiles are widened to float32 and each product summed along K
+by the kernel itself (DOT_BY_ROW): the interpreter's tl.dot multiplies bfloat16 tiles
+wrongly, and runs numpy's matmul, whose OpenBLAS kernels round a row differently by its
+place in the tile on some CPUs (rows 6-11 of 16 in the Haswell sgemm), where a GPU's MMA
+gives a row the same bits wherever it sits: batch-invariant mode needs the latter.
 """
 
 import torch
@@ -37,6 +40,17 @@ from pagedllm._triton_ops import interpreting
 from pagedllm.batch_invariant import is_batch_invariant
 
 TILE_SIZE = 32
+DOT_NATIVE, DOT_FP32, DOT_BY_ROW = 0, 1, 2
+"""How _dot multiplies its tiles: tl.dot in the inputs' dtype, tl.dot widened to float32 in
+IEEE precision, or (Triton's interpreter) products summed along K by the kernel."""
+
+
+def _dot_mode(dtype: torch.dtype) -> int:
+    if interpreting():
+        return DOT_BY_ROW
+    return DOT_FP32 if dtype == torch.float32 else DOT_NATIVE
+
+
 MIN_BLOCK_M = 16  # tl.dot's smallest M on GPUs
 SPLIT_SEGMENTS = 16
 SPLIT_MIN_SEQ_LEN = 512
@@ -72,8 +86,11 @@ def _softcap(scores, cap):
 
 
 @triton.jit
-def _dot(a, b, DOT_FP32: tl.constexpr):
-    if DOT_FP32:
+def _dot(a, b, DOT: tl.constexpr):
+    """a [M, K] @ b [K, N] in float32 (DOT: DOT_NATIVE, DOT_FP32 or DOT_BY_ROW)."""
+    if DOT == 2:  # DOT_BY_ROW
+        product = tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    elif DOT == 1:  # DOT_FP32
         product = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         product = tl.dot(a, b)
@@ -117,7 +134,7 @@ def _attention_kernel(
     SLIDING_WINDOW: tl.constexpr,  # 0: none
     USE_SOFTCAP: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    DOT: tl.constexpr,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -186,7 +203,7 @@ def _attention_kernel(
             mask=kv_valid[:, None] & lane_valid[None, :],
             other=0.0,
         )  # [TILE, HEAD_PADDED]
-        scores = scale * _dot(query, key.to(query.dtype), DOT_FP32)
+        scores = scale * _dot(query, key.to(query.dtype), DOT)
         if USE_SOFTCAP:
             scores = _softcap(scores, softcap)
         seen = kv_valid[None, :] & (kv_pos[None, :] <= key_pos[:, None])
@@ -199,7 +216,7 @@ def _attention_kernel(
         probs = tl.exp(scores - shift[:, None])
         rescale = tl.exp(row_max - shift)
         row_sum = row_sum * rescale + tl.sum(probs, axis=1)
-        acc = acc * rescale[:, None] + _dot(probs.to(query.dtype), value.to(query.dtype), DOT_FP32)
+        acc = acc * rescale[:, None] + _dot(probs.to(query.dtype), value.to(query.dtype), DOT)
         row_max = new_max
 
     if NUM_SEGMENTS == 1:
@@ -340,7 +357,7 @@ def unified_attention(
         SLIDING_WINDOW=sliding_window,
         USE_SOFTCAP=logits_soft_cap > 0,
         NUM_SEGMENTS=num_kv_splits,
-        DOT_FP32=query.dtype == torch.float32 or interpreting(),
+        DOT=_dot_mode(query.dtype),
     )
     if num_kv_splits > 1:
         _reduce_segments_kernel[(num_tokens, num_heads)](
