@@ -369,8 +369,10 @@ class ModelConfig:
                 f"ranks must split, not replicate: tensor_parallel_size {tp} does not divide "
                 f"its {kv_heads} kv heads"
             )
-        moe = getattr(config, "num_experts", None) is not None
-        rows = getattr(config, "moe_intermediate_size" if moe else "intermediate_size", None)
+        moe = bool(getattr(config, "num_experts", None) or getattr(config, "num_local_experts", 0))
+        # experts of moe_intermediate_size (the Qwen-MoEs), or of intermediate_size (Mixtral)
+        rows = moe and getattr(config, "moe_intermediate_size", None)
+        rows = rows or getattr(config, "intermediate_size", None)
         if rows and not (moe and parallel.enable_expert_parallel) and rows % tp:
             what = "each expert's intermediate size" if moe else "the MLP's intermediate size"
             raise ValueError(f"{what} {rows} is not divisible by tensor_parallel_size {tp}")

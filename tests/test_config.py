@@ -199,6 +199,11 @@ def test_parallel_config_rejects_bad_layouts(kwargs: dict, error: str) -> None:
             dict(tensor_parallel_size=4, hf_overrides={"moe_intermediate_size": 30}),
             "each expert's intermediate size 30 is not divisible by tensor_parallel_size 4",
         ),
+        (
+            "mixtral",
+            dict(tensor_parallel_size=4, hf_overrides={"intermediate_size": 30}),
+            "each expert's intermediate size 30 is not divisible by tensor_parallel_size 4",
+        ),
         ("llama-gqa4", dict(pipeline_parallel_size=3), "pipeline_parallel_size 3 is more than"),
     ],
 )

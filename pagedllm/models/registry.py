@@ -15,6 +15,7 @@ from pagedllm.models.granite import GraniteForCausalLM
 from pagedllm.models.internlm3 import InternLM3ForCausalLM
 from pagedllm.models.llama import LlamaForCausalLM, MistralForCausalLM
 from pagedllm.models.ministral import Ministral3ForCausalLM, MinistralForCausalLM
+from pagedllm.models.mixtral import MixtralForCausalLM
 from pagedllm.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from pagedllm.models.phi3 import Phi3ForCausalLM
 from pagedllm.models.qwen2 import Qwen2ForCausalLM
@@ -36,6 +37,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "MinistralForCausalLM": MinistralForCausalLM,
     "Ministral3ForCausalLM": Ministral3ForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,

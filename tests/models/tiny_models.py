@@ -156,6 +156,14 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
         "mistral": transformers.MistralConfig(
             **COMMON, num_key_value_heads=2, sliding_window=7, tie_word_embeddings=False
         ),
+        "mixtral": transformers.MixtralConfig(
+            **{**COMMON, "intermediate_size": 32},
+            num_key_value_heads=2,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=7,
+            tie_word_embeddings=False,
+        ),
         "olmo2": transformers.Olmo2Config(
             **COMMON, num_key_value_heads=2, tie_word_embeddings=False
         ),
