@@ -376,6 +376,12 @@ class ModelConfig:
         if rows and not (moe and parallel.enable_expert_parallel) and rows % tp:
             what = "each expert's intermediate size" if moe else "the MLP's intermediate size"
             raise ValueError(f"{what} {rows} is not divisible by tensor_parallel_size {tp}")
+        shared = getattr(config, "shared_expert_intermediate_size", None)  # Qwen2-MoE's
+        if shared and shared % tp:
+            raise ValueError(
+                f"the shared expert's intermediate size {shared} is not divisible by "
+                f"tensor_parallel_size {tp}"
+            )
         layers, pp = config.num_hidden_layers, parallel.pipeline_parallel_size
         if layers < pp:
             raise ValueError(

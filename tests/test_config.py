@@ -200,6 +200,15 @@ def test_parallel_config_rejects_bad_layouts(kwargs: dict, error: str) -> None:
             "each expert's intermediate size 30 is not divisible by tensor_parallel_size 4",
         ),
         (
+            "qwen2-moe",
+            dict(
+                tensor_parallel_size=4,
+                enable_expert_parallel=True,
+                hf_overrides={"shared_expert_intermediate_size": 30},
+            ),
+            "the shared expert's intermediate size 30 is not divisible by tensor_parallel_size 4",
+        ),
+        (
             "mixtral",
             dict(tensor_parallel_size=4, hf_overrides={"intermediate_size": 30}),
             "each expert's intermediate size 30 is not divisible by tensor_parallel_size 4",

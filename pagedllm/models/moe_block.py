@@ -5,8 +5,9 @@ its top k, renormalized to sum to 1 where the family says so; the token's output
 of those k experts' SwiGLU MLPs weighted by them (layers/fused_moe.py).
 
 The families differ only in the experts' intermediate size and in the renormalization
-(Mixtral always, Qwen3-MoE by `norm_topk_prob`). Their checkpoints name the parts `mlp.gate`
-and `mlp.experts.{e}.{gate,up,down}_proj`, or a model's hf_to_pagedllm_mapper renames them so.
+(Mixtral always, the Qwen-MoEs by `norm_topk_prob`); Qwen2-MoE adds a shared expert
+(qwen2_moe.py). Their checkpoints name the parts `mlp.gate` and
+`mlp.experts.{e}.{gate,up,down}_proj`, or a model's hf_to_pagedllm_mapper renames them so.
 """
 
 import torch

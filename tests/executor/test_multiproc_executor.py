@@ -58,6 +58,7 @@ def generate_twice(llm: LLM) -> list:
         "glm4",
         "starcoder2",
         "mixtral",
+        "qwen2-moe",
     ],
 )
 def test_tp2_matches_tp1(name: str, tiny_model_path) -> None:

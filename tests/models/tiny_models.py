@@ -202,6 +202,17 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
         "qwen2": transformers.Qwen2Config(
             **COMMON, num_key_value_heads=2, tie_word_embeddings=True
         ),
+        "qwen2-moe": transformers.Qwen2MoeConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            norm_topk_prob=False,
+            mlp_only_layers=[1],
+            tie_word_embeddings=False,
+        ),
         "qwen3": transformers.Qwen3Config(
             **COMMON, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False
         ),
