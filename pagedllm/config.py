@@ -499,7 +499,7 @@ def resolve_runner(runner: str, model: str, architecture: str) -> str:
     return "generate"
 
 
-WHOLE_K_NORM = ("Olmo2", "Olmo3")
+WHOLE_K_NORM = ("Olmo2", "Olmo3", "Olmoe")
 """Families whose k RMSNorm spans every kv head (models/olmo2.py): gathered from the ranks,
 so no rank may hold a replica."""
 QUANTIZATION_CHOICES = ("gguf", "int8", *PREQUANTIZED_METHODS, "none")

@@ -485,8 +485,9 @@ def test_a_quantization_config_that_is_not_an_object_is_named(tmp_path, tiny_mod
         ModelConfig.create(str(tmp_path / "model"))
 
 
-@pytest.mark.parametrize("name", ["olmo2", "olmo3"])
+@pytest.mark.parametrize("name", ["olmo2", "olmo3", "olmoe"])
 def test_olmo_refuses_replicated_kv_heads_before_any_worker(name: str, tiny_model_path) -> None:
+    """OLMo 2, OLMo 3 and OLMoE norm k over all kv heads."""
     from pagedllm.config import ParallelConfig
 
     config = ModelConfig.create(tiny_model_path(name))  # 2 kv heads

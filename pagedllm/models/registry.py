@@ -17,6 +17,7 @@ from pagedllm.models.llama import LlamaForCausalLM, MistralForCausalLM
 from pagedllm.models.ministral import Ministral3ForCausalLM, MinistralForCausalLM
 from pagedllm.models.mixtral import MixtralForCausalLM
 from pagedllm.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
+from pagedllm.models.olmoe import OlmoeForCausalLM
 from pagedllm.models.phi3 import Phi3ForCausalLM
 from pagedllm.models.qwen2 import Qwen2ForCausalLM
 from pagedllm.models.qwen2_moe import Qwen2MoeForCausalLM
@@ -41,6 +42,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "MixtralForCausalLM": MixtralForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
+    "OlmoeForCausalLM": OlmoeForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
@@ -50,7 +52,9 @@ _MODELS: dict[str, type[nn.Module]] = {
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,
 }
-_NO_CLASSIFIER = frozenset({"Ernie4_5ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM"})
+_NO_CLASSIFIER = frozenset(
+    {"Ernie4_5ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM", "OlmoeForCausalLM"}
+)
 """Families transformers has no *ForSequenceClassification class of (asking transformers
 would import its modeling code, seconds of start-up), or whose classifier is another
 model's (Gemma3ForSequenceClassification is the multimodal Gemma 3's)."""

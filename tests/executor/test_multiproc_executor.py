@@ -59,6 +59,7 @@ def generate_twice(llm: LLM) -> list:
         "starcoder2",
         "mixtral",
         "qwen2-moe",
+        "olmoe",
     ],
 )
 def test_tp2_matches_tp1(name: str, tiny_model_path) -> None:

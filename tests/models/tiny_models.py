@@ -184,6 +184,14 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             },
             tie_word_embeddings=False,
         ),
+        "olmoe": transformers.OlmoeConfig(
+            **{**COMMON, "intermediate_size": 32},
+            num_key_value_heads=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            tie_word_embeddings=False,
+        ),
         "phi3": transformers.Phi3Config(
             **{**COMMON, "max_position_embeddings": 128},
             num_key_value_heads=2,
