@@ -12,6 +12,7 @@ from pagedllm.models.gemma import GemmaForCausalLM
 from pagedllm.models.gemma2 import Gemma2ForCausalLM, Gemma3ForCausalLM
 from pagedllm.models.glm4 import Glm4ForCausalLM
 from pagedllm.models.granite import GraniteForCausalLM
+from pagedllm.models.granitemoe import GraniteMoeForCausalLM
 from pagedllm.models.internlm3 import InternLM3ForCausalLM
 from pagedllm.models.llama import LlamaForCausalLM, MistralForCausalLM
 from pagedllm.models.ministral import Ministral3ForCausalLM, MinistralForCausalLM
@@ -35,6 +36,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Glm4ForCausalLM": Glm4ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
+    "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MinistralForCausalLM": MinistralForCausalLM,
     "Ministral3ForCausalLM": Ministral3ForCausalLM,
@@ -53,7 +55,13 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,
 }
 _NO_CLASSIFIER = frozenset(
-    {"Ernie4_5ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM", "OlmoeForCausalLM"}
+    {
+        "Ernie4_5ForCausalLM",
+        "GraniteForCausalLM",
+        "GraniteMoeForCausalLM",
+        "Gemma3ForCausalLM",
+        "OlmoeForCausalLM",
+    }
 )
 """Families transformers has no *ForSequenceClassification class of (asking transformers
 would import its modeling code, seconds of start-up), or whose classifier is another

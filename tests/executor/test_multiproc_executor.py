@@ -60,6 +60,7 @@ def generate_twice(llm: LLM) -> list:
         "mixtral",
         "qwen2-moe",
         "olmoe",
+        "granitemoe",
     ],
 )
 def test_tp2_matches_tp1(name: str, tiny_model_path) -> None:

@@ -88,7 +88,7 @@ def test_every_target_of_the_model_class_has_slots_of_its_shape(
     assert sorted(modules) == sorted(shapes)
     qkv = [f"model.layers.0.self_attn.{p}_proj" for p in "qkv"]
     assert qkv in [subs for _, subs in manager.layers]
-    no_gate_proj = ("qwen3-moe", "starcoder2", "mixtral", "qwen2-moe", "olmoe")
+    no_gate_proj = ("qwen3-moe", "starcoder2", "mixtral", "qwen2-moe", "olmoe", "granitemoe")
     assert ("model.layers.0.mlp.gate_proj" in modules) is (name not in no_gate_proj)
     assert ("model.layers.0.mlp.c_fc" in modules) is (name == "starcoder2")
     for slots, subs in manager.layers:

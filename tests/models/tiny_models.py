@@ -127,6 +127,17 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             logits_scaling=8.0,
             tie_word_embeddings=True,
         ),
+        "granitemoe": transformers.GraniteMoeConfig(
+            **{**COMMON, "intermediate_size": 32},
+            num_key_value_heads=2,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            embedding_multiplier=12.0,
+            residual_multiplier=0.22,
+            attention_multiplier=0.015625,
+            logits_scaling=8.0,
+            tie_word_embeddings=True,
+        ),
         "ministral": transformers.MinistralConfig(
             **{**COMMON, "num_hidden_layers": 3},
             num_key_value_heads=2,
