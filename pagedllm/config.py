@@ -369,11 +369,19 @@ class ModelConfig:
                 f"ranks must split, not replicate: tensor_parallel_size {tp} does not divide "
                 f"its {kv_heads} kv heads"
             )
-        moe = getattr(config, "num_experts", None) is not None
-        rows = getattr(config, "moe_intermediate_size" if moe else "intermediate_size", None)
+        moe = bool(getattr(config, "num_experts", None) or getattr(config, "num_local_experts", 0))
+        # experts of moe_intermediate_size (the Qwen-MoEs), or of intermediate_size (Mixtral)
+        rows = moe and getattr(config, "moe_intermediate_size", None)
+        rows = rows or getattr(config, "intermediate_size", None)
         if rows and not (moe and parallel.enable_expert_parallel) and rows % tp:
             what = "each expert's intermediate size" if moe else "the MLP's intermediate size"
             raise ValueError(f"{what} {rows} is not divisible by tensor_parallel_size {tp}")
+        shared = getattr(config, "shared_expert_intermediate_size", None)  # Qwen2-MoE's
+        if shared and shared % tp:
+            raise ValueError(
+                f"the shared expert's intermediate size {shared} is not divisible by "
+                f"tensor_parallel_size {tp}"
+            )
         layers, pp = config.num_hidden_layers, parallel.pipeline_parallel_size
         if layers < pp:
             raise ValueError(
@@ -491,7 +499,7 @@ def resolve_runner(runner: str, model: str, architecture: str) -> str:
     return "generate"
 
 
-WHOLE_K_NORM = ("Olmo2", "Olmo3")
+WHOLE_K_NORM = ("Olmo2", "Olmo3", "Olmoe")
 """Families whose k RMSNorm spans every kv head (models/olmo2.py): gathered from the ranks,
 so no rank may hold a replica."""
 QUANTIZATION_CHOICES = ("gguf", "int8", *PREQUANTIZED_METHODS, "none")

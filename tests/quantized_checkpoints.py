@@ -19,10 +19,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-TARGETS = re.compile(r".*\.(q|k|v|o|gate|up|down|qkv|gate_up)_proj\.weight$")
+TARGETS = re.compile(r".*\.((q|k|v|o|gate|up|down|qkv|gate_up)_proj|w1|w2|w3)\.weight$")
 """The linear layers quantization tools quantize: not the embedding, LM head or router;
-Phi-3's fused qkv_proj and gate_up_proj whole, as the tools quantize the checkpoint's
-nn.Linear modules."""
+Phi-3's fused qkv_proj and gate_up_proj whole, Mixtral's experts' w1, w3 and w2, as the
+tools quantize the checkpoint's nn.Linear modules."""
 
 
 def _float_weights(folder: str) -> dict[str, torch.Tensor]:

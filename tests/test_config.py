@@ -199,6 +199,20 @@ def test_parallel_config_rejects_bad_layouts(kwargs: dict, error: str) -> None:
             dict(tensor_parallel_size=4, hf_overrides={"moe_intermediate_size": 30}),
             "each expert's intermediate size 30 is not divisible by tensor_parallel_size 4",
         ),
+        (
+            "qwen2-moe",
+            dict(
+                tensor_parallel_size=4,
+                enable_expert_parallel=True,
+                hf_overrides={"shared_expert_intermediate_size": 30},
+            ),
+            "the shared expert's intermediate size 30 is not divisible by tensor_parallel_size 4",
+        ),
+        (
+            "mixtral",
+            dict(tensor_parallel_size=4, hf_overrides={"intermediate_size": 30}),
+            "each expert's intermediate size 30 is not divisible by tensor_parallel_size 4",
+        ),
         ("llama-gqa4", dict(pipeline_parallel_size=3), "pipeline_parallel_size 3 is more than"),
     ],
 )
@@ -471,8 +485,9 @@ def test_a_quantization_config_that_is_not_an_object_is_named(tmp_path, tiny_mod
         ModelConfig.create(str(tmp_path / "model"))
 
 
-@pytest.mark.parametrize("name", ["olmo2", "olmo3"])
+@pytest.mark.parametrize("name", ["olmo2", "olmo3", "olmoe"])
 def test_olmo_refuses_replicated_kv_heads_before_any_worker(name: str, tiny_model_path) -> None:
+    """OLMo 2, OLMo 3 and OLMoE norm k over all kv heads."""
     from pagedllm.config import ParallelConfig
 
     config = ModelConfig.create(tiny_model_path(name))  # 2 kv heads

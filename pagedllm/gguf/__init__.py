@@ -1,7 +1,7 @@
 """A GGUF file (llama.cpp's format) read as a Hugging Face checkpoint: its config, its tensors
 under HF names and layouts, and its tokenizer, so a GGUF model loads like a safetensors one.
 
-Supported architectures: llama, qwen2, qwen3, qwen3moe (see hf_config.py).
+Supported architectures: those of hf_config.py (a llama file with experts is Mixtral).
 
 reader.py parses the file; hf_config.py, tensor_names.py and tokenizer.py translate what it
 holds into transformers' terms. Nothing here imports the rest of pagedllm, so the config, the

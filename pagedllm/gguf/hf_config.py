@@ -25,6 +25,8 @@ _ARCHITECTURES = {
     "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
 }
+LLAMA_EXPERTS = ("mixtral", "MixtralForCausalLM")
+"""llama.cpp writes Mixtral as llama with experts (`llama.expert_count`, ffn_*_exps)."""
 LLAMA_LAYOUT = ("llama", "granite", "smollm3")
 """Architectures llama.cpp's converter writes as llama (Granite's and SmolLM3's converters are
 Llama's): q/k rows permuted, ffn biases where the model has them."""
@@ -64,7 +66,7 @@ def _config(gguf: GGUFFile) -> PretrainedConfig:
     """Every value is type-checked where it is read, and every tensor's shape is checked
     against the result before anything is built from it (see tensor_shapes.py)."""
     arch = architecture(gguf)
-    model_type, model_class = _ARCHITECTURES[arch]
+    model_type, model_class = LLAMA_EXPERTS if _llama_experts(gguf, arch) else _ARCHITECTURES[arch]
     kwargs = {"architectures": [model_class], **_sizes(gguf, arch)}
     kwargs |= {
         "rms_norm_eps": positive_float(gguf, f"{arch}.attention.layer_norm_rms_epsilon"),
@@ -91,6 +93,8 @@ def _config(gguf: GGUFFile) -> PretrainedConfig:
         kwargs |= gemma_kwargs(gguf, arch, kwargs)
     if arch == "qwen3moe":
         kwargs |= _moe_kwargs(gguf, arch)
+    if model_type == LLAMA_EXPERTS[0]:
+        kwargs |= _mixtral_kwargs(gguf, arch)
     config = AutoConfig.for_model(model_type, **kwargs)
     check_tensor_shapes(gguf, arch, config)
     return config
@@ -161,6 +165,32 @@ def _moe_kwargs(gguf: GGUFFile, arch: str) -> dict[str, Any]:
         "moe_intermediate_size": integer(gguf, f"{arch}.expert_feed_forward_length"),
         # llama.cpp renormalizes the top-k routing weights of qwen3moe; the file does not say so
         "norm_topk_prob": True,
+    }
+
+
+def _llama_experts(gguf: GGUFFile, arch: str) -> bool:
+    """Whether a llama file holds experts (Mixtral): its `llama.expert_count` above 0, which
+    a file with a router (ffn_gate_inp) must state."""
+    if arch != "llama":
+        return False
+    experts = integer(gguf, f"{arch}.expert_count", 0, minimum=0)
+    if not experts and "blk.0.ffn_gate_inp.weight" in gguf.tensors:
+        raise ValueError(
+            f"{gguf.path}: a llama file with experts (blk.0.ffn_gate_inp) must state "
+            f"{arch}.expert_count"
+        )
+    return experts > 0
+
+
+def _mixtral_kwargs(gguf: GGUFFile, arch: str) -> dict[str, Any]:
+    """A llama file's experts as MixtralConfig's fields, each of `feed_forward_length` as
+    llama.cpp sizes them (required: MixtralConfig's default is 8x7B's). llama.cpp routes
+    them as Mixtral: a softmax over all experts, the top k renormalized."""
+    experts = integer(gguf, f"{arch}.expert_count")
+    return {
+        "num_local_experts": experts,
+        "num_experts_per_tok": _experts_used(gguf, arch, experts),
+        "intermediate_size": integer(gguf, f"{arch}.feed_forward_length"),
     }
 
 

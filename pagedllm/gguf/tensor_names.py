@@ -8,9 +8,11 @@ gate/up tensors keep their checkpoint's fused names.)
 """
 
 import logging
+import re
 from collections.abc import Callable, Iterator
 
 import torch
+from gguf import GGMLQuantizationType
 
 from pagedllm.gguf.gemma import POST_NORM_LAYOUT, checkpoint_norm, is_offset_norm
 from pagedllm.gguf.hf_config import CONFIG_TENSORS, LLAMA_LAYOUT, architecture
@@ -65,6 +67,13 @@ _EXPERT_NAMES = {
     "ffn_gate_exps": "gate_proj",
     "ffn_up_exps": "up_proj",
     "ffn_down_exps": "down_proj",
+}
+_EXPERT_INDEX = re.compile(r"\.experts\.\d+\.")
+# one expert's tensor `blk.N.ffn_gate.E` [out, in], as older llama files (Mixtral) store them
+_SINGLE_EXPERT_NAMES = {
+    "ffn_gate": "gate_proj",
+    "ffn_up": "up_proj",
+    "ffn_down": "down_proj",
 }
 
 
@@ -157,15 +166,22 @@ def _runs(indices: list[int]) -> list[range]:
 
 
 def hf_tensor_types(path: str) -> dict[str, int]:
-    """HF name -> GGUF type (an int) of every weight in the file; stacked experts under
-    `model.layers.N.mlp.experts.gate_proj.weight` (no expert index)."""
+    """HF name -> GGUF type (an int) of every weight in the file; experts under
+    `model.layers.N.mlp.experts.gate_proj.weight` (no expert index), stacked or one tensor
+    each (whose types must then agree, as llama.cpp stacks them into one tensor)."""
     gguf = read_gguf(path)
     arch = architecture(gguf)
-    types = {}
+    types: dict[str, int] = {}
     for info in gguf.tensors.values():
-        if info.name not in CONFIG_TENSORS:
-            name = _hf_names(gguf, arch, info)[0].replace(".experts.0.", ".experts.")
-            types[name] = int(info.qtype)
+        if info.name in CONFIG_TENSORS:
+            continue
+        name = _EXPERT_INDEX.sub(".experts.", _hf_names(gguf, arch, info)[0])
+        if types.setdefault(name, int(info.qtype)) != int(info.qtype):
+            raise ValueError(
+                f"{path}: tensor {info.name} is {info.qtype.name}, but an earlier expert of "
+                f"its layer is {GGMLQuantizationType(types[name]).name}; a layer's experts "
+                "must be of one type"
+            )
     return types
 
 
@@ -191,6 +207,16 @@ def _is_expert_stack(name: str) -> bool:
     return len(parts) == 3 and parts[0] == "blk" and parts[2] in _EXPERT_NAMES
 
 
+def _single_expert(parts: list[str]) -> bool:
+    """Whether GGUF tensor `blk.N.ffn_gate.E` (split at dots) is one expert's."""
+    return (
+        len(parts) == 4
+        and parts[0] == "blk"
+        and parts[2] in _SINGLE_EXPERT_NAMES
+        and parts[3].isdigit()
+    )
+
+
 def _layer_names(arch: str) -> dict[str, str]:
     if arch in POST_NORM_LAYOUT:
         return _POST_NORM_LAYER_NAMES
@@ -209,4 +235,7 @@ def _hf_names(gguf: GGUFFile, arch: str, info: TensorInfo) -> list[str]:
     if _is_expert_stack(info.name):
         prefix = f"model.layers.{parts[1]}.mlp.experts"
         return [f"{prefix}.{e}.{_EXPERT_NAMES[parts[2]]}.{suffix}" for e in range(info.shape[0])]
+    if _single_expert(parts):
+        part = _SINGLE_EXPERT_NAMES[parts[2]]
+        return [f"model.layers.{parts[1]}.mlp.experts.{int(parts[3])}.{part}.{suffix}"]
     raise ValueError(f"{gguf.path}: tensor {info.name!r} has no known Hugging Face name")

@@ -34,6 +34,10 @@ _SHAPES = {
     "ffn_gate_exps": ("experts", "expert_ffn", "hidden"),
     "ffn_up_exps": ("experts", "expert_ffn", "hidden"),
     "ffn_down_exps": ("experts", "hidden", "expert_ffn"),
+    # one expert's, `blk.N.ffn_gate.E` (older llama files)
+    "ffn_gate_exp": ("expert_ffn", "hidden"),
+    "ffn_up_exp": ("expert_ffn", "hidden"),
+    "ffn_down_exp": ("hidden", "expert_ffn"),
 }
 # Phi-3's ffn_up holds gate and up
 _PHI3_SHAPES = _SHAPES | {"ffn_up": ("gate_up", "hidden")}
@@ -48,7 +52,7 @@ _DIMENSION_SOURCES = {
     "ffn": "feed_forward_length",
     "gate_up": "2 * feed_forward_length",
     "experts": "expert_count",
-    "expert_ffn": "expert_feed_forward_length",
+    "expert_ffn": "expert_feed_forward_length (llama: feed_forward_length)",
 }
 
 
@@ -73,6 +77,7 @@ def _dimensions(config: PretrainedConfig) -> dict[str, int | None]:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     ffn = getattr(config, "intermediate_size", None)
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
     return {
         "vocab": config.vocab_size,
         "hidden": config.hidden_size,
@@ -82,14 +87,18 @@ def _dimensions(config: PretrainedConfig) -> dict[str, int | None]:
         "head_dim": head_dim,
         "ffn": ffn,
         "gate_up": None if ffn is None else 2 * ffn,
-        "experts": getattr(config, "num_experts", None),
-        "expert_ffn": getattr(config, "moe_intermediate_size", None),
+        "experts": experts,
+        # Mixtral's experts are of intermediate_size, the Qwen-MoEs' of moe_intermediate_size
+        "expert_ffn": getattr(config, "moe_intermediate_size", None) or (ffn if experts else None),
     }
 
 
 def _base_name(name: str) -> str:
-    """`blk.3.attn_q.weight` -> `attn_q`; `token_embd.weight` -> `token_embd`."""
+    """`blk.3.attn_q.weight` -> `attn_q`; `token_embd.weight` -> `token_embd`; one expert's
+    `blk.3.ffn_gate.5.weight` -> `ffn_gate_exp`."""
     parts = name.rpartition(".")[0].split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[3].isdigit():
+        return f"{parts[2]}_exp"
     return parts[2] if len(parts) == 3 and parts[0] == "blk" else ".".join(parts)
 
 

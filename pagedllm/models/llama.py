@@ -197,6 +197,8 @@ class LlamaDecoderLayer(InferenceModule):
     norm_class: type[RMSNorm] = RMSNorm
     """The class of every norm of the model (Gemma's scale by 1 + weight; StarCoder 2's are
     LayerNorms)."""
+    attention_class: type[LlamaAttention] = LlamaAttention
+    """The class of the self-attention (OLMoE norms q and k over whole projections)."""
 
     def __init__(
         self,
@@ -210,7 +212,7 @@ class LlamaDecoderLayer(InferenceModule):
         """residual_multiplier (Granite's): the attention's and the MLP's outputs are
         scaled by it before they join the residual stream."""
         super().__init__()
-        self.self_attn = LlamaAttention(
+        self.self_attn = self.attention_class(
             config, options, quant_config, f"{prefix}.self_attn", self.norm_class
         )
         self.mlp = mlp

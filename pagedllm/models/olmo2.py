@@ -38,7 +38,9 @@ class Olmo2Attention(LlamaAttention):
         options: AttentionOptions,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        norm_class: type[RMSNorm] = RMSNorm,
     ) -> None:
+        """norm_class: the q/k norms' (LlamaAttention's signature; the model's RMSNorm)."""
         super().__init__(config, options, quant_config, prefix)
         self.tp_size = get_tensor_model_parallel_world_size()
         self.tp_rank = get_tensor_model_parallel_rank()
@@ -46,11 +48,11 @@ class Olmo2Attention(LlamaAttention):
             getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         ):
             raise ValueError(
-                f"OLMo 2 norms k over all kv heads: tensor_parallel_size {self.tp_size} must "
+                f"k is normed over all kv heads: tensor_parallel_size {self.tp_size} must "
                 f"divide num_key_value_heads {config.num_key_value_heads} (no replicated kv heads)"
             )
-        self.q_norm = RMSNorm(self.q_size * self.tp_size, eps=config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.kv_size * self.tp_size, eps=config.rms_norm_eps)
+        self.q_norm = norm_class(self.q_size * self.tp_size, eps=config.rms_norm_eps)
+        self.k_norm = norm_class(self.kv_size * self.tp_size, eps=config.rms_norm_eps)
 
     def _normed(self, x: torch.Tensor, norm: RMSNorm, size: int) -> torch.Tensor:
         if self.tp_size == 1:

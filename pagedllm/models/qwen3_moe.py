@@ -1,40 +1,25 @@
-"""Qwen3-MoE: Qwen3 attention with sparse MoE blocks (router + top-k experts, no shared expert).
+"""Qwen3-MoE: Qwen3 attention with sparse MoE blocks (router + top-k experts, no shared
+expert) in the layers moe_block.is_dense_qwen_moe_layer does not make dense."""
 
-Layer i is sparse when it is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
-"""
-
-import torch
 from torch import nn
 from transformers import PretrainedConfig
 
 from pagedllm.layers.fused_moe import FusedMoE
-from pagedllm.layers.inference_module import InferenceModule
-from pagedllm.layers.linear import ReplicatedLinear
 from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.models.config_fields import num_experts
+from pagedllm.models.moe_block import SparseMoeBlock, is_dense_qwen_moe_layer
 from pagedllm.models.qwen3 import Qwen3ForCausalLM
 
 
-class Qwen3MoeSparseMoeBlock(InferenceModule):
+class Qwen3MoeSparseMoeBlock(SparseMoeBlock):
+    """Experts of `moe_intermediate_size`, top-k weights renormalized by `norm_topk_prob`."""
+
     def __init__(
         self, config: PretrainedConfig, quant_config: QuantizationConfig | None, prefix: str
     ) -> None:
-        super().__init__()
-        self.gate = ReplicatedLinear(
-            config.hidden_size, num_experts(config), False, quant_config, f"{prefix}.gate"
+        super().__init__(
+            config, config.moe_intermediate_size, config.norm_topk_prob, quant_config, prefix
         )
-        self.experts = FusedMoE(
-            num_experts=num_experts(config),
-            top_k=config.num_experts_per_tok,
-            hidden_size=config.hidden_size,
-            intermediate_size=config.moe_intermediate_size,
-            renormalize=config.norm_topk_prob,
-            quant_config=quant_config,
-            prefix=f"{prefix}.experts",
-        )
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.experts(hidden_states, self.gate(hidden_states))
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
@@ -51,13 +36,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
 
     @classmethod
     def has_dense_mlp(cls, config: PretrainedConfig, layer_idx: int) -> bool:
-        step = getattr(config, "decoder_sparse_step", 1) or 1
-        dense_layers = getattr(config, "mlp_only_layers", None) or []
-        return not (
-            num_experts(config) > 0
-            and layer_idx not in dense_layers
-            and (layer_idx + 1) % step == 0
-        )
+        return is_dense_qwen_moe_layer(config, layer_idx)
 
     def expert_params_mapping(self) -> list[tuple[str, str, int, str]]:
         return FusedMoE.make_expert_params_mapping(num_experts(self.config))

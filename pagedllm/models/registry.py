@@ -12,12 +12,16 @@ from pagedllm.models.gemma import GemmaForCausalLM
 from pagedllm.models.gemma2 import Gemma2ForCausalLM, Gemma3ForCausalLM
 from pagedllm.models.glm4 import Glm4ForCausalLM
 from pagedllm.models.granite import GraniteForCausalLM
+from pagedllm.models.granitemoe import GraniteMoeForCausalLM
 from pagedllm.models.internlm3 import InternLM3ForCausalLM
 from pagedllm.models.llama import LlamaForCausalLM, MistralForCausalLM
 from pagedllm.models.ministral import Ministral3ForCausalLM, MinistralForCausalLM
+from pagedllm.models.mixtral import MixtralForCausalLM
 from pagedllm.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
+from pagedllm.models.olmoe import OlmoeForCausalLM
 from pagedllm.models.phi3 import Phi3ForCausalLM
 from pagedllm.models.qwen2 import Qwen2ForCausalLM
+from pagedllm.models.qwen2_moe import Qwen2MoeForCausalLM
 from pagedllm.models.qwen3 import Qwen3ForCausalLM
 from pagedllm.models.qwen3_moe import Qwen3MoeForCausalLM
 from pagedllm.models.seed_oss import SeedOssForCausalLM
@@ -32,21 +36,33 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Glm4ForCausalLM": Glm4ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
+    "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MinistralForCausalLM": MinistralForCausalLM,
     "Ministral3ForCausalLM": Ministral3ForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
+    "OlmoeForCausalLM": OlmoeForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "SeedOssForCausalLM": SeedOssForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "Starcoder2ForCausalLM": Starcoder2ForCausalLM,
 }
-_NO_CLASSIFIER = frozenset({"Ernie4_5ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM"})
+_NO_CLASSIFIER = frozenset(
+    {
+        "Ernie4_5ForCausalLM",
+        "GraniteForCausalLM",
+        "GraniteMoeForCausalLM",
+        "Gemma3ForCausalLM",
+        "OlmoeForCausalLM",
+    }
+)
 """Families transformers has no *ForSequenceClassification class of (asking transformers
 would import its modeling code, seconds of start-up), or whose classifier is another
 model's (Gemma3ForSequenceClassification is the multimodal Gemma 3's)."""

@@ -18,13 +18,17 @@ from pagedllm.layers.parameter import default_weight_loader
 
 @dataclass(frozen=True)
 class WeightsMapper:
-    """vLLM's WeightsMapper, by prefix: a checkpoint name starting with a key of
-    `orig_to_new_prefix` has it replaced by its value, or is dropped where the value is
-    None (a part of the checkpoint the model does not run)."""
+    """vLLM's WeightsMapper: a checkpoint name has each key of `orig_to_new_substr` it holds
+    replaced by its value (Mixtral's `.block_sparse_moe.` -> `.mlp.`), then a key of
+    `orig_to_new_prefix` it starts with replaced by its value, or is dropped where that value
+    is None (a part of the checkpoint the model does not run)."""
 
     orig_to_new_prefix: dict[str, str | None] = field(default_factory=dict)
+    orig_to_new_substr: dict[str, str] = field(default_factory=dict)
 
     def map_name(self, name: str) -> str | None:
+        for old, new in self.orig_to_new_substr.items():
+            name = name.replace(old, new)
         for old, new in self.orig_to_new_prefix.items():
             if name.startswith(old):
                 return None if new is None else new + name[len(old) :]
@@ -33,12 +37,17 @@ class WeightsMapper:
     def checkpoint_names(self, name: str) -> list[str]:
         """The checkpoint names that map to model name `name` (map_name's inverse): the
         renames' sources first, then `name` itself where no rename takes it."""
+        renamed = name
+        for old, new in self.orig_to_new_substr.items():
+            renamed = renamed.replace(new, old)
         names = [
-            old + name[len(new) :]
+            old + stem[len(new) :]
+            for stem in dict.fromkeys((renamed, name))
             for old, new in self.orig_to_new_prefix.items()
-            if new is not None and name.startswith(new)
+            if new is not None and stem.startswith(new)
         ]
-        return [n for n in [*names, name] if self.map_name(n) == name]
+        candidates = dict.fromkeys([*names, renamed, name])
+        return [n for n in candidates if self.map_name(n) == name]
 
     def keep(self, keep: Callable[[str], bool]) -> Callable[[str], bool]:
         """`keep` (a filter of the model's names) as a filter of the checkpoint's."""

@@ -1,4 +1,4 @@
-"""`pagedllm inspect` against sizes computed by hand from the two target models' configs."""
+"""`pagedllm inspect` against sizes computed by hand from the target models' configs."""
 
 import json
 from pathlib import Path
@@ -12,6 +12,7 @@ from pagedllm.entrypoints.inspect import inspect_model
 CONFIGS = Path(__file__).parents[1] / "fixtures" / "configs"
 LLAMA_70B = str(CONFIGS / "DeepSeek-R1-Distill-Llama-70B.json")
 QWEN3_MOE = str(CONFIGS / "Qwen3-30B-A3B-Instruct-2507.json")
+MIXTRAL = str(CONFIGS / "Mixtral-8x7B-Instruct-v0.1.json")
 
 
 def llama_70b_params() -> tuple[int, int]:
@@ -71,6 +72,26 @@ def test_qwen3_moe_total_and_active() -> None:
     assert report["total_params"] == total == 30_532_122_624
     assert report["active_params"] == active == 3_353_032_704
     assert report["kv_cache_bytes_per_token"] == 2 * 48 * 4 * 128 * 2
+
+
+def test_mixtral_total_and_active() -> None:
+    """Mixtral-8x7B by hand: hidden 4096, 32 q / 8 kv heads of 128, 8 experts of 14336
+    (top-2) in each of 32 layers, vocab 32000, untied: 46.7B parameters, 12.9B active."""
+    hidden, kv_dim, expert = 4096, 8 * 128, 3 * 4096 * 14336
+    dense = hidden * hidden * 2 + hidden * kv_dim * 2 + 2 * hidden + hidden * 8  # router
+    embeddings = 2 * 32000 * hidden + hidden
+    report = inspect_model(ModelConfig.create(MIXTRAL, dtype="bfloat16"), tp=1)
+    assert report["total_params"] == 32 * (dense + 8 * expert) + embeddings == 46_702_792_704
+    assert report["active_params"] == 32 * (dense + 2 * expert) + embeddings == 12_879_925_248
+
+
+def test_mixtral_q4_k_m_gives_its_attention_more_bits() -> None:
+    """llama.cpp's rule for a model of exactly 8 experts: attn_k and attn_v Q8_0, attn_output
+    Q5_K, in every layer."""
+    config = ModelConfig.create(MIXTRAL, dtype="bfloat16")
+    by_type = inspect_model(config, tp=1, quantization="q4_k_m")["bytes_per_rank_by_type"]
+    assert by_type["Q8_0"] == nbytes(32 * 2 * 1024 * 4096, Q8_0)
+    assert by_type["Q5_K"] == nbytes(32 * 4096 * 4096, Q5_K)
 
 
 def test_qwen3_moe_tp8_replicates_kv_heads() -> None:

@@ -57,6 +57,10 @@ def generate_twice(llm: LLM) -> list:
         "exaone4",
         "glm4",
         "starcoder2",
+        "mixtral",
+        "qwen2-moe",
+        "olmoe",
+        "granitemoe",
     ],
 )
 def test_tp2_matches_tp1(name: str, tiny_model_path) -> None:

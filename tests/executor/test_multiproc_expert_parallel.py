@@ -1,8 +1,8 @@
 """enable_expert_parallel over spawned workers (gloo on CPU): 2 and 4 ranks, each holding
 whole experts, against one rank on the same weights. Reference: the one-rank run's greedy
-tokens and logprobs, on the tiny Qwen3-MoE checkpoint (float32) and on a GGUF whose Q4_K
-experts tensor parallelism would cut; and inspect's per-rank bytes, which rank 0's model
-holds."""
+tokens and logprobs, on the tiny Qwen3-MoE, Mixtral, Qwen2-MoE and Granite MoE checkpoints
+(float32) and on a GGUF whose Q4_K experts tensor parallelism would cut; and inspect's
+per-rank bytes, which rank 0's model holds."""
 
 import pytest
 
@@ -25,11 +25,14 @@ def rank0_experts(llm: LLM) -> int:
     return llm.llm_engine.executor.runner.model.model.layers[0].mlp.experts.local_num_experts
 
 
-@pytest.fixture(scope="module")
-def moe_checkpoint(tiny_model_path) -> tuple[str, list]:
-    """The tiny Qwen3-MoE (8 experts) and one rank's generations on it (prompts of 1 to
-    40 tokens, prefilled in chunks of 16)."""
-    path = tiny_model_path("qwen3-moe")
+@pytest.fixture(scope="module", params=["qwen3-moe", "mixtral", "qwen2-moe", "granitemoe"])
+def moe_checkpoint(request: pytest.FixtureRequest, tiny_model_path) -> tuple[str, list]:
+    """A tiny MoE of 8 experts (Qwen3-MoE; Mixtral, whose checkpoint names them
+    block_sparse_moe.experts.{e}.w1/w3/w2; Qwen2-MoE, whose shared expert the ranks split as
+    a dense MLP; Granite MoE, whose experts are fused in one tensor each rank reads whole)
+    and one rank's generations on it (prompts of 1 to 40 tokens, prefilled in chunks of
+    16)."""
+    path = tiny_model_path(request.param)
     with LLM(path, max_num_batched_tokens=16, **ENGINE) as one:
         return path, one.generate(mixed_prompts(), PARAMS, use_tqdm=False)
 

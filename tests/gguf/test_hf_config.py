@@ -64,6 +64,7 @@ HF_CLASSES = {
     "qwen3": "Qwen3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 
 
@@ -99,6 +100,9 @@ def test_tiny_round_trip_config(arch: str, tiny_files: dict) -> None:
         for field in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
             assert getattr(config, field) == getattr(expected, field), field
         assert config.norm_topk_prob
+    if arch == "mixtral":
+        for field in ("num_local_experts", "num_experts_per_tok", "sliding_window"):
+            assert getattr(config, field) == getattr(expected, field), field
     if arch in GEMMAS:
         assert config.hidden_activation == "gelu_pytorch_tanh"
     if arch == "smollm3":  # llama.cpp's NoPE layers (every 4th), no window

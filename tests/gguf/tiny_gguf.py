@@ -1,7 +1,9 @@
 """Tiny random HF models written to GGUF with llama.cpp's conventions (gguf's tensor-name map,
 convert_hf_to_gguf.py's q/k permutation of llama, granite and smollm3, its Gemma norms plus
-one, Phi-3's LongRoPE factor tensors and the metadata each of its model classes writes), and
-the HF checkpoint tensors they should read back as.
+one, Phi-3's LongRoPE factor tensors, Mixtral as llama with stacked experts, and the metadata
+each of its model classes writes), and the HF checkpoint tensors they should read back as
+(for Mixtral, the names pagedllm's model takes, as it renames its checkpoints':
+models/mixtral.py).
 """
 
 import math
@@ -78,6 +80,14 @@ TINY = {
         head_dim=8,  # not a SmolLM3Config field: hidden / heads, named as the others name it
         pad_token_id=None,  # SmolLM3Config's default, 128004, is past the tiny vocabulary
     ),
+    # convert_hf_to_gguf.py's LlamaModel writes Mixtral as llama (ARCH_ENUMS) with experts
+    "mixtral": dict(
+        model_type="mixtral",
+        head_dim=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        intermediate_size=16,
+    ),
 }
 ARCH_ENUMS = {
     "gemma": gguf.MODEL_ARCH.GEMMA,
@@ -90,12 +100,18 @@ ARCH_ENUMS = {
     "qwen3": gguf.MODEL_ARCH.QWEN3,
     "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE,
     "smollm3": gguf.MODEL_ARCH.SMOLLM3,
+    "mixtral": gguf.MODEL_ARCH.LLAMA,
 }
 
 
 GEMMAS = ("gemma", "gemma2", "gemma3")
 LLAMA_PERMUTED = ("llama", "granite", "smollm3")
 """Architectures whose converter is LlamaModel's, which permutes the q/k rows."""
+
+
+def gguf_arch(name: str) -> str:
+    """The `general.architecture` the file of TINY entry `name` carries ("llama" for mixtral)."""
+    return gguf.MODEL_ARCH_NAMES[ARCH_ENUMS[name]]
 
 
 def tiny_model(arch: str, **overrides: object):
@@ -177,9 +193,9 @@ def gguf_tensors(arch: str, config, state_dict: dict) -> dict[str, np.ndarray]:
         if suffix == "down_proj":
             out[names.get_name(f"{base}.down_proj") + ".weight"] = tensor
             continue
-        if arch in LLAMA_PERMUTED and base.endswith("q_proj"):
+        if gguf_arch(arch) in LLAMA_PERMUTED and base.endswith("q_proj"):
             tensor = llama_cpp_permute(tensor, config.num_attention_heads)
-        if arch in LLAMA_PERMUTED and base.endswith("k_proj"):
+        if gguf_arch(arch) in LLAMA_PERMUTED and base.endswith("k_proj"):
             tensor = llama_cpp_permute(tensor, config.num_key_value_heads)
         if arch in GEMMAS and name.endswith("norm.weight"):  # GemmaModel.modify_tensors
             tensor = tensor + 1
@@ -210,7 +226,7 @@ def write_gguf(
 ) -> None:
     """tensors: GGUF name -> float array, or (uint8 blocks [..., bytes], GGUF type). `edit`
     gets the writer after the metadata is added (see set_metadata), before it writes."""
-    writer = gguf.GGUFWriter(path, arch)
+    writer = gguf.GGUFWriter(path, gguf_arch(arch))
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -235,9 +251,10 @@ def write_gguf(
         writer.add_residual_scale(config.residual_multiplier)
         writer.add_attention_scale(config.attention_multiplier)
         writer.add_logit_scale(config.logits_scaling)
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "mixtral"):
         writer.add_expert_count(config.num_experts)
         writer.add_expert_used_count(config.num_experts_per_tok)
+    if arch == "qwen3moe":
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
     if rope:
         writer.add_rope_scaling_type(rope["type"])

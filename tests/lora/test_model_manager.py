@@ -80,7 +80,7 @@ def test_every_target_of_the_model_class_has_slots_of_its_shape(
 ) -> None:
     """Each module of lora_target_shapes is in exactly one layer's slots, in its fused
     order (q, k, v; gate, up), the layer's input and output its (in, out) and the sum of
-    its parts' outs; Qwen3-MoE's sparse layer 0 has no dense MLP to adapt, StarCoder 2's
+    its parts' outs; the MoE models' sparse layer 0 has no dense MLP to adapt, StarCoder 2's
     MLP is c_fc and c_proj."""
     manager = new_manager(tiny_model_path, name)
     modules = [m for _, subs in manager.layers for m in subs]
@@ -88,7 +88,8 @@ def test_every_target_of_the_model_class_has_slots_of_its_shape(
     assert sorted(modules) == sorted(shapes)
     qkv = [f"model.layers.0.self_attn.{p}_proj" for p in "qkv"]
     assert qkv in [subs for _, subs in manager.layers]
-    assert ("model.layers.0.mlp.gate_proj" in modules) is (name not in ("qwen3-moe", "starcoder2"))
+    no_gate_proj = ("qwen3-moe", "starcoder2", "mixtral", "qwen2-moe", "olmoe", "granitemoe")
+    assert ("model.layers.0.mlp.gate_proj" in modules) is (name not in no_gate_proj)
     assert ("model.layers.0.mlp.c_fc" in modules) is (name == "starcoder2")
     for slots, subs in manager.layers:
         assert slots.layer.lora is slots

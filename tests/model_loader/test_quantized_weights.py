@@ -145,9 +145,10 @@ def test_every_family_runs_gptq(name: str, checkpoint) -> None:
     )
 
 
+@pytest.mark.parametrize("name", ["qwen3-moe", "mixtral"])  # mixtral: block_sparse_moe.*.w1
 @pytest.mark.parametrize("fmt", ["gptq-4bit-asym", "ct-w4a16", "fp8-block"])
-def test_moe_experts_run_as_stored(fmt: str, checkpoint) -> None:
-    quantized, reference = checkpoint(fmt, "qwen3-moe")
+def test_moe_experts_run_as_stored(fmt: str, name: str, checkpoint) -> None:
+    quantized, reference = checkpoint(fmt, name)
     atol = 1e-5 if FORMATS[fmt][2] is None else 0.06
     got, want = prompt_logprobs(quantized), prompt_logprobs(reference)
     torch.testing.assert_close(got, want, atol=atol, rtol=0)
@@ -220,7 +221,7 @@ def test_zero_points_that_contradict_the_config_are_an_error(checkpoint, tmp_pat
         get_model(ModelConfig.create(str(folder), "float32"))
 
 
-@pytest.mark.parametrize("name", ["qwen3-moe", "phi3"])
+@pytest.mark.parametrize("name", ["qwen3-moe", "phi3", "mixtral"])
 @pytest.mark.parametrize("fmt", ["gptq-4bit-sym", "gptq-act-order", "awq", "ct-w8-channel"])
 def test_inspect_sizes_the_layers_as_the_loader_runs_them(fmt: str, name: str, checkpoint) -> None:
     """From the weight files' headers; from the config alone, the tools' default (every

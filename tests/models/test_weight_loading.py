@@ -9,7 +9,7 @@ from torch import nn
 
 from pagedllm.distributed.parallel_state import override_tensor_parallel, set_expert_parallel
 from pagedllm.layers.fused_moe import FusedMoE
-from pagedllm.models.weight_loading import load_named_weights
+from pagedllm.models.weight_loading import WeightsMapper, load_named_weights
 
 STACKED = [("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v")]
 NUM_EXPERTS = 2
@@ -135,3 +135,20 @@ def test_loader_error_names_the_checkpoint_tensor() -> None:
     tensors["embed.weight"] = torch.zeros(5, 2)
     with pytest.raises(ValueError, match=r"cannot load checkpoint tensor 'embed.weight': .*shape"):
         load(Toy(), tensors)
+
+
+def test_mapper_renames_substrings_then_prefixes_and_inverts_both() -> None:
+    """vLLM's WeightsMapper order: orig_to_new_substr, then orig_to_new_prefix (None drops)."""
+    mapper = WeightsMapper(
+        orig_to_new_prefix={"language_model.": "", "vision.": None},
+        orig_to_new_substr={".block_sparse_moe.": ".mlp.", ".w1.": ".gate_proj."},
+    )
+    stored = "language_model.layers.0.block_sparse_moe.experts.2.w1.weight"
+    assert mapper.map_name(stored) == "layers.0.mlp.experts.2.gate_proj.weight"
+    assert mapper.map_name("vision.block_sparse_moe.w1.weight") is None
+    assert mapper.checkpoint_names("layers.0.mlp.experts.2.gate_proj.weight") == [
+        stored,
+        "language_model.layers.0.mlp.experts.2.gate_proj.weight",
+        "layers.0.block_sparse_moe.experts.2.w1.weight",
+        "layers.0.mlp.experts.2.gate_proj.weight",
+    ]

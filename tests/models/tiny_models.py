@@ -127,6 +127,17 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             logits_scaling=8.0,
             tie_word_embeddings=True,
         ),
+        "granitemoe": transformers.GraniteMoeConfig(
+            **{**COMMON, "intermediate_size": 32},
+            num_key_value_heads=2,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            embedding_multiplier=12.0,
+            residual_multiplier=0.22,
+            attention_multiplier=0.015625,
+            logits_scaling=8.0,
+            tie_word_embeddings=True,
+        ),
         "ministral": transformers.MinistralConfig(
             **{**COMMON, "num_hidden_layers": 3},
             num_key_value_heads=2,
@@ -156,6 +167,14 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
         "mistral": transformers.MistralConfig(
             **COMMON, num_key_value_heads=2, sliding_window=7, tie_word_embeddings=False
         ),
+        "mixtral": transformers.MixtralConfig(
+            **{**COMMON, "intermediate_size": 32},
+            num_key_value_heads=2,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=7,
+            tie_word_embeddings=False,
+        ),
         "olmo2": transformers.Olmo2Config(
             **COMMON, num_key_value_heads=2, tie_word_embeddings=False
         ),
@@ -176,6 +195,14 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
             },
             tie_word_embeddings=False,
         ),
+        "olmoe": transformers.OlmoeConfig(
+            **{**COMMON, "intermediate_size": 32},
+            num_key_value_heads=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            tie_word_embeddings=False,
+        ),
         "phi3": transformers.Phi3Config(
             **{**COMMON, "max_position_embeddings": 128},
             num_key_value_heads=2,
@@ -193,6 +220,17 @@ def tiny_configs() -> dict[str, transformers.PretrainedConfig]:
         ),
         "qwen2": transformers.Qwen2Config(
             **COMMON, num_key_value_heads=2, tie_word_embeddings=True
+        ),
+        "qwen2-moe": transformers.Qwen2MoeConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            norm_topk_prob=False,
+            mlp_only_layers=[1],
+            tie_word_embeddings=False,
         ),
         "qwen3": transformers.Qwen3Config(
             **COMMON, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False

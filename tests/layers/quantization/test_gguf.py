@@ -24,7 +24,7 @@ from pagedllm.model_loader.loader import build_model
 from tests.devices import DEVICES
 from tests.layers.quantization.quantized_gguf import write_quantized_gguf
 
-ARCHS = ("llama", "phi3", "qwen3moe")
+ARCHS = ("llama", "phi3", "qwen3moe", "mixtral")
 VOCAB = 64
 ENGINE = dict(skip_tokenizer_init=True, num_kv_blocks=32, max_logprobs=VOCAB, dtype="float32")
 PROMPT = {"prompt_token_ids": [1, 5, 9, 33, 17, 60, 2, 41, 8, 8, 23]}
