@@ -18,11 +18,9 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from pagedllm.layers.fused_moe import FusedMoE
 from pagedllm.layers.quantization.base_config import QuantizationConfig
-from pagedllm.models.config_fields import num_experts
 from pagedllm.models.granite import GraniteForCausalLM
-from pagedllm.models.moe_block import SparseMoeBlock
+from pagedllm.models.moe_block import SparseMoeBlock, SparseMoeModel
 from pagedllm.models.weight_loading import WeightsMapper
 
 
@@ -47,26 +45,15 @@ def per_expert_weights(
             yield name, tensor
 
 
-class GraniteMoeForCausalLM(GraniteForCausalLM):
+class GraniteMoeForCausalLM(SparseMoeModel, GraniteForCausalLM):
     hf_to_pagedllm_mapper = WeightsMapper(
         orig_to_new_substr={".block_sparse_moe.": ".mlp.", ".router.layer.": ".gate."}
     )
 
-    def make_mlp(
-        self,
-        config: PretrainedConfig,
-        layer_idx: int,
-        quant_config: QuantizationConfig | None,
-        prefix: str,
+    def sparse_mlp(
+        self, config: PretrainedConfig, quant_config: QuantizationConfig | None, prefix: str
     ) -> nn.Module:
         return SparseMoeBlock(config, config.intermediate_size, True, quant_config, prefix)
-
-    @classmethod
-    def has_dense_mlp(cls, config: PretrainedConfig, layer_idx: int) -> bool:
-        return False
-
-    def expert_params_mapping(self) -> list[tuple[str, str, int, str]]:
-        return FusedMoE.make_expert_params_mapping(num_experts(self.config))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(per_expert_weights(weights))

@@ -13,11 +13,9 @@ quantized plans and expert parallelism's reads go by one set of names.
 from torch import nn
 from transformers import PretrainedConfig
 
-from pagedllm.layers.fused_moe import FusedMoE
 from pagedllm.layers.quantization.base_config import QuantizationConfig
-from pagedllm.models.config_fields import num_experts
 from pagedllm.models.llama import MistralForCausalLM
-from pagedllm.models.moe_block import SparseMoeBlock
+from pagedllm.models.moe_block import SparseMoeBlock, SparseMoeModel
 from pagedllm.models.weight_loading import WeightsMapper
 
 
@@ -30,7 +28,7 @@ class MixtralMoE(SparseMoeBlock):
         super().__init__(config, config.intermediate_size, True, quant_config, prefix)
 
 
-class MixtralForCausalLM(MistralForCausalLM):
+class MixtralForCausalLM(SparseMoeModel, MistralForCausalLM):
     hf_to_pagedllm_mapper = WeightsMapper(
         orig_to_new_substr={
             ".block_sparse_moe.": ".mlp.",
@@ -40,18 +38,7 @@ class MixtralForCausalLM(MistralForCausalLM):
         }
     )
 
-    def make_mlp(
-        self,
-        config: PretrainedConfig,
-        layer_idx: int,
-        quant_config: QuantizationConfig | None,
-        prefix: str,
+    def sparse_mlp(
+        self, config: PretrainedConfig, quant_config: QuantizationConfig | None, prefix: str
     ) -> nn.Module:
         return MixtralMoE(config, quant_config, prefix)
-
-    @classmethod
-    def has_dense_mlp(cls, config: PretrainedConfig, layer_idx: int) -> bool:
-        return False
-
-    def expert_params_mapping(self) -> list[tuple[str, str, int, str]]:
-        return FusedMoE.make_expert_params_mapping(num_experts(self.config))

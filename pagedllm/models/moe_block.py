@@ -11,6 +11,7 @@ The families differ only in the experts' intermediate size and in the renormaliz
 """
 
 import torch
+from torch import nn
 from transformers import PretrainedConfig
 
 from pagedllm.layers.fused_moe import FusedMoE
@@ -59,3 +60,32 @@ def is_dense_qwen_moe_layer(config: PretrainedConfig, layer_idx: int) -> bool:
     return not (
         num_experts(config) > 0 and layer_idx not in dense_layers and (layer_idx + 1) % step == 0
     )
+
+
+class SparseMoeModel:
+    """A mixin for a LlamaForCausalLM family with sparse MoE blocks: `sparse_mlp` builds a
+    layer's block, `has_dense_mlp` names the layers that keep make_mlp's dense MLP (none
+    here), and the experts' checkpoint tensors map onto FusedMoE's parameters."""
+
+    def sparse_mlp(
+        self, config: PretrainedConfig, quant_config: QuantizationConfig | None, prefix: str
+    ) -> nn.Module:
+        raise NotImplementedError
+
+    def make_mlp(
+        self,
+        config: PretrainedConfig,
+        layer_idx: int,
+        quant_config: QuantizationConfig | None,
+        prefix: str,
+    ) -> nn.Module:
+        if self.has_dense_mlp(config, layer_idx):
+            return super().make_mlp(config, layer_idx, quant_config, prefix)
+        return self.sparse_mlp(config, quant_config, prefix)
+
+    @classmethod
+    def has_dense_mlp(cls, config: PretrainedConfig, layer_idx: int) -> bool:
+        return False
+
+    def expert_params_mapping(self) -> list[tuple[str, str, int, str]]:
+        return FusedMoE.make_expert_params_mapping(num_experts(self.config))

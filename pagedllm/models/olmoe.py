@@ -10,11 +10,9 @@ models do not). Checkpoints name the router `mlp.gate` and the experts
 from torch import nn
 from transformers import PretrainedConfig
 
-from pagedllm.layers.fused_moe import FusedMoE
 from pagedllm.layers.quantization.base_config import QuantizationConfig
-from pagedllm.models.config_fields import num_experts
 from pagedllm.models.llama import AttentionOptions, LlamaDecoderLayer, LlamaForCausalLM
-from pagedllm.models.moe_block import SparseMoeBlock
+from pagedllm.models.moe_block import SparseMoeBlock, SparseMoeModel
 from pagedllm.models.olmo2 import Olmo2Attention
 
 
@@ -22,7 +20,7 @@ class OlmoeDecoderLayer(LlamaDecoderLayer):
     attention_class = Olmo2Attention
 
 
-class OlmoeForCausalLM(LlamaForCausalLM):
+class OlmoeForCausalLM(SparseMoeModel, LlamaForCausalLM):
     decoder_layer = OlmoeDecoderLayer
 
     def __init__(
@@ -40,20 +38,9 @@ class OlmoeForCausalLM(LlamaForCausalLM):
         bias = bool(getattr(config, "attention_bias", False))
         return AttentionOptions(qkv_bias=bias, o_bias=bias)
 
-    def make_mlp(
-        self,
-        config: PretrainedConfig,
-        layer_idx: int,
-        quant_config: QuantizationConfig | None,
-        prefix: str,
+    def sparse_mlp(
+        self, config: PretrainedConfig, quant_config: QuantizationConfig | None, prefix: str
     ) -> nn.Module:
         return SparseMoeBlock(
             config, config.intermediate_size, config.norm_topk_prob, quant_config, prefix
         )
-
-    @classmethod
-    def has_dense_mlp(cls, config: PretrainedConfig, layer_idx: int) -> bool:
-        return False
-
-    def expert_params_mapping(self) -> list[tuple[str, str, int, str]]:
-        return FusedMoE.make_expert_params_mapping(num_experts(self.config))

@@ -14,12 +14,14 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from pagedllm.layers.fused_moe import FusedMoE
 from pagedllm.layers.linear import ReplicatedLinear
 from pagedllm.layers.quantization.base_config import QuantizationConfig
-from pagedllm.models.config_fields import num_experts
 from pagedllm.models.llama import AttentionOptions, LlamaMLP
-from pagedllm.models.moe_block import SparseMoeBlock, is_dense_qwen_moe_layer
+from pagedllm.models.moe_block import (
+    SparseMoeBlock,
+    SparseMoeModel,
+    is_dense_qwen_moe_layer,
+)
 from pagedllm.models.qwen2 import Qwen2ForCausalLM
 
 
@@ -49,25 +51,16 @@ class Qwen2MoeSparseMoeBlock(SparseMoeBlock):
         return routed + gate * shared
 
 
-class Qwen2MoeForCausalLM(Qwen2ForCausalLM):
+class Qwen2MoeForCausalLM(SparseMoeModel, Qwen2ForCausalLM):
     @classmethod
     def attention_options(cls, config: PretrainedConfig) -> AttentionOptions:
         return AttentionOptions(qkv_bias=getattr(config, "qkv_bias", True))
 
-    def make_mlp(
-        self,
-        config: PretrainedConfig,
-        layer_idx: int,
-        quant_config: QuantizationConfig | None,
-        prefix: str,
+    def sparse_mlp(
+        self, config: PretrainedConfig, quant_config: QuantizationConfig | None, prefix: str
     ) -> nn.Module:
-        if not self.has_dense_mlp(config, layer_idx):
-            return Qwen2MoeSparseMoeBlock(config, quant_config, prefix)
-        return super().make_mlp(config, layer_idx, quant_config, prefix)
+        return Qwen2MoeSparseMoeBlock(config, quant_config, prefix)
 
     @classmethod
     def has_dense_mlp(cls, config: PretrainedConfig, layer_idx: int) -> bool:
         return is_dense_qwen_moe_layer(config, layer_idx)
-
-    def expert_params_mapping(self) -> list[tuple[str, str, int, str]]:
-        return FusedMoE.make_expert_params_mapping(num_experts(self.config))

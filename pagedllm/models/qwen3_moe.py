@@ -4,10 +4,12 @@ expert) in the layers moe_block.is_dense_qwen_moe_layer does not make dense."""
 from torch import nn
 from transformers import PretrainedConfig
 
-from pagedllm.layers.fused_moe import FusedMoE
 from pagedllm.layers.quantization.base_config import QuantizationConfig
-from pagedllm.models.config_fields import num_experts
-from pagedllm.models.moe_block import SparseMoeBlock, is_dense_qwen_moe_layer
+from pagedllm.models.moe_block import (
+    SparseMoeBlock,
+    SparseMoeModel,
+    is_dense_qwen_moe_layer,
+)
 from pagedllm.models.qwen3 import Qwen3ForCausalLM
 
 
@@ -22,21 +24,12 @@ class Qwen3MoeSparseMoeBlock(SparseMoeBlock):
         )
 
 
-class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
-    def make_mlp(
-        self,
-        config: PretrainedConfig,
-        layer_idx: int,
-        quant_config: QuantizationConfig | None,
-        prefix: str,
+class Qwen3MoeForCausalLM(SparseMoeModel, Qwen3ForCausalLM):
+    def sparse_mlp(
+        self, config: PretrainedConfig, quant_config: QuantizationConfig | None, prefix: str
     ) -> nn.Module:
-        if not self.has_dense_mlp(config, layer_idx):
-            return Qwen3MoeSparseMoeBlock(config, quant_config, prefix)
-        return super().make_mlp(config, layer_idx, quant_config, prefix)
+        return Qwen3MoeSparseMoeBlock(config, quant_config, prefix)
 
     @classmethod
     def has_dense_mlp(cls, config: PretrainedConfig, layer_idx: int) -> bool:
         return is_dense_qwen_moe_layer(config, layer_idx)
-
-    def expert_params_mapping(self) -> list[tuple[str, str, int, str]]:
-        return FusedMoE.make_expert_params_mapping(num_experts(self.config))
