@@ -59,7 +59,7 @@ def attention_constexprs(
         SLIDING_WINDOW=window,
         USE_SOFTCAP=softcap,
         NUM_SEGMENTS=splits,
-        DOT_FP32=dtype == "float32",
+        DOT=unified_attention.DOT_FP32 if dtype == "float32" else unified_attention.DOT_NATIVE,
     )
 
 
