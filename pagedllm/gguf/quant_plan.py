@@ -81,6 +81,8 @@ _MODULE_CATEGORY = {
     "gate_proj": Category.FFN_GATE,
     "up_proj": Category.FFN_UP,
     "down_proj": Category.FFN_DOWN,
+    "c_fc": Category.FFN_UP,  # StarCoder 2's gateless MLP, llama.cpp's ffn_up and ffn_down
+    "c_proj": Category.FFN_DOWN,
     "gate": Category.ROUTER,
 }
 _LAYER = re.compile(r"\bmodel\.layers\.(\d+)\.")

@@ -226,3 +226,16 @@ def test_tensor_bytes_is_blocks_times_type_size() -> None:
     assert tensor_bytes(Q.Q4_K, (3, 512)) == 3 * 2 * 144
     assert tensor_bytes(Q.Q8_0, (2, 64)) == 2 * 2 * 34
     assert tensor_bytes(Q.BF16, (5,)) == 10
+
+
+@pytest.mark.parametrize(
+    "file_type, up, down", [("q4_k_m", Q.Q4_K, Q.Q6_K), ("q8_0", Q.Q8_0, Q.Q8_0)]
+)
+def test_starcoder2_mlp_is_llama_cpp_ffn_up_and_down(file_type: str, up: Q, down: Q) -> None:
+    """StarCoder 2's gateless MLP (c_fc, c_proj) quantizes as llama.cpp's ffn_up and
+    ffn_down: layer 0's down gets more bits under Q4_K_M; in int8 both are Q8_0."""
+    model = PlanModel("starcoder2", num_layers=30, num_heads=24, num_kv_heads=2)
+    mlp = "model.layers.0.mlp"
+    assert tensor_type(file_type, f"{mlp}.c_fc.weight", (12288, 3072), model) == up
+    assert tensor_type(file_type, f"{mlp}.c_proj.weight", (3072, 12288), model) == down
+    assert tensor_type("int8", f"{mlp}.c_proj.weight", (3072, 12288), model) == Q.Q8_0
