@@ -8,6 +8,8 @@ The families differ only in the experts' intermediate size and in the renormaliz
 (Mixtral always, the Qwen-MoEs by `norm_topk_prob`); Qwen2-MoE adds a shared expert
 (qwen2_moe.py). Their checkpoints name the parts `mlp.gate` and
 `mlp.experts.{e}.{gate,up,down}_proj`, or a model's hf_to_pagedllm_mapper renames them so.
+A family's model class takes `SparseMoeModel` before its dense base class: it builds each
+sparse layer's block (`sparse_mlp`) and names the layers that stay dense.
 """
 
 import torch
