@@ -25,11 +25,11 @@ on the device. A CUDA graph may replay it for other lengths of the same shapes: 
 length is read on the device.
 
 float32 inputs multiply in IEEE precision rather than TF32 (DOT_FP32). Under Triton's
-interpreter (CPU tensors) the tiles are widened to float32 and each product summed along K
-by the kernel itself (DOT_BY_ROW): the interpreter's tl.dot multiplies bfloat16 tiles
-wrongly, and runs numpy's matmul, whose OpenBLAS kernels round a row differently by its
-place in the tile on some CPUs (rows 6-11 of 16 in the Haswell sgemm), where a GPU's MMA
-gives a row the same bits wherever it sits: batch-invariant mode needs the latter.
+interpreter (CPU tensors) the tiles are widened to float32 first, as its tl.dot multiplies
+bfloat16 tiles wrongly; in batch-invariant mode there each product is also summed along K
+by the kernel itself (DOT_BY_ROW): the interpreter's tl.dot runs numpy's matmul, whose
+OpenBLAS kernels round a row differently by its place in the tile on some CPUs (rows 6-11
+of 16 in the Haswell sgemm), where a GPU's MMA gives a row the same bits wherever it sits.
 """
 
 import torch
@@ -42,12 +42,13 @@ from pagedllm.batch_invariant import is_batch_invariant
 TILE_SIZE = 32
 DOT_NATIVE, DOT_FP32, DOT_BY_ROW = 0, 1, 2
 """How _dot multiplies its tiles: tl.dot in the inputs' dtype, tl.dot widened to float32 in
-IEEE precision, or (Triton's interpreter) products summed along K by the kernel."""
+IEEE precision, or (Triton's interpreter, batch-invariant mode) products summed along K by
+the kernel."""
 
 
 def _dot_mode(dtype: torch.dtype) -> int:
     if interpreting():
-        return DOT_BY_ROW
+        return DOT_BY_ROW if is_batch_invariant() else DOT_FP32
     return DOT_FP32 if dtype == torch.float32 else DOT_NATIVE
 
 
