@@ -13,15 +13,20 @@ class SiluAndMul(InferenceModule):
         return _custom_ops.silu_and_mul(x)
 
 
+def _gelu_form(approximate: str) -> str:
+    """torch's F.gelu `approximate`, checked: "none" (the erf form) or "tanh"."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return approximate
+
+
 class GeluAndMul(InferenceModule):
     """[..., 2d] -> gelu(x[..., :d]) * x[..., d:], the GeGLU of Gemma's MLPs; approximate
     "tanh" (gelu_pytorch_tanh) or "none" (the exact erf form), as torch's F.gelu."""
 
     def __init__(self, approximate: str = "none") -> None:
         super().__init__()
-        if approximate not in ("none", "tanh"):
-            raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
-        self.approximate = approximate
+        self.approximate = _gelu_form(approximate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _custom_ops.gelu_and_mul(x, self.approximate)
@@ -50,9 +55,7 @@ class GELU(InferenceModule):
 
     def __init__(self, approximate: str = "none") -> None:
         super().__init__()
-        if approximate not in ("none", "tanh"):
-            raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
-        self.approximate = approximate
+        self.approximate = _gelu_form(approximate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _custom_ops.gelu(x, self.approximate)
