@@ -12,7 +12,7 @@ SUPPORTED_TYPES = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_
 """The types pagedllm runs natively."""
 
 # byte offsets of each type's fp16 scale fields within a block
-_FP16_FIELDS = {
+FP16_FIELDS = {
     Q.Q8_0: (0,),
     Q.Q4_0: (0,),
     Q.Q4_1: (0, 2),
@@ -38,7 +38,7 @@ def random_blocks(
     if cols % block_size:
         raise ValueError(f"{qtype.name} rows hold whole blocks of {block_size}, not {cols}")
     blocks = rng.integers(0, 256, (rows * cols // block_size, type_size), dtype=np.uint8)
-    for offset in _FP16_FIELDS[qtype]:
+    for offset in FP16_FIELDS[qtype]:
         magnitude = rng.uniform(*scales, blocks.shape[0])
         sign = rng.choice([-1.0, 1.0], blocks.shape[0])
         scale = (magnitude * sign).astype(np.float16)

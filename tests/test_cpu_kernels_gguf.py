@@ -15,7 +15,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
 from pagedllm import _cpu_kernels
-from tests.gguf_blocks import SUPPORTED_TYPES, Q, random_blocks
+from tests.gguf_blocks import FP16_FIELDS, SUPPORTED_TYPES, Q, random_blocks
 from tests.gguf_reference import activation_error_bound, gguf_gemm
 
 pytestmark = pytest.mark.skipif(not _cpu_kernels.available(), reason="pagedllm._C not built")
@@ -72,6 +72,36 @@ def test_gguf_mm_is_the_integer_arithmetic_of_the_reference(qtype: Q, isa: str) 
                 y = _cpu_kernels.gguf_mm(x[:m], packed, qtype, n, isa=isa).double().numpy()
                 err = np.abs(y - y_int[:m])
                 assert (err <= rounding[:m]).all(), (k, n, m, (err - rounding[:m]).max())
+
+
+def largest_code_blocks(qtype: Q, rows: int, cols: int) -> np.ndarray:
+    """Blocks whose every code (and K-quant sub-block scale) byte is 0xff: the largest
+    code of each type, so that a kernel summing products in narrow lanes meets its worst
+    case; the fp16 scales stay finite."""
+    blocks = random_blocks(qtype, rows, cols, np.random.default_rng(int(qtype)))
+    block_bytes = GGML_QUANT_SIZES[qtype][1]
+    fp16 = [o + i for o in FP16_FIELDS[qtype] for i in (0, 1)]
+    codes = [i for i in range(block_bytes) if i not in fp16]
+    view = blocks.reshape(-1, block_bytes)
+    view[:, codes] = 0xFF
+    return blocks
+
+
+@pytest.mark.parametrize("isa", ALL_ISAS)
+@pytest.mark.parametrize("qtype", SUPPORTED_TYPES, ids=lambda t: t.name)
+def test_gguf_mm_is_exact_at_the_largest_codes(qtype: Q, isa: str) -> None:
+    """Every code at its largest against x rows whose every 8-bit code is +127 or -127: the
+    largest sums a sub-group's products make (AVX2's maddubs adds pairs of them in int16
+    lanes, saturating), against the reference's integer arithmetic."""
+    isa = _isa(isa)
+    k, n = _ks(qtype)[-1], 33
+    qweight = largest_code_blocks(qtype, n, k)
+    x = np.stack([np.full(k, 3.0), np.full(k, -0.5), np.tile([1.0, -1.0], k // 2)])
+    x = x.astype(np.float32)
+    y_int, rounding = gguf_gemm(x, qweight, qtype)
+    packed = _cpu_kernels.gguf_pack(torch.from_numpy(qweight), qtype)
+    y = _cpu_kernels.gguf_mm(torch.from_numpy(x), packed, qtype, n, isa=isa).double().numpy()
+    assert (np.abs(y - y_int) <= rounding).all(), np.abs(y - y_int).max()
 
 
 @pytest.mark.parametrize("isa", ALL_ISAS)
