@@ -7,9 +7,12 @@ import numpy as np
 from transformers import AutoConfig, PretrainedConfig
 
 from pagedllm.gguf.gemma import GEMMA_LAYOUT, gemma_kwargs
+from pagedllm.gguf.glm4 import GLM4, glm4_kwargs
 from pagedllm.gguf.metadata import integer, positive_float, string
+from pagedllm.gguf.olmo2 import OLMO2, check_olmo2
 from pagedllm.gguf.phi3 import PHI3, ROPE_FACTORS, phi3_kwargs
 from pagedllm.gguf.reader import GGUFFile, TensorInfo, read_gguf, read_tensor
+from pagedllm.gguf.starcoder2 import STARCODER2, starcoder2_kwargs
 from pagedllm.gguf.tensor_shapes import check_tensor_shapes
 
 # GGUF architecture -> (transformers model_type, the `architectures` entry of its config)
@@ -17,19 +20,26 @@ _ARCHITECTURES = {
     "gemma": ("gemma", "GemmaForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
+    GLM4: ("glm4", "Glm4ForCausalLM"),
     "granite": ("granite", "GraniteForCausalLM"),
     "llama": ("llama", "LlamaForCausalLM"),
+    OLMO2: ("olmo2", "Olmo2ForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
+    STARCODER2: ("starcoder2", "Starcoder2ForCausalLM"),
 }
 LLAMA_EXPERTS = ("mixtral", "MixtralForCausalLM")
 """llama.cpp writes Mixtral as llama with experts (`llama.expert_count`, ffn_*_exps)."""
 LLAMA_LAYOUT = ("llama", "granite", "smollm3")
 """Architectures llama.cpp's converter writes as llama (Granite's and SmolLM3's converters are
 Llama's): q/k rows permuted, ffn biases where the model has them."""
+PARTIAL_ROTARY = (PHI3, GLM4)
+"""Architectures whose `rope.dimension_count` is the rotary width, part of the head."""
+# Qwen2 always has q/k/v biases, StarCoder 2's `use_bias` covers every layer (starcoder2.py)
+_NO_ATTENTION_BIAS_FIELD = ("qwen2", STARCODER2)
 # llama.cpp's smollm3 (llama_model::load_hparams, n_no_rope_layer_step): layer i rotates
 # unless (i + 1) % 4 == 0, which no key states; SmolLM3Config's no_rope_layer_interval
 _SMOLLM3_NO_ROPE_INTERVAL = 4
@@ -68,8 +78,9 @@ def _config(gguf: GGUFFile) -> PretrainedConfig:
     arch = architecture(gguf)
     model_type, model_class = LLAMA_EXPERTS if _llama_experts(gguf, arch) else _ARCHITECTURES[arch]
     kwargs = {"architectures": [model_class], **_sizes(gguf, arch)}
+    if arch != STARCODER2:  # LayerNorms, whose epsilon starcoder2_kwargs reads
+        kwargs["rms_norm_eps"] = positive_float(gguf, f"{arch}.attention.layer_norm_rms_epsilon")
     kwargs |= {
-        "rms_norm_eps": positive_float(gguf, f"{arch}.attention.layer_norm_rms_epsilon"),
         "max_position_embeddings": integer(gguf, f"{arch}.context_length"),
         # the embedding's rows, which the weights need; llama.cpp pads the token list to match
         "vocab_size": _required_tensor(gguf, "token_embd.weight").shape[0],
@@ -81,7 +92,7 @@ def _config(gguf: GGUFFile) -> PretrainedConfig:
         kwargs |= phi3_kwargs(gguf, arch, kwargs)
     else:
         kwargs["rope_parameters"] = _rope_parameters(gguf, arch, kwargs["head_dim"])
-    if arch != "qwen2":  # Qwen2 always has q/k/v biases; the others say so in their config
+    if arch not in _NO_ATTENTION_BIAS_FIELD:
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in gguf.tensors
     if arch in LLAMA_LAYOUT:  # llama.cpp loads the ffn biases of llama where present
         kwargs["mlp_bias"] = "blk.0.ffn_up.bias" in gguf.tensors
@@ -95,6 +106,7 @@ def _config(gguf: GGUFFile) -> PretrainedConfig:
         kwargs |= _moe_kwargs(gguf, arch)
     if model_type == LLAMA_EXPERTS[0]:
         kwargs |= _mixtral_kwargs(gguf, arch)
+    kwargs |= _dense_family_kwargs(gguf, arch, kwargs)
     config = AutoConfig.for_model(model_type, **kwargs)
     check_tensor_shapes(gguf, arch, config)
     return config
@@ -119,6 +131,18 @@ def _sizes(gguf: GGUFFile, arch: str) -> dict[str, int]:
     if f"{arch}.feed_forward_length" in gguf.metadata:  # absent from some all-expert files
         sizes["intermediate_size"] = integer(gguf, f"{arch}.feed_forward_length", minimum=0)
     return sizes
+
+
+def _dense_family_kwargs(gguf: GGUFFile, arch: str, sizes: dict[str, Any]) -> dict[str, Any]:
+    """The fields of OLMo 2, GLM-4 and StarCoder 2 files beyond the common ones (see
+    olmo2.py, glm4.py, starcoder2.py); none for other architectures."""
+    if arch == OLMO2:
+        check_olmo2(gguf, arch)
+    if arch == GLM4:
+        return glm4_kwargs(gguf, arch, sizes)
+    if arch == STARCODER2:
+        return starcoder2_kwargs(gguf, arch)
+    return {}
 
 
 def _granite_scales(gguf: GGUFFile) -> dict[str, float]:
@@ -147,9 +171,9 @@ def _required_tensor(gguf: GGUFFile, name: str) -> TensorInfo:
 
 def _head_dim(gguf: GGUFFile, arch: str, default: int) -> int:
     """`attention.key_length` where written; else the rotary width, which is the whole head in
-    every architecture here but phi3 (whose rotary width is partial); else hidden_size / heads."""
+    every architecture here but PARTIAL_ROTARY's; else hidden_size / heads."""
     keys = [f"{arch}.attention.key_length"]
-    if arch != PHI3:
+    if arch not in PARTIAL_ROTARY:
         keys.append(f"{arch}.rope.dimension_count")
     for key in keys:
         if key in gguf.metadata:

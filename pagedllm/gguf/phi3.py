@@ -21,6 +21,7 @@ from typing import Any
 
 from pagedllm.gguf.metadata import integer, positive_float
 from pagedllm.gguf.reader import GGUFFile, read_tensor
+from pagedllm.gguf.rotary import rotary_width
 
 PHI3 = "phi3"
 ROPE_FACTORS = {
@@ -38,12 +39,7 @@ def phi3_kwargs(gguf: GGUFFile, arch: str, sizes: dict[str, Any]) -> dict[str, A
     if "blk.0.ffn_gate_inp.weight" in gguf.tensors:
         raise ValueError(f"{gguf.path}: a phi3 file with experts (ffn_gate_inp) is not supported")
     head_dim = sizes["head_dim"]
-    rotary = integer(gguf, f"{arch}.rope.dimension_count", head_dim)
-    if rotary > head_dim or rotary % 2 or int(head_dim * (rotary / head_dim)) != rotary:
-        raise ValueError(
-            f"{gguf.path}: {arch}.rope.dimension_count {rotary} must be even and at most "
-            f"head_dim {head_dim}"
-        )
+    rotary = rotary_width(gguf, arch, head_dim)
     context = sizes["max_position_embeddings"]
     original = integer(gguf, f"{arch}.rope.scaling.original_context_length", context)
     window = integer(gguf, f"{arch}.attention.sliding_window", 0, minimum=0)

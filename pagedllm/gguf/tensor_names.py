@@ -15,8 +15,10 @@ import torch
 from gguf import GGMLQuantizationType
 
 from pagedllm.gguf.gemma import POST_NORM_LAYOUT, checkpoint_norm, is_offset_norm
+from pagedllm.gguf.glm4 import GLM4
 from pagedllm.gguf.hf_config import CONFIG_TENSORS, LLAMA_LAYOUT, architecture
 from pagedllm.gguf.metadata import integer
+from pagedllm.gguf.olmo2 import OLMO2
 from pagedllm.gguf.phi3 import PHI3
 from pagedllm.gguf.reader import (
     GGUFFile,
@@ -26,6 +28,7 @@ from pagedllm.gguf.reader import (
     read_gguf,
     read_tensor,
 )
+from pagedllm.gguf.starcoder2 import STARCODER2
 
 logger = logging.getLogger(__name__)
 KeepBlocks = Callable[[str], bool]
@@ -61,6 +64,23 @@ _POST_NORM_LAYER_NAMES = _LAYER_NAMES | {
 _PHI3_LAYER_NAMES = _LAYER_NAMES | {
     "attn_qkv": "self_attn.qkv_proj",
     "ffn_up": "mlp.gate_up_proj",
+}
+# GLM-4's four norms under GLM's names; its checkpoints fuse gate and up (see glm4.py)
+_GLM4_LAYER_NAMES = _LAYER_NAMES | {
+    "attn_qkv": "self_attn.qkv_proj",
+    "post_attention_norm": "post_self_attn_layernorm",
+    "ffn_up": "mlp.gate_up_proj",
+    "post_ffw_norm": "post_mlp_layernorm",
+}
+# StarCoder 2's ungated MLP
+_STARCODER2_LAYER_NAMES = _LAYER_NAMES | {"ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+# each architecture's layer names where they are not _LAYER_NAMES; OLMo 2 norms after the
+# blocks under Gemma 2's GGUF names (see olmo2.py)
+_ARCH_LAYER_NAMES = {
+    **dict.fromkeys((*POST_NORM_LAYOUT, OLMO2), _POST_NORM_LAYER_NAMES),
+    PHI3: _PHI3_LAYER_NAMES,
+    GLM4: _GLM4_LAYER_NAMES,
+    STARCODER2: _STARCODER2_LAYER_NAMES,
 }
 # stacked expert tensors [E, out, in] -> the per-expert names of HF checkpoints
 _EXPERT_NAMES = {
@@ -218,9 +238,7 @@ def _single_expert(parts: list[str]) -> bool:
 
 
 def _layer_names(arch: str) -> dict[str, str]:
-    if arch in POST_NORM_LAYOUT:
-        return _POST_NORM_LAYER_NAMES
-    return _PHI3_LAYER_NAMES if arch == PHI3 else _LAYER_NAMES
+    return _ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES)
 
 
 def _hf_names(gguf: GGUFFile, arch: str, info: TensorInfo) -> list[str]:

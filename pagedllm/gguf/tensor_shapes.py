@@ -8,6 +8,8 @@ allocated, hundreds of GB or millions of layers, before any weight is compared w
 
 from transformers import PretrainedConfig
 
+from pagedllm.gguf.glm4 import GLM4
+from pagedllm.gguf.olmo2 import OLMO2
 from pagedllm.gguf.phi3 import PHI3
 from pagedllm.gguf.reader import GGUFFile, TensorInfo
 
@@ -39,8 +41,11 @@ _SHAPES = {
     "ffn_up_exp": ("expert_ffn", "hidden"),
     "ffn_down_exp": ("hidden", "expert_ffn"),
 }
-# Phi-3's ffn_up holds gate and up
-_PHI3_SHAPES = _SHAPES | {"ffn_up": ("gate_up", "hidden")}
+# Phi-3's and GLM-4's ffn_up holds gate and up
+_GATE_UP_SHAPES = _SHAPES | {"ffn_up": ("gate_up", "hidden")}
+# OLMo 2 norms q and k over their whole projections
+_WHOLE_QK_NORM_SHAPES = _SHAPES | {"attn_q_norm": ("q",), "attn_k_norm": ("kv",)}
+_ARCH_SHAPES = {PHI3: _GATE_UP_SHAPES, GLM4: _GATE_UP_SHAPES, OLMO2: _WHOLE_QK_NORM_SHAPES}
 # each dimension as the metadata states it
 _DIMENSION_SOURCES = {
     "vocab": "token_embd's rows",
@@ -61,12 +66,12 @@ def check_tensor_shapes(gguf: GGUFFile, arch: str, config: PretrainedConfig) -> 
     that is not block_count. Tensors of other names are left to the weight loader."""
     _check_layer_count(gguf, arch, config.num_hidden_layers)
     sizes = _dimensions(config)
-    shapes = _PHI3_SHAPES if arch == PHI3 else _SHAPES
+    shapes = _ARCH_SHAPES.get(arch, _SHAPES)
     for info in gguf.tensors.values():
         dims = shapes.get(_base_name(info.name))
         if dims is None or any(sizes[d] is None for d in dims):
             continue
-        if info.name.endswith(".bias"):  # a linear layer's bias: its output dimensions
+        if info.name.endswith(".bias") and len(dims) > 1:  # a linear layer's: its outputs
             dims = dims[:-1]
         expected = tuple(sizes[d] for d in dims)
         if info.shape != expected:

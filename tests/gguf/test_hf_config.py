@@ -65,6 +65,9 @@ HF_CLASSES = {
     "qwen3moe": "Qwen3MoeForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "glm4": "Glm4ForCausalLM",
+    "starcoder2": "Starcoder2ForCausalLM",
 }
 
 
@@ -86,8 +89,9 @@ def test_tiny_round_trip_config(arch: str, tiny_files: dict) -> None:
     assert config.model_type == expected.model_type
     assert config.architectures == [HF_CLASSES[arch]]
     for field in CONFIG_FIELDS[1:]:
-        if field == "rms_norm_eps":  # stored as float32
-            assert config.rms_norm_eps == pytest.approx(expected.rms_norm_eps, rel=1e-6)
+        if field == "rms_norm_eps":  # stored as float32; StarCoder 2's LayerNorms' own field
+            eps = "norm_epsilon" if arch == "starcoder2" else field
+            assert getattr(config, eps) == pytest.approx(getattr(expected, eps), rel=1e-6)
         elif field == "rope_parameters" and arch == "phi3":
             check_longrope(config, expected)
         else:

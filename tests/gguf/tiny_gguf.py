@@ -12,6 +12,7 @@ from collections.abc import Callable
 import gguf
 import numpy as np
 import torch
+from gguf.quants import dequantize, quantize
 from transformers import AutoConfig, AutoModelForCausalLM
 
 TINY = {
@@ -80,6 +81,27 @@ TINY = {
         head_dim=8,  # not a SmolLM3Config field: hidden / heads, named as the others name it
         pad_token_id=None,  # SmolLM3Config's default, 128004, is past the tiny vocabulary
     ),
+    "olmo2": dict(
+        model_type="olmo2",
+        head_dim=8,  # not an Olmo2Config field: hidden / heads, named as the others name it
+    ),
+    "glm4": dict(
+        model_type="glm4",
+        head_dim=16,  # not hidden / heads: read from key_length
+        attention_bias=True,
+        pad_token_id=None,  # Glm4Config's default, 151329, is past the tiny vocabulary
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
+    ),
+    "starcoder2": dict(
+        model_type="starcoder2",
+        head_dim=8,  # not a Starcoder2Config field: hidden / heads
+        norm_epsilon=1e-5,
+        sliding_window=None,  # llama.cpp applies none (see pagedllm/gguf/starcoder2.py)
+    ),
     # convert_hf_to_gguf.py's LlamaModel writes Mixtral as llama (ARCH_ENUMS) with experts
     "mixtral": dict(
         model_type="mixtral",
@@ -101,6 +123,9 @@ ARCH_ENUMS = {
     "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE,
     "smollm3": gguf.MODEL_ARCH.SMOLLM3,
     "mixtral": gguf.MODEL_ARCH.LLAMA,
+    "olmo2": gguf.MODEL_ARCH.OLMO2,
+    "glm4": gguf.MODEL_ARCH.GLM4,
+    "starcoder2": gguf.MODEL_ARCH.STARCODER2,
 }
 
 
@@ -237,7 +262,10 @@ def write_gguf(
         writer.add_key_length(
             getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
         )
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if arch == "starcoder2":  # TextModel writes norm_epsilon as layer_norm_eps
+        writer.add_layer_norm_eps(config.norm_epsilon)
+    else:
+        writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     if arch in GEMMAS:
         _add_gemma_metadata(writer, arch, config)
     elif arch == "phi3":
@@ -256,6 +284,8 @@ def write_gguf(
         writer.add_expert_used_count(config.num_experts_per_tok)
     if arch == "qwen3moe":
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    if arch == "glm4":
+        _add_glm4_metadata(writer, config)
     if rope:
         writer.add_rope_scaling_type(rope["type"])
         writer.add_rope_scaling_factor(rope["factor"])
@@ -311,6 +341,12 @@ def _add_phi3_metadata(writer: gguf.GGUFWriter, config) -> None:
         writer.add_rope_scaling_attn_factors(attn_factor)
 
 
+def _add_glm4_metadata(writer: gguf.GGUFWriter, config) -> None:
+    """What convert_hf_to_gguf.py's Glm4Model writes beyond the sizes: the rotary width."""
+    partial = config.rope_parameters["partial_rotary_factor"]
+    writer.add_rope_dimension_count(int(config.head_dim * partial))
+
+
 def set_metadata(values: dict[str, tuple]) -> Callable[[gguf.GGUFWriter], None]:
     """A write_gguf `edit` that sets metadata keys whatever their type: key -> (value, GGUF
     value type[, array element type]), or () to drop the key."""
@@ -330,3 +366,26 @@ def write_tiny(path: str, arch: str = "llama", **metadata: tuple) -> str:
     tensors = gguf_tensors(arch, model.config, model.state_dict())
     write_gguf(path, arch, model.config, tensors, edit=set_metadata(metadata))
     return path
+
+
+def write_tiny_q8_0(path: str, arch: str):
+    """tiny_model(arch) with each 2-D weight whose rows are whole Q8_0 blocks (32 values)
+    rounded to Q8_0, written to `path` with those weights as Q8_0 blocks, as llama.cpp's
+    Q8_0 files store them (norms and biases F32); returns the rounded model, the file's float
+    reference (re-quantizing Q8_0 values gives the same blocks)."""
+    model = tiny_model(arch)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2 and param.shape[-1] % 32 == 0:
+                rows = param.detach().numpy()
+                blocks = quantize(rows, gguf.GGMLQuantizationType.Q8_0)
+                param.copy_(torch.from_numpy(dequantize(blocks, gguf.GGMLQuantizationType.Q8_0)))
+    stored = {}
+    for name, array in gguf_tensors(arch, model.config, model.state_dict()).items():
+        if array.ndim == 2 and array.shape[-1] % 32 == 0:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            stored[name] = (quantize(array, q8), q8)
+        else:
+            stored[name] = array
+    write_gguf(path, arch, model.config, stored)
+    return model

@@ -1,0 +1,51 @@
+"""pagedllm/gguf/olmo2.py: OLMo 2 files as convert_hf_to_gguf.py's Olmo2Model writes them
+(config, tensors and fp32 logits against transformers: test_hf_config.py's and
+test_tensor_names.py's tiny tests); here the whole-projection q/k norms, a Q8_0 file run
+against transformers on the same rounded weights, and what is refused by name.
+
+(Prefixed test_gguf_ as the other families' GGUF tests: test basenames must be unique.)"""
+
+import pytest
+from gguf import GGUFValueType as VT
+
+from pagedllm.gguf.hf_config import load_gguf_config
+from tests.gguf.test_gguf_phi3 import logits_match_transformers
+from tests.gguf.tiny_gguf import write_tiny, write_tiny_q8_0
+
+PROMPT = [5, 17, 60, 3, 33, 42, 7, 12, 9, 50]
+# Q8_0 kernels quantize activations too (llama.cpp's scheme): near, not equal
+Q8_0_ATOL = 0.02
+
+
+def test_qk_norms_span_whole_projections(tiny_files: dict) -> None:
+    """attn_q_norm [heads * head_dim] and attn_k_norm [kv_heads * head_dim], as OLMo 2's."""
+    _, config, expected = tiny_files["olmo2"]
+    assert expected["model.layers.0.self_attn.q_norm.weight"].shape == (4 * 8,)
+    assert expected["model.layers.0.self_attn.k_norm.weight"].shape == (2 * 8,)
+    assert not [name for name in expected if "input_layernorm" in name]
+
+
+def test_q8_0_file_runs_as_its_weights(tmp_path) -> None:
+    path = str(tmp_path / "q8.gguf")
+    model = write_tiny_q8_0(path, "olmo2")
+    logits_match_transformers(path, model, PROMPT, 256, atol=Q8_0_ATOL)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [
+        ({"olmo2.attention.layer_norm_rms_epsilon": ()}, "no metadata key .*rms_epsilon"),
+        ({"olmo2.attention.sliding_window": (4096, VT.UINT32)}, "sliding_window 4096 .*OLMo 3"),
+    ],
+)
+def test_unmappable_files_are_refused(tmp_path, metadata: dict, message: str) -> None:
+    path = write_tiny(str(tmp_path / "bad.gguf"), "olmo2", **metadata)
+    with pytest.raises(ValueError, match=f"bad.gguf.*{message}"):
+        load_gguf_config(path)
+
+
+def test_a_window_of_0_is_olmo2(tmp_path) -> None:
+    path = write_tiny(
+        str(tmp_path / "w0.gguf"), "olmo2", **{"olmo2.attention.sliding_window": (0, VT.UINT32)}
+    )
+    assert load_gguf_config(path).architectures == ["Olmo2ForCausalLM"]
