@@ -8,6 +8,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from pagedllm.gguf.gemma import GEMMA_LAYOUT, gemma_kwargs
 from pagedllm.gguf.metadata import integer, positive_float, string
+from pagedllm.gguf.moe import GRANITEMOE, OLMOE, QWEN2MOE, experts_used, moe_kwargs
 from pagedllm.gguf.phi3 import PHI3, ROPE_FACTORS, phi3_kwargs
 from pagedllm.gguf.reader import GGUFFile, TensorInfo, read_gguf, read_tensor
 from pagedllm.gguf.tensor_shapes import check_tensor_shapes
@@ -18,9 +19,12 @@ _ARCHITECTURES = {
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
     "granite": ("granite", "GraniteForCausalLM"),
+    GRANITEMOE: ("granitemoe", "GraniteMoeForCausalLM"),
     "llama": ("llama", "LlamaForCausalLM"),
+    OLMOE: ("olmoe", "OlmoeForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    QWEN2MOE: ("qwen2_moe", "Qwen2MoeForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
@@ -81,18 +85,20 @@ def _config(gguf: GGUFFile) -> PretrainedConfig:
         kwargs |= phi3_kwargs(gguf, arch, kwargs)
     else:
         kwargs["rope_parameters"] = _rope_parameters(gguf, arch, kwargs["head_dim"])
-    if arch != "qwen2":  # Qwen2 always has q/k/v biases; the others say so in their config
+    if arch not in ("qwen2", QWEN2MOE):  # Qwen2's q/k/v biases: always, or `qkv_bias` (moe.py)
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in gguf.tensors
     if arch in LLAMA_LAYOUT:  # llama.cpp loads the ffn biases of llama where present
         kwargs["mlp_bias"] = "blk.0.ffn_up.bias" in gguf.tensors
-    if arch == "granite":
-        kwargs |= _granite_scales(gguf)
+    if arch in ("granite", GRANITEMOE):
+        kwargs |= _granite_scales(gguf, arch)
     if arch == "smollm3":  # llama.cpp's smollm3 graph has no sliding window
         kwargs |= {"no_rope_layer_interval": _SMOLLM3_NO_ROPE_INTERVAL, "use_sliding_window": False}
     if arch in GEMMA_LAYOUT:  # see gemma.py
         kwargs |= gemma_kwargs(gguf, arch, kwargs)
     if arch == "qwen3moe":
         kwargs |= _moe_kwargs(gguf, arch)
+    if arch in (QWEN2MOE, OLMOE, GRANITEMOE):  # see moe.py
+        kwargs |= moe_kwargs(gguf, arch, kwargs["num_hidden_layers"])
     if model_type == LLAMA_EXPERTS[0]:
         kwargs |= _mixtral_kwargs(gguf, arch)
     config = AutoConfig.for_model(model_type, **kwargs)
@@ -121,13 +127,14 @@ def _sizes(gguf: GGUFFile, arch: str) -> dict[str, int]:
     return sizes
 
 
-def _granite_scales(gguf: GGUFFile) -> dict[str, float]:
-    """Granite's four multipliers, under the names llama.cpp's converter gives them."""
+def _granite_scales(gguf: GGUFFile, arch: str) -> dict[str, float]:
+    """Granite's (and Granite MoE's) four multipliers, under the names llama.cpp's converter
+    gives them."""
     return {
-        "embedding_multiplier": positive_float(gguf, "granite.embedding_scale"),
-        "residual_multiplier": positive_float(gguf, "granite.residual_scale"),
-        "attention_multiplier": positive_float(gguf, "granite.attention.scale"),
-        "logits_scaling": positive_float(gguf, "granite.logit_scale"),
+        "embedding_multiplier": positive_float(gguf, f"{arch}.embedding_scale"),
+        "residual_multiplier": positive_float(gguf, f"{arch}.residual_scale"),
+        "attention_multiplier": positive_float(gguf, f"{arch}.attention.scale"),
+        "logits_scaling": positive_float(gguf, f"{arch}.logit_scale"),
     }
 
 
@@ -161,7 +168,7 @@ def _moe_kwargs(gguf: GGUFFile, arch: str) -> dict[str, Any]:
     experts = integer(gguf, f"{arch}.expert_count")
     return {
         "num_experts": experts,
-        "num_experts_per_tok": _experts_used(gguf, arch, experts),
+        "num_experts_per_tok": experts_used(gguf, arch, experts),
         "moe_intermediate_size": integer(gguf, f"{arch}.expert_feed_forward_length"),
         # llama.cpp renormalizes the top-k routing weights of qwen3moe; the file does not say so
         "norm_topk_prob": True,
@@ -189,18 +196,9 @@ def _mixtral_kwargs(gguf: GGUFFile, arch: str) -> dict[str, Any]:
     experts = integer(gguf, f"{arch}.expert_count")
     return {
         "num_local_experts": experts,
-        "num_experts_per_tok": _experts_used(gguf, arch, experts),
+        "num_experts_per_tok": experts_used(gguf, arch, experts),
         "intermediate_size": integer(gguf, f"{arch}.feed_forward_length"),
     }
-
-
-def _experts_used(gguf: GGUFFile, arch: str, experts: int) -> int:
-    used = integer(gguf, f"{arch}.expert_used_count")
-    if used > experts:
-        raise ValueError(
-            f"{gguf.path}: {arch}.expert_used_count {used} exceeds {arch}.expert_count {experts}"
-        )
-    return used
 
 
 def _rope_parameters(gguf: GGUFFile, arch: str, head_dim: int) -> dict[str, Any]:

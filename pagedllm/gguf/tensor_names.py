@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType
 from pagedllm.gguf.gemma import POST_NORM_LAYOUT, checkpoint_norm, is_offset_norm
 from pagedllm.gguf.hf_config import CONFIG_TENSORS, LLAMA_LAYOUT, architecture
 from pagedllm.gguf.metadata import integer
+from pagedllm.gguf.moe import GRANITEMOE, QWEN2MOE, SHARED_EXPERT_GATE
 from pagedllm.gguf.phi3 import PHI3
 from pagedllm.gguf.reader import (
     GGUFFile,
@@ -62,6 +63,15 @@ _PHI3_LAYER_NAMES = _LAYER_NAMES | {
     "attn_qkv": "self_attn.qkv_proj",
     "ffn_up": "mlp.gate_up_proj",
 }
+# Qwen2-MoE's shared expert and its gate (see moe.py)
+_QWEN2MOE_LAYER_NAMES = _LAYER_NAMES | {
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    SHARED_EXPERT_GATE: "mlp.shared_expert_gate",
+}
+# architectures whose converter permutes the q/k rows as llama's (Granite MoE's is Granite's)
+_PERMUTED_QK = (*LLAMA_LAYOUT, GRANITEMOE)
 # stacked expert tensors [E, out, in] -> the per-expert names of HF checkpoints
 _EXPERT_NAMES = {
     "ffn_gate_exps": "gate_proj",
@@ -130,8 +140,10 @@ def _iterate_weights(
             tensors = _read_experts(gguf, info, names, wanted, read)
         elif offset_norm:
             tensors = [(names[0], checkpoint_norm(read_tensor(gguf, info)))]
-        elif arch in LLAMA_LAYOUT:
+        elif arch in _PERMUTED_QK:
             tensors = [(names[0], _unpermute_llama_qk(gguf, arch, info.name, read(gguf, info)))]
+        elif f".{SHARED_EXPERT_GATE}." in info.name and not as_blocks:
+            tensors = [(names[0], read(gguf, info).reshape(1, -1))]  # [hidden] as [1, hidden]
         else:
             tensors = [(names[0], read(gguf, info))]
         for name, tensor in tensors:  # blocks stay bytes, a Gemma norm float64 (see gemma.py)
@@ -220,6 +232,8 @@ def _single_expert(parts: list[str]) -> bool:
 def _layer_names(arch: str) -> dict[str, str]:
     if arch in POST_NORM_LAYOUT:
         return _POST_NORM_LAYER_NAMES
+    if arch == QWEN2MOE:
+        return _QWEN2MOE_LAYER_NAMES
     return _PHI3_LAYER_NAMES if arch == PHI3 else _LAYER_NAMES
 
 

@@ -8,6 +8,7 @@ allocated, hundreds of GB or millions of layers, before any weight is compared w
 
 from transformers import PretrainedConfig
 
+from pagedllm.gguf.moe import OLMOE, SHARED_EXPERT_GATE
 from pagedllm.gguf.phi3 import PHI3
 from pagedllm.gguf.reader import GGUFFile, TensorInfo
 
@@ -38,9 +39,16 @@ _SHAPES = {
     "ffn_gate_exp": ("expert_ffn", "hidden"),
     "ffn_up_exp": ("expert_ffn", "hidden"),
     "ffn_down_exp": ("hidden", "expert_ffn"),
+    # Qwen2-MoE's shared expert, and its gate (written [hidden] or [1, hidden])
+    "ffn_gate_shexp": ("shared_ffn", "hidden"),
+    "ffn_up_shexp": ("shared_ffn", "hidden"),
+    "ffn_down_shexp": ("hidden", "shared_ffn"),
+    SHARED_EXPERT_GATE: ("hidden",),
 }
 # Phi-3's ffn_up holds gate and up
 _PHI3_SHAPES = _SHAPES | {"ffn_up": ("gate_up", "hidden")}
+# OLMoE norms q and k over their whole projections
+_OLMOE_SHAPES = _SHAPES | {"attn_q_norm": ("q",), "attn_k_norm": ("kv",)}
 # each dimension as the metadata states it
 _DIMENSION_SOURCES = {
     "vocab": "token_embd's rows",
@@ -53,6 +61,7 @@ _DIMENSION_SOURCES = {
     "gate_up": "2 * feed_forward_length",
     "experts": "expert_count",
     "expert_ffn": "expert_feed_forward_length (llama: feed_forward_length)",
+    "shared_ffn": "expert_shared_feed_forward_length",
 }
 
 
@@ -61,15 +70,19 @@ def check_tensor_shapes(gguf: GGUFFile, arch: str, config: PretrainedConfig) -> 
     that is not block_count. Tensors of other names are left to the weight loader."""
     _check_layer_count(gguf, arch, config.num_hidden_layers)
     sizes = _dimensions(config)
-    shapes = _PHI3_SHAPES if arch == PHI3 else _SHAPES
+    shapes = {PHI3: _PHI3_SHAPES, OLMOE: _OLMOE_SHAPES}.get(arch, _SHAPES)
     for info in gguf.tensors.values():
-        dims = shapes.get(_base_name(info.name))
+        base = _base_name(info.name)
+        dims = shapes.get(base)
         if dims is None or any(sizes[d] is None for d in dims):
             continue
         if info.name.endswith(".bias"):  # a linear layer's bias: its output dimensions
             dims = dims[:-1]
         expected = tuple(sizes[d] for d in dims)
-        if info.shape != expected:
+        shape = (
+            info.shape[1:] if base == SHARED_EXPERT_GATE and info.shape[:1] == (1,) else info.shape
+        )
+        if shape != expected:
             raise ValueError(_mismatch(gguf, arch, info, dims, expected))
 
 
@@ -90,6 +103,7 @@ def _dimensions(config: PretrainedConfig) -> dict[str, int | None]:
         "experts": experts,
         # Mixtral's experts are of intermediate_size, the Qwen-MoEs' of moe_intermediate_size
         "expert_ffn": getattr(config, "moe_intermediate_size", None) or (ffn if experts else None),
+        "shared_ffn": getattr(config, "shared_expert_intermediate_size", None),
     }
 
 
