@@ -9,6 +9,7 @@ from transformers import AutoConfig, PretrainedConfig
 from pagedllm.gguf.gemma import GEMMA_LAYOUT, gemma_kwargs
 from pagedllm.gguf.glm4 import GLM4, glm4_kwargs
 from pagedllm.gguf.metadata import integer, positive_float, string
+from pagedllm.gguf.moe import GRANITEMOE, OLMOE, QWEN2MOE, experts_used, moe_kwargs
 from pagedllm.gguf.olmo2 import OLMO2, check_olmo2
 from pagedllm.gguf.phi3 import PHI3, ROPE_FACTORS, phi3_kwargs
 from pagedllm.gguf.reader import GGUFFile, TensorInfo, read_gguf, read_tensor
@@ -22,10 +23,13 @@ _ARCHITECTURES = {
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
     GLM4: ("glm4", "Glm4ForCausalLM"),
     "granite": ("granite", "GraniteForCausalLM"),
+    GRANITEMOE: ("granitemoe", "GraniteMoeForCausalLM"),
     "llama": ("llama", "LlamaForCausalLM"),
     OLMO2: ("olmo2", "Olmo2ForCausalLM"),
+    OLMOE: ("olmoe", "OlmoeForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    QWEN2MOE: ("qwen2_moe", "Qwen2MoeForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
@@ -38,8 +42,9 @@ LLAMA_LAYOUT = ("llama", "granite", "smollm3")
 Llama's): q/k rows permuted, ffn biases where the model has them."""
 PARTIAL_ROTARY = (PHI3, GLM4)
 """Architectures whose `rope.dimension_count` is the rotary width, part of the head."""
-# Qwen2 always has q/k/v biases, StarCoder 2's `use_bias` covers every layer (starcoder2.py)
-_NO_ATTENTION_BIAS_FIELD = ("qwen2", STARCODER2)
+# Qwen2 always has q/k/v biases (Qwen2-MoE: always, or `qkv_bias`, moe.py), StarCoder 2's
+# `use_bias` covers every layer (starcoder2.py)
+_NO_ATTENTION_BIAS_FIELD = ("qwen2", QWEN2MOE, STARCODER2)
 # llama.cpp's smollm3 (llama_model::load_hparams, n_no_rope_layer_step): layer i rotates
 # unless (i + 1) % 4 == 0, which no key states; SmolLM3Config's no_rope_layer_interval
 _SMOLLM3_NO_ROPE_INTERVAL = 4
@@ -96,17 +101,7 @@ def _config(gguf: GGUFFile) -> PretrainedConfig:
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in gguf.tensors
     if arch in LLAMA_LAYOUT:  # llama.cpp loads the ffn biases of llama where present
         kwargs["mlp_bias"] = "blk.0.ffn_up.bias" in gguf.tensors
-    if arch == "granite":
-        kwargs |= _granite_scales(gguf)
-    if arch == "smollm3":  # llama.cpp's smollm3 graph has no sliding window
-        kwargs |= {"no_rope_layer_interval": _SMOLLM3_NO_ROPE_INTERVAL, "use_sliding_window": False}
-    if arch in GEMMA_LAYOUT:  # see gemma.py
-        kwargs |= gemma_kwargs(gguf, arch, kwargs)
-    if arch == "qwen3moe":
-        kwargs |= _moe_kwargs(gguf, arch)
-    if model_type == LLAMA_EXPERTS[0]:
-        kwargs |= _mixtral_kwargs(gguf, arch)
-    kwargs |= _dense_family_kwargs(gguf, arch, kwargs)
+    kwargs |= _family_kwargs(gguf, arch, model_type, kwargs)
     config = AutoConfig.for_model(model_type, **kwargs)
     check_tensor_shapes(gguf, arch, config)
     return config
@@ -133,9 +128,25 @@ def _sizes(gguf: GGUFFile, arch: str) -> dict[str, int]:
     return sizes
 
 
-def _dense_family_kwargs(gguf: GGUFFile, arch: str, sizes: dict[str, Any]) -> dict[str, Any]:
-    """The fields of OLMo 2, GLM-4 and StarCoder 2 files beyond the common ones (see
-    olmo2.py, glm4.py, starcoder2.py); none for other architectures."""
+def _family_kwargs(
+    gguf: GGUFFile, arch: str, model_type: str, sizes: dict[str, Any]
+) -> dict[str, Any]:
+    """The config fields of one family beyond the common ones (sizes: those read so far);
+    each family's module says what llama.cpp reads or implies."""
+    if arch == "granite":
+        return _granite_scales(gguf, arch)
+    if arch == GRANITEMOE:
+        return _granite_scales(gguf, arch) | moe_kwargs(gguf, arch, sizes["num_hidden_layers"])
+    if arch == "smollm3":  # llama.cpp's smollm3 graph has no sliding window
+        return {"no_rope_layer_interval": _SMOLLM3_NO_ROPE_INTERVAL, "use_sliding_window": False}
+    if arch in GEMMA_LAYOUT:
+        return gemma_kwargs(gguf, arch, sizes)
+    if arch == "qwen3moe":
+        return _moe_kwargs(gguf, arch)
+    if arch in (QWEN2MOE, OLMOE):
+        return moe_kwargs(gguf, arch, sizes["num_hidden_layers"])
+    if model_type == LLAMA_EXPERTS[0]:
+        return _mixtral_kwargs(gguf, arch)
     if arch == OLMO2:
         check_olmo2(gguf, arch)
     if arch == GLM4:
@@ -145,13 +156,14 @@ def _dense_family_kwargs(gguf: GGUFFile, arch: str, sizes: dict[str, Any]) -> di
     return {}
 
 
-def _granite_scales(gguf: GGUFFile) -> dict[str, float]:
-    """Granite's four multipliers, under the names llama.cpp's converter gives them."""
+def _granite_scales(gguf: GGUFFile, arch: str) -> dict[str, float]:
+    """Granite's (and Granite MoE's) four multipliers, under the names llama.cpp's converter
+    gives them."""
     return {
-        "embedding_multiplier": positive_float(gguf, "granite.embedding_scale"),
-        "residual_multiplier": positive_float(gguf, "granite.residual_scale"),
-        "attention_multiplier": positive_float(gguf, "granite.attention.scale"),
-        "logits_scaling": positive_float(gguf, "granite.logit_scale"),
+        "embedding_multiplier": positive_float(gguf, f"{arch}.embedding_scale"),
+        "residual_multiplier": positive_float(gguf, f"{arch}.residual_scale"),
+        "attention_multiplier": positive_float(gguf, f"{arch}.attention.scale"),
+        "logits_scaling": positive_float(gguf, f"{arch}.logit_scale"),
     }
 
 
@@ -185,7 +197,7 @@ def _moe_kwargs(gguf: GGUFFile, arch: str) -> dict[str, Any]:
     experts = integer(gguf, f"{arch}.expert_count")
     return {
         "num_experts": experts,
-        "num_experts_per_tok": _experts_used(gguf, arch, experts),
+        "num_experts_per_tok": experts_used(gguf, arch, experts),
         "moe_intermediate_size": integer(gguf, f"{arch}.expert_feed_forward_length"),
         # llama.cpp renormalizes the top-k routing weights of qwen3moe; the file does not say so
         "norm_topk_prob": True,
@@ -213,18 +225,9 @@ def _mixtral_kwargs(gguf: GGUFFile, arch: str) -> dict[str, Any]:
     experts = integer(gguf, f"{arch}.expert_count")
     return {
         "num_local_experts": experts,
-        "num_experts_per_tok": _experts_used(gguf, arch, experts),
+        "num_experts_per_tok": experts_used(gguf, arch, experts),
         "intermediate_size": integer(gguf, f"{arch}.feed_forward_length"),
     }
-
-
-def _experts_used(gguf: GGUFFile, arch: str, experts: int) -> int:
-    used = integer(gguf, f"{arch}.expert_used_count")
-    if used > experts:
-        raise ValueError(
-            f"{gguf.path}: {arch}.expert_used_count {used} exceeds {arch}.expert_count {experts}"
-        )
-    return used
 
 
 def _rope_parameters(gguf: GGUFFile, arch: str, head_dim: int) -> dict[str, Any]:

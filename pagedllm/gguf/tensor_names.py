@@ -18,6 +18,7 @@ from pagedllm.gguf.gemma import POST_NORM_LAYOUT, checkpoint_norm, is_offset_nor
 from pagedllm.gguf.glm4 import GLM4
 from pagedllm.gguf.hf_config import CONFIG_TENSORS, LLAMA_LAYOUT, architecture
 from pagedllm.gguf.metadata import integer
+from pagedllm.gguf.moe import GRANITEMOE, QWEN2MOE, SHARED_EXPERT_GATE
 from pagedllm.gguf.olmo2 import OLMO2
 from pagedllm.gguf.phi3 import PHI3
 from pagedllm.gguf.reader import (
@@ -74,6 +75,13 @@ _GLM4_LAYER_NAMES = _LAYER_NAMES | {
 }
 # StarCoder 2's ungated MLP
 _STARCODER2_LAYER_NAMES = _LAYER_NAMES | {"ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+# Qwen2-MoE's shared expert and its gate (see moe.py)
+_QWEN2MOE_LAYER_NAMES = _LAYER_NAMES | {
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    SHARED_EXPERT_GATE: "mlp.shared_expert_gate",
+}
 # each architecture's layer names where they are not _LAYER_NAMES; OLMo 2 norms after the
 # blocks under Gemma 2's GGUF names (see olmo2.py)
 _ARCH_LAYER_NAMES = {
@@ -81,7 +89,10 @@ _ARCH_LAYER_NAMES = {
     PHI3: _PHI3_LAYER_NAMES,
     GLM4: _GLM4_LAYER_NAMES,
     STARCODER2: _STARCODER2_LAYER_NAMES,
+    QWEN2MOE: _QWEN2MOE_LAYER_NAMES,
 }
+# architectures whose converter permutes the q/k rows as llama's (Granite MoE's is Granite's)
+_PERMUTED_QK = (*LLAMA_LAYOUT, GRANITEMOE)
 # stacked expert tensors [E, out, in] -> the per-expert names of HF checkpoints
 _EXPERT_NAMES = {
     "ffn_gate_exps": "gate_proj",
@@ -150,8 +161,10 @@ def _iterate_weights(
             tensors = _read_experts(gguf, info, names, wanted, read)
         elif offset_norm:
             tensors = [(names[0], checkpoint_norm(read_tensor(gguf, info)))]
-        elif arch in LLAMA_LAYOUT:
+        elif arch in _PERMUTED_QK:
             tensors = [(names[0], _unpermute_llama_qk(gguf, arch, info.name, read(gguf, info)))]
+        elif f".{SHARED_EXPERT_GATE}." in info.name and not as_blocks:
+            tensors = [(names[0], read(gguf, info).reshape(1, -1))]  # [hidden] as [1, hidden]
         else:
             tensors = [(names[0], read(gguf, info))]
         for name, tensor in tensors:  # blocks stay bytes, a Gemma norm float64 (see gemma.py)

@@ -9,6 +9,7 @@ allocated, hundreds of GB or millions of layers, before any weight is compared w
 from transformers import PretrainedConfig
 
 from pagedllm.gguf.glm4 import GLM4
+from pagedllm.gguf.moe import OLMOE, SHARED_EXPERT_GATE
 from pagedllm.gguf.olmo2 import OLMO2
 from pagedllm.gguf.phi3 import PHI3
 from pagedllm.gguf.reader import GGUFFile, TensorInfo
@@ -40,12 +41,22 @@ _SHAPES = {
     "ffn_gate_exp": ("expert_ffn", "hidden"),
     "ffn_up_exp": ("expert_ffn", "hidden"),
     "ffn_down_exp": ("hidden", "expert_ffn"),
+    # Qwen2-MoE's shared expert, and its gate (written [hidden] or [1, hidden])
+    "ffn_gate_shexp": ("shared_ffn", "hidden"),
+    "ffn_up_shexp": ("shared_ffn", "hidden"),
+    "ffn_down_shexp": ("hidden", "shared_ffn"),
+    SHARED_EXPERT_GATE: ("hidden",),
 }
 # Phi-3's and GLM-4's ffn_up holds gate and up
 _GATE_UP_SHAPES = _SHAPES | {"ffn_up": ("gate_up", "hidden")}
-# OLMo 2 norms q and k over their whole projections
+# OLMo 2 and OLMoE norm q and k over their whole projections
 _WHOLE_QK_NORM_SHAPES = _SHAPES | {"attn_q_norm": ("q",), "attn_k_norm": ("kv",)}
-_ARCH_SHAPES = {PHI3: _GATE_UP_SHAPES, GLM4: _GATE_UP_SHAPES, OLMO2: _WHOLE_QK_NORM_SHAPES}
+_ARCH_SHAPES = {
+    PHI3: _GATE_UP_SHAPES,
+    GLM4: _GATE_UP_SHAPES,
+    OLMO2: _WHOLE_QK_NORM_SHAPES,
+    OLMOE: _WHOLE_QK_NORM_SHAPES,
+}
 # each dimension as the metadata states it
 _DIMENSION_SOURCES = {
     "vocab": "token_embd's rows",
@@ -58,6 +69,7 @@ _DIMENSION_SOURCES = {
     "gate_up": "2 * feed_forward_length",
     "experts": "expert_count",
     "expert_ffn": "expert_feed_forward_length (llama: feed_forward_length)",
+    "shared_ffn": "expert_shared_feed_forward_length",
 }
 
 
@@ -68,13 +80,17 @@ def check_tensor_shapes(gguf: GGUFFile, arch: str, config: PretrainedConfig) -> 
     sizes = _dimensions(config)
     shapes = _ARCH_SHAPES.get(arch, _SHAPES)
     for info in gguf.tensors.values():
-        dims = shapes.get(_base_name(info.name))
+        base = _base_name(info.name)
+        dims = shapes.get(base)
         if dims is None or any(sizes[d] is None for d in dims):
             continue
         if info.name.endswith(".bias") and len(dims) > 1:  # a linear layer's: its outputs
             dims = dims[:-1]
         expected = tuple(sizes[d] for d in dims)
-        if info.shape != expected:
+        shape = (
+            info.shape[1:] if base == SHARED_EXPERT_GATE and info.shape[:1] == (1,) else info.shape
+        )
+        if shape != expected:
             raise ValueError(_mismatch(gguf, arch, info, dims, expected))
 
 
@@ -95,6 +111,7 @@ def _dimensions(config: PretrainedConfig) -> dict[str, int | None]:
         "experts": experts,
         # Mixtral's experts are of intermediate_size, the Qwen-MoEs' of moe_intermediate_size
         "expert_ffn": getattr(config, "moe_intermediate_size", None) or (ffn if experts else None),
+        "shared_ffn": getattr(config, "shared_expert_intermediate_size", None),
     }
 
 

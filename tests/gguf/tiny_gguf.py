@@ -110,7 +110,36 @@ TINY = {
         num_experts_per_tok=2,
         intermediate_size=16,
     ),
+    # the MoE families of pagedllm/gguf/moe.py, routed as llama.cpp routes them
+    "qwen2moe": dict(
+        model_type="qwen2_moe",
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=24,
+        norm_topk_prob=False,
+    ),
+    "olmoe": dict(
+        model_type="olmoe",
+        head_dim=8,  # not an OlmoeConfig field: hidden / heads, named as the others name it
+        num_experts=4,
+        num_experts_per_tok=2,
+        rms_norm_eps=1e-5,  # OlmoeModel writes 1e-5 whatever the config says
+        norm_topk_prob=False,
+    ),
+    "granitemoe": dict(
+        model_type="granitemoe",
+        head_dim=8,  # not a GraniteMoeConfig field: hidden / heads
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        embedding_multiplier=12.0,
+        residual_multiplier=0.22,
+        attention_multiplier=0.0625,
+        logits_scaling=8.0,
+    ),
 }
+MOE_FAMILIES = ("qwen2moe", "olmoe", "granitemoe")
 ARCH_ENUMS = {
     "gemma": gguf.MODEL_ARCH.GEMMA,
     "gemma2": gguf.MODEL_ARCH.GEMMA2,
@@ -126,11 +155,14 @@ ARCH_ENUMS = {
     "olmo2": gguf.MODEL_ARCH.OLMO2,
     "glm4": gguf.MODEL_ARCH.GLM4,
     "starcoder2": gguf.MODEL_ARCH.STARCODER2,
+    "qwen2moe": gguf.MODEL_ARCH.QWEN2MOE,
+    "olmoe": gguf.MODEL_ARCH.OLMOE,
+    "granitemoe": gguf.MODEL_ARCH.GRANITE_MOE,
 }
 
 
 GEMMAS = ("gemma", "gemma2", "gemma3")
-LLAMA_PERMUTED = ("llama", "granite", "smollm3")
+LLAMA_PERMUTED = ("llama", "granite", "smollm3", "granitemoe")
 """Architectures whose converter is LlamaModel's, which permutes the q/k rows."""
 
 
@@ -199,9 +231,17 @@ def checkpoint_tensors(model) -> dict[str, torch.Tensor]:
 
 
 def _saved(config, state_dict: dict) -> dict[str, torch.Tensor]:
-    """The state dict without a tied lm_head (which neither checkpoints nor GGUFs hold)."""
+    """The state dict without a tied lm_head (which neither checkpoints nor GGUFs hold); Granite
+    MoE's block and router under the names pagedllm's model takes (models/granitemoe.py)."""
     tied = config.tie_word_embeddings
-    return {name: t for name, t in state_dict.items() if not (tied and name == "lm_head.weight")}
+    saved = {name: t for name, t in state_dict.items() if not (tied and name == "lm_head.weight")}
+    if config.model_type != "granitemoe":
+        return saved
+    renamed = {}
+    for name, tensor in saved.items():
+        name = name.replace(".block_sparse_moe.router.", ".mlp.gate.")
+        renamed[name.replace(".block_sparse_moe.", ".mlp.")] = tensor
+    return renamed
 
 
 def gguf_tensors(arch: str, config, state_dict: dict) -> dict[str, np.ndarray]:
@@ -224,6 +264,8 @@ def gguf_tensors(arch: str, config, state_dict: dict) -> dict[str, np.ndarray]:
             tensor = llama_cpp_permute(tensor, config.num_key_value_heads)
         if arch in GEMMAS and name.endswith("norm.weight"):  # GemmaModel.modify_tensors
             tensor = tensor + 1
+        if name.endswith("shared_expert_gate.weight"):  # the converter squeezes it to [hidden]
+            tensor = tensor.squeeze(0)
         out[f"{names.get_name(base)}.{suffix}"] = tensor
     if arch == "phi3":
         out |= _phi3_rope_factors(config)
@@ -279,9 +321,11 @@ def write_gguf(
         writer.add_residual_scale(config.residual_multiplier)
         writer.add_attention_scale(config.attention_multiplier)
         writer.add_logit_scale(config.logits_scaling)
-    if arch in ("qwen3moe", "mixtral"):
-        writer.add_expert_count(config.num_experts)
+    if arch in ("qwen3moe", "mixtral", *MOE_FAMILIES):
+        writer.add_expert_count(getattr(config, "num_experts", None) or config.num_local_experts)
         writer.add_expert_used_count(config.num_experts_per_tok)
+    if arch in MOE_FAMILIES:
+        _add_moe_metadata(writer, arch, config)
     if arch == "qwen3moe":
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
     if arch == "glm4":
@@ -303,6 +347,19 @@ def write_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _add_moe_metadata(writer: gguf.GGUFWriter, arch: str, config) -> None:
+    """What convert_hf_to_gguf.py's Qwen2MoeModel and GraniteMoeModel write beyond the sizes
+    and expert counts (OlmoeModel writes nothing more)."""
+    if arch == "qwen2moe":
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+        writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
+    if arch == "granitemoe":
+        writer.add_embedding_scale(config.embedding_multiplier)
+        writer.add_residual_scale(config.residual_multiplier)
+        writer.add_attention_scale(config.attention_multiplier)
+        writer.add_logit_scale(config.logits_scaling)
 
 
 def _add_gemma_metadata(writer: gguf.GGUFWriter, arch: str, config) -> None:
