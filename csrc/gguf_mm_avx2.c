@@ -18,7 +18,11 @@ typedef float fvec __attribute__((vector_size(32)));
 typedef uint8_t bvec __attribute__((vector_size(32)));
 
 /* maddubs adds two u8 * s8 products into an int16, saturating: exact for codes <= 63 (2 * 63
- * * 127 < 2^15); madd then adds pairs of those into the int32 lanes. */
+ * * 127 < 2^15); madd then adds pairs of those into the int32 lanes. Adding a run of
+ * sub-groups' maddubs in int16 lanes first (4-bit codes allow 8) and widening once per run
+ * saves the madds but ran slower on Zen 3 (one x row 1.4x the time, 16 rows 1.1x: the
+ * compiler's tiles spill), so each sub-group widens at once; `pagedllm bench latency
+ * --batch-size 1` on the default model shows the difference. */
 INLINE ivec dot4(ivec acc, bvec u, int32_t a4) {
   const __m256i pairs = _mm256_maddubs_epi16((__m256i)u, _mm256_set1_epi32(a4));
   return acc + (ivec)_mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
