@@ -136,7 +136,9 @@ def test_layers_run_in_the_block_type_their_layout_maps_to(fmt: str, name: str, 
     assert model.lm_head.weight.dtype == torch.float32
 
 
-@pytest.mark.parametrize("name", ["llama-biases", "llama-tied-mqa", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize(
+    "name", ["llama-biases", "llama-tied-mqa", "mistral", "qwen2", "qwen3", "granitemoe"]
+)
 def test_every_family_runs_gptq(name: str, checkpoint) -> None:
     quantized, reference = checkpoint("gptq-4bit-sym", name)
     assert_follows(greedy(quantized, "none"), greedy(reference), atol=1e-5)
