@@ -78,6 +78,9 @@ text decoder is Gemma3TextModel)."""
 _MODELS["InternLM3ForCausalLM"] = InternLM3ForCausalLM
 """The class InternLM3's checkpoints name, their own code's: transformers runs them as
 LlamaForCausalLM and has no InternLM3 bare decoder or classifier to name."""
+_MODELS["Ernie4_5_ForCausalLM"] = Ernie4_5ForCausalLM
+"""The class ERNIE 4.5's checkpoints released for Baidu's own code name (model_type
+`ernie4_5`, the fields of transformers' Ernie4_5Config), as vLLM runs them."""
 
 
 class ModelRegistry:

@@ -16,8 +16,10 @@ RUN_AS = {
     fields["architectures"][0]: MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
     for model_type, fields in REMOTE_CODE_CHECKPOINTS.items()
 }
+RUN_AS["Ernie4_5_ForCausalLM"] = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES["ernie4_5"]
 """The classes remote-code checkpoints name -> transformers' class of their model_type
-(InternLM3ForCausalLM -> LlamaForCausalLM)."""
+(InternLM3ForCausalLM -> LlamaForCausalLM; ERNIE 4.5's released checkpoints, whose tiny
+form tests/models/test_ernie4_5.py writes, -> Ernie4_5ForCausalLM)."""
 
 
 @pytest.mark.parametrize("arch", ModelRegistry.get_supported_archs())
@@ -25,7 +27,7 @@ def test_every_registered_architecture_resolves_to_its_namesake(arch: str) -> No
     model_cls = ModelRegistry.resolve_model_cls(arch)
     family = arch.removesuffix("Model").removesuffix("ForSequenceClassification")
     family = family.removesuffix("Text")  # Gemma3TextModel: Gemma 3's text decoder
-    assert model_cls.__name__ in (arch, family + "ForCausalLM")
+    assert model_cls.__name__ in (arch, family + "ForCausalLM", RUN_AS.get(arch))
     hf_arch = RUN_AS.get(arch, arch)
     assert hasattr(transformers, hf_arch), f"{hf_arch} is not a transformers architecture"
     assert callable(model_cls.load_weights) and callable(model_cls.compute_logits)
