@@ -274,6 +274,11 @@ def use_max_model_len(max_model_len: int | None) -> Iterator[None]:
         _max_model_len = previous
 
 
+def served_max_model_len() -> int | None:
+    """The max_model_len of the model being built (use_max_model_len's; None outside it)."""
+    return _max_model_len
+
+
 # Weak: an engine's layers hold their embedding, and it (with its cos/sin cache on the
 # device) goes with the last model that uses it, not with the process.
 _ROPE_DICT: "weakref.WeakValueDictionary[tuple, RotaryEmbedding]" = weakref.WeakValueDictionary()

@@ -6,7 +6,8 @@ Ministral (Ministral-8B) windows the layers its `layer_types` name "sliding_atte
 and scales each rotated query by Llama 4's attention temperature, 1 + beta * ln(1 +
 floor(position / original)), beta and original being its `rope_parameters`'
 `llama_4_scaling_beta` and `original_max_position_embeddings`: 1 within the original
-context. The scale is a torch op, not a kernel launch, so on a CPU its decode steps run
+context, so an engine whose max_model_len is within it (Ministral 3's 16384) leaves it out.
+Past there the scale is a torch op, not a kernel launch, so on a CPU its decode steps run
 eagerly rather than replay (executor/cpu_graph.py). `Mistral3ForConditionalGeneration`
 checkpoints, which hold a Ministral 3 language model beside a vision tower, are not read.
 """
@@ -15,6 +16,7 @@ import dataclasses
 
 from transformers import PretrainedConfig
 
+from pagedllm.layers.rotary_embedding import served_max_model_len
 from pagedllm.models.llama import AttentionOptions, MistralForCausalLM
 
 
@@ -36,4 +38,7 @@ class Ministral3ForCausalLM(MistralForCausalLM):
                 f"rope_parameters' llama_4_scaling_beta {beta} scales queries past "
                 "original_max_position_embeddings, which rope_parameters does not give"
             )
+        served = served_max_model_len()
+        if served is not None and served <= original:  # every position's scale is 1
+            return options
         return dataclasses.replace(options, llama_4_scaling=(float(beta), int(original)))
