@@ -16,11 +16,17 @@ names `classifier_from_token` (vLLM's "LLM as reranker"): `method` "from_2_way_s
 token's, so its sigmoid is the softmax of the two) or "no_post_processing" (one label per
 token, the LM head's rows). Qwen3-Reranker's `is_original_qwen3_reranker` means
 "from_2_way_softmax", as in vLLM.
+
+A token classifier (`*ForTokenClassification`, vLLM's `token_classify` task) has the same
+`score` head (with a bias unless `token_classification_bias` is false, as transformers
+builds it) applied to every token's hidden state, each token's logits through classify's
+activation.
 """
 
 from dataclasses import dataclass
 
 SEQ_CLS_SUFFIX = "ForSequenceClassification"
+TOKEN_CLS_SUFFIX = "ForTokenClassification"
 SEQ_CLS_LOAD_METHODS = ("from_2_way_softmax", "no_post_processing")
 
 # The activations a cross-encoder's config may name (classes of torch.nn.modules only, as
@@ -44,7 +50,8 @@ class ClassifierConfig:
     the LM head rows a converted generative checkpoint scores with (empty: the checkpoint's
     `score.weight`); `pair_tokenized`: a cross-encoder's two texts are tokenized as a pair
     (the tokenizer's separator between them), else the texts are joined and tokenized as
-    one (vLLM's rule for an LLM as reranker)."""
+    one (vLLM's rule for an LLM as reranker); `per_token`: a token classifier, whose head
+    scores every token of the prompt rather than its pooled state."""
 
     num_labels: int
     labels: tuple[str, ...] | None
@@ -53,6 +60,7 @@ class ClassifierConfig:
     classify_activation: str
     score_activation: str
     pair_tokenized: bool
+    per_token: bool = False
 
     def label(self, index: int) -> str | None:
         return None if self.labels is None else self.labels[index]
@@ -62,13 +70,28 @@ def is_seq_cls_architecture(architecture: str) -> bool:
     return architecture.endswith(SEQ_CLS_SUFFIX)
 
 
-def classifier_config(hf_config: object, model: str) -> ClassifierConfig:
-    """The classifier a `*ForSequenceClassification` config describes, checked; messages
-    name the model and the config field."""
+def is_token_cls_architecture(architecture: str) -> bool:
+    return architecture.endswith(TOKEN_CLS_SUFFIX)
+
+
+def is_classifier_architecture(architecture: str) -> bool:
+    """A sequence or token classifier: a score head, no LM head."""
+    return is_seq_cls_architecture(architecture) or is_token_cls_architecture(architecture)
+
+
+def classifier_config(hf_config: object, model: str, per_token: bool = False) -> ClassifierConfig:
+    """The classifier a `*ForSequenceClassification` config (`per_token`:
+    `*ForTokenClassification`) describes, checked; messages name the model and the config
+    field."""
     tokens = getattr(hf_config, "classifier_from_token", None)
     method = getattr(hf_config, "method", None)
     if getattr(hf_config, "is_original_qwen3_reranker", False):
         method = "from_2_way_softmax"
+    if per_token and (tokens is not None or method is not None):
+        raise ValueError(
+            f"{model!r}: classifier_from_token converts a generative checkpoint into a "
+            "sequence classifier; a token classifier reads its checkpoint's score head"
+        )
     if tokens is not None or method is not None:
         tokens = _checked_tokens(tokens, method, model)
         num_labels = 1 if method == "from_2_way_softmax" else len(tokens)
@@ -89,6 +112,7 @@ def classifier_config(hf_config: object, model: str) -> ClassifierConfig:
         _classify_activation(getattr(hf_config, "problem_type", None)),
         _score_activation(hf_config, model),
         bool(pair),
+        per_token,
     )
 
 

@@ -19,12 +19,15 @@ from pagedllm.checkpoint_quant import (
 from pagedllm.classifier_config import (
     ClassifierConfig,
     classifier_config,
-    is_seq_cls_architecture,
+    is_classifier_architecture,
+    is_token_cls_architecture,
 )
 from pagedllm.cpu_features import native_bf16_matmul
 from pagedllm.logger import init_logger
 from pagedllm.pooler_config import (
+    TOKEN_POOLING,
     PoolerConfig,
+    check_pooling_type,
     is_sentence_transformers_folder,
     sentence_transformers_max_seq_length,
     sentence_transformers_pooler_config,
@@ -230,8 +233,8 @@ class ModelConfig:
     pooler_config: PoolerConfig | None = None
     """The pooling of a pooling model (every field resolved), None for a generating one."""
     classifier_config: ClassifierConfig | None = None
-    """A sequence-classification model's head and activations (its architecture is
-    `*ForSequenceClassification`), None for an embedding or generating model."""
+    """A classifier's head and activations (its architecture is `*ForSequenceClassification`
+    or, per token, `*ForTokenClassification`), None for an embedding or generating model."""
     load_format: str = "auto"
     """vLLM's name: "auto" loads the checkpoint's weights; "dummy" makes random ones of its
     shapes on the device instead (benchmarks of a model's shape; nothing is read)."""
@@ -304,7 +307,8 @@ class ModelConfig:
         architectures = checked_architectures(hf_config, model)
         runner_type = resolve_runner(runner, model, architectures[0])
         pooler = classifier = None
-        if is_seq_cls_architecture(architectures[0]):
+        per_token = is_token_cls_architecture(architectures[0])
+        if is_classifier_architecture(architectures[0]):
             if runner_type != "pooling":
                 raise ValueError(
                     f"{architectures[0]} classifies (it has a score head, no LM head): "
@@ -312,14 +316,15 @@ class ModelConfig:
                 )
             if gguf_file is not None:
                 raise ValueError(
-                    f"{architectures[0]}: sequence classification runs from a Hugging Face "
+                    f"{architectures[0]}: classification runs from a Hugging Face "
                     "folder's safetensors, not a GGUF file"
                 )
-            classifier = classifier_config(hf_config, model)
+            classifier = classifier_config(hf_config, model, per_token)
         if runner_type == "pooling":
             pooler = PoolerConfig.parse(pooler_config).over(
-                sentence_transformers_pooler_config(model)
+                sentence_transformers_pooler_config(model), TOKEN_POOLING if per_token else "LAST"
             )
+            check_pooling_type(pooler.pooling_type, architectures[0], per_token)
             if pooler.dense and pooler.dense[0].in_features != hf_config.hidden_size:
                 raise ValueError(
                     f"{model!r}: Dense module {pooler.dense[0].path!r} takes "
@@ -402,8 +407,8 @@ class ModelConfig:
 
     @property
     def pooled_size(self) -> int:
-        """A pooling model's vector length: a classifier's number of labels, else its last
-        Dense module's, else the hidden size."""
+        """A pooling model's vector length (a token classifier's per token): a classifier's
+        number of labels, else its last Dense module's, else the hidden size."""
         assert self.pooler_config is not None, "a pooling model's"
         if self.classifier_config is not None:
             return self.classifier_config.num_labels
@@ -412,13 +417,23 @@ class ModelConfig:
     @property
     def pooling_tasks(self) -> tuple[str, ...]:
         """vLLM's pooling tasks this model serves: a classifier classifies, and with one
-        label scores pairs as a cross-encoder; an embedding model embeds and scores pairs
-        by cosine similarity; a generating model serves none."""
+        label scores pairs as a cross-encoder; a token classifier classifies each token
+        (token_classify); an embedding model embeds and scores pairs by cosine similarity;
+        a generating model serves none."""
         if self.runner_type != "pooling":
             return ()
         if self.classifier_config is None:
             return ("embed", "score")
+        if self.classifier_config.per_token:
+            return ("token_classify",)
         return ("classify", "score") if self.classifier_config.num_labels == 1 else ("classify",)
+
+    @property
+    def pooling_kind(self) -> str:
+        """What this pooling model is, for messages that refuse a task it lacks."""
+        if self.classifier_config is None:
+            return "an embedding model"
+        return "a token classifier" if self.classifier_config.per_token else "a classifier"
 
     @property
     def is_cross_encoder(self) -> bool:
@@ -482,7 +497,8 @@ RUNNERS = ("auto", "generate", "pooling")
 def resolve_runner(runner: str, model: str, architecture: str) -> str:
     """vLLM's `runner`: "auto" pools for a sentence-transformers folder (modules.json, as
     Qwen3-Embedding ships), a bare decoder (an architecture `*Model`, no LM head) or a
-    classifier (`*ForSequenceClassification`), and generates otherwise."""
+    classifier (`*ForSequenceClassification`, `*ForTokenClassification`), and generates
+    otherwise."""
     if runner not in RUNNERS:
         raise ValueError(f"runner {runner!r} is not supported; use one of {', '.join(RUNNERS)}")
     if runner != "auto":
@@ -493,7 +509,7 @@ def resolve_runner(runner: str, model: str, architecture: str) -> str:
     if architecture.endswith("Model"):
         logger.info("runner auto -> pooling: %s is a bare decoder (no LM head)", architecture)
         return "pooling"
-    if is_seq_cls_architecture(architecture):
+    if is_classifier_architecture(architecture):
         logger.info("runner auto -> pooling: %s is a classifier", architecture)
         return "pooling"
     return "generate"

@@ -222,9 +222,10 @@ class LLM:
         lora_request: object = None,
     ) -> list[PoolingRequestOutput]:
         """A pooling model's pooled vector per prompt (`outputs.data`, a float32 tensor: an
-        embedding, or a classifier's label scores), in input order. vLLM's
+        embedding, a classifier's label scores, or a token classifier's [num_tokens,
+        num_labels] scores of every prompt token), in input order. vLLM's
         `truncate_prompt_tokens` sets every prompt's params' own; `pooling_task` ("embed",
-        "classify" or "score", one of the model's) sets their task."""
+        "classify", "score" or "token_classify", one of the model's) sets their task."""
         if lora_request is not None:
             raise ValueError("lora_request: pooling models serve no LoRA adapters; pass None")
         prompts = _as_prompt_list(prompts)
@@ -299,10 +300,15 @@ class LLM:
         if task == "score" and model_config.classifier_config is not None:
             check_cross_encoder(model_config.classifier_config)
         if task not in model_config.pooling_tasks:
-            kind = "a classifier" if model_config.is_cross_encoder else "an embedding model"
+            tasks = model_config.pooling_tasks
+            use = (
+                ": use LLM.encode(prompts, pooling_task='token_classify')"
+                if "token_classify" in tasks
+                else ""
+            )
             raise ValueError(
-                f"{api}: this model is {kind}; its pooling tasks are "
-                f"{', '.join(model_config.pooling_tasks)}"
+                f"{api}: this model is {model_config.pooling_kind}; its pooling tasks are "
+                f"{', '.join(tasks)}{use}"
             )
 
     def score(

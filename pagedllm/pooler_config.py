@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 from pagedllm.value_checks import as_json_object
 
-POOLING_TYPES = ("LAST", "MEAN", "CLS")
+POOLING_TYPES = ("LAST", "MEAN", "CLS", "ALL")
+TOKEN_POOLING = "ALL"
+"""vLLM's pooling of every token, each its own output: a token classifier's, and only its."""
 
 # sentence-transformers' pooling flags -> vLLM's pooling types.
 _ST_POOLING_MODES = {
@@ -56,7 +58,8 @@ class DenseModule:
 @dataclass
 class PoolerConfig:
     """`pooling_type`: LAST (the prompt's last token, vLLM's default for decoder models),
-    MEAN (the mean over all the prompt's tokens) or CLS (its first token); `normalize`:
+    MEAN (the mean over all the prompt's tokens), CLS (its first token) or ALL (every
+    token, a token classifier's; config.py allows it there only); `normalize`:
     L2-normalise the pooled vector; `use_activation` (vLLM's): a classifier's activation
     (softmax, sigmoid, ...) for requests that leave theirs unset, and on an embedding model
     `normalize` where that is unset. None leaves a field to the checkpoint, then to the
@@ -99,9 +102,10 @@ class PoolerConfig:
             )
         return cls(**value)
 
-    def over(self, base: "PoolerConfig") -> "PoolerConfig":
-        """This config's fields where set, else `base`'s, else the defaults."""
-        pooling_type = self.pooling_type or base.pooling_type or "LAST"
+    def over(self, base: "PoolerConfig", default_type: str = "LAST") -> "PoolerConfig":
+        """This config's fields where set, else `base`'s, else the defaults (the model's
+        `default_type` of pooling)."""
+        pooling_type = self.pooling_type or base.pooling_type or default_type
         normalize = next(
             (v for v in (self.normalize, self.use_activation, base.normalize) if v is not None),
             True,
@@ -111,6 +115,20 @@ class PoolerConfig:
     def output_size(self, hidden_size: int) -> int:
         """The pooled vector's length: the last projection's, else the hidden size."""
         return self.dense[-1].out_features if self.dense else hidden_size
+
+
+def check_pooling_type(pooling_type: str, architecture: str, per_token: bool) -> None:
+    """ALL for a token classifier, one of the others for every other pooling model."""
+    if per_token and pooling_type != TOKEN_POOLING:
+        raise ValueError(
+            f"pooling_type {pooling_type}: {architecture} classifies every token, so it pools "
+            f"{TOKEN_POOLING}"
+        )
+    if not per_token and pooling_type == TOKEN_POOLING:
+        raise ValueError(
+            f"pooling_type {TOKEN_POOLING} keeps every token, for token classifiers "
+            f"(*ForTokenClassification); {architecture} pools one vector: use LAST, MEAN or CLS"
+        )
 
 
 def is_sentence_transformers_folder(model: str) -> bool:

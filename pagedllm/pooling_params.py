@@ -4,7 +4,8 @@ from dataclasses import dataclass
 
 from pagedllm.value_checks import as_truncate_prompt_tokens
 
-POOLING_TASKS = ("embed", "classify", "score")
+POOLING_TASKS = ("embed", "classify", "score", "token_classify")
+CLASSIFY_TASKS = ("classify", "token_classify")
 
 
 @dataclass
@@ -15,8 +16,9 @@ class PoolingParams:
     `truncate_prompt_tokens` (vLLM's): pool the prompt's last N tokens (-1: max_model_len);
     `use_activation` (vLLM's): a classifier's activation (softmax, sigmoid, ...; False gives
     the score head's raw logits), None follows the model; on an embedding it is
-    `normalize`; `task`: vLLM's pooling task ("embed", "classify" or "score"), None the
-    model's first (LLM.embed, LLM.classify and LLM.score set it)."""
+    `normalize`; `task`: vLLM's pooling task ("embed", "classify", "score" or
+    "token_classify": a token classifier's labels' scores per token), None the model's
+    first (LLM.embed, LLM.classify and LLM.score set it)."""
 
     dimensions: int | None = None
     normalize: bool | None = None
@@ -45,9 +47,9 @@ class PoolingParams:
         if task not in tasks:
             raise ValueError(
                 f"task {task!r}: this model's pooling tasks are {', '.join(tasks)}"
-                + (" (it is a classifier)" if "classify" in tasks else "")
+                + (" (it is a classifier)" if _classifies(tasks) else "")
             )
-        if "classify" in tasks:
+        if _classifies(tasks):
             for name in ("dimensions", "normalize"):
                 if getattr(self, name) is not None:
                     raise ValueError(
@@ -76,3 +78,7 @@ class PoolingParams:
             raise ValueError(
                 f"dimensions {self.dimensions} must be in [1, {vector_size}] (the vector's size)"
             )
+
+
+def _classifies(tasks: tuple[str, ...]) -> bool:
+    return any(task in CLASSIFY_TASKS for task in tasks)

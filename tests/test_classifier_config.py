@@ -5,7 +5,12 @@ id2label), checked on transformers configs."""
 import pytest
 import transformers
 
-from pagedllm.classifier_config import classifier_config, is_seq_cls_architecture
+from pagedllm.classifier_config import (
+    classifier_config,
+    is_classifier_architecture,
+    is_seq_cls_architecture,
+    is_token_cls_architecture,
+)
 
 
 def config(**fields: object) -> transformers.PretrainedConfig:
@@ -74,3 +79,14 @@ def test_bad_conversions_are_named(fields: dict, message: str) -> None:
 def test_seq_cls_architectures() -> None:
     assert is_seq_cls_architecture("Qwen3ForSequenceClassification")
     assert not is_seq_cls_architecture("Qwen3ForCausalLM")
+
+
+def test_token_classifiers() -> None:
+    """*ForTokenClassification: a classifier per token, with no token conversion."""
+    assert is_token_cls_architecture("Qwen2ForTokenClassification")
+    assert is_classifier_architecture("Qwen2ForTokenClassification")
+    assert is_classifier_architecture("Qwen2ForSequenceClassification")
+    assert not is_classifier_architecture("Qwen2ForCausalLM")
+    assert classifier_config(config(num_labels=5), "m", per_token=True).per_token
+    with pytest.raises(ValueError, match="a token classifier reads its checkpoint's score"):
+        classifier_config(config(classifier_from_token=["no", "yes"]), "m", per_token=True)

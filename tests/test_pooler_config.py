@@ -12,6 +12,7 @@ import torch
 from pagedllm.pooler_config import (
     DenseModule,
     PoolerConfig,
+    check_pooling_type,
     sentence_transformers_pooler_config,
 )
 from tests.embedding_models import add_dense_module, save_sentence_transformers_files
@@ -95,3 +96,14 @@ def test_use_activation_is_vllms_model_default() -> None:
     assert PoolerConfig.parse('{"use_activation": false}').use_activation is False
     with pytest.raises(TypeError, match="use_activation must be a bool"):
         PoolerConfig(use_activation="no")
+
+
+def test_all_pools_a_token_classifier_and_nothing_else() -> None:
+    """vLLM's ALL pooling (every token) is a token classifier's default and its only one."""
+    assert PoolerConfig().over(PoolerConfig(), "ALL").pooling_type == "ALL"
+    check_pooling_type("ALL", "LlamaForTokenClassification", per_token=True)
+    check_pooling_type("MEAN", "LlamaModel", per_token=False)
+    with pytest.raises(ValueError, match="classifies every token, so it pools ALL"):
+        check_pooling_type("LAST", "LlamaForTokenClassification", per_token=True)
+    with pytest.raises(ValueError, match="ALL keeps every token, for token classifiers"):
+        check_pooling_type("ALL", "LlamaModel", per_token=False)

@@ -38,6 +38,7 @@ _TASK_USE = {
     "embed": "embed (POST /v1/embeddings)",
     "classify": "classify (POST /classify)",
     "score": "score (POST /score, /rerank)",
+    "token_classify": "encode(pooling_task='token_classify') (POST /pooling)",
 }
 """What serves each pooling task: the LLM method and the server's routes."""
 

@@ -3,8 +3,9 @@ for the engine's host beside the model: the checkpoint's `score.weight`
 [num_labels, hidden], or, for a generative checkpoint converted by `classifier_from_token`
 (classifier_config.py), rows of its LM head (the input embedding where the two are tied):
 "from_2_way_softmax" takes the true token's row minus the false token's, in float32;
-"no_post_processing" takes each token's row. The decoder's own weights load as any pooling
-model's (pooling_model.py skips `score.` and `lm_head.`)."""
+"no_post_processing" takes each token's row. A token classifier's head is `score.weight`
+and, where the checkpoint has one, `score.bias`. The decoder's own weights load as any
+pooling model's (pooling_model.py skips `score.` and `lm_head.`)."""
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -14,6 +15,7 @@ from pagedllm.layers.classifier import SequenceClassifier
 from pagedllm.model_loader.safetensors import iterate_safetensors_weights
 
 SCORE_WEIGHT = "score.weight"
+SCORE_BIAS = "score.bias"
 _LM_HEAD_NAMES = ("lm_head.weight",)
 _EMBEDDING_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight")
 
@@ -26,11 +28,14 @@ def load_seq_cls_head(
     if config is None:
         return None
     hidden = model_config.hf_config.hidden_size
+    bias = None
     if model_config.load_format == "dummy":
         generator = torch.Generator().manual_seed(0)
         weight = torch.empty(config.num_labels, hidden).uniform_(-1e-3, 1e-3, generator=generator)
     elif not config.from_tokens:
         weight = _read_tensor(model_config.model, (SCORE_WEIGHT,))
+        if config.per_token:
+            bias = _read_tensor(model_config.model, (SCORE_BIAS,), required=False)
     else:
         weight = _token_rows(model_config, tokenizer)
     if tuple(weight.shape) != (config.num_labels, hidden):
@@ -38,7 +43,12 @@ def load_seq_cls_head(
             f"{model_config.model!r}: the score head is {list(weight.shape)}; the config "
             f"asks for [{config.num_labels}, {hidden}] (num_labels, hidden_size)"
         )
-    return SequenceClassifier(weight, config)
+    if bias is not None and tuple(bias.shape) != (config.num_labels,):
+        raise ValueError(
+            f"{model_config.model!r}: the score head's bias is {list(bias.shape)}; the config "
+            f"asks for [{config.num_labels}] (num_labels)"
+        )
+    return SequenceClassifier(weight, config, bias)
 
 
 def _token_rows(
@@ -66,9 +76,11 @@ def _token_rows(
     return rows
 
 
-def _read_tensor(folder: str, names: tuple[str, ...]) -> torch.Tensor:
+def _read_tensor(folder: str, names: tuple[str, ...], required: bool = True) -> torch.Tensor | None:
     """The first of `names` the folder's safetensors files hold, as stored (a checkpoint
-    holds one of them)."""
+    holds one of them); None where it holds none and the tensor is not `required`."""
     for _, tensor in iterate_safetensors_weights(folder, None, lambda name: name in names):
         return tensor
+    if not required:
+        return None
     raise ValueError(f"{folder!r} has no tensor {' or '.join(names)} (the classifier's head)")

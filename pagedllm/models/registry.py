@@ -1,6 +1,7 @@
 """Architecture string (config.json `architectures`) -> model class. A bare decoder
 (`LlamaModel`, as embedding checkpoints name theirs) and a classifier
-(`LlamaForSequenceClassification`) map to their `*ForCausalLM` class, which a pooling model
+(`LlamaForSequenceClassification`, `LlamaForTokenClassification`) map to their
+`*ForCausalLM` class, which a pooling model
 runs without its LM head (model_loader/pooling_model.py); a classifier's score head runs
 after the pooling (layers/classifier.py)."""
 
@@ -66,11 +67,17 @@ _NO_CLASSIFIER = frozenset(
 """Families transformers has no *ForSequenceClassification class of (asking transformers
 would import its modeling code, seconds of start-up), or whose classifier is another
 model's (Gemma3ForSequenceClassification is the multimodal Gemma 3's)."""
+_NO_TOKEN_CLASSIFIER = _NO_CLASSIFIER | {"Olmo2ForCausalLM", "Olmo3ForCausalLM"}
+"""Families transformers has no *ForTokenClassification class of."""
 _MODELS |= {
     name.replace("ForCausalLM", suffix): cls
     for name, cls in _MODELS.items()
-    for suffix in ("Model", "ForSequenceClassification")
-    if not (suffix == "ForSequenceClassification" and name in _NO_CLASSIFIER)
+    for suffix, absent in (
+        ("Model", frozenset()),
+        ("ForSequenceClassification", _NO_CLASSIFIER),
+        ("ForTokenClassification", _NO_TOKEN_CLASSIFIER),
+    )
+    if name not in absent
 }
 _MODELS["Gemma3TextModel"] = _MODELS.pop("Gemma3Model")
 """A family's bare decoder and its classifier (Gemma3Model is the multimodal Gemma 3; its

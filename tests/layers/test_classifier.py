@@ -36,3 +36,13 @@ def test_use_activation_false_gives_the_logits_in_float32() -> None:
     out = classifier(pooled, "classify", use_activation=False)
     assert out.dtype == torch.float32
     assert out == pytest.approx((weight @ pooled.float()).tolist())
+
+
+def test_a_token_classifier_scores_every_row_with_its_bias() -> None:
+    """Per token, as transformers' *ForTokenClassification: softmax(rows @ W.T + b)."""
+    rows, weight, bias = torch.randn(5, 8), torch.randn(3, 8), torch.randn(3)
+    config = ClassifierConfig(3, None, None, (), "classify", "classify", True, per_token=True)
+    classifier = SequenceClassifier(weight, config, bias)
+    logits = rows @ weight.T + bias
+    assert torch.allclose(classifier(rows, "token_classify", False), logits, atol=1e-6)
+    assert torch.allclose(classifier(rows, "token_classify"), torch.softmax(logits, -1), atol=1e-6)

@@ -1,6 +1,7 @@
 """layers/pooler.py: pooling chunk by chunk equals pooling the whole prompt at once.
 Reference: the definitions (LAST: the last row, MEAN: the mean of the rows, CLS: the
-first row; L2 normalisation after Matryoshka truncation) on random hidden states."""
+first row; ALL: every row; L2 normalisation after Matryoshka truncation) on random hidden
+states."""
 
 import pytest
 import torch
@@ -58,3 +59,15 @@ def test_dimensions_truncate_before_normalising() -> None:
     got = finish_pooling(vector, 1, "LAST", normalize=True, dimensions=4)
     assert got == pytest.approx(F.normalize(vector[:4], dim=-1), abs=1e-7)
     assert finish_pooling(vector, 1, "LAST", normalize=False, dimensions=4).equal(vector[:4])
+
+
+@pytest.mark.parametrize("bounds", [[0, 50], [0, 1, 50], [0, 16, 32, 48, 50], [0, 49, 50]])
+def test_all_keeps_every_row_however_the_prompt_is_chunked(bounds: list[int]) -> None:
+    """A token classifier's pooling: the prompt's rows [T, H], in order, whatever the
+    chunks (a restart at position 0 drops the stale rows, as MEAN's)."""
+    hidden = torch.randn(50, 24)
+    stale = pool_in_chunks(hidden, [0, 10], "ALL")
+    pooled = accumulate(stale, pool_chunk(hidden[: bounds[1]], 0, "ALL"), 0, "ALL")
+    for start, end in zip(bounds[1:], bounds[2:]):
+        pooled = accumulate(pooled, pool_chunk(hidden[start:end], start, "ALL"), start, "ALL")
+    assert finish_pooling(pooled, 50, "ALL", normalize=False).equal(hidden)

@@ -1,6 +1,7 @@
 """pagedllm/models/registry.py. Reference: transformers' model classes: every registered
 architecture string is the name of a transformers class (what config.json's `architectures`
-holds; a bare decoder `*Model` and a classifier `*ForSequenceClassification` resolve to their
+holds; a bare decoder `*Model` and a classifier `*ForSequenceClassification` or
+`*ForTokenClassification` resolve to their
 `*ForCausalLM` class, run by pooling models without its LM head), or a class of a model's
 own code that transformers runs as one of its classes; and the model class of every tiny
 test config is registered."""
@@ -26,6 +27,7 @@ form tests/models/test_ernie4_5.py writes, -> Ernie4_5ForCausalLM)."""
 def test_every_registered_architecture_resolves_to_its_namesake(arch: str) -> None:
     model_cls = ModelRegistry.resolve_model_cls(arch)
     family = arch.removesuffix("Model").removesuffix("ForSequenceClassification")
+    family = family.removesuffix("ForTokenClassification")
     family = family.removesuffix("Text")  # Gemma3TextModel: Gemma 3's text decoder
     assert model_cls.__name__ in (arch, family + "ForCausalLM", RUN_AS.get(arch))
     hf_arch = RUN_AS.get(arch, arch)

@@ -1,7 +1,8 @@
 """Who may call the server: API keys on /v1 routes and CORS, with vLLM's flags.
 
 `--api-key KEY [KEY ...]` (or PAGEDLLM_API_KEY, as vLLM reads VLLM_API_KEY) makes every /v1
-route require one of the keys, sent as `Authorization: Bearer KEY` (OpenAI's clients) or
+route, and /pooling (a model's raw outputs, which vLLM serves outside /v1), require one of
+the keys, sent as `Authorization: Bearer KEY` (OpenAI's clients) or
 `x-api-key: KEY` (Anthropic's). `--allowed-origins`, `--allowed-methods`,
 `--allowed-headers` (JSON lists, default ["*"]) and `--allow-credentials` configure CORS, so
 a browser page on another origin can call the API; preflight requests (OPTIONS) pass the
@@ -25,9 +26,14 @@ from pagedllm.entrypoints.openai.errors import error_response
 API_KEY_ENV = "PAGEDLLM_API_KEY"
 
 
+GUARDED_PATHS = ("/pooling",)
+"""Routes outside /v1 that need a key too."""
+
+
 class ApiKeyMiddleware:
-    """401 for /v1 requests without one of the keys; checked before the body is read, so a
-    bad key never costs a parse (nor leaks whether the body was valid)."""
+    """401 for /v1 (and GUARDED_PATHS) requests without one of the keys; checked before
+    the body is read, so a bad key never costs a parse (nor leaks whether the body was
+    valid)."""
 
     def __init__(self, app: ASGIApp, api_keys: list[str]) -> None:
         self.app = app
@@ -42,7 +48,8 @@ class ApiKeyMiddleware:
         return any(matches)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        guarded = scope["type"] == "http" and scope["path"].startswith("/v1")
+        path = scope.get("path", "")
+        guarded = scope["type"] == "http" and (path.startswith("/v1") or path in GUARDED_PATHS)
         if guarded and scope["method"] != "OPTIONS" and not self._allowed(Headers(scope=scope)):
             response = error_response(
                 "missing or wrong API key: send the header `Authorization: Bearer <key>` "

@@ -2,11 +2,12 @@
 
 Routes: POST /v1/completions, /v1/chat/completions, /v1/embeddings (on an embedding model),
 /classify and /v1/classify (on a classifier), /score, /v1/score, /rerank, /v1/rerank and
-/v2/rerank (on either: a bi-encoder or a cross-encoder), /v1/responses (with GET and DELETE
+/v2/rerank (on either: a bi-encoder or a cross-encoder), /pooling (any pooling model's raw
+output, token classifiers' included), /v1/responses (with GET and DELETE
 /v1/responses/{id} and POST /v1/responses/{id}/cancel), Anthropic's /v1/messages and
 /v1/messages/count_tokens, GET /v1/models, POST /v1/load_lora_adapter and
-/v1/unload_lora_adapter where runtime LoRA updating is on (all /v1 routes guarded by
---api-key), and POST /tokenize, /detokenize, GET /health, /version, /metrics. FastAPI
+/v1/unload_lora_adapter where runtime LoRA updating is on (all /v1 routes and /pooling
+guarded by --api-key), and POST /tokenize, /detokenize, GET /health, /version, /metrics. FastAPI
 serves the OpenAPI schema at /openapi.json and its docs at /docs.
 
 Run as `pagedllm serve ...` or `python -m pagedllm.entrypoints.openai.api_server ...`.
@@ -67,6 +68,7 @@ from pagedllm.entrypoints.openai.serving_models import (
     check_lora_modules,
     runtime_lora_updating,
 )
+from pagedllm.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from pagedllm.entrypoints.openai.serving_responses import OpenAIServingResponses
 from pagedllm.entrypoints.openai.serving_score import OpenAIServingScore
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
@@ -218,6 +220,7 @@ def build_app(
     app.state.serving_embedding = OpenAIServingEmbedding(*shared, chat_template)
     app.state.serving_score = OpenAIServingScore(app.state.serving_embedding)
     app.state.serving_classification = OpenAIServingClassification(app.state.serving_embedding)
+    app.state.serving_pooling = OpenAIServingPooling(app.state.serving_embedding)
     for serving in (app.state.serving_completion, app.state.serving_chat):
         serving.request_logger = request_logger
         serving.force_include_usage = force_include_usage
@@ -336,7 +339,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Serve MODEL (default: the embedded SmolLM2-135M-Instruct) at "
         "/v1/completions, /v1/chat/completions, /v1/responses, Anthropic's /v1/messages, "
         "/v1/embeddings, /v1/score and /v1/rerank (--runner pooling), /v1/classify (a "
-        "classifier) and /v1/models, plus /score, /rerank, /classify, /tokenize, "
+        "classifier) and /v1/models, plus /score, /rerank, /classify, /pooling, /tokenize, "
         "/detokenize, /health, /version and /metrics.",
     )
     make_arg_parser(parser)

@@ -24,6 +24,7 @@ from pagedllm.entrypoints.openai.classify_protocol import (
 )
 from pagedllm.entrypoints.openai.embedding_protocol import EmbeddingRequest, EmbeddingResponse
 from pagedllm.entrypoints.openai.errors import error_response
+from pagedllm.entrypoints.openai.pooling_protocol import PoolingRequest, PoolingResponse
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -113,6 +114,11 @@ async def create_classify(
 ) -> ClassificationResponse:
     serving = raw_request.app.state.serving_classification
     return await serving.create_classify(request, raw_request)
+
+
+@router.post("/pooling", responses=_ERRORS)
+async def create_pooling(request: PoolingRequest, raw_request: Request) -> PoolingResponse:
+    return await raw_request.app.state.serving_pooling.create_pooling(request, raw_request)
 
 
 @router.post("/score", responses=_ERRORS, operation_id="create_score")

@@ -65,9 +65,9 @@ class OpenAIServingEmbedding(OpenAIServing):
                 param="model",
             )
         if task not in config.pooling_tasks:
-            kind = "a classifier" if config.is_cross_encoder else "an embedding model"
             raise OpenAIError(
-                f"The model does not support the {api} API: this model is {kind}; it "
+                f"The model does not support the {api} API: this model is "
+                f"{config.pooling_kind}; it "
                 f"serves {pooling_routes(config.pooling_tasks)}",
                 param="model",
             )

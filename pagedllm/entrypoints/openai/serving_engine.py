@@ -47,7 +47,12 @@ from pagedllm.value_checks import as_truncate_prompt_tokens
 T = TypeVar("T")
 
 # The routes that serve each of vLLM's pooling tasks, for the messages that point to them.
-_TASK_ROUTES = {"embed": "/v1/embeddings", "classify": "/classify", "score": "/score and /rerank"}
+_TASK_ROUTES = {
+    "embed": "/v1/embeddings",
+    "classify": "/classify",
+    "score": "/score and /rerank",
+    "token_classify": "/pooling",
+}
 
 
 def pooling_routes(tasks: tuple[str, ...]) -> str:

@@ -16,7 +16,7 @@ from pagedllm.logger import init_logger
 
 logger = init_logger(__name__)
 
-Endpoint = Literal["chat", "completion", "embedding", "classify"]
+Endpoint = Literal["chat", "completion", "embedding", "classify", "pooling"]
 
 _USE_STRUCTURED_OUTPUTS = "use structured_outputs (vLLM removed the guided_* fields)"
 
@@ -86,6 +86,7 @@ def refused_fields(endpoint: Endpoint) -> dict[str, tuple[tuple[object, ...], st
         "completion": _REFUSED_COMPLETION,
         "embedding": _REFUSED_POOLING,
         "classify": _REFUSED_POOLING | _REFUSED_CLASSIFY,
+        "pooling": _REFUSED_POOLING | _REFUSED_CLASSIFY,
     }
     return _REFUSED | own[endpoint]
 

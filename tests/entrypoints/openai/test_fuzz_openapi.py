@@ -33,6 +33,7 @@ POST_PATHS = [
     "/v1/score",
     "/v1/rerank",
     "/v1/classify",
+    "/pooling",
     "/tokenize",
     "/detokenize",
 ]
