@@ -6,6 +6,7 @@ from typing import Any
 import numpy as np
 from transformers import AutoConfig, PretrainedConfig
 
+from pagedllm.gguf.ernie4_5 import ERNIE4_5, ernie4_5_kwargs
 from pagedllm.gguf.gemma import GEMMA_LAYOUT, gemma_kwargs
 from pagedllm.gguf.glm4 import GLM4, glm4_kwargs
 from pagedllm.gguf.metadata import integer, positive_float, string
@@ -18,6 +19,7 @@ from pagedllm.gguf.tensor_shapes import check_tensor_shapes
 
 # GGUF architecture -> (transformers model_type, the `architectures` entry of its config)
 _ARCHITECTURES = {
+    ERNIE4_5: ("ernie4_5", "Ernie4_5ForCausalLM"),
     "gemma": ("gemma", "GemmaForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
@@ -153,6 +155,8 @@ def _family_kwargs(
         return glm4_kwargs(gguf, arch, sizes)
     if arch == STARCODER2:
         return starcoder2_kwargs(gguf, arch)
+    if arch == ERNIE4_5:
+        return ernie4_5_kwargs(gguf)
     return {}
 
 

@@ -68,6 +68,7 @@ HF_CLASSES = {
     "olmo2": "Olmo2ForCausalLM",
     "glm4": "Glm4ForCausalLM",
     "starcoder2": "Starcoder2ForCausalLM",
+    "ernie4_5": "Ernie4_5ForCausalLM",
     "qwen2moe": "Qwen2MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
     "granitemoe": "GraniteMoeForCausalLM",

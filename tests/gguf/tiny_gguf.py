@@ -96,6 +96,11 @@ TINY = {
             "partial_rotary_factor": 0.5,
         },
     ),
+    "ernie4_5": dict(
+        model_type="ernie4_5",
+        head_dim=16,  # not hidden / heads, as ERNIE-4.5-0.3B's 128: read from key_length
+        tie_word_embeddings=True,  # as ERNIE-4.5-0.3B
+    ),
     "starcoder2": dict(
         model_type="starcoder2",
         head_dim=8,  # not a Starcoder2Config field: hidden / heads
@@ -155,6 +160,7 @@ ARCH_ENUMS = {
     "olmo2": gguf.MODEL_ARCH.OLMO2,
     "glm4": gguf.MODEL_ARCH.GLM4,
     "starcoder2": gguf.MODEL_ARCH.STARCODER2,
+    "ernie4_5": gguf.MODEL_ARCH.ERNIE4_5,
     "qwen2moe": gguf.MODEL_ARCH.QWEN2MOE,
     "olmoe": gguf.MODEL_ARCH.OLMOE,
     "granitemoe": gguf.MODEL_ARCH.GRANITE_MOE,
