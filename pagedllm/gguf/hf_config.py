@@ -7,6 +7,7 @@ import numpy as np
 from transformers import AutoConfig, PretrainedConfig
 
 from pagedllm.gguf.ernie4_5 import ERNIE4_5, ernie4_5_kwargs
+from pagedllm.gguf.exaone4 import EXAONE4, exaone4_kwargs
 from pagedllm.gguf.gemma import GEMMA_LAYOUT, gemma_kwargs
 from pagedllm.gguf.glm4 import GLM4, glm4_kwargs
 from pagedllm.gguf.metadata import integer, positive_float, string
@@ -20,6 +21,7 @@ from pagedllm.gguf.tensor_shapes import check_tensor_shapes
 # GGUF architecture -> (transformers model_type, the `architectures` entry of its config)
 _ARCHITECTURES = {
     ERNIE4_5: ("ernie4_5", "Ernie4_5ForCausalLM"),
+    EXAONE4: ("exaone4", "Exaone4ForCausalLM"),
     "gemma": ("gemma", "GemmaForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
@@ -157,6 +159,8 @@ def _family_kwargs(
         return starcoder2_kwargs(gguf, arch)
     if arch == ERNIE4_5:
         return ernie4_5_kwargs(gguf)
+    if arch == EXAONE4:
+        return exaone4_kwargs(gguf, arch, sizes)
     return {}
 
 

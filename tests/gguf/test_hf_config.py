@@ -69,6 +69,7 @@ HF_CLASSES = {
     "glm4": "Glm4ForCausalLM",
     "starcoder2": "Starcoder2ForCausalLM",
     "ernie4_5": "Ernie4_5ForCausalLM",
+    "exaone4": "Exaone4ForCausalLM",
     "qwen2moe": "Qwen2MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
     "granitemoe": "GraniteMoeForCausalLM",

@@ -101,6 +101,13 @@ TINY = {
         head_dim=16,  # not hidden / heads, as ERNIE-4.5-0.3B's 128: read from key_length
         tie_word_embeddings=True,  # as ERNIE-4.5-0.3B
     ),
+    "exaone4": dict(
+        model_type="exaone4",
+        head_dim=8,  # not an Exaone4Config field: hidden / heads, named as the others name it
+        # the 1.2B's: no window, every layer rotated (a 64-layer hybrid: test_gguf_exaone4.py)
+        sliding_window=None,
+        layer_types=["full_attention"] * 2,
+    ),
     "starcoder2": dict(
         model_type="starcoder2",
         head_dim=8,  # not a Starcoder2Config field: hidden / heads
@@ -161,6 +168,7 @@ ARCH_ENUMS = {
     "glm4": gguf.MODEL_ARCH.GLM4,
     "starcoder2": gguf.MODEL_ARCH.STARCODER2,
     "ernie4_5": gguf.MODEL_ARCH.ERNIE4_5,
+    "exaone4": gguf.MODEL_ARCH.EXAONE4,
     "qwen2moe": gguf.MODEL_ARCH.QWEN2MOE,
     "olmoe": gguf.MODEL_ARCH.OLMOE,
     "granitemoe": gguf.MODEL_ARCH.GRANITE_MOE,
@@ -336,6 +344,10 @@ def write_gguf(
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
     if arch == "glm4":
         _add_glm4_metadata(writer, config)
+    if arch == "exaone4" and config.sliding_window is not None:
+        # Exaone4Model: the window, and the layer types as one flag per layer
+        writer.add_sliding_window(config.sliding_window)
+        writer.add_sliding_window_pattern([t == "sliding_attention" for t in config.layer_types])
     if rope:
         writer.add_rope_scaling_type(rope["type"])
         writer.add_rope_scaling_factor(rope["factor"])
