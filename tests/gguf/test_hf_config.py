@@ -66,6 +66,7 @@ HF_CLASSES = {
     "smollm3": "SmolLM3ForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
+    "olmo3": "Olmo3ForCausalLM",
     "glm4": "Glm4ForCausalLM",
     "starcoder2": "Starcoder2ForCausalLM",
     "ernie4_5": "Ernie4_5ForCausalLM",
