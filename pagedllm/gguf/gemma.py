@@ -19,6 +19,7 @@ import torch
 
 from pagedllm.gguf.metadata import integer, positive_float
 from pagedllm.gguf.reader import GGUFFile
+from pagedllm.gguf.sliding import layer_types, periodic_sliding
 
 GEMMA_LAYOUT = ("gemma", "gemma2", "gemma3")
 """Architectures whose norm weights convert_hf_to_gguf.py stores plus one."""
@@ -48,14 +49,14 @@ def gemma_kwargs(gguf: GGUFFile, arch: str, sizes: dict[str, Any]) -> dict[str, 
     if arch == "gemma2":
         kwargs |= _gemma2_caps(gguf, arch)
         window = integer(gguf, f"{arch}.attention.sliding_window", _GEMMA2_WINDOW)
-        sliding = _periodic(_SWA_PERIODS[arch], layers)
+        sliding = periodic_sliding(_SWA_PERIODS[arch], layers)
     else:
         kwargs |= _gemma3_rope_and_cap(gguf, arch, sizes["rope_parameters"])
         # no window (absent or 0): every layer attends to all, as llama.cpp runs such a file
         window = integer(gguf, f"{arch}.attention.sliding_window", 0, minimum=0)
         sliding = _gemma3_sliding_layers(gguf, arch, layers) if window else [False] * layers
     kwargs["sliding_window"] = window or None
-    kwargs["layer_types"] = ["sliding_attention" if s else "full_attention" for s in sliding]
+    kwargs["layer_types"] = layer_types(sliding)
     return kwargs
 
 
@@ -94,12 +95,6 @@ def query_pre_attn_scalar(arch: str, sizes: dict[str, int]) -> int:
     return sizes["head_dim"]
 
 
-def _periodic(period: int, layers: int) -> list[bool]:
-    """Whether each layer slides under llama.cpp's periodic pattern (set_swa_pattern: a
-    period of 0 slides every layer)."""
-    return [period == 0 or i % period < period - 1 for i in range(layers)]
-
-
 def _gemma3_sliding_layers(gguf: GGUFFile, arch: str, layers: int) -> list[bool]:
     """`attention.sliding_window_pattern` as llama.cpp reads it: a period, or one bool per
     layer (true: sliding); a period of 6 where absent (convert_hf_to_gguf.py writes none)."""
@@ -112,7 +107,7 @@ def _gemma3_sliding_layers(gguf: GGUFFile, arch: str, layers: int) -> list[bool]
                 f"{list(value.shape)}; it must be a period or one bool per layer ({layers})"
             )
         return value.tolist()
-    return _periodic(integer(gguf, key, _SWA_PERIODS[arch], minimum=0), layers)
+    return periodic_sliding(integer(gguf, key, _SWA_PERIODS[arch], minimum=0), layers)
 
 
 def is_offset_norm(arch: str, gguf_name: str) -> bool:

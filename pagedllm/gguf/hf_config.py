@@ -6,11 +6,13 @@ from typing import Any
 import numpy as np
 from transformers import AutoConfig, PretrainedConfig
 
+from pagedllm.gguf.ernie4_5 import ERNIE4_5, ernie4_5_kwargs
+from pagedllm.gguf.exaone4 import EXAONE4, exaone4_kwargs
 from pagedllm.gguf.gemma import GEMMA_LAYOUT, gemma_kwargs
 from pagedllm.gguf.glm4 import GLM4, glm4_kwargs
 from pagedllm.gguf.metadata import integer, positive_float, string
 from pagedllm.gguf.moe import GRANITEMOE, OLMOE, QWEN2MOE, experts_used, moe_kwargs
-from pagedllm.gguf.olmo2 import OLMO2, check_olmo2
+from pagedllm.gguf.olmo2 import OLMO2, OLMO3, is_olmo3, olmo3_kwargs
 from pagedllm.gguf.phi3 import PHI3, ROPE_FACTORS, phi3_kwargs
 from pagedllm.gguf.reader import GGUFFile, TensorInfo, read_gguf, read_tensor
 from pagedllm.gguf.starcoder2 import STARCODER2, starcoder2_kwargs
@@ -18,6 +20,8 @@ from pagedllm.gguf.tensor_shapes import check_tensor_shapes
 
 # GGUF architecture -> (transformers model_type, the `architectures` entry of its config)
 _ARCHITECTURES = {
+    ERNIE4_5: ("ernie4_5", "Ernie4_5ForCausalLM"),
+    EXAONE4: ("exaone4", "Exaone4ForCausalLM"),
     "gemma": ("gemma", "GemmaForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
@@ -81,7 +85,7 @@ def _config(gguf: GGUFFile) -> PretrainedConfig:
     """Every value is type-checked where it is read, and every tensor's shape is checked
     against the result before anything is built from it (see tensor_shapes.py)."""
     arch = architecture(gguf)
-    model_type, model_class = LLAMA_EXPERTS if _llama_experts(gguf, arch) else _ARCHITECTURES[arch]
+    model_type, model_class = _model_class(gguf, arch)
     kwargs = {"architectures": [model_class], **_sizes(gguf, arch)}
     if arch != STARCODER2:  # LayerNorms, whose epsilon starcoder2_kwargs reads
         kwargs["rms_norm_eps"] = positive_float(gguf, f"{arch}.attention.layer_norm_rms_epsilon")
@@ -147,13 +151,27 @@ def _family_kwargs(
         return moe_kwargs(gguf, arch, sizes["num_hidden_layers"])
     if model_type == LLAMA_EXPERTS[0]:
         return _mixtral_kwargs(gguf, arch)
-    if arch == OLMO2:
-        check_olmo2(gguf, arch)
+    if model_type == OLMO3[0]:
+        return olmo3_kwargs(gguf, arch, sizes)
     if arch == GLM4:
         return glm4_kwargs(gguf, arch, sizes)
     if arch == STARCODER2:
         return starcoder2_kwargs(gguf, arch)
+    if arch == ERNIE4_5:
+        return ernie4_5_kwargs(gguf)
+    if arch == EXAONE4:
+        return exaone4_kwargs(gguf, arch, sizes)
     return {}
+
+
+def _model_class(gguf: GGUFFile, arch: str) -> tuple[str, str]:
+    """transformers' model_type and class of the file: its architecture's, but Mixtral for
+    a llama file with experts and OLMo 3 for an olmo2 file with a sliding window."""
+    if _llama_experts(gguf, arch):
+        return LLAMA_EXPERTS
+    if arch == OLMO2 and is_olmo3(gguf, arch):
+        return OLMO3
+    return _ARCHITECTURES[arch]
 
 
 def _granite_scales(gguf: GGUFFile, arch: str) -> dict[str, float]:

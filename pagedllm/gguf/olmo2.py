@@ -1,4 +1,5 @@
-"""OLMo 2 GGUF files (llama.cpp's `olmo2`), as convert_hf_to_gguf.py's Olmo2Model writes them.
+"""OLMo 2 and OLMo 3 GGUF files (llama.cpp's `olmo2`), as convert_hf_to_gguf.py's
+Olmo2Model writes them.
 
 The checkpoint's tensors under gguf's names, no q/k rows permuted: llama.cpp rotates olmo2's
 heads NEOX-style (halves), as transformers does. There is no norm in front of the blocks;
@@ -8,21 +9,55 @@ are normed over their whole projections: `attn_q_norm` [heads * head_dim], `attn
 [kv_heads * head_dim]. Every norm takes `attention.layer_norm_rms_epsilon`, which llama.cpp
 requires.
 
-OLMo 3 shares the architecture and adds `attention.sliding_window` (llama.cpp then slides
-three layers of four); such a file is refused, as its per-layer rotary scaling is not mapped.
+OLMo 3 shares the architecture and adds `attention.sliding_window` above 0; llama.cpp
+(llama_model_olmo2's load_arch_hparams and graph) then slides layers i with i % p < p - 1,
+p being `attention.sliding_window_pattern` where it is an integer (default 4: three layers
+of four), and rotates its sliding layers at `rope.freq_base` without the file's rope
+scaling (no YaRN, no attn_factor) and its global layers with it: transformers' Olmo3Config
+with `layer_types` and one `rope_parameters` per layer type.
 """
+
+from typing import Any
+
+import numpy as np
 
 from pagedllm.gguf.metadata import integer
 from pagedllm.gguf.reader import GGUFFile
+from pagedllm.gguf.sliding import layer_types, periodic_sliding
 
 OLMO2 = "olmo2"
+OLMO3 = ("olmo3", "Olmo3ForCausalLM")
+"""transformers' model_type and class of an olmo2 file with a sliding window."""
+_DEFAULT_PERIOD = 4
 
 
-def check_olmo2(gguf: GGUFFile, arch: str) -> None:
-    """ValueError for an OLMo 3 file (a sliding window above 0), which is not supported."""
-    window = integer(gguf, f"{arch}.attention.sliding_window", 0, minimum=0)
-    if window:
+def is_olmo3(gguf: GGUFFile, arch: str) -> bool:
+    """Whether an olmo2 file is OLMo 3: an `attention.sliding_window` above 0."""
+    return integer(gguf, f"{arch}.attention.sliding_window", 0, minimum=0) > 0
+
+
+def olmo3_kwargs(gguf: GGUFFile, arch: str, sizes: dict[str, Any]) -> dict[str, Any]:
+    """Olmo3Config's window, layer types and per-type rope; `sizes` holds hf_config's
+    rope_parameters (theta and the file's scaling), which the global layers take."""
+    full = sizes["rope_parameters"]
+    theta = full["rope_theta"]
+    swa_theta = gguf.metadata.get(f"{arch}.rope.freq_base_swa", theta)
+    if swa_theta != theta:
         raise ValueError(
-            f"{gguf.path}: {arch}.attention.sliding_window {window} makes this OLMo 3, "
-            "whose GGUF files are not supported (OLMo 2's have no window)"
+            f"{gguf.path}: {arch}.rope.freq_base_swa {swa_theta} differs from "
+            f"{arch}.rope.freq_base {theta}; llama.cpp's olmo2 graph rotates sliding layers "
+            "at rope.freq_base, which pagedllm follows only where they agree"
         )
+    period = _DEFAULT_PERIOD
+    key = f"{arch}.attention.sliding_window_pattern"
+    if key in gguf.metadata and not isinstance(gguf.metadata[key], np.ndarray):
+        period = integer(gguf, key, minimum=0)
+    types = layer_types(periodic_sliding(period, sizes["num_hidden_layers"]))
+    return {
+        "sliding_window": integer(gguf, f"{arch}.attention.sliding_window"),
+        "layer_types": types,
+        "rope_parameters": {
+            "full_attention": full,
+            "sliding_attention": {"rope_type": "default", "rope_theta": theta},
+        },
+    }

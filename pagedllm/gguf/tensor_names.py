@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import torch
 from gguf import GGMLQuantizationType
 
+from pagedllm.gguf.exaone4 import EXAONE4
 from pagedllm.gguf.gemma import POST_NORM_LAYOUT, checkpoint_norm, is_offset_norm
 from pagedllm.gguf.glm4 import GLM4
 from pagedllm.gguf.hf_config import CONFIG_TENSORS, LLAMA_LAYOUT, architecture
@@ -82,10 +83,10 @@ _QWEN2MOE_LAYER_NAMES = _LAYER_NAMES | {
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
     SHARED_EXPERT_GATE: "mlp.shared_expert_gate",
 }
-# each architecture's layer names where they are not _LAYER_NAMES; OLMo 2 norms after the
-# blocks under Gemma 2's GGUF names (see olmo2.py)
+# each architecture's layer names where they are not _LAYER_NAMES; OLMo 2 and EXAONE 4 norm
+# after the blocks under Gemma 2's GGUF names (see olmo2.py, exaone4.py)
 _ARCH_LAYER_NAMES = {
-    **dict.fromkeys((*POST_NORM_LAYOUT, OLMO2), _POST_NORM_LAYER_NAMES),
+    **dict.fromkeys((*POST_NORM_LAYOUT, OLMO2, EXAONE4), _POST_NORM_LAYER_NAMES),
     PHI3: _PHI3_LAYER_NAMES,
     GLM4: _GLM4_LAYER_NAMES,
     STARCODER2: _STARCODER2_LAYER_NAMES,

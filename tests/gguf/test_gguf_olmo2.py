@@ -5,12 +5,13 @@ against transformers on the same rounded weights, and what is refused by name.
 
 (Prefixed test_gguf_ as the other families' GGUF tests: test basenames must be unique.)"""
 
+import gguf
 import pytest
 from gguf import GGUFValueType as VT
 
 from pagedllm.gguf.hf_config import load_gguf_config
 from tests.gguf.test_gguf_phi3 import logits_match_transformers
-from tests.gguf.tiny_gguf import write_tiny, write_tiny_q8_0
+from tests.gguf.tiny_gguf import gguf_tensors, tiny_model, write_gguf, write_tiny, write_tiny_q8_0
 
 PROMPT = [5, 17, 60, 3, 33, 42, 7, 12, 9, 50]
 # Q8_0 kernels quantize activations too (llama.cpp's scheme): near, not equal
@@ -35,13 +36,52 @@ def test_q8_0_file_runs_as_its_weights(tmp_path) -> None:
     ("metadata", "message"),
     [
         ({"olmo2.attention.layer_norm_rms_epsilon": ()}, "no metadata key .*rms_epsilon"),
-        ({"olmo2.attention.sliding_window": (4096, VT.UINT32)}, "sliding_window 4096 .*OLMo 3"),
+        (
+            {
+                "olmo2.attention.sliding_window": (4, VT.UINT32),
+                "olmo2.rope.freq_base_swa": (5000.0, VT.FLOAT32),
+            },
+            "freq_base_swa 5000.0 differs",
+        ),
     ],
 )
 def test_unmappable_files_are_refused(tmp_path, metadata: dict, message: str) -> None:
     path = write_tiny(str(tmp_path / "bad.gguf"), "olmo2", **metadata)
     with pytest.raises(ValueError, match=f"bad.gguf.*{message}"):
         load_gguf_config(path)
+
+
+def test_olmo3_slides_three_layers_of_four(tiny_files: dict) -> None:
+    """An olmo2 file with a window is OLMo 3: llama.cpp's period 4, the window read."""
+    path, expected, _ = tiny_files["olmo3"]
+    config = load_gguf_config(path)
+    assert (config.sliding_window, config.layer_types) == (4, expected.layer_types)
+    assert config.layer_types == ["sliding_attention"] * 3 + ["full_attention"]
+
+
+def test_olmo3_yarn_scales_global_layers_only(tmp_path) -> None:
+    """llama.cpp rotates OLMo 3's sliding layers without the file's YaRN: transformers'
+    Olmo3 with YaRN as the global layers' rope only, fp32 logits within 1e-4."""
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}
+    yarn["original_max_position_embeddings"] = 64
+    default = {"rope_type": "default", "rope_theta": 10000.0}
+    model = tiny_model(
+        "olmo3", rope_parameters={"full_attention": yarn, "sliding_attention": default}
+    )
+    path = str(tmp_path / "yarn.gguf")
+    rope = {"type": gguf.RopeScalingType.YARN, "factor": 4.0, "original": 64}
+    write_gguf(
+        path, "olmo3", model.config, gguf_tensors("olmo3", model.config, model.state_dict()), rope
+    )
+    config = load_gguf_config(path)
+    assert config.rope_parameters == {"full_attention": yarn, "sliding_attention": default}
+    logits_match_transformers(path, model, PROMPT, 256)
+
+
+def test_olmo3_q8_0_file_runs_as_its_weights(tmp_path) -> None:
+    path = str(tmp_path / "q8.gguf")
+    model = write_tiny_q8_0(path, "olmo3")
+    logits_match_transformers(path, model, PROMPT, 256, atol=Q8_0_ATOL)
 
 
 def test_a_window_of_0_is_olmo2(tmp_path) -> None:

@@ -85,6 +85,17 @@ TINY = {
         model_type="olmo2",
         head_dim=8,  # not an Olmo2Config field: hidden / heads, named as the others name it
     ),
+    # llama.cpp's olmo2 with a window: three sliding layers of four, the global one scaled
+    "olmo3": dict(
+        model_type="olmo3",
+        num_hidden_layers=4,
+        head_dim=8,  # not an Olmo3Config field: hidden / heads, named as the others name it
+        sliding_window=4,
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    ),
     "glm4": dict(
         model_type="glm4",
         head_dim=16,  # not hidden / heads: read from key_length
@@ -95,6 +106,18 @@ TINY = {
             "rope_theta": 10000.0,
             "partial_rotary_factor": 0.5,
         },
+    ),
+    "ernie4_5": dict(
+        model_type="ernie4_5",
+        head_dim=16,  # not hidden / heads, as ERNIE-4.5-0.3B's 128: read from key_length
+        tie_word_embeddings=True,  # as ERNIE-4.5-0.3B
+    ),
+    "exaone4": dict(
+        model_type="exaone4",
+        head_dim=8,  # not an Exaone4Config field: hidden / heads, named as the others name it
+        # the 1.2B's: no window, every layer rotated (a 64-layer hybrid: test_gguf_exaone4.py)
+        sliding_window=None,
+        layer_types=["full_attention"] * 2,
     ),
     "starcoder2": dict(
         model_type="starcoder2",
@@ -153,8 +176,11 @@ ARCH_ENUMS = {
     "smollm3": gguf.MODEL_ARCH.SMOLLM3,
     "mixtral": gguf.MODEL_ARCH.LLAMA,
     "olmo2": gguf.MODEL_ARCH.OLMO2,
+    "olmo3": gguf.MODEL_ARCH.OLMO2,
     "glm4": gguf.MODEL_ARCH.GLM4,
     "starcoder2": gguf.MODEL_ARCH.STARCODER2,
+    "ernie4_5": gguf.MODEL_ARCH.ERNIE4_5,
+    "exaone4": gguf.MODEL_ARCH.EXAONE4,
     "qwen2moe": gguf.MODEL_ARCH.QWEN2MOE,
     "olmoe": gguf.MODEL_ARCH.OLMOE,
     "granitemoe": gguf.MODEL_ARCH.GRANITE_MOE,
@@ -312,8 +338,9 @@ def write_gguf(
         _add_gemma_metadata(writer, arch, config)
     elif arch == "phi3":
         _add_phi3_metadata(writer, config)
-    else:
-        writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    else:  # Olmo3's global layers' theta, which its converter writes
+        params = config.rope_parameters
+        writer.add_rope_freq_base(params.get("full_attention", params)["rope_theta"])
     writer.add_bos_token_id(config.bos_token_id)
     writer.add_eos_token_id(config.eos_token_id)
     if arch == "granite":  # convert_hf_to_gguf.py's GraniteModel: _multiplier -> _scale
@@ -330,6 +357,12 @@ def write_gguf(
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
     if arch == "glm4":
         _add_glm4_metadata(writer, config)
+    if arch == "olmo3":
+        writer.add_sliding_window(config.sliding_window)
+    if arch == "exaone4" and config.sliding_window is not None:
+        # Exaone4Model: the window, and the layer types as one flag per layer
+        writer.add_sliding_window(config.sliding_window)
+        writer.add_sliding_window_pattern([t == "sliding_attention" for t in config.layer_types])
     if rope:
         writer.add_rope_scaling_type(rope["type"])
         writer.add_rope_scaling_factor(rope["factor"])
