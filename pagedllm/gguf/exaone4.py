@@ -18,11 +18,9 @@ transformers' Exaone4 runs both as such, through `sliding_window` and `layer_typ
 
 from typing import Any
 
-import numpy as np
-
 from pagedllm.gguf.metadata import integer
 from pagedllm.gguf.reader import GGUFFile
-from pagedllm.gguf.sliding import layer_types, periodic_sliding
+from pagedllm.gguf.sliding import layer_types, periodic_sliding, stated_period
 
 EXAONE4 = "exaone4"
 # llama.cpp's hybrid exaone4: its layer count, window and pattern period where none is stated
@@ -38,10 +36,7 @@ def exaone4_kwargs(gguf: GGUFFile, arch: str, sizes: dict[str, Any]) -> dict[str
     if layers != _HYBRID_LAYERS:
         return {"sliding_window": None, "layer_types": ["full_attention"] * layers}
     window = integer(gguf, f"{arch}.attention.sliding_window", _DEFAULT_WINDOW, minimum=1)
-    period = _DEFAULT_PERIOD
-    key = f"{arch}.attention.sliding_window_pattern"
-    if key in gguf.metadata and not isinstance(gguf.metadata[key], np.ndarray):
-        period = integer(gguf, key, minimum=0)
+    period = stated_period(gguf, arch, _DEFAULT_PERIOD)
     types = layer_types(periodic_sliding(period, layers))
     return {"sliding_window": window, "sliding_window_pattern": period, "layer_types": types}
 

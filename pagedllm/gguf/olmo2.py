@@ -19,11 +19,9 @@ with `layer_types` and one `rope_parameters` per layer type.
 
 from typing import Any
 
-import numpy as np
-
 from pagedllm.gguf.metadata import integer
 from pagedllm.gguf.reader import GGUFFile
-from pagedllm.gguf.sliding import layer_types, periodic_sliding
+from pagedllm.gguf.sliding import layer_types, periodic_sliding, stated_period
 
 OLMO2 = "olmo2"
 OLMO3 = ("olmo3", "Olmo3ForCausalLM")
@@ -48,10 +46,7 @@ def olmo3_kwargs(gguf: GGUFFile, arch: str, sizes: dict[str, Any]) -> dict[str, 
             f"{arch}.rope.freq_base {theta}; llama.cpp's olmo2 graph rotates sliding layers "
             "at rope.freq_base, which pagedllm follows only where they agree"
         )
-    period = _DEFAULT_PERIOD
-    key = f"{arch}.attention.sliding_window_pattern"
-    if key in gguf.metadata and not isinstance(gguf.metadata[key], np.ndarray):
-        period = integer(gguf, key, minimum=0)
+    period = stated_period(gguf, arch, _DEFAULT_PERIOD)
     types = layer_types(periodic_sliding(period, sizes["num_hidden_layers"]))
     return {
         "sliding_window": integer(gguf, f"{arch}.attention.sliding_window"),
