@@ -10,7 +10,7 @@ import pytest
 from gguf import GGUFValueType as VT
 
 from pagedllm.gguf.hf_config import load_gguf_config
-from tests.gguf.test_gguf_olmo2 import PROMPT, Q8_0_ATOL
+from tests.gguf.test_gguf_olmo2 import PROMPT
 from tests.gguf.test_gguf_phi3 import logits_match_transformers
 from tests.gguf.test_hf_config import llama3_rope_freqs
 from tests.gguf.tiny_gguf import (
@@ -19,7 +19,6 @@ from tests.gguf.tiny_gguf import (
     tiny_model,
     write_gguf,
     write_tiny,
-    write_tiny_q8_0,
 )
 
 HYBRID = dict(num_hidden_layers=64, sliding_window=4, layer_types=None)
@@ -85,12 +84,6 @@ def test_llama3_rope_scaling_from_rope_freqs(tmp_path) -> None:
     write_gguf(path, "exaone4", model.config, stored)
     assert load_gguf_config(path).rope_parameters == rope
     logits_match_transformers(path, model, PROMPT, 256)
-
-
-def test_q8_0_file_runs_as_its_weights(tmp_path) -> None:
-    path = str(tmp_path / "q8.gguf")
-    model = write_tiny_q8_0(path, "exaone4")
-    logits_match_transformers(path, model, PROMPT, 256, atol=Q8_0_ATOL)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 from gguf import GGUFValueType as VT
 
 from pagedllm.gguf.hf_config import load_gguf_config
-from tests.gguf.test_gguf_olmo2 import PROMPT, Q8_0_ATOL
+from tests.gguf.test_gguf_olmo2 import PROMPT
 from tests.gguf.test_gguf_phi3 import logits_match_transformers
 from tests.gguf.tiny_gguf import (
     gguf_tensors,
@@ -18,7 +18,6 @@ from tests.gguf.tiny_gguf import (
     tiny_model,
     write_gguf,
     write_tiny,
-    write_tiny_q8_0,
 )
 
 
@@ -58,12 +57,6 @@ def test_fused_qkv_runs_as_the_separate_projections(tmp_path) -> None:
     stored = fuse_qkv(gguf_tensors("glm4", model.config, model.state_dict()), 2)
     write_gguf(path, "glm4", model.config, stored)
     logits_match_transformers(path, model, PROMPT, 256)
-
-
-def test_q8_0_file_runs_as_its_weights(tmp_path) -> None:
-    path = str(tmp_path / "q8.gguf")
-    model = write_tiny_q8_0(path, "glm4")
-    logits_match_transformers(path, model, PROMPT, 256, atol=Q8_0_ATOL)
 
 
 @pytest.mark.parametrize(

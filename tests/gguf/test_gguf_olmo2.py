@@ -11,7 +11,7 @@ from gguf import GGUFValueType as VT
 
 from pagedllm.gguf.hf_config import load_gguf_config
 from tests.gguf.test_gguf_phi3 import logits_match_transformers
-from tests.gguf.tiny_gguf import gguf_tensors, tiny_model, write_gguf, write_tiny, write_tiny_q8_0
+from tests.gguf.tiny_gguf import gguf_tensors, tiny_model, write_gguf, write_tiny
 
 PROMPT = [5, 17, 60, 3, 33, 42, 7, 12, 9, 50]
 # Q8_0 kernels quantize activations too (llama.cpp's scheme): near, not equal
@@ -24,12 +24,6 @@ def test_qk_norms_span_whole_projections(tiny_files: dict) -> None:
     assert expected["model.layers.0.self_attn.q_norm.weight"].shape == (4 * 8,)
     assert expected["model.layers.0.self_attn.k_norm.weight"].shape == (2 * 8,)
     assert not [name for name in expected if "input_layernorm" in name]
-
-
-def test_q8_0_file_runs_as_its_weights(tmp_path) -> None:
-    path = str(tmp_path / "q8.gguf")
-    model = write_tiny_q8_0(path, "olmo2")
-    logits_match_transformers(path, model, PROMPT, 256, atol=Q8_0_ATOL)
 
 
 @pytest.mark.parametrize(
@@ -76,12 +70,6 @@ def test_olmo3_yarn_scales_global_layers_only(tmp_path) -> None:
     config = load_gguf_config(path)
     assert config.rope_parameters == {"full_attention": yarn, "sliding_attention": default}
     logits_match_transformers(path, model, PROMPT, 256)
-
-
-def test_olmo3_q8_0_file_runs_as_its_weights(tmp_path) -> None:
-    path = str(tmp_path / "q8.gguf")
-    model = write_tiny_q8_0(path, "olmo3")
-    logits_match_transformers(path, model, PROMPT, 256, atol=Q8_0_ATOL)
 
 
 def test_a_window_of_0_is_olmo2(tmp_path) -> None:

@@ -8,9 +8,9 @@ file run against transformers on the same rounded weights, and a missing epsilon
 import pytest
 
 from pagedllm.gguf.hf_config import load_gguf_config
-from tests.gguf.test_gguf_olmo2 import PROMPT, Q8_0_ATOL
+from tests.gguf.test_gguf_olmo2 import PROMPT
 from tests.gguf.test_gguf_phi3 import logits_match_transformers
-from tests.gguf.tiny_gguf import gguf_tensors, tiny_model, write_gguf, write_tiny, write_tiny_q8_0
+from tests.gguf.tiny_gguf import gguf_tensors, tiny_model, write_gguf, write_tiny
 
 
 def test_layer_norm_and_mlp_fields(tiny_files: dict) -> None:
@@ -33,12 +33,6 @@ def test_tied_lm_head(tmp_path) -> None:
     write_gguf(path, "starcoder2", model.config, stored)
     assert load_gguf_config(path).tie_word_embeddings
     logits_match_transformers(path, model, PROMPT, 256)
-
-
-def test_q8_0_file_runs_as_its_weights(tmp_path) -> None:
-    path = str(tmp_path / "q8.gguf")
-    model = write_tiny_q8_0(path, "starcoder2")
-    logits_match_transformers(path, model, PROMPT, 256, atol=Q8_0_ATOL)
 
 
 def test_missing_layer_norm_epsilon_is_refused(tmp_path) -> None:

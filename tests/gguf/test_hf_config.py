@@ -19,6 +19,8 @@ from pagedllm.gguf.tensor_names import iterate_gguf_weights
 from pagedllm.layers.attention_backends.selector import use_attn_backend
 from pagedllm.layers.rotary_embedding import get_rope
 from pagedllm.model_loader.loader import get_model
+from tests.gguf.test_gguf_olmo2 import PROMPT, Q8_0_ATOL
+from tests.gguf.test_gguf_phi3 import logits_match_transformers
 from tests.gguf.tiny_gguf import (
     GEMMAS,
     TINY,
@@ -27,6 +29,7 @@ from tests.gguf.tiny_gguf import (
     tiny_model,
     write_gguf,
     write_tiny,
+    write_tiny_q8_0,
 )
 from tests.models.test_models_vs_transformers import paged_greedy
 
@@ -132,6 +135,15 @@ def check_longrope(config, expected) -> None:
     assert rope == expected.rope_parameters
     for field in ("original_max_position_embeddings", "sliding_window"):
         assert getattr(config, field) == getattr(expected, field), field
+
+
+@pytest.mark.parametrize("arch", ["olmo2", "olmo3", "glm4", "starcoder2", "ernie4_5", "exaone4"])
+def test_q8_0_file_runs_as_its_weights(arch: str, tmp_path) -> None:
+    """Every weight in Q8_0 blocks (write_tiny_q8_0), run natively against transformers on
+    the same rounded weights: near, not equal, as the kernels quantize activations too."""
+    path = str(tmp_path / "q8.gguf")
+    model = write_tiny_q8_0(path, arch)
+    logits_match_transformers(path, model, PROMPT, 256, atol=Q8_0_ATOL)
 
 
 @pytest.mark.parametrize("arch", list(TINY))
