@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pagedllm.config import ModelConfig
+from pagedllm.entrypoints.inspect import inspect_model
 from pagedllm.model_loader import quantized_weights
 from pagedllm.model_loader.loader import get_model
 from tests import quantized_checkpoints as qc
@@ -61,3 +62,15 @@ def test_an_fp8_mistral3_loads_without_reading_its_vision_tower(
     assert not [name for name in read if qc.VISION_PARTS.match(name)]
     got, want = prompt_logprobs(quantized), prompt_logprobs(reference)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_inspect_sizes_the_language_model_alone(checkpoint) -> None:
+    """`pagedllm inspect` of the fp8 checkpoint (its vision tower fp8 too), of its config.json
+    and of the float32 reference count the same bytes: the language model's, as loaded."""
+    quantized, reference = checkpoint("newer", "fp8")
+    reports = [
+        inspect_model(ModelConfig.create(path, "float32"))
+        for path in (quantized, f"{quantized}/config.json", reference)
+    ]
+    assert {report["architecture"] for report in reports} == {"Ministral3ForCausalLM"}
+    assert len({report["bytes_per_rank"] for report in reports}) == 1
