@@ -121,19 +121,34 @@ def load_hf_config(model: str) -> tuple[PretrainedConfig, str | None]:
     return language_model_config(_auto_config(model)), None
 
 
-TEXT_ONLY_ARCHITECTURES = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+TEXT_ONLY_ARCHITECTURES: dict[str, dict[str, str]] = {
+    "Gemma3ForConditionalGeneration": {"gemma3_text": "Gemma3ForCausalLM"},
+    "Mistral3ForConditionalGeneration": {
+        "mistral": "MistralForCausalLM",
+        "ministral3": "Ministral3ForCausalLM",
+    },
+}
 """Image-and-text architectures whose language model pagedllm runs alone, as the text
-model it is (its weights under `language_model.`; the model class maps the names)."""
+model its text_config's model_type names (its weights under `language_model.`; the model
+class maps the names, models/weight_loading.py's NESTED_LANGUAGE_MODEL)."""
 
 
 def language_model_config(hf_config: PretrainedConfig) -> PretrainedConfig:
     """The config as it is, or, for a TEXT_ONLY_ARCHITECTURES model, its text config naming
-    the text architecture (the checkpoint's quantization_config carried over)."""
+    the text architecture (the checkpoint's quantization_config carried over). The text
+    config's own tie_word_embeddings decides whether the LM head is the embedding, as
+    vLLM runs the language model."""
     architectures = getattr(hf_config, "architectures", None) or [""]
-    text_arch = TEXT_ONLY_ARCHITECTURES.get(architectures[0])
-    if text_arch is None:
+    text_archs = TEXT_ONLY_ARCHITECTURES.get(architectures[0])
+    if text_archs is None:
         return hf_config
     text = copy.deepcopy(hf_config.get_text_config())
+    text_arch = text_archs.get(text.model_type)
+    if text_arch is None:
+        raise ValueError(
+            f"{architectures[0]}'s text_config has model_type {text.model_type!r}; its "
+            f"language model runs for model_type {', '.join(map(repr, text_archs))}"
+        )
     text.architectures = [text_arch]
     quantization = getattr(hf_config, "quantization_config", None)
     if quantization is not None:

@@ -180,9 +180,13 @@ def save_awq(source: str, folder: str, group: int = 32) -> tuple[str, str]:
     return _write(folder, source, weights, config), _write(f"{folder}-ref", source, reference, None)
 
 
-def save_fp8(source: str, folder: str, block: tuple[int, int] | None = (32, 32)) -> tuple[str, str]:
+def save_fp8(
+    source: str, folder: str, block: tuple[int, int] | None = (32, 32), static: bool = False
+) -> tuple[str, str]:
     """fp8 e4m3 weights with a float32 scale per block (weight_scale_inv, as Qwen3-*-FP8),
-    or one per tensor (weight_scale) when block is None."""
+    or one per tensor (weight_scale) when block is None; `static` (with block None): the
+    per-tensor scale named weight_scale_inv beside a static activation_scale, as
+    transformers' FP8Linear writes Ministral 3's (activation_scheme "static")."""
     weights, reference = {}, {}
     for name, w in _float_weights(source).items():
         if not TARGETS.match(name):
@@ -193,7 +197,9 @@ def save_fp8(source: str, folder: str, block: tuple[int, int] | None = (32, 32))
         if block is None:
             scale = w.abs().amax().clamp(min=1e-6) / 448
             full = scale.expand(n, k)
-            weights[f"{prefix}.weight_scale"] = scale.reshape(())
+            weights[f"{prefix}.weight_scale{'_inv' if static else ''}"] = scale.reshape(())
+            if static:
+                weights[f"{prefix}.activation_scale"] = torch.tensor(0.05)
         else:
             bn, bk = block
             blocks = torch.zeros(-(-n // bn), -(-k // bk))
@@ -206,7 +212,8 @@ def save_fp8(source: str, folder: str, block: tuple[int, int] | None = (32, 32))
         fp8 = (w / full).to(torch.float8_e4m3fn)
         weights[name] = fp8
         reference[name] = fp8.float() * full
-    config = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
+    scheme = "static" if static else "dynamic"
+    config = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": scheme}
     if block is not None:
         config["weight_block_size"] = list(block)
     return _write(folder, source, weights, config), _write(f"{folder}-ref", source, reference, None)

@@ -22,7 +22,7 @@ from pagedllm.executor.cpu_graph import CpuGraphRunner
 from pagedllm.lora.request import LoRARequest
 from tests.conftest import Generation
 from tests.hf_reference import hf_generate
-from tests.models.tiny_models import save_tiny_gemma3_multimodal
+from tests.models.tiny_models import save_tiny_gemma3_multimodal, save_tiny_mistral3
 
 ENGINE = dict(skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=256)
 ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -513,13 +513,21 @@ def test_data_parallel_replicas_run_the_weights_add_lora_read(
         peft_greedy(adapters(name, 0)[1], prompt).assert_matches(output.outputs[0])
 
 
-def test_adapters_of_the_multimodal_gemma3_give_peft_models_greedy(tmp_path) -> None:
-    """Adapters trained on Gemma3ForConditionalGeneration (modules under `language_model`,
-    one also on the vision tower's q_proj and fc1, and a copy of it named as on
-    transformers' older layout) on its language model run text-only: each request gets its
-    PeftModel's tokens on the same text."""
-    model_folder = str(tmp_path / "gemma3-mm")
-    save_tiny_gemma3_multimodal(model_folder)
+MULTIMODAL = {
+    "gemma3": save_tiny_gemma3_multimodal,
+    "mistral3": lambda folder: save_tiny_mistral3(folder, "ministral3"),
+}
+"""Image-and-text checkpoints whose language model runs alone, by a writer of a tiny one."""
+
+
+@pytest.mark.parametrize("family", list(MULTIMODAL))
+def test_adapters_of_a_multimodal_model_give_peft_models_greedy(family: str, tmp_path) -> None:
+    """Adapters trained on Gemma3ForConditionalGeneration or Mistral3ForConditionalGeneration
+    (modules under `language_model`, one also on the vision tower's q_proj, down_proj and
+    fc1 where it has them, and a copy of it named as on transformers' older layout) on its
+    language model run text-only: each request gets its PeftModel's tokens on the same text."""
+    model_folder = str(tmp_path / f"{family}-mm")
+    MULTIMODAL[family](model_folder)
     specs = {
         "language": dict(r=4, lora_alpha=8, target_modules=r".*language_model.*_proj"),
         "with-vision": dict(r=8, lora_alpha=16, target_modules=["q_proj", "down_proj", "fc1"]),
@@ -556,7 +564,7 @@ def test_adapters_of_the_multimodal_gemma3_give_peft_models_greedy(tmp_path) -> 
 
 def _rename_to_older_layout(file: str) -> None:
     """PEFT's names `...model.language_model.` / `...model.vision_tower.` as on transformers'
-    older Gemma3ForConditionalGeneration: `...language_model.model.` / `...vision_tower.`."""
+    older image-and-text models: `...language_model.model.` / `...vision_tower.`."""
     from safetensors.torch import load_file, save_file
 
     renames = {

@@ -51,6 +51,7 @@ PARTS = (
 
 UNUSED_PARTS = (
     "input_scale",
+    "activation_scale",
     "input_zero_point",
     "input_global_scale",
     "output_scale",
@@ -59,9 +60,9 @@ UNUSED_PARTS = (
     "q_scale",
     "kv_scale",
 )
-"""Static activation scales and fp8 KV-cache scales: unused, since the matmuls quantize
-activations per block themselves (or not at all, on float weights) and the KV cache stays
-in the model's dtype."""
+"""Static activation scales (transformers' fp8 names theirs activation_scale) and fp8
+KV-cache scales: unused, since the matmuls quantize activations per block themselves (or
+not at all, on float weights) and the KV cache stays in the model's dtype."""
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 """The column of its run of 8 that each of an AWQ word's nibbles holds."""

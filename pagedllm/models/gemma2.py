@@ -17,7 +17,7 @@ from pagedllm.layers.quantization.base_config import QuantizationConfig
 from pagedllm.models.gemma import GemmaDecoderLayer, GemmaForCausalLM
 from pagedllm.models.llama import AttentionOptions
 from pagedllm.models.sandwich_norm import SandwichNormDecoderLayer
-from pagedllm.models.weight_loading import WeightsMapper
+from pagedllm.models.weight_loading import NESTED_LANGUAGE_MODEL
 
 
 class Gemma2DecoderLayer(SandwichNormDecoderLayer):
@@ -43,17 +43,7 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
     (config.TEXT_ONLY_ARCHITECTURES): their tensors under `language_model.` (or transformers'
     newer `model.language_model.`) are this model's; the vision tower's are not read."""
 
-    hf_to_pagedllm_mapper = WeightsMapper(
-        {
-            "language_model.model.": "model.",
-            "language_model.lm_head.": "lm_head.",
-            "model.language_model.": "model.",
-            "vision_tower.": None,
-            "multi_modal_projector.": None,
-            "model.vision_tower.": None,
-            "model.multi_modal_projector.": None,
-        }
-    )
+    hf_to_pagedllm_mapper = NESTED_LANGUAGE_MODEL
 
     def __init__(
         self, config: PretrainedConfig, quant_config: QuantizationConfig | None = None

@@ -45,7 +45,11 @@ from pagedllm.models.pipeline import (
     make_layers,
     missing_prefixes,
 )
-from pagedllm.models.weight_loading import WeightsMapper, load_named_weights
+from pagedllm.models.weight_loading import (
+    NESTED_LANGUAGE_MODEL,
+    WeightsMapper,
+    load_named_weights,
+)
 
 
 @dataclass(frozen=True)
@@ -318,7 +322,8 @@ class LlamaForCausalLM(nn.Module):
 
     hf_to_pagedllm_mapper = WeightsMapper()
     """Renames of the checkpoint's names to the model's, which the loader, the quantized
-    plan and LoRA adapters all go by: none, unless a checkpoint nests the model (Gemma 3's)."""
+    plan and LoRA adapters all go by: none, unless a checkpoint nests the model (Gemma 3's,
+    Mistral 3's: weight_loading.NESTED_LANGUAGE_MODEL)."""
 
     def __init__(
         self, config: PretrainedConfig, quant_config: QuantizationConfig | None = None
@@ -458,4 +463,8 @@ class LlamaForCausalLM(nn.Module):
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    """Mistral's decoder is Llama's; a config's `sliding_window` applies to every layer."""
+    """Mistral's decoder is Llama's; a config's `sliding_window` applies to every layer.
+    Also (with Ministral 3's) the language model of Mistral3ForConditionalGeneration
+    checkpoints, run text-only (config.TEXT_ONLY_ARCHITECTURES)."""
+
+    hf_to_pagedllm_mapper = NESTED_LANGUAGE_MODEL

@@ -8,8 +8,10 @@ floor(position / original)), beta and original being its `rope_parameters`'
 `llama_4_scaling_beta` and `original_max_position_embeddings`: 1 within the original
 context, so an engine whose max_model_len is within it (Ministral 3's 16384) leaves it out.
 Past there the scale is a torch op, not a kernel launch, so on a CPU its decode steps run
-eagerly rather than replay (executor/cpu_graph.py). `Mistral3ForConditionalGeneration`
-checkpoints, which hold a Ministral 3 language model beside a vision tower, are not read.
+eagerly rather than replay (executor/cpu_graph.py). Ministral 3 ships as
+`Mistral3ForConditionalGeneration` checkpoints, a vision tower beside the language model:
+pagedllm runs the language model alone (config.TEXT_ONLY_ARCHITECTURES), its names mapped
+as MistralForCausalLM's.
 """
 
 import dataclasses

@@ -67,6 +67,23 @@ class WeightsMapper:
                 yield new, tensor
 
 
+NESTED_LANGUAGE_MODEL = WeightsMapper(
+    {
+        "language_model.model.": "model.",
+        "language_model.lm_head.": "lm_head.",
+        "model.language_model.": "model.",
+        "vision_tower.": None,
+        "multi_modal_projector.": None,
+        "model.vision_tower.": None,
+        "model.multi_modal_projector.": None,
+    }
+)
+"""The language model of an image-and-text checkpoint (Gemma 3's, Mistral 3's) run alone:
+its tensors under transformers' older `language_model.model.` / `language_model.lm_head.`
+or newer `model.language_model.` / `lm_head.` names are the text model's; the vision tower
+and projector are never read. A text-only checkpoint has none of these prefixes."""
+
+
 StackedMapping = list[tuple[str, str, object]]
 ExpertMapping = list[tuple[str, str, int, str]]
 

@@ -361,6 +361,39 @@ def save_tiny_gemma3_multimodal(folder: str) -> None:
     model.save_pretrained(folder)
 
 
+PIXTRAL_VISION = dict(
+    model_type="pixtral",
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    head_dim=16,
+    image_size=28,
+    patch_size=14,
+)
+"""A tiny Pixtral vision tower for an image-and-text Mistral 3."""
+
+
+def save_tiny_mistral3(folder: str, text: str, tied: bool = False) -> None:
+    """A tiny Mistral3ForConditionalGeneration: the tiny `text` model ("mistral" as Mistral
+    Small 3.1, "ministral3" as Ministral 3) beside a Pixtral tower; transformers writes its
+    language model under `language_model.`. `tied`: the LM head is the embedding (Ministral
+    3 3B's), stated both in the text config and the top-level one transformers ties by."""
+    text_config = tiny_configs()[text]
+    text_config.tie_word_embeddings = tied
+    config = transformers.Mistral3Config(
+        text_config=text_config.to_dict(),
+        vision_config=PIXTRAL_VISION,
+        image_token_index=300,
+        tie_word_embeddings=tied,
+        architectures=["Mistral3ForConditionalGeneration"],
+    )
+    torch.manual_seed(0)
+    model = transformers.Mistral3ForConditionalGeneration(config)
+    randomize_scales_and_biases(model)
+    model.save_pretrained(folder)
+
+
 RANDOM_SCALES = ("exaone4", "glm4", "olmo3", "starcoder2")
 """Families whose norms and biases transformers initialises to ones and zeros: random ones
 make a model that swapped two norms or dropped a bias fail."""
