@@ -3,8 +3,9 @@ writes them: metadata general.type "adapter", adapter.type "lora", adapter.lora.
 (float32) and the base model's general.architecture (nothing of its sizes); each adapted
 weight's lora_A and lora_B under its GGUF name plus `.lora_a` / `.lora_b`, neither transposed,
 lora_b's rows of llama's q/k permuted as the converter permutes the projections' (its
-LoraTorchTensor reshapes and swaps the output rows, which are lora_b's); tensors F32, F16 or
-BF16 (--outtype). The reference for what pagedllm/lora/gguf_adapter.py reads."""
+LoraTorchTensor reshapes and swaps the output rows, which are lora_b's); tensors F32, F16,
+BF16 or Q8_0 (--outtype; Q8_0 falls back to F16 for rows that are not whole blocks).
+The reference for what pagedllm/lora/gguf_adapter.py reads."""
 
 import json
 import os
@@ -19,6 +20,7 @@ from tests.gguf.tiny_gguf import ARCH_ENUMS, LLAMA_PERMUTED, gguf_arch, llama_cp
 from tests.lora.peft_folders import PREFIX
 
 F32 = gguf.GGMLQuantizationType.F32
+F16 = gguf.GGMLQuantizationType.F16
 
 
 def gguf_adapter_tensors(folder: str, arch: str, config) -> dict[str, torch.Tensor]:
@@ -62,8 +64,8 @@ def write_gguf_adapter(
     written = gguf_adapter_tensors(folder, arch, config) | (tensors or {})
     for name, tensor in written.items():
         if tensor is not None:
-            array = quantize(tensor.float().numpy(), qtype)
-            writer.add_tensor(name, array, raw_dtype=None if qtype == F32 else qtype)
+            array, stored_as = _quantized(tensor, qtype)
+            writer.add_tensor(name, array, raw_dtype=None if stored_as == F32 else stored_as)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -73,5 +75,16 @@ def write_gguf_adapter(
 
 def stored(tensor: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> torch.Tensor:
     """`tensor` as a file of `qtype` holds it, read back as float32."""
-    array = quantize(tensor.float().numpy(), qtype)
-    return torch.from_numpy(np.array(dequantize(array, qtype), dtype=np.float32))
+    array, stored_as = _quantized(tensor, qtype)
+    return torch.from_numpy(np.array(dequantize(array, stored_as), dtype=np.float32))
+
+
+def _quantized(
+    tensor: torch.Tensor, qtype: gguf.GGMLQuantizationType
+) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
+    """(the tensor's data as `qtype`, qtype), or as F16 where its rows are not whole blocks
+    of `qtype`, as the converter falls back (--outtype q8_0: lora_b's rows of r values)."""
+    try:
+        return quantize(tensor.float().numpy(), qtype), qtype
+    except gguf.QuantError:
+        return quantize(tensor.float().numpy(), F16), F16

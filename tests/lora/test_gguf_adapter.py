@@ -17,7 +17,7 @@ from pagedllm.engine.arg_utils import EngineArgs
 from pagedllm.lora.registry import LoRARegistry, make_lora_registry
 from pagedllm.lora.request import LoRARequest
 from tests.gguf.tiny_gguf import gguf_tensors, tiny_model, write_gguf, write_tiny
-from tests.lora.gguf_adapters import F32, stored, write_gguf_adapter
+from tests.lora.gguf_adapters import F16, F32, stored, write_gguf_adapter
 from tests.lora.peft_folders import peft_model, save_adapter
 from tests.models.tiny_models import tiny_configs
 
@@ -26,7 +26,7 @@ BASES = {"llama-gqa4": "llama", "qwen2": "qwen2"}
 LORA = dict(r=4, lora_alpha=8)
 ENGINE = dict(skip_tokenizer_init=True, dtype="float32", device="cpu", max_model_len=64)
 PROMPT = [5, 17, 39, 3, 50, 41, 8, 27]  # within every tiny vocabulary (64, 320)
-QTYPES = [F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16]
+QTYPES = [F32, F16, gguf.GGMLQuantizationType.BF16, gguf.GGMLQuantizationType.Q8_0]
 
 
 def engine_args(path: str, **kwargs: object) -> EngineArgs:
@@ -62,8 +62,8 @@ def test_a_gguf_adapter_holds_its_peft_folders_weights(
     name: str, qtype: gguf.GGMLQuantizationType, tiny_model_path, adapters
 ) -> None:
     """Every module's (A, B * alpha / r) equals the folder's, each tensor rounded to the
-    file's type (llama: lora_b's q/k rows back in HF's order); F32 gives the same weights,
-    hence the same key (KV blocks shared with the folder's requests)."""
+    file's type (Q8_0 dequantized; llama: lora_b's q/k rows back in HF's order); F32 gives
+    the same weights, hence the same key (KV blocks shared with the folder's requests)."""
     folder, path = adapters(name, qtype)
     registry = registry_of(tiny_model_path(name))
     from_folder = registry.check(LoRARequest("peft", 1, folder))
