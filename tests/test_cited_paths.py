@@ -12,6 +12,7 @@ BASES = (ROOT, ROOT / "pagedllm", ROOT / "csrc", ROOT / "tests", ROOT / "docs")
 CITATION = re.compile(r"(?<![\w/.<-])((?:[\w-]+/)*[\w-]+\.(?:py|c|h|md|inc|toml))\b")
 NOT_IN_THE_REPO = {
     "convert_hf_to_gguf.py",  # llama.cpp's converter
+    "convert_lora_to_gguf.py",  # llama.cpp's converter of PEFT adapters
     "malloc.h",  # glibc's
     "my_script.py",  # a user's script in an example
 }

@@ -265,7 +265,7 @@ def test_async_llm_adds_lists_and_removes_adapters(tiny_model_path, adapters) ->
         try:
             assert await engine.add_lora(lora)
             assert await engine.list_loras() == {1}
-            with pytest.raises(ValueError, match="is not a folder"):
+            with pytest.raises(ValueError, match="is neither a PEFT adapter folder"):
                 await engine.add_lora(LoRARequest("bad", 2, os.path.join(folder, "nope")))
             async for out in engine.generate(
                 {"prompt_token_ids": [5, 6, 7]}, greedy(), "r", lora_request=lora
@@ -309,7 +309,7 @@ def test_data_parallel_replicas_run_each_requests_adapter(tiny_model_path, adapt
         tiny_model_path(name), enable_lora=True, max_lora_rank=8, data_parallel_size=2, **ENGINE
     ) as llm:
         outputs = llm.generate(as_token_prompts(prompts), greedy(), False, lora_request=lora)
-        with pytest.raises(ValueError, match="is not a folder"):
+        with pytest.raises(ValueError, match="is neither a PEFT adapter folder"):
             llm.generate(
                 as_token_prompts(prompts[:1]),
                 greedy(),
@@ -441,7 +441,7 @@ def test_an_adapter_folder_gone_fails_only_the_requests_naming_it_again(
     engine.step()
     engine.add_lora(LoRARequest("other", 2, adapters(name, 1)[0]))  # the victim's weights go
     shutil.rmtree(folder)
-    with pytest.raises(ValueError, match="is not a folder"):
+    with pytest.raises(ValueError, match="is neither a PEFT adapter folder"):
         engine.add_request("late", {"prompt_token_ids": [5, 6, 7]}, greedy(), lora_request=victim)
     outputs = {}
     while engine.has_unfinished_requests():

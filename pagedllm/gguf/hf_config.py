@@ -65,6 +65,20 @@ _LLAMA3_ROPE = {
 }
 
 
+# transformers classes whose checkpoints llama.cpp's converter writes under another class's
+# architecture (its LlamaModel converts Mistral and Mixtral; Olmo2Model converts OLMo 3)
+_WRITTEN_AS = {"MistralForCausalLM": "llama", LLAMA_EXPERTS[1]: "llama", OLMO3[1]: OLMO2}
+
+
+def gguf_architecture(hf_architecture: str) -> str | None:
+    """The `general.architecture` llama.cpp gives files of the transformers class
+    `hf_architecture` (LlamaForCausalLM -> llama), None for a class it has none for here."""
+    for arch, (_, model_class) in _ARCHITECTURES.items():
+        if model_class == hf_architecture:
+            return arch
+    return _WRITTEN_AS.get(hf_architecture)
+
+
 def architecture(gguf: GGUFFile) -> str:
     """The file's `general.architecture`; ValueError naming it unless it is supported."""
     arch = gguf.metadata.get("general.architecture")

@@ -220,19 +220,31 @@ def hf_tensor_types(path: str) -> dict[str, int]:
 
 
 def _unpermute_llama_qk(gguf: GGUFFile, arch: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """Undo the row permutation llama.cpp's converter applies to llama's q and k projections.
-
-    HF rotates the two halves of each head, llama.cpp adjacent pairs, so the converter reorders
-    each head's rows [2, D/2] -> [D/2, 2]; this reorders them back. Rows [heads * D, ...].
-    """
+    """The q/k tensor `name` with llama.cpp's row permutation undone (unpermute_qk_rows), its
+    head counts read from the file; any other tensor as it is."""
     heads = integer(gguf, f"{arch}.attention.head_count")
     if ".attn_k." in name:
         heads = integer(gguf, f"{arch}.attention.head_count_kv", heads)
     elif ".attn_q." not in name:
         return tensor
+    return unpermute_qk_rows(tensor, heads)
+
+
+def unpermute_qk_rows(tensor: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo the row permutation llama.cpp's converter applies to llama's q and k projections
+    (and to a LoRA adapter's lora_b of them, whose rows are the projection's).
+
+    HF rotates the two halves of each head, llama.cpp adjacent pairs, so the converter reorders
+    each head's rows [2, D/2] -> [D/2, 2]; this reorders them back. Rows [heads * D, ...].
+    """
     shape = tensor.shape
     per_head = tensor.reshape(heads, shape[0] // heads // 2, 2, *shape[1:])
     return per_head.transpose(1, 2).reshape(shape)
+
+
+def permutes_qk(arch: str) -> bool:
+    """Whether llama.cpp's converter permutes the q/k rows of GGUF architecture `arch`."""
+    return arch in _PERMUTED_QK
 
 
 def _is_expert_stack(name: str) -> bool:
@@ -257,17 +269,28 @@ def _layer_names(arch: str) -> dict[str, str]:
 
 def _hf_names(gguf: GGUFFile, arch: str, info: TensorInfo) -> list[str]:
     """The HF name(s) of one GGUF tensor: one, or one per expert for stacked experts."""
-    base, _, suffix = info.name.rpartition(".")
+    if _is_expert_stack(info.name):
+        parts = info.name.split(".")
+        prefix = f"model.layers.{parts[1]}.mlp.experts"
+        return [f"{prefix}.{e}.{_EXPERT_NAMES[parts[2]]}.{parts[3]}" for e in range(info.shape[0])]
+    name = hf_name(arch, info.name)
+    if name is None:
+        raise ValueError(f"{gguf.path}: tensor {info.name!r} has no known Hugging Face name")
+    return [name]
+
+
+def hf_name(arch: str, name: str) -> str | None:
+    """The HF name of GGUF tensor `name` of architecture `arch` that is one tensor (not a
+    stack of experts): `blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`;
+    None for a name with none."""
+    base, _, suffix = name.rpartition(".")
     parts = base.split(".")
     layer_names = _layer_names(arch)
     if base in _GLOBAL_NAMES:
-        return [f"{_GLOBAL_NAMES[base]}.{suffix}"]
+        return f"{_GLOBAL_NAMES[base]}.{suffix}"
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_names:
-        return [f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{suffix}"]
-    if _is_expert_stack(info.name):
-        prefix = f"model.layers.{parts[1]}.mlp.experts"
-        return [f"{prefix}.{e}.{_EXPERT_NAMES[parts[2]]}.{suffix}" for e in range(info.shape[0])]
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{suffix}"
     if _single_expert(parts):
         part = _SINGLE_EXPERT_NAMES[parts[2]]
-        return [f"model.layers.{parts[1]}.mlp.experts.{int(parts[3])}.{part}.{suffix}"]
-    raise ValueError(f"{gguf.path}: tensor {info.name!r} has no known Hugging Face name")
+        return f"model.layers.{parts[1]}.mlp.experts.{int(parts[3])}.{part}.{suffix}"
+    return None

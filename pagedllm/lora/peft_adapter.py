@@ -89,28 +89,43 @@ def read_peft_adapter(
     weights_file = _weights_file(path)
     tensors = _load_tensors(weights_file)
     pairs = _module_pairs({k: tuple(t.shape) for k, t in tensors.items()}, weights_file)
-    sources = _model_modules(list(pairs), mapper or WeightsMapper(), path)
+    sources = model_modules(list(pairs), mapper or WeightsMapper(), path)
     ranks, scalings = {}, {}
     for module, source in sources.items():
-        a_shape, b_shape = pairs[source]
-        if module not in target_shapes:
-            raise ValueError(_unsupported_module(source, path))
-        in_features, out_features = target_shapes[module]
-        rank = a_shape[0]
-        if rank < 1 or a_shape != (rank, in_features) or b_shape != (out_features, rank):
-            raise ValueError(
-                f"LoRA adapter {path}: {source} has lora_A {list(a_shape)} and lora_B "
-                f"{list(b_shape)}; this model's {module} needs [r, {in_features}] and "
-                f"[{out_features}, r]"
-            )
-        if rank > max_lora_rank:
-            raise ValueError(
-                f"LoRA adapter {path} has rank {rank} ({source}), over max_lora_rank "
-                f"{max_lora_rank}; raise --max-lora-rank"
-            )
+        rank = check_target(path, module, source, *pairs[source], target_shapes, max_lora_rank)
         # PEFT matches rank_pattern / alpha_pattern on the name it trained the module under
         ranks[module], scalings[module] = rank, _scaling(config, source, rank, path)
     return PeftAdapter(path, weights_file, ranks, scalings, tensors, sources)
+
+
+def check_target(
+    path: str,
+    module: str,
+    source: str,
+    a_shape: tuple[int, ...],
+    b_shape: tuple[int, ...],
+    target_shapes: dict[str, tuple[int, int]],
+    max_lora_rank: int,
+) -> int:
+    """The rank of the adapter's weights of the model's `module` (`source` in the adapter),
+    lora_A `a_shape` and lora_B `b_shape`; ValueError unless the model serves LoRA on the
+    module, the shapes are its [r, in] and [out, r] and r is within max_lora_rank."""
+    if module not in target_shapes:
+        raise ValueError(_unsupported_module(source, path))
+    in_features, out_features = target_shapes[module]
+    rank = a_shape[0]
+    if rank < 1 or a_shape != (rank, in_features) or b_shape != (out_features, rank):
+        raise ValueError(
+            f"LoRA adapter {path}: {source} has lora_A {list(a_shape)} and lora_B "
+            f"{list(b_shape)}; this model's {module} needs [r, {in_features}] and "
+            f"[{out_features}, r]"
+        )
+    if rank > max_lora_rank:
+        raise ValueError(
+            f"LoRA adapter {path} has rank {rank} ({source}), over max_lora_rank "
+            f"{max_lora_rank}; raise --max-lora-rank"
+        )
+    return rank
 
 
 def load_lora_weights(adapter: PeftAdapter) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -137,7 +152,9 @@ def weights_digest(weights: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> str
 
 def _read_config(path: str) -> dict:
     if not os.path.isdir(path):
-        raise ValueError(f"LoRA adapter path {path!r} is not a folder")
+        raise ValueError(
+            f"LoRA adapter path {path!r} is neither a PEFT adapter folder nor a .gguf file"
+        )
     file = os.path.join(path, ADAPTER_CONFIG)
     try:
         with open(file) as f:
@@ -218,7 +235,7 @@ def _module_pairs(
     return {module: (pair["A"], pair["B"]) for module, pair in halves.items()}
 
 
-def _model_modules(modules: list[str], mapper: WeightsMapper, path: str) -> dict[str, str]:
+def model_modules(modules: list[str], mapper: WeightsMapper, path: str) -> dict[str, str]:
     """The model's name of each of the adapter's modules -> the adapter's; modules the
     mapper drops (parts of the checkpoint the model does not run) are left out, with a
     warning, unless they are all the adapter has."""

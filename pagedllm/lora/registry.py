@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedllm.config import EngineConfig, LoRAConfig
+from pagedllm.lora.gguf_adapter import AdapterBase, is_gguf_adapter, read_gguf_adapter
 from pagedllm.lora.peft_adapter import load_lora_weights, read_peft_adapter, weights_digest
 from pagedllm.lora.request import LoRARequest
 from pagedllm.models.registry import ModelRegistry
@@ -41,7 +42,8 @@ def make_lora_registry(config: EngineConfig) -> "LoRARegistry":
     model_config = config.model_config
     model_cls = ModelRegistry.resolve_model_cls(model_config.architecture)
     shapes = model_cls.lora_target_shapes(model_config.hf_config)
-    return LoRARegistry(config.lora_config, shapes, model_cls.hf_to_pagedllm_mapper)
+    base = AdapterBase(model_config.architecture, model_config.hf_config)
+    return LoRARegistry(config.lora_config, shapes, model_cls.hf_to_pagedllm_mapper, base)
 
 
 class LoRARegistry:
@@ -50,13 +52,16 @@ class LoRARegistry:
         config: LoRAConfig | None,
         target_shapes: dict[str, tuple[int, int]],
         mapper: WeightsMapper | None = None,
+        base: AdapterBase | None = None,
     ) -> None:
         """`target_shapes`: the model class's lora_target_shapes (checkpoint module ->
         (in_features, out_features)); `mapper`: its hf_to_pagedllm_mapper, which renames
-        an adapter's modules."""
+        an adapter's modules; `base`: the served model, which a GGUF adapter must be of
+        (None: GGUF adapters are refused)."""
         self.config = config
         self.target_shapes = target_shapes
         self.mapper = mapper
+        self.base = base
         self.adapters: dict[int, LoRARequest] = {}
         # Weights of the max_cpu_loras adapters named last (requests hold their own).
         self.loaded: OrderedDict[int, LoadedAdapter] = OrderedDict()
@@ -115,11 +120,18 @@ class LoRARegistry:
                 )
 
     def _load(self, request: LoRARequest) -> LoadedAdapter:
-        adapter = read_peft_adapter(
-            request.lora_path, self.target_shapes, self.config.max_lora_rank, self.mapper
-        )
-        weights = load_lora_weights(adapter)
+        weights = self._read(request.lora_path)
         return LoadedAdapter(request, weights_digest(weights), weights)
+
+    def _read(self, path: str) -> Weights:
+        """The weights of the PEFT folder or GGUF file at `path`, checked against the model."""
+        max_rank = self.config.max_lora_rank
+        if not is_gguf_adapter(path):
+            adapter = read_peft_adapter(path, self.target_shapes, max_rank, self.mapper)
+            return load_lora_weights(adapter)
+        if self.base is None:
+            raise ValueError(f"LoRA adapter {path}: this engine serves no GGUF adapters")
+        return read_gguf_adapter(path, self.base, self.target_shapes, max_rank, self.mapper)
 
     def add(self, request: LoRARequest) -> bool:
         """vLLM's add_lora: True once the adapter is checked, loaded and known."""

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, eq=False)
 class LoRARequest:
-    """A PEFT LoRA adapter folder (adapter_config.json and adapter_model.safetensors) served
+    """A PEFT LoRA adapter folder (adapter_config.json and adapter_model.safetensors) or a
+    llama.cpp GGUF LoRA adapter file (`.gguf`, see gguf_adapter.py) served
     under `lora_name`, known to the engine by `lora_int_id` (>= 1, unique per adapter).
     As vLLM's, two requests are the same adapter when their names are equal.
     `base_model_name`: the model the server lists as the adapter's parent (None: the
@@ -26,7 +27,9 @@ class LoRARequest:
         ):
             raise ValueError(f"lora_int_id must be an int >= 1, got {self.lora_int_id!r}")
         if not isinstance(self.lora_path, str) or not self.lora_path:
-            raise ValueError(f"lora_path must name the adapter's folder, got {self.lora_path!r}")
+            raise ValueError(
+                f"lora_path must name the adapter's folder or .gguf file, got {self.lora_path!r}"
+            )
 
     @property
     def adapter_id(self) -> int:

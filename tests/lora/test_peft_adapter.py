@@ -70,8 +70,8 @@ def test_the_plain_adapter_is_read(plain_adapter: str) -> None:
 
 
 def test_a_path_that_is_not_a_folder_is_refused(plain_adapter: str, tmp_path) -> None:
-    assert_refused(str(tmp_path / "missing"), "is not a folder")
-    assert_refused(os.path.join(plain_adapter, SAFETENSORS), "is not a folder")
+    assert_refused(str(tmp_path / "missing"), "is neither a PEFT adapter folder")
+    assert_refused(os.path.join(plain_adapter, SAFETENSORS), "is neither a PEFT adapter folder")
 
 
 def test_a_folder_without_adapter_config_is_refused(adapter_copy: str) -> None:
