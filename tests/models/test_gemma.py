@@ -11,7 +11,7 @@ from pagedllm import LLM
 from pagedllm.config import ModelConfig
 from pagedllm.layers.layernorm import GemmaRMSNorm
 from pagedllm.model_loader.loader import build_model, get_model
-from tests.models.test_models_vs_transformers import paged_greedy
+from tests.models.test_models_vs_transformers import assert_language_model_matches
 from tests.models.tiny_models import save_tiny_gemma3_multimodal, tiny_configs
 
 
@@ -25,20 +25,9 @@ def multimodal_folder(tmp_path_factory: pytest.TempPathFactory) -> str:
 def test_a_multimodal_gemma3_runs_its_language_model(multimodal_folder: str) -> None:
     """Logits of a prefill and 8 decodes within 1e-4 of transformers' multimodal model on
     the same text, greedy tokens identical; the vision tower is never read."""
-    model_config = ModelConfig.create(multimodal_folder, dtype="float32")
-    assert model_config.architecture == "Gemma3ForCausalLM"
-    model = get_model(model_config)
-    hf = transformers.Gemma3ForConditionalGeneration.from_pretrained(
-        multimodal_folder, dtype=torch.float32
-    ).eval()
-    gen = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(3, 300, (n,), generator=gen).tolist() for n in (9, 21)]
-    seqs, logits = paged_greedy(model, prompts)
-    for seq, ours in zip(seqs, logits):
-        with torch.no_grad():
-            ref = hf(input_ids=torch.tensor([seq[:-1]])).logits[0]
-        torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
-        assert seq[-9:] == ref[-9:].argmax(-1).tolist()
+    assert_language_model_matches(
+        multimodal_folder, transformers.Gemma3ForConditionalGeneration, "Gemma3ForCausalLM"
+    )
 
 
 def test_a_multimodal_gemma3_serves_text(multimodal_folder: str) -> None:

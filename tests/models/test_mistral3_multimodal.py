@@ -6,14 +6,12 @@ Mistral3ForConditionalGeneration on text alone); another text model_type is refu
 from collections.abc import Callable
 
 import pytest
-import torch
 import transformers
 
 from pagedllm import LLM
 from pagedllm.config import ModelConfig
-from pagedllm.model_loader.loader import get_model
 from tests.model_loader.test_quantized_gemma3_multimodal import NEWER_NAMES
-from tests.models.test_models_vs_transformers import paged_greedy
+from tests.models.test_models_vs_transformers import assert_language_model_matches
 from tests.models.tiny_models import PIXTRAL_VISION, save_tiny_mistral3, tiny_configs
 from tests.quantized_checkpoints import rename_tensors
 
@@ -47,21 +45,11 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str],
 def test_a_mistral3_runs_its_language_model(text: str, layout: str, checkpoint) -> None:
     """Logits of a prefill and 8 decodes within 1e-4 of transformers' multimodal model on
     the same text, greedy tokens identical; the vision tower is never read."""
-    folder = checkpoint(text, layout)
-    model_config = ModelConfig.create(folder, dtype="float32")
-    assert model_config.architecture == CHECKPOINTS[text][1]
-    model = get_model(model_config)
-    hf = transformers.Mistral3ForConditionalGeneration.from_pretrained(
-        folder, dtype=torch.float32
-    ).eval()
-    gen = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(3, 300, (n,), generator=gen).tolist() for n in (9, 21)]
-    seqs, logits = paged_greedy(model, prompts)
-    for seq, ours in zip(seqs, logits):
-        with torch.no_grad():
-            ref = hf(input_ids=torch.tensor([seq[:-1]])).logits[0]
-        torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
-        assert seq[-9:] == ref[-9:].argmax(-1).tolist()
+    assert_language_model_matches(
+        checkpoint(text, layout),
+        transformers.Mistral3ForConditionalGeneration,
+        CHECKPOINTS[text][1],
+    )
 
 
 def test_a_mistral3_serves_text(checkpoint) -> None:

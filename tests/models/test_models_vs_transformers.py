@@ -49,6 +49,26 @@ def paged_greedy(model, prompts: list[list[int]]) -> tuple[list[list[int]], list
     return seqs, per_seq
 
 
+def assert_language_model_matches(
+    folder: str, hf_class: type, architecture: str, atol: float = 1e-4
+) -> None:
+    """An image-and-text checkpoint run as its language model (`architecture`): logits of a
+    prefill and 8 decodes within atol of transformers' `hf_class` (the whole multimodal
+    model) on the same text, greedy tokens identical."""
+    model_config = ModelConfig.create(folder, dtype="float32")
+    assert model_config.architecture == architecture
+    model = get_model(model_config)
+    hf = hf_class.from_pretrained(folder, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 300, (n,), generator=gen).tolist() for n in (9, 21)]
+    seqs, logits = paged_greedy(model, prompts)
+    for seq, ours in zip(seqs, logits):
+        with torch.no_grad():
+            ref = hf(input_ids=torch.tensor([seq[:-1]])).logits[0]
+        torch.testing.assert_close(ours, ref, atol=atol, rtol=0)
+        assert seq[-NUM_DECODE_STEPS - 1 :] == ref[-NUM_DECODE_STEPS - 1 :].argmax(-1).tolist()
+
+
 @pytest.mark.parametrize("name", list(tiny_configs()))
 def test_logits_match_transformers(name: str, tiny_model_path) -> None:
     path = tiny_model_path(name)
